@@ -1,0 +1,65 @@
+"""KV-cache kernels: store, paged attention, block copy (see docs/DESIGN.md for the pool layout).
+
+Each public function dispatches to the torch implementation (kernels/reference.py, the CPU path)
+or to Triton (kernels/triton_*.py). Triton is imported lazily on first use, so the engine on a
+CPU-only machine never imports it; on CPU it runs only under TRITON_INTERPRET=1 (tests).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import reference
+
+__all__ = ["store_kv", "paged_attention", "copy_blocks", "resolve_backend"]
+
+
+def resolve_backend(backend, device) -> str:
+    """None/"auto": "triton" iff device is CUDA, else "torch". "triton" on a non-CUDA device is
+    allowed only with TRITON_INTERPRET=1 set (before triton is imported)."""
+    dev = torch.device(device)
+    if backend in (None, "auto"):
+        return "triton" if dev.type == "cuda" else "torch"
+    if backend == "torch":
+        return "torch"
+    if backend == "triton":
+        if dev.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError(
+                f"backend='triton' on device {dev} needs a CUDA device, or TRITON_INTERPRET=1 "
+                "set in the environment before triton is imported (slow interpreter, for tests)")
+        return "triton"
+    raise ValueError(f"unknown kernel backend {backend!r}; expected None, 'auto', 'torch' or 'triton'")
+
+
+def store_kv(key, value, k_cache, v_cache, slot_mapping, backend=None) -> None:
+    """Write key/value [num_tokens, kvh, d] into k_cache/v_cache [num_blocks, block_size, kvh, d]
+    at slot_mapping (int64 [num_tokens], slot = block*block_size + offset, -1 = skip)."""
+    if resolve_backend(backend, k_cache.device) == "torch":
+        return reference.store_kv(key, value, k_cache, v_cache, slot_mapping)
+    from . import triton_store
+    return triton_store.store_kv(key, value, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
+                    max_seqlen_q=None, backend=None):
+    """Causal attention of packed queries [num_tokens, H, d] over paged K/V; returns
+    [num_tokens, H, d]. block_tables int32 [num_seqs, max_blocks]; seq_lens int32 [num_seqs]
+    (context incl. this step's tokens); cu_seqlens_q int32 [num_seqs + 1]. Sequence i's queries
+    sit at positions seq_lens[i]-q_len_i .. seq_lens[i]-1. max_seqlen_q == 1 selects decode;
+    None computes it (a device sync)."""
+    if resolve_backend(backend, query.device) == "torch":
+        return reference.paged_attention(query, k_cache, v_cache, block_tables, seq_lens,
+                                         cu_seqlens_q, scale, max_seqlen_q)
+    from . import triton_attention
+    return triton_attention.paged_attention(query, k_cache, v_cache, block_tables, seq_lens,
+                                            cu_seqlens_q, scale, max_seqlen_q)
+
+
+def copy_blocks(kv_pool, src_dst, backend=None) -> None:
+    """Copy block src -> dst (src_dst int64 [n, 2]) in every layer, K and V, in one launch.
+    Destinations must be distinct and not also sources in the same call (CoW targets are fresh)."""
+    if resolve_backend(backend, kv_pool.device) == "torch":
+        return reference.copy_blocks(kv_pool, src_dst)
+    from . import triton_copy
+    return triton_copy.copy_blocks(kv_pool, src_dst)

@@ -1,0 +1,163 @@
+"""Torch implementations of the KV-cache kernels.
+
+Two roles: the engine's CPU hot path (fp32, 2 cores, decode batches of 1..64 sequences with up to
+~2k tokens of context) and the oracle the Triton kernels are tested against. Only torch ops, no
+Python loop over blocks, and no loop over sequences in decode.
+
+Layouts: see docs/DESIGN.md. k_cache/v_cache are [num_blocks, block_size, kvh, d] views of one pool
+slab, so the first two dims flatten into a [num_slots, kvh, d] view (a slot = block*bs + offset).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# Decode gathers K and V of a group of sequences into contiguous [n, T, kvh, d] tensors. Gathering
+# the whole batch at once is ~4x slower than needed at B=64 x 2k tokens on the CPU box (200 MB of
+# intermediates per layer thrash the caches), so sequences are processed in chunks whose gathered
+# K+V stay under this many bytes. For short contexts the whole batch is one chunk.
+DECODE_CHUNK_BYTES = 4 << 20
+
+
+def _slots_view(cache: torch.Tensor) -> torch.Tensor:
+    nb, bs, kvh, d = cache.shape
+    return cache.view(nb * bs, kvh, d)  # raises instead of silently copying if not viewable
+
+
+def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
+    """Scatter new tokens' K/V into their slots with one index_copy_ each; slot -1 = skip."""
+    slots = slot_mapping.to(device=key.device, dtype=torch.long)
+    keep = slots >= 0
+    if not bool(keep.all()):
+        slots, key, value = slots[keep], key[keep], value[keep]
+    if slots.numel() == 0:
+        return
+    _slots_view(k_cache).index_copy_(0, slots, key.to(k_cache.dtype))
+    _slots_view(v_cache).index_copy_(0, slots, value.to(v_cache.dtype))
+
+
+def copy_blocks(kv_pool: torch.Tensor, src_dst: torch.Tensor) -> None:
+    """Copy block src -> dst in every layer, K and V: one gather + one scatter on the block dim.
+
+    kv_pool[:, :, idx] addresses the (2 x num_layers) slabs of each block together. The right-hand
+    side is gathered before anything is written, so chains (a->b, b->c) read old contents.
+    """
+    if src_dst.numel() == 0:
+        return
+    idx = src_dst.to(device=kv_pool.device, dtype=torch.long)
+    kv_pool[:, :, idx[:, 1]] = kv_pool[:, :, idx[:, 0]]
+
+
+def _decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out):
+    """All sequences have one query token: gather per chunk of sequences, one masked SDPA.
+
+    The gather is by slot, not by block: slots past a sequence's length are redirected to its
+    slot 0 (always written), so stale or NaN contents of unused/partial blocks are never read --
+    a masked position has probability 0 but 0 * NaN would still poison the output.
+    GQA without repeating K/V: queries become [n, kvh, group, d] and the group plays the role of
+    the query-length dimension of SDPA, attending to the [n, kvh, T, d] keys of its KV head.
+    """
+    B, H, d = query.shape
+    _, bs, kvh, _ = k_cache.shape
+    group = H // kvh
+    kv_slots = (_slots_view(k_cache), _slots_view(v_cache))
+    lens = seq_lens.tolist()
+    dev = query.device
+    bt = block_tables.to(device=dev, dtype=torch.long)
+    sl = seq_lens.to(device=dev, dtype=torch.long)
+    per_token = 2 * kvh * d * k_cache.element_size()
+    chunk = max(1, DECODE_CHUNK_BYTES // (max(1, max(lens)) * per_token))
+    for start in range(0, B, chunk):
+        end = min(B, start + chunk)
+        tmax = max(lens[start:end])
+        pos = torch.arange(tmax, device=dev)
+        valid = pos[None, :] < sl[start:end, None]  # [n, T]
+        slots = bt[start:end, pos // bs] * bs + pos % bs
+        slots = torch.where(valid, slots, slots[:, :1]).flatten()
+        n = end - start
+        k = kv_slots[0].index_select(0, slots).view(n, tmax, kvh, d).transpose(1, 2)
+        v = kv_slots[1].index_select(0, slots).view(n, tmax, kvh, d).transpose(1, 2)
+        q = query[start:end].reshape(n, kvh, group, d).to(k.dtype)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :], scale=scale)
+        out[start:end] = o.reshape(n, H, d).to(out.dtype)
+    return out
+
+
+def _prefill_one(q, k_cache, v_cache, blocks, ctx, scale):
+    """One sequence's chunk of q_len queries at positions ctx-q_len .. ctx-1 (causal, GQA)."""
+    _, bs, kvh, d = k_cache.shape
+    q_len, H, _ = q.shape
+    nblk = (ctx + bs - 1) // bs
+    k = k_cache.index_select(0, blocks[:nblk]).view(nblk * bs, kvh, d)[:ctx].transpose(0, 1)
+    v = v_cache.index_select(0, blocks[:nblk]).view(nblk * bs, kvh, d)[:ctx].transpose(0, 1)
+    qh = q.transpose(0, 1).to(k.dtype).unsqueeze(0)
+    if q_len == ctx:  # no cached prefix: plain causal (SDPA's is_causal is top-left aligned)
+        o = F.scaled_dot_product_attention(qh, k[None], v[None], is_causal=True, scale=scale,
+                                           enable_gqa=H != kvh)
+    else:  # causal mask shifted right by the prefix length
+        qpos = torch.arange(ctx - q_len, ctx, device=q.device)
+        mask = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]
+        o = F.scaled_dot_product_attention(qh, k[None], v[None], attn_mask=mask, scale=scale,
+                                           enable_gqa=H != kvh)
+    return o[0].transpose(0, 1)
+
+
+def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
+                    max_seqlen_q=None, out=None):
+    """out[num_tokens, H, d]. Decode batches take the batched path; otherwise the q_len==1
+    sequences of a mixed batch still go through it and the rest loop per sequence."""
+    num_tokens, H, d = query.shape
+    if out is None:
+        out = torch.empty_like(query)
+    if num_tokens == 0:
+        return out
+    if max_seqlen_q is None:
+        max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+    if max_seqlen_q == 1 and num_tokens == seq_lens.shape[0]:
+        return _decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out)
+    cu = cu_seqlens_q.tolist()
+    lens = seq_lens.tolist()
+    q_lens = [cu[i + 1] - cu[i] for i in range(len(lens))]
+    dec = [i for i, n in enumerate(q_lens) if n == 1]
+    if len(dec) > 1:
+        rows = torch.tensor([cu[i] for i in dec], device=query.device)
+        sel = torch.tensor(dec, device=block_tables.device)
+        o = torch.empty(len(dec), H, d, dtype=out.dtype, device=out.device)
+        _decode(query[rows], k_cache, v_cache, block_tables[sel], seq_lens[sel.to(seq_lens.device)],
+                scale, o)
+        out[rows] = o
+        dec = set(dec)
+    else:
+        dec = set()
+    blocks = block_tables.to(device=query.device, dtype=torch.long)
+    for i, ctx in enumerate(lens):
+        if i in dec or q_lens[i] == 0:
+            continue
+        o = _prefill_one(query[cu[i]:cu[i + 1]], k_cache, v_cache, blocks[i], ctx, scale)
+        out[cu[i]:cu[i + 1]] = o.to(out.dtype)
+    return out
+
+
+def dense_attention_fp64(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale):
+    """Test oracle, deliberately naive and independent of the code above: per sequence, gather
+    the context block by block in Python, repeat K/V per query head, fp64 softmax(QK^T)V with an
+    explicit causal mask. Returns fp64 [num_tokens, H, d]."""
+    _, bs, kvh, d = k_cache.shape
+    H = query.shape[1]
+    out = torch.zeros(query.shape, dtype=torch.float64)
+    cu = [int(x) for x in cu_seqlens_q]
+    for i, ctx in enumerate(int(x) for x in seq_lens):
+        q = query[cu[i]:cu[i + 1]].double().cpu()
+        q_len = q.shape[0]
+        if q_len == 0:
+            continue
+        ids = [int(b) for b in block_tables[i, : (ctx + bs - 1) // bs]]
+        k = torch.cat([k_cache[b] for b in ids])[:ctx].double().cpu()  # [ctx, kvh, d]
+        v = torch.cat([v_cache[b] for b in ids])[:ctx].double().cpu()
+        k = k.repeat_interleave(H // kvh, dim=1)  # [ctx, H, d]
+        v = v.repeat_interleave(H // kvh, dim=1)
+        s = torch.einsum("qhd,khd->hqk", q, k) * scale
+        qpos = torch.arange(ctx - q_len, ctx)[:, None]
+        s = s.masked_fill(torch.arange(ctx)[None, :] > qpos, float("-inf"))
+        out[cu[i]:cu[i + 1]] = torch.einsum("hqk,khd->qhd", s.softmax(-1), v)
+    return out
