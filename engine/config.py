@@ -1,0 +1,57 @@
+"""Engine configuration, validated once, with defaults that suit a 2-core CPU or one GPU."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ALLOWED_BLOCK_SIZES = (8, 16, 32, 64, 128)
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+DEFAULT_CPU_KV_CACHE_GIB = 2.0      # ~2,900 blocks of 16 tokens for SmolLM2-135M in fp32
+DEFAULT_GPU_MEMORY_FRACTION = 0.85  # of free device memory after the weights are loaded
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None
+    block_size: int = 16
+    num_blocks: int | None = None
+    kv_cache_gib: float | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None
+    device: str | None = None
+    dtype: str | None = None
+    seed: int = 0
+    attention_backend: str = "auto"
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self):
+        if self.block_size not in ALLOWED_BLOCK_SIZES:
+            raise ValueError(f"block_size must be one of {ALLOWED_BLOCK_SIZES}, got {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
+            raise ValueError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        if self.device is None:
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.dtype is None:
+            self.dtype = "float32" if self.device == "cpu" else "bfloat16"
+        if self.dtype not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
+        if self.max_num_batched_tokens is None:
+            # CPU: a 512-token chunk keeps one step near a second, so streams stay live while a
+            # long prompt prefills. GPU: bigger chunks are nearly free.
+            self.max_num_batched_tokens = 512 if self.device == "cpu" else 8192
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)

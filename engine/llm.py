@@ -1,0 +1,272 @@
+"""The public face: `LLM` (vLLM-shaped batch API) plus a thread-safe streaming front.
+
+One background thread owns the engine (model + pool) and runs steps while there is work. Callers
+in any thread submit requests and read deltas from a `RequestStream` (sync iteration, or
+`async for` in an asyncio handler); commands reach the engine through one queue.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+import traceback
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.loader import load_model
+from engine.outputs import CompletionOutput, RequestOutput
+from engine.sampling_params import SamplingParams
+from engine.sequence import Request, RequestOutputDelta
+from engine.session_prompt import continue_session_prompt
+
+_SNAPSHOT_PERIOD_S = 0.25
+
+
+class RequestStream:
+    """Deltas of one request, in order. Iterate (blocking) or `async for` (non-blocking)."""
+
+    def __init__(self, request_id: str, prompt_ids: list[int], n: int, llm: "LLM"):
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self.n = n
+        self._llm = llm
+        self._q: queue.Queue = queue.Queue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._aq: asyncio.Queue | None = None
+        self._lock = threading.Lock()
+        self._open = n
+
+    def _put(self, delta: RequestOutputDelta) -> None:
+        with self._lock:
+            loop, aq = self._loop, self._aq
+        if loop is not None:
+            loop.call_soon_threadsafe(aq.put_nowait, delta)
+        else:
+            self._q.put(delta)
+
+    def _done(self, delta: RequestOutputDelta) -> bool:
+        if delta.finished:
+            self._open -= 1
+        return self._open <= 0
+
+    def __iter__(self):
+        while self._open > 0:
+            d = self._q.get()
+            self._done(d)
+            yield d
+
+    def __aiter__(self):
+        return self._agen()
+
+    async def _agen(self):
+        with self._lock:
+            self._loop = asyncio.get_running_loop()
+            self._aq = asyncio.Queue()
+            while not self._q.empty():          # deltas that arrived before we switched
+                self._aq.put_nowait(self._q.get_nowait())
+        while self._open > 0:
+            d = await self._aq.get()
+            self._done(d)
+            yield d
+
+    def abort(self) -> None:
+        self._llm.abort(self.request_id)
+
+
+class LLM:
+    def __init__(self, model: str | None = None, block_size: int = 16, num_blocks: int | None = None,
+                 kv_cache_gib: float | None = None, max_model_len: int | None = None,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int | None = None, device: str | None = None,
+                 dtype: str | None = None, seed: int = 0, attention_backend: str = "auto",
+                 enable_prefix_caching: bool = True, progress=None):
+        cfg = EngineConfig(model=model, block_size=block_size, num_blocks=num_blocks,
+                           kv_cache_gib=kv_cache_gib, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                           max_num_batched_tokens=max_num_batched_tokens, device=device, dtype=dtype,
+                           seed=seed, attention_backend=attention_backend,
+                           enable_prefix_caching=enable_prefix_caching)
+        loaded = load_model(model, progress=progress)
+        self.config = cfg
+        self.model_source = loaded.source
+        self.hf_folder = loaded.hf_folder
+        self.engine = LLMEngine(cfg, loaded)
+        self.tokenizer = loaded.tokenizer
+        self._ids = itertools.count()
+        self._commands: queue.Queue = queue.Queue()
+        self._streams: dict[str, RequestStream] = {}
+        self._sessions: dict[str, list[int]] = {}     # session -> prompt + generated ids so far
+        self._latest_snapshot: dict | None = None
+        self._snapshot_time = 0.0
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    # ---- engine thread --------------------------------------------------------------------------
+    def _loop(self) -> None:
+        eng = self.engine
+        while not self._stopping:
+            self._drain(block=not eng.has_unfinished())
+            if self._stopping:
+                break
+            if eng.has_unfinished():
+                try:
+                    eng.step()
+                except Exception as e:  # a bug or OOM must not kill every other session silently
+                    traceback.print_exc()
+                    self._fail_all(f"engine error: {e!r}")
+            now = time.time()
+            if now - self._snapshot_time >= _SNAPSHOT_PERIOD_S or not eng.has_unfinished():
+                self._latest_snapshot = eng.snapshot()
+                self._snapshot_time = now
+
+    def _drain(self, block: bool) -> None:
+        try:
+            cmd = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._run_command(cmd)
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _run_command(self, cmd) -> None:
+        kind, arg, fut = cmd
+        try:
+            if kind == "add":
+                self.engine.add_request(arg)
+                result = None
+            elif kind == "abort":
+                result = self.engine.abort_request(arg)
+            elif kind == "call":
+                result = arg(self.engine)
+            else:  # "stop"
+                self._stopping = True
+                result = None
+            if fut is not None:
+                fut.set_result(result)
+        except Exception as e:
+            if fut is not None:
+                fut.set_exception(e)
+
+    def _fail_all(self, message: str) -> None:
+        for rid in list(self.engine.requests):
+            req = self.engine.requests[rid]
+            for seq in req.seqs:
+                if req.on_output:
+                    req.on_output(RequestOutputDelta(rid, seq.index, "", [], True, "error", message, {}))
+            req.on_output = None
+            self.engine.abort_request(rid)
+
+    def _call(self, kind: str, arg=None, timeout: float | None = None):
+        if not self._thread.is_alive():
+            raise RuntimeError("the engine has been shut down")
+        fut: Future = Future()
+        self._commands.put((kind, arg, fut))
+        return fut.result(timeout=timeout)
+
+    # ---- streaming front ------------------------------------------------------------------------
+    def encode_prompt(self, prompt) -> list[int]:
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            ids = list(prompt["prompt_token_ids"])
+        elif isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt, add_special_tokens=True) if prompt else []
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            ids = list(prompt)
+        else:
+            raise ValueError("prompt must be a string, a list of token ids, or {'prompt_token_ids': [...]}")
+        self.engine.validate_prompt(ids)
+        return ids
+
+    def submit(self, prompt, params: SamplingParams | None = None, *, session_id: str | None = None,
+               request_id: str | None = None, cache_salt: str | None = None) -> RequestStream:
+        """Queue one request; returns its stream at once. Bad input raises ValueError here."""
+        params = params or SamplingParams()
+        ids = self.encode_prompt(prompt)
+        rid = request_id or f"req-{next(self._ids)}"
+        stream = RequestStream(rid, ids, params.n, self)
+        collected: list[int] = []
+
+        def on_output(delta: RequestOutputDelta) -> None:
+            if session_id is not None and delta.index == 0:
+                collected.extend(delta.token_ids)
+                if delta.finished:
+                    self._sessions[session_id] = ids + collected
+            stream._put(delta)
+
+        req = Request(rid, ids, params, session_id=session_id, cache_salt=cache_salt, on_output=on_output)
+        self._call("add", req)
+        return stream
+
+    def submit_chat(self, messages: list[dict], params: SamplingParams | None = None, *,
+                    session_id: str | None = None, request_id: str | None = None) -> RequestStream:
+        """Chat turn. With a session, the previous turn's exact token ids are reused as the prefix."""
+        previous = self._sessions.get(session_id) if session_id else None
+        ids = continue_session_prompt(self.tokenizer, messages, previous)
+        return self.submit({"prompt_token_ids": ids}, params, session_id=session_id, request_id=request_id)
+
+    def abort(self, request_id: str) -> bool:
+        return bool(self._call("abort", request_id))
+
+    def end_session(self, session_id: str) -> bool:
+        """Release a conversation's held KV blocks (tab closed or conversation deleted)."""
+        self._sessions.pop(session_id, None)
+        return bool(self._call("call", lambda eng: eng.end_session(session_id)))
+
+    # ---- batch API -------------------------------------------------------------------------------
+    def generate(self, prompts, sampling_params=None, use_tqdm: bool = False) -> list[RequestOutput]:
+        single = isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
+        prompts = [prompts] if single else list(prompts)
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        encoded = [self.encode_prompt(p) for p in prompts]        # validate all before submitting any
+        streams = [self.submit({"prompt_token_ids": ids}, p) for ids, p in zip(encoded, params)]
+        return [self._collect(s, p or SamplingParams()) for s, p in zip(streams, params)]
+
+    def chat(self, messages, sampling_params=None, use_tqdm: bool = False) -> list[RequestOutput]:
+        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [{"prompt_token_ids": continue_session_prompt(self.tokenizer, c, None)} for c in convs]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _collect(self, stream: RequestStream, params: SamplingParams) -> RequestOutput:
+        outs = [CompletionOutput(index=i) for i in range(params.n)]
+        for d in stream:
+            o = outs[d.index]
+            o.text += d.text
+            o.token_ids.extend(d.token_ids)
+            if d.finished:
+                o.finish_reason, o.metrics = d.finish_reason, d.metrics
+                if d.error:
+                    raise RuntimeError(d.error)
+        return RequestOutput(stream.request_id, stream.prompt_ids, outs)
+
+    # ---- observability ---------------------------------------------------------------------------
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def stats(self) -> dict:
+        return self._call("call", lambda eng: eng.stats())
+
+    def snapshot(self) -> dict:
+        return self._call("call", lambda eng: eng.snapshot())
+
+    def latest_snapshot(self) -> dict:
+        """The snapshot published by the engine thread (at most ~0.25 s old); never blocks."""
+        return self._latest_snapshot or self.snapshot()
+
+    def shutdown(self) -> None:
+        if self._thread.is_alive():
+            self._commands.put(("stop", None, None))
+            self._thread.join(timeout=30)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()

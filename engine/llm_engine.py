@@ -1,0 +1,213 @@
+"""The synchronous engine core: add requests, step, abort. Only the engine thread calls it.
+
+One step = schedule -> copy-on-write copies -> one forward over the packed batch -> sample ->
+detokenize -> stream deltas -> free or park finished sequences.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import torch
+
+from engine.config import EngineConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.kv_cache_manager import KVCacheManager
+from engine.loader import LoadedModel
+from engine.model_runner import ModelRunner
+from engine.sampler import make_generator, sample
+from engine.scheduler import Scheduler
+from engine.sequence import Request, RequestOutputDelta, Sequence, SeqStatus
+
+
+class LLMEngine:
+    def __init__(self, cfg: EngineConfig, loaded: LoadedModel):
+        self.cfg = cfg
+        self.tokenizer = loaded.tokenizer
+        self.hf_config = loaded.config
+        torch.manual_seed(cfg.seed)
+        self._seed_rng = make_generator(cfg.seed)
+        self.runner = ModelRunner(cfg, loaded.config, loaded.weights)
+        self.max_model_len = self.runner.max_model_len
+        self.kv = KVCacheManager(self.runner.num_blocks, cfg.block_size, max_model_len=self.max_model_len,
+                                 kv_bytes_per_token=self.runner.kv_bytes_per_token,
+                                 enable_prefix_caching=cfg.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        self.requests: dict[str, Request] = {}
+        self.eos_ids = self._eos_ids()
+        self.preemption_events: deque = deque(maxlen=50)
+        self.generated_tokens_total = 0
+        self.prompt_tokens_computed_total = 0
+        self.steps = 0
+
+    def _eos_ids(self) -> set[int]:
+        ids = set()
+        for src in (self.hf_config.eos_token_id, getattr(self.tokenizer, "eos_token_id", None)):
+            if isinstance(src, int):
+                ids.add(src)
+            elif isinstance(src, (list, tuple)):
+                ids.update(src)
+        return ids
+
+    # ---- requests -------------------------------------------------------------------------
+    def validate_prompt(self, prompt_ids: list[int]) -> None:
+        if not prompt_ids:
+            raise ValueError("prompt is empty")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(prompt_ids)} tokens; this engine's max_model_len is "
+                             f"{self.max_model_len} (prompt + at least 1 generated token must fit)")
+        vocab = self.runner.model.embed.shape[0]
+        bad = [t for t in prompt_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+
+    def add_request(self, req: Request) -> None:
+        self.validate_prompt(req.prompt_ids)
+        if req.request_id in self.requests:
+            raise ValueError(f"request id {req.request_id!r} is already in use")
+        self.requests[req.request_id] = req
+        self._new_sequence(req, 0, list(req.prompt_ids))
+
+    def _new_sequence(self, req: Request, index: int, token_ids: list[int]) -> Sequence:
+        p = req.params
+        seed = (p.seed * 1_000_003 + index) if p.seed is not None else int(
+            torch.randint(0, 2**62, (1,), generator=self._seed_rng))
+        detok = IncrementalDetokenizer(self.tokenizer, req.prompt_ids, p.stop, p.skip_special_tokens)
+        seq = Sequence(f"{req.request_id}#{index}", req, index, token_ids, detok, make_generator(seed))
+        req.seqs.append(seq)
+        if index == 0:
+            self.scheduler.add(seq)
+        return seq
+
+    def abort_request(self, request_id: str) -> bool:
+        req = self.requests.get(request_id)
+        if req is None:
+            return False
+        for seq in req.seqs:
+            if seq.status is not SeqStatus.FINISHED:
+                self._finish(seq, "abort")
+        return True
+
+    def end_session(self, session_id: str) -> bool:
+        return self.kv.free_session(session_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- one iteration ----------------------------------------------------------------------
+    def step(self) -> None:
+        batch = self.scheduler.schedule()
+        self._record_preemptions()
+        for seq, start, n in batch:
+            if start == seq.cached_tokens and seq.first_token_time is None and start + n <= seq.prompt_len:
+                self._emit(seq, "", [], state="running")
+        if not batch:
+            return
+        copies = self.kv.take_pending_copies()
+        rows = [r for r, (seq, start, n) in enumerate(batch) if start + n == len(seq.token_ids)]
+        logits = self.runner.run(batch, self.kv, copies, rows) if rows or batch else None
+        self.steps += 1
+        self.prompt_tokens_computed_total += sum(
+            max(0, min(start + n, seq.prompt_len) - start) for seq, start, n in batch)
+        if not rows:
+            return
+        seqs = [batch[r][0] for r in rows]
+        seqs, logits = self._fork_after_prefill(seqs, logits)
+        tokens = sample(logits, [s.request.params for s in seqs], [s.generator for s in seqs],
+                        [s.token_ids for s in seqs])
+        now = time.time()
+        for seq, tok in zip(seqs, tokens):
+            self._append(seq, tok, now)
+
+    def _fork_after_prefill(self, seqs: list[Sequence], logits: torch.Tensor):
+        """n > 1: the prompt was prefilled once; children share its blocks (copy-on-write)."""
+        out_seqs, out_rows = [], []
+        for r, seq in enumerate(seqs):
+            out_seqs.append(seq)
+            out_rows.append(r)
+            req = seq.request
+            if req.params.n > 1 and not req.forked:
+                req.forked = True
+                for i in range(1, req.params.n):
+                    child = self._new_sequence(req, i, list(seq.token_ids))
+                    child.cached_tokens = seq.cached_tokens
+                    self.kv.fork(seq.seq_id, child.seq_id, child.token_ids)
+                    self.scheduler.add_forked(seq, child)
+                    out_seqs.append(child)
+                    out_rows.append(r)
+        return out_seqs, logits[out_rows]
+
+    def _append(self, seq: Sequence, tok: int, now: float) -> None:
+        seq.token_ids.append(tok)
+        self.generated_tokens_total += 1
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        seq.last_token_time = now
+        p = seq.request.params
+        text = seq.detok.add(tok)
+        reason = None
+        if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids):
+            reason = "stop"
+        elif seq.detok.stopped:
+            reason = "stop"
+        elif len(seq.output_ids) >= p.max_tokens or len(seq.token_ids) >= self.max_model_len:
+            reason = "length"
+        if reason is None:
+            self._emit(seq, text, [tok])
+        else:
+            self._finish(seq, reason, text, [tok])
+
+    def _finish(self, seq: Sequence, reason: str, text: str = "", toks: list[int] | None = None) -> None:
+        self.scheduler.remove(seq)
+        was_admitted = self.kv.has_sequence(seq.seq_id)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+        req = seq.request
+        if was_admitted:
+            if req.session_id is not None and seq.index == 0:
+                self.kv.park(seq.seq_id, req.session_id)
+            else:
+                self.kv.free(seq.seq_id)
+        self._emit(seq, text + seq.detok.flush(), toks or [], finished=True, reason=reason)
+        if all(s.status is SeqStatus.FINISHED for s in req.seqs) and (req.forked or req.params.n == 1):
+            self.requests.pop(req.request_id, None)
+
+    def _record_preemptions(self) -> None:
+        for seq in self.scheduler.preempted_log:
+            ev = self.kv.preemption_events[-1] if self.kv.preemption_events else {}
+            self.preemption_events.append({"request_id": seq.request.request_id, "seq_id": seq.seq_id,
+                                           "tokens_lost": ev.get("tokens_lost"), "time": time.time()})
+        self.scheduler.preempted_log.clear()
+
+    def _emit(self, seq: Sequence, text: str, toks: list[int], finished=False, reason=None, state=None):
+        req = seq.request
+        if req.on_output is None:
+            return
+        now = time.time()
+        out_n = len(seq.output_ids)
+        m = {"prompt_tokens": seq.prompt_len, "cached_tokens": seq.cached_tokens, "output_tokens": out_n,
+             "state": state or ("finished" if finished else "running")}
+        if seq.first_token_time is not None:
+            m["ttft_s"] = seq.first_token_time - req.arrival_time
+            span = (seq.last_token_time or now) - seq.first_token_time
+            m["tokens_per_s"] = (out_n - 1) / span if out_n > 1 and span > 0 else None
+        req.on_output(RequestOutputDelta(req.request_id, seq.index, text, toks, finished, reason, None, m))
+
+    # ---- observability -----------------------------------------------------------------------
+    def stats(self) -> dict:
+        s = self.kv.stats()
+        s.update(running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+                 peak_running=self.scheduler.peak_running,
+                 generated_tokens_total=self.generated_tokens_total,
+                 prompt_tokens_computed_total=self.prompt_tokens_computed_total,
+                 max_model_len=self.max_model_len, steps=self.steps)
+        return s
+
+    def snapshot(self) -> dict:
+        snap = self.kv.snapshot()
+        snap["stats"] = self.stats()
+        snap["preemption_events"] = list(self.preemption_events)
+        req_of = {s.seq_id: s.request.request_id for r in self.requests.values() for s in r.seqs}
+        for entry in snap.get("sequences", []):
+            entry["request_id"] = req_of.get(entry.get("seq_id"))
+        return snap

@@ -1,0 +1,137 @@
+"""Llama-family decoder (llama, mistral, qwen2) over a packed batch of tokens.
+
+Tokens of many sequences — prefill chunks and decode tokens alike — are concatenated into one
+[num_tokens] batch. Every linear layer runs once over the whole batch; only attention needs to
+know where sequences begin and end, and it gets that from `AttentionMetadata` and the block
+tables. New K/V go into the pool through `kernels.store_kv`; attention reads the pool through
+`kernels.paged_attention`. Numerics follow transformers' LlamaForCausalLM so greedy outputs match.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+import kernels
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor    # int64 [num_tokens]
+    block_tables: torch.Tensor    # int32 [num_seqs, max_blocks]
+    seq_lens: torch.Tensor        # int32 [num_seqs], context incl. this step's tokens
+    cu_seqlens_q: torch.Tensor    # int32 [num_seqs + 1]
+    max_seqlen_q: int
+    backend: str
+
+
+def rope_tables(config, max_positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin for every position, computed exactly as transformers does (incl. scaled RoPE)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    params = getattr(config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        dim = head_dim_of(config)
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        scaling = 1.0
+    elif rope_type == "dynamic":
+        raise ValueError("dynamic NTK RoPE scaling is not supported (its tables change with length)")
+    else:
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+    freqs = torch.arange(max_positions, dtype=torch.int64).float()[:, None] * inv_freq.float()[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * scaling).to(device), (emb.sin() * scaling).to(device)
+
+
+def head_dim_of(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, d]; cos/sin: [T, d]. The rotate-half convention of HF checkpoints."""
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class LlamaModel:
+    """Weights held as plain tensors; q/k/v are kept as separate GEMMs to match HF rounding."""
+
+    def __init__(self, config, weights: dict, dtype: torch.dtype, device, max_positions: int):
+        self.config = config
+        self.num_layers = config.num_hidden_layers
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = head_dim_of(config)
+        self.eps = config.rms_norm_eps
+        self.scale = self.head_dim ** -0.5
+        self.dtype, self.device = dtype, device
+
+        def w(name):
+            if name not in weights:
+                raise ValueError(f"checkpoint is missing weight {name!r}")
+            return weights[name].to(device=device, dtype=dtype).contiguous()
+
+        def opt(name):
+            return w(name) if name in weights else None
+
+        self.embed = w("model.embed_tokens.weight")
+        tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights
+        self.lm_head = self.embed if tied else w("lm_head.weight")
+        self.norm = w("model.norm.weight")
+        self.layers = []
+        for i in range(self.num_layers):
+            p = f"model.layers.{i}."
+            self.layers.append({
+                "ln1": w(p + "input_layernorm.weight"),
+                "ln2": w(p + "post_attention_layernorm.weight"),
+                "q": w(p + "self_attn.q_proj.weight"), "q_b": opt(p + "self_attn.q_proj.bias"),
+                "k": w(p + "self_attn.k_proj.weight"), "k_b": opt(p + "self_attn.k_proj.bias"),
+                "v": w(p + "self_attn.v_proj.weight"), "v_b": opt(p + "self_attn.v_proj.bias"),
+                "o": w(p + "self_attn.o_proj.weight"), "o_b": opt(p + "self_attn.o_proj.bias"),
+                "gate": w(p + "mlp.gate_proj.weight"),
+                "up": w(p + "mlp.up_proj.weight"),
+                "down": w(p + "mlp.down_proj.weight"),
+            })
+        self.cos, self.sin = rope_tables(config, max_positions, device)
+        self.cos, self.sin = self.cos.to(dtype), self.sin.to(dtype)
+
+    def num_params(self) -> int:
+        n = self.embed.numel() + self.norm.numel() + (0 if self.lm_head is self.embed else self.lm_head.numel())
+        for layer in self.layers:
+            n += sum(t.numel() for t in layer.values() if t is not None)
+        return n
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: torch.Tensor,
+                meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
+        """Run the packed batch; return fp32 logits for the tokens at `logits_indices`."""
+        T = input_ids.shape[0]
+        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        cos, sin = self.cos[positions], self.sin[positions]
+        x = F.embedding(input_ids, self.embed)
+        for i, L in enumerate(self.layers):
+            a = rms_norm(x, L["ln1"], self.eps)
+            q = F.linear(a, L["q"], L["q_b"]).view(T, h, d)
+            k = F.linear(a, L["k"], L["k_b"]).view(T, kvh, d)
+            v = F.linear(a, L["v"], L["v_b"]).view(T, kvh, d)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            k_cache, v_cache = kv_pool[0, i], kv_pool[1, i]
+            kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
+            o = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                        meta.cu_seqlens_q, self.scale, max_seqlen_q=meta.max_seqlen_q,
+                                        backend=meta.backend)
+            x = x + F.linear(o.reshape(T, h * d), L["o"], L["o_b"])
+            m = rms_norm(x, L["ln2"], self.eps)
+            x = x + F.linear(F.silu(F.linear(m, L["gate"])) * F.linear(m, L["up"]), L["down"])
+        x = rms_norm(x[logits_indices], self.norm, self.eps)
+        return F.linear(x, self.lm_head).float()

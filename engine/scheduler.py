@@ -1,0 +1,105 @@
+"""Continuous batching: each step picks which sequences advance and by how many tokens.
+
+Policy (vLLM-like): running sequences first, in admission order, each asking for all its
+uncomputed tokens (1 when decoding, a chunk when prefilling) within the step's token budget; then
+waiting sequences are admitted in arrival order while the budget, `max_num_seqs` and the pool
+allow. When the pool cannot grow a running sequence, the most recently admitted one is preempted
+by recompute: its blocks are freed (they stay in the prefix cache) and it goes back to the front
+of the queue with every generated token kept.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from engine.errors import NoFreeBlocksError
+from engine.kv_cache_manager import KVCacheManager
+from engine.sequence import Sequence, SeqStatus
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.peak_running = 0
+        self.preempted_log: list[Sequence] = []   # drained by the engine after each step
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def remove(self, seq: Sequence) -> None:
+        """Drop a sequence that finished or was aborted (the caller frees its blocks)."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.kv.preempt(seq.seq_id)
+        self.running.remove(seq)
+        seq.status = SeqStatus.WAITING
+        seq.num_computed = 0
+        self.waiting.appendleft(seq)
+        self.preempted_log.append(seq)
+
+    def schedule(self) -> list[tuple[Sequence, int, int]]:
+        """Return [(seq, first_position, num_new_tokens)] for this step; the manager is updated."""
+        budget = self.max_num_batched_tokens
+        batch: list[tuple[Sequence, int, int]] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_uncomputed, budget)
+            while True:
+                try:
+                    self.kv.allocate_slots(seq.seq_id, n)
+                    break
+                except NoFreeBlocksError:
+                    victim = self.running[-1]
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is seq:
+                        break
+            if seq.status is not SeqStatus.RUNNING:
+                break
+            batch.append((seq, seq.num_computed, n))
+            seq.num_computed += n
+            budget -= n
+            i += 1
+        if preempted:
+            return batch
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            req = seq.request
+            session = req.session_id if seq.index == 0 else None
+            cached = self.kv.lookup_prefix(seq.token_ids, cache_salt=req.cache_salt, session_id=session)
+            n = min(len(seq.token_ids) - cached, budget)
+            try:
+                cached = self.kv.add_sequence(seq.seq_id, seq.token_ids, num_new_tokens=n,
+                                              cache_salt=req.cache_salt, session_id=session)
+            except NoFreeBlocksError:
+                break
+            n = min(n, len(seq.token_ids) - cached)
+            self.waiting.popleft()
+            seq.status = SeqStatus.RUNNING
+            seq.cached_tokens = cached if seq.first_token_time is None else seq.cached_tokens
+            self.running.append(seq)
+            batch.append((seq, cached, n))
+            seq.num_computed = cached + n
+            budget -= n
+        self.peak_running = max(self.peak_running, len(self.running))
+        return batch
+
+    def add_forked(self, parent: Sequence, child: Sequence) -> None:
+        """A child forked from a running parent runs right after it."""
+        child.status = SeqStatus.RUNNING
+        child.num_computed = parent.num_computed
+        self.running.insert(self.running.index(parent) + 1, child)
+        self.peak_running = max(self.peak_running, len(self.running))
