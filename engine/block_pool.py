@@ -1,0 +1,156 @@
+"""Physical KV blocks, their reference counts, the free list and the prefix-cache map.
+
+Every Block object is built once and lives as long as the pool, so a block table is a list of
+plain object references and nothing is allocated on the hot path. The free list is intrusive
+(prev/next live on the Block) so a prefix hit can pull a cached block out of the *middle* of the
+list in O(1). Eviction is lazy: a freed block keeps its hash and content and only loses them when
+it is handed out again. Order of the free list = eviction order (head is evicted first):
+blocks with nothing worth keeping (never used, or freed without a hash) sit at the head, blocks
+holding cached content are appended at the tail in the order they were freed (LRU).
+"""
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+from engine.errors import KVCacheError, NoFreeBlocksError
+
+
+class Block:
+    """One physical block. Free iff ref_count == 0. block_hash is set iff this block is the
+    pool's `cached[block_hash]` entry; token_ids/parent_hash/salt let a lookup verify a hit."""
+
+    __slots__ = ("block_id", "ref_count", "block_hash", "token_ids", "parent_hash", "salt",
+                 "filled", "prev", "next")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.block_hash: int | None = None
+        self.token_ids: tuple[int, ...] | None = None
+        self.parent_hash: int | None = None
+        self.salt = None
+        self.filled = 0            # token slots holding valid KV (0 for a free, hashless block)
+        self.prev: Block | None = None
+        self.next: Block | None = None
+
+    def __repr__(self) -> str:
+        return f"Block({self.block_id}, ref={self.ref_count}, hash={self.block_hash})"
+
+
+class BlockPool:
+    """Owns all blocks. Counters (free, cached-free, shared, used tokens) are kept incrementally
+    so stats never walk the pool."""
+
+    def __init__(self, num_blocks: int):
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._head = Block(-1)          # sentinels: no None checks when linking
+        self._tail = Block(-1)
+        prev = self._head
+        for b in self.blocks:
+            prev.next, b.prev = b, prev
+            prev = b
+        prev.next, self._tail.prev = self._tail, prev
+        self.num_free = num_blocks
+        self.cached: dict[int, Block] = {}
+        self.num_cached_free = 0        # ref 0 and holding a hash (revivable)
+        self.num_shared = 0             # ref >= 2
+        self.num_used_tokens = 0        # sum of `filled` over blocks with ref >= 1
+
+    # ---- intrusive list primitives -------------------------------------------------------
+    def _unlink(self, b: Block) -> None:
+        b.prev.next = b.next
+        b.next.prev = b.prev
+        b.prev = b.next = None
+        self.num_free -= 1
+
+    def _append(self, b: Block) -> None:
+        last = self._tail.prev
+        last.next, b.prev, b.next, self._tail.prev = b, last, self._tail, b
+        self.num_free += 1
+
+    def _appendleft(self, b: Block) -> None:
+        first = self._head.next
+        self._head.next, b.prev, b.next, first.prev = b, self._head, first, b
+        self.num_free += 1
+
+    def iter_free(self) -> Iterator[Block]:
+        """Free blocks in eviction order (head first). O(num_free); for tests and debugging."""
+        b = self._head.next
+        while b is not self._tail:
+            yield b
+            b = b.next
+
+    # ---- allocation ----------------------------------------------------------------------
+    def get_new_blocks(self, n: int) -> list[Block]:
+        """Pop n blocks from the head with ref_count 1, evicting any cached content they held."""
+        if n > self.num_free:
+            raise NoFreeBlocksError(n, self.num_free)
+        out = []
+        for _ in range(n):
+            b = self._head.next
+            self._unlink(b)
+            if b.block_hash is not None:
+                self.num_cached_free -= 1
+                self.drop_hash(b)
+            b.ref_count = 1
+            b.filled = 0
+            out.append(b)
+        return out
+
+    def touch(self, blocks: Iterable[Block]) -> None:
+        """Add one reference to each block, reviving it from the free list if it was free."""
+        for b in blocks:
+            if b.ref_count == 0:
+                self._unlink(b)
+                if b.block_hash is not None:
+                    self.num_cached_free -= 1
+                self.num_used_tokens += b.filled
+            elif b.ref_count == 1:
+                self.num_shared += 1
+            b.ref_count += 1
+
+    def free_blocks(self, blocks: Iterable[Block]) -> None:
+        """Drop one reference from each block, given in eviction order (first = evicted first)."""
+        blocks = list(blocks)
+        for b in blocks:
+            if b.ref_count <= 0:
+                raise KVCacheError(f"block {b.block_id} freed while already free")
+        for b in blocks:
+            b.ref_count -= 1
+            if b.ref_count == 1:
+                self.num_shared -= 1
+            elif b.ref_count == 0:
+                self.num_used_tokens -= b.filled
+                if b.block_hash is not None:
+                    self.num_cached_free += 1
+                    self._append(b)
+                else:
+                    b.filled = 0
+                    self._appendleft(b)
+
+    def set_filled(self, b: Block, n: int) -> None:
+        """Record how many slots of a held block hold valid KV (used_tokens accounting)."""
+        self.num_used_tokens += n - b.filled
+        b.filled = n
+
+    # ---- prefix-cache map ----------------------------------------------------------------
+    def register(self, b: Block, block_hash: int, token_ids: tuple, parent_hash, salt) -> bool:
+        """Make b the cached block for block_hash unless it (or the hash) is already taken."""
+        if b.block_hash is not None or block_hash in self.cached:
+            return False
+        self.cached[block_hash] = b
+        b.block_hash, b.token_ids, b.parent_hash, b.salt = block_hash, token_ids, parent_hash, salt
+        return True
+
+    def drop_hash(self, b: Block) -> None:
+        """Forget b's cached identity (it is being reused or overwritten)."""
+        if b.block_hash is not None and self.cached.get(b.block_hash) is b:
+            del self.cached[b.block_hash]
+        b.block_hash = b.token_ids = b.parent_hash = b.salt = None
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free

@@ -1,0 +1,20 @@
+"""Exception types shared by the KV-cache manager and the engine.
+
+NoFreeBlocksError is an expected, recoverable condition (the scheduler preempts or waits), so it
+carries numbers; KVCacheError means a caller bug and carries a message naming the sequence.
+"""
+from __future__ import annotations
+
+
+class NoFreeBlocksError(RuntimeError):
+    """Not enough KV blocks; raised before any state changes, so the caller may simply retry later."""
+
+    def __init__(self, needed: int, available: int, what: str = ""):
+        self.needed = needed
+        self.available = available
+        detail = f" for {what}" if what else ""
+        super().__init__(f"need {needed} free KV blocks{detail}, only {available} can be freed")
+
+
+class KVCacheError(RuntimeError):
+    """Misuse of the KV-cache manager: unknown/duplicate/double-freed sequence, writing past limits."""
