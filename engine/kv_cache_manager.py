@@ -1,0 +1,389 @@
+"""Paged KV-cache memory manager: block tables, prefix cache, sessions and copy-on-write.
+
+One engine thread calls it, so there are no locks. Every call that needs blocks checks capacity
+first (releasing idle sessions, least recently parked first) and raises NoFreeBlocksError with no
+state change if that is not enough, so the scheduler can preempt and retry.
+
+Sequences: add_sequence -> allocate_slots* -> free | preempt | park; fork for n > 1 sampling.
+Runner: slot / slots_for / block_table / num_computed, take_pending_copies before each forward.
+Reuse: full blocks are hashed as soon as their KV is scheduled (chain hash of parent hash, token
+ids and cache_salt, verified on lookup); a parked session keeps its whole table, so the next
+turn of a chat reuses it down to the token, partial last block included.
+With enable_prefix_caching=False nothing is hashed or looked up and park simply frees.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+
+from engine.block_pool import Block, BlockPool
+from engine.errors import KVCacheError, NoFreeBlocksError
+
+BLOCK_SIZES = (8, 16, 32, 64, 128)
+
+
+def hash_block_tokens(parent_hash, token_ids: tuple, salt) -> int:
+    """Chain hash of one full block. Module level so tests can force collisions."""
+    return hash((parent_hash, token_ids, salt))
+
+
+def _common_prefix(a: list, b: list, limit: int) -> int:
+    """Length of the common prefix of a and b, at most limit; compares in C-speed chunks."""
+    n = min(len(a), len(b), limit)
+    i = 0
+    while i < n:
+        j = min(i + 256, n)
+        if a[i:j] != b[i:j]:
+            while a[i] == b[i]:
+                i += 1
+            return i
+        i = j
+    return n
+
+
+class _Seq:
+    __slots__ = ("seq_id", "tokens", "table", "num_computed", "salt", "session_id", "hashes")
+
+    def __init__(self, seq_id, tokens, salt, session_id):
+        self.seq_id, self.tokens, self.salt, self.session_id = seq_id, tokens, salt, session_id
+        self.table: list[Block] = []
+        self.num_computed = 0
+        self.hashes: list[int] = []     # chain hash of each full block already hashed
+
+
+class _Session:
+    """An idle pin: a finished sequence's blocks and computed tokens, kept for its next turn."""
+    __slots__ = ("session_id", "tokens", "table", "salt", "hashes")
+
+    def __init__(self, session_id, tokens, table, salt, hashes):
+        self.session_id, self.tokens, self.table = session_id, tokens, table
+        self.salt, self.hashes = salt, hashes
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, *, max_model_len: int,
+                 kv_bytes_per_token: int = 0, enable_prefix_caching: bool = True):
+        if block_size not in BLOCK_SIZES:
+            raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {block_size}")
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.pool = BlockPool(num_blocks)
+        self._bs = block_size
+        self.max_model_len = max_model_len
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.enable_prefix_caching = enable_prefix_caching
+        self._seqs: dict = {}
+        self._idle: OrderedDict = OrderedDict()     # session_id -> _Session, LRU first
+        self._pending: list[tuple[int, int]] = []
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.num_preemptions = 0
+        self.peak_used_blocks = 0
+        self.preemption_events: deque = deque(maxlen=50)
+
+    # ---- properties ---------------------------------------------------------------------
+    block_size = property(lambda self: self._bs)
+    num_blocks = property(lambda self: self.pool.num_blocks)
+    num_free_blocks = property(lambda self: self.pool.num_free)
+    num_used_blocks = property(lambda self: self.pool.num_used)
+
+    def has_sequence(self, seq_id) -> bool:
+        return seq_id in self._seqs
+
+    def sessions(self) -> list:
+        return list(self._idle)
+
+    def _get(self, seq_id) -> _Seq:
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            raise KVCacheError(f"unknown sequence {seq_id!r} (never added, or already freed)")
+        return seq
+
+    def _check_len(self, seq_id, end: int) -> None:
+        if end > self.max_model_len:
+            raise KVCacheError(f"sequence {seq_id!r} would hold {end} tokens, "
+                               f"past max_model_len={self.max_model_len}")
+
+    # ---- prefix lookup ------------------------------------------------------------------
+    def _plan(self, token_ids, salt, session_id):
+        """(cached tokens, blocks to reuse, idle session to adopt or None). Pure."""
+        if not self.enable_prefix_caching or len(token_ids) < 2:
+            return 0, [], None
+        if not isinstance(token_ids, list):
+            token_ids = list(token_ids)
+        bs, cached = self._bs, self.pool.cached
+        hits: list[Block] = []
+        parent = None
+        for i in range((len(token_ids) - 1) // bs):     # cap: >= 1 token left to compute
+            toks = tuple(token_ids[i * bs:(i + 1) * bs])
+            h = hash_block_tokens(parent, toks, salt)
+            b = cached.get(h)
+            if b is None or b.token_ids != toks or b.parent_hash != parent or b.salt != salt:
+                break                                   # miss, or a hash collision
+            hits.append(b)
+            parent = h
+        sess = self._idle.get(session_id) if session_id is not None else None
+        if sess is not None and sess.salt == salt:
+            common = _common_prefix(sess.tokens, token_ids, len(token_ids) - 1)
+            if common and common >= len(hits) * bs:
+                return common, sess.table[:-(-common // bs)], sess
+        return len(hits) * bs, hits, None
+
+    def lookup_prefix(self, token_ids, *, cache_salt=None, session_id=None) -> int:
+        """Tokens whose KV add_sequence would reuse right now (no state change)."""
+        return self._plan(token_ids, cache_salt, session_id)[0]
+
+    # ---- capacity -----------------------------------------------------------------------
+    def _needed(self, seq: _Seq, n: int) -> int:
+        """Blocks to pop so tokens [num_computed, num_computed+n) have slots, CoW included."""
+        if n <= 0:
+            return 0
+        nc = seq.num_computed
+        need = -(-(nc + n) // self._bs) - len(seq.table)
+        if nc % self._bs and seq.table[-1].ref_count >= 2:
+            need += 1
+        return need
+
+    def _make_room(self, need: int, reserved=(), keep=None, dropping=()) -> None:
+        """Ensure `need` blocks can be popped without evicting `reserved` (about to be revived),
+        counting `dropping` (blocks about to lose one ref); release idle sessions LRU (never
+        `keep`) only if required and only when that suffices. No state change on failure."""
+        pool = self.pool
+        avail = pool.num_free - sum(1 for b in reserved if b.ref_count == 0)
+        avail += sum(1 for b in dropping if b.ref_count == 1)
+        if need <= avail:
+            return
+        reserved, drops, victims = set(reserved), dict.fromkeys(dropping, 1), []
+        for sid, sess in self._idle.items():
+            if sid == keep:
+                continue
+            victims.append(sid)
+            for b in sess.table:
+                k = drops[b] = drops.get(b, 0) + 1
+                if k == b.ref_count and b not in reserved:
+                    avail += 1
+            if avail >= need:
+                break
+        if avail < need:
+            raise NoFreeBlocksError(need, avail)
+        for sid in victims:
+            self.free_session(sid)
+
+    # ---- growing a table ----------------------------------------------------------------
+    def _grow(self, seq: _Seq, n: int) -> None:
+        """Give tokens [num_computed, num_computed+n) slots; capacity already checked."""
+        if n <= 0:
+            return
+        pool, bs, table = self.pool, self._bs, seq.table
+        nc = seq.num_computed
+        off = nc % bs
+        if off:
+            last = table[-1]
+            if last.ref_count >= 2:                     # shared partial block: copy-on-write
+                new = pool.get_new_blocks(1)[0]
+                self._pending.append((last.block_id, new.block_id))
+                pool.free_blocks((last,))
+                pool.set_filled(new, off)
+                table[-1] = new
+            elif last.block_hash is not None:           # adopted full block, tail overwritten
+                pool.drop_hash(last)
+        end = nc + n
+        extra = -(-end // bs) - len(table)
+        if extra > 0:
+            table.extend(pool.get_new_blocks(extra))
+        last_i = (end - 1) // bs
+        for i in range(nc // bs, last_i):
+            if table[i].filled != bs:
+                pool.set_filled(table[i], bs)
+        pool.set_filled(table[last_i], end - last_i * bs)
+        seq.num_computed = end
+        self._hash_full(seq)
+        self.peak_used_blocks = max(self.peak_used_blocks, pool.num_used)
+
+    def _hash_full(self, seq: _Seq) -> None:
+        """Hash and register blocks that are full within num_computed (and the token list)."""
+        if not self.enable_prefix_caching:
+            return
+        bs, hashes, toks = self._bs, seq.hashes, seq.tokens
+        full = min(seq.num_computed, len(toks)) // bs
+        parent = hashes[-1] if hashes else None
+        for i in range(len(hashes), full):
+            block_toks = tuple(toks[i * bs:(i + 1) * bs])
+            h = hash_block_tokens(parent, block_toks, seq.salt)
+            hashes.append(h)
+            self.pool.register(seq.table[i], h, block_toks, parent, seq.salt)
+            parent = h
+
+    # ---- sequence lifecycle -------------------------------------------------------------
+    def add_sequence(self, seq_id, token_ids, *, num_new_tokens, cache_salt=None,
+                     session_id=None) -> int:
+        """Admit a sequence: reuse its cached prefix, give num_new_tokens more tokens slots.
+        Returns the number of cached tokens. Atomic: NoFreeBlocksError leaves no trace."""
+        if seq_id in self._seqs:
+            raise KVCacheError(f"sequence {seq_id!r} already exists")
+        if len(token_ids) == 0:
+            raise KVCacheError(f"sequence {seq_id!r} has no tokens")
+        cached, prefix, sess = self._plan(token_ids, cache_salt, session_id)
+        n = max(0, min(num_new_tokens, len(token_ids) - cached))
+        self._check_len(seq_id, cached + n)
+        seq = _Seq(seq_id, token_ids, cache_salt, session_id)
+        seq.table, seq.num_computed = list(prefix), cached
+        need = self._needed(seq, n)
+        if sess is not None:
+            tail = sess.table[len(prefix):]
+            self._make_room(need, keep=sess.session_id, dropping=tail)
+            del self._idle[sess.session_id]             # ownership moves to seq: no ref change
+            self.pool.free_blocks(tail[::-1])
+            seq.hashes = sess.hashes[:cached // self._bs]
+            last = prefix[-1]
+            if cached % self._bs and last.ref_count == 1 and last.block_hash is None:
+                self.pool.set_filled(last, cached % self._bs)   # the rest is stale
+        else:
+            self._make_room(need, reserved=prefix)
+            self.pool.touch(prefix)
+            seq.hashes = [b.block_hash for b in prefix]
+        self._seqs[seq_id] = seq
+        self.prefix_cache_queries += len(token_ids)
+        self.prefix_cache_hits += cached
+        self._grow(seq, n)
+        self.peak_used_blocks = max(self.peak_used_blocks, self.pool.num_used)
+        return cached
+
+    def allocate_slots(self, seq_id, num_new_tokens: int) -> None:
+        """Slots for the next num_new_tokens tokens (copy-on-write of a shared partial block)."""
+        seq = self._get(seq_id)
+        if num_new_tokens < 0:
+            raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
+        self._check_len(seq_id, seq.num_computed + num_new_tokens)
+        self._make_room(self._needed(seq, num_new_tokens))
+        self._grow(seq, num_new_tokens)
+
+    def fork(self, parent_id, child_id, child_token_ids) -> None:
+        """Child shares all of the parent's blocks (n > 1 sampling); CoW happens on write."""
+        parent = self._get(parent_id)
+        if child_id in self._seqs:
+            raise KVCacheError(f"sequence {child_id!r} already exists")
+        child = _Seq(child_id, child_token_ids, parent.salt, None)
+        child.table, child.num_computed = list(parent.table), parent.num_computed
+        child.hashes = list(parent.hashes)
+        self.pool.touch(child.table)
+        self._seqs[child_id] = child
+
+    def _release(self, table: list[Block]) -> None:
+        """Tail first: the private tail is evicted before the (likely shared) head."""
+        self.pool.free_blocks(table[::-1])
+        if self._pending:       # a copy into a block nobody holds any more must not run
+            self._pending = [(s, d) for s, d in self._pending
+                             if self.pool.blocks[d].ref_count > 0]
+
+    def free(self, seq_id) -> None:
+        seq = self._get(seq_id)
+        del self._seqs[seq_id]
+        self._release(seq.table)
+
+    def preempt(self, seq_id) -> int:
+        """Free by recompute; returns the tokens whose KV was lost."""
+        seq = self._get(seq_id)
+        self.free(seq_id)
+        self.num_preemptions += 1
+        self.preemption_events.append(
+            {"seq_id": seq_id, "tokens_lost": seq.num_computed, "time": time.time()})
+        return seq.num_computed
+
+    def park(self, seq_id, session_id) -> None:
+        """Keep a finished sequence's blocks as the idle pin of session_id (replacing its old one)."""
+        seq = self._get(seq_id)
+        if not self.enable_prefix_caching or session_id is None:
+            self.free(seq_id)
+            return
+        del self._seqs[seq_id]
+        self.free_session(session_id)
+        self._idle[session_id] = _Session(session_id, list(seq.tokens[:seq.num_computed]),
+                                          seq.table, seq.salt, seq.hashes)
+
+    def free_session(self, session_id) -> bool:
+        """Release an idle session's blocks; False if there is no such idle session."""
+        sess = self._idle.pop(session_id, None)
+        if sess is None:
+            return False
+        self._release(sess.table)
+        return True
+
+    # ---- runner accessors ---------------------------------------------------------------
+    def slot(self, seq_id, position: int) -> int:
+        table = self._get(seq_id).table
+        if not 0 <= position < len(table) * self._bs:
+            raise KVCacheError(f"sequence {seq_id!r} has no slot for position {position}")
+        return table[position // self._bs].block_id * self._bs + position % self._bs
+
+    def slots_for(self, seq_id, start: int, end: int) -> list[int]:
+        """Slots of positions [start, end), in one pass."""
+        table, bs = self._get(seq_id).table, self._bs
+        if start < 0 or end > len(table) * bs:
+            raise KVCacheError(f"sequence {seq_id!r} has no slots for [{start}, {end})")
+        return [table[p // bs].block_id * bs + p % bs for p in range(start, end)]
+
+    def block_table(self, seq_id) -> list[int]:
+        return [b.block_id for b in self._get(seq_id).table]
+
+    def num_computed(self, seq_id) -> int:
+        return self._get(seq_id).num_computed
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        out, self._pending = self._pending, []
+        return out
+
+    # ---- observability ------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Counters for metrics and the dashboard; O(live tables)."""
+        pool, bs = self.pool, self._bs
+        used = pool.num_used
+        live = len(self._seqs) + len(self._idle)
+        logical = (sum(len(s.table) for s in self._seqs.values())
+                   + sum(len(s.table) for s in self._idle.values()))
+        contiguous = live * -(-self.max_model_len // bs)
+        return {
+            "block_size": bs, "total_blocks": pool.num_blocks, "free_blocks": pool.num_free,
+            "used_blocks": used, "cached_blocks": pool.num_cached_free,
+            "shared_blocks": pool.num_shared, "peak_used_blocks": self.peak_used_blocks,
+            "logical_blocks": logical, "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_bytes_per_block": self.kv_bytes_per_token * bs,
+            "kv_capacity_tokens": pool.num_blocks * bs, "used_tokens": pool.num_used_tokens,
+            "prefix_cache_queries": self.prefix_cache_queries,
+            "prefix_cache_hits": self.prefix_cache_hits, "num_preemptions": self.num_preemptions,
+            "savings_vs_unshared": 1 - used / logical if logical else 0.0,
+            "savings_vs_contiguous": 1 - used / contiguous if contiguous else 0.0,
+            "num_sequences": len(self._seqs), "num_idle_sessions": len(self._idle),
+            "internal_fragmentation_tokens": used * bs - pool.num_used_tokens,
+            "usage": used / pool.num_blocks,
+        }
+
+    def snapshot(self) -> dict:
+        """Per-block and per-table view for the dashboard; JSON-serializable, O(num_blocks)."""
+        blocks, bs = self.pool.blocks, self._bs
+        owners: dict[int, list] = {}
+        seqs = []
+        views = [(s.seq_id, s.session_id, "running", len(s.tokens), s.num_computed, s.table)
+                 for s in self._seqs.values()]
+        views += [(None, s.session_id, "idle_session", len(s.tokens), len(s.tokens), s.table)
+                  for s in self._idle.values()]
+        for seq_id, sid, state, ntok, nc, table in views:
+            who = seq_id if seq_id is not None else sid
+            for b in table:
+                owners.setdefault(b.block_id, []).append(who)
+            seqs.append({"seq_id": seq_id, "session_id": sid, "state": state, "num_tokens": ntok,
+                         "num_computed": nc, "block_table": [b.block_id for b in table],
+                         "shared": [b.ref_count >= 2 for b in table],
+                         "last_block_filled": nc - (len(table) - 1) * bs if table else 0})
+        return {
+            "time": time.time(), "block_size": bs, "num_blocks": len(blocks),
+            "stats": self.stats(),
+            "blocks": {
+                "state": ["used" if b.ref_count else "free" if b.block_hash is None else "cached"
+                          for b in blocks],
+                "ref_count": [b.ref_count for b in blocks],
+                "filled": [b.filled for b in blocks],
+            },
+            "owners": owners, "sequences": seqs,
+            "preemption_events": list(self.preemption_events),
+        }

@@ -1,0 +1,215 @@
+"""Random operation sequences against KVCacheManager, checking its invariants after every step.
+
+Besides the bookkeeping (refcounts, free list, cached map, counters) the machine simulates the
+physical KV pool: every computed token id is "written" to its slot after the step's pending
+copy-on-write copies ran, so a block reused wrongly (stale prefix hit, missing CoW, bad session
+adoption) shows up as a slot holding the wrong token.
+"""
+import os
+
+from hypothesis import event, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from engine.errors import KVCacheError, NoFreeBlocksError
+from engine.kv_cache_manager import KVCacheManager, hash_block_tokens
+
+settings.register_profile("kv-ci", max_examples=200, stateful_step_count=100, deadline=None)
+settings.register_profile("kv-dev", max_examples=30, stateful_step_count=50, deadline=None)
+
+BS = 8
+MAX_LEN = 96
+SESSIONS = ["s0", "s1", "s2"]
+BASES = [[(i * 7 + k) % 3 for i in range(48)] for k in range(3)]    # shared prompt stems
+small_tokens = st.lists(st.integers(0, 3), max_size=12)
+
+
+class KVMachine(RuleBasedStateMachine):
+    @initialize(num_blocks=st.integers(16, 48))
+    def setup(self, num_blocks):
+        self.m = KVCacheManager(num_blocks, BS, max_model_len=MAX_LEN)
+        self.kv = [None] * (num_blocks * BS)        # simulated pool: token id stored per slot
+        self.running: dict[int, list[int]] = {}     # seq id -> the engine's token list
+        self.idle: dict[str, list[int]] = {}        # session -> tokens it pinned
+        self.next_id = 0
+
+    # ---- helpers -------------------------------------------------------------------------
+    def fingerprint(self):
+        m = self.m
+        return ([b.ref_count for b in m.pool.blocks], [b.block_id for b in m.pool.iter_free()],
+                {h: b.block_id for h, b in m.pool.cached.items()}, m.sessions(),
+                {s: (m.block_table(s), m.num_computed(s)) for s in self.running if m.has_sequence(s)},
+                list(m._pending), {k: v for k, v in m.stats().items()})
+
+    def write(self, seq_id, start, end):
+        """The runner's part: CoW copies first, then this step's new KV."""
+        copies = self.m.take_pending_copies()
+        if copies:
+            event("copy-on-write")
+        for src, dst in copies:
+            self.kv[dst * BS:(dst + 1) * BS] = self.kv[src * BS:(src + 1) * BS]
+        toks = self.running[seq_id]
+        for pos, slot in zip(range(start, end), self.m.slots_for(seq_id, start, end)):
+            self.kv[slot] = toks[pos]
+
+    def sync_sessions(self):
+        """Idle sessions may be released under pressure; mirror that (never invent one)."""
+        live = self.m.sessions()
+        assert set(live) <= set(self.idle)
+        if len(live) < len(self.idle):
+            event("idle session released under pressure")
+        self.idle = {s: self.idle[s] for s in live}
+
+    def try_op(self, fn):
+        before = self.fingerprint()
+        try:
+            return True, fn()
+        except NoFreeBlocksError as e:
+            event("NoFreeBlocksError")
+            assert e.needed > e.available >= 0
+            assert self.fingerprint() == before, "failed allocation changed state"
+            return False, None
+
+    # ---- rules ---------------------------------------------------------------------------
+    def _add(self, tokens, num_new, session, salt):
+        sid = self.next_id
+        self.next_id += 1
+        before = self.fingerprint()
+        expect = self.m.lookup_prefix(tokens, cache_salt=salt, session_id=session)
+        assert self.fingerprint() == before, "lookup_prefix changed state"
+        assert 0 <= expect <= len(tokens) - 1
+        if min(len(tokens), expect + num_new) > MAX_LEN:
+            return
+        self.running[sid] = tokens
+        ok, cached = self.try_op(lambda: self.m.add_sequence(
+            sid, tokens, num_new_tokens=num_new, cache_salt=salt, session_id=session))
+        if not ok:
+            del self.running[sid]
+            return
+        assert cached == expect
+        if cached:
+            event("prefix reuse, partial block" if cached % BS else "prefix reuse, whole blocks")
+        self.sync_sessions()
+        self.write(sid, cached, self.m.num_computed(sid))
+
+    @rule(base=st.sampled_from(range(len(BASES))), cut=st.integers(0, 48), tail=small_tokens,
+          num_new=st.integers(1, 100), salt=st.sampled_from([None, None, "x"]),
+          session=st.sampled_from([None, *SESSIONS]))
+    def add(self, base, cut, tail, num_new, salt, session):
+        self._add(BASES[base][:cut] + tail or [0], num_new, session, salt)
+
+    @precondition(lambda self: self.idle)
+    @rule(data=st.data(), tail=small_tokens, keep=st.integers(0, 8), num_new=st.integers(1, 100))
+    def add_next_turn(self, data, tail, keep, num_new):
+        session = data.draw(st.sampled_from(sorted(self.idle)))
+        prev = self.idle[session]
+        self._add(prev[:max(1, len(prev) - keep)] + tail, num_new, session, None)
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data(), extra=small_tokens, chunk=st.integers(1, 40))
+    def allocate(self, data, extra, chunk):
+        sid = data.draw(st.sampled_from(sorted(self.running)))
+        toks = self.running[sid]
+        toks.extend(extra)
+        nc = self.m.num_computed(sid)
+        n = min(chunk, len(toks) - nc)
+        if nc + n > MAX_LEN:
+            before = self.fingerprint()
+            try:
+                self.m.allocate_slots(sid, n)
+                raise AssertionError("writing past max_model_len must raise")
+            except KVCacheError:
+                assert self.fingerprint() == before
+            return
+        ok, _ = self.try_op(lambda: self.m.allocate_slots(sid, n))
+        if ok:
+            self.sync_sessions()
+            self.write(sid, nc, nc + n)
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def fork(self, data):
+        parent = data.draw(st.sampled_from(sorted(self.running)))
+        child = self.next_id
+        self.next_id += 1
+        self.running[child] = list(self.running[parent])
+        self.m.fork(parent, child, self.running[child])
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data(), how=st.sampled_from(["free", "preempt", "park"]))
+    def finish(self, data, how):
+        sid = data.draw(st.sampled_from(sorted(self.running)))
+        toks = self.running.pop(sid)
+        if how == "free":
+            self.m.free(sid)
+        elif how == "preempt":
+            assert self.m.preempt(sid) >= 0
+        else:
+            session = data.draw(st.sampled_from(SESSIONS))
+            nc = self.m.num_computed(sid)
+            self.m.park(sid, session)
+            self.idle.pop(session, None)
+            self.idle[session] = toks[:nc]
+        try:
+            self.m.free(sid)
+            raise AssertionError("double free must raise")
+        except KVCacheError:
+            pass
+
+    @rule(session=st.sampled_from(SESSIONS))
+    def free_session(self, session):
+        assert self.m.free_session(session) == (session in self.idle)
+        self.idle.pop(session, None)
+
+    # ---- invariants ----------------------------------------------------------------------
+    @invariant()
+    def pool_is_consistent(self):
+        m, pool = self.m, self.m.pool
+        tables = {("seq", s): [pool.blocks[i] for i in m.block_table(s)] for s in self.running}
+        for s, sess in m._idle.items():
+            tables[("session", s)] = sess.table
+        holders = [0] * pool.num_blocks
+        for table in tables.values():
+            for b in table:
+                holders[b.block_id] += 1
+        assert [b.ref_count for b in pool.blocks] == holders
+        free = list(pool.iter_free())
+        assert all(b.ref_count == 0 for b in free)
+        assert len(free) == pool.num_free == holders.count(0)
+        assert pool.num_free + m.num_used_blocks == pool.num_blocks
+        for h, b in pool.cached.items():
+            assert b.block_hash == h and hash_block_tokens(b.parent_hash, b.token_ids, b.salt) == h
+            assert self.kv[b.block_id * BS:(b.block_id + 1) * BS] == list(b.token_ids)
+        st_ = m.stats()
+        assert st_["cached_blocks"] == sum(1 for b in free if b.block_hash is not None)
+        assert st_["shared_blocks"] == sum(1 for n in holders if n >= 2)
+        assert st_["used_tokens"] == sum(b.filled for b in pool.blocks if b.ref_count)
+        assert st_["logical_blocks"] == sum(len(t) for t in tables.values())
+        assert st_["internal_fragmentation_tokens"] >= 0
+
+    @invariant()
+    def contents_match_tokens(self):
+        m = self.m
+        for sid, toks in self.running.items():
+            nc = m.num_computed(sid)
+            assert len(m.block_table(sid)) == -(-nc // BS)
+            assert [self.kv[s] for s in m.slots_for(sid, 0, nc)] == toks[:nc]
+        assert m.sessions() == list(self.idle)
+        for s, sess in m._idle.items():
+            slots = [b.block_id * BS + p % BS for p, b in
+                     ((p, sess.table[p // BS]) for p in range(len(sess.tokens)))]
+            assert [self.kv[x] for x in slots] == sess.tokens == self.idle[s]
+
+    def teardown(self):
+        if not hasattr(self, "m"):
+            return
+        for sid in list(self.running):
+            self.m.free(sid)
+        for s in list(self.idle):
+            assert self.m.free_session(s)
+        st_ = self.m.stats()
+        assert st_["used_blocks"] == 0 and st_["free_blocks"] == self.m.num_blocks
+        assert st_["used_tokens"] == 0 and st_["shared_blocks"] == 0 and not self.m.sessions()
+
+
+KVMachine.TestCase.settings = settings.get_profile(os.environ.get("KV_HYPOTHESIS_PROFILE", "kv-ci"))
+TestKVCacheManagerProperties = KVMachine.TestCase
