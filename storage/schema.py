@@ -1,0 +1,117 @@
+"""Schema, migrations and value checks shared by the store and the import code.
+
+Migrations use sqlite-utils' built-in ``Migrations`` (recorded in ``_sqlite_migrations``),
+so reopening a database applies only what is new. Never edit a released migration: add one.
+"""
+
+import math
+
+from sqlite_utils import Migrations
+
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer clearly and concisely."
+NEW_CHAT_TITLE = "New chat"
+ROLES = ("system", "user", "assistant")
+STATUSES = ("complete", "stopped", "error")
+INT_STATS = ("prompt_tokens", "cached_tokens", "output_tokens")
+FLOAT_STATS = ("ttft_s", "tokens_per_s")
+STAT_FIELDS = INT_STATS + FLOAT_STATS + ("finish_reason",)
+
+MIGRATIONS = Migrations("chat_storage")
+
+# Literal SQL on purpose: a migration must not change when Python constants do.
+_TABLES = [
+    """CREATE TABLE system_prompts (
+        id INTEGER PRIMARY KEY,
+        text TEXT NOT NULL,
+        created_at TEXT NOT NULL)""",
+    """CREATE TABLE conversations (
+        id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL DEFAULT '',
+        title TEXT NOT NULL,
+        system_prompt_id INTEGER REFERENCES system_prompts(id),
+        system_prompt_override TEXT,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL)""",
+    "CREATE INDEX conversations_owner_updated ON conversations(owner, updated_at)",
+    """CREATE TABLE messages (
+        id INTEGER PRIMARY KEY,
+        conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+        parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE,
+        role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+        content TEXT NOT NULL,
+        token_ids TEXT,
+        status TEXT NOT NULL DEFAULT 'complete'
+            CHECK (status IN ('complete', 'stopped', 'error')),
+        created_at TEXT NOT NULL)""",
+    "CREATE INDEX messages_conversation ON messages(conversation_id, id)",
+    "CREATE INDEX messages_parent ON messages(parent_id)",
+    """CREATE TABLE reply_stats (
+        message_id INTEGER PRIMARY KEY REFERENCES messages(id) ON DELETE CASCADE,
+        prompt_tokens INTEGER,
+        cached_tokens INTEGER,
+        output_tokens INTEGER,
+        ttft_s REAL,
+        tokens_per_s REAL,
+        finish_reason TEXT)""",
+]
+
+
+@MIGRATIONS()
+def m001_tables(db):
+    for sql in _TABLES:
+        db.execute(sql)
+
+
+@MIGRATIONS()
+def m002_message_search(db):
+    # External-content FTS5 keyed on messages.id (an INTEGER PRIMARY KEY, so rowids are
+    # stable across VACUUM); sqlite-utils' triggers keep it in step, cascades included.
+    db.table("messages").enable_fts(["content"], create_triggers=True)
+
+
+def check_choice(name, value, choices):
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+    return value
+
+
+def check_text(name, value, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a string; got {type(value).__name__}")
+    return value
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_token_ids(value):
+    """None, or a list of non-negative ints (the ids the model generated, reused next turn)."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in value):
+        raise ValueError("token_ids must be a list of non-negative integers or None")
+    return list(value)
+
+
+def check_stats(stats):
+    """Validate reply statistics; unknown names are errors so typos don't vanish silently."""
+    if not isinstance(stats, dict):
+        raise ValueError("stats must be an object")
+    unknown = set(stats) - set(STAT_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown stats {sorted(map(str, unknown))}; known: {', '.join(STAT_FIELDS)}")
+    for name, value in stats.items():
+        if value is None:
+            continue
+        if name in INT_STATS and not (_is_int(value) and value >= 0):
+            raise ValueError(f"{name} must be a non-negative integer; got {value!r}")
+        if name in FLOAT_STATS and not (
+            (_is_int(value) or isinstance(value, float)) and math.isfinite(value) and value >= 0
+        ):
+            raise ValueError(f"{name} must be a non-negative number; got {value!r}")
+        if name == "finish_reason" and not isinstance(value, str):
+            raise ValueError(f"finish_reason must be a string; got {value!r}")
+    return dict(stats)

@@ -1,0 +1,133 @@
+"""Storage: the whole persistence API the UI codes against (see base.py for threading and
+durability, messages.py for the branch rule)."""
+
+import re
+import uuid
+
+from . import schema, transfer
+from .base import StoreBase, locked
+from .messages import MessagesMixin
+from .schema import NEW_CHAT_TITLE
+
+
+def _fts_query(text):
+    """Every word of the query must start a word in the message (quoted: no FTS syntax)."""
+    return " ".join(f'"{word}"*' for word in re.findall(r"\w+", text))
+
+
+class Storage(MessagesMixin, StoreBase):
+    """All chat persistence. Methods taking ``owner`` raise PermissionError when it is given
+    and differs from the conversation's owner (None = no check); unknown ids raise KeyError."""
+
+    def _insert_conversation(self, owner, title, prompt_id, override):
+        now = self._now()
+        row = {
+            "id": str(uuid.uuid4()),
+            "owner": owner,
+            "title": title,
+            "system_prompt_id": prompt_id,
+            "system_prompt_override": override,
+            "created_at": now,
+            "updated_at": now,
+        }
+        self.db.execute(
+            "INSERT INTO conversations (id, owner, title, system_prompt_id, system_prompt_override,"
+            " created_at, updated_at) VALUES (:id, :owner, :title, :system_prompt_id,"
+            " :system_prompt_override, :created_at, :updated_at)",
+            row,
+        )
+        return row
+
+    # -- system prompt -------------------------------------------------------------------
+    @locked
+    def get_system_prompt(self):
+        """The current shared prompt: the newest row (a default is seeded on first start)."""
+        return self._current_prompt()
+
+    @locked
+    def set_system_prompt(self, text):
+        """Add a new shared prompt; existing conversations keep the id they were created with."""
+        return self._insert_prompt(schema.check_text("text", text))
+
+    # -- conversations -------------------------------------------------------------------
+    @locked
+    def create_conversation(
+        self, owner="", title=NEW_CHAT_TITLE, system_prompt_id=None, system_prompt_override=None
+    ):
+        """New conversation bound to ``system_prompt_id`` (default: the current shared prompt)."""
+        schema.check_text("owner", owner)
+        if not schema.check_text("title", title).strip():
+            raise ValueError("title must not be empty")
+        schema.check_text("system_prompt_override", system_prompt_override, allow_none=True)
+        if system_prompt_id is None:
+            system_prompt_id = self._current_prompt()["id"]
+        elif not self._rows("SELECT id FROM system_prompts WHERE id = ?", [system_prompt_id]):
+            raise KeyError(f"system prompt {system_prompt_id!r} not found")
+        return self._insert_conversation(owner, title.strip(), system_prompt_id, system_prompt_override)
+
+    @locked
+    def get_conversation(self, conv_id, owner=None):
+        return self._conversation(conv_id, owner)
+
+    @locked
+    def list_conversations(self, owner=None, query=None):
+        """Newest-updated first. ``query`` matches a substring of the title, or messages (any
+        branch) containing words that start with every word of the query."""
+        where, params = ["(:owner IS NULL OR owner = :owner)"], {"owner": owner}
+        if query and query.strip():
+            match = ["title LIKE :like ESCAPE '\\'"]
+            escaped = re.sub(r"([\\%_])", r"\\\1", query.strip())
+            params["like"] = f"%{escaped}%"
+            fts = _fts_query(query)
+            if fts:
+                match.append(
+                    "id IN (SELECT m.conversation_id FROM messages_fts"
+                    " JOIN messages m ON m.id = messages_fts.rowid WHERE messages_fts MATCH :fts)"
+                )
+                params["fts"] = fts
+            where.append("(" + " OR ".join(match) + ")")
+        sql = f"SELECT * FROM conversations WHERE {' AND '.join(where)}"
+        return self._rows(sql + " ORDER BY updated_at DESC, rowid DESC", params)
+
+    @locked
+    def rename_conversation(self, conv_id, title, owner=None):
+        """Rename without bumping updated_at (renaming is not chat activity)."""
+        self._conversation(conv_id, owner)
+        if not schema.check_text("title", title).strip():
+            raise ValueError("title must not be empty")
+        self.db.execute("UPDATE conversations SET title = ? WHERE id = ?", [title.strip(), conv_id])
+        return self._conversation(conv_id, None)
+
+    @locked
+    def delete_conversation(self, conv_id, owner=None):
+        """Delete a conversation; its messages and stats go with it (ON DELETE CASCADE)."""
+        self._conversation(conv_id, owner)
+        self.db.execute("DELETE FROM conversations WHERE id = ?", [conv_id])
+
+    @locked
+    def set_conversation_system_prompt(self, conv_id, override, owner=None):
+        """Give one conversation its own prompt text; ``None`` returns it to its shared prompt."""
+        self._conversation(conv_id, owner)
+        schema.check_text("override", override, allow_none=True)
+        self.db.execute(
+            "UPDATE conversations SET system_prompt_override = ? WHERE id = ?", [override, conv_id]
+        )
+        return self._conversation(conv_id, None)
+
+    @locked
+    def conversation_system_prompt(self, conv_id, owner=None):
+        """The prompt text to send to the model: the override, else the bound shared prompt."""
+        return self._effective_prompt(self._conversation(conv_id, owner))
+
+    # -- export / import --------------------------------------------------------------------
+    @locked
+    def export_json(self, conv_id, owner=None):
+        return transfer.export_json(self, conv_id, owner)
+
+    @locked
+    def export_markdown(self, conv_id, owner=None):
+        return transfer.export_markdown(self, conv_id, owner)
+
+    @locked
+    def import_json(self, data, owner=""):
+        return transfer.import_json(self, data, owner)

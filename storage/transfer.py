@@ -1,0 +1,159 @@
+"""Export a conversation to JSON / Markdown and import JSON back as a new conversation.
+
+The JSON holds every message (all branches, in creation order, with parent ids), so an
+import rebuilds the same tree and therefore the same active branch. Import validates the
+whole document before writing anything and then writes in one transaction.
+These functions run under the Storage lock (they are called from its locked methods).
+"""
+
+import json
+
+from . import schema
+
+FORMAT = "llm-chat-conversation"
+VERSION = 1
+_MESSAGE_FIELDS = ("id", "parent_id", "role", "content", "token_ids", "status", "created_at", "stats")
+
+
+def export_json(store, conv_id, owner):
+    conv = store._conversation(conv_id, owner)
+    messages = store._conversation_messages(conv_id)
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "conversation": {k: conv[k] for k in ("id", "title", "created_at", "updated_at")},
+        "system_prompt": store._effective_prompt(conv),
+        "messages": [{k: m[k] for k in _MESSAGE_FIELDS} for m in messages],
+    }
+
+
+def _stats_line(stats):
+    parts = []
+    if stats.get("output_tokens") is not None:
+        parts.append(f"{stats['output_tokens']} tokens")
+    if stats.get("tokens_per_s") is not None:
+        parts.append(f"{stats['tokens_per_s']:.1f} tok/s")
+    if stats.get("ttft_s") is not None:
+        parts.append(f"TTFT {stats['ttft_s']:.2f} s")
+    if stats.get("prompt_tokens") is not None:
+        cached = stats.get("cached_tokens")
+        cached = f" ({cached} cached)" if cached is not None else ""
+        parts.append(f"prompt {stats['prompt_tokens']}{cached}")
+    if stats.get("finish_reason"):
+        parts.append(f"finish: {stats['finish_reason']}")
+    return "_" + " · ".join(parts) + "_" if parts else ""
+
+
+def export_markdown(store, conv_id, owner):
+    """The active branch as readable Markdown (other branches are in the JSON export)."""
+    conv = store._conversation(conv_id, owner)
+    dates = f"_Created {conv['created_at']}, last updated {conv['updated_at']}_"
+    lines = [f"# {conv['title']}", "", dates, ""]
+    prompt = store._effective_prompt(conv)
+    if prompt.strip():
+        lines += ["**System prompt:**", ""] + [f"> {line}" for line in prompt.splitlines()] + [""]
+    for msg in store._active_path(store._conversation_messages(conv_id)):
+        lines += [f"## {msg['role'].capitalize()}", "", msg["content"], ""]
+        if msg["status"] != "complete":
+            lines += [f"_({msg['status']})_", ""]
+        if msg["stats"] and _stats_line(msg["stats"]):
+            lines += [_stats_line(msg["stats"]), ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _parse_message(raw, seen):
+    if not isinstance(raw, dict):
+        raise ValueError("must be an object")
+    msg_id = raw.get("id")
+    if not isinstance(msg_id, (int, str)) or isinstance(msg_id, bool):
+        raise ValueError("id must be an integer or string")
+    if msg_id in seen:
+        raise ValueError(f"duplicate id {msg_id!r}")
+    parent = raw.get("parent_id")
+    if parent is not None and (
+        not isinstance(parent, (int, str)) or isinstance(parent, bool) or parent not in seen
+    ):
+        raise ValueError(f"parent_id {parent!r} does not name an earlier message")
+    created = raw.get("created_at")
+    if created is not None and not isinstance(created, str):
+        raise ValueError("created_at must be a string")
+    stats = raw.get("stats")
+    return {
+        "id": msg_id,
+        "parent_id": parent,
+        "role": schema.check_choice("role", raw.get("role"), schema.ROLES),
+        "content": schema.check_text("content", raw.get("content")),
+        "token_ids": schema.check_token_ids(raw.get("token_ids")),
+        "status": schema.check_choice("status", raw.get("status", "complete"), schema.STATUSES),
+        "created_at": created,
+        "stats": schema.check_stats(stats) if stats is not None else None,
+    }
+
+
+def parse_export(data):
+    """Validate an export (dict or JSON text); returns (title, system_prompt, messages)."""
+    if isinstance(data, (str, bytes, bytearray)):
+        try:
+            data = json.loads(data)
+        except ValueError as exc:
+            raise ValueError(f"not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError("export must be a JSON object")
+    if data.get("format") != FORMAT:
+        raise ValueError(f"not a conversation export (format must be {FORMAT!r})")
+    if data.get("version") != VERSION:
+        raise ValueError(f"unsupported export version {data.get('version')!r} (expected {VERSION})")
+    conv = data.get("conversation")
+    if not isinstance(conv, dict):
+        raise ValueError("conversation must be an object")
+    title = conv.get("title")
+    if not isinstance(title, str) or not title.strip():
+        raise ValueError("conversation.title must be a non-empty string")
+    prompt = data.get("system_prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        raise ValueError("system_prompt must be a string or null")
+    raw_messages = data.get("messages")
+    if not isinstance(raw_messages, list):
+        raise ValueError("messages must be a list")
+    messages, seen = [], set()
+    for i, raw in enumerate(raw_messages):
+        try:
+            msg = _parse_message(raw, seen)
+        except ValueError as exc:
+            raise ValueError(f"messages[{i}]: {exc}") from None
+        seen.add(msg["id"])
+        messages.append(msg)
+    return title.strip(), prompt, messages
+
+
+def import_json(store, data, owner):
+    """Create a new conversation from an export. A prompt text matching a stored shared
+    prompt binds to it; any other text becomes this conversation's override."""
+    schema.check_text("owner", owner)
+    title, prompt, messages = parse_export(data)
+    current = store._current_prompt()
+    prompt_id, override = current["id"], None
+    if prompt is not None and prompt != current["text"]:
+        match = store._rows(
+            "SELECT id FROM system_prompts WHERE text = ? ORDER BY id DESC LIMIT 1", [prompt]
+        )
+        if match:
+            prompt_id = match[0]["id"]
+        else:
+            override = prompt
+    with store.db.atomic():
+        conv = store._insert_conversation(owner, title, prompt_id, override)
+        new_ids = {}
+        for msg in messages:
+            new_ids[msg["id"]] = store._insert_message(
+                conv["id"],
+                new_ids.get(msg["parent_id"]),
+                msg["role"],
+                msg["content"],
+                msg["token_ids"],
+                msg["status"],
+                msg["created_at"],
+            )
+            if msg["stats"] is not None:
+                store._write_stats(new_ids[msg["id"]], msg["stats"])
+    return store._conversation(conv["id"], None)
