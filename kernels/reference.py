@@ -137,27 +137,3 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
         out[cu[i]:cu[i + 1]] = o.to(out.dtype)
     return out
 
-
-def dense_attention_fp64(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale):
-    """Test oracle, deliberately naive and independent of the code above: per sequence, gather
-    the context block by block in Python, repeat K/V per query head, fp64 softmax(QK^T)V with an
-    explicit causal mask. Returns fp64 [num_tokens, H, d]."""
-    _, bs, kvh, d = k_cache.shape
-    H = query.shape[1]
-    out = torch.zeros(query.shape, dtype=torch.float64)
-    cu = [int(x) for x in cu_seqlens_q]
-    for i, ctx in enumerate(int(x) for x in seq_lens):
-        q = query[cu[i]:cu[i + 1]].double().cpu()
-        q_len = q.shape[0]
-        if q_len == 0:
-            continue
-        ids = [int(b) for b in block_tables[i, : (ctx + bs - 1) // bs]]
-        k = torch.cat([k_cache[b] for b in ids])[:ctx].double().cpu()  # [ctx, kvh, d]
-        v = torch.cat([v_cache[b] for b in ids])[:ctx].double().cpu()
-        k = k.repeat_interleave(H // kvh, dim=1)  # [ctx, H, d]
-        v = v.repeat_interleave(H // kvh, dim=1)
-        s = torch.einsum("qhd,khd->hqk", q, k) * scale
-        qpos = torch.arange(ctx - q_len, ctx)[:, None]
-        s = s.masked_fill(torch.arange(ctx)[None, :] > qpos, float("-inf"))
-        out[cu[i]:cu[i + 1]] = torch.einsum("hqk,khd->qhd", s.softmax(-1), v)
-    return out

@@ -1,0 +1,265 @@
+"""Triton paged attention: a decode kernel (one query token per sequence) with GQA grouping and
+split-K, and a varlen prefill/extend kernel (chunk of queries after a cached prefix, causal).
+
+Shared ideas:
+- K/V tiles of TILE_N positions are gathered row by row through the block table (a row is one
+  contiguous [d] run of a block slab), so the tile size is independent of block_size and a tile
+  may span several blocks or part of one.
+- GQA grouping: a program owns one KV head and every query head that shares it, stacked as rows
+  of the Q tile, so each K/V tile is loaded once for the whole group (decode: GROUP rows padded
+  to 16 for tl.dot; prefill: BLOCK_Q tokens x GROUP_P2 heads = BLOCK_M rows).
+- Online softmax in base 2 (scale folded with log2 e), fp32 accumulators. Positions past the
+  context are never loaded (masked loads), so stale or NaN slots cannot leak into the output.
+- Under the interpreter (CPU tensors) every load is upcast to fp32: it mishandles bf16 math.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    scale_log2, stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt,
+    stride_ot, stride_oh, stride_pb, stride_ph, stride_ps, tokens_per_split, block_size,
+    GROUP: tl.constexpr, G_P2: tl.constexpr, HEAD_DIM: tl.constexpr, D_P2: tl.constexpr,
+    TILE_N: tl.constexpr, SPLIT: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr,
+):
+    """grid = (num_seqs, num_kv_heads, num_splits). Split s covers positions
+    [s*tokens_per_split, (s+1)*tokens_per_split) and, with SPLIT, writes its normalised partial
+    output and base-2 log-sum-exp for _merge_kernel; otherwise it writes the output directly."""
+    seq = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    start = split * tokens_per_split
+    end = tl.minimum(start + tokens_per_split, seq_len)
+    offs_g = tl.arange(0, G_P2)
+    offs_d = tl.arange(0, D_P2)
+    offs_n = tl.arange(0, TILE_N)
+    head = kvh * GROUP + offs_g
+    gd_mask = (offs_g[:, None] < GROUP) & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(q_ptr + seq * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=gd_mask, other=0.0).to(CDT)
+    m_i = tl.full([G_P2], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_P2], tl.float32)
+    acc = tl.zeros([G_P2, D_P2], tl.float32)
+    bt_row = bt_ptr + seq * stride_bt
+    for t0 in range(start, end, TILE_N):
+        pos = t0 + offs_n
+        valid = pos < end
+        blk = tl.load(bt_row + pos // block_size, mask=valid, other=0).to(tl.int64)
+        rows = blk * stride_cb + (pos % block_size) * stride_cs + kvh * stride_ch
+        kv_mask = valid[:, None] & (offs_d[None, :] < HEAD_DIM)
+        k = tl.load(k_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(CDT)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile has >= 1 valid position
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(CDT)
+        acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v, input_precision=PREC)
+        m_i = m_new
+    if SPLIT:
+        # an empty split (start >= seq_len) writes o = 0 and lse = -inf: weight 0 in the merge
+        nonempty = l_i > 0
+        l_safe = tl.where(nonempty, l_i, 1.0)
+        o = acc / l_safe[:, None]
+        lse = tl.where(nonempty, m_i + tl.log2(l_safe), float("-inf"))
+        base = seq * stride_pb + head * stride_ph + split * stride_ps
+        tl.store(part_out_ptr + base[:, None] + offs_d[None, :], o, mask=gd_mask)
+        tl.store(part_lse_ptr + base // stride_ps, lse, mask=offs_g < GROUP)
+    else:
+        o = acc / l_i[:, None]
+        tl.store(out_ptr + seq * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=gd_mask)
+
+
+@triton.jit
+def _merge_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr, stride_pb, stride_ph, stride_ps, stride_ot, stride_oh,
+    NUM_SPLITS: tl.constexpr, S_P2: tl.constexpr, HEAD_DIM: tl.constexpr, D_P2: tl.constexpr,
+):
+    """grid = (num_seqs, num_heads): out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max)."""
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)
+    offs_s = tl.arange(0, S_P2)
+    offs_d = tl.arange(0, D_P2)
+    base = seq * stride_pb + head * stride_ph + offs_s * stride_ps
+    lse = tl.load(part_lse_ptr + base // stride_ps, mask=offs_s < NUM_SPLITS, other=float("-inf"))
+    w = tl.exp2(lse - tl.max(lse, 0))
+    mask = (offs_s[:, None] < NUM_SPLITS) & (offs_d[None, :] < HEAD_DIM)
+    o = tl.load(part_out_ptr + base[:, None] + offs_d[None, :], mask=mask, other=0.0)
+    res = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
+    tl.store(out_ptr + seq * stride_ot + head * stride_oh + offs_d,
+             res.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, cu_q_ptr, out_ptr,
+    scale_log2, stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt,
+    stride_ot, stride_oh, block_size,
+    GROUP: tl.constexpr, G_P2: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+    D_P2: tl.constexpr, TILE_N: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr,
+):
+    """grid = (cdiv(max_seqlen_q, BLOCK_Q), num_seqs, num_kv_heads), BLOCK_Q = BLOCK_M // G_P2.
+    Row r of the Q tile is token r // G_P2 of the tile, query head kvh*GROUP + r % G_P2. Keys
+    before the tile's first query position are visible to every row (loop 1, no causal mask);
+    the remaining tiles up to its last query position are masked per row (loop 2)."""
+    q_tile = tl.program_id(0)
+    seq = tl.program_id(1).to(tl.int64)
+    kvh = tl.program_id(2).to(tl.int64)
+    BLOCK_Q: tl.constexpr = BLOCK_M // G_P2
+    q_start = tl.load(cu_q_ptr + seq)
+    q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+    if q_tile * BLOCK_Q < q_len:
+        ctx = tl.load(seq_lens_ptr + seq)
+        prefix = ctx - q_len
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, D_P2)
+        offs_n = tl.arange(0, TILE_N)
+        tok = q_tile * BLOCK_Q + offs_m // G_P2
+        g = offs_m % G_P2
+        head = kvh * GROUP + g
+        row_mask = (tok < q_len) & (g < GROUP)
+        qd_mask = row_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
+        q = tl.load(q_ptr + (q_start + tok).to(tl.int64)[:, None] * stride_qt
+                    + head[:, None] * stride_qh + offs_d[None, :], mask=qd_mask, other=0.0).to(CDT)
+        q_pos = prefix + tok
+        first_pos = prefix + q_tile * BLOCK_Q
+        kv_end = tl.minimum(first_pos + BLOCK_Q, ctx)  # keys [0, kv_end) matter for this tile
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D_P2], tl.float32)
+        bt_row = bt_ptr + seq * stride_bt
+        d_mask = offs_d[None, :] < HEAD_DIM
+        n_full = (first_pos + 1) // TILE_N
+        for j in range(0, n_full):  # every key here is <= first_pos <= each row's position
+            pos = j * TILE_N + offs_n
+            blk = tl.load(bt_row + pos // block_size).to(tl.int64)
+            rows = blk * stride_cb + (pos % block_size) * stride_cs + kvh * stride_ch
+            k = tl.load(k_ptr + rows[:, None] + offs_d[None, :], mask=d_mask, other=0.0).to(CDT)
+            s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_ptr + rows[:, None] + offs_d[None, :], mask=d_mask, other=0.0).to(CDT)
+            acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v, input_precision=PREC)
+            m_i = m_new
+        for t0 in range(n_full * TILE_N, kv_end, TILE_N):  # diagonal tiles: causal mask
+            pos = t0 + offs_n
+            valid = pos < kv_end
+            blk = tl.load(bt_row + pos // block_size, mask=valid, other=0).to(tl.int64)
+            rows = blk * stride_cb + (pos % block_size) * stride_cs + kvh * stride_ch
+            kv_mask = valid[:, None] & d_mask
+            k = tl.load(k_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(CDT)
+            s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
+            # the first diagonal tile starts at or below first_pos: no row is fully masked
+            s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(CDT)
+            acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v, input_precision=PREC)
+            m_i = m_new
+        o = acc / l_i[:, None]
+        tl.store(out_ptr + (q_start + tok).to(tl.int64)[:, None] * stride_ot
+                 + head[:, None] * stride_oh + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=qd_mask)
+
+
+_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+
+def _compute_dtype(cache: torch.Tensor):
+    """(load dtype, tl.dot input precision): native 16-bit on GPU, fp32 on the interpreter."""
+    if cache.device.type != "cuda" or cache.dtype == torch.float32:
+        return tl.float32, "ieee"
+    return _TL_DTYPES[cache.dtype], "tf32"  # precision ignored for 16-bit inputs
+
+
+def _num_sms(device) -> int:
+    if device.type != "cuda":
+        return 4  # interpreter: small, so tests exercise split-K on small batches
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def choose_num_splits(num_seqs, num_kv_heads, max_ctx, device, tile_n) -> int:
+    """Split the context only when (seq, kv head) programs alone cannot fill the GPU: aim for
+    ~2 programs per SM, each split holding >= 256 positions so the merge stays cheap.
+    max_ctx is block_tables' width * block_size (no device sync): callers should trim
+    block_tables to the batch's longest sequence."""
+    progs = num_seqs * num_kv_heads
+    sms = _num_sms(device)
+    if progs >= sms:
+        return 1
+    want = triton.cdiv(2 * sms, progs)
+    return max(1, min(want, max_ctx // max(256, tile_n), 64))
+
+
+def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
+                    max_seqlen_q=None, out=None, num_splits=None, tile_n=None):
+    """See kernels.paged_attention. Extra (tests/bench): out (preallocated), num_splits
+    (decode split-K override), tile_n (K/V positions per inner step)."""
+    num_tokens, H, d = query.shape
+    _, bs, kvh, _ = k_cache.shape
+    assert H % kvh == 0 and k_cache.shape[3] == d and k_cache.stride() == v_cache.stride()
+    assert query.stride(2) == 1 and k_cache.stride(3) == 1
+    if out is None:
+        out = torch.empty_like(query)
+    if num_tokens == 0:
+        return out
+    num_seqs = seq_lens.shape[0]
+    if max_seqlen_q is None:
+        max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+    block_tables = block_tables.contiguous()
+    group = H // kvh
+    cdt, prec = _compute_dtype(k_cache)
+    on_gpu = query.device.type == "cuda"
+    scale_log2 = float(scale) * math.log2(math.e)
+    d_p2 = max(16, triton.next_power_of_2(d))
+    cache_args = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0))
+    if max_seqlen_q == 1 and num_tokens == num_seqs:  # pure decode: token i is sequence i
+        tile = tile_n or 64
+        splits = num_splits or choose_num_splits(num_seqs, kvh, block_tables.shape[1] * bs,
+                                                 query.device, tile)
+        per_split = triton.cdiv(triton.cdiv(block_tables.shape[1] * bs, splits), tile) * tile
+        splits = max(1, triton.cdiv(block_tables.shape[1] * bs, per_split))
+        if splits > 1:
+            part_out = torch.empty(num_seqs, H, splits, d, device=query.device, dtype=torch.float32)
+            part_lse = torch.empty(num_seqs, H, splits, device=query.device, dtype=torch.float32)
+            assert part_lse.stride()[:2] == (H * splits, splits) and part_out.stride(2) == d
+            pstrides = (part_out.stride(0), part_out.stride(1), part_out.stride(2))
+        else:
+            part_out = part_lse = out
+            pstrides = (0, 0, 1)
+        _decode_kernel[(num_seqs, kvh, splits)](
+            query, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
+            scale_log2, query.stride(0), query.stride(1), *cache_args,
+            out.stride(0), out.stride(1), *pstrides, per_split, bs,
+            GROUP=group, G_P2=max(16, triton.next_power_of_2(group)), HEAD_DIM=d, D_P2=d_p2,
+            TILE_N=tile, SPLIT=splits > 1, CDT=cdt, PREC=prec, num_warps=4)
+        if splits > 1:
+            _merge_kernel[(num_seqs, H)](
+                part_out, part_lse, out, *pstrides, out.stride(0), out.stride(1),
+                NUM_SPLITS=splits, S_P2=triton.next_power_of_2(splits), HEAD_DIM=d, D_P2=d_p2,
+                num_warps=4)
+        return out
+    g_p2 = triton.next_power_of_2(group)
+    block_m = max(128 if on_gpu else 64, g_p2)
+    block_q = block_m // g_p2
+    _prefill_kernel[(triton.cdiv(max_seqlen_q, block_q), num_seqs, kvh)](
+        query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, out,
+        scale_log2, query.stride(0), query.stride(1), *cache_args,
+        out.stride(0), out.stride(1), bs,
+        GROUP=group, G_P2=g_p2, BLOCK_M=block_m, HEAD_DIM=d, D_P2=d_p2,
+        TILE_N=tile_n or 64, CDT=cdt, PREC=prec, num_warps=8 if on_gpu and d > 64 else 4)
+    return out
