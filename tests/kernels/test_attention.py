@@ -1,0 +1,208 @@
+"""paged_attention (torch reference and Triton) against an fp64 dense oracle.
+
+Every case builds a pool whose unused blocks and unwritten slots are NaN (block 0, the padding
+entry of block tables, is never allocated), gives sequences permuted block ids, and prefills the
+output buffer with NaN: a kernel that reads a wrong block or slot, or skips an output row, fails.
+Tolerances (max abs error vs the fp64 oracle on the same stored values):
+fp32: 1e-4 (+1e-4 relative); fp16: 3e-3 (+3e-3 relative; fp16 output rounding is ~1e-3).
+The Triton set is a covering set, not a cartesian product: each case batches many
+(context, prefix, chunk) combinations into one launch to keep the interpreter run short.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import kernels
+from kernels import reference
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: 1e-4, torch.float16: 3e-3}
+
+
+def dense_attention_fp64(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale):
+    """The oracle, deliberately naive and independent of the code under test: per sequence,
+    concatenate its blocks in Python, repeat K/V for every query head, fp64 softmax(QK^T)V with
+    an explicit causal mask at positions ctx-q_len..ctx-1. Returns fp64 [num_tokens, H, d]."""
+    k_cache, v_cache = k_cache.cpu(), v_cache.cpu()
+    _, bs, kvh, d = k_cache.shape
+    H = query.shape[1]
+    out = torch.zeros(query.shape, dtype=torch.float64)
+    cu = [int(x) for x in cu_seqlens_q]
+    for i, ctx in enumerate(int(x) for x in seq_lens):
+        q = query[cu[i]:cu[i + 1]].double().cpu()
+        q_len = q.shape[0]
+        ids = [int(b) for b in block_tables[i, : (ctx + bs - 1) // bs]]
+        k = torch.cat([k_cache[b] for b in ids])[:ctx].double().repeat_interleave(H // kvh, 1)
+        v = torch.cat([v_cache[b] for b in ids])[:ctx].double().repeat_interleave(H // kvh, 1)
+        s = torch.einsum("qhd,khd->hqk", q, k) * scale
+        future = torch.arange(ctx)[None, :] > torch.arange(ctx - q_len, ctx)[:, None]
+        out[cu[i]:cu[i + 1]] = torch.einsum("hqk,khd->qhd", s.masked_fill(future, -torch.inf).softmax(-1), v)
+    return out
+
+
+def build_case(bs, H, kvh, d, seqs, dtype, share_blocks=0, seed=0):
+    """seqs: [(prefix_len, q_len)]. Sequence 1 reuses sequence 0's first share_blocks blocks."""
+    g = torch.Generator().manual_seed(seed)
+    ctxs = [p + q for p, q in seqs]
+    need = [-(-c // bs) for c in ctxs]
+    nb = 1 + sum(need) + 4  # block 0 and 4 more stay NaN
+    pool = torch.full((2, 2, nb, bs, kvh, d), float("nan"), dtype=dtype)
+    free = (torch.randperm(nb - 1, generator=g) + 1).tolist()
+    tables = []
+    for i, n in enumerate(need):
+        shared = tables[0][:share_blocks] if i == 1 else []
+        tables.append(shared + [free.pop() for _ in range(n - len(shared))])
+    bt = torch.zeros(len(seqs), max(need) + 2, dtype=torch.int32)
+    kc, vc = pool[0, 1], pool[1, 1]  # layer 1: layer 0 is NaN memory on either side
+    for i, (ctx, blocks) in enumerate(zip(ctxs, tables)):
+        bt[i, : len(blocks)] = torch.tensor(blocks)
+        first = share_blocks * bs if i == 1 else 0  # shared positions written by sequence 0
+        pos = torch.arange(first, ctx)
+        blk = torch.tensor(blocks)[pos // bs]
+        kc[blk, pos % bs] = torch.randn(len(pos), kvh, d, generator=g).to(dtype)
+        vc[blk, pos % bs] = torch.randn(len(pos), kvh, d, generator=g).to(dtype)
+    qls = [q for _, q in seqs]
+    cu = torch.tensor([0] + torch.tensor(qls).cumsum(0).tolist(), dtype=torch.int32)
+    query = torch.randn(sum(qls), H, d, generator=g).to(dtype)
+    dev = lambda t: t.to(DEVICE)
+    return dict(query=dev(query), pool=dev(pool), block_tables=dev(bt),
+                seq_lens=dev(torch.tensor(ctxs, dtype=torch.int32)), cu_seqlens_q=dev(cu),
+                scale=d ** -0.5, max_seqlen_q=max(qls))
+
+
+def run_backend(c, backend, **kw):
+    pool = c["pool"]
+    args = (c["query"], pool[0, 1], pool[1, 1], c["block_tables"], c["seq_lens"],
+            c["cu_seqlens_q"], c["scale"], c["max_seqlen_q"])
+    out = torch.full_like(c["query"], float("nan"))
+    if backend == "torch":
+        reference.paged_attention(*args, out=out)
+    else:
+        from kernels import triton_attention
+        triton_attention.paged_attention(*args, out=out, **kw)
+    return out
+
+
+def oracle(c):
+    pool = c["pool"]
+    return dense_attention_fp64(c["query"], pool[0, 1], pool[1, 1], c["block_tables"],
+                                c["seq_lens"], c["cu_seqlens_q"], c["scale"])
+
+
+def check(c, out, ref=None):
+    ref = oracle(c) if ref is None else ref
+    tol = TOL[c["query"].dtype]
+    assert not out.isnan().any(), "NaN in output: a wrong block/slot was read or a row skipped"
+    torch.testing.assert_close(out.double().cpu(), ref, atol=tol, rtol=tol)
+
+
+def decode_seqs(bs):  # contexts 1, bs-1, bs, bs+1, 300
+    return [(c - 1, 1) for c in (1, bs - 1, bs, bs + 1, 300)]
+
+
+def extend_seqs(bs):
+    """(prefix, q_len): contexts 1, bs-1, bs, bs+1, 300; prefix 0 / block-aligned / unaligned;
+    chunks 1, 5, 50; the q_len == 1 entries make it a mixed decode + prefill batch."""
+    return [(0, 1), (bs - 6, 5), (bs - 1, 1), (bs, 1), (0, 50), (bs, 5), (bs + 3, 50), (250, 50)]
+
+
+# (block_size, head_dim, q_heads, kv_heads, dtype, num_splits, tile_n)
+DECODE = [
+    (16, 64, 9, 3, torch.float32, None, None),
+    (32, 128, 8, 2, torch.float32, 3, None),
+    (16, 128, 4, 4, torch.float16, 2, None),
+    (32, 64, 16, 1, torch.float32, 4, 16),  # tile smaller than a block
+    (16, 64, 8, 2, torch.float16, None, 128),
+]
+# (block_size, head_dim, q_heads, kv_heads, dtype, tile_n)
+EXTEND = [
+    (16, 64, 9, 3, torch.float32, None),
+    (32, 128, 8, 2, torch.float32, None),
+    (16, 128, 4, 4, torch.float32, 32),
+    (32, 64, 16, 1, torch.float16, None),
+    (16, 64, 9, 3, torch.float16, 128),
+]
+
+
+def _id(p):
+    return "-".join(str(x).replace("torch.", "") for x in p)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("case", DECODE, ids=_id)
+def test_decode(case, backend):
+    bs, d, H, kvh, dtype, splits, tile = case
+    c = build_case(bs, H, kvh, d, decode_seqs(bs), dtype)
+    check(c, run_backend(c, backend, num_splits=splits, tile_n=tile))
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("case", EXTEND, ids=_id)
+def test_extend(case, backend):
+    bs, d, H, kvh, dtype, tile = case
+    c = build_case(bs, H, kvh, d, extend_seqs(bs), dtype, seed=1)
+    check(c, run_backend(c, backend, tile_n=tile))
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("decode", [True, False])
+def test_shared_prefix_blocks(decode, backend):
+    """Two sequences whose block tables start with the same 3 physical blocks."""
+    bs = 16
+    seqs = [(199, 1), (3 * bs + 20, 1)] if decode else [(160, 40), (3 * bs + 10, 10)]
+    c = build_case(bs, 9, 3, 64, seqs, torch.float32, share_blocks=3, seed=2)
+    assert (c["block_tables"][0, :3] == c["block_tables"][1, :3]).all()
+    check(c, run_backend(c, backend, num_splits=2 if decode else None))
+
+
+def test_reference_decode_chunked(monkeypatch):
+    """Large batch with mixed lengths through the reference's chunked decode path."""
+    g = torch.Generator().manual_seed(3)
+    seqs = [(int(n) - 1, 1) for n in torch.randint(1, 400, (40,), generator=g)]
+    c = build_case(16, 9, 3, 64, seqs, torch.float32, seed=3)
+    ref = oracle(c)
+    for budget in (1, 200_000, 1 << 30):  # one sequence per chunk, a few chunks, one chunk
+        monkeypatch.setattr(reference, "DECODE_CHUNK_BYTES", budget)
+        check(c, run_backend(c, "torch"), ref)
+
+
+def test_triton_auto_split():
+    """Few (seq, kv head) programs and a long context: the heuristic splits by itself."""
+    from kernels import triton_attention as ta
+    assert ta.choose_num_splits(1, 1, 4096, torch.device("cpu"), 64) > 1
+    assert ta.choose_num_splits(64, 8, 4096, torch.device("cpu"), 64) == 1
+    c = build_case(32, 4, 1, 64, [(1000, 1)], torch.float32, seed=4)
+    check(c, run_backend(c, "triton", tile_n=128))
+
+
+@pytest.mark.parametrize("backend", [None, "torch", "triton"])
+def test_public_dispatch(backend):
+    c = build_case(16, 8, 2, 64, [(20, 1), (0, 7)], torch.float32, seed=5)
+    pool = c["pool"]
+    out = kernels.paged_attention(c["query"], pool[0, 1], pool[1, 1], c["block_tables"],
+                                  c["seq_lens"], c["cu_seqlens_q"], c["scale"], backend=backend)
+    check(c, out)
+
+
+def test_resolve_backend(monkeypatch):
+    assert kernels.resolve_backend(None, "cpu") == "torch"
+    assert kernels.resolve_backend("auto", torch.device("cpu")) == "torch"
+    assert kernels.resolve_backend("auto", "cuda") == "triton"
+    assert kernels.resolve_backend("torch", "cuda") == "torch"
+    with pytest.raises(ValueError):
+        kernels.resolve_backend("cuda", "cpu")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        kernels.resolve_backend("triton", "cpu")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert kernels.resolve_backend("triton", "cpu") == "triton"
+
+
+def test_import_does_not_load_triton():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = "import sys, kernels; assert 'triton' not in sys.modules, 'triton imported'"
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env=env)
