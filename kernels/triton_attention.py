@@ -83,7 +83,7 @@ def _decode_kernel(
 @triton.jit
 def _merge_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, stride_pb, stride_ph, stride_ps, stride_ot, stride_oh,
-    NUM_SPLITS: tl.constexpr, S_P2: tl.constexpr, HEAD_DIM: tl.constexpr, D_P2: tl.constexpr,
+    num_splits, S_P2: tl.constexpr, HEAD_DIM: tl.constexpr, D_P2: tl.constexpr,
 ):
     """grid = (num_seqs, num_heads): out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max)."""
     seq = tl.program_id(0).to(tl.int64)
@@ -91,9 +91,9 @@ def _merge_kernel(
     offs_s = tl.arange(0, S_P2)
     offs_d = tl.arange(0, D_P2)
     base = seq * stride_pb + head * stride_ph + offs_s * stride_ps
-    lse = tl.load(part_lse_ptr + base // stride_ps, mask=offs_s < NUM_SPLITS, other=float("-inf"))
+    lse = tl.load(part_lse_ptr + base // stride_ps, mask=offs_s < num_splits, other=float("-inf"))
     w = tl.exp2(lse - tl.max(lse, 0))
-    mask = (offs_s[:, None] < NUM_SPLITS) & (offs_d[None, :] < HEAD_DIM)
+    mask = (offs_s[:, None] < num_splits) & (offs_d[None, :] < HEAD_DIM)
     o = tl.load(part_out_ptr + base[:, None] + offs_d[None, :], mask=mask, other=0.0)
     res = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
     tl.store(out_ptr + seq * stride_ot + head * stride_oh + offs_d,
@@ -250,7 +250,7 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
         if splits > 1:
             _merge_kernel[(num_seqs, H)](
                 part_out, part_lse, out, *pstrides, out.stride(0), out.stride(1),
-                NUM_SPLITS=splits, S_P2=triton.next_power_of_2(splits), HEAD_DIM=d, D_P2=d_p2,
+                splits, S_P2=triton.next_power_of_2(splits), HEAD_DIM=d, D_P2=d_p2,
                 num_warps=4)
         return out
     g_p2 = triton.next_power_of_2(group)
