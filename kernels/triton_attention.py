@@ -105,8 +105,9 @@ def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, cu_q_ptr, out_ptr,
     scale_log2, stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt,
     stride_ot, stride_oh, block_size,
-    GROUP: tl.constexpr, G_P2: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-    D_P2: tl.constexpr, TILE_N: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr,
+    GROUP: tl.constexpr, G_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, TILE_N: tl.constexpr, CDT: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     """grid = (cdiv(max_seqlen_q, BLOCK_Q), num_seqs, num_kv_heads), BLOCK_Q = BLOCK_M // G_P2.
     Row r of the Q tile is token r // G_P2 of the tile, query head kvh*GROUP + r % G_P2. Keys
@@ -115,7 +116,6 @@ def _prefill_kernel(
     q_tile = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
     kvh = tl.program_id(2).to(tl.int64)
-    BLOCK_Q: tl.constexpr = BLOCK_M // G_P2
     q_start = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_start
     if q_tile * BLOCK_Q < q_len:
@@ -260,6 +260,6 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
         query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, out,
         scale_log2, query.stride(0), query.stride(1), *cache_args,
         out.stride(0), out.stride(1), bs,
-        GROUP=group, G_P2=g_p2, BLOCK_M=block_m, HEAD_DIM=d, D_P2=d_p2,
+        GROUP=group, G_P2=g_p2, BLOCK_M=block_m, BLOCK_Q=block_q, HEAD_DIM=d, D_P2=d_p2,
         TILE_N=tile_n or 64, CDT=cdt, PREC=prec, num_warps=8 if on_gpu and d > 64 else 4)
     return out
