@@ -1,0 +1,141 @@
+"""Engine behaviour on the real model: n>1 copy-on-write, sessions, abort, streaming, bad input."""
+import asyncio
+
+import pytest
+
+from engine import SamplingParams
+from engine.sequence import Request
+
+CHAT = [{"role": "system", "content": "You are a concise assistant."},
+        {"role": "user", "content": "Name three colours of the rainbow."}]
+
+
+def _prompt(llm, chat=CHAT):
+    from engine.session_prompt import continue_session_prompt
+    return continue_session_prompt(llm.get_tokenizer(), chat, None)
+
+
+def test_n_greater_than_one_shares_prompt_blocks_copy_on_write(make_llm, hf_greedy):
+    llm = make_llm(num_blocks=128)
+    eng = llm.engine
+    ids = _prompt(llm)
+    n = 3
+    llm._call("call", lambda e: e.add_request(Request("fork", ids, SamplingParams(n=n, temperature=0, max_tokens=12))))
+    # step inside the engine thread until the fork happened, then look at the block tables
+    def step_until_forked(e):
+        while not e.requests["fork"].forked:
+            e.step()
+        return e.snapshot(), list(e.kv.block_table("fork#0"))
+    snap, parent_table = llm._call("call", step_until_forked)
+    tables = {s["seq_id"]: s["block_table"] for s in snap["sequences"]}
+    assert len([k for k in tables if k and k.startswith("fork#")]) == n
+    refs = snap["blocks"]["ref_count"]
+    full_prompt_blocks = len(ids) // 16
+    for b in parent_table[:full_prompt_blocks]:
+        assert refs[b] == n, "prompt blocks must be shared by all n children, not copied"
+    # let it finish: greedy children all continue exactly like HF
+    def run(e):
+        while e.has_unfinished():
+            e.step()
+    llm._call("call", run)
+    assert llm.stats()["used_blocks"] == 0
+
+
+def test_n_children_collect_through_generate(make_llm, hf_greedy):
+    llm = make_llm(num_blocks=128)
+    out = llm.chat(CHAT, SamplingParams(n=2, temperature=0, max_tokens=12))[0]
+    ref = hf_greedy(out.prompt_token_ids, 12)
+    assert [o.token_ids for o in out.outputs] == [ref, ref]
+    sampled = llm.chat(CHAT, SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=12))[0]
+    assert len({tuple(o.token_ids) for o in sampled.outputs}) > 1, "children must sample independently"
+
+
+def test_seeded_sampling_is_reproducible_whatever_the_batch(make_llm):
+    llm = make_llm(num_blocks=256)
+    p = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=1234, max_tokens=16)
+    alone = llm.chat(CHAT, p)[0].outputs[0].token_ids
+    others = [[{"role": "user", "content": f"Tell me about the number {i}."}] for i in range(4)]
+    batch = llm.chat(others + [CHAT], [SamplingParams(temperature=1.0, max_tokens=20)] * 4 + [p])
+    assert batch[-1].outputs[0].token_ids == alone
+
+
+def test_session_reuses_previous_turn_and_matches_hf(make_llm, hf_greedy):
+    llm = make_llm(num_blocks=256)
+    p = SamplingParams(temperature=0, max_tokens=16)
+    s1 = llm.submit_chat(CHAT, p, session_id="conv")
+    d1 = list(s1)
+    reply = "".join(d.text for d in d1)
+    turn1_ids = s1.prompt_ids + [t for d in d1 for t in d.token_ids]
+    chat2 = CHAT + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And two more?"}]
+    s2 = llm.submit_chat(chat2, p, session_id="conv")
+    d2 = list(s2)
+    assert s2.prompt_ids[:len(turn1_ids)] == turn1_ids, "turn 2 must start with turn 1's exact ids"
+    cached = d2[-1].metrics["cached_tokens"]
+    assert cached == len(turn1_ids) - 1, "only the new turn is prefilled (plus the last sampled token)"
+    assert [t for d in d2 for t in d.token_ids] == hf_greedy(s2.prompt_ids, 16)
+    assert llm.stats()["used_blocks"] > 0          # the idle conversation holds its blocks
+    assert llm.end_session("conv")
+    assert llm.stats()["used_blocks"] == 0
+
+
+def test_abort_releases_blocks_and_others_continue(make_llm):
+    llm = make_llm(num_blocks=256)
+    long = llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=400, ignore_eos=True))
+    short = llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=8))
+    it = iter(long)
+    for _ in range(3):
+        next(it)
+    long.abort()
+    rest = list(it)
+    assert rest[-1].finished and rest[-1].finish_reason == "abort"
+    short_out = list(short)
+    assert short_out[-1].finish_reason in ("stop", "length")
+    assert llm.stats()["used_blocks"] == 0
+
+
+def test_async_streaming(make_llm):
+    llm = make_llm(num_blocks=256)
+
+    async def go():
+        async def one(i):
+            s = llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=6))
+            return [d async for d in s]
+        return await asyncio.gather(*(one(i) for i in range(3)))
+    results = asyncio.run(go())
+    texts = {"".join(d.text for d in r) for r in results}
+    assert len(texts) == 1 and all(r[-1].finished for r in results)
+
+
+def test_bad_input_fails_that_request_only(make_llm):
+    llm = make_llm(num_blocks=64, max_model_len=256)
+    ok = llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=8))
+    with pytest.raises(ValueError, match="empty"):
+        llm.generate("", SamplingParams())
+    with pytest.raises(ValueError, match="max_model_len"):
+        llm.generate({"prompt_token_ids": [42] * 300}, SamplingParams())
+    with pytest.raises(ValueError, match="vocabulary"):
+        llm.generate({"prompt_token_ids": [10**7]}, SamplingParams())
+    for bad in ({"temperature": -1}, {"top_p": 0}, {"top_k": 0}, {"max_tokens": 0}, {"n": 0},
+                {"min_p": 2}, {"repetition_penalty": 0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            SamplingParams(**bad)
+    assert list(ok)[-1].finish_reason in ("stop", "length")
+    assert llm.stats()["used_blocks"] == 0
+
+
+def test_generation_stops_at_max_model_len(make_llm):
+    llm = make_llm(num_blocks=64, max_model_len=48)
+    out = llm.generate({"prompt_token_ids": _prompt(llm)[:40]},
+                       SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))[0]
+    assert out.outputs[0].finish_reason == "length"
+    assert len(out.prompt_token_ids) + len(out.outputs[0].token_ids) == 48
+
+
+def test_unknown_model_path_and_architecture(tmp_path):
+    from engine import LLM
+    from engine.loader import ModelLoadError
+    with pytest.raises(ModelLoadError, match="not found"):
+        LLM(model=str(tmp_path / "nope"))
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}')
+    with pytest.raises(ModelLoadError, match="GPT2LMHeadModel"):
+        LLM(model=str(tmp_path))
