@@ -1,0 +1,190 @@
+"""HTML for the dashboard panels, built from the view-model in ui/dashboard_view.py.
+
+Strings only (no Gradio): lean markup for thousands of grid cells, one CSS block passed to each
+gr.HTML as css_template (so the page needs no global CSS). Every headline number carries its raw
+value in data-v, which the accuracy tests read back.
+"""
+from __future__ import annotations
+
+from html import escape
+
+from ui.dashboard_view import KIND_NAMES, KINDS
+from ui.kv_math import PRESETS, ModelShape, batch_table, block_size_whatif, fmt_bytes
+
+COLORS = {"f": "#e5e7eb", "c": "#99f6e4", "p": "#60a5fa", "s": "#f97316"}
+
+CSS = """
+.kvd { font-size: 13px; line-height: 1.35; color: var(--body-text-color, #111); }
+.kvd h4 { margin: 6px 0 4px; font-size: 14px; }
+.kvd .muted { color: var(--body-text-color-subdued, #6b7280); font-size: 12px; }
+.kvd table { border-collapse: collapse; margin: 4px 0; }
+.kvd th, .kvd td { border-bottom: 1px solid var(--border-color-primary, #e5e7eb); padding: 2px 8px;
+  text-align: right; white-space: nowrap; }
+.kvd th:first-child, .kvd td:first-child { text-align: left; }
+.kvd tr.cur td { font-weight: 600; background: rgba(249, 115, 22, 0.12); }
+.kvg { display: grid; grid-template-columns: repeat(auto-fill, 13px); gap: 1px; }
+.kvg i { width: 13px; height: 13px; font: 600 8px/13px sans-serif; text-align: center;
+  color: #fff; font-style: normal; overflow: hidden; border-radius: 2px; }
+.kvg i.f { background: #e5e7eb; } .kvg i.c { background: #99f6e4; }
+.kvg i.p { background: #60a5fa; } .kvg i.s { background: #f97316; }
+.kvg i.h { outline: 2px solid #111827; outline-offset: -2px; box-shadow: 0 0 0 1px #facc15; }
+.kvl { display: flex; flex-wrap: wrap; gap: 14px; margin: 6px 0; align-items: center; }
+.kvl span b { display: inline-block; width: 12px; height: 12px; border-radius: 2px;
+  vertical-align: -2px; margin-right: 4px; }
+.kvn { display: grid; grid-template-columns: repeat(auto-fill, minmax(165px, 1fr)); gap: 6px; }
+.kvn > div { border: 1px solid var(--border-color-primary, #e5e7eb); border-radius: 6px; padding: 5px 8px; }
+.kvn .l { font-size: 11px; text-transform: uppercase; letter-spacing: .03em;
+  color: var(--body-text-color-subdued, #6b7280); }
+.kvn .v { font-size: 18px; font-weight: 700; }
+.kvn .s { font-size: 11px; color: var(--body-text-color-subdued, #6b7280); }
+.kvt { display: flex; flex-wrap: wrap; gap: 3px; margin: 4px 0; }
+.kvt span { border-radius: 3px; padding: 1px 5px; font: 11px monospace; background: #60a5fa; color: #fff; }
+.kvt span.s { background: #f97316; } .kvt span.last { outline: 2px dashed #111827; }
+.kvd code { font-size: 12px; }
+"""
+
+
+def _swatch(kind: str) -> str:
+    return f'<b style="background:{COLORS[kind]}"></b>'
+
+
+def grid_html(grid: dict, highlight: frozenset = frozenset()) -> str:
+    cells = grid["cells"]
+    parts = []
+    for c in cells:
+        hl = highlight and any(b in highlight for b in range(c.first, c.last + 1))
+        cls = c.kind + " h" if hl else c.kind
+        parts.append(f'<i class="{cls}" title="{escape(c.title)}">{c.label}</i>')
+    n, per, counts = grid["num_blocks"], grid["per_cell"], grid["counts"]
+    legend = "".join(f'<span>{_swatch(k)}{KIND_NAMES[k]}: '
+                     f'<span data-k="cells_{k}" data-v="{counts[k]}">{counts[k]:,}</span></span>'
+                     for k in KINDS)
+    hl_note = (f'<span><b style="outline:2px solid #111827;background:#fff"></b>selected conversation '
+               f'({len(highlight)} blocks)</span>' if highlight else "")
+    scale = (f"{n:,} blocks, one cell per block; the number in a shared cell is its ref_count"
+             if per == 1 else
+             f"{n:,} blocks, more than the grid shows: each cell aggregates {per} blocks (colour = the "
+             f"most common state, number = highest ref_count; hover for counts)")
+    return (f'<div class="kvd"><div class="kvl">{legend}{hl_note}</div>'
+            f'<div class="muted" data-k="per_cell" data-v="{per}">{scale}</div>'
+            f'<div class="kvg">{"".join(parts)}</div></div>')
+
+
+def headline_html(items: list[dict], preemptions: list[dict]) -> str:
+    boxes = []
+    for it in items:
+        v = "" if it["value"] is None else it["value"]
+        boxes.append(f'<div data-k="{it["key"]}" data-v="{v}"><div class="l">{escape(it["label"])}</div>'
+                     f'<div class="v">{escape(it["text"])}</div><div class="s">{escape(it["sub"])}</div></div>')
+    if preemptions:
+        ev = "; ".join(f"{escape(str(e['request_id']))} ({escape(str(e['seq_id']))}): "
+                       f"{e['tokens_recomputed']} tokens to recompute" for e in preemptions)
+        pre = f'<div class="muted">Last preemptions (newest first): {ev}</div>'
+    else:
+        pre = '<div class="muted">No preemptions so far.</div>'
+    return f'<div class="kvd"><div class="kvn">{"".join(boxes)}</div>{pre}</div>'
+
+
+def tables_html(convs: list[dict], selected: str | None, block_size: int, max_rows: int = 48) -> str:
+    out = ['<div class="kvd">']
+    sel = next((c for c in convs if c["key"] == selected), None)
+    if sel is None:
+        out.append('<div class="muted">Pick a conversation above to see its block table and '
+                   'highlight its blocks in the grid.</div>')
+    else:
+        cells = []
+        for e in sel["table"]:
+            last = e["logical"] == sel["num_blocks"] - 1
+            fill = f' {sel["last_block_filled"]}/{block_size}' if last else ""
+            cls = ("s" if e["shared"] else "") + (" last" if last else "")
+            tip = (f"logical {e['logical']} -> physical {e['physical']} · ref_count {e['ref_count']}"
+                   f" · {e['filled']}/{block_size} tokens")
+            cells.append(f'<span class="{cls.strip()}" title="{tip}">{e["logical"]}→#{e["physical"]}'
+                         f'{"×" + str(e["ref_count"]) if e["shared"] else ""}{fill}</span>')
+        out.append(
+            f'<h4>Block table of {escape(sel["key"])} <span class="muted">({sel["state"]}'
+            f'{", " + escape(str(sel["request_id"])) if sel["request_id"] else ""})</span></h4>'
+            f'<div class="muted">{sel["num_computed"]:,} tokens with KV in {sel["num_blocks"]} blocks, '
+            f'{sel["shared_blocks"]} shared (orange, ×ref_count); last block '
+            f'{sel["last_block_filled"]}/{block_size} filled → {sel["frag_tokens"]} slots of internal '
+            f'fragmentation</div><div class="kvt">{"".join(cells)}</div>')
+    out.append(f'<h4>All live block tables ({len(convs)})</h4><table><tr><th>conversation</th>'
+               '<th>state</th><th>request</th><th>tokens</th><th>blocks</th><th>shared</th>'
+               '<th>last block</th><th>logical → physical</th></tr>')
+    for c in convs[:max_rows]:
+        ids = [("<b>%d</b>" if e["shared"] else "%d") % e["physical"] for e in c["table"][:10]]
+        more = f" … +{c['num_blocks'] - 10}" if c["num_blocks"] > 10 else ""
+        out.append(f'<tr class="{"cur" if c["key"] == selected else ""}"><td>{escape(c["key"])}</td>'
+                   f'<td>{c["state"]}</td><td>{escape(str(c["request_id"] or "–"))}</td>'
+                   f'<td>{c["num_computed"]:,}</td><td>{c["num_blocks"]}</td><td>{c["shared_blocks"]}</td>'
+                   f'<td>{c["last_block_filled"]}/{block_size}</td>'
+                   f'<td style="text-align:left"><code>[{", ".join(ids)}{more}]</code></td></tr>')
+    out.append("</table>")
+    if len(convs) > max_rows:
+        out.append(f'<div class="muted">… and {len(convs) - max_rows} more</div>')
+    if not convs:
+        out.append('<div class="muted">No live sequences or sessions.</div>')
+    out.append('<div class="muted">Bold ids are shared blocks.</div></div>')
+    return "".join(out)
+
+
+def _shape_row(m: ModelShape, live: bool) -> str:
+    return (f'<tr class="{"cur" if live else ""}"><td>{escape(m.name)}</td><td>{m.layers}</td>'
+            f'<td>{m.heads} / {m.kv_heads}</td><td>{m.head_dim}</td><td>{m.dtype}</td>'
+            f'<td data-k="bpt_{escape(m.name)}" data-v="{m.bytes_per_token}">{m.bytes_per_token:,} B</td>'
+            f'<td>{m.mha_bytes_per_token:,} B</td><td>{m.gqa_factor:.1f}×</td>'
+            f'<td>{m.max_len:,}</td><td>{fmt_bytes(m.max_len * m.bytes_per_token)}</td></tr>')
+
+
+def arithmetic_html(live: ModelShape, engine_bpt: int, block_size: int, num_blocks: int,
+                    avg_len: float | None, table_model: ModelShape | None = None) -> str:
+    m = live
+    pool = num_blocks * block_size * m.bytes_per_token
+    mismatch = ("" if engine_bpt == m.bytes_per_token else
+                f'<div style="color:#b91c1c">The engine reports {engine_bpt:,} B/token.</div>')
+    formula = (
+        f'<h4>KV bytes per token ({escape(m.name)})</h4>'
+        f'<div><code>2 (K,V) × {m.layers} layers × {m.kv_heads} KV heads × {m.head_dim} head_dim × '
+        f'{m.dtype_bytes} B ({m.dtype}) = <b data-k="bytes_per_token" data-v="{m.bytes_per_token}">'
+        f'{m.bytes_per_token:,} B/token</b></code> ({fmt_bytes(m.bytes_per_token)})</div>'
+        f'<div><code>2 × {m.layers} × {m.heads} attention heads × {m.head_dim} × {m.dtype_bytes} B = '
+        f'<span data-k="mha_bytes_per_token" data-v="{m.mha_bytes_per_token}">'
+        f'{m.mha_bytes_per_token:,} B/token</span></code> if every attention head kept its own K/V: '
+        f'grouped-query attention stores {m.gqa_factor:.1f}× less.</div>{mismatch}'
+        f'<div>One {block_size}-token block: {fmt_bytes(block_size * m.bytes_per_token)} · pool: '
+        f'{num_blocks:,} blocks × {block_size} tokens = {num_blocks * block_size:,} tokens = '
+        f'{fmt_bytes(pool)} · one {m.max_len:,}-token sequence: {fmt_bytes(m.max_len * m.bytes_per_token)}</div>')
+    tm = table_model or m
+    length = avg_len if avg_len else 256
+    src = (f"the live average sequence length ({length:,.0f} tokens)" if avg_len else
+           "256 tokens (no live sequences yet)")
+    rows = batch_table(tm, length, block_size, pool_bytes=pool if tm is m else None)
+    body = "".join(
+        f'<tr><td>{r["batch"]}</td><td>{fmt_bytes(r["traditional_bytes"])}</td>'
+        f'<td>{100 * r["waste_traditional_frac"]:.1f}%</td><td>{fmt_bytes(r["paged_bytes"])}</td>'
+        f'<td>{100 * r["waste_paged_frac"]:.1f}%</td><td>{100 * r["saved_frac"]:.1f}%</td>'
+        + (f'<td>{"yes" if r["fits_traditional"] else "no"} / {"yes" if r["fits_paged"] else "no"}</td>'
+           if r["fits_paged"] is not None else "") + "</tr>" for r in rows)
+    fits = "<th>fits pool (trad / paged)</th>" if tm is m else ""
+    table = (f'<h4>Traditional vs paged: {escape(tm.name)} at {src}</h4>'
+             f'<table><tr><th>batch</th><th>traditional (max {tm.max_len:,} tok)</th><th>wasted</th>'
+             f'<th>paged ({block_size}-token blocks)</th><th>wasted</th><th>saved</th>{fits}</tr>{body}</table>')
+    presets = ('<h4>Well-known configs next to the live model</h4><table><tr><th>model</th>'
+               '<th>layers</th><th>heads / KV heads</th><th>head_dim</th><th>dtype</th><th>KV/token</th>'
+               '<th>if MHA</th><th>GQA saves</th><th>max len</th><th>one max-len seq</th></tr>'
+               + _shape_row(m, True) + "".join(_shape_row(p, False) for p in PRESETS) + "</table>")
+    return f'<div class="kvd">{formula}{table}{presets}</div>'
+
+
+def whatif_html(sequences: list[dict], block_size: int) -> str:
+    rows = block_size_whatif(sequences, block_size)
+    body = "".join(
+        f'<tr class="{"cur" if r["current"] else ""}"><td>{r["block_size"]}{" (live)" if r["current"] else ""}</td>'
+        f'<td>{r["table_entries"]:,}</td><td>{r["max_table_len"]:,}</td><td>{fmt_bytes(r["table_bytes"])}</td>'
+        f'<td data-k="frag_{r["block_size"]}" data-v="{r["frag_tokens"]}">{r["frag_tokens"]:,}</td>'
+        f'<td>{100 * r["frag_frac"]:.1f}%</td><td>{r["avg_waste_per_seq"]:.1f}</td></tr>' for r in rows)
+    return (f'<div class="kvd"><div class="muted">{len(sequences)} live sequences/sessions, each counted on '
+            f'its own (no sharing): smaller blocks waste less of the last block but need longer block '
+            f'tables (int32 per entry) and more, smaller attention reads.</div>'
+            f'<table><tr><th>block size</th><th>table entries</th><th>longest table</th><th>table memory</th>'
+            f'<th>internal frag. (tok)</th><th>of allocated</th><th>avg waste/seq</th></tr>{body}</table></div>')
