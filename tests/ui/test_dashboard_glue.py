@@ -1,0 +1,173 @@
+"""Gradio glue and demo load without a model: one render per snapshot for N viewers, tick
+settings, render time on a 3,000-block pool, and the simulated users' start/stop lifecycle."""
+import queue
+import threading
+import time
+from types import SimpleNamespace
+
+import gradio as gr
+
+from ui import dashboard as D
+from ui.dashboard_sample import busy_snapshot
+from ui.demo_load import DEFAULT_SYSTEM_PROMPT, DemoLoad
+
+SMOL_CFG = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                           hidden_size=576, head_dim=64)
+
+
+class SnapLLM:
+    """Serves a fixed snapshot; shaped like engine.LLM where the dashboard looks."""
+    model_source = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    config = SimpleNamespace(dtype="float32")
+    engine = SimpleNamespace(hf_config=SMOL_CFG, max_model_len=8192)
+
+    def __init__(self, snap):
+        self.snap = snap
+
+    def latest_snapshot(self):
+        return self.snap
+
+    snapshot = latest_snapshot
+
+
+def test_n_viewers_share_one_render_per_snapshot(monkeypatch):
+    snap = busy_snapshot(t=1000.0)
+    state = D.DashboardState(SnapLLM(snap))
+    calls = []
+    real = D.render_base
+    monkeypatch.setattr(D, "render_base", lambda *a: calls.append(1) or real(*a))
+    views = []
+    threads = [threading.Thread(target=lambda: views.append(state.view(snap, None, None))) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and all(v is views[0] for v in views)
+    assert len(state.history.snapshot()) == 1
+    sel = state.view(snap, "user-1", None)
+    assert sel is state.view(snap, "user-1", None) and len(calls) == 1
+    assert sel["grid"] != views[0]["grid"] and ' h"' in sel["grid"]
+    assert "Block table of user-1" in sel["tables"]
+    assert "Llama-3-70B at" in state.view(snap, None, "Llama-3-70B")["arith"]
+    newer = dict(snap, time=1001.0)
+    state.view(newer, None, None)
+    assert len(calls) == 2 and len(state.history.snapshot()) == 2
+
+
+def test_tick_renders_3000_blocks_in_well_under_a_second():
+    state = D.DashboardState(SnapLLM(None))
+    times = []
+    for i in range(5):
+        snap = busy_snapshot(num_blocks=3000, users=32, t=2000.0 + i, seed=i)
+        t0 = time.perf_counter()
+        v = state.view(snap, "user-3", None)
+        times.append(time.perf_counter() - t0)
+    assert v["grid"].count("<i ") == 3000
+    med = sorted(times)[2]
+    print(f"\ntick render, 3,000 blocks / 32 conversations: median {1000 * med:.1f} ms")
+    assert med < 0.25
+
+
+def test_build_dashboard_wires_a_non_queuing_timer():
+    llm = SnapLLM(busy_snapshot(t=3000.0))
+    with gr.Blocks() as demo:
+        with gr.Tab("Memory"):
+            D.build_dashboard(llm, lambda: "You are a test.")
+    assert D.state_for(llm).demo._prompt() == "You are a test."
+    cfg = demo.get_config_file()
+    timers = [c for c in cfg["components"] if c["type"] == "timer"]
+    assert len(timers) == 1 and timers[0]["props"]["value"] == 1.0
+    ticks = [d for d in cfg["dependencies"] if any(t[1] == "tick" for t in d["targets"])]
+    assert len(ticks) == 1
+    fn = demo.fns[ticks[0]["id"]]
+    assert fn.concurrency_limit is None and fn.show_progress == "hidden"
+    # the tick function itself: full values the first time, gr.skip() for unchanged outputs after
+    out = fn.fn(None, D.LIVE, {})
+    assert len(out) == len(D.OUTPUT_NAMES) + 1 and "<i " in out[1]
+    again = fn.fn(None, D.LIVE, out[-1])
+    skipped = [n for n, o in zip(D.OUTPUT_NAMES, again) if isinstance(o, dict) and o.get("__type__") == "update"
+               and len(o) == 1]
+    assert "grid" in skipped and "tables" in skipped
+
+
+class FakeStream:
+    def __init__(self, llm, rid, n):
+        self.llm, self.request_id, self.q = llm, rid, queue.Queue()
+        threading.Thread(target=self._produce, args=(n,), daemon=True).start()
+
+    def _produce(self, n):
+        for i in range(n):
+            if self.llm.aborted.get(self.request_id):
+                break
+            time.sleep(0.01)
+            self.q.put(SimpleNamespace(text=f"w{i} ", token_ids=[i], finished=False))
+        self.q.put(SimpleNamespace(text="", token_ids=[], finished=True))
+
+    def __iter__(self):
+        while True:
+            d = self.q.get()
+            yield d
+            if d.finished:
+                return
+
+    def abort(self):
+        self.llm.aborted[self.request_id] = True
+
+
+class FakeChatLLM:
+    def __init__(self, tokens=5):
+        self.tokens, self.aborted, self.lock = tokens, {}, threading.Lock()
+        self.submits, self.ended = [], []
+
+    def submit_chat(self, messages, params, session_id=None):
+        with self.lock:
+            rid = f"req-{len(self.submits)}"
+            self.submits.append((session_id, [dict(m) for m in messages], params))
+        return FakeStream(self, rid, self.tokens)
+
+    def end_session(self, sid):
+        with self.lock:
+            self.ended.append(sid)
+        return True
+
+
+def test_demo_users_chat_multi_turn_then_stop_ends_every_session():
+    llm = FakeChatLLM()
+    prompt = {"text": "Shared prompt v1"}
+    demo = DemoLoad(llm, lambda: prompt["text"], think_s=(0.0, 0.01), max_tokens=48)
+    assert demo.start(3) == 3
+    deadline = time.time() + 10
+    while time.time() < deadline and demo.turns < 9:
+        time.sleep(0.02)
+    assert demo.running_users() == 3 and "3 simulated users chatting" in demo.status()
+    sids = {s for s, _, _ in llm.submits}
+    assert len(sids) == 3 and all(s.startswith("demo-1-") for s in sids)
+    for sid in sids:
+        turns = [m for s, m, _ in llm.submits if s == sid]
+        assert turns[0][0] == {"role": "system", "content": "Shared prompt v1"}
+        assert len(turns[1]) == len(turns[0]) + 2 and turns[1][-2]["role"] == "assistant"
+        assert turns[1][-2]["content"].startswith("w0 w1")
+    assert all(p.max_tokens == 48 and p.seed is not None for _, _, p in llm.submits)
+    assert demo.stop() == 3
+    assert demo.running_users() == 0 and sorted(set(llm.ended)) == sorted(sids)
+    assert "stopped" in demo.status()
+    n = len(llm.submits)
+    time.sleep(0.1)
+    assert len(llm.submits) == n                                     # nobody submits after stop
+    demo.start(2)                                                    # a new run, new sessions
+    demo.stop()
+    assert {s for s, _, _ in llm.submits[n:]} <= {"demo-2-3", "demo-2-4"}
+
+
+def test_stop_aborts_in_flight_replies():
+    llm = FakeChatLLM(tokens=10_000)                                 # replies that never end alone
+    demo = DemoLoad(llm, None)
+    demo.start(2)
+    deadline = time.time() + 5
+    while time.time() < deadline and len(llm.submits) < 2:
+        time.sleep(0.01)
+    t0 = time.time()
+    assert demo.stop(timeout=10) == 2
+    assert time.time() - t0 < 5 and demo.running_users() == 0
+    assert len(llm.aborted) == 2 and len(set(llm.ended)) == 2
+    assert llm.submits[0][1][0]["content"] == DEFAULT_SYSTEM_PROMPT

@@ -1,0 +1,126 @@
+"""GET /metrics (Prometheus text, vLLM metric names where one exists) and GET /api/kv (raw snapshot).
+
+Existing vLLM Grafana dashboards read `vllm:*` with a `model_name` label; our own block and
+sharing gauges are `paged_chat_*`. Both endpoints read the snapshot the engine thread publishes
+(never blocking on a step); `/api/kv?fresh=1` asks the engine thread for an exact one.
+"""
+from __future__ import annotations
+
+import os
+
+from ui.dashboard_view import sharing_savings
+
+# (name, type, help, value from (stats, extra)); vLLM names first
+_VLLM = (
+    ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+     lambda s, x: s["used_blocks"] / s["total_blocks"]),
+    ("vllm:prefix_cache_queries_total", "counter",
+     "Prefix cache queries, in terms of number of queried tokens.", lambda s, x: s["prefix_cache_queries"]),
+    ("vllm:prefix_cache_hits_total", "counter",
+     "Prefix cache hits, in terms of number of cached tokens.", lambda s, x: s["prefix_cache_hits"]),
+    ("vllm:num_preemptions_total", "counter", "Cumulative number of preemptions from the engine.",
+     lambda s, x: s["num_preemptions"]),
+    ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+     lambda s, x: s["running"]),
+    ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+     lambda s, x: s["waiting"]),
+    ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+     lambda s, x: s.get("generated_tokens_total", 0)),
+)
+_OWN = (
+    ("paged_chat_kv_blocks_total", "gauge", "Physical KV blocks in the pool.", "total_blocks"),
+    ("paged_chat_kv_blocks_used", "gauge", "Physical KV blocks held (ref_count >= 1).", "used_blocks"),
+    ("paged_chat_kv_blocks_free", "gauge", "Free KV blocks (including cached-free).", "free_blocks"),
+    ("paged_chat_kv_blocks_cached", "gauge", "Free blocks still holding a reusable cached prefix.",
+     "cached_blocks"),
+    ("paged_chat_kv_blocks_shared", "gauge", "Blocks with ref_count >= 2.", "shared_blocks"),
+    ("paged_chat_kv_blocks_peak_used", "gauge", "Highest number of used blocks so far.", "peak_used_blocks"),
+    ("paged_chat_kv_blocks_logical", "gauge",
+     "Block-table entries over live sequences: blocks paging without sharing would hold.", "logical_blocks"),
+    ("paged_chat_kv_blocks_saved_by_sharing", "gauge", "Sum of ref_counts minus used blocks.",
+     "saved_blocks"),
+    ("paged_chat_kv_bytes_saved_by_sharing", "gauge", "Bytes of KV saved by block sharing.", "saved_bytes"),
+    ("paged_chat_kv_block_size_tokens", "gauge", "Tokens per KV block.", "block_size"),
+    ("paged_chat_kv_capacity_tokens", "gauge", "Tokens the KV pool can hold.", "kv_capacity_tokens"),
+    ("paged_chat_kv_used_tokens", "gauge", "Token slots holding valid KV in used blocks.", "used_tokens"),
+    ("paged_chat_kv_free_tokens", "gauge", "Token slots in free blocks.", "free_tokens"),
+    ("paged_chat_kv_internal_fragmentation_tokens", "gauge",
+     "Allocated but unfilled token slots (last blocks).", "internal_fragmentation_tokens"),
+    ("paged_chat_kv_bytes_per_token", "gauge", "KV bytes per token (2 x layers x KV heads x head_dim x "
+     "dtype bytes).", "kv_bytes_per_token"),
+    ("paged_chat_kv_bytes_per_block", "gauge", "KV bytes per block.", "kv_bytes_per_block"),
+    ("paged_chat_kv_bytes_total", "gauge", "KV pool size in bytes.", "pool_bytes"),
+    ("paged_chat_kv_bytes_used", "gauge", "Bytes of the KV pool in used blocks.", "used_bytes"),
+    ("paged_chat_kv_savings_vs_unshared_ratio", "gauge",
+     "1 - used blocks / blocks paging without sharing would hold.", "savings_vs_unshared"),
+    ("paged_chat_kv_savings_vs_contiguous_ratio", "gauge",
+     "1 - used blocks / blocks contiguous max_model_len pre-allocation would hold.", "savings_vs_contiguous"),
+    ("paged_chat_sequences_running", "gauge", "Live sequences holding blocks.", "num_sequences"),
+    ("paged_chat_sessions_idle", "gauge", "Idle chat sessions pinning their blocks between turns.",
+     "num_idle_sessions"),
+    ("paged_chat_requests_running_peak", "gauge", "Highest number of running requests so far.",
+     "peak_running"),
+    ("paged_chat_prompt_tokens_computed_total", "counter", "Prompt tokens prefilled (cache misses).",
+     "prompt_tokens_computed_total"),
+    ("paged_chat_engine_steps_total", "counter", "Engine iterations run.", "steps"),
+)
+
+
+def _num(v) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, int):
+        return str(v)
+    return repr(float(v))
+
+
+def _label(v: str) -> str:
+    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def prometheus_text(snap: dict, model_name: str = "") -> str:
+    """Prometheus exposition format 0.0.4 for one snapshot."""
+    st = snap["stats"]
+    sav = sharing_savings(snap)
+    extra = dict(st, saved_blocks=sav["saved_blocks"], saved_bytes=sav["saved_bytes"],
+                 free_tokens=st["free_blocks"] * st["block_size"],
+                 pool_bytes=st["total_blocks"] * st["kv_bytes_per_block"],
+                 used_bytes=st["used_blocks"] * st["kv_bytes_per_block"])
+    labels = f'{{model_name="{_label(model_name)}"}}' if model_name else ""
+    lines = []
+    for name, kind, help_, fn in _VLLM:
+        lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{labels} {_num(fn(st, extra))}"]
+    for name, kind, help_, key in _OWN:
+        if key in extra:
+            lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {_num(extra[key])}"]
+    return "\n".join(lines) + "\n"
+
+
+def model_name_of(llm) -> str:
+    src = getattr(llm, "model_source", "") or ""
+    base = os.path.basename(str(src).rstrip("/"))
+    return base[:-5] if base.endswith(".gguf") else base
+
+
+def jsonable(snap: dict) -> dict:
+    """The snapshot with string owner keys (what JSON makes of them anyway)."""
+    out = dict(snap)
+    out["owners"] = {str(k): v for k, v in (snap.get("owners") or {}).items()}
+    return out
+
+
+def register_routes(app, llm) -> None:
+    """Add GET /metrics and GET /api/kv to a FastAPI app (call before mounting Gradio at '/')."""
+    from fastapi.responses import JSONResponse, PlainTextResponse
+
+    name = model_name_of(llm)
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> PlainTextResponse:
+        return PlainTextResponse(prometheus_text(llm.latest_snapshot(), name),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/api/kv")
+    def api_kv(fresh: bool = False) -> JSONResponse:
+        snap = llm.snapshot() if fresh else llm.latest_snapshot()
+        return JSONResponse(jsonable(snap))
