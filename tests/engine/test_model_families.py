@@ -1,0 +1,42 @@
+"""Other Llama-family checkpoints from local HF folders: tiny random llama/mistral/qwen2 configs
+(untied embeddings, qkv bias, scaled RoPE) must match transformers' own forward and generate."""
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+
+
+def _tiny(kind, tmp_path, tokenizer):
+    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+    common = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    if kind == "llama3-rope":
+        cfg = LlamaConfig(**common, tie_word_embeddings=False, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+    elif kind == "mistral":
+        cfg = MistralConfig(**common, tie_word_embeddings=False)
+    else:
+        cfg = Qwen2Config(**common, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    model.save_pretrained(tmp_path / kind)
+    tokenizer.save_pretrained(tmp_path / kind)   # SmolLM2's tokenizer decodes the tiny vocab's ids
+    return model, str(tmp_path / kind)
+
+
+@pytest.mark.parametrize("kind", ["llama3-rope", "mistral", "qwen2"])
+def test_tiny_checkpoint_matches_transformers(kind, tmp_path, tokenizer):
+    model, folder = _tiny(kind, tmp_path, tokenizer)
+    llm = LLM(model=folder, num_blocks=64)
+    try:
+        prompt = list(range(3, 40))
+        out = llm.generate({"prompt_token_ids": prompt},
+                           SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+        x = torch.tensor([prompt])
+        with torch.no_grad():
+            ref = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12,
+                                 do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(prompt):]
+        assert out.outputs[0].token_ids == ref.tolist()
+    finally:
+        llm.shutdown()
