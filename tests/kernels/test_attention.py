@@ -116,6 +116,7 @@ DECODE = [
     (16, 128, 4, 4, torch.float16, 2, None),
     (32, 64, 16, 1, torch.float32, 4, 16),  # tile smaller than a block
     (16, 64, 8, 2, torch.float16, None, 128),
+    (32, 128, 9, 3, torch.float32, None, None),
 ]
 # (block_size, head_dim, q_heads, kv_heads, dtype, tile_n)
 EXTEND = [
@@ -124,6 +125,8 @@ EXTEND = [
     (16, 128, 4, 4, torch.float32, 32),
     (32, 64, 16, 1, torch.float16, None),
     (16, 64, 9, 3, torch.float16, 128),
+    (32, 128, 16, 1, torch.float32, 16),  # tile smaller than a block
+    (16, 64, 8, 2, torch.float16, None),
 ]
 
 
