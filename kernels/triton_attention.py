@@ -215,6 +215,7 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
     assert query.stride(2) == 1 and k_cache.stride(3) == 1
     if out is None:
         out = torch.empty_like(query)
+    assert out.shape == query.shape and out.stride(2) == 1
     if num_tokens == 0:
         return out
     num_seqs = seq_lens.shape[0]
