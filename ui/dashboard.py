@@ -17,7 +17,8 @@ import gradio as gr
 
 from ui import dashboard_html as H
 from ui import dashboard_view as V
-from ui.dashboard_history import SERIES_BLOCKS, SERIES_COLORS, History, blocks_frame, hit_rate_frame
+from ui.dashboard_history import (SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT, History, blocks_frame,
+                                  hit_rate_frame)
 from ui.demo_load import DemoLoad, PromptSource
 from ui.kv_math import PRESETS, shape_from_config
 
@@ -163,12 +164,13 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
         colors = dict(zip(SERIES_BLOCKS, SERIES_COLORS))
         plot = dict(x="seconds", color="series", x_title="seconds ago", height=250, color_map=colors)
         with gr.Row():
-            paged_plot = gr.LinePlot(y="blocks", title="Blocks held: paged + shared vs paged without sharing",
+            paged_plot = gr.LinePlot(y="blocks", title="Used vs paging without sharing",
                                      y_title="blocks", elem_id="kv-paged-plot", **plot)
-            contig_plot = gr.LinePlot(y="blocks", title="…vs contiguous max_model_len pre-allocation",
+            contig_plot = gr.LinePlot(y="blocks", title="Used vs contiguous pre-allocation",
                                       y_title="blocks", elem_id="kv-contig-plot", **plot)
             hit_plot = gr.LinePlot(x="seconds", y="hit rate %", color="series", y_lim=[0, 100],
                                    title="Prefix-cache hit rate", x_title="seconds ago", height=250,
+                                   color_map=dict(zip(SERIES_HIT, ("#60a5fa", "#f97316"))),
                                    elem_id="kv-hit-plot")
         with gr.Accordion("KV arithmetic: bytes per token, traditional vs paged", open=True):
             arith_model = gr.Radio([LIVE] + [p.name for p in PRESETS], value=LIVE,
@@ -180,7 +182,10 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
     outputs = [headline, grid, tables, paged_plot, contig_plot, hit_plot, arith, whatif, selector, demo_md, sent]
 
     def tick(selected, model, last):
-        snap = llm.latest_snapshot()
+        try:
+            snap = llm.latest_snapshot()
+        except RuntimeError as e:                  # engine shut down: keep the last picture
+            return *([gr.skip()] * (len(OUTPUT_NAMES) - 1)), f"Engine unavailable: {e}", last
         v = state.view(snap, selected, model)
         values = {k: v[k] for k in OUTPUT_NAMES[:8]}
         values["selector"] = tuple(v["choices"])

@@ -18,6 +18,7 @@ CSS = """
 .kvd h4 { margin: 6px 0 4px; font-size: 14px; }
 .kvd .muted { color: var(--body-text-color-subdued, #6b7280); font-size: 12px; }
 .kvd table { border-collapse: collapse; margin: 4px 0; }
+.kvd .scroll { overflow-x: auto; max-width: 100%; }
 .kvd th, .kvd td { border-bottom: 1px solid var(--border-color-primary, #e5e7eb); padding: 2px 8px;
   text-align: right; white-space: nowrap; }
 .kvd th:first-child, .kvd td:first-child { text-align: left; }
@@ -88,7 +89,9 @@ def headline_html(items: list[dict], preemptions: list[dict]) -> str:
 def tables_html(convs: list[dict], selected: str | None, block_size: int, max_rows: int = 48) -> str:
     out = ['<div class="kvd">']
     sel = next((c for c in convs if c["key"] == selected), None)
-    if sel is None:
+    if sel is None and selected:
+        out.append(f'<div class="muted">{escape(selected)} holds no blocks now (finished or closed).</div>')
+    elif sel is None:
         out.append('<div class="muted">Pick a conversation above to see its block table and '
                    'highlight its blocks in the grid.</div>')
     else:
@@ -173,7 +176,7 @@ def arithmetic_html(live: ModelShape, engine_bpt: int, block_size: int, num_bloc
                '<th>layers</th><th>heads / KV heads</th><th>head_dim</th><th>dtype</th><th>KV/token</th>'
                '<th>if MHA</th><th>GQA saves</th><th>max len</th><th>one max-len seq</th></tr>'
                + _shape_row(m, True) + "".join(_shape_row(p, False) for p in PRESETS) + "</table>")
-    return f'<div class="kvd">{formula}{table}{presets}</div>'
+    return f'<div class="kvd">{formula}<div class="scroll">{table}{presets}</div></div>'
 
 
 def whatif_html(sequences: list[dict], block_size: int) -> str:

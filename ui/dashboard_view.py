@@ -148,7 +148,7 @@ def headline(snap: dict, hit_last_min: float | None = None, tokens_per_s: float 
         item("used_blocks", "Blocks used", st["used_blocks"],
              f"{st['used_blocks']:,} / {st['total_blocks']:,}",
              f"{pct(st['used_blocks'] / st['total_blocks'])} · {fmt_bytes(st['used_blocks'] * bpb)}"
-             f" of {fmt_bytes(st['total_blocks'] * bpb)}"),
+             f" of {fmt_bytes(st['total_blocks'] * bpb)} · peak {st['peak_used_blocks']:,}"),
         item("kv_capacity_tokens", "KV capacity", st["kv_capacity_tokens"],
              f"{st['kv_capacity_tokens']:,} tok", f"{bs} tokens/block · {fmt_bytes(bpb)}/block"),
         item("used_tokens", "Used tokens", st["used_tokens"], f"{st['used_tokens']:,} tok",
@@ -174,7 +174,7 @@ def headline(snap: dict, hit_last_min: float | None = None, tokens_per_s: float 
         item("running", "Running / waiting", st["running"], f"{st['running']} / {st['waiting']}",
              f"peak {st['peak_running']} · {st['num_idle_sessions']} idle sessions"),
         item("num_preemptions", "Preemptions", st["num_preemptions"], f"{st['num_preemptions']:,}",
-             "recompute"),
+             "requests evicted, KV recomputed later"),
         item("tokens_per_s", "Throughput", tokens_per_s,
              "–" if tokens_per_s is None else f"{tokens_per_s:,.1f} tok/s",
              f"{st['generated_tokens_total']:,} generated in total"),

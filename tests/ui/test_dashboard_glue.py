@@ -89,6 +89,12 @@ def test_build_dashboard_wires_a_non_queuing_timer():
                and len(o) == 1]
     assert "grid" in skipped and "tables" in skipped
 
+    def down():
+        raise RuntimeError("the engine has been shut down")
+    llm.latest_snapshot = down                       # a tick after shutdown: no error toast
+    out = fn.fn(None, D.LIVE, {"grid": 1})
+    assert out[-2].startswith("Engine unavailable") and out[-1] == {"grid": 1}
+
 
 class FakeStream:
     def __init__(self, llm, rid, n):

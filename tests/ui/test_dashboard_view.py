@@ -83,6 +83,7 @@ def test_block_tables_mark_shared_blocks_and_last_block_fill():
     assert "Block table of a" in html and "2/4 filled → 2 slots of internal fragmentation" in html
     assert "0→#0×2" in html and "2→#2 2/4" in html
     assert "All live block tables (3)" in html
+    assert "gone holds no blocks now" in H.tables_html(convs, "gone", 4)
 
 
 def test_sharing_savings_and_headline_numbers():
@@ -92,7 +93,7 @@ def test_sharing_savings_and_headline_numbers():
                    "unshared_blocks": 7, "contiguous_blocks": 24}
     items = {it["key"]: it for it in V.headline(snap, hit_last_min=0.5, tokens_per_s=12.5)}
     assert items["used_blocks"]["text"] == "5 / 12"
-    assert items["used_blocks"]["sub"].startswith("41.7% · 900 KiB of 2.11 MiB")
+    assert items["used_blocks"]["sub"] == "41.7% · 900 KiB of 2.11 MiB · peak 6"
     assert items["kv_capacity_tokens"]["text"] == "48 tok"
     assert items["free_tokens"]["value"] == 28
     assert items["saved_blocks"]["text"] == "2 blocks" and "360 KiB" in items["saved_blocks"]["sub"]
