@@ -7,7 +7,7 @@ from __future__ import annotations
 
 
 class NoFreeBlocksError(RuntimeError):
-    """Not enough KV blocks; raised before any state changes, so the caller may simply retry later."""
+    """Not enough KV blocks; raised before any state changes, so the caller may retry later."""
 
     def __init__(self, needed: int, available: int, what: str = ""):
         self.needed = needed
@@ -17,4 +17,4 @@ class NoFreeBlocksError(RuntimeError):
 
 
 class KVCacheError(RuntimeError):
-    """Misuse of the KV-cache manager: unknown/duplicate/double-freed sequence, writing past limits."""
+    """Misuse: unknown, duplicate or double-freed sequence, or writing past max_model_len."""

@@ -28,17 +28,14 @@ def hash_block_tokens(parent_hash, token_ids: tuple, salt) -> int:
 
 
 def _common_prefix(a: list, b: list, limit: int) -> int:
-    """Length of the common prefix of a and b, at most limit; compares in C-speed chunks."""
+    """Length of the common prefix of a and b, at most limit (the full match is one C compare)."""
     n = min(len(a), len(b), limit)
+    if a[:n] == b[:n]:
+        return n
     i = 0
-    while i < n:
-        j = min(i + 256, n)
-        if a[i:j] != b[i:j]:
-            while a[i] == b[i]:
-                i += 1
-            return i
-        i = j
-    return n
+    while a[i] == b[i]:
+        i += 1
+    return i
 
 
 class _Seq:
@@ -246,7 +243,7 @@ class KVCacheManager:
         self.prefix_cache_queries += len(token_ids)
         self.prefix_cache_hits += cached
         self._grow(seq, n)
-        self.peak_used_blocks = max(self.peak_used_blocks, self.pool.num_used)
+        self.peak_used_blocks = max(self.peak_used_blocks, self.pool.num_used)  # if n == 0
         return cached
 
     def allocate_slots(self, seq_id, num_new_tokens: int) -> None:
@@ -291,7 +288,7 @@ class KVCacheManager:
         return seq.num_computed
 
     def park(self, seq_id, session_id) -> None:
-        """Keep a finished sequence's blocks as the idle pin of session_id (replacing its old one)."""
+        """Keep a finished sequence's blocks as session_id's idle pin (replacing an older one)."""
         seq = self._get(seq_id)
         if not self.enable_prefix_caching or session_id is None:
             self.free(seq_id)

@@ -37,7 +37,7 @@ class KVMachine(RuleBasedStateMachine):
         m = self.m
         return ([b.ref_count for b in m.pool.blocks], [b.block_id for b in m.pool.iter_free()],
                 {h: b.block_id for h, b in m.pool.cached.items()}, m.sessions(),
-                {s: (m.block_table(s), m.num_computed(s)) for s in self.running if m.has_sequence(s)},
+                {s: (m.block_table(s), m.num_computed(s)) for s in m._seqs},
                 list(m._pending), {k: v for k, v in m.stats().items()})
 
     def write(self, seq_id, start, end):
