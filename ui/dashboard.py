@@ -166,7 +166,7 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
         with gr.Row():
             paged_plot = gr.LinePlot(y="blocks", title="Used vs paging without sharing",
                                      y_title="blocks", elem_id="kv-paged-plot", **plot)
-            contig_plot = gr.LinePlot(y="blocks", title="Used vs contiguous pre-allocation",
+            contig_plot = gr.LinePlot(y="blocks", title="Used vs contiguous (black: pool size)",
                                       y_title="blocks", elem_id="kv-contig-plot", **plot)
             hit_plot = gr.LinePlot(x="seconds", y="hit rate %", color="series", y_lim=[0, 100],
                                    title="Prefix-cache hit rate", x_title="seconds ago", height=250,

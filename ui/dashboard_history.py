@@ -105,9 +105,16 @@ SERIES_COLORS = ("#f97316", "#60a5fa", "#9ca3af", "#111827")
 SERIES_HIT = ("since start", "last 10 s")
 
 
-def _frame(t, s, v, ycol: str) -> pd.DataFrame:
-    """Typed even when empty: an empty float 'series' column would make the plot's colour scale
-    quantitative for good."""
+def _frame(t, s, v, ycol: str, names) -> pd.DataFrame:
+    """Typed, and every series named even before it has a point: Gradio's LinePlot fixes its colour
+    domain when it first builds the chart, so a series missing then is never drawn. A missing
+    series gets one empty (NaN) row, which Vega skips."""
+    t, s, v = list(t), list(s), list(v)
+    for name in names:
+        if name not in s:
+            t.append(float("nan"))
+            s.append(name)
+            v.append(float("nan"))
     return pd.DataFrame({"seconds": pd.Series(t, dtype="float64"), "series": pd.Series(s, dtype="object"),
                          ycol: pd.Series(v, dtype="float64")})
 
@@ -115,7 +122,7 @@ def _frame(t, s, v, ycol: str) -> pd.DataFrame:
 def blocks_frame(samples, window_s: float = PLOT_WINDOW_S, series=SERIES_BLOCKS) -> pd.DataFrame:
     """Long format (seconds ago, series, blocks) for gr.LinePlot(color='series')."""
     if not samples:
-        return _frame([], [], [], "blocks")
+        return _frame([], [], [], "blocks", series)
     now = samples[-1].t
     keep = [s for s in samples if s.t >= now - window_s]
     rows_t, rows_s, rows_v = [], [], []
@@ -125,13 +132,13 @@ def blocks_frame(samples, window_s: float = PLOT_WINDOW_S, series=SERIES_BLOCKS)
                 rows_t.append(round(s.t - now, 2))
                 rows_s.append(name)
                 rows_v.append(v)
-    return _frame(rows_t, rows_s, rows_v, "blocks")
+    return _frame(rows_t, rows_s, rows_v, "blocks", series)
 
 
 def hit_rate_frame(samples, window_s: float = PLOT_WINDOW_S, recent_s: float = 10.0) -> pd.DataFrame:
     """Prefix-cache hit rate (%) over time: cumulative and over a sliding recent window."""
     if not samples:
-        return _frame([], [], [], "hit rate %")
+        return _frame([], [], [], "hit rate %", SERIES_HIT)
     now = samples[-1].t
     rows_t, rows_s, rows_v = [], [], []
     j = 0                       # base of the recent window: newest sample at least recent_s older
@@ -150,4 +157,4 @@ def hit_rate_frame(samples, window_s: float = PLOT_WINDOW_S, recent_s: float = 1
             rows_t.append(x)
             rows_s.append(SERIES_HIT[1])
             rows_v.append(round(100 * (s.hits - base.hits) / (s.queries - base.queries), 2))
-    return _frame(rows_t, rows_s, rows_v, "hit rate %")
+    return _frame(rows_t, rows_s, rows_v, "hit rate %", SERIES_HIT)

@@ -29,7 +29,7 @@ def wait_until(fn, timeout=60.0, every=0.25, what="condition"):
 def test_demo_users_share_blocks_then_release_them(launch):
     from playwright.sync_api import sync_playwright
     server = launch(args=["--num-blocks", "1024", "--max-model-len", "2048"])
-    # a ~190-token shared system prompt: ~12 full blocks every demo user shares
+    # a ~160-token shared system prompt: ~10 full blocks every demo user shares
     Client(server.url, verbose=False).predict(DEFAULT_SYSTEM_PROMPT, api_name="/set_shared_prompt")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
@@ -46,13 +46,13 @@ def test_demo_users_share_blocks_then_release_them(launch):
             page.click("#kv-demo-start")
             shared = wait_until(lambda: [c for c in page.eval_on_selector_all("#kv-grid i.s", SHARED_CELLS)
                                          if c[0] >= 4], 90, what="shared cells with ref_count >= 4")
-            assert len(shared) >= 10, shared
+            assert len(shared) >= 8, shared
             ref = int(re.search(r"ref_count (\d+)", shared[0][1]).group(1))
             assert ref == shared[0][0] and len(re.findall(r"demo-\d+-\d+", shared[0][1])) == ref
             wait_until(lambda: "4 simulated users chatting" in page.inner_text("#kv-demo-status"), 10,
                        what="the demo status")
             snap = server.kv()
-            assert sum(1 for r in snap["blocks"]["ref_count"] if r >= 4) >= 10
+            assert sum(1 for r in snap["blocks"]["ref_count"] if r >= 4) >= 8
 
             # highlight one demo user's blocks and show its block table
             page.click("#kv-select input")
@@ -70,10 +70,10 @@ def test_demo_users_share_blocks_then_release_them(launch):
             page.click("#kv-demo-stop")
             wait_until(lambda: page.locator("#kv-grid i.p, #kv-grid i.s").count() == 0, 60,
                        what="every block back to free / cached")
-            assert page.locator("#kv-grid i.c").count() >= 10      # the shared prefix stays cached
+            assert page.locator("#kv-grid i.c").count() >= 8       # the shared prefix stays cached
             assert "stopped" in page.inner_text("#kv-demo-status")
             st = server.kv()["stats"]
-            assert st["used_blocks"] == 0 and st["cached_blocks"] >= 10
+            assert st["used_blocks"] == 0 and st["cached_blocks"] >= 8
             assert errors == []
         finally:
             browser.close()

@@ -1,7 +1,7 @@
 """Hit-rate windows, throughput and the timeline frames, from hand-made samples."""
 import pytest
 
-from ui.dashboard_history import (SERIES_BLOCKS, History, Sample, blocks_frame, hit_rate_frame,
+from ui.dashboard_history import (SERIES_BLOCKS, SERIES_HIT, History, Sample, blocks_frame, hit_rate_frame,
                                   sample_of, window_hit_rate, window_throughput)
 from ui.dashboard_sample import make_snapshot
 
@@ -68,6 +68,11 @@ def test_hit_rate_frame_cumulative_and_recent():
     assert recent[-30.0] == 100.0                               # t=60 vs t=30
 
 
-def test_empty_frames_keep_a_text_series_column():
-    for df in (blocks_frame([]), hit_rate_frame([])):
-        assert len(df) == 0 and df["series"].dtype == object and df["seconds"].dtype == "float64"
+def test_frames_name_every_series_even_without_points():
+    # Gradio's LinePlot fixes the colour domain on its first value: every series must be in it
+    for df, names in ((blocks_frame([]), SERIES_BLOCKS), (hit_rate_frame([]), SERIES_HIT)):
+        assert list(df["series"]) == list(names) and df["seconds"].isna().all()
+        assert df["series"].dtype == object and df["seconds"].dtype == "float64"
+    early = hit_rate_frame([s(0, 10, 5), s(20, 10, 5)])         # no query in the last 10 s
+    assert set(early["series"]) == set(SERIES_HIT)
+    assert early[early["series"] == "last 10 s"]["hit rate %"].isna().all()
