@@ -105,7 +105,7 @@ class LLMEngine:
             return
         copies = self.kv.take_pending_copies()
         rows = [r for r, (seq, start, n) in enumerate(batch) if start + n == len(seq.token_ids)]
-        logits = self.runner.run(batch, self.kv, copies, rows) if rows or batch else None
+        logits = self.runner.run(batch, self.kv, copies, rows)   # prefill chunks need KV even unsampled
         self.steps += 1
         self.prompt_tokens_computed_total += sum(
             max(0, min(start + n, seq.prompt_len) - start) for seq, start, n in batch)
@@ -173,10 +173,9 @@ class LLMEngine:
             self.requests.pop(req.request_id, None)
 
     def _record_preemptions(self) -> None:
-        for seq in self.scheduler.preempted_log:
-            ev = self.kv.preemption_events[-1] if self.kv.preemption_events else {}
+        for seq, lost in self.scheduler.preempted_log:
             self.preemption_events.append({"request_id": seq.request.request_id, "seq_id": seq.seq_id,
-                                           "tokens_lost": ev.get("tokens_lost"), "time": time.time()})
+                                           "tokens_lost": lost, "time": time.time()})
         self.scheduler.preempted_log.clear()
 
     def _emit(self, seq: Sequence, text: str, toks: list[int], finished=False, reason=None, state=None):

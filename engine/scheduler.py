@@ -24,7 +24,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.peak_running = 0
-        self.preempted_log: list[Sequence] = []   # drained by the engine after each step
+        self.preempted_log: list[tuple[Sequence, int]] = []   # (seq, tokens lost); engine drains it
 
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
@@ -41,12 +41,12 @@ class Scheduler:
             self.waiting.remove(seq)
 
     def _preempt(self, seq: Sequence) -> None:
-        self.kv.preempt(seq.seq_id)
+        lost = self.kv.preempt(seq.seq_id)
         self.running.remove(seq)
         seq.status = SeqStatus.WAITING
         seq.num_computed = 0
         self.waiting.appendleft(seq)
-        self.preempted_log.append(seq)
+        self.preempted_log.append((seq, lost))
 
     def schedule(self) -> list[tuple[Sequence, int, int]]:
         """Return [(seq, first_position, num_new_tokens)] for this step; the manager is updated."""

@@ -71,6 +71,10 @@ def test_preemption_keeps_greedy_output(make_llm, hf_greedy):
     outs = llm.chat(CHATS, params)
     stats = llm.stats()
     assert stats["num_preemptions"] > 0, stats
+    events = llm.snapshot()["preemption_events"]
+    assert len(events) == stats["num_preemptions"]
+    assert {e["request_id"] for e in events} <= {o.request_id for o in outs}
+    assert all(e["tokens_lost"] > 0 for e in events)
     for out in outs:
         assert out.outputs[0].token_ids == hf_greedy(out.prompt_token_ids, 64, stop_at_eos=False)
     assert stats["used_blocks"] == 0
