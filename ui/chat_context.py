@@ -1,0 +1,39 @@
+"""What every chat handler needs: the engine, the store, the tab registry and the auth rule."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.session_prompt import render_chat
+from ui.chat_tabs import Tab, TabRegistry
+
+
+@dataclass
+class ChatContext:
+    llm: object
+    storage: object
+    tabs: TabRegistry
+    auth: bool = False          # with --auth each user sees and may open only their own chats
+
+    @property
+    def max_model_len(self) -> int:
+        return self.llm.engine.max_model_len
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.llm.config.max_num_seqs
+
+    def owner(self, request) -> str:
+        """The owner recorded on new conversations ('' when running without --auth)."""
+        return (getattr(request, "username", None) or "") if self.auth else ""
+
+    def check(self, request) -> str | None:
+        """The owner to check access against (None: no check, every tab sees every chat)."""
+        return self.owner(request) if self.auth else None
+
+    def tab(self, request) -> Tab:
+        return self.tabs.get(request.session_hash, getattr(request, "username", None))
+
+    def prompt_tokens(self, messages: list[dict]) -> int:
+        """Length of the prompt the engine would build for these messages (no session reuse)."""
+        tok = self.llm.get_tokenizer()
+        return len(tok.encode(render_chat(tok, messages), add_special_tokens=False))

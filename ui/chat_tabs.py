@@ -1,0 +1,138 @@
+"""Per-tab state kept on the server, keyed by Gradio's session_hash (one per browser tab or API
+client), and the rule that ties engine sessions to it.
+
+Every open conversation is a live engine session (session_id = conversation id). Its KV blocks
+are released when the last tab showing it moves away or closes, or when it is deleted — but
+never while a reply is being generated; then the generation's own `finally` releases it.
+Engine calls (abort, end_session) run on one worker thread, in submission order, so an abort
+is always processed before the release that follows it and no handler blocks the event loop.
+"""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Tab:
+    session_hash: str
+    username: str | None = None
+    conv_id: str | None = None
+    shown_ids: list[int] = field(default_factory=list)   # stored message id of each chatbot row
+    request_id: str | None = None                        # the engine request streaming in this tab
+
+
+class TabRegistry:
+    def __init__(self, llm):
+        self._llm = llm
+        self._lock = threading.Lock()
+        self._tabs: dict[str, Tab] = {}
+        self._viewers: dict[str, set[str]] = {}          # conversation id -> session hashes
+        self._busy: set[str] = set()                     # conversations generating right now
+        self._jobs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-release")
+
+    # ---- tabs ----------------------------------------------------------------------------
+    def get(self, session_hash: str, username: str | None = None) -> Tab:
+        with self._lock:
+            tab = self._tabs.get(session_hash)
+            if tab is None:
+                tab = self._tabs[session_hash] = Tab(session_hash, username)
+            return tab
+
+    def open(self, tab: Tab, conv_id: str | None) -> None:
+        """Show `conv_id` in `tab` (None: a fresh, not yet created chat)."""
+        release = None
+        with self._lock:
+            old = tab.conv_id
+            if old == conv_id:
+                return
+            if old is not None:
+                release = self._leave(tab.session_hash, old)
+            tab.conv_id = conv_id
+            tab.shown_ids = []
+            if conv_id is not None:
+                self._viewers.setdefault(conv_id, set()).add(tab.session_hash)
+        if release:
+            self.release(release)
+
+    def close(self, session_hash: str) -> None:
+        """The tab closed (demo.unload) or the API client said goodbye."""
+        release = None
+        with self._lock:
+            tab = self._tabs.pop(session_hash, None)
+            if tab is not None and tab.conv_id is not None:
+                release = self._leave(session_hash, tab.conv_id)
+        if release:
+            self.release(release)
+
+    def _leave(self, session_hash: str, conv_id: str) -> str | None:
+        viewers = self._viewers.get(conv_id)
+        if viewers is not None:
+            viewers.discard(session_hash)
+            if viewers:
+                return None
+            del self._viewers[conv_id]
+        return None if conv_id in self._busy else conv_id
+
+    def forget(self, conv_id: str) -> None:
+        """The conversation was deleted: detach every tab showing it and release its blocks."""
+        with self._lock:
+            for sh in self._viewers.pop(conv_id, set()):
+                tab = self._tabs.get(sh)
+                if tab is not None and tab.conv_id == conv_id:
+                    tab.conv_id, tab.shown_ids = None, []
+        self.release(conv_id)
+
+    # ---- generations ------------------------------------------------------------------------
+    def begin(self, conv_id: str) -> bool:
+        """Mark a conversation as generating; False if another tab is already generating in it."""
+        with self._lock:
+            if conv_id in self._busy:
+                return False
+            self._busy.add(conv_id)
+            return True
+
+    def end(self, conv_id: str, abort_request_id: str | None = None,
+            submitted: Future | None = None) -> Future:
+        """The generation is over: abort its request if still running, release if nobody shows it.
+
+        `submitted` is the (possibly still running) submit call: the abort waits for it, so a
+        handler cancelled while its request was being queued cannot leave that request behind.
+        """
+        with self._lock:
+            self._busy.discard(conv_id)
+            orphan = conv_id not in self._viewers
+        return self._jobs.submit(self._finish_job, abort_request_id, conv_id if orphan else None, submitted)
+
+    def _finish_job(self, request_id: str | None, conv_id: str | None, submitted: Future | None = None) -> None:
+        try:
+            if submitted is not None:
+                try:
+                    submitted.result(timeout=60)
+                except Exception:       # bad input or no engine: there is no request to abort
+                    request_id = None
+            if request_id is not None:
+                self._llm.abort(request_id)
+            if conv_id is not None:
+                self._llm.end_session(conv_id)
+        except RuntimeError:        # the engine is shutting down: nothing left to release
+            pass
+
+    def abort(self, request_id: str) -> Future:
+        return self._jobs.submit(self._finish_job, request_id, None)
+
+    def release(self, conv_id: str) -> Future:
+        return self._jobs.submit(self._finish_job, None, conv_id)
+
+    # ---- introspection (tests, status line) -------------------------------------------------
+    def open_conversations(self) -> dict[str, int]:
+        with self._lock:
+            return {c: len(v) for c, v in self._viewers.items()}
+
+    def is_busy(self, conv_id: str) -> bool:
+        with self._lock:
+            return conv_id in self._busy
+
+    def shutdown(self) -> None:
+        self._jobs.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,177 @@
+"""Plain view logic of the chat page: no Gradio, no engine, no storage — unit-tested directly.
+
+Stored messages (rows from storage) -> what the model sees (`engine_messages`) and what the
+chatbot shows (`display_messages`); reply stats -> one short line; widget values -> sampling
+arguments; conversation rows -> sidebar choices.
+"""
+from __future__ import annotations
+
+import html
+import math
+import re
+
+MAX_ALTERNATIVES = 4
+QUEUED = "*queued: waiting for a free slot in the engine…*"
+STARTING = "…"
+STATS_CLASS = "reply-stats"
+
+
+def text_of(content) -> str:
+    """Chat content as text: Gradio 6 hands handlers a list of blocks ([{"type": "text", ...}])."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, dict):
+        return str(content.get("text") or content.get("content") or "")
+    if isinstance(content, (list, tuple)):
+        return "".join(text_of(c) for c in content if not isinstance(c, dict) or c.get("type", "text") == "text")
+    return str(content)
+
+
+def engine_messages(system_prompt: str | None, path: list[dict]) -> list[dict]:
+    """The message list sent to the engine: the system prompt (if any) then the active branch.
+
+    Contents are passed exactly as stored, so the rendered prompt starts with the previous
+    turn's text and the engine session reuses that turn's token ids.
+    """
+    out = []
+    if system_prompt and system_prompt.strip():
+        out.append({"role": "system", "content": system_prompt})
+    for m in path:
+        if m["role"] in ("user", "assistant", "system"):
+            out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+def path_until(path: list[dict], message_id: int) -> list[dict]:
+    """The branch from the root through `message_id` (drops what came after it)."""
+    for i, m in enumerate(path):
+        if m["id"] == message_id:
+            return path[: i + 1]
+    raise KeyError(f"message {message_id} is not on this branch")
+
+
+def _fmt_s(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def stats_line(stats: dict | None, status: str | None = None) -> str:
+    """One line under a reply: tokens, time to first token, tokens/s, prompt tokens from cache."""
+    stats = stats or {}
+    parts = []
+    if stats.get("output_tokens") is not None:
+        n = stats["output_tokens"]
+        parts.append(f"{n} token{'s' if n != 1 else ''}")
+    if stats.get("ttft_s") is not None:
+        parts.append(f"TTFT {_fmt_s(stats['ttft_s'])}")
+    tps = stats.get("tokens_per_s")
+    if tps is not None and math.isfinite(tps):
+        parts.append(f"{tps:.1f} tok/s")
+    if stats.get("prompt_tokens") is not None:
+        cached = stats.get("cached_tokens") or 0
+        parts.append(f"{cached}/{stats['prompt_tokens']} prompt tokens from cache")
+    if status == "stopped":
+        parts.append("stopped")
+    elif status == "error":
+        parts.append("error")
+    elif stats.get("finish_reason") == "length":
+        parts.append("max tokens reached")
+    return " · ".join(parts)
+
+
+def close_fences(text: str) -> str:
+    """Close a code fence left open (a reply cut by max tokens or Stop), so what follows is not code."""
+    fences = [line for line in text.splitlines() if line.lstrip().startswith(("```", "~~~"))]
+    if len(fences) % 2 == 1:
+        return text + ("\n" if not text.endswith("\n") else "") + fences[-1].lstrip()[:3]
+    return text
+
+
+def with_footer(text: str, stats: dict | None, status: str | None = None) -> str:
+    """Reply text plus its stats line, small and muted (display only; never sent to the model)."""
+    line = stats_line(stats, status)
+    if not line:
+        return text
+    return f'{close_fences(text)}\n\n<span class="{STATS_CLASS}">{html.escape(line)}</span>'
+
+
+def display_messages(path: list[dict]) -> tuple[list[dict], list[int]]:
+    """Chatbot messages for a stored branch, and the stored id of each shown row."""
+    shown, ids = [], []
+    for m in path:
+        if m["role"] not in ("user", "assistant"):
+            continue
+        content = m["content"]
+        if m["role"] == "assistant":
+            content = with_footer(content, m.get("stats"), m.get("status"))
+        shown.append({"role": m["role"], "content": content})
+        ids.append(m["id"])
+    return shown, ids
+
+
+def live_reply(text: str, admitted: bool, metrics: dict | None = None) -> str:
+    """The reply bubble while streaming: queued -> starting -> text with a running stats line."""
+    if not admitted:
+        return QUEUED
+    if not text:
+        return STARTING
+    return with_footer(text, metrics) if metrics else text
+
+
+def too_long_notice(prompt_tokens: int, limit: int) -> str:
+    return (f"**This message is too long for the model.** With it the prompt would be "
+            f"{prompt_tokens} tokens, and this server's context holds {limit} tokens (prompt plus "
+            f"at least one generated token). Nothing was sent; shorten it or start a new chat.")
+
+
+def error_notice(message: str) -> str:
+    return f"**The engine could not answer:** {message}"
+
+
+def sampling_kwargs(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n) -> dict:
+    """Widget values -> SamplingParams keyword arguments (top-k 0 and an empty seed mean off)."""
+    top_k = int(top_k or 0)
+    seed_value = None
+    if seed is not None and str(seed).strip() not in ("", "-1"):
+        seed_value = int(float(seed))
+    return {
+        "temperature": float(temperature),
+        "top_p": float(top_p),
+        "top_k": top_k if top_k > 0 else -1,
+        "max_tokens": int(max_tokens),
+        "repetition_penalty": float(repetition_penalty),
+        "seed": seed_value,
+        "n": max(1, min(MAX_ALTERNATIVES, int(n))),
+    }
+
+
+def conversation_choices(rows: list[dict]) -> list[tuple[str, str]]:
+    """Sidebar radio choices (label, id), newest first as given."""
+    return [(r["title"] or "Untitled", r["id"]) for r in rows]
+
+
+def alternative_markdown(index: int, text: str, stats: dict | None, admitted: bool = True,
+                         status: str | None = None) -> str:
+    head = f"**Alternative {index + 1}**"
+    if index == 0:
+        head += " · kept in the conversation"
+    body = live_reply(text, admitted) if not text or not admitted else text
+    line = stats_line(stats, status)
+    return f"{head}\n\n{close_fences(body)}" + (f'\n\n<span class="{STATS_CLASS}">{html.escape(line)}</span>' if line else "")
+
+
+def export_filename(title: str, ext: str) -> str:
+    """A safe file name from a conversation title."""
+    stem = re.sub(r"[^\w\-]+", "-", title or "conversation").strip("-_")[:40] or "conversation"
+    return f"{stem}.{ext}"
+
+
+def prompt_summary(override: str | None, shared_id: int | None, current_shared_id: int) -> str:
+    """Which system prompt a conversation uses, for the line under the prompt editors."""
+    if override is not None:
+        return "This conversation uses its own system prompt (override)."
+    if shared_id is not None and shared_id != current_shared_id:
+        return (f"This conversation uses an older shared prompt (#{shared_id}); new chats use "
+                f"#{current_shared_id}.")
+    return f"This conversation uses the shared system prompt (#{current_shared_id})."
