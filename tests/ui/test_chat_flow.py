@@ -1,0 +1,267 @@
+"""The streaming handlers (ui/chat.py) against a scripted fake engine and a real SQLite store:
+commit order, stored reply and stats, Stop/cancel, bad input, busy conversations, branches."""
+import asyncio
+import types
+
+import pytest
+
+from engine.sequence import RequestOutputDelta
+from storage import Storage
+from ui import chat
+from ui.chat_context import ChatContext
+from ui.chat_tabs import TabRegistry
+
+
+class FakeTokenizer:
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        return " ".join(f"<{m['role']}> {m['content']}" for m in messages) + " <assistant>"
+
+    def encode(self, text, add_special_tokens=False):
+        return text.split()
+
+
+class FakeStream:
+    """Yields a running delta, then one word per step; abort() ends it like the engine does."""
+
+    def __init__(self, llm, rid, words, n):
+        self.llm, self.request_id, self.words, self.n = llm, rid, words, n
+        self.aborted = False
+
+    async def _agen(self):
+        yield RequestOutputDelta(self.request_id, 0, "", [], metrics={"state": "running", "prompt_tokens": 9,
+                                                                     "cached_tokens": 4, "output_tokens": 0})
+        for k, word in enumerate(self.words):
+            await self.llm.gate.wait()
+            if self.aborted:
+                break
+            last = k == len(self.words) - 1
+            m = {"state": "finished" if last else "running", "prompt_tokens": 9, "cached_tokens": 4,
+                 "output_tokens": k + 1, "ttft_s": 0.1, "tokens_per_s": 20.0 if k else None}
+            for i in range(self.n):
+                yield RequestOutputDelta(self.request_id, i, word, [100 + k], last, "stop" if last else None,
+                                         None, m)
+            await asyncio.sleep(chat.YIELD_S + 0.01)         # one page update per word
+        if self.aborted:
+            for i in range(self.n):
+                yield RequestOutputDelta(self.request_id, i, "", [], True, "abort", None, {"state": "finished"})
+
+    def __aiter__(self):
+        return self._agen()
+
+
+class FakeLLM:
+    def __init__(self, words=("Hello", " there", "!")):
+        self.words = list(words)
+        self.engine = types.SimpleNamespace(max_model_len=40)
+        self.config = types.SimpleNamespace(max_num_seqs=4)
+        self.submitted, self.aborted, self.ended = [], [], []
+        self.streams = {}
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    def get_tokenizer(self):
+        return FakeTokenizer()
+
+    def submit_chat(self, messages, params, *, session_id=None, request_id=None):
+        self.submitted.append((messages, params, session_id))
+        s = self.streams[request_id] = FakeStream(self, request_id, self.words, params.n)
+        return s
+
+    def abort(self, rid):
+        self.aborted.append(rid)
+        if rid in self.streams:
+            self.streams[rid].aborted = True
+        return True
+
+    def end_session(self, sid):
+        self.ended.append(sid)
+        return True
+
+
+KW = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_tokens": 8, "repetition_penalty": 1.0,
+      "seed": None, "n": 1}
+
+
+@pytest.fixture
+def ctx(tmp_path):
+    llm = FakeLLM()
+    st = Storage(tmp_path / "chat.db")
+    c = ChatContext(llm, st, TabRegistry(llm))
+    yield c
+    c.tabs.shutdown()
+    st.close()
+
+
+def req(session="s1", username=None):
+    return types.SimpleNamespace(session_hash=session, username=username)
+
+
+async def collect(agen):
+    return [out async for out in agen]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def texts(out):
+    return [(m["role"], m["content"].split("\n\n<span")[0]) for m in out[1]]
+
+
+def prop(update, key):
+    """A property of a returned update (a component object or an update dict)."""
+    return update[key] if isinstance(update, dict) else getattr(update, key)
+
+
+def settle(ctx):
+    ctx.tabs._jobs.submit(lambda: None).result(timeout=5)
+
+
+def test_send_commits_the_user_message_then_streams_and_stores_the_reply(ctx):
+    outs = run(collect(chat.send(ctx, "Hi bot", dict(KW), req())))
+    st = ctx.storage
+    conv = st.list_conversations()[0]
+    msgs = st.get_messages(conv["id"])
+    assert [(m["role"], m["content"], m["status"]) for m in msgs] == [
+        ("user", "Hi bot", "complete"), ("assistant", "Hello there!", "complete")]
+    assert msgs[1]["token_ids"] == [100, 101, 102]
+    assert msgs[1]["stats"]["cached_tokens"] == 4 and msgs[1]["stats"]["finish_reason"] == "stop"
+    messages, params, session = ctx.llm.submitted[0]
+    assert session == conv["id"] and messages[0]["role"] == "system" and messages[-1]["content"] == "Hi bot"
+    assert outs[0][0] == ""                                        # the textbox is cleared
+    assert "queued" in outs[0][1][-1]["content"]                   # until the engine admits it
+    assert texts(outs[-1]) == [("user", "Hi bot"), ("assistant", "Hello there!")]
+    assert "4/9 prompt tokens from cache" in outs[-1][1][-1]["content"]
+    assert prop(outs[-1][3], "value") == conv["id"]
+    assert not ctx.tabs.is_busy(conv["id"]) and ctx.llm.aborted == []
+
+
+def test_second_turn_sends_the_whole_branch_in_the_same_session(ctx):
+    run(collect(chat.send(ctx, "One", dict(KW), req())))
+    run(collect(chat.send(ctx, "Two", dict(KW), req())))
+    (m1, _, s1), (m2, _, s2) = ctx.llm.submitted
+    assert s1 == s2
+    assert [m["content"] for m in m2[1:]] == ["One", "Hello there!", "Two"]
+
+
+def test_empty_message_is_ignored(ctx):
+    outs = run(collect(chat.send(ctx, "  \n ", dict(KW), req())))
+    assert len(outs) == 1 and all(o == {"__type__": "update"} for o in outs[0])
+    assert ctx.storage.list_conversations() == [] and ctx.llm.submitted == []
+
+
+def test_too_long_message_is_explained_in_the_chat_and_not_sent_or_stored(ctx):
+    outs = run(collect(chat.send(ctx, "word " * 50, dict(KW), req())))
+    assert "too long" in outs[-1][1][-1]["content"] and "40 tokens" in outs[-1][1][-1]["content"]
+    assert ctx.llm.submitted == [] and ctx.storage.list_conversations() == []
+
+
+def test_engine_value_error_is_shown_and_nothing_is_left_running(ctx):
+    def refuse(*a, **k):
+        raise ValueError("prompt has 99 tokens; this engine's max_model_len is 40")
+    ctx.llm.submit_chat = refuse
+    outs = run(collect(chat.send(ctx, "Hi", dict(KW), req())))
+    assert "max_model_len" in outs[-1][1][-1]["content"]
+    conv = ctx.storage.list_conversations()[0]
+    assert not ctx.tabs.is_busy(conv["id"])
+
+
+def test_cancel_mid_reply_stores_the_partial_reply_as_stopped_and_aborts(ctx):
+    async def scenario():
+        ctx.llm.words = ["Once", " upon", " a", " time"]
+        agen = chat.send(ctx, "Story", dict(KW), req())
+        seen = []
+
+        async def consume():
+            async for out in agen:
+                seen.append(out)
+                if any("upon" in str(o) for o in out):
+                    ctx.llm.gate.clear()                    # the engine is "slow" from here
+        task = asyncio.create_task(consume())
+        while not any("upon" in str(o) for o in seen):
+            await asyncio.sleep(0.001)
+        ctx.tabs.close("s1")                                 # the tab closes...
+        task.cancel()                                        # ...and Gradio cancels the handler
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    run(scenario())
+    settle(ctx)
+    conv = ctx.storage.list_conversations()[0]
+    reply = ctx.storage.get_messages(conv["id"])[-1]
+    assert reply["role"] == "assistant" and reply["status"] == "stopped"
+    assert reply["content"] == "Once upon" and reply["token_ids"] == [100, 101]
+    assert len(ctx.llm.aborted) == 1
+    assert ctx.llm.ended == [conv["id"]]                     # nobody shows it: blocks released
+
+
+def test_stop_button_aborts_in_the_engine_and_shows_the_stored_partial_reply(ctx):
+    async def scenario():
+        ctx.llm.words = ["Once", " upon", " a", " time"]
+        agen = chat.send(ctx, "Story", dict(KW), req())
+        outs = []
+        async for out in agen:
+            outs.append(out)
+            if any("upon" in str(o) for o in out):
+                ctx.llm.gate.clear()
+                break
+        stop = asyncio.create_task(chat.stop(ctx, req()))
+        await asyncio.sleep(0.05)
+        ctx.llm.gate.set()
+        async for out in agen:                               # the handler ends on its own
+            outs.append(out)
+        return outs, await stop
+    outs, (shown, line) = run(scenario())
+    assert "stopped" in line and shown[-1]["content"].startswith("Once upon")
+    conv = ctx.storage.list_conversations()[0]
+    assert ctx.storage.get_messages(conv["id"])[-1]["status"] == "stopped"
+    assert ctx.llm.ended == []                               # the tab still shows it
+
+
+def test_a_conversation_generating_in_another_tab_is_busy(ctx):
+    run(collect(chat.send(ctx, "Hi", dict(KW), req("s1"))))
+    conv = ctx.storage.list_conversations()[0]["id"]
+    ctx.tabs.open(ctx.tab(req("s2")), conv)
+    assert ctx.tabs.begin(conv)
+    with pytest.warns(UserWarning, match="already being generated"):     # gr.Warning outside a page
+        outs = run(collect(chat.send(ctx, "Me too", dict(KW), req("s2"))))
+    assert len(outs) == 1 and len(ctx.storage.get_messages(conv)) == 2
+
+
+def test_regenerate_adds_a_sibling_reply_and_n_alternatives_are_shown(ctx):
+    run(collect(chat.send(ctx, "Hi", dict(KW), req())))
+    conv = ctx.storage.list_conversations()[0]["id"]
+    old = ctx.storage.get_messages(conv)[-1]
+    outs = run(collect(chat.regenerate(ctx, dict(KW, n=2), req())))
+    path = ctx.storage.get_messages(conv)
+    assert len(path) == 2 and path[-1]["id"] != old["id"]
+    assert [s["id"] for s in ctx.storage.get_siblings(old["id"])] == [old["id"], path[-1]["id"]]
+    last = outs[-1]
+    assert prop(last[4], "visible") is True
+    assert "Alternative 2" in prop(last[6], "value") and prop(last[7], "visible") is False
+    assert ctx.llm.submitted[-1][0][-1]["content"] == "Hi"     # the prompt ends at the user message
+
+
+def test_edit_branches_at_the_edited_message(ctx):
+    run(collect(chat.send(ctx, "First", dict(KW), req())))
+    run(collect(chat.send(ctx, "Second", dict(KW), req())))
+    conv = ctx.storage.list_conversations()[0]["id"]
+    outs = run(collect(chat.edit(ctx, 2, [{"type": "text", "text": "Second, edited"}], dict(KW), req())))
+    path = ctx.storage.get_messages(conv)
+    assert [m["content"] for m in path] == ["First", "Hello there!", "Second, edited", "Hello there!"]
+    assert len(ctx.storage.get_siblings(path[2]["id"])) == 2
+    assert texts(outs[-1])[2] == ("user", "Second, edited")
+    # editing a reply is refused; the chat is restored from storage
+    outs = run(collect(chat.edit(ctx, 1, "hacked", dict(KW), req())))
+    assert texts(outs[-1])[1] == ("assistant", "Hello there!")
+
+
+def test_owner_checks_refuse_another_users_conversation(ctx):
+    ctx.auth = True
+    run(collect(chat.send(ctx, "Alice here", dict(KW), req("a", "alice"))))
+    conv = ctx.storage.list_conversations()[0]
+    assert conv["owner"] == "alice"
+    bob = ctx.tab(req("b", "bob"))
+    ctx.tabs.open(bob, conv["id"])                      # even if bob's tab points at it somehow
+    run(collect(chat.send(ctx, "Bob here", dict(KW), req("b", "bob"))))
+    assert [m["content"] for m in ctx.storage.get_messages(conv["id"])] == ["Alice here", "Hello there!"]
+    assert {c["owner"] for c in ctx.storage.list_conversations()} == {"alice", "bob"}

@@ -1,0 +1,195 @@
+"""Conversation list, system prompts, export/import and tab lifecycle: short synchronous handlers.
+
+Access rule: with --auth every storage call passes the user as owner, so another user's
+conversation id raises PermissionError, which becomes a refusal notice here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import gradio as gr
+
+from ui import chat_view as view
+from ui.chat import conversation_list
+from ui.chat_context import ChatContext
+
+_EXPORT_DIR = tempfile.mkdtemp(prefix="chat-export-")
+
+
+def _refuse(what: str = "That conversation") -> None:
+    gr.Warning(f"{what} does not exist or belongs to another user.")
+
+
+def _prompt_line(ctx: ChatContext, conv: dict | None) -> str:
+    current = ctx.storage.get_system_prompt()["id"]
+    if conv is None:
+        return f"New chats use the shared system prompt (#{current})."
+    return view.prompt_summary(conv["system_prompt_override"], conv["system_prompt_id"], current)
+
+
+def _conversation_view(ctx: ChatContext, request, tab, conv: dict | None):
+    """(chatbot, status, list, title box, override box, prompt line, alt row) for a tab's chat."""
+    if conv is None:
+        shown, tab.shown_ids = [], []
+    else:
+        shown, tab.shown_ids = view.display_messages(ctx.storage.get_messages(conv["id"]))
+    return (shown, " ", conversation_list(ctx, request, conv["id"] if conv else None),
+            conv["title"] if conv else "", (conv or {}).get("system_prompt_override") or "",
+            _prompt_line(ctx, conv), gr.Row(visible=False))
+
+
+def on_load(ctx: ChatContext, request):
+    """A tab opened (or reloaded): register it, show the list and the shared prompt."""
+    tab = ctx.tab(request)
+    conv = None
+    if tab.conv_id is not None:
+        try:
+            conv = ctx.storage.get_conversation(tab.conv_id, owner=ctx.check(request))
+        except (KeyError, PermissionError):
+            ctx.tabs.open(tab, None)
+    return _conversation_view(ctx, request, tab, conv) + (ctx.storage.get_system_prompt()["text"],)
+
+
+def on_unload(ctx: ChatContext, request) -> None:
+    """The tab closed: its conversation's blocks are released unless another tab shows it."""
+    ctx.tabs.close(request.session_hash)
+
+
+def new_chat(ctx: ChatContext, request):
+    tab = ctx.tab(request)
+    ctx.tabs.open(tab, None)
+    return _conversation_view(ctx, request, tab, None)
+
+
+def open_conversation(ctx: ChatContext, conv_id, request):
+    tab = ctx.tab(request)
+    if not conv_id:
+        return new_chat(ctx, request)
+    try:
+        conv = ctx.storage.get_conversation(conv_id, owner=ctx.check(request))
+    except (KeyError, PermissionError):
+        _refuse()
+        current = None
+        if tab.conv_id:
+            try:
+                current = ctx.storage.get_conversation(tab.conv_id, owner=ctx.check(request))
+            except (KeyError, PermissionError):
+                ctx.tabs.open(tab, None)
+        return _conversation_view(ctx, request, tab, current)
+    ctx.tabs.open(tab, conv_id)
+    return _conversation_view(ctx, request, tab, conv)
+
+
+def search(ctx: ChatContext, query: str, request):
+    tab = ctx.tab(request)
+    rows = ctx.storage.list_conversations(owner=ctx.check(request), query=query or None)
+    choices = view.conversation_choices(rows)
+    value = tab.conv_id if any(c[1] == tab.conv_id for c in choices) else None
+    return gr.Radio(choices=choices, value=value)
+
+
+def _tab_conversation(ctx: ChatContext, request):
+    tab = ctx.tab(request)
+    if tab.conv_id is None:
+        return tab, None
+    try:
+        return tab, ctx.storage.get_conversation(tab.conv_id, owner=ctx.check(request))
+    except (KeyError, PermissionError):
+        ctx.tabs.open(tab, None)
+        return tab, None
+
+
+def rename(ctx: ChatContext, title: str, request):
+    tab, conv = _tab_conversation(ctx, request)
+    if conv is None:
+        gr.Info("Open a conversation first.")
+    elif not (title or "").strip():
+        gr.Info("A title cannot be empty.")
+    else:
+        ctx.storage.rename_conversation(conv["id"], title, owner=ctx.check(request))
+    return conversation_list(ctx, request, tab.conv_id)
+
+
+def delete(ctx: ChatContext, request):
+    tab, conv = _tab_conversation(ctx, request)
+    if conv is None:
+        gr.Info("No conversation is open.")
+    elif ctx.tabs.is_busy(conv["id"]):
+        gr.Warning("Stop the reply being generated before deleting this conversation.")
+        return _conversation_view(ctx, request, tab, conv)
+    else:
+        ctx.storage.delete_conversation(conv["id"], owner=ctx.check(request))
+        ctx.tabs.forget(conv["id"])          # every tab showing it lets go; blocks released
+        gr.Info(f"Deleted “{conv['title']}”.")
+    return _conversation_view(ctx, request, tab, None)
+
+
+def export(ctx: ChatContext, fmt: str, request):
+    _, conv = _tab_conversation(ctx, request)
+    if conv is None:
+        gr.Info("Open a conversation to export it.")
+        return None
+    folder = tempfile.mkdtemp(dir=_EXPORT_DIR)
+    if fmt == "json":
+        path = os.path.join(folder, view.export_filename(conv["title"], "json"))
+        data = ctx.storage.export_json(conv["id"], owner=ctx.check(request))
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(data, f, ensure_ascii=False, indent=2)
+    else:
+        path = os.path.join(folder, view.export_filename(conv["title"], "md"))
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(ctx.storage.export_markdown(conv["id"], owner=ctx.check(request)))
+    return path
+
+
+def import_json(ctx: ChatContext, file, request):
+    """Import an exported JSON file as a new conversation of this user, and open it."""
+    tab = ctx.tab(request)
+    path = getattr(file, "name", None) or (file.get("path") if isinstance(file, dict) else file)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        conv = ctx.storage.import_json(data, owner=ctx.owner(request))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        gr.Warning(f"Could not import that file: {e}")
+        return _conversation_view(ctx, request, *_tab_conversation(ctx, request))
+    conv_id = conv["id"] if isinstance(conv, dict) else conv
+    ctx.tabs.open(tab, conv_id)
+    gr.Info("Conversation imported.")
+    return _conversation_view(ctx, request, tab, ctx.storage.get_conversation(conv_id))
+
+
+def save_shared_prompt(ctx: ChatContext, text: str, request):
+    """A new shared prompt: conversations created from now on use it (and share its blocks)."""
+    if not (text or "").strip():
+        gr.Info("The shared system prompt cannot be empty.")
+        return ctx.storage.get_system_prompt()["text"], gr.skip()
+    ctx.storage.set_system_prompt(text)
+    gr.Info("Saved: new chats use this system prompt.")
+    return text, _prompt_line(ctx, _tab_conversation(ctx, request)[1])
+
+
+def set_override(ctx: ChatContext, text: str | None, request):
+    """Give the open conversation its own system prompt (None: back to its shared prompt).
+    With no conversation open, one is created so the override has somewhere to live."""
+    tab, conv = _tab_conversation(ctx, request)
+    if text is not None and not text.strip():
+        text = None
+    if conv is None:
+        if text is None:
+            return gr.skip(), _prompt_line(ctx, None), gr.skip()
+        conv = ctx.storage.create_conversation(owner=ctx.owner(request), system_prompt_override=text)
+        ctx.tabs.open(tab, conv["id"])
+    else:
+        conv = ctx.storage.set_conversation_system_prompt(conv["id"], text, owner=ctx.check(request))
+    gr.Info("This conversation now uses its own system prompt." if text is not None
+            else "This conversation uses its shared system prompt again.")
+    return text or "", _prompt_line(ctx, conv), conversation_list(ctx, request, conv["id"])
+
+
+def close_tab(ctx: ChatContext, request) -> str:
+    """API clients (no browser tab to close): release this client's conversation now."""
+    ctx.tabs.close(request.session_hash)
+    return "closed"

@@ -1,0 +1,212 @@
+"""The page: sidebar (conversations), Chat tab, Memory tab (dashboard); and the FastAPI app that
+serves it together with /metrics and /api/kv.
+
+`build_app(llm, storage, auth=...)` is all app.py and the tests need.
+"""
+from __future__ import annotations
+
+import fastapi
+import gradio as gr
+
+from ui import chat, chat_sidebar as side
+from ui import chat_view as view
+from ui.chat_context import ChatContext
+from ui.chat_tabs import TabRegistry
+
+from ui.dashboard import build_dashboard
+from ui.metrics import register_routes
+
+CSS = """
+.reply-stats { font-size: 0.78em; opacity: 0.65; }
+#conv-list .wrap { flex-direction: column; align-items: stretch; gap: 2px; }
+#conv-list label { width: 100%; }
+#chat-status { min-height: 1.4em; font-size: 0.85em; opacity: 0.8; }
+"""
+
+
+def _sampling_controls(llm):
+    with gr.Accordion("Sampling", open=False, elem_id="sampling"):
+        with gr.Row():
+            temperature = gr.Slider(0.0, 2.0, value=0.7, step=0.05, label="Temperature (0 = greedy)",
+                                    elem_id="temperature")
+            top_p = gr.Slider(0.05, 1.0, value=0.95, step=0.05, label="Top-p", elem_id="top-p")
+            top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)", elem_id="top-k")
+        with gr.Row():
+            max_tokens = gr.Slider(1, min(2048, llm.engine.max_model_len - 1), value=256, step=1,
+                                   label="Max new tokens", elem_id="max-tokens")
+            rep = gr.Slider(0.8, 2.0, value=1.1, step=0.01, label="Repetition penalty", elem_id="rep-penalty")
+            seed = gr.Number(value=-1, precision=0, label="Seed (-1 = random)", elem_id="seed")
+            n = gr.Slider(1, view.MAX_ALTERNATIVES, value=1, step=1,
+                          label="Alternatives (n, side by side; they share the prompt's blocks)",
+                          elem_id="n-alternatives")
+    return [temperature, top_p, top_k, max_tokens, rep, seed, n]
+
+
+def build_demo(ctx: ChatContext) -> gr.Blocks:
+    with gr.Blocks(title="Paged chat") as demo:
+        with gr.Sidebar(open=True, width=300):
+            gr.Markdown("### Conversations")
+            new_btn = gr.Button("+ New chat", variant="primary", size="sm", elem_id="new-chat")
+            query = gr.Textbox(placeholder="Search titles and messages…", show_label=False, container=False)
+            conv_list = gr.Radio(choices=[], value=None, show_label=False, elem_id="conv-list")
+            open_id = gr.Textbox(visible=False, label="Conversation id")   # API: open any id
+            with gr.Accordion("Rename · delete · export · import", open=False):
+                title = gr.Textbox(label="Title", max_lines=1)
+                with gr.Row():
+                    rename_btn = gr.Button("Rename", size="sm")
+                    delete_btn = gr.Button("Delete", variant="stop", size="sm")
+                with gr.Row():
+                    export_json_btn = gr.Button("Export JSON", size="sm")
+                    export_md_btn = gr.Button("Export Markdown", size="sm")
+                export_file = gr.File(label="Download", interactive=False)
+                import_file = gr.UploadButton("Import JSON…", file_types=[".json"], size="sm")
+        with gr.Tab("Chat"):
+            chatbot = gr.Chatbot(height=520, editable="user", label="Chat", elem_id="chatbot",
+                                 placeholder="Start a conversation: every open chat is a live engine session "
+                                             "that keeps its KV blocks between turns.",
+                                 buttons=["copy"])
+            status = gr.Markdown(" ", elem_id="chat-status")
+            with gr.Row(visible=False) as alt_row:
+                alt_mds = [gr.Markdown(visible=False, elem_id=f"alt-{i}", elem_classes=["alternative"],
+                                       container=True) for i in range(view.MAX_ALTERNATIVES)]
+            with gr.Row():
+                msg = gr.Textbox(label="Message", placeholder="Message (Enter to send, Shift+Enter for a new line)",
+                                 show_label=False, scale=8, lines=1, max_lines=8, elem_id="msg", autofocus=True)
+                send_btn = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id="send")
+                stop_btn = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="stop")
+            with gr.Row():
+                regen_btn = gr.Button("Regenerate", size="sm", elem_id="regenerate")
+                clear_btn = gr.Button("Clear (new chat)", size="sm")
+            with gr.Accordion("System prompt", open=False, elem_id="system-prompt"):
+                shared_prompt = gr.Textbox(label="Shared system prompt (every new chat starts with it, so "
+                                                 "their first blocks are shared)", lines=3)
+                save_prompt_btn = gr.Button("Save for new chats", size="sm")
+                override = gr.Textbox(label="This conversation's own system prompt (optional override)", lines=2)
+                with gr.Row():
+                    override_btn = gr.Button("Use for this conversation", size="sm")
+                    reset_btn = gr.Button("Back to the shared prompt", size="sm")
+                prompt_line = gr.Markdown()
+            sampling = _sampling_controls(ctx.llm)
+        with gr.Tab("Memory"):
+            # demo users chat with the current shared prompt, so they share blocks with real chats
+            build_dashboard(ctx.llm, lambda: ctx.storage.get_system_prompt()["text"])
+
+        _wire(ctx, demo, locals())
+    return demo
+
+
+def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
+    chatbot, msg, status, conv_list, alt_row = c["chatbot"], c["msg"], c["status"], c["conv_list"], c["alt_row"]
+    sampling = c["sampling"]
+    chat_out = [msg, chatbot, status, conv_list, alt_row, *c["alt_mds"]]
+    view_out = [chatbot, status, conv_list, c["title"], c["override"], c["prompt_line"], alt_row]
+    stream_opts = dict(concurrency_limit=None, show_progress="minimal")
+
+    # Explicit parameters: Gradio maps inputs by position and finds gr.Request by annotation.
+    async def send(message, temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n,
+                   request: gr.Request):
+        kw = view.sampling_kwargs(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n)
+        async for out in chat.send(ctx, message, kw, request):
+            yield out
+
+    async def regenerate(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n,
+                         request: gr.Request):
+        kw = view.sampling_kwargs(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n)
+        async for out in chat.regenerate(ctx, kw, request):
+            yield out
+
+    async def edit(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n,
+                   edit_data: gr.EditData, request: gr.Request):
+        kw = view.sampling_kwargs(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n)
+        async for out in chat.edit(ctx, edit_data.index, edit_data.value, kw, request):
+            yield out
+
+    events = [
+        c["send_btn"].click(send, [msg, *sampling], chat_out, api_name="send", **stream_opts),
+        msg.submit(send, [msg, *sampling], chat_out, api_name=False, **stream_opts),
+        c["regen_btn"].click(regenerate, sampling, chat_out, api_name="regenerate", **stream_opts),
+        chatbot.edit(edit, sampling, chat_out, api_name=False, **stream_opts),
+    ]
+    async def stop(request: gr.Request):
+        return await chat.stop(ctx, request)
+
+    c["stop_btn"].click(stop, None, [chatbot, status], cancels=events, api_name="stop",
+                        concurrency_limit=None, show_progress="hidden")
+
+    def on_load(request: gr.Request):
+        return side.on_load(ctx, request)
+
+    def new_chat(request: gr.Request):
+        return side.new_chat(ctx, request)
+
+    def open_conv(conv_id, request: gr.Request):
+        return side.open_conversation(ctx, conv_id, request)
+
+    def search(query, request: gr.Request):
+        return side.search(ctx, query, request)
+
+    def rename(title, request: gr.Request):
+        return side.rename(ctx, title, request)
+
+    def delete(request: gr.Request):
+        return side.delete(ctx, request)
+
+    def export_json(request: gr.Request):
+        return side.export(ctx, "json", request)
+
+    def export_md(request: gr.Request):
+        return side.export(ctx, "md", request)
+
+    def import_json(file, request: gr.Request):
+        return side.import_json(ctx, file, request)
+
+    def save_prompt(text, request: gr.Request):
+        return side.save_shared_prompt(ctx, text, request)
+
+    def use_override(text, request: gr.Request):
+        return side.set_override(ctx, text, request)
+
+    def reset_override(request: gr.Request):
+        return side.set_override(ctx, None, request)
+
+    def close_tab(request: gr.Request) -> str:
+        return side.close_tab(ctx, request)
+
+    def on_unload(request: gr.Request):
+        side.on_unload(ctx, request)
+
+    quick = dict(concurrency_limit=None, show_progress="hidden")
+    demo.load(on_load, None, view_out + [c["shared_prompt"]], api_name=False, **quick)
+    demo.unload(on_unload)
+    c["new_btn"].click(new_chat, None, view_out, api_name="new_chat", **quick)
+    c["clear_btn"].click(new_chat, None, view_out, api_name=False, **quick)
+    chatbot.clear(new_chat, None, view_out, api_name=False, **quick)     # the chatbot's own trash icon
+    conv_list.input(open_conv, conv_list, view_out, api_name=False, **quick)
+    # API clients open a conversation by id (the radio only accepts ids already in its list).
+    c["open_id"].change(open_conv, c["open_id"], view_out, api_name="open_conversation", **quick)
+    c["query"].change(search, c["query"], conv_list, api_name="search", **quick)
+    c["rename_btn"].click(rename, c["title"], conv_list, api_name="rename", **quick)
+    c["delete_btn"].click(delete, None, view_out, api_name="delete", **quick)
+    c["export_json_btn"].click(export_json, None, c["export_file"], api_name="export_json", **quick)
+    c["export_md_btn"].click(export_md, None, c["export_file"], api_name="export_markdown", **quick)
+    c["import_file"].upload(import_json, c["import_file"], view_out, api_name="import_json", **quick)
+    c["save_prompt_btn"].click(save_prompt, c["shared_prompt"], [c["shared_prompt"], c["prompt_line"]],
+                               api_name="set_shared_prompt", **quick)
+    c["override_btn"].click(use_override, c["override"], [c["override"], c["prompt_line"], conv_list],
+                            api_name="set_override", **quick)
+    c["reset_btn"].click(reset_override, None, [c["override"], c["prompt_line"], conv_list],
+                         api_name="reset_override", **quick)
+    gr.api(close_tab, api_name="close_tab")
+
+
+def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None):
+    """(FastAPI app serving the page at / plus /metrics and /api/kv, the Blocks demo)."""
+    ctx = ctx or ChatContext(llm, storage, TabRegistry(llm), auth=bool(auth))
+    demo = build_demo(ctx)
+    demo.queue(default_concurrency_limit=None)
+    demo.chat_context = ctx
+    app = fastapi.FastAPI()
+    register_routes(app, llm)        # before mounting Gradio at "/", which would shadow them
+    app = gr.mount_gradio_app(app, demo, path="/", auth=auth, css=CSS, ssr_mode=False,
+                              footer_links=["api", "gradio"])
+    return app, demo
