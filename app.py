@@ -1,0 +1,148 @@
+"""Start the chat server: `python app.py [--model PATH] [--host 127.0.0.1] [--port 7860] ...`
+
+Loads the model (progress in the terminal), opens the SQLite history, serves the Gradio page
+mounted on FastAPI (so /metrics and /api/kv are served too) and shuts down cleanly on Ctrl-C or
+SIGTERM: the engine thread is stopped and the database closed.
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import signal
+import sys
+import time
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Local LLM chat server with a paged KV cache.")
+    p.add_argument("--model", default=None, help="HF folder or .gguf file (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    pool = p.add_mutually_exclusive_group()
+    pool.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks")
+    pool.add_argument("--kv-cache-gib", type=float, default=None, help="KV pool size in GiB")
+    p.add_argument("--max-model-len", type=int, default=None, help="context length (prompt + reply)")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="sequences decoded together; more wait")
+    p.add_argument("--db", default="data/chat.db", help="SQLite file for the chat history")
+    p.add_argument("--share", action="store_true", help="also open a public Gradio share link (opt-in)")
+    p.add_argument("--auth", action="append", default=None, metavar="USER:PASS",
+                   help="require a login; repeat for several users (each sees only their own chats)")
+    return p.parse_args(argv)
+
+
+def parse_auth(values: list[str] | None) -> list[tuple[str, str]] | None:
+    if not values:
+        return None
+    pairs = []
+    for v in values:
+        user, sep, password = v.partition(":")
+        if not sep or not user or not password:
+            raise SystemExit(f"--auth expects USER:PASS, got {v!r}")
+        pairs.append((user, password))
+    return pairs
+
+
+def is_local(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def terminal_progress(fraction: float, message: str) -> None:
+    width = 30
+    done = int(width * max(0.0, min(1.0, fraction)))
+    sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] {fraction * 100:3.0f}%  {message[:70]:<70}")
+    if fraction >= 1.0:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    # SIGTERM while loading: unwind like Ctrl-C so the cleanup below still runs.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    auth = parse_auth(args.auth)
+    if not is_local(args.host) and not auth:
+        print(f"WARNING: binding to {args.host} without --auth: anyone who can reach this machine "
+              f"can read and write every conversation.", file=sys.stderr)
+
+    from engine import LLM
+    from storage import Storage
+
+    started = time.time()
+    print("Loading the model…", file=sys.stderr)
+    llm = LLM(model=args.model, block_size=args.block_size, num_blocks=args.num_blocks,
+              kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,
+              max_num_seqs=args.max_num_seqs, progress=terminal_progress)
+    storage = None
+    try:
+        storage = Storage(args.db)
+        s = llm.stats()
+        print(f"Model ready in {time.time() - started:.1f} s: {llm.model_source}; KV pool "
+              f"{s['total_blocks']} blocks x {s['block_size']} tokens = {s['kv_capacity_tokens']} tokens; "
+              f"context {llm.engine.max_model_len}; history in {args.db}", file=sys.stderr)
+        serve(llm, storage, args, auth)
+    finally:
+        print("Shutting down…", file=sys.stderr)
+        llm.shutdown()
+        if storage is not None:
+            storage.close()
+        print("Bye.", file=sys.stderr)
+    return 0
+
+
+def serve(llm, storage, args, auth) -> None:
+    import uvicorn
+
+    from ui import build_app
+
+    app, demo = build_app(llm, storage, auth=auth)
+    shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    url = f"http://{shown_host}:{args.port}/"
+    if args.share:
+        # Share links need Gradio's own launcher; /metrics and /api/kv are added to its app.
+        demo.launch(server_name=args.host, server_port=args.port, share=True, auth=auth,
+                    prevent_thread_lock=True, quiet=True, ssr_mode=False)
+        from ui.metrics import register_routes
+        register_routes(demo.app, llm)
+        print(f"Ready: {url}  (public link: {demo.share_url})", flush=True)
+        try:
+            demo.block_thread()
+        finally:
+            demo.close()
+        return
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                            timeout_graceful_shutdown=3, ws="none")
+    server = uvicorn.Server(config)
+    _announce_when_started(server, url)
+    # uvicorn catches Ctrl-C / SIGTERM, shuts down gracefully, restores the previous handlers and
+    # re-raises the signal. With no-op handlers in place that re-raise is harmless, so main()'s
+    # cleanup (engine thread stopped, database closed) runs and the exit status is 0.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    server.run()
+
+
+def _announce_when_started(server, url: str) -> None:
+    import threading
+
+    def watch():
+        while not server.started and not server.should_exit:
+            time.sleep(0.05)
+        if server.started:
+            print(f"Ready: {url}", flush=True)
+
+    threading.Thread(target=watch, daemon=True, name="announce").start()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
