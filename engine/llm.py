@@ -154,13 +154,9 @@ class LLM:
                 fut.set_exception(e)
 
     def _fail_all(self, message: str) -> None:
+        """After an engine error: end every request with that error; blocks are released."""
         for rid in list(self.engine.requests):
-            req = self.engine.requests[rid]
-            for seq in req.seqs:
-                if req.on_output:
-                    req.on_output(RequestOutputDelta(rid, seq.index, "", [], True, "error", message, {}))
-            req.on_output = None
-            self.engine.abort_request(rid)
+            self.engine.abort_request(rid, reason="error", error=message)
 
     def _call(self, kind: str, arg=None, timeout: float | None = None):
         if not self._thread.is_alive():

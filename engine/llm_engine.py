@@ -79,13 +79,18 @@ class LLMEngine:
             self.scheduler.add(seq)
         return seq
 
-    def abort_request(self, request_id: str) -> bool:
+    def abort_request(self, request_id: str, reason: str = "abort", error: str | None = None) -> bool:
+        """End a request now (user stop, closed tab, engine error); its blocks are released."""
         req = self.requests.get(request_id)
         if req is None:
             return False
-        for seq in req.seqs:
+        for seq in list(req.seqs):
             if seq.status is not SeqStatus.FINISHED:
-                self._finish(seq, "abort")
+                self._finish(seq, reason, error=error)
+        if not req.forked and req.on_output is not None:     # n > 1 children never got created
+            for i in range(len(req.seqs), req.params.n):
+                req.on_output(RequestOutputDelta(req.request_id, i, "", [], True, reason, error, {}))
+        self.requests.pop(request_id, None)
         return True
 
     def end_session(self, session_id: str) -> bool:
@@ -157,7 +162,8 @@ class LLMEngine:
         else:
             self._finish(seq, reason, text, [tok])
 
-    def _finish(self, seq: Sequence, reason: str, text: str = "", toks: list[int] | None = None) -> None:
+    def _finish(self, seq: Sequence, reason: str, text: str = "", toks: list[int] | None = None,
+                error: str | None = None) -> None:
         self.scheduler.remove(seq)
         was_admitted = self.kv.has_sequence(seq.seq_id)
         seq.status = SeqStatus.FINISHED
@@ -168,7 +174,7 @@ class LLMEngine:
                 self.kv.park(seq.seq_id, req.session_id)
             else:
                 self.kv.free(seq.seq_id)
-        self._emit(seq, text + seq.detok.flush(), toks or [], finished=True, reason=reason)
+        self._emit(seq, text + seq.detok.flush(), toks or [], finished=True, reason=reason, error=error)
         if all(s.status is SeqStatus.FINISHED for s in req.seqs) and (req.forked or req.params.n == 1):
             self.requests.pop(req.request_id, None)
 
@@ -178,7 +184,8 @@ class LLMEngine:
                                            "tokens_lost": lost, "time": time.time()})
         self.scheduler.preempted_log.clear()
 
-    def _emit(self, seq: Sequence, text: str, toks: list[int], finished=False, reason=None, state=None):
+    def _emit(self, seq: Sequence, text: str, toks: list[int], finished=False, reason=None, state=None,
+              error=None):
         req = seq.request
         if req.on_output is None:
             return
@@ -190,7 +197,7 @@ class LLMEngine:
             m["ttft_s"] = seq.first_token_time - req.arrival_time
             span = (seq.last_token_time or now) - seq.first_token_time
             m["tokens_per_s"] = (out_n - 1) / span if out_n > 1 and span > 0 else None
-        req.on_output(RequestOutputDelta(req.request_id, seq.index, text, toks, finished, reason, None, m))
+        req.on_output(RequestOutputDelta(req.request_id, seq.index, text, toks, finished, reason, error, m))
 
     # ---- observability -----------------------------------------------------------------------
     def stats(self) -> dict:

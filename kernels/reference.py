@@ -19,6 +19,31 @@ import torch.nn.functional as F
 DECODE_CHUNK_BYTES = 4 << 20
 
 
+class _StepMemo:
+    """Every layer of a step calls the kernels with the same metadata tensors, so index work
+    derived only from them (decode slot plans, the store's skip mask) is computed for the first
+    layer and reused by the other layers. Keyed on tensor identity plus torch's in-place version
+    counter; holding the keys keeps their ids from being reused while cached."""
+
+    def __init__(self):
+        self.keys: tuple = ()
+        self.extra: tuple = ()
+        self.value = None
+
+    def get(self, keys: tuple, compute, extra: tuple = ()):
+        """keys: tensors, compared by identity and version (in-place edits invalidate; inference
+        tensors have no version counter, so for them identity alone decides);
+        extra: plain values, compared by equality."""
+        extra = tuple(extra) + tuple(-1 if t.is_inference() else t._version for t in keys)
+        if (extra != self.extra or len(keys) != len(self.keys)
+                or any(a is not b for a, b in zip(keys, self.keys))):
+            self.keys, self.extra, self.value = keys, extra, compute()
+        return self.value
+
+
+_store_memo, _decode_memo = _StepMemo(), _StepMemo()
+
+
 def _slots_view(cache: torch.Tensor) -> torch.Tensor:
     nb, bs, kvh, d = cache.shape
     return cache.view(nb * bs, kvh, d)  # raises instead of silently copying if not viewable
@@ -26,10 +51,13 @@ def _slots_view(cache: torch.Tensor) -> torch.Tensor:
 
 def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
     """Scatter new tokens' K/V into their slots with one index_copy_ each; slot -1 = skip."""
-    slots = slot_mapping.to(device=key.device, dtype=torch.long)
-    keep = slots >= 0
-    if not bool(keep.all()):
-        slots, key, value = slots[keep], key[keep], value[keep]
+    def plan():
+        slots = slot_mapping.to(device=key.device, dtype=torch.long)
+        keep = slots >= 0
+        return (slots, None) if bool(keep.all()) else (slots[keep], keep)
+    slots, keep = _store_memo.get((slot_mapping,), plan, (key.device,))
+    if keep is not None:
+        key, value = key[keep], value[keep]
     if slots.numel() == 0:
         return
     _slots_view(k_cache).index_copy_(0, slots, key.to(k_cache.dtype))
@@ -61,19 +89,11 @@ def _decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out):
     _, bs, kvh, _ = k_cache.shape
     group = H // kvh
     kv_slots = (_slots_view(k_cache), _slots_view(v_cache))
-    lens = seq_lens.tolist()
-    dev = query.device
-    bt = block_tables.to(device=dev, dtype=torch.long)
-    sl = seq_lens.to(device=dev, dtype=torch.long)
     per_token = 2 * kvh * d * k_cache.element_size()
-    chunk = max(1, DECODE_CHUNK_BYTES // (max(1, max(lens)) * per_token))
-    for start in range(0, B, chunk):
-        end = min(B, start + chunk)
-        tmax = max(lens[start:end])
-        pos = torch.arange(tmax, device=dev)
-        valid = pos[None, :] < sl[start:end, None]  # [n, T]
-        slots = bt[start:end, pos // bs] * bs + pos % bs
-        slots = torch.where(valid, slots, slots[:, :1]).flatten()
+    plan = _decode_memo.get((block_tables, seq_lens),
+                            lambda: _decode_plan(block_tables, seq_lens, bs, per_token, query.device),
+                            (bs, per_token, query.device))
+    for start, end, tmax, valid, slots in plan:
         n = end - start
         k = kv_slots[0].index_select(0, slots).view(n, tmax, kvh, d).transpose(1, 2)
         v = kv_slots[1].index_select(0, slots).view(n, tmax, kvh, d).transpose(1, 2)
@@ -81,6 +101,24 @@ def _decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out):
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :], scale=scale)
         out[start:end] = o.reshape(n, H, d).to(out.dtype)
     return out
+
+
+def _decode_plan(block_tables, seq_lens, bs, per_token, dev):
+    """[(start, end, tmax, valid [n, T], slots [n*T])] per chunk of sequences."""
+    lens = seq_lens.tolist()
+    bt = block_tables.to(device=dev, dtype=torch.long)
+    sl = seq_lens.to(device=dev, dtype=torch.long)
+    chunk = max(1, DECODE_CHUNK_BYTES // (max(1, max(lens)) * per_token))
+    plan = []
+    for start in range(0, len(lens), chunk):
+        end = min(len(lens), start + chunk)
+        tmax = max(lens[start:end])
+        pos = torch.arange(tmax, device=dev)
+        valid = pos[None, :] < sl[start:end, None]  # [n, T]
+        slots = bt[start:end, pos // bs] * bs + pos % bs
+        slots = torch.where(valid, slots, slots[:, :1]).flatten()
+        plan.append((start, end, tmax, valid, slots))
+    return plan
 
 
 def _prefill_one(q, k_cache, v_cache, blocks, ctx, scale):

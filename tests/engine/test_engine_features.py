@@ -139,3 +139,29 @@ def test_unknown_model_path_and_architecture(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}')
     with pytest.raises(ModelLoadError, match="GPT2LMHeadModel"):
         LLM(model=str(tmp_path))
+
+
+def test_engine_error_fails_running_requests_without_leaking(make_llm):
+    """Fault injection: one forward raises; its requests end with an error, blocks come back,
+    and the engine keeps serving new requests."""
+    llm = make_llm(num_blocks=128)
+    runner = llm.engine.runner
+    real_run = runner.run
+    calls = {"n": 0}
+
+    def flaky(batch, *a, **kw):
+        reqs = {seq.request.request_id for seq, _, _ in batch}
+        if len(reqs) == 2 and not calls["n"]:   # both requests in one step, before the n=2 fork
+            calls["n"] += 1
+            raise RuntimeError("injected failure")
+        return real_run(batch, *a, **kw)
+    runner.run = flaky
+    try:
+        streams = [llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=20, n=n)) for n in (1, 2)]
+        finals = [[d for d in s if d.finished] for s in streams]
+    finally:
+        runner.run = real_run
+    assert [len(f) for f in finals] == [1, 2], "every one of the n outputs must be closed"
+    assert all(d.finish_reason == "error" and "injected" in d.error for f in finals for d in f), finals
+    assert llm.stats()["used_blocks"] == 0 and llm.stats()["running"] == 0
+    assert list(llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=4)))[-1].finished

@@ -68,3 +68,17 @@ def test_copy_blocks_reference_reads_before_writing():
     pool = torch.arange(4.0).view(1, 1, 4, 1, 1, 1).repeat(2, 2, 1, 1, 1, 1)
     kernels.copy_blocks(pool, torch.tensor([[0, 1], [1, 2]]), backend="torch")
     assert pool[0, 0, :, 0, 0, 0].tolist() == [0.0, 0.0, 1.0, 3.0]
+
+
+def test_step_memo_recomputes_for_new_or_edited_metadata():
+    """The per-step index memo must never serve a plan for different metadata."""
+    from kernels.reference import _StepMemo
+    memo, calls = _StepMemo(), []
+    a = torch.tensor([1, 2, 3])
+    compute = lambda: calls.append(1) or len(calls)
+    assert memo.get((a,), compute) == 1
+    assert memo.get((a,), compute) == 1          # same tensor, untouched: reused
+    a[0] = 7                                     # in-place edit bumps the version
+    assert memo.get((a,), compute) == 2
+    assert memo.get((a.clone(),), compute) == 3  # equal content, different tensor
+    assert memo.get((a,), compute, extra=(16,)) == 4
