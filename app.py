@@ -122,14 +122,29 @@ def serve(llm, storage, args, auth) -> None:
         return
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                             timeout_graceful_shutdown=3, ws="none")
-    server = uvicorn.Server(config)
+    tabs = demo.chat_context.tabs
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            if not self.should_exit:    # first Ctrl-C / SIGTERM: end replies in flight, so their
+                tabs.abort_all()        # handlers store them as "stopped" while the loop still runs,
+                for route in app.routes:        # and end Gradio's heartbeat streams, so the
+                    stop = getattr(getattr(route, "app", None), "stop_event", None)  # graceful
+                    if stop is not None:        # shutdown does not wait for open tabs
+                        stop.set()
+            super().handle_exit(sig, frame)
+
+    server = Server(config)
     _announce_when_started(server, url)
     # uvicorn catches Ctrl-C / SIGTERM, shuts down gracefully, restores the previous handlers and
     # re-raises the signal. With no-op handlers in place that re-raise is harmless, so main()'s
     # cleanup (engine thread stopped, database closed) runs and the exit status is 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    server.run()
+    try:
+        server.run()
+    finally:
+        tabs.shutdown(timeout=10)       # queued aborts/releases reach the engine before it stops
 
 
 def _announce_when_started(server, url: str) -> None:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 import gradio as gr
 
 from engine import SamplingParams
 from ui import chat_view as view
 from ui.chat_context import ChatContext
+from ui.chat_tabs import in_daemon_thread
 
 FLUSH_S = 2.0          # partial replies reach the database at least this often
 YIELD_S = 0.05         # at most ~20 page updates a second per stream
@@ -108,8 +108,8 @@ async def generate(ctx: ChatContext, request, tab, conv_id: str, user_id: int, k
         yield outputs(first_msg, shown + [{"role": "assistant", "content": view.QUEUED}],
                       view.QUEUED, conversation_list(ctx, request, conv_id), alts)
         tab.request_id = rid
-        submitted = _SUBMIT_POOL.submit(llm.submit_chat, messages, SamplingParams(**kw),
-                                        session_id=conv_id, request_id=rid)
+        submitted = in_daemon_thread(llm.submit_chat, messages, SamplingParams(**kw),
+                                     session_id=conv_id, request_id=rid)
         try:
             stream = await asyncio.wrap_future(submitted)
         except ValueError as e:          # e.g. longer than max_model_len: the engine is untouched
@@ -156,9 +156,6 @@ async def generate(ctx: ChatContext, request, tab, conv_id: str, user_id: int, k
                                       status="complete" if done[k] else "stopped")
             for k in range(n)] if n > 1 else []
     yield outputs(chat=shown, status=line or " ", radio=conversation_list(ctx, request, conv_id), alts=alts)
-
-
-_SUBMIT_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="submit")
 
 
 def _busy_notice() -> None:

@@ -9,9 +9,58 @@ is always processed before the release that follows it and no handler blocks the
 """
 from __future__ import annotations
 
+import queue
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+
+
+def in_daemon_thread(fn, *args, **kwargs) -> Future:
+    """Run one blocking engine call off the event loop. A daemon thread: a call that can never
+    complete (engine stopped under it) must not keep the process alive at exit."""
+    fut: Future = Future()
+
+    def run():
+        if fut.set_running_or_notify_cancel():
+            try:
+                fut.set_result(fn(*args, **kwargs))
+            except BaseException as e:      # delivered to whoever awaits the future
+                fut.set_exception(e)
+
+    threading.Thread(target=run, daemon=True, name="chat-engine-call").start()
+    return fut
+
+
+class SerialWorker:
+    """One daemon thread running jobs in submission order (abort before release, always)."""
+
+    def __init__(self, name: str):
+        self._q: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=name)
+        self._thread.start()
+
+    def submit(self, fn, *args) -> Future:
+        fut: Future = Future()
+        self._q.put((fut, fn, args))
+        return fut
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            fut, fn, args = item
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(*args))
+                except BaseException as e:
+                    fut.set_exception(e)
+
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Run what is queued, then stop; False if that did not finish within `timeout`."""
+        self._q.put(None)
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
 
 @dataclass
@@ -30,7 +79,7 @@ class TabRegistry:
         self._tabs: dict[str, Tab] = {}
         self._viewers: dict[str, set[str]] = {}          # conversation id -> session hashes
         self._busy: set[str] = set()                     # conversations generating right now
-        self._jobs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-release")
+        self._jobs = SerialWorker("kv-release")
 
     # ---- tabs ----------------------------------------------------------------------------
     def get(self, session_hash: str, username: str | None = None) -> Tab:
@@ -134,5 +183,12 @@ class TabRegistry:
         with self._lock:
             return conv_id in self._busy
 
-    def shutdown(self) -> None:
-        self._jobs.shutdown(wait=True, cancel_futures=True)
+    def abort_all(self) -> None:
+        """Server shutting down: end every reply in flight (each handler then stores it as stopped)."""
+        with self._lock:
+            rids = [t.request_id for t in self._tabs.values() if t.request_id is not None]
+        for rid in rids:
+            self.abort(rid)
+
+    def shutdown(self, timeout: float | None = 10) -> bool:
+        return self._jobs.shutdown(timeout)

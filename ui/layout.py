@@ -47,7 +47,10 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
         with gr.Sidebar(open=True, width=300):
             gr.Markdown("### Conversations")
             new_btn = gr.Button("+ New chat", variant="primary", size="sm", elem_id="new-chat")
-            query = gr.Textbox(placeholder="Search titles and messages…", show_label=False, container=False)
+            with gr.Row():
+                query = gr.Textbox(placeholder="Search chats…", show_label=False,
+                                   container=False, scale=5)
+                refresh_btn = gr.Button("↻", size="sm", scale=1, min_width=40, elem_id="refresh-list")
             conv_list = gr.Radio(choices=[], value=None, show_label=False, elem_id="conv-list")
             open_id = gr.Textbox(visible=False, label="Conversation id")   # API: open any id
             with gr.Accordion("Rename · delete · export · import", open=False):
@@ -185,6 +188,7 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     # API clients open a conversation by id (the radio only accepts ids already in its list).
     c["open_id"].change(open_conv, c["open_id"], view_out, api_name="open_conversation", **quick)
     c["query"].change(search, c["query"], conv_list, api_name="search", **quick)
+    c["refresh_btn"].click(search, c["query"], conv_list, api_name=False, **quick)   # chats from other tabs
     c["rename_btn"].click(rename, c["title"], conv_list, api_name="rename", **quick)
     c["delete_btn"].click(delete, None, view_out, api_name="delete", **quick)
     c["export_json_btn"].click(export_json, None, c["export_file"], api_name="export_json", **quick)
