@@ -1,0 +1,156 @@
+"""The chat page in real headless Chromium (Debian chromium + Playwright; never `playwright install`):
+a streamed reply, Stop mid-reply without an error badge, a second tab chatting at the same time,
+and a closed tab's KV blocks released. Screenshots go to docs/."""
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian chromium is not installed (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _open(context, url):
+    page = context.new_page()
+    page.goto(url)
+    page.wait_for_selector("#msg textarea")
+    return page
+
+
+def _set_number(page, elem_id: str, value) -> None:
+    box = page.locator(f"#{elem_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def _send(page, text: str) -> None:
+    page.fill("#msg textarea", text)
+    page.keyboard.press("Enter")
+
+
+def _reply(page) -> str:
+    bots = page.locator("#chatbot .message.bot")
+    return bots.last.inner_text() if bots.count() else ""
+
+
+def _body(page) -> str:
+    """The reply without its stats line."""
+    return _reply(page).split("\n\n")[0] if "tokens" in _reply(page) else _reply(page)
+
+
+def _wait(pred, timeout=60, every=0.1):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(every)
+    raise TimeoutError("condition not met in time")
+
+
+def _finished(page) -> bool:
+    """The status line under the chat shows the final stats of the last reply."""
+    status = page.locator("#chat-status").inner_text()
+    return "tok/s" in status and "stopped" not in status
+
+
+def _no_error_badge(page) -> None:
+    assert page.locator("#chatbot .error, .toast-body.error").count() == 0
+    assert "Error" not in page.locator("#chatbot").inner_text()
+
+
+def _sessions(server) -> set:
+    return {s["session_id"] for s in server.kv()["sequences"]}
+
+
+def test_chat_in_the_browser_stop_second_tab_and_close(launch, browser, chat_api, tmp_path):
+    api = chat_api
+    server = launch()
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = _open(context, server.url)
+    page.locator("#sampling .label-wrap").first.click()                       # open the sampling settings
+    _set_number(page, "temperature", 0)
+    _set_number(page, "max-tokens", 80)
+
+    # 1. A streamed reply: several different partial texts, then the final one with its stats.
+    _send(page, "Write a Python function that adds two numbers.")
+    seen = set()
+    _wait(lambda: seen.add(_body(page)) or _finished(page), every=0.03)
+    assert len({s for s in seen if s and "queued" not in s}) >= 3, seen      # it streamed
+    assert "prompt tokens from cache" in _reply(page)
+    _no_error_badge(page)
+    conv1 = api.read_db(server.db, "SELECT id FROM conversations")[0]["id"]
+    page.locator("#sampling .label-wrap").first.click()                       # fold the settings away for the screenshots
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(path=str(tmp_path / "chat.png"))
+    dark = _open(context, server.url + "?__theme=dark")      # Gradio's dark mode, same conversation
+    dark.locator("#conv-list label").filter(has_text="Python function").click()
+    _wait(lambda: "prompt tokens from cache" in _reply(dark))
+    dark.screenshot(path=str(tmp_path / "chat-dark.png"))
+    dark.close()
+    page.locator("#sampling .label-wrap").first.click()
+
+    # 2. Stop mid-reply, twice (the badge showed up only sometimes with naive Blocks chats).
+    _set_number(page, "max-tokens", 400)
+    for prompt in ("Tell me a long story about a dragon who loves bread.", "Tell me another long story."):
+        _send(page, prompt)
+        _wait(lambda: len(_body(page).split()) >= 5 and "queued" not in _reply(page))
+        page.click("#stop")
+        _wait(lambda: "stopped" in _reply(page), timeout=15)
+        frozen = _reply(page)
+        time.sleep(1.0)
+        assert _reply(page) == frozen                  # nothing streams after Stop
+        _no_error_badge(page)
+    rows = api.read_db(server.db, "SELECT role, status FROM messages WHERE conversation_id = ? ORDER BY id",
+                       (conv1,))
+    assert [r["status"] for r in rows if r["role"] == "assistant"][-2:] == ["stopped", "stopped"]
+    assert server.wait_kv(lambda s: s["stats"]["running"] == 0)["stats"]["running"] == 0
+    page.screenshot(path=str(tmp_path / "chat-stopped.png"))
+
+    # 3. A second tab chats at the same time as the first one.
+    page2 = _open(context, server.url)
+    page2.locator("#sampling .label-wrap").first.click()
+    _set_number(page2, "max-tokens", 40)
+    _set_number(page2, "n-alternatives", 2)         # two alternatives side by side
+    _set_number(page, "max-tokens", 40)
+    _send(page2, "What is a KV cache? Answer in one sentence.")
+    _send(page, "Thanks! Now say goodbye.")
+    _wait(lambda: _finished(page2))
+    _wait(lambda: _finished(page))
+    _no_error_badge(page2)
+    assert page2.locator("#alt-0").is_visible() and page2.locator("#alt-1").is_visible()
+    assert not page2.locator("#alt-2").is_visible()
+    assert "Alternative 2" in page2.locator("#alt-1").inner_text()
+    page2.screenshot(path=str(tmp_path / "chat-alternatives.png"), full_page=True)
+    conv2 = _wait(lambda: [r["id"] for r in api.read_db(server.db, "SELECT id FROM conversations")
+                           if r["id"] != conv1])[0]
+    assert {conv1, conv2} <= _sessions(server)      # both open conversations hold their KV blocks
+
+    # 4. Close the second tab: its blocks are released, the first tab's stay.
+    page2.close()
+    _wait(lambda: conv2 not in _sessions(server), timeout=20)
+    assert conv1 in _sessions(server)
+    page.close()
+    snap = server.wait_kv(lambda s: s["stats"]["used_blocks"] == 0)
+    assert snap["stats"]["used_blocks"] == 0
+
+    DOCS.mkdir(exist_ok=True)
+    for name in ("chat.png", "chat-dark.png", "chat-stopped.png", "chat-alternatives.png"):
+        shutil.copyfile(tmp_path / name, DOCS / name)
