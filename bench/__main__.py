@@ -1,0 +1,134 @@
+"""python -m bench [--workload chat|multiturn|decode|all] [--sessions N] [--quick] [--json out.json]
+
+Runs the engine and its HF transformers baselines side by side on the same token ids, measures the
+machine's own limits in the same run, prints a Markdown report and writes JSON + Markdown under
+bench/results/ (or next to --json). See docs/BENCHMARKS.md for what every number means.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "bench", "results")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[2])
+    p.add_argument("--workload", choices=("chat", "multiturn", "decode", "all"), default="all")
+    p.add_argument("--sessions", type=int, default=None, help="chat sessions (default 16; quick 4)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, one repetition (smoke test)")
+    p.add_argument("--json", default=None, help="output JSON path (Markdown written next to it)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kv-cache-gib", type=float, default=1.0, help="engine KV pool size")
+    p.add_argument("--skip", default="", help="comma list of: hf_seq, hf_cb, limits")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    # the engine's own default (engine/__init__.py), set before torch loads so HF gets it too
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if args.threads:  # before torch is imported, so every thread (the engine's too) gets it
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[var] = str(args.threads)
+    import torch
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from tqdm import tqdm
+
+    from bench import machine, report, suite
+    from bench.hf_runner import load_hf
+    from engine import LLM
+
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    t_start, load_start = time.perf_counter(), os.getloadavg()
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    sizes = suite.Sizes.quick(args.sessions) if args.quick else suite.Sizes(sessions=args.sessions or 16)
+    workloads = ["chat", "multiturn", "decode"] if args.workload == "all" else [args.workload]
+    steps = 3 + 2 * ("limits" not in skip)
+    steps += sum({"chat": suite.chat_steps(sizes, skip), "multiturn": suite.multiturn_steps(sizes),
+                  "decode": suite.decode_steps(sizes)}[w] for w in workloads)
+    bar = tqdm(total=steps, file=sys.stderr, desc="bench", unit="step", dynamic_ncols=True)
+
+    def tick(msg: str) -> None:
+        bar.set_postfix_str(msg[:60])
+        bar.update(1)
+
+    llm = LLM(kv_cache_gib=args.kv_cache_gib, progress=lambda f, m: None)
+    tick("engine loaded")
+    hf = load_hf(llm.hf_folder)
+    tick("HF model loaded")
+    num_params = sum(p.numel() for p in hf.parameters())
+    limit_samples = []
+    if "limits" not in skip:
+        limit_samples.append(machine.measure_limits(num_params, quick=args.quick))
+        tick("machine limits (start)")
+    ctx = suite.Ctx(llm, hf, sizes, args.seed, tick, skip)
+    results = {}
+    try:
+        suite.warm_up(ctx)   # first touches of the KV pool and allocator, not measured
+        tick("warm-up")
+        for w in workloads:
+            results[w] = {"chat": suite.run_chat, "multiturn": suite.run_multiturn,
+                          "decode": suite.run_decode}[w](ctx)
+        if "limits" not in skip:
+            limit_samples.append(machine.measure_limits(num_params, quick=args.quick))
+            tick("machine limits (end)")
+        engine_stats = llm.stats()
+    finally:
+        llm.shutdown()
+        bar.close()
+
+    if "chat" in results:
+        c = results["chat"]
+        c["sessions_fit"] = report.sessions_fit(
+            c["prompt_lens"], c["output_lens"], c["shared_prefix_tokens"], engine_stats["block_size"],
+            engine_stats["kv_bytes_per_token"], max_model_lens=(hf.config.max_position_embeddings, 2048))
+    result = {
+        "started": started, "command": "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "args": vars(args), "quick": args.quick, "sizes": vars(sizes) | {"decode_batches": list(sizes.decode_batches)},
+        "machine": machine.machine_info(REPO), "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
+        "elapsed_s": time.perf_counter() - t_start,
+        "limits": machine.combine_limits(limit_samples) if limit_samples else None,
+        "engine": {"model": llm.model_source, "config": {k: v for k, v in vars(llm.config).items()},
+                   "stats_at_end": engine_stats},
+        "workloads": results,
+        "notes": notes(args, sizes),
+    }
+    result["targets"] = report.targets(result)
+    md = report.render_markdown(result)
+    out = args.json or os.path.join(
+        RESULTS, time.strftime("bench-%Y%m%d-%H%M%S") + ("-quick" if args.quick else "") + ".json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    with open(os.path.splitext(out)[0] + ".md", "w") as f:
+        f.write(md)
+    print(md)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def notes(args, sizes) -> list[str]:
+    n = ["Engine requests of a burst are submitted from one thread each so they reach the engine together; "
+         "times are taken by the client on receipt of each token.",
+         "HF token times come from a logits processor called once per generation step (whole batch); "
+         "EOS is disabled (eos_token_id=-1) so every system generates the same number of tokens.",
+         "Each engine repetition uses its own cache_salt, so no repetition reuses another's KV.",
+         f"HF one-at-a-time runs the first {sizes.hf_seq_subsample} chat requests only (subsample).",
+         f"Sizes: chat {sizes.sessions} sessions (issue: 32), engine repetitions {sizes.engine_reps}, "
+         f"HF static {sizes.hf_static_reps}; decode outputs {sizes.decode_max_tokens} tokens; multiturn "
+         f"replies up to {sizes.mt_max_tokens} tokens -- reduced so a full run fits ~15 min on a shared box.",
+         "HF generate_batch KV bytes are its preallocated paged cache tensor, not the blocks it used."]
+    if args.quick:
+        n.append("Quick mode: tiny sizes and one repetition; numbers are not meaningful.")
+    return n
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
