@@ -1,5 +1,6 @@
 """The chat page in real headless Chromium (Debian chromium + Playwright; never `playwright install`):
-a streamed reply, Stop mid-reply without an error badge, a second tab chatting at the same time,
+a streamed reply, Stop mid-reply without an error badge, a second tab chatting at the same time (n=2
+alternatives side by side), edit-and-resend of a past message,
 and a closed tab's KV blocks released. Screenshots go to docs/."""
 import shutil
 import time
@@ -143,7 +144,23 @@ def test_chat_in_the_browser_stop_second_tab_and_close(launch, browser, chat_api
                            if r["id"] != conv1])[0]
     assert {conv1, conv2} <= _sessions(server)      # both open conversations hold their KV blocks
 
-    # 4. Close the second tab: its blocks are released, the first tab's stay.
+    # 4. Edit the second tab's question in place and resend: a new branch, the old one kept.
+    _set_number(page2, "n-alternatives", 1)
+    page2.locator("#chatbot .message.user").first.hover()
+    page2.locator("#chatbot button[title='Edit']").first.click()
+    page2.locator("#chatbot textarea").first.fill("What is a block table? One sentence.")
+    page2.locator("#chatbot button[title='Submit']").first.click()
+    _wait(lambda: "block table" in page2.locator("#chatbot .message.user").first.inner_text())
+    _wait(lambda: _finished(page2) and "tokens" in _reply(page2))
+    _no_error_badge(page2)
+    users = api.read_db(server.db, "SELECT content FROM messages WHERE conversation_id = ? AND role = 'user' "
+                                   "ORDER BY id", (conv2,))
+    assert [u["content"] for u in users] == ["What is a KV cache? Answer in one sentence.",
+                                             "What is a block table? One sentence."]
+    assert page2.locator("#chatbot .message.user").count() == 1     # the active branch only
+    assert page2.locator("#chatbot .message.bot").count() == 1
+
+    # 5. Close the second tab: its blocks are released, the first tab's stay.
     page2.close()
     _wait(lambda: conv2 not in _sessions(server), timeout=20)
     assert conv1 in _sessions(server)
