@@ -144,6 +144,9 @@ def serve(llm, storage, args, auth) -> None:
     try:
         server.run()
     finally:
+        # A second Ctrl-C / SIGTERM during the cleanup below ends the process the usual way.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         tabs.shutdown(timeout=10)       # queued aborts/releases reach the engine before it stops
 
 
