@@ -192,3 +192,14 @@ def chat_api():
     return types.SimpleNamespace(sampling=sampling, chat_rows=chat_rows, reply_text=reply_text,
                                  conversation_id=conversation_id, wait_for=wait_for,
                                  streaming_text=streaming_text, read_db=read_db, text_of=text_of)
+
+
+@pytest.fixture
+def screenshot_dir(tmp_path):
+    """Where browser tests save screenshots: docs/ when UPDATE_SCREENSHOTS=1 (to refresh the
+    committed pictures), else the test's tmp folder, so a test run leaves the tree clean."""
+    if os.environ.get("UPDATE_SCREENSHOTS") == "1":
+        docs = Path(__file__).resolve().parents[2] / "docs"
+        docs.mkdir(exist_ok=True)
+        return docs
+    return tmp_path

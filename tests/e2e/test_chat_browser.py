@@ -11,15 +11,14 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ROOT / "docs"
 CHROMIUM = "/usr/bin/chromium"
 
 
 @pytest.fixture
 def browser():
     if not Path(CHROMIUM).exists():
-        pytest.skip("Debian chromium is not installed (apt-get install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api")
+        pytest.fail("Debian chromium is not installed: `apt-get install chromium` (test.sh does it)")
+    import playwright.sync_api as sync_api
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:
@@ -81,7 +80,7 @@ def _sessions(server) -> set:
     return {s["session_id"] for s in server.kv()["sequences"]}
 
 
-def test_chat_in_the_browser_stop_second_tab_and_close(launch, browser, chat_api, tmp_path):
+def test_chat_in_the_browser_stop_second_tab_and_close(launch, browser, chat_api, tmp_path, screenshot_dir):
     api = chat_api
     server = launch()
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
@@ -168,6 +167,6 @@ def test_chat_in_the_browser_stop_second_tab_and_close(launch, browser, chat_api
     snap = server.wait_kv(lambda s: s["stats"]["used_blocks"] == 0)
     assert snap["stats"]["used_blocks"] == 0
 
-    DOCS.mkdir(exist_ok=True)
-    for name in ("chat.png", "chat-dark.png", "chat-stopped.png", "chat-alternatives.png"):
-        shutil.copyfile(tmp_path / name, DOCS / name)
+    if screenshot_dir != tmp_path:
+        for name in ("chat.png", "chat-dark.png", "chat-stopped.png", "chat-alternatives.png"):
+            shutil.copyfile(tmp_path / name, screenshot_dir / name)

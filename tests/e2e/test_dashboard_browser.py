@@ -3,7 +3,6 @@ see shared cells with ref_count >= 4 appear, highlight one conversation, stop th
 block return to free / cached-free. Saves docs/dashboard.png."""
 import re
 import time
-from pathlib import Path
 
 import pytest
 from gradio_client import Client
@@ -12,7 +11,6 @@ from ui.demo_load import DEFAULT_SYSTEM_PROMPT
 
 pytestmark = pytest.mark.slow
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
 SHARED_CELLS = "els => els.map(e => [+e.textContent, e.title])"
 
 
@@ -26,7 +24,7 @@ def wait_until(fn, timeout=60.0, every=0.25, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_demo_users_share_blocks_then_release_them(launch):
+def test_demo_users_share_blocks_then_release_them(launch, screenshot_dir):
     from playwright.sync_api import sync_playwright
     server = launch(args=["--num-blocks", "1024", "--max-model-len", "2048"])
     # a ~160-token shared system prompt: ~10 full blocks every demo user shares
@@ -64,8 +62,7 @@ def test_demo_users_share_blocks_then_release_them(launch):
             wait_until(lambda: page.locator("#kv-grid i.h").count() >= 12, 10, what="highlighted cells")
             wait_until(lambda: "%" in page.inner_text("#kv-headline"), 10, what="headline numbers")
             time.sleep(6)                                   # let the timeline plots draw a few points
-            DOCS.mkdir(exist_ok=True)
-            page.locator("#kv-dashboard").screenshot(path=str(DOCS / "dashboard.png"))
+            page.locator("#kv-dashboard").screenshot(path=str(screenshot_dir / "dashboard.png"))
 
             page.click("#kv-demo-stop")
             wait_until(lambda: page.locator("#kv-grid i.p, #kv-grid i.s").count() == 0, 60,
