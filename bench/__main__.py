@@ -25,7 +25,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kv-cache-gib", type=float, default=1.0, help="engine KV pool size")
-    p.add_argument("--skip", default="", help="comma list of: hf_seq, hf_cb, limits")
+    p.add_argument("--skip", default="", help="comma list of: hf_seq, hf_cb, bf16, limits")
     return p.parse_args(argv)
 
 
@@ -81,6 +81,7 @@ def main(argv=None) -> int:
             tick("machine limits (end)")
         engine_stats = llm.stats()
     finally:
+        ctx.close()
         llm.shutdown()
         bar.close()
 

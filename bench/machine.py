@@ -74,9 +74,9 @@ def _median_time(fn, reps: int, min_time: float = 0.0) -> float:
 
 
 @torch.inference_mode()
-def gemm_flops(m: int, k: int, n: int, reps: int = 5) -> float:
-    """fp32 FLOP/s of x[m,k] @ W^T with W stored [n,k] like a linear layer (F.linear)."""
-    x, w = torch.randn(m, k), torch.randn(n, k)
+def gemm_flops(m: int, k: int, n: int, reps: int = 5, dtype=torch.float32) -> float:
+    """FLOP/s of x[m,k] @ W^T with W stored [n,k] like a linear layer (F.linear)."""
+    x, w = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
     inner = max(1, int(2e8 // (2 * m * k * n)))  # keep each timed call >= ~1 ms of work
     t = _median_time(lambda: [torch.nn.functional.linear(x, w) for _ in range(inner)], reps, 0.2)
     return 2 * m * k * n * inner / t
@@ -105,17 +105,21 @@ def measure_limits(num_params: int, quick: bool = False) -> dict:
     gemm = {name: gemm_flops(*shape, reps=reps) for name, shape in GEMM_SHAPES.items()}
     cold = {"cold_weights_b32 [32,576]x[576,1536]": gemm_flops_cold(32, 576, 1536, 64 if quick else 256),
             "cold_weights_b1 [1,576]x[576,1536]": gemm_flops_cold(1, 576, 1536, 64 if quick else 256)}
+    bf16 = {name: gemm_flops(*GEMM_SHAPES[name], reps=reps, dtype=torch.bfloat16)
+            for name in ("decode_b32_mlp_up [32,576]x[576,1536]", "square_2048")}
     bw = read_bandwidth(256 if quick else 512, reps)
     peak = max(gemm.values())
     realistic = gemm["decode_b32_mlp_up [32,576]x[576,1536]"]
     return {
-        "gemm_flops": gemm, "gemm_flops_cold_weights": cold, "read_bytes_per_s": bw,
+        "gemm_flops": gemm, "gemm_flops_cold_weights": cold, "gemm_flops_bf16": bf16, "read_bytes_per_s": bw,
         "num_params": num_params,
         "weight_bytes_fp32": 4 * num_params,
         "compute_bound_tok_s": peak / (2 * num_params),
         "compute_bound_tok_s_b32_shape": realistic / (2 * num_params),
         "compute_bound_tok_s_b32_cold": cold["cold_weights_b32 [32,576]x[576,1536]"] / (2 * num_params),
         "weight_bw_bound_tok_s": bw / (4 * num_params),
+        "compute_bound_tok_s_bf16": max(bf16.values()) / (2 * num_params),
+        "weight_bw_bound_tok_s_bf16": bw / (2 * num_params),
         "gemv_bound_tok_s_b1_cold": cold["cold_weights_b1 [1,576]x[576,1536]"] / (2 * num_params),
         "loadavg": os.getloadavg(), "time": time.time(),
     }
@@ -125,9 +129,10 @@ def combine_limits(samples: list[dict]) -> dict:
     """Several measurements in one run (start, end): the best of each is the machine's ceiling."""
     best = dict(samples[0])
     for key in ("compute_bound_tok_s", "compute_bound_tok_s_b32_shape", "compute_bound_tok_s_b32_cold",
-                "weight_bw_bound_tok_s", "gemv_bound_tok_s_b1_cold", "read_bytes_per_s"):
+                "weight_bw_bound_tok_s", "gemv_bound_tok_s_b1_cold", "read_bytes_per_s",
+                "compute_bound_tok_s_bf16", "weight_bw_bound_tok_s_bf16"):
         best[key] = max(s[key] for s in samples)
-    for group in ("gemm_flops", "gemm_flops_cold_weights"):
+    for group in ("gemm_flops", "gemm_flops_cold_weights", "gemm_flops_bf16"):
         best[group] = {k: max(s[group][k] for s in samples) for k in samples[0][group]}
     best["samples"] = samples
     return best

@@ -67,6 +67,14 @@ def targets(result: dict) -> list[dict]:
             v = bs["1"]["systems"]["engine"]["decode_tokens_per_s"]
             out.append(_target("decode B=1 >= 50% of the weight-bandwidth limit",
                                v / lim["weight_bw_bound_tok_s"] if v else None, 0.5))
+        for b, key, name in (("32", "compute_bound_tok_s", "compute-bound"),
+                             ("1", "weight_bw_bound_tok_s", "weight-bandwidth")):
+            v = (bs.get(b, {}).get("systems", {}).get("engine_bf16") or {}).get("decode_tokens_per_s")
+            if v and lim:
+                out.append(_target(f"(option) engine dtype=bfloat16, decode B={b} >= 50% of the fp32 {name} "
+                                   f"limit", v / lim[key], 0.5,
+                                   detail=f"{100 * v / lim[key + '_bf16'] if key + '_bf16' in lim else 0:.0f}% "
+                                          f"of the bf16 {name} limit"))
     return out
 
 
@@ -115,6 +123,7 @@ def render_markdown(result: dict) -> str:
         L += [f"| fp32 GEMM {k} | {v / 1e9:.1f} GFLOP/s |" for k, v in g.items()]
         L += [f"| fp32 GEMM {k} (256 MiB of distinct weights) | {v / 1e9:.1f} GFLOP/s |"
               for k, v in lim["gemm_flops_cold_weights"].items()]
+        L += [f"| bf16 GEMM {k} | {v / 1e9:.1f} GFLOP/s |" for k, v in lim["gemm_flops_bf16"].items()]
         L += [f"| memory read bandwidth | {lim['read_bytes_per_s'] / 1e9:.1f} GB/s |",
               f"| compute-bound decode (2 x {lim['num_params'] / 1e6:.1f} M FLOP/token, best GEMM) "
               f"| {lim['compute_bound_tok_s']:.0f} tok/s |",
@@ -122,7 +131,9 @@ def render_markdown(result: dict) -> str:
               f"| same with weights streamed from memory (cold) | {lim['compute_bound_tok_s_b32_cold']:.0f} tok/s |",
               f"| weight-bandwidth-bound batch-1 decode ({lim['weight_bytes_fp32'] / 1e6:.0f} MB/token) "
               f"| {lim['weight_bw_bound_tok_s']:.0f} tok/s |",
-              f"| batch-1 decode at torch's cold-weight GEMV rate | {lim['gemv_bound_tok_s_b1_cold']:.0f} tok/s |", ""]
+              f"| batch-1 decode at torch's cold-weight GEMV rate | {lim['gemv_bound_tok_s_b1_cold']:.0f} tok/s |",
+              f"| bf16 weights: compute-bound / weight-bandwidth-bound | {lim['compute_bound_tok_s_bf16']:.0f} / "
+              f"{lim['weight_bw_bound_tok_s_bf16']:.0f} tok/s |", ""]
     if "chat" in w:
         c = w["chat"]
         L += [f"## chat — {c['sizes']['sessions']} sessions, shared prefix {c['shared_prefix_tokens']} tokens, "
@@ -157,16 +168,21 @@ def render_markdown(result: dict) -> str:
         d = w["decode"]
         L += [f"## decode — prompts of {d['sizes']['prompt_len']} tokens, {d['sizes']['max_tokens']} new tokens each", "",
               "| batch | engine decode tok/s | engine end-to-end tok/s | HF decode tok/s | engine / HF "
-              "| % compute-bound | % weight-BW-bound | ITL p50 ms engine / HF | same ids |", "|" + "---|" * 9]
+              "| % compute-bound | % weight-BW-bound | ITL p50 ms engine / HF | same ids | engine bf16 decode tok/s "
+              "(% of fp32 / bf16 compute-bound) |", "|" + "---|" * 10]
         for b, r in d["batches"].items():
             e, h = r["systems"]["engine"], r["systems"]["hf_static_batch"]
             v = e["decode_tokens_per_s"]
             pc = _f(100 * v / lim["compute_bound_tok_s"], "{:.0f}%") if lim and v else "-"
             pb = _f(100 * v / lim["weight_bw_bound_tok_s"], "{:.0f}%") if lim and v else "-"
             tm = r["token_match_vs_engine"]
+            bf = (r["systems"].get("engine_bf16") or {}).get("decode_tokens_per_s")
+            bfs = "-" if bf is None else f"{bf:.1f}" + (
+                f" ({100 * bf / lim['compute_bound_tok_s']:.0f}% / {100 * bf / lim['compute_bound_tok_s_bf16']:.0f}%)"
+                if lim else "")
             L.append(f"| {b} | {_f(v)} | {_f(e['tokens_per_s'])} | {_f(h['decode_tokens_per_s'])} "
                      f"| {_f(r['decode_ratio_engine_over_hf'], '{:.2f}x')} | {pc} | {pb} "
-                     f"| {_ms(e['itl_p50_s'])} / {_ms(h['itl_p50_s'])} | {tm['identical']}/{tm['compared']} |")
+                     f"| {_ms(e['itl_p50_s'])} / {_ms(h['itl_p50_s'])} | {tm['identical']}/{tm['compared']} | {bfs} |")
         g = d.get("generate_api")
         if g:
             a, t = g["llm_generate"], g["threaded_submit"]
@@ -176,10 +192,10 @@ def render_markdown(result: dict) -> str:
                   f"when submitted from one thread per request; same ids: {g['same_ids']}."]
         L.append("")
     if result.get("targets"):
-        L += ["## Targets", "", "| target | value | threshold | met |", "|---|---|---|---|"]
+        L += ["## Targets", "", "| target | value | threshold | met | detail |", "|---|---|---|---|---|"]
         for t in result["targets"]:
             met = {True: "met", False: "**not met**", None: "n/a"}[t["met"]]
-            L.append(f"| {t['target']} | {_f(t['value'], '{:.2f}')} | {t['threshold']} | {met} |")
+            L.append(f"| {t['target']} | {_f(t['value'], '{:.2f}')} | {t['threshold']} | {met} | {t['detail']} |")
         L.append("")
     if result.get("notes"):
         L += ["## Notes", ""] + [f"- {n}" for n in result["notes"]] + [""]

@@ -48,6 +48,18 @@ class Ctx:
         self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
         self._hf_cb = None
 
+    def bf16_engine(self):
+        """A second engine with bf16 weights and KV (decode only): what the CPU's bf16 GEMMs give."""
+        if getattr(self, "_bf16", None) is None:
+            from engine import LLM
+            self._bf16 = LLM(kv_cache_gib=0.5, dtype="bfloat16", progress=lambda f, m: None)
+        return self._bf16
+
+    def close(self):
+        if getattr(self, "_bf16", None) is not None:
+            self._bf16.shutdown()
+            self._bf16 = None
+
     def hf_cb_model(self):
         if self._hf_cb is None:  # its own copy: the manager swaps the attention implementation
             self._hf_cb = hr.load_hf(self.llm.hf_folder)
@@ -184,7 +196,7 @@ def run_multiturn(ctx: Ctx) -> dict:
 
 
 def decode_steps(sizes: Sizes) -> int:
-    return len(sizes.decode_batches) * (sizes.decode_engine_reps + 1) + 1
+    return len(sizes.decode_batches) * (sizes.decode_engine_reps + 2) + 1
 
 
 def run_decode(ctx: Ctx) -> dict:
@@ -195,7 +207,7 @@ def run_decode(ctx: Ctx) -> dict:
     for b in s.decode_batches:
         prompts = decode_prompts(ctx.tok, b, s.decode_prompt_len, ctx.seed)
         ks = [s.decode_max_tokens] * b
-        erows, first_engine, hf_row = [], None, None
+        erows, first_engine, hf_row, bf_row = [], None, None, None
         for rep in range(s.decode_engine_reps):   # interleaved: E, H, E
             run = er.run_burst(ctx.llm, prompts, ks, cache_salt=f"dec-{ctx.seed}-{b}-{rep}")
             first_engine = first_engine or run
@@ -205,10 +217,16 @@ def run_decode(ctx: Ctx) -> dict:
                 hrun = hr.run_static(ctx.hf, prompts, ks, ctx.pad)
                 hf_row = combine([summarize(hrun, "hf_static_batch")])
                 ctx.tick(f"decode B={b}: HF")
+                if "bf16" not in ctx.skip:
+                    brun = er.run_burst(ctx.bf16_engine(), prompts, ks, cache_salt=f"dec-bf16-{b}")
+                    bf_row = combine([summarize(brun, "engine_bf16")])
+                    bf_row["token_match_vs_fp32_engine"] = token_match(first_engine["timings"], brun["timings"])
+                ctx.tick(f"decode B={b}: engine bf16")
         eng = combine(erows)
         first_engine_by_batch[str(b)] = first_engine
         out["batches"][str(b)] = {
-            "systems": {"engine": eng, "hf_static_batch": hf_row},
+            "systems": {"engine": eng, "hf_static_batch": hf_row,
+                        **({"engine_bf16": bf_row} if "bf16" not in ctx.skip else {})},
             "decode_ratio_engine_over_hf": ratio(eng["decode_tokens_per_s"], hf_row["decode_tokens_per_s"]),
             "token_match_vs_engine": token_match(first_engine["timings"], hrun["timings"]),
         }
