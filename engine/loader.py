@@ -55,9 +55,13 @@ def cache_root() -> Path:
 
 
 def _gguf_cache_dir(gguf_path: str) -> Path:
-    st = os.stat(gguf_path)
-    key = hashlib.sha1(f"{os.path.abspath(gguf_path)}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    return cache_root() / f"{Path(gguf_path).stem}-{key}"
+    """Keyed on the file's content (size + head + tail), so every venv with the same GGUF shares it."""
+    h = hashlib.sha1(str(os.path.getsize(gguf_path)).encode())
+    with open(gguf_path, "rb") as f:
+        h.update(f.read(1 << 20))
+        f.seek(max(0, os.path.getsize(gguf_path) - (1 << 20)))
+        h.update(f.read(1 << 20))
+    return cache_root() / f"{Path(gguf_path).stem}-{h.hexdigest()[:12]}"
 
 
 def _log(msg: str) -> None:

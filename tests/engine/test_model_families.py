@@ -40,3 +40,16 @@ def test_tiny_checkpoint_matches_transformers(kind, tmp_path, tokenizer):
         assert out.outputs[0].token_ids == ref.tolist()
     finally:
         llm.shutdown()
+
+
+def test_gguf_path_is_dequantized_once_and_cached(model_folder):
+    """--model pointing at a .gguf file (here the bundled one) resolves to the shared cached folder."""
+    import os
+
+    from engine.loader import default_model_path, resolve_hf_folder
+    gguf = default_model_path()
+    source, folder = resolve_hf_folder(gguf)
+    assert source == gguf and folder == model_folder
+    assert os.path.exists(os.path.join(folder, "done")) and os.path.exists(os.path.join(folder, "config.json"))
+    with pytest.raises(Exception, match="not a .gguf"):
+        resolve_hf_folder(os.path.join(folder, "config.json"))
