@@ -122,9 +122,11 @@ def notes(args, sizes) -> list[str]:
          "EOS is disabled (eos_token_id=-1) so every system generates the same number of tokens.",
          "Each engine repetition uses its own cache_salt, so no repetition reuses another's KV.",
          f"HF one-at-a-time runs the first {sizes.hf_seq_subsample} chat requests only (subsample).",
-         f"Sizes: chat {sizes.sessions} sessions (issue: 32), engine repetitions {sizes.engine_reps}, "
-         f"HF static {sizes.hf_static_reps}; decode outputs {sizes.decode_max_tokens} tokens; multiturn "
-         f"replies up to {sizes.mt_max_tokens} tokens -- reduced so a full run fits ~15 min on a shared box.",
+         f"Sizes: chat {sizes.sessions} sessions, engine repetitions {sizes.engine_reps}, HF static "
+         f"{sizes.hf_static_reps}; decode outputs {sizes.decode_max_tokens} tokens; multiturn replies up to "
+         f"{sizes.mt_max_tokens} tokens." + (" Smaller than the issue's (32 sessions, 64-token decode outputs) "
+                                            "so a full run fits ~15 min on the shared 2-core box."
+                                            if sizes.sessions < 32 or sizes.decode_max_tokens < 64 else ""),
          "HF generate_batch KV bytes are its preallocated paged cache tensor, not the blocks it used."]
     if args.quick:
         n.append("Quick mode: tiny sizes and one repetition; numbers are not meaningful.")

@@ -51,7 +51,7 @@ def timed(obj, attr: str, bucket: list):
     setattr(obj, attr, wrapper)
 
 
-def profile_batch(eng, tok, batch: int, steps: int, seed: int) -> dict:
+def profile_batch(eng, tok, batch: int, steps: int, seed: int, prompt_len: int = 16) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -60,10 +60,10 @@ def profile_batch(eng, tok, batch: int, steps: int, seed: int) -> dict:
     from engine.sampling_params import SamplingParams
     from engine.sequence import Request
 
-    prompts = decode_prompts(tok, batch, 16, seed)
+    prompts = decode_prompts(tok, batch, prompt_len, seed)
     params = SamplingParams(temperature=0.0, max_tokens=steps * 2 + 8, ignore_eos=True)
     for i, ids in enumerate(prompts):
-        eng.add_request(Request(f"p{batch}-{i}", ids, params, cache_salt=f"prof-{batch}"))
+        eng.add_request(Request(f"p{batch}-{prompt_len}-{i}", ids, params, cache_salt=f"prof-{batch}-{i}"))
     while any(s.first_token_time is None for r in eng.requests.values() for s in r.seqs):
         eng.step()                                   # prefill done: every request has a token
     for _ in range(2):
@@ -99,7 +99,7 @@ def profile_batch(eng, tok, batch: int, steps: int, seed: int) -> dict:
     top = [(e.key, e.self_cpu_time_total / 1e6 / steps, e.count // steps)
            for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:15]]
     return {
-        "batch": batch, "steps_timed": n, "step_s": step, "tokens_per_s": batch / step,
+        "batch": batch, "context": prompt_len, "steps_timed": n, "step_s": step, "tokens_per_s": batch / step,
         "breakdown_s": {
             "scheduler + bookkeeping + detokenize/stream (step - run - sample)": step - run - smp,
             "runner: batch tensors + logits to CPU (run - forward)": run - fwd,
@@ -123,7 +123,7 @@ def _timed_call(fn, bucket, *a, **kw):
 def render(results: list[dict]) -> str:
     lines = []
     for r in results:
-        lines += [f"### decode batch {r['batch']}: {r['step_s'] * 1000:.1f} ms/step = {r['tokens_per_s']:.1f} tok/s "
+        lines += [f"### decode batch {r['batch']}, context ~{r['context']} tokens: {r['step_s'] * 1000:.1f} ms/step = {r['tokens_per_s']:.1f} tok/s "
                   f"({r['threads']} threads, ~{r['op_calls_per_step']:.0f} aten ops per step)", "",
                   "| where | ms/step | share |", "|---|---|---|"]
         for k, v in r["breakdown_s"].items():
@@ -137,6 +137,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.profile_decode")
     p.add_argument("--batches", default="1,32")
     p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per sequence (context)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=None, help="JSON path (Markdown next to it)")
     args = p.parse_args(argv)
@@ -153,7 +154,8 @@ def main(argv=None) -> int:
     loaded = load_model(None, progress=lambda f, m: None)
     eng = LLMEngine(EngineConfig(kv_cache_gib=0.5), loaded)
     load = os.getloadavg()
-    results = [profile_batch(eng, loaded.tokenizer, int(b), args.steps, 0) for b in args.batches.split(",")]
+    results = [profile_batch(eng, loaded.tokenizer, int(b), args.steps, 0, args.prompt_len)
+               for b in args.batches.split(",")]
     md = f"Load average {load[0]:.2f} -> {os.getloadavg()[0]:.2f}\n\n" + render(results)
     print(md)
     if args.out:
