@@ -29,6 +29,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     pool.add_argument("--kv-cache-gib", type=float, default=None, help="KV pool size in GiB")
     p.add_argument("--max-model-len", type=int, default=None, help="context length (prompt + reply)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="sequences decoded together; more wait")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="weights and KV dtype (default: float32 on CPU, bfloat16 on CUDA). bfloat16 on a "
+                        "CPU with AVX512-BF16/AMX decodes ~2.4x faster but no longer matches HF fp32 exactly")
     p.add_argument("--db", default="data/chat.db", help="SQLite file for the chat history")
     p.add_argument("--share", action="store_true", help="also open a public Gradio share link (opt-in)")
     p.add_argument("--auth", action="append", default=None, metavar="USER:PASS",
@@ -82,7 +85,7 @@ def main(argv=None) -> int:
     print("Loading the model…", file=sys.stderr)
     llm = LLM(model=args.model, block_size=args.block_size, num_blocks=args.num_blocks,
               kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,
-              max_num_seqs=args.max_num_seqs, progress=terminal_progress)
+              max_num_seqs=args.max_num_seqs, dtype=args.dtype, progress=terminal_progress)
     storage = None
     try:
         storage = Storage(args.db)

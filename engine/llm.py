@@ -96,7 +96,8 @@ class LLM:
         self.tokenizer = loaded.tokenizer
         self._ids = itertools.count()
         self._commands: queue.Queue = queue.Queue()
-        self._streams: dict[str, RequestStream] = {}
+        self._live: set[str] = set()                 # request ids not yet finished
+        self._live_lock = threading.Lock()
         self._sessions: dict[str, list[int]] = {}     # session -> prompt + generated ids so far
         self._latest_snapshot: dict | None = None
         self._snapshot_time = 0.0
@@ -138,7 +139,12 @@ class LLM:
         kind, arg, fut = cmd
         try:
             if kind == "add":
-                self.engine.add_request(arg)
+                for req in arg:
+                    try:
+                        self.engine.add_request(req)
+                    except Exception as e:                      # that request only
+                        for j in range(req.params.n):
+                            req.on_output(RequestOutputDelta(req.request_id, j, "", [], True, "error", str(e), {}))
                 result = None
             elif kind == "abort":
                 result = self.engine.abort_request(arg)
@@ -181,22 +187,39 @@ class LLM:
     def submit(self, prompt, params: SamplingParams | None = None, *, session_id: str | None = None,
                request_id: str | None = None, cache_salt: str | None = None) -> RequestStream:
         """Queue one request; returns its stream at once. Bad input raises ValueError here."""
+        req, stream = self._prepare(prompt, params, session_id, request_id, cache_salt)
+        # not waiting for the engine thread: submits from many threads land in the next step
+        self._commands.put(("add", [req], None))
+        return stream
+
+    def _prepare(self, prompt, params, session_id=None, request_id=None, cache_salt=None):
         params = params or SamplingParams()
         ids = self.encode_prompt(prompt)
+        if not self._thread.is_alive():
+            raise RuntimeError("the engine has been shut down")
         rid = request_id or f"req-{next(self._ids)}"
+        with self._live_lock:
+            if rid in self._live:
+                raise ValueError(f"request id {rid!r} is already in use")
+            self._live.add(rid)
         stream = RequestStream(rid, ids, params.n, self)
         collected: list[int] = []
+        open_outputs = [params.n]
 
-        def on_output(delta: RequestOutputDelta) -> None:
+        def on_output(delta: RequestOutputDelta) -> None:   # runs in the engine thread
             if session_id is not None and delta.index == 0:
                 collected.extend(delta.token_ids)
                 if delta.finished:
                     self._sessions[session_id] = ids + collected
+            if delta.finished:
+                open_outputs[0] -= 1
+                if open_outputs[0] == 0:
+                    with self._live_lock:
+                        self._live.discard(rid)
             stream._put(delta)
 
         req = Request(rid, ids, params, session_id=session_id, cache_salt=cache_salt, on_output=on_output)
-        self._call("add", req)
-        return stream
+        return req, stream
 
     def submit_chat(self, messages: list[dict], params: SamplingParams | None = None, *,
                     session_id: str | None = None, request_id: str | None = None) -> RequestStream:
@@ -222,7 +245,9 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
         encoded = [self.encode_prompt(p) for p in prompts]        # validate all before submitting any
-        streams = [self.submit({"prompt_token_ids": ids}, p) for ids, p in zip(encoded, params)]
+        prepared = [self._prepare({"prompt_token_ids": ids}, p) for ids, p in zip(encoded, params)]
+        self._commands.put(("add", [req for req, _ in prepared], None))   # one step admits them all
+        streams = [stream for _, stream in prepared]
         return [self._collect(s, p or SamplingParams()) for s, p in zip(streams, params)]
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = False) -> list[RequestOutput]:

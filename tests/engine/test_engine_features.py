@@ -165,3 +165,13 @@ def test_engine_error_fails_running_requests_without_leaking(make_llm):
     assert all(d.finish_reason == "error" and "injected" in d.error for f in finals for d in f), finals
     assert llm.stats()["used_blocks"] == 0 and llm.stats()["running"] == 0
     assert list(llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=4)))[-1].finished
+
+
+def test_generate_admits_a_whole_batch_in_one_step(make_llm):
+    llm = make_llm(num_blocks=256, max_num_seqs=16)
+    prompts = [{"prompt_token_ids": [1, 100 + i, 200 + i, 300 + i]} for i in range(12)]
+    before = llm.stats()["steps"]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    st = llm.stats()
+    assert st["peak_running"] == 12
+    assert st["steps"] - before == 3          # one prefill step that also samples, then 2 decodes
