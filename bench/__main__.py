@@ -19,7 +19,7 @@ RESULTS = os.path.join(REPO, "bench", "results")
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[2])
     p.add_argument("--workload", choices=("chat", "multiturn", "decode", "all"), default="all")
-    p.add_argument("--sessions", type=int, default=None, help="chat sessions (default 16; quick 4)")
+    p.add_argument("--sessions", type=int, default=None, help="chat sessions (default 32; quick 4)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, one repetition (smoke test)")
     p.add_argument("--json", default=None, help="output JSON path (Markdown written next to it)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     t_start, load_start = time.perf_counter(), os.getloadavg()
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    sizes = suite.Sizes.quick(args.sessions) if args.quick else suite.Sizes(sessions=args.sessions or 16)
+    sizes = suite.Sizes.quick(args.sessions) if args.quick else suite.Sizes(sessions=args.sessions or 32)
     workloads = ["chat", "multiturn", "decode"] if args.workload == "all" else [args.workload]
     steps = 3 + 2 * ("limits" not in skip)
     steps += sum({"chat": suite.chat_steps(sizes, skip), "multiturn": suite.multiturn_steps(sizes),
