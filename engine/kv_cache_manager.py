@@ -278,6 +278,14 @@ class KVCacheManager:
         del self._seqs[seq_id]
         self._release(seq.table)
 
+    def forget_cached(self, seq_id) -> None:
+        """Drop the prefix-cache entries of seq's blocks: after a failed step their KV may never
+        have been written, so they must not be served as hits (the chain of later blocks breaks)."""
+        seq = self._get(seq_id)
+        for b in seq.table:
+            self.pool.drop_hash(b)
+        seq.hashes = []
+
     def preempt(self, seq_id) -> int:
         """Free by recompute; returns the tokens whose KV was lost."""
         seq = self._get(seq_id)

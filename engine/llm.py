@@ -41,12 +41,13 @@ class RequestStream:
         self._open = n
 
     def _put(self, delta: RequestOutputDelta) -> None:
-        with self._lock:
-            loop, aq = self._loop, self._aq
-        if loop is not None:
-            loop.call_soon_threadsafe(aq.put_nowait, delta)
-        else:
-            self._q.put(delta)
+        with self._lock:            # held while delivering, so _agen cannot switch queues midway
+            if self._loop is None:
+                self._q.put(delta)
+                return
+            # raises RuntimeError if the consumer's event loop is closed: the engine then aborts
+            # this request (nobody is listening) and carries on with the others
+            self._loop.call_soon_threadsafe(self._aq.put_nowait, delta)
 
     def _done(self, delta: RequestOutputDelta) -> bool:
         if delta.finished:
@@ -102,6 +103,7 @@ class LLM:
         self._latest_snapshot: dict | None = None
         self._snapshot_time = 0.0
         self._stopping = False
+        self._closed = False
         self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -109,19 +111,39 @@ class LLM:
     def _loop(self) -> None:
         eng = self.engine
         while not self._stopping:
-            self._drain(block=not eng.has_unfinished())
-            if self._stopping:
-                break
-            if eng.has_unfinished():
-                try:
-                    eng.step()
-                except Exception as e:  # a bug or OOM must not kill every other session silently
-                    traceback.print_exc()
-                    self._fail_all(f"engine error: {e!r}")
-            now = time.time()
-            if now - self._snapshot_time >= _SNAPSHOT_PERIOD_S or not eng.has_unfinished():
-                self._latest_snapshot = eng.snapshot()
-                self._snapshot_time = now
+            try:
+                self._drain(block=not eng.has_unfinished())
+                if self._stopping:
+                    break
+                if eng.has_unfinished():
+                    try:
+                        eng.step()
+                    except Exception as e:  # a bug or OOM must not kill every other session silently
+                        traceback.print_exc()
+                        self._fail_all(f"engine error: {e!r}")
+                now = time.time()
+                if now - self._snapshot_time >= _SNAPSHOT_PERIOD_S or not eng.has_unfinished():
+                    self._latest_snapshot = eng.snapshot()
+                    self._snapshot_time = now
+            except Exception:             # never let the one engine thread die
+                traceback.print_exc()
+        self._close()
+
+    def _close(self) -> None:
+        """The loop is over: end every request and answer every command still queued."""
+        with self._live_lock:
+            self._closed = True
+        self._fail_all("the engine was shut down")
+        while True:
+            try:
+                kind, arg, fut = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                for req in arg:
+                    self.engine.fail_request_outputs(req, "the engine was shut down")
+            if fut is not None:
+                fut.set_exception(RuntimeError("the engine has been shut down"))
 
     def _drain(self, block: bool) -> None:
         try:
@@ -143,8 +165,7 @@ class LLM:
                     try:
                         self.engine.add_request(req)
                     except Exception as e:                      # that request only
-                        for j in range(req.params.n):
-                            req.on_output(RequestOutputDelta(req.request_id, j, "", [], True, "error", str(e), {}))
+                        self.engine.fail_request_outputs(req, str(e))
                 result = None
             elif kind == "abort":
                 result = self.engine.abort_request(arg)
@@ -160,15 +181,16 @@ class LLM:
                 fut.set_exception(e)
 
     def _fail_all(self, message: str) -> None:
-        """After an engine error: end every request with that error; blocks are released."""
-        for rid in list(self.engine.requests):
-            self.engine.abort_request(rid, reason="error", error=message)
+        """After an engine error: end every request with that error; blocks are released, and
+        their blocks' prefix-cache entries are dropped (the failed step may not have written them)."""
+        self.engine.fail_all(message)
 
     def _call(self, kind: str, arg=None, timeout: float | None = None):
-        if not self._thread.is_alive():
-            raise RuntimeError("the engine has been shut down")
         fut: Future = Future()
-        self._commands.put((kind, arg, fut))
+        with self._live_lock:       # _close drains the queue after setting _closed under this lock
+            if self._closed:
+                raise RuntimeError("the engine has been shut down")
+            self._commands.put((kind, arg, fut))
         return fut.result(timeout=timeout)
 
     # ---- streaming front ------------------------------------------------------------------------
@@ -189,16 +211,24 @@ class LLM:
         """Queue one request; returns its stream at once. Bad input raises ValueError here."""
         req, stream = self._prepare(prompt, params, session_id, request_id, cache_salt)
         # not waiting for the engine thread: submits from many threads land in the next step
-        self._commands.put(("add", [req], None))
+        self._enqueue_add([req])
         return stream
+
+    def _enqueue_add(self, reqs: list[Request]) -> None:
+        with self._live_lock:
+            if not self._closed:
+                self._commands.put(("add", reqs, None))
+                return
+        for req in reqs:
+            self.engine.fail_request_outputs(req, "the engine has been shut down")
 
     def _prepare(self, prompt, params, session_id=None, request_id=None, cache_salt=None):
         params = params or SamplingParams()
         ids = self.encode_prompt(prompt)
-        if not self._thread.is_alive():
-            raise RuntimeError("the engine has been shut down")
         rid = request_id or f"req-{next(self._ids)}"
         with self._live_lock:
+            if self._closed:
+                raise RuntimeError("the engine has been shut down")
             if rid in self._live:
                 raise ValueError(f"request id {rid!r} is already in use")
             self._live.add(rid)
@@ -207,7 +237,7 @@ class LLM:
         open_outputs = [params.n]
 
         def on_output(delta: RequestOutputDelta) -> None:   # runs in the engine thread
-            if session_id is not None and delta.index == 0:
+            if req.session_id is not None and delta.index == 0:   # None once the session ended
                 collected.extend(delta.token_ids)
                 if delta.finished:
                     self._sessions[session_id] = ids + collected
@@ -234,7 +264,10 @@ class LLM:
     def end_session(self, session_id: str) -> bool:
         """Release a conversation's held KV blocks (tab closed or conversation deleted)."""
         self._sessions.pop(session_id, None)
-        return bool(self._call("call", lambda eng: eng.end_session(session_id)))
+        try:
+            return bool(self._call("call", lambda eng: eng.end_session(session_id)))
+        finally:
+            self._sessions.pop(session_id, None)    # a turn that finished meanwhile re-added it
 
     # ---- batch API -------------------------------------------------------------------------------
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = False) -> list[RequestOutput]:
@@ -246,9 +279,17 @@ class LLM:
             raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
         encoded = [self.encode_prompt(p) for p in prompts]        # validate all before submitting any
         prepared = [self._prepare({"prompt_token_ids": ids}, p) for ids, p in zip(encoded, params)]
-        self._commands.put(("add", [req for req, _ in prepared], None))   # one step admits them all
+        self._enqueue_add([req for req, _ in prepared])     # one command: one step admits them all
         streams = [stream for _, stream in prepared]
-        return [self._collect(s, p or SamplingParams()) for s, p in zip(streams, params)]
+        try:
+            return [self._collect(s, p or SamplingParams()) for s, p in zip(streams, params)]
+        except BaseException:
+            for s in streams:               # do not leave the rest of the batch running
+                try:
+                    s.abort()
+                except RuntimeError:
+                    pass
+            raise
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = False) -> list[RequestOutput]:
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)

@@ -39,6 +39,7 @@ class LLMEngine:
         self.generated_tokens_total = 0
         self.prompt_tokens_computed_total = 0
         self.steps = 0
+        self._broken: set[str] = set()      # requests whose consumer raised: aborted after the step
 
     def _eos_ids(self) -> set[int]:
         ids = set()
@@ -89,18 +90,48 @@ class LLMEngine:
                 self._finish(seq, reason, error=error)
         if not req.forked and req.on_output is not None:     # n > 1 children never got created
             for i in range(len(req.seqs), req.params.n):
-                req.on_output(RequestOutputDelta(req.request_id, i, "", [], True, reason, error, {}))
+                self._deliver(req, RequestOutputDelta(req.request_id, i, "", [], True, reason, error, {}))
         self.requests.pop(request_id, None)
         return True
 
     def end_session(self, session_id: str) -> bool:
+        """Release an idle session's blocks; a turn still running for it will free, not park."""
+        for req in self.requests.values():
+            if req.session_id == session_id:
+                req.session_id = None
         return self.kv.free_session(session_id)
+
+    def fail_request_outputs(self, req: Request, message: str) -> None:
+        """Close every output of a request that never got into the engine."""
+        if req.on_output is not None:
+            for i in range(req.params.n):
+                self._deliver(req, RequestOutputDelta(req.request_id, i, "", [], True, "error", message, {}))
+
+    def fail_all(self, message: str) -> None:
+        """After a failed step: the failed batch's blocks were hashed when scheduled but their KV may
+        never have been written, so their cache entries are dropped before everything is freed."""
+        for req in list(self.requests.values()):
+            for seq in req.seqs:
+                if self.kv.has_sequence(seq.seq_id):
+                    self.kv.forget_cached(seq.seq_id)
+            req.session_id = None           # free, do not park, what may hold unwritten KV
+            self.abort_request(req.request_id, reason="error", error=message)
+
+    def _deliver(self, req: Request, delta: RequestOutputDelta) -> None:
+        """Hand a delta to the request's consumer; a consumer that raises is cut off, not the engine."""
+        try:
+            req.on_output(delta)
+        except Exception:
+            req.on_output = None
+            self._broken.add(req.request_id)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 
     # ---- one iteration ----------------------------------------------------------------------
     def step(self) -> None:
+        while self._broken:
+            self.abort_request(self._broken.pop())
         batch = self.scheduler.schedule()
         self._record_preemptions()
         for seq, start, n in batch:
@@ -123,6 +154,8 @@ class LLMEngine:
         now = time.time()
         for seq, tok in zip(seqs, tokens):
             self._append(seq, tok, now)
+        while self._broken:
+            self.abort_request(self._broken.pop())
 
     def _fork_after_prefill(self, seqs: list[Sequence], logits: torch.Tensor):
         """n > 1: the prompt was prefilled once; children share its blocks (copy-on-write)."""
@@ -197,7 +230,7 @@ class LLMEngine:
             m["ttft_s"] = seq.first_token_time - req.arrival_time
             span = (seq.last_token_time or now) - seq.first_token_time
             m["tokens_per_s"] = (out_n - 1) / span if out_n > 1 and span > 0 else None
-        req.on_output(RequestOutputDelta(req.request_id, seq.index, text, toks, finished, reason, error, m))
+        self._deliver(req, RequestOutputDelta(req.request_id, seq.index, text, toks, finished, reason, error, m))
 
     # ---- observability -----------------------------------------------------------------------
     def stats(self) -> dict:

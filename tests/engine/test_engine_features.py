@@ -141,7 +141,7 @@ def test_unknown_model_path_and_architecture(tmp_path):
         LLM(model=str(tmp_path))
 
 
-def test_engine_error_fails_running_requests_without_leaking(make_llm):
+def test_engine_error_fails_running_requests_without_leaking(make_llm, hf_greedy):
     """Fault injection: one forward raises; its requests end with an error, blocks come back,
     and the engine keeps serving new requests."""
     llm = make_llm(num_blocks=128)
@@ -164,7 +164,9 @@ def test_engine_error_fails_running_requests_without_leaking(make_llm):
     assert [len(f) for f in finals] == [1, 2], "every one of the n outputs must be closed"
     assert all(d.finish_reason == "error" and "injected" in d.error for f in finals for d in f), finals
     assert llm.stats()["used_blocks"] == 0 and llm.stats()["running"] == 0
-    assert list(llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=4)))[-1].finished
+    # the failed step's blocks were hashed when scheduled but never written: no stale prefix hits
+    again = llm.chat(CHAT, SamplingParams(temperature=0, max_tokens=8))[0]
+    assert again.outputs[0].token_ids == hf_greedy(again.prompt_token_ids, 8)
 
 
 def test_generate_admits_a_whole_batch_in_one_step(make_llm):
@@ -175,3 +177,41 @@ def test_generate_admits_a_whole_batch_in_one_step(make_llm):
     st = llm.stats()
     assert st["peak_running"] == 12
     assert st["steps"] - before == 3          # one prefill step that also samples, then 2 decodes
+
+
+def test_shutdown_closes_streams_in_flight_and_refuses_new_work(make_llm):
+    from engine import LLM
+    llm = LLM(num_blocks=64)
+    stream = llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+    llm.shutdown()
+    last = list(stream)[-1]                      # must end, not block forever
+    assert last.finished and last.finish_reason in ("error", "length", "stop")
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.submit_chat(CHAT, SamplingParams(max_tokens=2))
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.stats()
+
+
+def test_a_vanished_async_consumer_does_not_hurt_other_requests(make_llm):
+    llm = make_llm(num_blocks=128)
+
+    async def leave_early():
+        s = llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+        async for _ in s:
+            break                                # the event loop closes with the request running
+    other = llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    asyncio.run(leave_early())
+    deltas = list(other)
+    assert deltas[-1].finish_reason == "length" and deltas[-1].error is None
+    assert llm.engine.requests == {} and llm.stats()["used_blocks"] == 0
+
+
+def test_end_session_during_a_turn_frees_instead_of_parking(make_llm):
+    llm = make_llm(num_blocks=128)
+    s = llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), session_id="tab")
+    it = iter(s)
+    next(it)
+    llm.end_session("tab")
+    list(it)
+    assert llm.stats()["num_idle_sessions"] == 0 and llm.stats()["used_blocks"] == 0
+    assert "tab" not in llm._sessions
