@@ -16,6 +16,12 @@ from engine.kv_cache_manager import KVCacheManager
 from engine.sequence import Sequence, SeqStatus
 
 
+def _slots(seq: Sequence) -> int:
+    """Sequences a running entry will occupy: a request with n > 1 forks into n after prefill."""
+    req = seq.request
+    return req.params.n if seq.index == 0 and not req.forked else 1
+
+
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
         self.kv = kv
@@ -75,9 +81,12 @@ class Scheduler:
             i += 1
         if preempted:
             return batch
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        taken = sum(map(_slots, self.running))
+        while self.waiting and budget > 0 and taken < self.max_num_seqs:
             seq = self.waiting[0]
             req = seq.request
+            if self.running and taken + _slots(seq) > self.max_num_seqs:
+                break                   # alone, an n > max_num_seqs request still runs
             session = req.session_id if seq.index == 0 else None
             cached = self.kv.lookup_prefix(seq.token_ids, cache_salt=req.cache_salt, session_id=session)
             n = min(len(seq.token_ids) - cached, budget)
@@ -91,6 +100,7 @@ class Scheduler:
             seq.status = SeqStatus.RUNNING
             seq.cached_tokens = cached if seq.first_token_time is None else seq.cached_tokens
             self.running.append(seq)
+            taken += _slots(seq)
             batch.append((seq, cached, n))
             seq.num_computed = cached + n
             budget -= n

@@ -215,3 +215,10 @@ def test_end_session_during_a_turn_frees_instead_of_parking(make_llm):
     list(it)
     assert llm.stats()["num_idle_sessions"] == 0 and llm.stats()["used_blocks"] == 0
     assert "tab" not in llm._sessions
+
+
+def test_n_children_count_against_max_num_seqs(make_llm):
+    llm = make_llm(num_blocks=256, max_num_seqs=4)
+    outs = llm.chat([CHAT] * 3, SamplingParams(n=2, temperature=0.7, seed=3, max_tokens=6))
+    assert all(len(o.outputs) == 2 for o in outs)
+    assert llm.stats()["peak_running"] <= 4
