@@ -9,6 +9,8 @@ slab, so the first two dims flatten into a [num_slots, kvh, d] view (a slot = bl
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.nn.functional as F
 
@@ -41,7 +43,14 @@ class _StepMemo:
         return self.value
 
 
-_store_memo, _decode_memo = _StepMemo(), _StepMemo()
+class _ThreadMemos(threading.local):
+    """One memo pair per thread: two engines stepping in two threads must not share plans."""
+
+    def __init__(self):
+        self.store, self.decode = _StepMemo(), _StepMemo()
+
+
+_memos = _ThreadMemos()
 
 
 def _slots_view(cache: torch.Tensor) -> torch.Tensor:
@@ -55,7 +64,7 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
         slots = slot_mapping.to(device=key.device, dtype=torch.long)
         keep = slots >= 0
         return (slots, None) if bool(keep.all()) else (slots[keep], keep)
-    slots, keep = _store_memo.get((slot_mapping,), plan, (key.device,))
+    slots, keep = _memos.store.get((slot_mapping,), plan, (key.device,))
     if keep is not None:
         key, value = key[keep], value[keep]
     if slots.numel() == 0:
@@ -90,7 +99,7 @@ def _decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out):
     group = H // kvh
     kv_slots = (_slots_view(k_cache), _slots_view(v_cache))
     per_token = 2 * kvh * d * k_cache.element_size()
-    plan = _decode_memo.get((block_tables, seq_lens),
+    plan = _memos.decode.get((block_tables, seq_lens),
                             lambda: _decode_plan(block_tables, seq_lens, bs, per_token, query.device),
                             (bs, per_token, query.device))
     for start, end, tmax, valid, slots in plan:

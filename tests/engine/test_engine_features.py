@@ -222,3 +222,23 @@ def test_n_children_count_against_max_num_seqs(make_llm):
     outs = llm.chat([CHAT] * 3, SamplingParams(n=2, temperature=0.7, seed=3, max_tokens=6))
     assert all(len(o.outputs) == 2 for o in outs)
     assert llm.stats()["peak_running"] <= 4
+
+
+def test_two_engines_in_one_process_step_concurrently(make_llm, hf_greedy):
+    """Each engine thread keeps its own kernel scratch state: concurrent steps must not mix."""
+    import threading
+    a, b = make_llm(num_blocks=128), make_llm(num_blocks=96)
+    chats = {"a": [{"role": "user", "content": "Count from one to ten."}],
+             "b": [{"role": "user", "content": "Name a famous painter."}]}
+    out = {}
+
+    def go(name, llm):
+        out[name] = llm.chat([chats[name]] * 3, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    threads = [threading.Thread(target=go, args=(k, v)) for k, v in (("a", a), ("b", b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for name in ("a", "b"):
+        for o in out[name]:
+            assert o.outputs[0].token_ids == hf_greedy(o.prompt_token_ids, 16, stop_at_eos=False)
