@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.polling import wait_until as wait_for
+
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--num-blocks", "512", "--max-model-len", "1024"]
 
@@ -155,14 +157,6 @@ def conversation_id(output) -> str | None:
     return radio.get("value") if isinstance(radio, dict) else None
 
 
-def wait_for(pred, timeout: float = 30, every: float = 0.05):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(every)
-    raise TimeoutError("condition not met in time")
 
 
 def streaming_text(job) -> str | None:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.polling import wait_until as _wait
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,14 +57,6 @@ def _body(page) -> str:
     return _reply(page).split("\n\n")[0] if "tokens" in _reply(page) else _reply(page)
 
 
-def _wait(pred, timeout=60, every=0.1):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(every)
-    raise TimeoutError("condition not met in time")
 
 
 def _finished(page) -> bool:

@@ -5,6 +5,8 @@ import re
 import time
 
 import pytest
+
+from tests.e2e.polling import wait_until
 from gradio_client import Client
 
 from ui.demo_load import DEFAULT_SYSTEM_PROMPT
@@ -14,14 +16,6 @@ pytestmark = pytest.mark.slow
 SHARED_CELLS = "els => els.map(e => [+e.textContent, e.title])"
 
 
-def wait_until(fn, timeout=60.0, every=0.25, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_demo_users_share_blocks_then_release_them(launch, screenshot_dir):
