@@ -26,6 +26,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import sys
 import threading
@@ -220,8 +221,8 @@ class LoginThrottleMiddleware:
             more = message.get("more_body", False)
             if len(body) > MAX_LOGIN_BODY:
                 return await _json(send, 413, {"detail": "login request too large"})
-        form = parse_qs(body.decode("utf-8", "replace"))
-        user = (form.get("username") or [""])[0].strip()
+        content_type = dict(scope.get("headers", [])).get(b"content-type", b"").decode("latin-1")
+        user = form_username(body, content_type)
         address = (scope.get("client") or ("?", 0))[0]
         wait = self.throttle.retry_after(user, address)
         if wait > 0:
@@ -245,6 +246,16 @@ class LoginThrottleMiddleware:
             await send(message)
 
         await self.app(scope, replay, watch)
+
+
+def form_username(body: bytes, content_type: str) -> str:
+    """The `username` field of a login form, urlencoded or multipart (the login page sends
+    FormData), stripped the way Gradio strips it."""
+    if content_type.lower().startswith("multipart/form-data"):
+        m = re.search(rb'name="username"\r\n(?:[^\r\n]+\r\n)*\r\n(.*?)\r\n--', body, re.DOTALL)
+        return m.group(1).decode("utf-8", "replace").strip() if m else ""
+    form = parse_qs(body.decode("utf-8", "replace"))
+    return (form.get("username") or [""])[0].strip()
 
 
 async def _json(send, status: int, payload: dict, headers=()) -> None:

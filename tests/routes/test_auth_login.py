@@ -148,6 +148,21 @@ def test_login_is_throttled_and_the_right_password_waits_too(login_app):
     assert _login(client, "alice", "typo").status_code == 400             # success reset the count
 
 
+def test_multipart_login_form_is_throttled_by_its_user_name(login_app):
+    client, _ = login_app
+    boundary = "----formboundary7MA4YWxk"
+
+    def multipart(user, password):
+        parts = "".join(f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'
+                        for k, v in (("username", user), ("password", password)))
+        return client.post("/login", content=(parts + f"--{boundary}--\r\n").encode(),
+                           headers={"content-type": f"multipart/form-data; boundary={boundary}"})
+    assert [multipart("alice", f"bad{i}").status_code for i in range(5)] == [400] * 5
+    assert multipart("alice", "wonderland").status_code == 429
+    assert _login(client, "alice", "wonderland").status_code == 429       # same key either way
+    assert multipart("bob", "x").status_code == 400                       # another user: not locked
+
+
 def test_docs_need_login_or_are_gone(login_app):
     client, _ = login_app
     for path in ("/docs", "/redoc", "/openapi.json"):
