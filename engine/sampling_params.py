@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 MIN_TEMPERATURE = 1e-5      # below this (but > 0) logits / T overflows fp32; use 0 for greedy
 MAX_TEMPERATURE = 100.0     # far past any useful value; keeps logits / T finite
 MAX_REPETITION_PENALTY = 100.0
+MAX_N = 128                 # children per request (OpenAI's cap): each one holds KV blocks
+MAX_STOP_STRINGS, MAX_STOP_CHARS = 64, 1000     # every stop string is checked after every token
 
 
 def _is_number(v) -> bool:
@@ -48,8 +50,8 @@ class SamplingParams:
         for name in ("n", "top_k", "max_tokens"):
             if not _is_int(getattr(self, name)):
                 bad(name, "must be an integer")
-        if self.n < 1:
-            bad("n", "must be an integer >= 1")
+        if not 1 <= self.n <= MAX_N:
+            bad("n", f"must be an integer in [1, {MAX_N}]")
         if self.temperature != 0 and not MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE:
             bad("temperature", f"must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]")
         if not 0.0 < self.top_p <= 1.0:
@@ -68,9 +70,16 @@ class SamplingParams:
             raise ValueError("SamplingParams.ignore_eos and skip_special_tokens must be booleans")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if self.stop is not None and not isinstance(self.stop, (list, tuple)):
+            bad("stop", "must be a string or a list of strings")
+        if self.stop_token_ids is not None and not isinstance(self.stop_token_ids, (list, tuple)):
+            bad("stop_token_ids", "must be a list of non-negative token ids")
         self.stop = [s for s in (self.stop or []) if s]
         if any(not isinstance(s, str) for s in self.stop):
             bad("stop", "must be a string or a list of strings")
+        if len(self.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in self.stop):
+            raise ValueError(f"SamplingParams.stop allows at most {MAX_STOP_STRINGS} strings of at most "
+                             f"{MAX_STOP_CHARS} characters")
         self.stop_token_ids = list(self.stop_token_ids or [])
         if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             bad("stop_token_ids", "must be a list of non-negative token ids")

@@ -21,7 +21,8 @@ NAN, INF = float("nan"), float("inf")
     ("repetition_penalty", NAN), ("repetition_penalty", INF), ("repetition_penalty", 0.0),
     ("repetition_penalty", -1.0), ("repetition_penalty", 1e9),
     ("top_k", 0), ("top_k", 2.5), ("top_k", True), ("top_k", NAN),
-    ("n", 0), ("n", True), ("n", 1.0),
+    ("n", 0), ("n", True), ("n", 1.0), ("n", 129), ("stop", ["x"] * 65), ("stop", ["y" * 1001]), ("stop", 5), ("stop", [1]),
+    ("stop_token_ids", 7),
     ("max_tokens", 0), ("max_tokens", INF), ("max_tokens", 3.0),
     ("seed", 1.5), ("seed", True), ("seed", "7"),
     ("stop_token_ids", [-1]), ("stop_token_ids", [True]),
@@ -35,7 +36,7 @@ def test_bad_value_is_refused_with_a_clear_error(field, value):
 @pytest.mark.parametrize("kwargs", [
     {"temperature": 0}, {"temperature": 0.0}, {"temperature": MIN_TEMPERATURE}, {"temperature": 2.0},
     {"top_p": 1.0, "top_k": -1, "min_p": 0.0}, {"top_p": 1e-3, "top_k": 1, "min_p": 1.0},
-    {"repetition_penalty": 0.8}, {"repetition_penalty": 100.0}, {"seed": -1}, {"seed": 2**70},
+    {"repetition_penalty": 0.8}, {"repetition_penalty": 100.0}, {"seed": -1}, {"seed": 2**70}, {"n": 128},
 ])
 def test_good_values_are_accepted(kwargs):
     p = SamplingParams(**kwargs)
