@@ -83,6 +83,9 @@ def main(argv=None) -> int:
     except (OSError, ValueError) as e:
         raise SystemExit(f"auth: {e}")
     auth = creds.gradio_auth if creds else None
+    if args.auth:
+        print("NOTE: --auth passwords are visible to other local users (ps); prefer --auth-file or "
+              "PAGED_CHAT_AUTH (see docs/SECURITY.md).", file=sys.stderr)
     if not is_local(args.host) and not auth:
         print(f"WARNING: binding to {args.host} without --auth: anyone who can reach this machine "
               f"can read and write every conversation.", file=sys.stderr)

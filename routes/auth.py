@@ -280,6 +280,9 @@ def main(argv=None) -> int:
             return 1
     else:
         password = sys.stdin.readline().rstrip("\n")
+    if not password:
+        print("the password must not be empty", file=sys.stderr)
+        return 1
     print(f"{args[0].strip()}:{hash_password(password)}")
     return 0
 
