@@ -15,6 +15,7 @@ from ui.chat_tabs import TabRegistry
 
 from ui.dashboard import build_dashboard
 from ui.metrics import register_routes
+from routes.security import install_security
 
 CSS = """
 .reply-stats { font-size: 0.78em; opacity: 0.65; }
@@ -203,7 +204,8 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     gr.api(close_tab, api_name="close_tab")
 
 
-def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None):
+def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_host: str = "127.0.0.1",
+              allowed_hosts=()):
     """(FastAPI app serving the page at / plus /metrics and /api/kv, the Blocks demo)."""
     ctx = ctx or ChatContext(llm, storage, TabRegistry(llm), auth=bool(auth))
     demo = build_demo(ctx)
@@ -213,4 +215,5 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None):
     register_routes(app, llm)        # before mounting Gradio at "/", which would shadow them
     app = gr.mount_gradio_app(app, demo, path="/", auth=auth, css=CSS, ssr_mode=False,
                               footer_links=["api", "gradio"])
+    install_security(app, bind_host, allowed_hosts, auth=auth)     # Host check, no /docs, login throttle
     return app, demo

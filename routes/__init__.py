@@ -1,0 +1,1 @@
+"""HTTP-level protections around the FastAPI app: Host checks (security.py) and login (auth.py)."""
