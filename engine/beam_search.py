@@ -93,6 +93,8 @@ def reshape_beams(kv, beams: list, picks: list[tuple[int, int]], new_child) -> t
     picks: (parent index, new token) in rank order. A parent's first pick reuses the parent; each
     further pick forks it (child shares every block); parents without picks are freed at once.
     Forks happen before any token is appended, so children copy the parent's history only.
+    A parent whose KV was released (it waited for a preempted sibling) has nothing to share or
+    free in the manager: its children start as plain token lists and are recomputed.
     new_child(parent) must return a new beam object with a fresh seq_id and a copy of
     parent.token_ids. Returns (new beams in pick order, [(parent, child)], freed beams)."""
     taken: set[int] = set()
@@ -104,12 +106,14 @@ def reshape_beams(kv, beams: list, picks: list[tuple[int, int]], new_child) -> t
             out.append(parent)
             continue
         child = new_child(parent)
-        kv.fork(parent.seq_id, child.seq_id, child.token_ids)
+        if kv.has_sequence(parent.seq_id):
+            kv.fork(parent.seq_id, child.seq_id, child.token_ids)
         forked.append((parent, child))
         out.append(child)
     freed = [b for i, b in enumerate(beams) if i not in taken]
     for b in freed:
-        kv.free(b.seq_id)
+        if kv.has_sequence(b.seq_id):
+            kv.free(b.seq_id)
     for beam, (_, tok) in zip(out, picks):
         beam.token_ids.append(tok)
     return out, forked, freed
@@ -153,14 +157,20 @@ class BeamGroup:
         return Sequence(f"{self.req.request_id}#{index}", self.req, index, token_ids, detok, None)
 
     def on_logits(self, engine, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        """Rows for some beams. Select once every live beam has one; until then, park the ones
-        that reported outside the scheduler (a sibling was preempted and is being recomputed)."""
+        """Rows for some beams. Select once every live beam has one. Until then the ones that
+        reported keep only their row: they leave the scheduler and release their KV, because the
+        missing sibling (preempted, or not scheduled for lack of token budget) may need exactly
+        those blocks to catch up; holding them could stall the pool forever. Their full blocks
+        stay in the prefix cache, so continuing later recomputes little more than the tail."""
         for s, row in zip(seqs, logits):
             self.rows[s.seq_id] = row
         if any(b.seq.seq_id not in self.rows for b in self.beams):
             self.stats["stalls"] += 1
             for s in seqs:
                 engine.scheduler.remove(s)
+                if engine.kv.has_sequence(s.seq_id):
+                    engine.kv.free(s.seq_id)
+                s.status, s.num_computed = SeqStatus.WAITING, 0
             return
         rows = torch.stack([self.rows.pop(b.seq.seq_id) for b in self.beams]).float()
         self._step(engine, rows)
@@ -245,15 +255,13 @@ class BeamGroup:
             s.status = SeqStatus.FINISHED
         for parent, child in forked:
             child.cached_tokens = parent.cached_tokens
-            if parent in sched.running:
+            if engine.kv.has_sequence(child.seq_id):     # shares the parent's blocks: runs next to it
                 sched.add_forked(parent, child)
-            else:
-                _run(sched, child, parent.num_computed)
-            if parent.num_computed % bs:     # they will write into a shared partial block
-                self.stats["partial_block_divergences"] += 1
-        for s in new_seqs:
-            if s not in sched.running:       # parked while a preempted sibling caught up
-                _run(sched, s, s.num_computed)
+                if parent.num_computed % bs:             # both will write into a shared partial block
+                    self.stats["partial_block_divergences"] += 1
+        for s in reversed([s for s in new_seqs if not engine.kv.has_sequence(s.seq_id)]):
+            s.status, s.num_computed = SeqStatus.WAITING, 0     # released while waiting: recompute,
+            sched.waiting.appendleft(s)                         # first in line, in rank order
         self.stats["forks"] += len(forked)
         self.stats["frees"] += len(freed)
         beams = []
@@ -297,14 +305,6 @@ class BeamGroup:
             self.on_step = None
             if not done:
                 engine.abort_request(self.req.request_id, reason="abort", error=f"on_step raised {e!r}")
-
-
-def _run(sched, seq: Sequence, num_computed: int) -> None:
-    """Put a beam back among the running sequences (after a stall, its place was given up)."""
-    seq.status = SeqStatus.RUNNING
-    seq.num_computed = num_computed
-    sched.running.append(seq)
-    sched.peak_running = max(sched.peak_running, len(sched.running))
 
 
 # ---- engine hooks ---------------------------------------------------------------------------------
