@@ -105,3 +105,44 @@ def test_preempted_beams_are_recomputed_and_give_the_same_result(make_llm, llm):
     assert [s.token_ids for s in out.sequences] == [s.token_ids for s in ref.sequences]
     assert [s.score for s in out.sequences] == pytest.approx([s.score for s in ref.sequences], abs=1e-4)
     assert st["used_blocks"] == 0
+
+
+def test_failed_step_fails_the_search_without_leaks_or_stale_cache(llm):
+    """Fault injection: a forward with the beams raises; the search ends with that error, its
+    blocks come back, and a rerun gives the same result as before (no stale prefix-cache hits)."""
+    ids = _ids(llm)
+    params = BeamSearchParams(beam_width=3, max_tokens=12, ignore_eos=True)
+    ref = llm.beam_search({"prompt_token_ids": ids}, params)[0]
+    runner = llm.engine.runner
+    real_run = runner.run
+    calls = {"n": 0}
+
+    def flaky(batch, *a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise RuntimeError("injected failure")
+        return real_run(batch, *a, **kw)
+    runner.run = flaky
+    try:
+        with pytest.raises(RuntimeError, match="injected"):
+            llm.submit_beam_search({"prompt_token_ids": ids}, params).result(timeout=300)
+    finally:
+        runner.run = real_run
+    s = llm.stats()
+    assert s["used_blocks"] == 0 and s["running"] == 0 and s["waiting"] == 0
+    again = llm.beam_search({"prompt_token_ids": ids}, params)[0]
+    assert [x.token_ids for x in again.sequences] == [x.token_ids for x in ref.sequences]
+
+
+def test_shutdown_ends_a_search_in_flight():
+    from engine import LLM
+    llm = LLM(num_blocks=64)
+    started = threading.Event()
+    h = llm.submit_beam_search(_ids(llm), BeamSearchParams(beam_width=2, max_tokens=300, ignore_eos=True),
+                               on_step=lambda ev: started.set())
+    assert started.wait(300)
+    llm.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        h.result(timeout=60)
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.submit_beam_search(_ids(llm), BeamSearchParams(beam_width=2, max_tokens=3))
