@@ -183,6 +183,7 @@ class BeamGroup:
     # ---- one beam step ------------------------------------------------------------------------
     def _step(self, engine, logits: torch.Tensor) -> None:
         p, k = self.p, self.p.beam_width
+        self.req.forked = True               # from now on the scheduler counts each beam as one
         if p.temperature > 0:
             logits = logits / p.temperature
         logp = torch.log_softmax(logits, dim=-1)                      # fp32, [B, V]
@@ -318,7 +319,6 @@ def add_beam_request(engine, group: BeamGroup) -> None:
     except Exception as e:
         group.future.set_exception(e)
         return
-    req.forked = True                    # the engine's own n > 1 fork must never touch it
     engine.requests[req.request_id] = req
     engine.beam_groups[req.request_id] = group
     group.start(engine)
@@ -371,7 +371,10 @@ def submit_beam_searches(llm, prompts: list, params: BeamSearchParams, on_step=N
     for j, ids in enumerate(encoded):
         rid = (request_ids[j] if request_ids else None) or f"beam-{next(llm._ids)}"
         max_new = max(1, min(params.max_tokens, eng.max_model_len - len(ids)))
-        req = Request(rid, ids, SamplingParams(temperature=0, max_tokens=max_new, ignore_eos=True))
+        # n = k so that the scheduler reserves k of max_num_seqs at admission (the group forks into
+        # k beams after the prompt); the group's rows never reach the engine's own n > 1 fork
+        req = Request(rid, ids, SamplingParams(n=params.beam_width, temperature=0, max_tokens=max_new,
+                                               ignore_eos=True))
         group = BeamGroup(req, params, eng.eos_ids, max_new, llm.tokenizer, eng.cfg.block_size, on_step)
         handles.append(BeamSearchHandle(llm, group))
     groups = [h._group for h in handles]

@@ -153,9 +153,9 @@ class LLMEngine:
         if not rows:
             return
         seqs = [batch[r][0] for r in rows]
-        seqs, logits = self._fork_after_prefill(seqs, logits)
         if self.beam_groups:                # beam search hook: beam rows go to their group, not the sampler
             seqs, logits = route_beam_rows(self, seqs, logits)
+        seqs, logits = self._fork_after_prefill(seqs, logits)
         tokens = sample(logits, [s.request.params for s in seqs], [s.generator for s in seqs],
                         [s.token_ids for s in seqs])
         now = time.time()

@@ -146,3 +146,15 @@ def test_shutdown_ends_a_search_in_flight():
         h.result(timeout=60)
     with pytest.raises(RuntimeError, match="shut down"):
         llm.submit_beam_search(_ids(llm), BeamSearchParams(beam_width=2, max_tokens=3))
+
+
+def test_a_search_reserves_its_width_of_max_num_seqs(make_llm):
+    """Admitted as one prompt, a width-4 search becomes 4 running beams: it must count as 4 from
+    the start, so a request submitted with it waits instead of pushing running past the cap."""
+    small = make_llm(num_blocks=256, max_num_seqs=4)
+    ids = _ids(small)
+    other = small.submit({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=48, ignore_eos=True))
+    h = small.submit_beam_search({"prompt_token_ids": ids}, BeamSearchParams(beam_width=4, max_tokens=6))
+    assert sum(len(d.token_ids) for d in other) == 48
+    assert len(h.result(timeout=300).sequences) == 4
+    assert small.stats()["peak_running"] == 4
