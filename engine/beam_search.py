@@ -54,6 +54,8 @@ class BeamSearchParams:
             bad("temperature", "must be >= 0 (0 means no scaling)")
         if self.early_stopping not in (True, False, "never"):
             bad("early_stopping", "must be True, False or 'never'")
+        if self.early_stopping != "never":
+            self.early_stopping = bool(self.early_stopping)     # the stop rule tests `is True`
 
 
 @dataclass(frozen=True)
@@ -242,7 +244,6 @@ class BeamGroup:
     def _advance(self, engine, picks: list[tuple[int, int, float, float]]) -> None:
         sched, bs = engine.scheduler, self.bs
         old = self.beams
-        info = {id(b.seq): b for b in old}
 
         def new_child(parent_seq: Sequence) -> Sequence:
             child = self._sequence(self._next_index, list(parent_seq.token_ids))
@@ -267,7 +268,7 @@ class BeamGroup:
         self.stats["frees"] += len(freed)
         beams = []
         for s, (pi, tok, cum, lp) in zip(new_seqs, picks):
-            beams.append(_Beam(s, cum, info[id(old[pi].seq)].logprobs + [lp]))
+            beams.append(_Beam(s, cum, old[pi].logprobs + [lp]))
         self.beams = beams
         self.req.seqs[:] = new_seqs
         self._notify(engine, forked, freed, done=False)
