@@ -308,6 +308,30 @@ class LLM:
                     raise RuntimeError(d.error)
         return RequestOutput(stream.request_id, stream.prompt_ids, outs)
 
+    # ---- beam search (engine/beam_search.py) ------------------------------------------------------
+    def beam_search(self, prompts, params, use_tqdm: bool = False) -> list:
+        """vLLM-shaped: the params.beam_width best sequences per prompt (BeamSearchOutput each)."""
+        from engine.beam_search import submit_beam_searches
+        single = isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
+        handles = submit_beam_searches(self, [prompts] if single else list(prompts), params)
+        try:
+            return [h.result() for h in handles]
+        except BaseException:
+            for h in handles:
+                try:
+                    h.abort()
+                except RuntimeError:
+                    pass
+            raise
+
+    def submit_beam_search(self, prompt, params, *, on_step=None, request_id: str | None = None):
+        """One search, not waited for: a BeamSearchHandle (result() / await / abort()); on_step gets a
+        BeamStepEvent per step in the engine thread (forks, frees, current beams) for live views."""
+        from engine.beam_search import submit_beam_searches
+        return submit_beam_searches(self, [prompt], params, on_step,
+                                    [request_id] if request_id else None)[0]
+
     # ---- observability ---------------------------------------------------------------------------
     def get_tokenizer(self):
         return self.tokenizer

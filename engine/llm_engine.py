@@ -10,6 +10,7 @@ from collections import deque
 
 import torch
 
+from engine.beam_search import route_beam_rows
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache_manager import KVCacheManager
@@ -40,6 +41,7 @@ class LLMEngine:
         self.prompt_tokens_computed_total = 0
         self.steps = 0
         self._broken: set[str] = set()      # requests whose consumer raised: aborted after the step
+        self.beam_groups: dict = {}         # request id -> engine.beam_search.BeamGroup (beam search hook)
 
     def _eos_ids(self) -> set[int]:
         ids = set()
@@ -91,6 +93,9 @@ class LLMEngine:
         if not req.forked and req.on_output is not None:     # n > 1 children never got created
             for i in range(len(req.seqs), req.params.n):
                 self._deliver(req, RequestOutputDelta(req.request_id, i, "", [], True, reason, error, {}))
+        beam = self.beam_groups.pop(request_id, None)   # beam search hook: its caller learns of the abort
+        if beam is not None:
+            beam.abort(reason, error)
         self.requests.pop(request_id, None)
         return True
 
@@ -148,6 +153,8 @@ class LLMEngine:
         if not rows:
             return
         seqs = [batch[r][0] for r in rows]
+        if self.beam_groups:                # beam search hook: beam rows go to their group, not the sampler
+            seqs, logits = route_beam_rows(self, seqs, logits)
         seqs, logits = self._fork_after_prefill(seqs, logits)
         tokens = self._sample_isolated(seqs, logits)
         now = time.time()

@@ -1,0 +1,90 @@
+"""Beam search must return HF transformers' beam search results: the same k sequences, in the same
+order, with the same length-penalized scores (fp32, CPU, same model).
+
+HF is run with generate(num_beams=k, num_return_sequences=k, do_sample=False, length_penalty=...,
+early_stopping=...) and max_new_tokens = our max_tokens, one prompt at a time (no padding); we run
+all prompts of a case in one LLM.beam_search call, so the groups also share engine steps.
+Both sides score a finished hypothesis as sum_logprobs / gen_len ** length_penalty where gen_len
+counts generated tokens including the EOS that ended it; no setting needs to differ.
+"""
+import functools
+
+import pytest
+import torch
+
+from engine.beam_search import BeamSearchParams
+from engine.session_prompt import continue_session_prompt
+
+CHATS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "user", "content": "Reply with one word: yes or no. Is water wet?"}],
+    [{"role": "system", "content": "You are a pirate. Answer like one."},
+     {"role": "user", "content": "How do computers store memory?"}],
+    [{"role": "user", "content": "Write a haiku about the sea."}],
+]
+EOS = 2
+
+
+@functools.lru_cache(maxsize=None)
+def _hf(model_id, ids, k, max_new, lp, es):
+    m = _MODELS[model_id]
+    x = torch.tensor([list(ids)])
+    with torch.no_grad():
+        r = m.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, num_beams=k,
+                       num_return_sequences=k, do_sample=False, length_penalty=lp, early_stopping=es,
+                       pad_token_id=EOS, return_dict_in_generate=True, output_scores=True)
+    out = []
+    for i in range(k):
+        gen = r.sequences[i, len(ids):].tolist()
+        if EOS in gen:                          # HF pads after the EOS that ended a hypothesis
+            gen = gen[:gen.index(EOS) + 1]
+        out.append((tuple(gen), float(r.sequences_scores[i])))
+    return out
+
+
+_MODELS = {}
+
+
+@pytest.fixture(scope="module")
+def llm(make_llm, hf_model):
+    _MODELS[0] = hf_model
+    return make_llm(num_blocks=512)
+
+
+def _check(llm, k, max_new, lp=1.0, es=False, chats=CHATS):
+    tok = llm.get_tokenizer()
+    prompts = [continue_session_prompt(tok, c, None) for c in chats]
+    outs = llm.beam_search([{"prompt_token_ids": p} for p in prompts],
+                           BeamSearchParams(beam_width=k, max_tokens=max_new, length_penalty=lp,
+                                            early_stopping=es))
+    reasons = []
+    for ids, out in zip(prompts, outs):
+        ref = _hf(0, tuple(ids), k, max_new, lp, es)
+        assert len(out.sequences) == k
+        for j, (seq, (ref_ids, ref_score)) in enumerate(zip(out.sequences, ref)):
+            assert seq.token_ids == ref_ids, f"beam {j} differs: {tok.decode(seq.token_ids)!r} vs {tok.decode(ref_ids)!r}"
+            assert abs(seq.score - ref_score) <= 1e-5 + 1e-5 * abs(ref_score), (j, seq.score, ref_score)
+            # the score is the cumulative logprob under HF's length rule, and the logprobs add up
+            assert seq.score == pytest.approx(seq.cum_logprob / len(seq.token_ids) ** lp, rel=1e-6)
+            assert sum(seq.logprobs) == pytest.approx(seq.cum_logprob, abs=1e-4)
+            reasons.append(seq.finish_reason)
+        assert [s.score for s in out.sequences] == sorted((s.score for s in out.sequences), reverse=True)
+    return reasons
+
+
+def test_k4_matches_hf_with_eos_during_search(llm):
+    reasons = _check(llm, k=4, max_new=14)
+    # the case must really cover hypotheses ended by EOS mid-search and ones cut at max_tokens
+    assert "stop" in reasons and "length" in reasons
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("lp,es", [(1.0, False), (0.5, True), (2.0, "never"), (0.0, "never"), (-1.0, False)])
+def test_matches_hf(llm, k, lp, es):
+    _check(llm, k=k, max_new=20, lp=lp, es=es)
+
+
+@pytest.mark.slow
+def test_k2_long_generation_matches_hf(llm):
+    _check(llm, k=2, max_new=48, chats=CHATS[2:3])
