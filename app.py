@@ -36,6 +36,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--share", action="store_true", help="also open a public Gradio share link (opt-in)")
     p.add_argument("--auth", action="append", default=None, metavar="USER:PASS",
                    help="require a login; repeat for several users (each sees only their own chats)")
+    p.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help="require this key (Authorization: Bearer KEY) on the OpenAI API at /v1; repeatable. "
+                        "Also read from PAGED_CHAT_API_KEYS (comma separated)")
+    p.add_argument("--allowed-origin", action="append", default=None, metavar="URL",
+                   help="let web pages from this origin call /v1 (CORS); repeatable. Default: none")
     return p.parse_args(argv)
 
 
@@ -78,6 +83,12 @@ def main(argv=None) -> int:
         print(f"WARNING: binding to {args.host} without --auth: anyone who can reach this machine "
               f"can read and write every conversation.", file=sys.stderr)
 
+    from routes.openai_keys import keys_from_env
+    api_keys = (args.api_key or []) + keys_from_env()
+    if not is_local(args.host) and not auth and not api_keys:
+        print(f"WARNING: binding to {args.host} without --api-key: anyone who can reach this machine "
+              f"can use the OpenAI API at /v1.", file=sys.stderr)
+
     from engine import LLM
     from storage import Storage
 
@@ -108,7 +119,9 @@ def serve(llm, storage, args, auth) -> None:
 
     from ui import build_app
 
-    app, demo = build_app(llm, storage, auth=auth)
+    from routes.openai_keys import keys_from_env
+    app, demo = build_app(llm, storage, auth=auth, api_options=dict(
+        api_keys=(args.api_key or []) + keys_from_env(), allowed_origins=args.allowed_origin))
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     url = f"http://{shown_host}:{args.port}/"
     if args.share:
