@@ -33,7 +33,10 @@ def to_sampling_params(req, prompt_len: int, max_model_len: int) -> SamplingPara
     kw = dict(n=req.n, max_tokens=limit if limit is not None else room,
               temperature=1.0 if req.temperature is None else req.temperature,
               top_p=1.0 if req.top_p is None else req.top_p,
-              stop=req.stop_list(), seed=req.seed)
+              stop=req.stop_list(), seed=req.seed, ignore_eos=req.ignore_eos)
+    for name in ("top_k", "min_p", "repetition_penalty"):       # vLLM extras
+        if getattr(req, name) is not None:
+            kw[name] = getattr(req, name)
     for name in ("presence_penalty", "frequency_penalty"):
         value = getattr(req, name)
         if value is None or value == 0:

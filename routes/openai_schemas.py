@@ -57,12 +57,19 @@ class _Common(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
+    # vLLM's extra sampling fields (clients pass them in `extra_body`)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    ignore_eos: bool = False
 
     @model_validator(mode="after")
     def _check_common(self):
         stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         if len(stops) > MAX_STOP:
             raise ValueError(f"stop: at most {MAX_STOP} sequences")
+        if self.top_k == 0:
+            raise ValueError("top_k: must be -1 (off) or >= 1")
         if self.logit_bias:
             raise ValueError("logit_bias is not supported by this server")
         if self.stream_options is not None and not self.stream:
