@@ -109,8 +109,9 @@ class OpenAIServer:
             raise
         if body.stream:
             self.metrics.count(endpoint, 200)
-            return StreamingResponse(self._stream(gen, body, render, seqs), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            ender = _StreamEnd(gen, self.metrics, seqs)
+            return _EngineStream(self._stream(gen, body, render, ender), ender, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         watcher = asyncio.create_task(watch_disconnect(request, gen))
         try:
             await gen.collect()
@@ -130,9 +131,8 @@ class OpenAIServer:
         self.metrics.count(endpoint, 499 if gen.disconnected else 200)
         return JSONResponse(render.final(cid, gen, usage))
 
-    async def _stream(self, gen: Generation, body, render, seqs: int):
+    async def _stream(self, gen: Generation, body, render, ender: "_StreamEnd"):
         created = int(time.time())
-        usage = None
         try:
             for chunk in render.opening(created, gen):
                 yield sse(chunk)
@@ -142,13 +142,12 @@ class OpenAIServer:
                     continue
                 for chunk in render.chunks(created, gen, i, d):
                     yield sse(chunk)
-            usage = gen.usage()
+            ender.usage = gen.usage()
             if body.include_usage:
-                yield sse(render.usage_chunk(created, usage))
+                yield sse(render.usage_chunk(created, ender.usage))
             yield DONE
         finally:
-            gen.abort()                   # a client that left mid-stream: free its blocks now
-            self.metrics.release(seqs, usage)
+            ender()                       # a client that left mid-stream: free its blocks now
 
     # ---- endpoints ---------------------------------------------------------------------------------
     def models(self) -> dict:
@@ -173,6 +172,35 @@ class OpenAIServer:
                 raise APIError(400, str(e), param="prompt", code="invalid_value") from e
         cid = S.new_id("cmpl")
         return await self._run("completions", request, body, prompts, cid, _CompletionRender(self, body, cid))
+
+
+class _StreamEnd:
+    """Runs once, whichever comes first: the SSE generator ends, or the response ends without the
+    generator ever running (client gone before the first chunk): abort what is left, release slots."""
+
+    def __init__(self, gen: Generation, metrics: ApiMetrics, seqs: int):
+        self.gen, self.metrics, self.seqs = gen, metrics, seqs
+        self.usage: dict | None = None
+        self._done = False
+
+    def __call__(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        self.gen.abort()
+        self.metrics.release(self.seqs, self.usage)
+
+
+class _EngineStream(StreamingResponse):
+    def __init__(self, content, ender: _StreamEnd, **kw):
+        super().__init__(content, **kw)
+        self._ender = ender
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._ender()
 
 
 class _ChatRender:

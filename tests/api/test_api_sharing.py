@@ -35,6 +35,15 @@ def api_seqs(snap) -> list[dict]:
     return [s for s in snap["sequences"] if str(s.get("request_id") or "").startswith("api-")]
 
 
+def in_flight_drains(server, timeout: float = 10) -> bool:
+    deadline = time.time() + timeout
+    while "paged_chat_api_sequences_in_flight 0\n" not in metrics(server):
+        if time.time() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def test_32_concurrent_streams_share_the_system_prompt(aclient, server, model_id, llm, tokenizer):
     sys_tokens = system_tokens(tokenizer, SYSTEM)
     seen_shared = []
@@ -118,6 +127,7 @@ def test_stream_disconnect_aborts_and_frees_blocks(server, model_id, llm):
     snap = kv(server)
     assert api_seqs(snap) == [] and snap["stats"]["used_blocks"] == 0
     assert llm.stats()["generated_tokens_total"] - before < 900
+    assert in_flight_drains(server)                                          # its admission slot is back
 
 
 def test_non_streaming_disconnect_aborts_and_frees_blocks(server, model_id, llm):
@@ -134,4 +144,5 @@ def test_non_streaming_disconnect_aborts_and_frees_blocks(server, model_id, llm)
     snap = kv(server)
     assert api_seqs(snap) == [] and snap["stats"]["used_blocks"] == 0
     assert llm.stats()["generated_tokens_total"] - before < 900
+    assert in_flight_drains(server)                                          # its admission slot is back
     assert 'paged_chat_api_requests_total{endpoint="completions",status="499"}' in metrics(server)
