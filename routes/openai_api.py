@@ -31,6 +31,14 @@ from routes.openai_stream import DONE, Generation, Submitted, sse, watch_disconn
 API_PREFIX = "api-"          # engine request ids of API calls start with this (dashboard, /api/kv)
 
 
+def _endpoint_of(path: str) -> str:
+    for suffix, name in (("/chat/completions", "chat_completions"), ("/completions", "completions"),
+                         ("/models", "models")):
+        if path.rstrip("/").endswith(suffix):
+            return name
+    return "other"
+
+
 class _KeyCheck:
     """Pure ASGI middleware: 401 before the body is even parsed (a bad key never sees a 400)."""
 
@@ -42,7 +50,7 @@ class _KeyCheck:
             try:
                 self.access.check(Headers(scope=scope))
             except APIError as e:
-                self.metrics.count(scope.get("path", "").rsplit("/", 1)[-1] or "unknown", e.status)
+                self.metrics.count(_endpoint_of(scope.get("path", "")), e.status)
                 await JSONResponse(e.body(), status_code=e.status)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -167,7 +175,7 @@ class OpenAIServer:
         prompts = []
         for p in body.prompts():
             try:
-                prompts.append(self.llm.encode_prompt(p))
+                prompts.append(await asyncio.to_thread(self.llm.encode_prompt, p))
             except ValueError as e:
                 raise APIError(400, str(e), param="prompt", code="invalid_value") from e
         cid = S.new_id("cmpl")

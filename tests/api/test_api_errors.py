@@ -132,6 +132,8 @@ def test_keys_missing_or_wrong_are_401_and_right_keys_work(keyed_server, model_i
     assert_openai_error(raw(url, body, {"Authorization": "Bearer sk-wrong"}), 401, "incorrect API key")
     # a bad key is refused before the body is read: even invalid JSON gets 401, not 400
     assert_openai_error(raw(url, b"{", {"Authorization": "Bearer sk-wrong"}), 401)
+    with urllib.request.urlopen(keyed_server.url + "metrics") as r:
+        assert 'paged_chat_api_requests_total{endpoint="chat_completions",status="401"} 3' in r.read().decode()
     bad = openai.OpenAI(base_url=keyed_server.url + "v1", api_key="sk-wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
