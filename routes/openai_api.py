@@ -14,6 +14,7 @@ past either bound the call gets 429 with Retry-After. 503 means the engine has s
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 from fastapi import FastAPI, Request
@@ -29,6 +30,12 @@ from routes.openai_params import LogprobFormatter, to_sampling_params
 from routes.openai_stream import DONE, Generation, Submitted, sse, watch_disconnect
 
 API_PREFIX = "api-"          # engine request ids of API calls start with this (dashboard, /api/kv)
+
+
+def served_model_name(llm) -> str:
+    """The model id clients must send: the model file or folder name (as /metrics labels it)."""
+    base = os.path.basename(str(getattr(llm, "model_source", "") or "").rstrip("/"))
+    return (base[:-5] if base.endswith(".gguf") else base) or "default"
 
 
 def _endpoint_of(path: str) -> str:
@@ -58,9 +65,8 @@ class _KeyCheck:
 
 class OpenAIServer:
     def __init__(self, llm, *, model_name: str | None = None, max_pending: int | None = None):
-        from ui.metrics import model_name_of
         self.llm = llm
-        self.model = model_name or model_name_of(llm) or "default"
+        self.model = model_name or served_model_name(llm)
         self.created = int(time.time())
         st = llm.stats()
         self.max_model_len = st["max_model_len"]
@@ -99,11 +105,9 @@ class OpenAIServer:
         return Generation(self.llm, subs, n)
 
     def _abort_subs(self, subs) -> None:
-        for s in subs:
-            try:
-                self.llm.abort(s.stream.request_id)
-            except RuntimeError:
-                pass
+        """A later prompt of the call was refused: the earlier ones must not run for nobody."""
+        if subs:
+            Generation(self.llm, subs, 1).abort()
 
     async def _run(self, endpoint: str, request: Request, body, prompts: list[list[int]], cid: str, render):
         """Admit, submit, then either stream (render.chunks) or collect and answer (render.final)."""
