@@ -91,3 +91,18 @@ def test_python_app_serves_the_api_with_a_key(tmp_path):
             openai.OpenAI(base_url=srv.url + "v1", api_key="nope", max_retries=0).models.list()
     finally:
         assert srv.stop() == 0
+
+
+def test_app_warns_when_the_api_is_open_beyond_this_machine(capsys, monkeypatch):
+    """The warning comes before the model loads; a model path that does not exist ends main() there."""
+    import signal
+
+    import app
+    monkeypatch.delenv("PAGED_CHAT_API_KEYS", raising=False)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)        # main() must not rewire pytest's handlers
+    with pytest.raises(BaseException):
+        app.main(["--host", "0.0.0.0", "--model", "/nonexistent/model.gguf"])
+    assert "without --api-key" in capsys.readouterr().err
+    with pytest.raises(BaseException):
+        app.main(["--host", "0.0.0.0", "--api-key", "k", "--auth", "a:b", "--model", "/nonexistent/model.gguf"])
+    assert "without --api-key" not in capsys.readouterr().err
