@@ -36,6 +36,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--share", action="store_true", help="also open a public Gradio share link (opt-in)")
     p.add_argument("--auth", action="append", default=None, metavar="USER:PASS",
                    help="require a login; repeat for several users (each sees only their own chats)")
+    p.add_argument("--auth-file", default=None, metavar="FILE",
+                   help="USER:HASH per line (make one: python -m routes.auth USER); also $PAGED_CHAT_AUTH")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="extra Host name to answer to (DNS-rebinding guard; loopback names always work)")
     p.add_argument("--api-key", action="append", default=None, metavar="KEY",
                    help="require this key (Authorization: Bearer KEY) on the OpenAI API at /v1; repeatable. "
                         "Also read from PAGED_CHAT_API_KEYS (comma separated)")
@@ -78,7 +82,15 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     # SIGTERM while loading: unwind like Ctrl-C so the cleanup below still runs.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    auth = parse_auth(args.auth)
+    from routes.auth import load_credentials
+    try:
+        creds = load_credentials(parse_auth(args.auth), args.auth_file, os.environ.get("PAGED_CHAT_AUTH"))
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"auth: {e}")
+    auth = creds.gradio_auth if creds else None
+    if args.auth:
+        print("NOTE: --auth passwords are visible to other local users (ps); prefer --auth-file or "
+              "PAGED_CHAT_AUTH (see docs/SECURITY.md).", file=sys.stderr)
     if not is_local(args.host) and not auth:
         print(f"WARNING: binding to {args.host} without --auth: anyone who can reach this machine "
               f"can read and write every conversation.", file=sys.stderr)
@@ -120,8 +132,9 @@ def serve(llm, storage, args, auth) -> None:
     from ui import build_app
 
     from routes.openai_keys import keys_from_env
-    app, demo = build_app(llm, storage, auth=auth, api_options=dict(
-        api_keys=(args.api_key or []) + keys_from_env(), allowed_origins=args.allowed_origin))
+    app, demo = build_app(llm, storage, auth=auth, bind_host=args.host, allowed_hosts=args.allowed_host,
+                          api_options=dict(api_keys=(args.api_key or []) + keys_from_env(),
+                                           allowed_origins=args.allowed_origin))
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     url = f"http://{shown_host}:{args.port}/"
     if args.share:

@@ -149,13 +149,46 @@ class LLMEngine:
             return
         seqs = [batch[r][0] for r in rows]
         seqs, logits = self._fork_after_prefill(seqs, logits)
-        tokens = sample(logits, [s.request.params for s in seqs], [s.generator for s in seqs],
-                        [s.token_ids for s in seqs])
+        tokens = self._sample_isolated(seqs, logits)
         now = time.time()
         for seq, tok in zip(seqs, tokens):
-            self._append(seq, tok, now)
+            if isinstance(tok, Exception):
+                self._fail_sampling(seq, tok)
+            elif seq.status is not SeqStatus.FINISHED:      # a failed sibling may have ended it
+                self._append(seq, tok, now)
         while self._broken:
             self.abort_request(self._broken.pop())
+
+    def _sample_isolated(self, seqs: list[Sequence], logits: torch.Tensor) -> list:
+        """Sample the batch in one call; if that raises, retry row by row so only the rows that
+        fail get an exception (returned in place of their token) and every other row its token.
+
+        Random state is restored before the retry, so a seeded row draws exactly what it would
+        have drawn had no other row failed."""
+        params = [s.request.params for s in seqs]
+        gens = [s.generator for s in seqs]
+        states = [g.get_state() if not p.greedy else None for p, g in zip(params, gens)]
+        try:
+            return sample(logits, params, gens, [s.token_ids for s in seqs])
+        except Exception:
+            pass
+        out: list = []
+        for i, seq in enumerate(seqs):
+            if states[i] is not None:
+                gens[i].set_state(states[i])
+            try:
+                out.append(sample(logits[i:i + 1], [params[i]], [gens[i]], [seq.token_ids])[0])
+            except Exception as e:      # noqa: BLE001 - any sampling failure is this row's alone
+                out.append(e)
+        return out
+
+    def _fail_sampling(self, seq: Sequence, err: Exception) -> None:
+        """End the request whose sampling raised; its blocks are freed, not parked for reuse."""
+        req = seq.request
+        if req.request_id not in self.requests:
+            return                                          # already ended by a sibling's failure
+        req.session_id = None
+        self.abort_request(req.request_id, reason="error", error=f"sampling failed: {err!r}")
 
     def _fork_after_prefill(self, seqs: list[Sequence], logits: torch.Tensor):
         """n > 1: the prompt was prefilled once; children share its blocks (copy-on-write)."""

@@ -6,21 +6,17 @@ with the chat template, and tokenize only the text that follows what the kept id
 """
 from __future__ import annotations
 
+from engine.chat_tokens import encode_chat, render_chat
 
-def render_chat(tokenizer, messages: list[dict]) -> str:
-    if not messages:
-        raise ValueError("messages is empty")
-    for m in messages:
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") \
-                or not isinstance(m.get("content"), str):
-            raise ValueError("each message must be {'role': system|user|assistant, 'content': str}")
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+__all__ = ["continue_session_prompt", "render_chat"]
 
 
 def continue_session_prompt(tokenizer, messages: list[dict], previous_ids: list[int] | None) -> list[int]:
+    """Message text is tokenized as plain text: special tokens come only from the template
+    (engine/chat_tokens.py)."""
     text = render_chat(tokenizer, messages)
     if previous_ids:
         prev_text = tokenizer.decode(previous_ids, skip_special_tokens=False)
         if prev_text and text.startswith(prev_text):
-            return list(previous_ids) + tokenizer.encode(text[len(prev_text):], add_special_tokens=False)
-    return tokenizer.encode(text, add_special_tokens=False)
+            return list(previous_ids) + encode_chat(tokenizer, messages, start_char=len(prev_text))
+    return encode_chat(tokenizer, messages)

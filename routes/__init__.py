@@ -1,1 +1,2 @@
-"""HTTP routes served next to the Gradio page (the OpenAI-compatible API lives in openai_*.py)."""
+"""HTTP routes around the FastAPI app: Host checks (security.py), login (auth.py), and the
+OpenAI-compatible API at /v1 (openai_*.py)."""

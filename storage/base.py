@@ -7,6 +7,7 @@ a process killed mid-stream loses nothing it had already stored.
 """
 
 import functools
+import os
 import sqlite3
 import threading
 from datetime import datetime, timedelta, timezone
@@ -28,12 +29,24 @@ def locked(method):
     return wrapper
 
 
+def _make_private(path: Path) -> None:
+    """The history is private: a folder we create is 0700 and the DB file is 0600 (created so, or
+    tightened if it exists). SQLite gives its -wal / -shm files the DB file's mode. An existing
+    parent folder is left alone: it may be the user's own directory."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)
+    for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        if p.exists() and (p.stat().st_mode & 0o077):
+            os.chmod(p, 0o600)
+
+
 class StoreBase:
     """Opens (creating or migrating) the database; Storage adds the public API on top."""
 
     def __init__(self, path="data/chat.db"):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _make_private(self.path)
         self._lock = threading.RLock()
         self._closed = False
         self._last_ts = datetime.min.replace(tzinfo=timezone.utc)

@@ -12,6 +12,7 @@ import json
 
 from . import schema
 from .base import locked
+from .errors import write_to_existing
 from .schema import NEW_CHAT_TITLE, ROLES, STAT_FIELDS, STATUSES
 
 _UNSET = object()
@@ -93,6 +94,7 @@ class MessagesMixin:
         )
 
     # -- public -------------------------------------------------------------------------
+    @write_to_existing
     @locked
     def add_message(
         self, conv_id, role, content, parent_id=None, token_ids=None, status="complete", owner=None
@@ -122,6 +124,7 @@ class MessagesMixin:
             self._touch(conv_id, new_title)
         return self._message(message_id, None)
 
+    @write_to_existing
     @locked
     def add_sibling(self, message_id, content, token_ids=None, status="complete", owner=None):
         """New branch beside ``message_id`` (same parent and role); it becomes the active one.
@@ -141,6 +144,7 @@ class MessagesMixin:
             self._touch(old["conversation_id"])
         return self._message(new_id, None)
 
+    @write_to_existing
     @locked
     def update_message(self, message_id, content=_UNSET, token_ids=_UNSET, status=_UNSET, owner=None):
         """Change content / token_ids / status (e.g. while streaming); committed at once."""
@@ -162,6 +166,7 @@ class MessagesMixin:
                 self._touch(msg["conversation_id"])
         return self._message(message_id, None)
 
+    @write_to_existing
     @locked
     def add_reply_stats(self, message_id, owner=None, **stats):
         """Record generation stats for a reply; a second call merges into the first."""

@@ -100,9 +100,18 @@ class Storage(MessagesMixin, StoreBase):
 
     @locked
     def delete_conversation(self, conv_id, owner=None):
-        """Delete a conversation; its messages and stats go with it (ON DELETE CASCADE)."""
+        """Delete a conversation; its messages and stats go with it (ON DELETE CASCADE).
+
+        The parent links are cut first, in the same transaction: otherwise the parent_id cascade
+        recurses one trigger level per message and SQLite stops at depth 1,000, keeping them all.
+        """
         self._conversation(conv_id, owner)
-        self.db.execute("DELETE FROM conversations WHERE id = ?", [conv_id])
+        with self.db.atomic():
+            self.db.execute(
+                "UPDATE messages SET parent_id = NULL WHERE conversation_id = ? AND parent_id IS NOT NULL",
+                [conv_id],
+            )
+            self.db.execute("DELETE FROM conversations WHERE id = ?", [conv_id])
 
     @locked
     def set_conversation_system_prompt(self, conv_id, override, owner=None):

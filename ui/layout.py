@@ -15,6 +15,7 @@ from ui.chat_tabs import TabRegistry
 
 from ui.dashboard import build_dashboard
 from ui.metrics import register_routes
+from routes.security import install_security
 
 CSS = """
 .reply-stats { font-size: 0.78em; opacity: 0.65; }
@@ -203,7 +204,8 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     gr.api(close_tab, api_name="close_tab")
 
 
-def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, api_options: dict | None = None):
+def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_host: str = "127.0.0.1",
+              allowed_hosts=(), api_options: dict | None = None):
     """(FastAPI app serving the page at / plus /metrics, /api/kv and the OpenAI API at /v1, the Blocks
     demo). api_options: api_keys, allowed_origins, ... for routes.openai_api.mount_openai_api."""
     ctx = ctx or ChatContext(llm, storage, TabRegistry(llm), auth=bool(auth))
@@ -216,4 +218,5 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, api_op
     mount_openai_api(app, llm, require_key=bool(auth), **(api_options or {}))
     app = gr.mount_gradio_app(app, demo, path="/", auth=auth, css=CSS, ssr_mode=False,
                               footer_links=["api", "gradio"])
+    install_security(app, bind_host, allowed_hosts, auth=auth)     # Host check, no /docs, login throttle
     return app, demo

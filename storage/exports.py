@@ -1,0 +1,75 @@
+"""Private export files: written 0600 inside per-export 0700 folders, and cleaned up.
+
+Exports used to be left world-readable (0644) in a shared temp folder forever; another local
+account could read every exported chat. `PrivateExports` owns one private root folder, writes
+each export into its own fresh subfolder (so two exports with the same title never collide and
+a file name reveals nothing about the others), removes exports older than `max_age_s` whenever a
+new one is written, and removes everything on `close()`.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+DEFAULT_MAX_AGE_S = 15 * 60     # long enough to click "download", short enough not to pile up
+
+
+class PrivateExports:
+    def __init__(self, root: str | os.PathLike | None = None, max_age_s: float = DEFAULT_MAX_AGE_S):
+        if root is None:
+            self.root = Path(tempfile.mkdtemp(prefix="paged-chat-exports-"))   # mkdtemp: 0700
+        else:
+            self.root = Path(root)
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.chmod(self.root, 0o700)
+        self.max_age_s = max_age_s
+        self._lock = threading.Lock()
+
+    def write(self, filename: str, data: str | bytes) -> Path:
+        """Write one export and return its path; older exports past max_age_s are removed first."""
+        name = _safe_name(filename)
+        self.cleanup()
+        folder = Path(tempfile.mkdtemp(dir=self.root))
+        path = folder / name
+        payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        return path
+
+    def cleanup(self, max_age_s: float | None = None) -> int:
+        """Remove export folders older than max_age_s (default: the instance's); returns how many."""
+        limit = self.max_age_s if max_age_s is None else max_age_s
+        cutoff = time.time() - limit
+        removed = 0
+        with self._lock:
+            if not self.root.exists():
+                return 0
+            for entry in self.root.iterdir():
+                try:
+                    if entry.is_dir() and entry.stat().st_mtime <= cutoff:
+                        shutil.rmtree(entry, ignore_errors=True)
+                        removed += 1
+                except FileNotFoundError:
+                    pass
+        return removed
+
+    def close(self) -> None:
+        """Remove every export (call at shutdown)."""
+        with self._lock:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _safe_name(filename: str) -> str:
+    """A plain file name: no folders, no hidden files, nothing the OS would treat specially."""
+    if not isinstance(filename, str):
+        raise ValueError("export file name must be a string")
+    name = filename.replace("\x00", "").strip()
+    if not name or name != os.path.basename(name) or "/" in name or "\\" in name \
+            or name in (".", "..") or name.startswith("."):
+        raise ValueError(f"export file name {filename!r} is not a plain file name")
+    return name[:200]

@@ -1,0 +1,56 @@
+"""Issue #12 items 8, 12, 13 end to end: the real `python app.py` with --auth-file, PAGED_CHAT_AUTH
+and --allowed-host. Foreign Host names get 421, API docs are gone (never 500), failed logins are
+throttled, hashed users from the file and the environment can log in, and the DB file is 0600."""
+import http.client
+import os
+import stat
+import urllib.parse
+
+import pytest
+from gradio_client import Client
+
+from routes.auth import hash_password
+
+pytestmark = pytest.mark.slow
+
+
+def _request(server, method, path, host=None, body=None):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    headers = {"Host": host or f"127.0.0.1:{server.port}"}
+    if body is not None:
+        headers["Content-Type"] = "application/x-www-form-urlencoded"
+        body = urllib.parse.urlencode(body)
+    conn.request(method, path, body=body, headers=headers)
+    r = conn.getresponse()
+    out = (r.status, r.read().decode(errors="replace"), dict(r.getheaders()))
+    conn.close()
+    return out
+
+
+def test_host_check_docs_login_throttle_and_private_db(launch, tmp_path):
+    users = tmp_path / "users"
+    users.write_text(f"# test users\nalice:{hash_password('wonderland')}\n")
+    users.chmod(0o600)
+    server = launch(args=["--num-blocks", "128", "--max-model-len", "256", "--auth-file", str(users),
+                          "--allowed-host", "chat.lan"],
+                    env={"PAGED_CHAT_AUTH": "bob:builder"})
+    assert "builder" not in " ".join(server.proc.args)        # the password is not on the command line
+
+    for path in ("/config", "/api/kv", "/metrics", "/"):
+        status, text, _ = _request(server, "GET", path, host="evil.example")
+        assert status == 421, (path, status)
+        assert "conversation" not in text
+    assert _request(server, "GET", "/metrics", host="chat.lan")[0] == 200
+    assert _request(server, "GET", "/metrics", host=f"localhost:{server.port}")[0] == 200
+
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        assert _request(server, "GET", path)[0] == 404, path
+
+    codes = [_request(server, "POST", "/login", body={"username": "alice", "password": f"x{i}"})[0]
+             for i in range(6)]
+    assert codes == [400] * 5 + [429]
+    assert _request(server, "POST", "/login", body={"username": "bob", "password": "builder"})[0] == 200
+
+    bob = Client(server.url, auth=("bob", "builder"), verbose=False)
+    bob.close()
+    assert stat.S_IMODE(os.stat(server.db).st_mode) == 0o600
