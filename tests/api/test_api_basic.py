@@ -114,3 +114,17 @@ def test_content_parts_and_developer_role_are_accepted(client, llm, model_id):
     r = client.chat.completions.create(model=model_id, messages=parts, temperature=0, max_tokens=12)
     ref = llm.chat(HELLO, SamplingParams(temperature=0.0, max_tokens=12))[0]
     assert r.choices[0].message.content == ref.outputs[0].text
+
+
+def test_sse_parser_reads_our_stream_like_a_remote_backend_would(server, model_id):
+    """routes.openai_stream.iter_sse_events (for the future remote backend) on a raw HTTP stream."""
+    import httpx
+
+    from routes.openai_stream import iter_sse_events
+    body = {"model": model_id, "messages": HELLO, "temperature": 0, "max_tokens": 8, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", server.url + "v1/chat/completions", json=body, timeout=120) as r:
+        events = list(iter_sse_events(r.iter_lines()))
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] <= 8
+    assert list(iter_sse_events([": keep-alive", "", 'data: {"a": 1}', "data: [DONE]", 'data: {"b": 2}'])) == [{"a": 1}]
