@@ -40,6 +40,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="USER:HASH per line (make one: python -m routes.auth USER); also $PAGED_CHAT_AUTH")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="extra Host name to answer to (DNS-rebinding guard; loopback names always work)")
+    p.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help="require this key (Authorization: Bearer KEY) on the OpenAI API at /v1; repeatable. "
+                        "Also read from PAGED_CHAT_API_KEYS (comma separated)")
+    p.add_argument("--allowed-origin", action="append", default=None, metavar="URL",
+                   help="let web pages from this origin call /v1 (CORS); repeatable. Default: none")
     return p.parse_args(argv)
 
 
@@ -90,6 +95,12 @@ def main(argv=None) -> int:
         print(f"WARNING: binding to {args.host} without --auth: anyone who can reach this machine "
               f"can read and write every conversation.", file=sys.stderr)
 
+    from routes.openai_keys import keys_from_env
+    api_keys = (args.api_key or []) + keys_from_env()
+    if not is_local(args.host) and not auth and not api_keys:
+        print(f"WARNING: binding to {args.host} without --api-key: anyone who can reach this machine "
+              f"can use the OpenAI API at /v1.", file=sys.stderr)
+
     from engine import LLM
     from storage import Storage
 
@@ -120,7 +131,10 @@ def serve(llm, storage, args, auth) -> None:
 
     from ui import build_app
 
-    app, demo = build_app(llm, storage, auth=auth, bind_host=args.host, allowed_hosts=args.allowed_host)
+    from routes.openai_keys import keys_from_env
+    app, demo = build_app(llm, storage, auth=auth, bind_host=args.host, allowed_hosts=args.allowed_host,
+                          api_options=dict(api_keys=(args.api_key or []) + keys_from_env(),
+                                           allowed_origins=args.allowed_origin))
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     url = f"http://{shown_host}:{args.port}/"
     if args.share:

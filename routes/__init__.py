@@ -1,1 +1,2 @@
-"""HTTP-level protections around the FastAPI app: Host checks (security.py) and login (auth.py)."""
+"""HTTP routes around the FastAPI app: Host checks (security.py), login (auth.py), and the
+OpenAI-compatible API at /v1 (openai_*.py)."""

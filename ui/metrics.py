@@ -117,7 +117,8 @@ def register_routes(app, llm) -> None:
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> PlainTextResponse:
-        return PlainTextResponse(prometheus_text(llm.latest_snapshot(), name),
+        extra = "".join(f() for f in getattr(app.state, "extra_metrics", ()))    # e.g. the /v1 API's counters
+        return PlainTextResponse(prometheus_text(llm.latest_snapshot(), name) + extra,
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/api/kv")

@@ -1,0 +1,321 @@
+"""The OpenAI-compatible API on the embedded engine: GET /v1/models, POST /v1/chat/completions,
+POST /v1/completions (streaming SSE or not).
+
+It is its own small FastAPI app mounted at /v1 next to the Gradio page, so its error shape, API-key
+check and CORS policy apply to /v1 only and cannot change the UI's. It uses only LLM's public
+calls (submit, abort, stats, latest_snapshot, get_tokenizer, encode_prompt). Chat prompts are
+rendered by the same template code as the browser's chats and carry no cache salt, so a system
+prompt shared with browser chats hits the same prefix-cache blocks.
+
+Queue bound: at most `max_pending` API sequences (n per prompt) in flight, default
+2 x max_num_seqs, and none admitted while the engine already has `max_num_seqs` requests waiting;
+past either bound the call gets 429 with Retry-After. 503 means the engine has shut down.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.datastructures import Headers
+
+from engine.session_prompt import continue_session_prompt
+from routes import openai_schemas as S
+from routes.openai_errors import APIError, error_body, install_error_handlers
+from routes.openai_keys import ApiAccess, add_cors
+from routes.openai_metrics import ApiMetrics
+from routes.openai_params import LogprobFormatter, to_sampling_params
+from routes.openai_stream import DONE, Generation, Submitted, sse, watch_disconnect
+
+API_PREFIX = "api-"          # engine request ids of API calls start with this (dashboard, /api/kv)
+
+
+def served_model_name(llm) -> str:
+    """The model id clients must send: the model file or folder name (as /metrics labels it)."""
+    base = os.path.basename(str(getattr(llm, "model_source", "") or "").rstrip("/"))
+    return (base[:-5] if base.endswith(".gguf") else base) or "default"
+
+
+def _endpoint_of(path: str) -> str:
+    for suffix, name in (("/chat/completions", "chat_completions"), ("/completions", "completions"),
+                         ("/models", "models")):
+        if path.rstrip("/").endswith(suffix):
+            return name
+    return "other"
+
+
+class _KeyCheck:
+    """Pure ASGI middleware: 401 before the body is even parsed (a bad key never sees a 400)."""
+
+    def __init__(self, app, access: ApiAccess, metrics: ApiMetrics):
+        self.app, self.access, self.metrics = app, access, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] != "OPTIONS":
+            try:
+                self.access.check(Headers(scope=scope))
+            except APIError as e:
+                self.metrics.count(_endpoint_of(scope.get("path", "")), e.status)
+                await JSONResponse(e.body(), status_code=e.status)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class OpenAIServer:
+    def __init__(self, llm, *, model_name: str | None = None, max_pending: int | None = None):
+        self.llm = llm
+        self.model = model_name or served_model_name(llm)
+        self.created = int(time.time())
+        st = llm.stats()
+        self.max_model_len = st["max_model_len"]
+        self.max_num_seqs = llm.config.max_num_seqs
+        self.max_pending = max_pending if max_pending is not None else 2 * self.max_num_seqs
+        self.tokenizer = llm.get_tokenizer()
+        self.fmt = LogprobFormatter(self.tokenizer)
+        self.metrics = ApiMetrics()
+
+    # ---- shared steps ------------------------------------------------------------------------------
+    def _check_model(self, name: str) -> None:
+        if name != self.model:
+            raise APIError(404, f"the model '{name}' does not exist; this server serves '{self.model}'",
+                           param="model", code="model_not_found")
+
+    def _admit(self, seqs: int) -> None:
+        waiting = (self.llm.latest_snapshot().get("stats") or {}).get("waiting", 0)
+        if waiting >= self.max_num_seqs or not self.metrics.try_admit(seqs, self.max_pending):
+            raise APIError(429, f"the server is busy ({waiting} requests waiting, bound {self.max_num_seqs}; "
+                                f"API sequences in flight bound {self.max_pending}); retry shortly",
+                           code="queue_full", headers={"Retry-After": "1"})
+
+    def _submit(self, prompts: list[list[int]], params_list, cid: str, n: int) -> Generation:
+        subs = []
+        try:
+            for k, (ids, params) in enumerate(zip(prompts, params_list)):
+                rid = f"{API_PREFIX}{cid}" if len(prompts) == 1 else f"{API_PREFIX}{cid}-{k}"
+                stream = self.llm.submit({"prompt_token_ids": ids}, params, request_id=rid)
+                subs.append(Submitted(stream, len(ids), k * n))
+        except ValueError as e:
+            self._abort_subs(subs)
+            raise APIError(400, str(e), code="invalid_value") from e
+        except RuntimeError as e:
+            self._abort_subs(subs)
+            raise APIError(503, f"the engine is not available: {e}", code="engine_unavailable") from e
+        return Generation(self.llm, subs, n)
+
+    def _abort_subs(self, subs) -> None:
+        """A later prompt of the call was refused: the earlier ones must not run for nobody."""
+        if subs:
+            Generation(self.llm, subs, 1).abort()
+
+    async def _run(self, endpoint: str, request: Request, body, prompts: list[list[int]], cid: str, render):
+        """Admit, submit, then either stream (render.chunks) or collect and answer (render.final)."""
+        params = [to_sampling_params(body, len(ids), self.max_model_len) for ids in prompts]
+        seqs = len(prompts) * body.n
+        self._admit(seqs)
+        try:
+            gen = self._submit(prompts, params, cid, body.n)
+        except BaseException:
+            self.metrics.release(seqs)
+            raise
+        if body.stream:
+            self.metrics.count(endpoint, 200)
+            ender = _StreamEnd(gen, self.metrics, seqs)
+            return _EngineStream(self._stream(gen, body, render, ender), ender, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        watcher = asyncio.create_task(watch_disconnect(request, gen))
+        try:
+            await gen.collect()
+        except BaseException:
+            gen.abort()
+            self.metrics.release(seqs)
+            raise
+        finally:
+            watcher.cancel()
+        usage = gen.usage()
+        self.metrics.release(seqs, usage)
+        err = gen.error()
+        if err:
+            status = 503 if "shut down" in err else 500
+            self.metrics.count(endpoint, status)
+            return JSONResponse(error_body(status, f"generation failed: {err}"), status_code=status)
+        self.metrics.count(endpoint, 499 if gen.disconnected else 200)
+        return JSONResponse(render.final(cid, gen, usage))
+
+    async def _stream(self, gen: Generation, body, render, ender: "_StreamEnd"):
+        created = int(time.time())
+        try:
+            for chunk in render.opening(created, gen):
+                yield sse(chunk)
+            async for i, d in gen.deltas():
+                if d.error:
+                    yield sse(error_body(503 if "shut down" in d.error else 500, f"generation failed: {d.error}"))
+                    continue
+                for chunk in render.chunks(created, gen, i, d):
+                    yield sse(chunk)
+            ender.usage = gen.usage()
+            if body.include_usage:
+                yield sse(render.usage_chunk(created, ender.usage))
+            yield DONE
+        finally:
+            ender()                       # a client that left mid-stream: free its blocks now
+
+    # ---- endpoints ---------------------------------------------------------------------------------
+    def models(self) -> dict:
+        return S.model_list(self.model, self.created, self.max_model_len)
+
+    async def chat(self, body: S.ChatCompletionRequest, request: Request):
+        self._check_model(body.model)
+        try:
+            ids = await asyncio.to_thread(continue_session_prompt, self.tokenizer, body.chat_messages(), None)
+        except ValueError as e:
+            raise APIError(400, str(e), param="messages", code="invalid_value") from e
+        cid = S.new_id("chatcmpl")
+        return await self._run("chat_completions", request, body, [ids], cid, _ChatRender(self, body, cid))
+
+    async def completions(self, body: S.CompletionRequest, request: Request):
+        self._check_model(body.model)
+        prompts = []
+        for p in body.prompts():
+            try:
+                prompts.append(await asyncio.to_thread(self.llm.encode_prompt, p))
+            except ValueError as e:
+                raise APIError(400, str(e), param="prompt", code="invalid_value") from e
+        cid = S.new_id("cmpl")
+        return await self._run("completions", request, body, prompts, cid, _CompletionRender(self, body, cid))
+
+
+class _StreamEnd:
+    """Runs once, whichever comes first: the SSE generator ends, or the response ends without the
+    generator ever running (client gone before the first chunk): abort what is left, release slots."""
+
+    def __init__(self, gen: Generation, metrics: ApiMetrics, seqs: int):
+        self.gen, self.metrics, self.seqs = gen, metrics, seqs
+        self.usage: dict | None = None
+        self._done = False
+
+    def __call__(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        self.gen.abort()
+        self.metrics.release(self.seqs, self.usage)
+
+
+class _EngineStream(StreamingResponse):
+    def __init__(self, content, ender: _StreamEnd, **kw):
+        super().__init__(content, **kw)
+        self._ender = ender
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._ender()
+
+
+class _ChatRender:
+    def __init__(self, srv: OpenAIServer, body, cid: str):
+        self.srv, self.body, self.cid = srv, body, cid
+        self.lp = body.num_logprobs() is not None
+
+    def _chunk(self, created, choices, usage=None):
+        if self.body.include_usage and usage is None:
+            return {**S.chat_chunk(self.cid, self.srv.model, created, choices), "usage": None}
+        return S.chat_chunk(self.cid, self.srv.model, created, choices, usage)
+
+    def opening(self, created, gen):
+        return [self._chunk(created, [S.chat_chunk_choice(i, {"role": "assistant", "content": ""})])
+                for i in range(len(gen.choices))]
+
+    def chunks(self, created, gen, i, d):
+        out = []
+        if d.text or d.token_ids:
+            lp = self.srv.fmt.chat(getattr(d, "logprobs", None) or []) if self.lp else None
+            out.append(self._chunk(created, [S.chat_chunk_choice(i, {"content": d.text}, None, lp)]))
+        if d.finished:
+            out.append(self._chunk(created, [S.chat_chunk_choice(i, {}, d.finish_reason)]))
+        return out
+
+    def usage_chunk(self, created, usage):
+        return S.chat_chunk(self.cid, self.srv.model, created, [], usage)
+
+    def final(self, cid, gen, usage):
+        choices = [S.chat_choice(i, c.text, c.finish_reason, self.srv.fmt.chat(c.logprobs) if self.lp else None)
+                   for i, c in enumerate(gen.choices)]
+        return S.chat_completion(cid, self.srv.model, choices, usage)
+
+
+class _CompletionRender:
+    def __init__(self, srv: OpenAIServer, body, cid: str):
+        self.srv, self.body, self.cid = srv, body, cid
+        self.lp = body.num_logprobs() is not None
+
+    def opening(self, created, gen):
+        return []
+
+    def chunks(self, created, gen, i, d):
+        if not (d.text or d.token_ids or d.finished):
+            return []
+        offset = len(gen.choices[i].text) - len(d.text)
+        lp = self.srv.fmt.completion(getattr(d, "logprobs", None) or [], offset) if self.lp else None
+        usage = None if self.body.include_usage else S._NO_USAGE
+        return [S.completion(self.cid, self.srv.model, [S.completion_choice(i, d.text, d.finish_reason, lp)],
+                             usage, created)]
+
+    def usage_chunk(self, created, usage):
+        return S.completion(self.cid, self.srv.model, [], usage, created)
+
+    def final(self, cid, gen, usage):
+        choices = [S.completion_choice(i, c.text, c.finish_reason,
+                                       self.srv.fmt.completion(c.logprobs) if self.lp else None)
+                   for i, c in enumerate(gen.choices)]
+        return S.completion(cid, self.srv.model, choices, usage)
+
+
+def create_openai_app(llm, *, api_keys: list[str] | None = None, require_key: bool = False,
+                      allowed_origins: list[str] | None = None, max_pending: int | None = None,
+                      model_name: str | None = None) -> FastAPI:
+    """The /v1 sub-application (mount it with `mount_openai_api`, or serve it alone in tests)."""
+    srv = OpenAIServer(llm, model_name=model_name, max_pending=max_pending)
+    app = FastAPI(title="Paged Chat OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = srv
+    install_error_handlers(app)
+
+    @app.get("/models")
+    def models():
+        srv.metrics.count("models", 200)
+        return srv.models()
+
+    @app.post("/chat/completions")
+    async def chat_completions(body: S.ChatCompletionRequest, request: Request):
+        return await _counted(srv, "chat_completions", srv.chat(body, request))
+
+    @app.post("/completions")
+    async def completions(body: S.CompletionRequest, request: Request):
+        return await _counted(srv, "completions", srv.completions(body, request))
+
+    app.add_middleware(_KeyCheck, access=ApiAccess(api_keys, require_key=require_key), metrics=srv.metrics)
+    add_cors(app, allowed_origins)        # outermost: answers preflights before the key check
+    return app
+
+
+async def _counted(srv: OpenAIServer, endpoint: str, call):
+    try:
+        return await call
+    except APIError as e:
+        srv.metrics.count(endpoint, e.status)
+        raise
+
+
+def mount_openai_api(app: FastAPI, llm, **kw) -> FastAPI:
+    """Serve the API at /v1 of `app` (call before Gradio is mounted at '/') and add its counters
+    to the app's /metrics text via `app.state.extra_metrics`."""
+    api = create_openai_app(llm, **kw)
+    app.mount("/v1", api)
+    extra = getattr(app.state, "extra_metrics", None)
+    if extra is None:
+        extra = app.state.extra_metrics = []
+    extra.append(api.state.server.metrics.prometheus_text)
+    return api
