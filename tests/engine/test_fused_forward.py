@@ -9,24 +9,26 @@ from engine import dummy_weights as dw
 from engine.models.llama import AttentionMetadata, LlamaModel
 
 SMALL = {"num_hidden_layers": 2, "vocab_size": 4096}
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")   # CPU: interpreted Triton
 
 
 def two_steps(model: LlamaModel, ids: list[int], backend: str, bs: int = 16) -> list[torch.Tensor]:
     nb = -(-(len(ids) + 1) // bs) + 1
+    dev = model.device
     pool = torch.full((2, model.num_layers, nb, bs, model.num_kv_heads, model.head_dim), float("nan"),
-                      dtype=model.dtype)
+                      dtype=model.dtype, device=dev)
     table = torch.arange(1, nb, dtype=torch.int32).flip(0)[None]     # block 0 never used
-    slots = lambda a, b: torch.tensor([int(table[0, p // bs]) * bs + p % bs for p in range(a, b)])
+    slots = lambda a, b: torch.tensor([int(table[0, p // bs]) * bs + p % bs for p in range(a, b)], device=dev)
     T = len(ids)
     outs = []
     for start, toks in ((0, ids[:-1]), (T - 1, ids[-1:])):
         n, end = len(toks), start + len(toks)
-        meta = AttentionMetadata(slot_mapping=slots(start, end), block_tables=table,
-                                 seq_lens=torch.tensor([end], dtype=torch.int32),
-                                 cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32), max_seqlen_q=n,
-                                 backend=backend)
-        outs.append(model.forward(torch.tensor(toks), torch.arange(start, end), pool, meta,
-                                  torch.arange(n)))
+        meta = AttentionMetadata(slot_mapping=slots(start, end), block_tables=table.to(dev),
+                                 seq_lens=torch.tensor([end], dtype=torch.int32, device=dev),
+                                 cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32, device=dev),
+                                 max_seqlen_q=n, backend=backend)
+        outs.append(model.forward(torch.tensor(toks, device=dev), torch.arange(start, end, device=dev), pool,
+                                  meta, torch.arange(n, device=dev)).cpu())
     return outs
 
 
@@ -40,7 +42,7 @@ def two_steps(model: LlamaModel, ids: list[int], backend: str, bs: int = 16) -> 
 def test_fused_loop_matches_eager_loop(name, dtype, backend):
     cfg = dw.load_config(name, SMALL)
     w = dw.random_weights(cfg, seed=2)
-    model = LlamaModel(cfg, w, dtype, torch.device("cpu"), max_positions=64)
+    model = LlamaModel(cfg, w, dtype, DEVICE, max_positions=64)
     ids = [(11 * i + 5) % cfg.vocab_size for i in range(38)]
     model.use_fused = False
     eager = two_steps(model, ids, backend)
