@@ -70,7 +70,7 @@ class ModelRunner:
         from engine.warmup import warm_up
         width = -(-self.max_model_len // self.cfg.block_size)
         self.warmup_stats = warm_up(self.model, self.kv_pool, self.backend, width)
-        if not self.cfg.enforce_eager:
+        if not self.cfg.enforce_eager and self.backend == "triton":   # the torch reference syncs
             from engine.cuda_graphs import DecodeGraphs
             self.graphs = DecodeGraphs(self.model, self.kv_pool, self.cfg.block_size, self.cfg.max_num_seqs,
                                        min(self.max_model_len, GRAPH_MAX_LEN), self.backend)

@@ -21,6 +21,8 @@ def check_big_pool(device: str, dtype: str = "bfloat16", fraction: float = 0.8, 
     tdt = getattr(torch, dtype)
     dev = torch.device(device)
     if dev.type == "cuda":
+        import gc
+        gc.collect()                 # engines and HF models of earlier stages
         torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(dev)
     else:
