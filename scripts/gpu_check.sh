@@ -11,7 +11,10 @@ if [ -z "$PY" ]; then
   if [ -x .venv/bin/python ] && .venv/bin/python -c 'import torch' 2>/dev/null; then PY=.venv/bin/python; else PY=python3; fi
 fi
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false TRANSFORMERS_VERBOSITY=error PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null || [[ " $* " == *" --smoke "* ]]; then
-  export TRITON_INTERPRET=1     # must be set before triton is imported
+if [[ " $* " == *" --smoke "* ]]; then
+  export CUDA_VISIBLE_DEVICES=""   # smoke = the CPU path, even on a GPU machine
+fi
+if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  export TRITON_INTERPRET=1        # no GPU: interpreted Triton (must be set before triton is imported)
 fi
 exec timeout 590 "$PY" scripts/gpu_check.py "$@"

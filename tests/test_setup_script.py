@@ -3,6 +3,7 @@ uses that torch (no pinned CPU wheel pulled over a CUDA build). Runs the real sc
 the requirements, from this venv's Python (which has torch), with the real pip."""
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ def test_setup_engine_mode_keeps_the_installed_torch(tmp_path):
     for name in ("requirements.txt", "requirements-engine.txt", "requirements-test.txt"):
         shutil.copy(REPO / name, tmp_path / name)
     shutil.copytree(REPO / "scripts", tmp_path / "scripts")
-    py = REPO / ".venv" / "bin" / "python"
+    py = Path(sys.executable)          # a Python that has torch (CI: .venv; GPU machine: the system's)
     r = subprocess.run(["bash", "scripts/setup.sh", "--engine"], cwd=tmp_path, capture_output=True, text=True,
                        timeout=900, env={"PYTHON": str(py), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
