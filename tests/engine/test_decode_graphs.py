@@ -48,3 +48,14 @@ def test_padded_bucket_decode_matches_hf_generate():
         assert llm.stats()["used_blocks"] == 0
     finally:
         llm.shutdown()
+
+
+def test_enforce_eager_and_cpu_have_no_graphs():
+    """On CPU there is nothing to capture; enforce_eager reaches the runner's config."""
+    llm = LLM(model="smollm2-135m", load_format="dummy", hf_overrides=SMALL, num_blocks=8, device="cpu",
+              enforce_eager=True)
+    try:
+        assert llm.engine.runner.cfg.enforce_eager is True
+        assert llm.engine.runner.graphs is None and llm.engine.runner.warmup_stats == {}
+    finally:
+        llm.shutdown()
