@@ -91,6 +91,8 @@ class LLM:
                            seed=seed, attention_backend=attention_backend,
                            enable_prefix_caching=enable_prefix_caching, load_format=load_format,
                            enforce_eager=enforce_eager)
+        if hf_overrides and load_format != "dummy":
+            raise ValueError("hf_overrides is only used with load_format='dummy'")
         dummy_kw = dict(seed=seed, device=cfg.device, dtype=cfg.torch_dtype, hf_overrides=hf_overrides) \
             if load_format == "dummy" else {}
         loaded = load_model(model, progress=progress, load_format=load_format, **dummy_kw)

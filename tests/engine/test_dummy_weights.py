@@ -95,6 +95,8 @@ def test_dummy_config_paths_and_errors(tmp_path):
         load_model(str(tmp_path / "nope"), load_format="dummy")
     with pytest.raises(ModelLoadError, match="load_format"):
         load_model(str(folder), load_format="pt")
+    with pytest.raises(ValueError, match="hf_overrides"):
+        LLM(model=str(folder), hf_overrides={"num_hidden_layers": 1})
     d["model_type"] = "gpt2"
     (folder / "config.json").write_text(json.dumps(d))
     with pytest.raises(ModelLoadError, match="unsupported architecture"):
