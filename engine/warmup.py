@@ -6,7 +6,7 @@ the split-K count changes with the batch's longest context (merge kernel: one va
 power-of-two split bound, and per "divisible by 16") and the block-table row stride with the
 batch's width, so without a warm-up a chat stalls for a compile the first time a context grows.
 The warm-up runs: prefill forwards at block-table widths 1, 3 and 16 (stride specializations), and
-decode attention at every split count 1..64 at widths 1, 3 and a multiple of 16.
+one decode attention launch per variant reachable with the engine's widths (decode_plan).
 Each stage reports progress. Pool blocks written here hold no cached content and are overwritten
 before anything reads them.
 """
@@ -49,6 +49,31 @@ def _decode_splits(model, kv_pool, width: int, splits: int) -> None:
         model.scale, max_seqlen_q=1, num_splits=splits)
 
 
+def effective_splits(width: int, block_size: int, splits: int, tile: int = 64) -> int:
+    """The split count the decode kernel really launches for a requested one (as triton_attention)."""
+    ctx = width * block_size
+    per = -(-(-(-ctx // splits)) // tile) * tile
+    return max(1, -(-ctx // per))
+
+
+def decode_variant(width: int, splits: int) -> tuple:
+    """What makes Triton compile a new decode/merge variant: split or not, the merge's power-of-two
+    bound, its split count's specialization (divisible by 16), and the table row stride's
+    specialization (== 1, divisible by 16, other)."""
+    p2 = 1 << (splits - 1).bit_length()
+    return (splits > 1, p2 if splits > 1 else 1, splits % 16 == 0, width == 1, width % 16 == 0)
+
+
+def decode_plan(max_width: int, block_size: int) -> list[tuple[int, int]]:
+    """One (width, splits) per variant reachable with tables up to max_width blocks."""
+    plan: dict[tuple, tuple[int, int]] = {}
+    for w in range(1, max_width + 1):
+        for req in range(1, 65):
+            s = effective_splits(w, block_size, req)
+            plan.setdefault(decode_variant(w, s), (w, s))
+    return sorted(plan.values())
+
+
 def warm_up(model, kv_pool: torch.Tensor, backend: str, max_blocks_per_seq: int, log=None) -> dict:
     """Compile what serving needs. Returns {"seconds": ..., "launches": ...}."""
     log = log or _log
@@ -61,22 +86,11 @@ def warm_up(model, kv_pool: torch.Tensor, backend: str, max_blocks_per_seq: int,
         log(f"prefill variants {i + 1}/{len(widths)} (table width {w})")
     launches = len(widths)
     if backend == "triton":
-        tile = 64
-        split_widths = [w for w in widths if w < 16] + [16 * ((max_blocks_per_seq + 15) // 16)]
-        total = 64 * len(split_widths)
-        for j, w in enumerate(split_widths):
-            done = set()
-            for s in range(1, 65):
-                ctx = w * bs
-                per = -(-(-(-ctx // s)) // tile) * tile
-                eff = max(1, -(-ctx // per))
-                if eff in done:
-                    continue
-                done.add(eff)
-                _decode_splits(model, kv_pool, w, eff)
-                launches += 1
-            log(f"decode split-K variants {min(total, (j + 1) * 64)}/{total} (table width {w}: "
-                f"{len(done)} split counts)")
+        plan = decode_plan(min(max_blocks_per_seq, 8192), bs)
+        for j, (w, splits) in enumerate(plan):
+            _decode_splits(model, kv_pool, w, splits)
+            launches += 1
+        log(f"decode split-K variants {len(plan)}/{len(plan)} (table widths 1..{max_blocks_per_seq})")
     if num_blocks > 1:    # copy-on-write kernel
         kernels.copy_blocks(kv_pool, torch.tensor([[0, 1]], device=kv_pool.device), backend=backend)
     if kv_pool.device.type == "cuda":
