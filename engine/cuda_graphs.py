@@ -100,18 +100,21 @@ class DecodeGraphs:
         return (bool(self.graphs) and 0 < len(batch) <= self.bmax and len(sample_rows) == len(batch)
                 and all(n == 1 and start < self.max_len for _, start, n in batch))
 
-    def run(self, batch, kv) -> torch.Tensor:
+    def run(self, batch, kv) -> torch.Tensor | None:
         """Replay the bucket for this pure-decode batch; returns logits [len(batch), vocab] (a view
-        of the graph's output, valid until the next replay)."""
+        of the graph's output, valid until the next replay), or None (nothing done) if a block
+        table is wider than the graphs' tables."""
         n = len(batch)
         B = next(b for b in self.buckets if b >= n)
+        tables = [kv.block_table(seq.seq_id) for seq, _, _ in batch]
+        if any(len(t) > self.width for t in tables):
+            return None
         self.buf.reserve(self.layout.nbytes)          # previous step's copy must be done
-        for r, (seq, start, _) in enumerate(batch):
+        for r, ((seq, start, _), table) in enumerate(zip(batch, tables)):
             self.h_ids[r] = seq.token_ids[start]
             self.h_pos[r] = start
             self.h_slots[r] = kv.slots_for(seq.seq_id, start, start + 1)[0]
             self.h_lens[r] = start + 1
-            table = kv.block_table(seq.seq_id)
             self.h_tab[r, :len(table)] = table
         self._fill_pads(n, B)
         off_tab = self.layout.fields["tables"][0]

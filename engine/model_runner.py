@@ -89,7 +89,10 @@ class ModelRunner:
             if copies:
                 kernels.copy_blocks(self.kv_pool, torch.tensor(copies, dtype=torch.int64, device=self.device),
                                     backend=self.backend)
-            return self.graphs.run(batch, kv)
+                copies = []
+            logits = self.graphs.run(batch, kv)
+            if logits is not None:
+                return logits
         ids, pos, slots, tables, seq_lens, cu, logits_idx, copy_t, max_q = pack_step(
             self.staging, batch, kv, copies, sample_rows)
         if copy_t is not None:
