@@ -78,8 +78,25 @@ def terminal_progress(fraction: float, message: str) -> None:
     sys.stderr.flush()
 
 
+APP_DEPENDENCIES = {"gradio": "gradio", "uvicorn": "uvicorn", "sqlite_utils": "sqlite-utils",
+                    "pandas": "pandas"}
+
+
+def missing_app_dependencies() -> list[str]:
+    """pip names of the app's own dependencies that are not installed (the engine needs none)."""
+    import importlib.util
+    return [pip for mod, pip in APP_DEPENDENCIES.items() if importlib.util.find_spec(mod) is None]
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    missing = missing_app_dependencies()
+    if missing:   # e.g. a GPU machine with only the engine's requirements: say so before loading
+        print(f"error: the chat app needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
+              f"not installed.\n  Install the app's dependencies without touching an installed (CUDA) "
+              f"torch: bash scripts/setup.sh\n  (or: pip install {' '.join(missing)}). The engine alone "
+              f"(engine.LLM, scripts/gpu_check.sh) runs without them.", file=sys.stderr)
+        return 2
     # SIGTERM while loading: unwind like Ctrl-C so the cleanup below still runs.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from routes.auth import load_credentials

@@ -1,7 +1,10 @@
 """Physical KV blocks, their reference counts, the free list and the prefix-cache map.
 
-Every Block object is built once and lives as long as the pool, so a block table is a list of
-plain object references and nothing is allocated on the hot path. The free list is intrusive
+A Block object is built the first time its id is handed out (or looked at) and then lives as long
+as the pool, so a block table is a list of plain object references. Never-used blocks are not
+objects at all: they are one id range [fresh_next, num_blocks) standing in the free list as a single
+node, because a GPU-sized pool (350k blocks) would otherwise spend ~1 s building objects nobody
+has touched yet. The free list is intrusive
 (prev/next live on the Block) so a prefix hit can pull a cached block out of the *middle* of the
 list in O(1). Eviction is lazy: a freed block keeps its hash and content and only loses them when
 it is handed out again. Order of the free list = eviction order (head is evicted first):
@@ -37,6 +40,34 @@ class Block:
         return f"Block({self.block_id}, ref={self.ref_count}, hash={self.block_hash})"
 
 
+class _LazyBlocks:
+    """`pool.blocks[i]` / `for b in pool.blocks`: the Block of every id, built on first access."""
+
+    __slots__ = ("_objs",)
+
+    def __init__(self, n: int):
+        self._objs: list[Block | None] = [None] * n
+
+    def __len__(self) -> int:
+        return len(self._objs)
+
+    def __getitem__(self, i: int) -> Block:
+        b = self._objs[i]
+        if b is None:
+            if i < 0:
+                i += len(self._objs)
+            b = self._objs[i] = Block(i)
+        return b
+
+    def __iter__(self) -> Iterator[Block]:
+        for i in range(len(self._objs)):
+            yield self[i]
+
+    def built(self) -> Iterator[Block]:
+        """Only the blocks that exist as objects (everything else is fresh: ref 0, no hash, empty)."""
+        return (b for b in self._objs if b is not None)
+
+
 class BlockPool:
     """Owns all blocks. Counters (free, cached-free, shared, used tokens) are kept incrementally
     so stats never walk the pool."""
@@ -45,14 +76,13 @@ class BlockPool:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
-        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.blocks = _LazyBlocks(num_blocks)
         self._head = Block(-1)          # sentinels: no None checks when linking
         self._tail = Block(-1)
-        prev = self._head
-        for b in self.blocks:
-            prev.next, b.prev = b, prev
-            prev = b
-        prev.next, self._tail.prev = self._tail, prev
+        self._fresh = Block(-2)         # stands for ids [fresh_next, num_blocks), in id order
+        self.fresh_next = 0
+        self._head.next, self._fresh.prev = self._fresh, self._head
+        self._fresh.next, self._tail.prev = self._tail, self._fresh
         self.num_free = num_blocks
         self.cached: dict[int, Block] = {}
         self.num_cached_free = 0        # ref 0 and holding a hash (revivable)
@@ -80,7 +110,11 @@ class BlockPool:
         """Free blocks in eviction order (head first). O(num_free); for tests and debugging."""
         b = self._head.next
         while b is not self._tail:
-            yield b
+            if b is self._fresh:
+                for i in range(self.fresh_next, self.num_blocks):
+                    yield self.blocks[i]
+            else:
+                yield b
             b = b.next
 
     # ---- allocation ----------------------------------------------------------------------
@@ -91,6 +125,10 @@ class BlockPool:
         out = []
         for _ in range(n):
             b = self._head.next
+            if b is self._fresh:
+                b = self._take_fresh()
+                out.append(b)
+                continue
             self._unlink(b)
             if b.block_hash is not None:
                 self.num_cached_free -= 1
@@ -100,10 +138,25 @@ class BlockPool:
             out.append(b)
         return out
 
+    def _take_fresh(self) -> Block:
+        """The next never-used id, as an object held once (ref 1)."""
+        b = self.blocks[self.fresh_next]
+        self.fresh_next += 1
+        self.num_free -= 1
+        if self.fresh_next == self.num_blocks:   # range used up: drop its node from the list
+            f = self._fresh
+            f.prev.next, f.next.prev = f.next, f.prev
+            f.prev = f.next = None
+        b.ref_count = 1
+        b.filled = 0
+        return b
+
     def touch(self, blocks: Iterable[Block]) -> None:
         """Add one reference to each block, reviving it from the free list if it was free."""
         for b in blocks:
             if b.ref_count == 0:
+                if b.prev is None:
+                    raise KVCacheError(f"block {b.block_id} was never allocated; it cannot be shared")
                 self._unlink(b)
                 if b.block_hash is not None:
                     self.num_cached_free -= 1
@@ -150,6 +203,20 @@ class BlockPool:
         if b.block_hash is not None and self.cached.get(b.block_hash) is b:
             del self.cached[b.block_hash]
         b.block_hash = b.token_ids = b.parent_hash = b.salt = None
+
+    def block_arrays(self) -> tuple[list[str], list[int], list[int]]:
+        """(state "used"/"cached"/"free", ref_count, filled) per block id, touching only built
+        blocks: a snapshot of a 350k-block pool must not build 350k objects."""
+        n = self.num_blocks
+        state, refs, filled = ["free"] * n, [0] * n, [0] * n
+        for b in self.blocks.built():
+            i = b.block_id
+            refs[i], filled[i] = b.ref_count, b.filled
+            if b.ref_count:
+                state[i] = "used"
+            elif b.block_hash is not None:
+                state[i] = "cached"
+        return state, refs, filled
 
     @property
     def num_used(self) -> int:

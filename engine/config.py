@@ -25,6 +25,8 @@ class EngineConfig:
     seed: int = 0
     attention_backend: str = "auto"
     enable_prefix_caching: bool = True
+    load_format: str = "auto"          # "dummy": config + seeded random weights (engine/dummy_weights.py)
+    enforce_eager: bool = False        # True: no CUDA graphs for decode (always eager on CPU)
 
     def __post_init__(self):
         if self.block_size not in ALLOWED_BLOCK_SIZES:

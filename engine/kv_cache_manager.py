@@ -365,7 +365,7 @@ class KVCacheManager:
 
     def snapshot(self) -> dict:
         """Per-block and per-table view for the dashboard; JSON-serializable, O(num_blocks)."""
-        blocks, bs = self.pool.blocks, self._bs
+        bs = self._bs
         owners: dict[int, list] = {}
         seqs = []
         views = [(s.seq_id, s.session_id, "running", len(s.tokens), s.num_computed, s.table)
@@ -381,14 +381,9 @@ class KVCacheManager:
                          "shared": [b.ref_count >= 2 for b in table],
                          "last_block_filled": nc - (len(table) - 1) * bs if table else 0})
         return {
-            "time": time.time(), "block_size": bs, "num_blocks": len(blocks),
+            "time": time.time(), "block_size": bs, "num_blocks": self.pool.num_blocks,
             "stats": self.stats(),
-            "blocks": {
-                "state": ["used" if b.ref_count else "free" if b.block_hash is None else "cached"
-                          for b in blocks],
-                "ref_count": [b.ref_count for b in blocks],
-                "filled": [b.filled for b in blocks],
-            },
+            "blocks": dict(zip(("state", "ref_count", "filled"), self.pool.block_arrays())),
             "owners": owners, "sequences": seqs,
             "preemption_events": list(self.preemption_events),
         }

@@ -83,13 +83,19 @@ class LLM:
                  kv_cache_gib: float | None = None, max_model_len: int | None = None,
                  max_num_seqs: int = 64, max_num_batched_tokens: int | None = None, device: str | None = None,
                  dtype: str | None = None, seed: int = 0, attention_backend: str = "auto",
-                 enable_prefix_caching: bool = True, progress=None):
+                 enable_prefix_caching: bool = True, progress=None, load_format: str = "auto",
+                 enforce_eager: bool = False, hf_overrides: dict | None = None):
         cfg = EngineConfig(model=model, block_size=block_size, num_blocks=num_blocks,
                            kv_cache_gib=kv_cache_gib, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens, device=device, dtype=dtype,
                            seed=seed, attention_backend=attention_backend,
-                           enable_prefix_caching=enable_prefix_caching)
-        loaded = load_model(model, progress=progress)
+                           enable_prefix_caching=enable_prefix_caching, load_format=load_format,
+                           enforce_eager=enforce_eager)
+        if hf_overrides and load_format != "dummy":
+            raise ValueError("hf_overrides is only used with load_format='dummy'")
+        dummy_kw = dict(seed=seed, device=cfg.device, dtype=cfg.torch_dtype, hf_overrides=hf_overrides) \
+            if load_format == "dummy" else {}
+        loaded = load_model(model, progress=progress, load_format=load_format, **dummy_kw)
         self.config = cfg
         self.model_source = loaded.source
         self.hf_folder = loaded.hf_folder

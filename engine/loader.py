@@ -146,10 +146,41 @@ def _read_weights(folder: str) -> dict:
     return weights
 
 
-def load_model(model: str | None = None, progress=None) -> LoadedModel:
-    """Load config, weights and tokenizer. `progress(fraction, message)` is called along the way."""
+LOAD_FORMATS = ("auto", "dummy")
+
+
+def load_dummy(model: str, progress=None, *, seed: int = 0, device="cpu", dtype=torch.float32,
+               hf_overrides: dict | None = None) -> LoadedModel:
+    """A model from its config alone (shipped name, config.json or folder) with seeded random weights
+    drawn on `device` in `dtype` (no fp32 CPU copy of an 8B model). The tokenizer is the folder's if
+    it has one; otherwise prompts must be token ids."""
+    from engine import dummy_weights as dw
+    report = progress or (lambda f, m: _log(m))
+    if model is None:
+        raise ModelLoadError(f"load_format='dummy' needs model=<config>; shipped: {dw.shipped_configs()}")
+    try:
+        config = dw.load_config(model, hf_overrides)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelLoadError(str(e)) from e
+    check_architecture(config)
+    report(0.3, f"drawing random weights for {model} (seed {seed}) on {device}")
+    weights = dw.random_weights(config, seed=seed, device=device, dtype=dtype)
+    tok = dw.load_tokenizer_if_any(model) or dw.TokenIdTokenizer(config.vocab_size)
+    report(1.0, f"dummy model {model} ready")
+    return LoadedModel(config=config, weights=weights, tokenizer=tok, source=f"dummy:{model}",
+                       hf_folder=str(dw.config_path(model).parent))
+
+
+def load_model(model: str | None = None, progress=None, *, load_format: str = "auto",
+               **dummy_kw) -> LoadedModel:
+    """Load config, weights and tokenizer. `progress(fraction, message)` is called along the way.
+    load_format="dummy" builds from the config with random weights (see load_dummy)."""
     from transformers import AutoConfig, AutoTokenizer
 
+    if load_format not in LOAD_FORMATS:
+        raise ModelLoadError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
+    if load_format == "dummy":
+        return load_dummy(model, progress, **dummy_kw)
     report = progress or (lambda f, m: _log(m))
     report(0.05, "locating model")
     source, folder = resolve_hf_folder(model)

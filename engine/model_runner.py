@@ -1,6 +1,9 @@
 """Owns the model and the KV pool; turns a scheduled batch into tensors and runs one forward.
 
-The pool is allocated once here, sized from the memory budget, and never resized.
+The pool is allocated once here, sized from the memory budget, and never resized. A step's inputs
+go to the device in one copy (engine/step_inputs.py). On CUDA, warm_up() compiles the Triton
+variants and captures decode CUDA graphs per batch bucket (engine/cuda_graphs.py); pure decode
+steps replay a graph unless enforce_eager. The CPU path runs the eager loop, exact fp32.
 """
 from __future__ import annotations
 
@@ -11,6 +14,9 @@ from engine.config import EngineConfig, DEFAULT_CPU_KV_CACHE_GIB, DEFAULT_GPU_ME
 from engine.kv_cache_manager import KVCacheManager
 from engine.models.llama import AttentionMetadata, LlamaModel, head_dim_of
 from engine.sequence import Sequence
+from engine.step_inputs import StagingBuffer, pack_step
+
+GRAPH_MAX_LEN = 8192   # decode graphs cover contexts up to this; longer ones run eagerly
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
@@ -51,38 +57,46 @@ class ModelRunner:
         # one allocation for the whole life of the engine
         self.kv_pool = torch.zeros(2, m.num_layers, self.num_blocks, cfg.block_size, m.num_kv_heads,
                                    m.head_dim, dtype=self.dtype, device=self.device)
+        self.staging = StagingBuffer(self.device)     # one pinned buffer, one copy per step
+        self.graphs = None                            # DecodeGraphs after warm_up() on CUDA
+        self.warmup_stats: dict = {}
+        self.warm_up()
+
+    def warm_up(self) -> None:
+        """CUDA only: compile every Triton variant, then capture the decode graphs (unless
+        enforce_eager). Progress goes to stderr."""
+        if self.device.type != "cuda":
+            return
+        from engine.warmup import warm_up
+        width = -(-self.max_model_len // self.cfg.block_size)
+        self.warmup_stats = warm_up(self.model, self.kv_pool, self.backend, width)
+        if not self.cfg.enforce_eager and self.backend == "triton":   # the torch reference syncs
+            from engine.cuda_graphs import DecodeGraphs
+            self.graphs = DecodeGraphs(self.model, self.kv_pool, self.cfg.block_size, self.cfg.max_num_seqs,
+                                       min(self.max_model_len, GRAPH_MAX_LEN), self.backend)
+            self.warmup_stats["graph_capture_s"] = self.graphs.capture()
 
     def run(self, batch: list[tuple[Sequence, int, int]], kv: KVCacheManager,
             copies: list[tuple[int, int]], sample_rows: list[int]) -> torch.Tensor:
         """batch: [(seq, start, n)]; sample_rows: indices into batch that need next-token logits.
         Returns fp32 logits [len(sample_rows), vocab] on CPU."""
-        if copies:
-            kernels.copy_blocks(self.kv_pool, torch.tensor(copies, dtype=torch.int64, device=self.device),
-                                backend=self.backend)
-        ids, pos, slots, tables, seq_lens, cu = [], [], [], [], [], [0]
-        for seq, start, n in batch:
-            end = start + n
-            ids.extend(seq.token_ids[start:end])
-            pos.extend(range(start, end))
-            slots.extend(kv.slots_for(seq.seq_id, start, end))
-            tables.append(kv.block_table(seq.seq_id))
-            seq_lens.append(end)
-            cu.append(cu[-1] + n)
-        width = max(len(t) for t in tables)
-        dev = self.device
-        table_t = torch.zeros(len(tables), width, dtype=torch.int32)
-        for r, t in enumerate(tables):
-            table_t[r, :len(t)] = torch.tensor(t, dtype=torch.int32)
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=table_t.to(dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
-            max_seqlen_q=max(n for _, _, n in batch),
-            backend=self.backend,
-        )
-        logits_idx = torch.tensor([cu[r + 1] - 1 for r in sample_rows], dtype=torch.int64, device=dev)
-        logits = self.model.forward(torch.tensor(ids, dtype=torch.int64, device=dev),
-                                    torch.tensor(pos, dtype=torch.int64, device=dev),
-                                    self.kv_pool, meta, logits_idx)
-        return logits.cpu()
+        return self.run_on_device(batch, kv, copies, sample_rows).cpu()
+
+    def run_on_device(self, batch, kv, copies, sample_rows) -> torch.Tensor:
+        """As run(), but the logits stay on the model's device (for device-side sampling). A graph's
+        logits are a view valid until the next step."""
+        if self.graphs is not None and self.graphs.can_run(batch, sample_rows):
+            if copies:
+                kernels.copy_blocks(self.kv_pool, torch.tensor(copies, dtype=torch.int64, device=self.device),
+                                    backend=self.backend)
+                copies = []
+            logits = self.graphs.run(batch, kv)
+            if logits is not None:
+                return logits
+        ids, pos, slots, tables, seq_lens, cu, logits_idx, copy_t, max_q = pack_step(
+            self.staging, batch, kv, copies, sample_rows)
+        if copy_t is not None:
+            kernels.copy_blocks(self.kv_pool, copy_t, backend=self.backend)
+        meta = AttentionMetadata(slot_mapping=slots, block_tables=tables, seq_lens=seq_lens,
+                                 cu_seqlens_q=cu, max_seqlen_q=max_q, backend=self.backend)
+        return self.model.forward(ids, pos, self.kv_pool, meta, logits_idx)

@@ -192,17 +192,25 @@ def _num_sms(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def choose_num_splits(num_seqs, num_kv_heads, max_ctx, device, tile_n) -> int:
-    """Split the context only when (seq, kv head) programs alone cannot fill the GPU: aim for
-    ~2 programs per SM, each split holding >= 256 positions so the merge stays cheap.
-    max_ctx is block_tables' width * block_size (no device sync): callers should trim
-    block_tables to the batch's longest sequence."""
-    progs = num_seqs * num_kv_heads
-    sms = _num_sms(device)
-    if progs >= sms:
+DECODE_BLOCKS_PER_SM = 2     # the decode kernel's 255 registers/thread at 4 warps: 2 programs per SM
+DECODE_MIN_WAVES = 2         # a lone partial wave leaves SMs idle while its tail finishes
+MIN_SPLIT_POSITIONS = 256    # below this the merge and the per-split overhead stop paying off
+
+
+def choose_num_splits(num_seqs, num_kv_heads, max_ctx, device, tile_n, num_sms=None) -> int:
+    """Split-K for decode from the SM count and the context: enough (seq, kv head, split) programs
+    for DECODE_MIN_WAVES full waves of DECODE_BLOCKS_PER_SM programs per SM, but no split shorter
+    than MIN_SPLIT_POSITIONS (short contexts are not worth splitting). Batch 64 x 8 KV heads on 132
+    SMs is 512 programs, under two waves (528), so it still gets 2 splits at a 4k context.
+    max_ctx is block_tables' width * block_size (no device sync); a CUDA graph passes its padded
+    width, so a bucket's split count is fixed."""
+    progs = max(1, num_seqs * num_kv_heads)
+    sms = num_sms or _num_sms(device)
+    target = DECODE_MIN_WAVES * DECODE_BLOCKS_PER_SM * sms
+    if progs >= target:
         return 1
-    want = triton.cdiv(2 * sms, progs)
-    return max(1, min(want, max_ctx // max(256, tile_n), 64))
+    want = triton.cdiv(target, progs)
+    return max(1, min(want, max_ctx // max(MIN_SPLIT_POSITIONS, tile_n), 64))
 
 
 def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,

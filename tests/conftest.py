@@ -15,11 +15,59 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+from _pytest.reports import CollectReport  # noqa: E402
+
+from tests import deps  # noqa: E402
+
+_CUDA = torch.cuda.is_available() or deps.ASSUME_CUDA
+
+
+def _reason_for(paths) -> str | None:
+    if not _CUDA:
+        return None
+    paths = [p for p in paths if p.exists()]
+    if not paths:
+        return None
+    return deps.skip_reason("\n".join(p.read_text(errors="replace") for p in paths), _CUDA)
+
+
+class _GpuMachineSkips:
+    """Registered as a plain plugin (pytest_configure below), not as this conftest's hook: a
+    conftest's hooks are not active for a directory until that directory's own conftests are
+    loaded, which is exactly the import that must not happen."""
+
+    @staticmethod
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_make_collect_report(collector):
+        """On a CUDA machine without gradio / gguf / sqlite-utils / a browser / the bundled model, a test
+        module needing one, or a directory whose conftest needs one (that conftest is then never
+        imported), is reported as skipped with the reason instead of failing at import.
+        On CPU this never triggers (see tests/deps.py)."""
+        path = getattr(collector, "path", None)
+        if path is None:
+            return None
+        if isinstance(collector, pytest.Directory):
+            reason = _reason_for([path / "conftest.py"])
+        elif isinstance(collector, pytest.Module):
+            reason = _reason_for([path])
+        else:
+            return None
+        if reason is None:
+            return None
+        return CollectReport(collector.nodeid, "skipped", (str(path), 0, f"Skipped: {reason}"), [])
+
+
+def pytest_configure(config):
+    if _CUDA:
+        config.pluginmanager.register(_GpuMachineSkips(), "paged-chat-gpu-machine-skips")
 
 
 @pytest.fixture(scope="session")
 def model_folder() -> str:
     """A plain HF folder of the default model (GGUF dequantized once into the cache)."""
+    reason = deps.bundled_model_skip_reason(_CUDA)
+    if reason:
+        pytest.skip(reason)
     from engine.loader import resolve_hf_folder
     return resolve_hf_folder(None)[1]
 

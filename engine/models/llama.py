@@ -111,6 +111,8 @@ class LlamaModel:
             })
         self.cos, self.sin = rope_tables(config, max_positions, device)
         self.cos, self.sin = self.cos.to(dtype), self.sin.to(dtype)
+        # CUDA: the loop with fused Triton layer ops (engine/models/llama_fused.py); CPU: eager
+        self.use_fused = torch.device(device).type == "cuda"
 
     def num_params(self) -> int:
         n = self.embed.numel() + self.norm.numel() + (0 if self.lm_head is self.embed else self.lm_head.numel())
@@ -122,6 +124,9 @@ class LlamaModel:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: torch.Tensor,
                 meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
         """Run the packed batch; return fp32 logits for the tokens at `logits_indices`."""
+        if self.use_fused:
+            from engine.models.llama_fused import forward_fused
+            return forward_fused(self, input_ids, positions, kv_pool, meta, logits_indices)
         T = input_ids.shape[0]
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         inter = self.layers[0]["down"].shape[1] if self.layers else 0

@@ -17,6 +17,13 @@ def make_llm():
 
     def make(**kw):
         kw.setdefault("num_blocks", 512)
+        kw.setdefault("device", "cpu")       # the references are fp32 HF on CPU, on any machine
+        if "model" not in kw:
+            from tests import deps
+            import torch
+            reason = deps.bundled_model_skip_reason(torch.cuda.is_available() or deps.ASSUME_CUDA)
+            if reason:
+                pytest.skip(reason)
         llm = LLM(**kw)
         made.append(llm)
         return llm

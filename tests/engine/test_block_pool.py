@@ -106,3 +106,55 @@ def test_used_tokens_accounting():
     assert pool.num_used_tokens == 0 and b.filled == 0 and a.filled == 8
     pool.touch([a])                    # a revived cached block brings its 8 tokens back
     assert pool.num_used_tokens == 8
+
+
+def built_ids(pool):
+    return sorted(b.block_id for b in pool.blocks.built())
+
+
+def test_gpu_sized_pool_builds_only_the_blocks_it_hands_out():
+    """350k blocks (SmolLM2 bf16 at 85% of an H200): construction builds no per-block objects."""
+    pool = BlockPool(350_000)
+    assert built_ids(pool) == [] and pool.num_free == 350_000
+    got = pool.get_new_blocks(3)
+    assert [b.block_id for b in got] == [0, 1, 2] and built_ids(pool) == [0, 1, 2]
+    state, refs, filled = pool.block_arrays()
+    assert len(state) == 350_000 and state[:4] == ["used"] * 3 + ["free"] and refs[:4] == [1, 1, 1, 0]
+    assert built_ids(pool) == [0, 1, 2]          # a snapshot does not build the rest
+
+
+def test_fresh_range_keeps_exact_eviction_order():
+    """Hashless frees go before the never-used range, cached frees after it, as with real objects."""
+    pool = BlockPool(8)
+    a, b, c = pool.get_new_blocks(3)
+    pool.register(b, 7, (1,), None, None)
+    pool.free_blocks([a])
+    pool.free_blocks([b])
+    assert free_ids(pool) == [0, 3, 4, 5, 6, 7, 1]
+    assert [x.block_id for x in pool.get_new_blocks(2)] == [0, 3]
+    assert free_ids(pool) == [4, 5, 6, 7, 1]
+    assert pool.blocks[6].ref_count == 0 and free_ids(pool) == [4, 5, 6, 7, 1]   # looking builds, no move
+    assert [x.block_id for x in pool.get_new_blocks(4)] == [4, 5, 6, 7]
+    assert free_ids(pool) == [1] and pool.num_cached_free == 1
+    assert pool.get_new_blocks(1)[0] is b and b.block_hash is None and pool.cached == {}
+    with pytest.raises(NoFreeBlocksError):
+        pool.get_new_blocks(1)
+
+
+def test_block_arrays_match_the_objects():
+    pool = BlockPool(10)
+    blocks = pool.get_new_blocks(4)
+    pool.register(blocks[1], 5, (1,), None, None)
+    pool.set_filled(blocks[0], 3)
+    pool.touch([blocks[0]])
+    pool.free_blocks([blocks[1], blocks[2]])
+    state, refs, filled = pool.block_arrays()
+    assert refs == [b.ref_count for b in pool.blocks]
+    assert filled == [b.filled for b in pool.blocks]
+    assert state[:5] == ["used", "cached", "free", "used", "free"]
+
+
+def test_never_allocated_block_cannot_be_shared():
+    pool = BlockPool(4)
+    with pytest.raises(KVCacheError, match="never allocated"):
+        pool.touch([pool.blocks[2]])

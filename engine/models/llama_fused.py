@@ -1,0 +1,44 @@
+"""The Llama forward with fused Triton layer ops: the CUDA path of `LlamaModel.forward`.
+
+Why a second loop: on a GPU a decode step is launch-bound (~950 launches for 30 layers, most of
+them the 8-op RMSNorm, 5-op RoPE, the residual adds and SiLU*mul). Here each layer is
+  norm+add (1) -> qkv GEMM -> RoPE+KV store (1) -> attention -> o GEMM -> add+norm (1)
+  -> gate_up GEMM -> SiLU*mul (1) -> down GEMM,
+and the residual add is folded into the next norm. Rounding matches the eager loop (and so
+transformers) in every dtype; tests/engine/test_fused_forward.py checks the two loops agree.
+The CPU path keeps the eager loop and its exact fp32 mode.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import kernels
+from kernels.triton_act import silu_and_mul
+from kernels.triton_norm import add_rms_norm
+from kernels.triton_rope_store import rope_and_store
+
+
+@torch.inference_mode()
+def forward_fused(m, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: torch.Tensor, meta,
+                  logits_indices: torch.Tensor) -> torch.Tensor:
+    """Same contract as LlamaModel.forward (m is the LlamaModel)."""
+    T = input_ids.shape[0]
+    h, kvh, d = m.num_heads, m.num_kv_heads, m.head_dim
+    x = F.embedding(input_ids, m.embed)
+    if not m.layers:
+        return F.linear(add_rms_norm(x[logits_indices], None, m.norm, m.eps), m.lm_head).float()
+    residual = x
+    a = add_rms_norm(x, None, m.layers[0]["ln1"], m.eps)
+    for i, L in enumerate(m.layers):
+        k_cache, v_cache = kv_pool[0, i], kv_pool[1, i]
+        qkv = F.linear(a, L["qkv"], L["qkv_b"])
+        q = rope_and_store(qkv, positions, m.cos, m.sin, k_cache, v_cache, meta.slot_mapping, h, kvh)
+        o = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                    meta.cu_seqlens_q, m.scale, max_seqlen_q=meta.max_seqlen_q,
+                                    backend=meta.backend)
+        a, residual = add_rms_norm(F.linear(o.view(T, h * d), L["o"], L["o_b"]), residual, L["ln2"], m.eps)
+        down = F.linear(silu_and_mul(F.linear(a, L["gate_up"])), L["down"])
+        nxt = m.layers[i + 1]["ln1"] if i + 1 < len(m.layers) else m.norm
+        a, residual = add_rms_norm(down, residual, nxt, m.eps)
+    return F.linear(a[logits_indices], m.lm_head).float()

@@ -1,0 +1,61 @@
+"""Decode CUDA-graph buckets, checked on CPU: the graph replay is emulated by running the same
+padded forward over the same static buffers (engine/cuda_graphs.py), so what a graph would compute
+is checked here — padding to the bucket, fixed-width block tables with stale entries, pad rows that
+must not store K/V — against HF generate on the same random weights. The real capture runs on
+CUDA in scripts/gpu_check.sh."""
+import torch
+
+from engine import LLM, SamplingParams
+from engine import dummy_weights as dw
+from engine.cuda_graphs import DecodeGraphs, bucket_sizes
+
+SMALL = {"num_hidden_layers": 2, "vocab_size": 4096}
+
+
+def test_bucket_sizes():
+    assert bucket_sizes(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert bucket_sizes(48) == [1, 2, 4, 8, 16, 32, 48]
+    assert bucket_sizes(1) == [1]
+    assert bucket_sizes(300) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 300]
+
+
+def test_padded_bucket_decode_matches_hf_generate():
+    llm = LLM(model="smollm2-135m", load_format="dummy", hf_overrides=SMALL, num_blocks=96, seed=3,
+              device="cpu", max_num_seqs=6, max_model_len=200)
+    try:
+        runner = llm.engine.runner
+        graphs = DecodeGraphs(runner.model, runner.kv_pool, llm.config.block_size, 6, 200, runner.backend)
+        calls = []
+        real_run = graphs.run
+        graphs.run = lambda batch, kv: calls.append(len(batch)) or real_run(batch, kv)
+        # 5 sequences of different lengths decode together: bucket 8 > max 6 -> buckets 1,2,4,6;
+        # 5 and 3 rows are padded, and tables are rewritten row by row as sequences finish
+        graphs.capture()
+        runner.graphs = graphs
+        prompts = [[(13 * j + 7 * i + 1) % 4096 for i in range(n)] for j, n in enumerate((5, 17, 31, 16, 40))]
+        lens = [9, 12, 4, 14, 7]
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                            [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in lens])
+        assert calls and max(calls) == 5 and 3 in calls, f"graph path not taken as expected: {calls}"
+        cfg = dw.load_config("smollm2-135m", SMALL)
+        hf = dw.hf_model_with_weights(cfg, dw.random_weights(cfg, seed=3))
+        for p, m, o in zip(prompts, lens, outs):
+            x = torch.tensor([p])
+            with torch.no_grad():
+                ref = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=m, do_sample=False,
+                                  eos_token_id=None, pad_token_id=0)[0, len(p):]
+            assert o.outputs[0].token_ids == ref.tolist()
+        assert llm.stats()["used_blocks"] == 0
+    finally:
+        llm.shutdown()
+
+
+def test_enforce_eager_and_cpu_have_no_graphs():
+    """On CPU there is nothing to capture; enforce_eager reaches the runner's config."""
+    llm = LLM(model="smollm2-135m", load_format="dummy", hf_overrides=SMALL, num_blocks=8, device="cpu",
+              enforce_eager=True)
+    try:
+        assert llm.engine.runner.cfg.enforce_eager is True
+        assert llm.engine.runner.graphs is None and llm.engine.runner.warmup_stats == {}
+    finally:
+        llm.shutdown()
