@@ -99,7 +99,6 @@ class LLM:
         self._commands: queue.Queue = queue.Queue()
         self._live: set[str] = set()                 # request ids not yet finished
         self._live_lock = threading.Lock()
-        self._sessions: dict[str, list[int]] = {}     # session -> prompt + generated ids so far
         self._latest_snapshot: dict | None = None
         self._snapshot_time = 0.0
         self._stopping = False
@@ -233,14 +232,9 @@ class LLM:
                 raise ValueError(f"request id {rid!r} is already in use")
             self._live.add(rid)
         stream = RequestStream(rid, ids, params.n, self)
-        collected: list[int] = []
         open_outputs = [params.n]
 
         def on_output(delta: RequestOutputDelta) -> None:   # runs in the engine thread
-            if req.session_id is not None and delta.index == 0:   # None once the session ended
-                collected.extend(delta.token_ids)
-                if delta.finished:
-                    self._sessions[session_id] = ids + collected
             if delta.finished:
                 open_outputs[0] -= 1
                 if open_outputs[0] == 0:
@@ -252,22 +246,45 @@ class LLM:
         return req, stream
 
     def submit_chat(self, messages: list[dict], params: SamplingParams | None = None, *,
-                    session_id: str | None = None, request_id: str | None = None) -> RequestStream:
-        """Chat turn. With a session, the previous turn's exact token ids are reused as the prefix."""
-        previous = self._sessions.get(session_id) if session_id else None
+                    session_id: str | None = None, request_id: str | None = None,
+                    previous_ids: list[int] | None = None) -> RequestStream:
+        """Chat turn. The previous turn's exact token ids are reused as the prefix: `previous_ids`
+        when the caller kept them (e.g. read back from storage after a restart, or the branch being
+        continued), else the session's last turn. They are used only if they decode to the start
+        of the rendered conversation, so a wrong guess costs cache hits, never correctness."""
+        previous = previous_ids if previous_ids else (self.engine.sessions.token_ids(session_id)
+                                                      if session_id else None)
         ids = continue_session_prompt(self.tokenizer, messages, previous)
         return self.submit({"prompt_token_ids": ids}, params, session_id=session_id, request_id=request_id)
 
     def abort(self, request_id: str) -> bool:
         return bool(self._call("abort", request_id))
 
+    # ---- sessions (the table itself is engine/sessions.py, owned by the engine) ---------------
+    def open_session(self, session_id: str, token_ids: list[int] | None = None) -> None:
+        """Declare a chat session, optionally with the exact ids of its last turn (prompt + reply)
+        read back from storage after a restart; its next turn continues from them."""
+        if token_ids is not None:
+            self.engine.validate_prompt(list(token_ids) or [0])
+        self.engine.sessions.open(session_id, token_ids)
+
+    def session_token_ids(self, session_id: str) -> list[int] | None:
+        """The exact ids the session's next turn continues from (None: no turn yet)."""
+        return self.engine.sessions.token_ids(session_id)
+
+    def fork_session(self, src: str, dst: str) -> None:
+        """A new session that starts from `src`'s ids; the shared prefix shares its blocks."""
+        self.engine.sessions.fork(src, dst)
+
     def end_session(self, session_id: str) -> bool:
-        """Release a conversation's held KV blocks (tab closed or conversation deleted)."""
-        self._sessions.pop(session_id, None)
-        try:
-            return bool(self._call("call", lambda eng: eng.end_session(session_id)))
-        finally:
-            self._sessions.pop(session_id, None)    # a turn that finished meanwhile re-added it
+        """Release a session's parked KV blocks (no tab shows it any more); its ids are kept."""
+        return bool(self._call("call", lambda eng: eng.release_session(session_id)))
+
+    release_session = end_session
+
+    def close_session(self, session_id: str) -> bool:
+        """Forget a session (its conversation was deleted): ids dropped, blocks released."""
+        return bool(self._call("call", lambda eng: eng.close_session(session_id)))
 
     # ---- batch API -------------------------------------------------------------------------------
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = False) -> list[RequestOutput]:

@@ -18,6 +18,7 @@ from engine.model_runner import ModelRunner
 from engine.sampler import make_generator, sample
 from engine.scheduler import Scheduler
 from engine.sequence import Request, RequestOutputDelta, Sequence, SeqStatus
+from engine.sessions import SessionTable
 
 
 class LLMEngine:
@@ -34,6 +35,7 @@ class LLMEngine:
                                  enable_prefix_caching=cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens)
         self.requests: dict[str, Request] = {}
+        self.sessions = SessionTable()      # chat sessions: exact ids + life cycle (engine/sessions.py)
         self.eos_ids = self._eos_ids()
         self.preemption_events: deque = deque(maxlen=50)
         self.generated_tokens_total = 0
@@ -67,6 +69,8 @@ class LLMEngine:
         if req.request_id in self.requests:
             raise ValueError(f"request id {req.request_id!r} is already in use")
         self.requests[req.request_id] = req
+        if req.session_id is not None:
+            self.sessions.begin_turn(req.session_id, req.request_id)
         self._new_sequence(req, 0, list(req.prompt_ids))
 
     def _new_sequence(self, req: Request, index: int, token_ids: list[int]) -> Sequence:
@@ -94,11 +98,15 @@ class LLMEngine:
         self.requests.pop(request_id, None)
         return True
 
-    def end_session(self, session_id: str) -> bool:
-        """Release an idle session's blocks; a turn still running for it will free, not park."""
-        for req in self.requests.values():
-            if req.session_id == session_id:
-                req.session_id = None
+    def release_session(self, session_id: str) -> bool:
+        """Release a session's parked blocks, keeping its ids; a turn still running for it will
+        free, not park. False if no blocks were parked."""
+        self.sessions.release(session_id)
+        return self.kv.free_session(session_id)
+
+    def close_session(self, session_id: str) -> bool:
+        """Forget a session (conversation deleted): ids dropped, blocks released."""
+        self.sessions.close(session_id)
         return self.kv.free_session(session_id)
 
     def fail_request_outputs(self, req: Request, message: str) -> None:
@@ -114,7 +122,8 @@ class LLMEngine:
             for seq in req.seqs:
                 if self.kv.has_sequence(seq.seq_id):
                     self.kv.forget_cached(seq.seq_id)
-            req.session_id = None           # free, do not park, what may hold unwritten KV
+            if req.session_id is not None:  # free, do not park, what may hold unwritten KV
+                self.sessions.release(req.session_id)
             self.abort_request(req.request_id, reason="error", error=message)
 
     def _deliver(self, req: Request, delta: RequestOutputDelta) -> None:
@@ -202,8 +211,12 @@ class LLMEngine:
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
         req = seq.request
+        park = False
+        if req.session_id is not None and seq.index == 0:   # the session table decides, and keeps the ids
+            park = self.sessions.finish_turn(req.session_id, req.request_id,
+                                             None if reason == "error" else seq.token_ids)
         if was_admitted:
-            if req.session_id is not None and seq.index == 0:
+            if park:
                 self.kv.park(seq.seq_id, req.session_id)
             else:
                 self.kv.free(seq.seq_id)

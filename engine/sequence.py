@@ -70,7 +70,6 @@ class Request:
     on_output: object = None          # callable(RequestOutputDelta) set by the front
     seqs: list[Sequence] = field(default_factory=list)
     forked: bool = False
-    aborted: bool = False
 
     @property
     def prompt_len(self) -> int:

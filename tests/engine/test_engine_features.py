@@ -210,11 +210,13 @@ def test_end_session_during_a_turn_frees_instead_of_parking(make_llm):
     llm = make_llm(num_blocks=128)
     s = llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), session_id="tab")
     it = iter(s)
-    next(it)
+    first = next(it)
     llm.end_session("tab")
-    list(it)
+    rest = list(it)
     assert llm.stats()["num_idle_sessions"] == 0 and llm.stats()["used_blocks"] == 0
-    assert "tab" not in llm._sessions
+    # released, not forgotten: the session keeps the turn's exact ids (prompt + reply)
+    assert llm.session_token_ids("tab") == s.prompt_ids + [t for d in [first, *rest] for t in d.token_ids]
+    assert llm.close_session("tab") is False and llm.session_token_ids("tab") is None
 
 
 def test_n_children_count_against_max_num_seqs(make_llm):
