@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 
 import gradio as gr
 
-from engine import SamplingParams
 from ui import chat_view as view
 from ui.chat_context import ChatContext
-from ui.chat_tabs import in_daemon_thread
+from ui.chat_turn import Turn, abort_turn, start_turn
 
-FLUSH_S = 2.0          # partial replies reach the database at least this often
 YIELD_S = 0.05         # at most ~20 page updates a second per stream
-STAT_KEYS = ("prompt_tokens", "cached_tokens", "output_tokens", "ttft_s", "tokens_per_s")
 N_OUTPUTS = 5 + view.MAX_ALTERNATIVES   # msg box, chatbot, status, conversation list, alt row, alts
 
 
@@ -42,120 +38,125 @@ def outputs(msg=None, chat=None, status=None, radio=None, alts=None) -> tuple:
 
 def conversation_list(ctx: ChatContext, request, selected: str | None):
     rows = ctx.storage.list_conversations(owner=ctx.check(request))
-    return gr.Radio(choices=view.conversation_choices(rows), value=selected)
+    choices = view.conversation_choices(rows)
+    tab = ctx.tab(request)
+    tab.list_sig = (tuple(choices), selected)
+    return gr.Radio(choices=choices, value=selected)
 
 
-def reply_stats(metrics: dict, finish_reason: str | None) -> dict:
-    stats = {k: metrics.get(k) for k in STAT_KEYS if metrics.get(k) is not None}
-    if finish_reason:
-        stats["finish_reason"] = finish_reason
-    return stats
+def show(tab, path: list[dict]) -> list[dict]:
+    """The chatbot rows for `path`, recording what the tab now shows (for edits and repaints)."""
+    shown, tab.shown_ids = view.display_messages(path)
+    tab.view_sig = view_signature(path)
+    return shown
 
 
-class _Reply:
-    """The stored reply of index 0: created on first text, flushed, finalised."""
-
-    def __init__(self, ctx: ChatContext, conv_id: str, user_id: int, sibling_of: int | None):
-        self.ctx, self.conv_id, self.user_id, self.sibling_of = ctx, conv_id, user_id, sibling_of
-        self.id: int | None = None
-        self.flushed = 0.0
-
-    def update(self, text: str, force: bool = False) -> None:
-        st = self.ctx.storage
-        if self.id is None:
-            if not text:
-                return
-            row = (st.add_sibling(self.sibling_of, text, status="stopped") if self.sibling_of is not None
-                   else st.add_message(self.conv_id, "assistant", text, parent_id=self.user_id, status="stopped"))
-            self.id, self.flushed = row["id"], time.monotonic()
-        elif force or time.monotonic() - self.flushed >= FLUSH_S:
-            st.update_message(self.id, content=text)
-            self.flushed = time.monotonic()
-
-    def finish(self, text: str, token_ids: list[int], status: str, stats: dict) -> None:
-        if self.id is None and not text and not token_ids:
-            return                       # stopped before the first token: nothing to keep
-        if self.id is None:
-            self.update(text or "", force=True)
-            if self.id is None:          # empty text but tokens (e.g. only EOS): keep the row
-                row = (self.ctx.storage.add_sibling(self.sibling_of, "", status=status)
-                       if self.sibling_of is not None else
-                       self.ctx.storage.add_message(self.conv_id, "assistant", "", parent_id=self.user_id,
-                                                    status=status))
-                self.id = row["id"]
-        self.ctx.storage.update_message(self.id, content=text, token_ids=token_ids, status=status)
-        if stats:
-            self.ctx.storage.add_reply_stats(self.id, **stats)
+def view_signature(path: list[dict]) -> tuple:
+    return tuple((m["id"], m["status"], len(m["content"])) for m in path)
 
 
 async def generate(ctx: ChatContext, request, tab, conv_id: str, user_id: int, kw: dict,
                    sibling_of: int | None = None, first_msg: str | None = None):
-    """Stream a reply to stored user message `user_id`. The caller has called tabs.begin(conv_id);
-    this generator always calls tabs.end(conv_id)."""
-    llm, st = ctx.llm, ctx.storage
-    n = kw["n"]
-    rid = f"chat-{uuid.uuid4().hex[:12]}"
-    submitted = None
-    done = [False] * n
-    reply = _Reply(ctx, conv_id, user_id, sibling_of)
-    texts, toks, metrics, reasons = [""] * n, [[] for _ in range(n)], [{} for _ in range(n)], [None] * n
-    error = None
+    """Start a reply to stored user message `user_id` and paint it while this tab shows its
+    conversation. The caller has called tabs.begin(conv_id); the turn always calls tabs.end."""
+    st = ctx.storage
+    path = view.path_until(st.get_messages(conv_id, through=user_id), user_id)
+    messages = view.engine_messages(st.conversation_system_prompt(conv_id), path)
+    turn = Turn(conv_id, user_id, kw["n"])
     try:
-        path = view.path_until(st.get_messages(conv_id, through=user_id), user_id)
-        messages = view.engine_messages(st.conversation_system_prompt(conv_id), path)
-        shown, tab.shown_ids = view.display_messages(path)
-        alts = [view.alternative_markdown(i, "", None, admitted=False) for i in range(n)] if n > 1 else []
+        start_turn(ctx, turn, messages, kw, sibling_of)
+    except BaseException:
+        ctx.tabs.end(conv_id)
+        raise
+    try:
+        shown = show(tab, path)
+        alts = [view.alternative_markdown(i, "", None, admitted=False) for i in range(turn.n)] if turn.n > 1 else []
         yield outputs(first_msg, shown + [{"role": "assistant", "content": view.QUEUED}],
                       view.QUEUED, conversation_list(ctx, request, conv_id), alts)
-        tab.request_id = rid
-        submitted = in_daemon_thread(llm.submit_chat, messages, SamplingParams(**kw),
-                                     session_id=conv_id, request_id=rid)
+        async for out in follow_turn(ctx, request, tab, turn, shown):
+            yield out
+    except (asyncio.CancelledError, GeneratorExit):
+        # Stop, or the tab closed: Gradio cancels this handler. End the reply if this tab still
+        # shows it (a tab that moved on has already let go), and wait until it is stored.
+        if tab.conv_id == conv_id:
+            turn.task.cancel()           # its finally aborts the request and stores the reply
         try:
-            stream = await asyncio.wrap_future(submitted)
-        except ValueError as e:          # e.g. longer than max_model_len: the engine is untouched
-            submitted = None
-            yield outputs(chat=shown + [{"role": "assistant", "content": view.error_notice(str(e))}],
-                          status=view.error_notice(str(e)), alts=[])
-            return
-        admitted, last_yield = False, 0.0
-        async for d in stream:
-            i = d.index
-            admitted = admitted or d.metrics.get("state") == "running" or bool(d.token_ids)
-            texts[i] += d.text
-            toks[i].extend(d.token_ids)
-            metrics[i] = d.metrics or metrics[i]
-            if d.finished:
-                done[i], reasons[i] = True, d.finish_reason
-                error = error or d.error
-            if i == 0:
-                reply.update(texts[0])
-            now = time.monotonic()
-            if now - last_yield >= YIELD_S or all(done):
-                last_yield = now
-                live = view.live_reply(texts[0], admitted, metrics[0] if texts[0] else None)
-                status = ("generating…" if admitted else view.QUEUED)
-                alts = [view.alternative_markdown(k, texts[k], metrics[k] if texts[k] else None, admitted)
-                        for k in range(n)] if n > 1 else None
-                yield outputs(chat=shown + [{"role": "assistant", "content": live}], status=status, alts=alts)
+            await asyncio.wait_for(asyncio.shield(turn.task), 30)
+        except Exception:
+            pass
+        raise
+
+
+async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[dict]):
+    """Paint a running turn into this tab until it ends, or until the tab shows another chat."""
+    tab.following = turn
+    try:
+        last = -1
+        while not turn.finished:
+            if tab.conv_id != turn.conv_id:
+                return                       # the user opened another chat: stop painting at once
+            if turn.version != last:
+                last = turn.version
+                live = view.live_reply(turn.texts[0], turn.admitted, turn.metrics[0] if turn.texts[0] else None)
+                alts = [view.alternative_markdown(k, turn.texts[k], turn.metrics[k] if turn.texts[k] else None,
+                                                  turn.admitted) for k in range(turn.n)] if turn.n > 1 else None
+                yield outputs(chat=shown + [{"role": "assistant", "content": live}],
+                              status="generating…" if turn.admitted else view.QUEUED, alts=alts)
+            await asyncio.sleep(YIELD_S)
+        await turn.task
     finally:
-        if tab.request_id == rid:
-            tab.request_id = None
-        status = ("error" if error or reasons[0] == "error" else
-                  "complete" if done[0] and reasons[0] in ("stop", "length") else "stopped")
-        try:
-            reply.finish(texts[0], toks[0], status, reply_stats(metrics[0], reasons[0]))
-        finally:
-            ctx.tabs.end(conv_id, None if all(done) else rid, submitted)
+        if tab.following is turn:
+            tab.following = None
+    if tab.conv_id != turn.conv_id:
+        return
+    if turn.refused is not None:
+        yield outputs(chat=shown + [{"role": "assistant", "content": view.error_notice(turn.refused)}],
+                      status=view.error_notice(turn.refused), alts=[])
+        return
     # Normal end: show the stored branch (with each reply's stats line) and the final alternatives.
-    path = st.get_messages(conv_id)
-    shown, tab.shown_ids = view.display_messages(path)
-    if error and not texts[0]:
-        shown.append({"role": "assistant", "content": view.error_notice(error)})
-    line = view.stats_line(reply_stats(metrics[0], reasons[0]), status)
-    alts = [view.alternative_markdown(k, texts[k], reply_stats(metrics[k], reasons[k]),
-                                      status="complete" if done[k] else "stopped")
-            for k in range(n)] if n > 1 else []
-    yield outputs(chat=shown, status=line or " ", radio=conversation_list(ctx, request, conv_id), alts=alts)
+    shown = show(tab, ctx.storage.get_messages(turn.conv_id))
+    if turn.error and not turn.texts[0]:
+        shown.append({"role": "assistant", "content": view.error_notice(turn.error)})
+    line = view.stats_line(turn.stats(0), turn.status)
+    alts = [view.alternative_markdown(k, turn.texts[k], turn.stats(k), status="complete" if turn.done[k] else "stopped")
+            for k in range(turn.n)] if turn.n > 1 else []
+    yield outputs(chat=shown, status=line or " ", radio=conversation_list(ctx, request, turn.conv_id), alts=alts)
+
+
+async def follow(ctx: ChatContext, request):
+    """After a tab opens a conversation: if a reply is being generated in it (started in this tab
+    earlier, or in another tab), paint it live here too."""
+    tab = ctx.tab(request)
+    turn = ctx.tabs.turn(tab.conv_id)
+    if turn is None or turn.finished or tab.following is turn:
+        yield outputs()
+        return
+    path = view.path_until(ctx.storage.get_messages(turn.conv_id, through=turn.user_id), turn.user_id)
+    async for out in follow_turn(ctx, request, tab, turn, show(tab, path)):
+        yield out
+
+
+def refresh(ctx: ChatContext, query: str | None, request):
+    """Timer tick of each tab (every ~2 s): the conversation list and, when this tab is not painting a
+    live reply, its chat as stored, each sent only when it changed (other tabs of the same user
+    created, renamed or continued a chat)."""
+    tab = ctx.tab(request)
+    rows = ctx.storage.list_conversations(owner=ctx.check(request), query=(query or "").strip() or None)
+    choices = view.conversation_choices(rows)
+    value = tab.conv_id if any(c[1] == tab.conv_id for c in choices) else None
+    radio = gr.skip()
+    if (tuple(choices), value) != tab.list_sig:
+        tab.list_sig = (tuple(choices), value)
+        radio = gr.Radio(choices=choices, value=value)
+    chat = gr.skip()
+    if tab.conv_id is not None and tab.following is None:
+        try:
+            path = ctx.storage.get_messages(tab.conv_id, owner=ctx.check(request))
+        except (KeyError, PermissionError):
+            path = None
+        if path is not None and view_signature(path) != tab.view_sig:
+            chat = show(tab, path)
+    return radio, chat
 
 
 def _busy_notice() -> None:
@@ -269,19 +270,20 @@ async def edit(ctx: ChatContext, index, new_text, kw: dict, request):
 
 
 async def stop(ctx: ChatContext, request):
-    """Stop: abort this tab's request in the engine (queued or running), wait for its handler to
-    store the partial reply, then show the stored branch. The browser also cancels the handler
-    (cancels=...), whose `finally` aborts too; whichever comes first, the result is the same."""
+    """Stop: abort the reply generating in the conversation on screen (queued or running), wait
+    for it to be stored, then show the stored branch. The browser also cancels this tab's handler
+    (cancels=...), which aborts too; whichever comes first, the result is the same."""
     tab = ctx.tab(request)
-    if tab.request_id is not None:
-        ctx.tabs.abort(tab.request_id)
+    turn = ctx.tabs.turn(tab.conv_id)
+    if turn is not None:
+        abort_turn(ctx, turn)
     deadline = time.monotonic() + 5
     while tab.conv_id is not None and ctx.tabs.is_busy(tab.conv_id) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     if tab.conv_id is None:
         return gr.skip(), " "
     path = ctx.storage.get_messages(tab.conv_id)
-    shown, tab.shown_ids = view.display_messages(path)
+    shown = show(tab, path)
     last = path[-1] if path else None
     line = view.stats_line(last.get("stats"), last.get("status")) if last and last["role"] == "assistant" else ""
     return shown, line or "stopped"

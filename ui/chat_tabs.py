@@ -69,7 +69,9 @@ class Tab:
     username: str | None = None
     conv_id: str | None = None
     shown_ids: list[int] = field(default_factory=list)   # stored message id of each chatbot row
-    request_id: str | None = None                        # the engine request streaming in this tab
+    view_sig: tuple = ()                                 # what the chatbot shows (to repaint on change)
+    list_sig: tuple = ()                                 # what the conversation list shows
+    following: object = None                             # the Turn this tab is painting, if any
 
 
 class TabRegistry:
@@ -79,6 +81,7 @@ class TabRegistry:
         self._tabs: dict[str, Tab] = {}
         self._viewers: dict[str, set[str]] = {}          # conversation id -> session hashes
         self._busy: set[str] = set()                     # conversations generating right now
+        self._turns: dict[str, object] = {}              # conversation id -> its running Turn
         self._jobs = SerialWorker("kv-release")
 
     # ---- tabs ----------------------------------------------------------------------------
@@ -142,8 +145,18 @@ class TabRegistry:
             self._busy.add(conv_id)
             return True
 
+    def attach(self, turn) -> None:
+        """The turn generating in turn.conv_id (after begin): every tab showing it can follow it."""
+        with self._lock:
+            self._turns[turn.conv_id] = turn
+
+    def turn(self, conv_id: str | None):
+        """The running Turn of a conversation, or None."""
+        with self._lock:
+            return self._turns.get(conv_id) if conv_id is not None else None
+
     def end(self, conv_id: str, abort_request_id: str | None = None,
-            submitted: Future | None = None) -> Future:
+            submitted: Future | None = None, turn=None) -> Future:
         """The generation is over: abort its request if still running, release if nobody shows it.
 
         `submitted` is the (possibly still running) submit call: the abort waits for it, so a
@@ -151,6 +164,8 @@ class TabRegistry:
         """
         with self._lock:
             self._busy.discard(conv_id)
+            if turn is None or self._turns.get(conv_id) is turn:
+                self._turns.pop(conv_id, None)
             orphan = conv_id not in self._viewers
         return self._jobs.submit(self._finish_job, abort_request_id, conv_id if orphan else None, submitted)
 
@@ -168,8 +183,8 @@ class TabRegistry:
         except RuntimeError:        # the engine is shutting down: nothing left to release
             pass
 
-    def abort(self, request_id: str) -> Future:
-        return self._jobs.submit(self._finish_job, request_id, None)
+    def abort(self, request_id: str, submitted: Future | None = None) -> Future:
+        return self._jobs.submit(self._finish_job, request_id, None, submitted)
 
     def release(self, conv_id: str) -> Future:
         return self._jobs.submit(self._finish_job, None, conv_id)
@@ -186,9 +201,9 @@ class TabRegistry:
     def abort_all(self) -> None:
         """Server shutting down: end every reply in flight (each handler then stores it as stopped)."""
         with self._lock:
-            rids = [t.request_id for t in self._tabs.values() if t.request_id is not None]
-        for rid in rids:
-            self.abort(rid)
+            turns = list(self._turns.values())
+        for turn in turns:
+            self.abort(turn.rid, turn.submitted)
 
     def shutdown(self, timeout: float | None = 10) -> bool:
         return self._jobs.shutdown(timeout)

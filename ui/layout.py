@@ -24,6 +24,14 @@ CSS = """
 """
 
 
+LIST_REFRESH_S = 2.0
+URL_JS = """(c) => {
+  const u = new URL(window.location.href);
+  if (c) { u.searchParams.set("c", c); } else { u.searchParams.delete("c"); }
+  if (u.href !== window.location.href) { window.history.replaceState(null, "", u.href); }
+}"""
+
+
 def _sampling_controls(llm):
     with gr.Accordion("Sampling", open=False, elem_id="sampling"):
         with gr.Row():
@@ -52,6 +60,7 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
                                    container=False, scale=5)
                 refresh_btn = gr.Button("↻", size="sm", scale=1, min_width=40, elem_id="refresh-list")
             conv_list = gr.Radio(choices=[], value=None, show_label=False, elem_id="conv-list")
+            timer = gr.Timer(LIST_REFRESH_S)
             open_id = gr.Textbox(visible=False, label="Conversation id")   # API: open any id
             with gr.Accordion("Rename · delete · export · import", open=False):
                 title = gr.Textbox(label="Title", max_lines=1)
@@ -139,6 +148,13 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     def on_load(request: gr.Request):
         return side.on_load(ctx, request)
 
+    async def follow(request: gr.Request):
+        async for out in chat.follow(ctx, request):
+            yield out
+
+    def refresh(query, request: gr.Request):
+        return chat.refresh(ctx, query, request)
+
     def new_chat(request: gr.Request):
         return side.new_chat(ctx, request)
 
@@ -179,14 +195,22 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
         side.on_unload(ctx, request)
 
     quick = dict(concurrency_limit=None, show_progress="hidden")
-    demo.load(on_load, None, view_out + [c["shared_prompt"]], api_name=False, **quick)
+    demo.load(on_load, None, view_out + [c["shared_prompt"]], api_name=False, **quick).then(
+        follow, None, chat_out, api_name=False, **quick)
     demo.unload(on_unload)
     c["new_btn"].click(new_chat, None, view_out, api_name="new_chat", **quick)
     c["clear_btn"].click(new_chat, None, view_out, api_name=False, **quick)
     chatbot.clear(new_chat, None, view_out, api_name=False, **quick)     # the chatbot's own trash icon
-    conv_list.input(open_conv, conv_list, view_out, api_name=False, **quick)
+    # A click shows the chosen chat at once, then paints its reply live if one is being generated.
+    conv_list.input(open_conv, conv_list, view_out, api_name=False, **quick).then(
+        follow, None, chat_out, api_name=False, **quick)
+    # The address bar names the open chat (/?c=<id>), so a reload or a shared link reopens it.
+    conv_list.change(None, conv_list, None, js=URL_JS)
+    # Every tab polls: chats created, renamed or continued in the user's other tabs show up.
+    c["timer"].tick(refresh, c["query"], [conv_list, chatbot], api_name=False, **quick)
     # API clients open a conversation by id (the radio only accepts ids already in its list).
-    c["open_id"].change(open_conv, c["open_id"], view_out, api_name="open_conversation", **quick)
+    c["open_id"].change(open_conv, c["open_id"], view_out, api_name="open_conversation", **quick).then(
+        follow, None, chat_out, api_name=False, **quick)
     c["query"].change(search, c["query"], conv_list, api_name="search", **quick)
     c["refresh_btn"].click(search, c["query"], conv_list, api_name=False, **quick)   # chats from other tabs
     c["rename_btn"].click(rename, c["title"], conv_list, api_name="rename", **quick)

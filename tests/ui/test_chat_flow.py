@@ -26,6 +26,7 @@ class FakeStream:
     def __init__(self, llm, rid, words, n):
         self.llm, self.request_id, self.words, self.n = llm, rid, words, n
         self.aborted = False
+        self.prompt_ids = llm.prompt_ids_of(len(llm.submitted) - 1)
 
     async def _agen(self):
         yield RequestOutputDelta(self.request_id, 0, "", [], metrics={"state": "running", "prompt_tokens": 9,
@@ -54,7 +55,7 @@ class FakeLLM:
         self.words = list(words)
         self.engine = types.SimpleNamespace(max_model_len=40)
         self.config = types.SimpleNamespace(max_num_seqs=4)
-        self.submitted, self.aborted, self.ended = [], [], []
+        self.submitted, self.aborted, self.ended, self.previous = [], [], [], []
         self.streams = {}
         self.gate = asyncio.Event()
         self.gate.set()
@@ -62,10 +63,16 @@ class FakeLLM:
     def get_tokenizer(self):
         return FakeTokenizer()
 
-    def submit_chat(self, messages, params, *, session_id=None, request_id=None):
+    def submit_chat(self, messages, params, *, session_id=None, request_id=None, previous_ids=None):
         self.submitted.append((messages, params, session_id))
+        self.previous.append(previous_ids)
         s = self.streams[request_id] = FakeStream(self, request_id, self.words, params.n)
         return s
+
+    @staticmethod
+    def prompt_ids_of(k):
+        """The prompt ids the fake reports for its k-th submission."""
+        return list(range(1000 * k, 1000 * k + 9))
 
     def abort(self, rid):
         self.aborted.append(rid)
