@@ -92,7 +92,7 @@ def main(argv=None) -> int:
         s = llm.stats()
         print(f"Model ready in {time.time() - started:.1f} s: {llm.model_source}; KV pool "
               f"{s['total_blocks']} blocks x {s['block_size']} tokens = {s['kv_capacity_tokens']} tokens; "
-              f"context {llm.engine.max_model_len}; history in {args.db}", file=sys.stderr)
+              f"context {llm.max_model_len}; history in {args.db}", file=sys.stderr)
         serve(llm, storage, args, auth)
     finally:
         print("Shutting down…", file=sys.stderr)

@@ -339,6 +339,10 @@ class KVCacheManager:
         return out
 
     # ---- observability ------------------------------------------------------------------
+    def reset_peak(self) -> None:
+        """Start a fresh peak window at the current use."""
+        self.peak_used_blocks = self.pool.num_used
+
     def stats(self) -> dict:
         """Counters for metrics and the dashboard; O(live tables)."""
         pool, bs = self.pool, self._bs

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loader import load_model
+from engine.model_info import ModelInfo, build_model_info
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.sequence import Request, RequestOutputDelta
@@ -95,6 +96,7 @@ class LLM:
         self.hf_folder = loaded.hf_folder
         self.engine = LLMEngine(cfg, loaded)
         self.tokenizer = loaded.tokenizer
+        self._info = build_model_info(loaded.source, loaded.config, cfg, self.engine.runner)
         self._ids = itertools.count()
         self._commands: queue.Queue = queue.Queue()
         self._live: set[str] = set()                 # request ids not yet finished
@@ -325,9 +327,28 @@ class LLM:
                     raise RuntimeError(d.error)
         return RequestOutput(stream.request_id, stream.prompt_ids, outs)
 
-    # ---- observability ---------------------------------------------------------------------------
+    # ---- public face: what the UI, the bench and the tests may read --------------------------------
     def get_tokenizer(self):
         return self.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        """Longest prompt + reply, in tokens."""
+        return self._info.max_model_len
+
+    def model_info(self) -> ModelInfo:
+        return self._info
+
+    def count_prompt_tokens(self, messages: list[dict]) -> int:
+        """Length of the prompt these chat messages render to (no session reuse), for a
+        "too long" answer before anything is stored or submitted."""
+        return len(continue_session_prompt(self.tokenizer, messages, None))
+
+    def reset_peak_stats(self) -> None:
+        """Start a fresh window for peak_used_blocks and peak_running (bench runs)."""
+        self._call("call", lambda eng: eng.reset_peak_stats())
+
+    # ---- observability ---------------------------------------------------------------------------
 
     def stats(self) -> dict:
         return self._call("call", lambda eng: eng.stats())

@@ -246,6 +246,10 @@ class LLMEngine:
         self._deliver(req, RequestOutputDelta(req.request_id, seq.index, text, toks, finished, reason, error, m))
 
     # ---- observability -----------------------------------------------------------------------
+    def reset_peak_stats(self) -> None:
+        self.kv.reset_peak()
+        self.scheduler.peak_running = len(self.scheduler.running)
+
     def stats(self) -> dict:
         s = self.kv.stats()
         s.update(running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),

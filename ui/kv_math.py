@@ -64,6 +64,12 @@ def shape_from_config(hf_config, dtype: str, max_len: int, name: str = "live mod
                       str(dtype).replace("torch.", ""), int(max_len))
 
 
+def shape_of(info) -> ModelShape:
+    """The live model's shape from the engine's public ModelInfo (engine/model_info.py)."""
+    return ModelShape(info.name or "live model", info.num_layers, info.num_attention_heads, info.num_kv_heads,
+                      info.head_dim, info.dtype, info.max_model_len)
+
+
 def blocks_for(tokens: int, block_size: int) -> int:
     return -(-int(tokens) // block_size)
 

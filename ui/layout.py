@@ -40,7 +40,7 @@ def _sampling_controls(llm):
             top_p = gr.Slider(0.05, 1.0, value=0.95, step=0.05, label="Top-p", elem_id="top-p")
             top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)", elem_id="top-k")
         with gr.Row():
-            max_tokens = gr.Slider(1, min(2048, llm.engine.max_model_len - 1), value=256, step=1,
+            max_tokens = gr.Slider(1, min(2048, llm.max_model_len - 1), value=256, step=1,
                                    label="Max new tokens", elem_id="max-tokens")
             rep = gr.Slider(0.8, 2.0, value=1.1, step=0.01, label="Repetition penalty", elem_id="rep-penalty")
             seed = gr.Number(value=-1, precision=0, label="Seed (-1 = random)", elem_id="seed")

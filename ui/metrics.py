@@ -6,7 +6,6 @@ sharing gauges are `paged_chat_*`. Both endpoints read the snapshot the engine t
 """
 from __future__ import annotations
 
-import os
 
 from ui.dashboard_view import sharing_savings
 
@@ -97,9 +96,8 @@ def prometheus_text(snap: dict, model_name: str = "") -> str:
 
 
 def model_name_of(llm) -> str:
-    src = getattr(llm, "model_source", "") or ""
-    base = os.path.basename(str(src).rstrip("/"))
-    return base[:-5] if base.endswith(".gguf") else base
+    info = getattr(llm, "model_info", None)
+    return info().name if callable(info) else ""
 
 
 def jsonable(snap: dict) -> dict:
