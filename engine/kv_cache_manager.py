@@ -18,6 +18,7 @@ from collections import OrderedDict, deque
 
 from engine.block_pool import Block, BlockPool
 from engine.errors import KVCacheError, NoFreeBlocksError
+from engine.kv_contract import BlockArrays, KVSnapshot, KVStats, PreemptionEvent, SequenceView
 
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 
@@ -343,7 +344,7 @@ class KVCacheManager:
         """Start a fresh peak window at the current use."""
         self.peak_used_blocks = self.pool.num_used
 
-    def stats(self) -> dict:
+    def kv_stats(self) -> KVStats:
         """Counters for metrics and the dashboard; O(live tables)."""
         pool, bs = self.pool, self._bs
         used = pool.num_used
@@ -351,24 +352,24 @@ class KVCacheManager:
         logical = (sum(len(s.table) for s in self._seqs.values())
                    + sum(len(s.table) for s in self._idle.values()))
         contiguous = live * -(-self.max_model_len // bs)
-        return {
-            "block_size": bs, "total_blocks": pool.num_blocks, "free_blocks": pool.num_free,
-            "used_blocks": used, "cached_blocks": pool.num_cached_free,
-            "shared_blocks": pool.num_shared, "peak_used_blocks": self.peak_used_blocks,
-            "logical_blocks": logical, "kv_bytes_per_token": self.kv_bytes_per_token,
-            "kv_bytes_per_block": self.kv_bytes_per_token * bs,
-            "kv_capacity_tokens": pool.num_blocks * bs, "used_tokens": pool.num_used_tokens,
-            "prefix_cache_queries": self.prefix_cache_queries,
-            "prefix_cache_hits": self.prefix_cache_hits, "num_preemptions": self.num_preemptions,
-            "savings_vs_unshared": 1 - used / logical if logical else 0.0,
-            "savings_vs_contiguous": 1 - used / contiguous if contiguous else 0.0,
-            "num_sequences": len(self._seqs), "num_idle_sessions": len(self._idle),
-            "internal_fragmentation_tokens": used * bs - pool.num_used_tokens,
-            "usage": used / pool.num_blocks,
-        }
+        return KVStats(
+            block_size=bs, total_blocks=pool.num_blocks, free_blocks=pool.num_free, used_blocks=used,
+            cached_blocks=pool.num_cached_free, shared_blocks=pool.num_shared,
+            peak_used_blocks=self.peak_used_blocks, logical_blocks=logical,
+            kv_bytes_per_token=self.kv_bytes_per_token, kv_bytes_per_block=self.kv_bytes_per_token * bs,
+            kv_capacity_tokens=pool.num_blocks * bs, used_tokens=pool.num_used_tokens,
+            prefix_cache_queries=self.prefix_cache_queries, prefix_cache_hits=self.prefix_cache_hits,
+            num_preemptions=self.num_preemptions,
+            savings_vs_unshared=1 - used / logical if logical else 0.0,
+            savings_vs_contiguous=1 - used / contiguous if contiguous else 0.0,
+            num_sequences=len(self._seqs), num_idle_sessions=len(self._idle),
+            internal_fragmentation_tokens=used * bs - pool.num_used_tokens, usage=used / pool.num_blocks)
 
-    def snapshot(self) -> dict:
-        """Per-block and per-table view for the dashboard; JSON-serializable, O(num_blocks)."""
+    def stats(self) -> dict:
+        return self.kv_stats().to_json()
+
+    def kv_snapshot(self, request_of=lambda seq_id: None) -> KVSnapshot:
+        """Per-block arrays and per-table views (engine/kv_contract.py); O(num_blocks), on demand."""
         blocks, bs = self.pool.blocks, self._bs
         owners: dict[int, list] = {}
         seqs = []
@@ -380,19 +381,19 @@ class KVCacheManager:
             who = seq_id if seq_id is not None else sid
             for b in table:
                 owners.setdefault(b.block_id, []).append(who)
-            seqs.append({"seq_id": seq_id, "session_id": sid, "state": state, "num_tokens": ntok,
-                         "num_computed": nc, "block_table": [b.block_id for b in table],
-                         "shared": [b.ref_count >= 2 for b in table],
-                         "last_block_filled": nc - (len(table) - 1) * bs if table else 0})
-        return {
-            "time": time.time(), "block_size": bs, "num_blocks": len(blocks),
-            "stats": self.stats(),
-            "blocks": {
-                "state": ["used" if b.ref_count else "free" if b.block_hash is None else "cached"
-                          for b in blocks],
-                "ref_count": [b.ref_count for b in blocks],
-                "filled": [b.filled for b in blocks],
-            },
-            "owners": owners, "sequences": seqs,
-            "preemption_events": list(self.preemption_events),
-        }
+            seqs.append(SequenceView(
+                seq_id=seq_id, session_id=sid, state=state, num_tokens=ntok, num_computed=nc,
+                block_table=[b.block_id for b in table], shared=[b.ref_count >= 2 for b in table],
+                last_block_filled=nc - (len(table) - 1) * bs if table else 0,
+                request_id=request_of(seq_id) if seq_id is not None else None))
+        ref = [b.ref_count for b in blocks]
+        state = ["used" if r else "free" if b.block_hash is None else "cached" for r, b in zip(ref, blocks)]
+        return KVSnapshot(
+            time=time.time(), block_size=bs, num_blocks=len(blocks), stats=self.kv_stats(),
+            blocks=BlockArrays(state=state, ref_count=ref, filled=[b.filled for b in blocks]),
+            owners=owners, sequences=seqs,
+            preemption_events=[PreemptionEvent(request_id=request_of(e["seq_id"]), **e)
+                               for e in self.preemption_events])
+
+    def snapshot(self) -> dict:
+        return self.kv_snapshot().to_json()

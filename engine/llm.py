@@ -103,6 +103,7 @@ class LLM:
         self._live_lock = threading.Lock()
         self._latest_snapshot: dict | None = None
         self._snapshot_time = 0.0
+        self._snapshot_lock = threading.Lock()
         self._stopping = False
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
@@ -122,10 +123,6 @@ class LLM:
                     except Exception as e:  # a bug or OOM must not kill every other session silently
                         traceback.print_exc()
                         self._fail_all(f"engine error: {e!r}")
-                now = time.time()
-                if now - self._snapshot_time >= _SNAPSHOT_PERIOD_S or not eng.has_unfinished():
-                    self._latest_snapshot = eng.snapshot()
-                    self._snapshot_time = now
             except Exception:             # never let the one engine thread die
                 traceback.print_exc()
         self._close()
@@ -351,14 +348,31 @@ class LLM:
     # ---- observability ---------------------------------------------------------------------------
 
     def stats(self) -> dict:
+        """The stats contract as JSON (engine/kv_contract.KVStats.to_json())."""
         return self._call("call", lambda eng: eng.stats())
 
+    def kv_stats(self):
+        """The stats contract, typed (engine/kv_contract.KVStats)."""
+        return self._call("call", lambda eng: eng.kv_stats())
+
+    def kv_snapshot(self):
+        """The snapshot contract, typed (engine/kv_contract.KVSnapshot), taken between steps."""
+        return self._call("call", lambda eng: eng.kv_snapshot())
+
     def snapshot(self) -> dict:
-        return self._call("call", lambda eng: eng.snapshot())
+        """Exact snapshot in its JSON form (the /api/kv format): taken between two steps, and
+        serialized on the caller's thread, not the engine's."""
+        return self.kv_snapshot().to_json()
 
     def latest_snapshot(self) -> dict:
-        """The snapshot published by the engine thread (at most ~0.25 s old); never blocks."""
-        return self._latest_snapshot or self.snapshot()
+        """A snapshot at most ~0.25 s old, shared by every caller in that window (dashboard ticks
+        of many viewers cost one snapshot). Taken on demand, never periodically by the engine."""
+        with self._snapshot_lock:
+            now = time.time()
+            if self._latest_snapshot is None or now - self._snapshot_time >= _SNAPSHOT_PERIOD_S:
+                self._latest_snapshot = self.snapshot()
+                self._snapshot_time = now
+            return self._latest_snapshot
 
     def shutdown(self) -> None:
         if self._thread.is_alive():

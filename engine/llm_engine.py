@@ -5,14 +5,15 @@ detokenize -> stream deltas -> free or park finished sequences.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections import deque
 
 import torch
 
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache_manager import KVCacheManager
+from engine.kv_contract import KVSnapshot, KVStats
 from engine.loader import LoadedModel
 from engine.model_runner import ModelRunner
 from engine.sampler import make_generator, sample
@@ -37,7 +38,6 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.sessions = SessionTable()      # chat sessions: exact ids + life cycle (engine/sessions.py)
         self.eos_ids = self._eos_ids()
-        self.preemption_events: deque = deque(maxlen=50)
         self.generated_tokens_total = 0
         self.prompt_tokens_computed_total = 0
         self.steps = 0
@@ -142,7 +142,6 @@ class LLMEngine:
         while self._broken:
             self.abort_request(self._broken.pop())
         batch = self.scheduler.schedule()
-        self._record_preemptions()
         for seq, start, n in batch:
             if start == seq.cached_tokens and seq.first_token_time is None and start + n <= seq.prompt_len:
                 self._emit(seq, "", [], state="running")
@@ -224,12 +223,6 @@ class LLMEngine:
         if all(s.status is SeqStatus.FINISHED for s in req.seqs) and (req.forked or req.params.n == 1):
             self.requests.pop(req.request_id, None)
 
-    def _record_preemptions(self) -> None:
-        for seq, lost in self.scheduler.preempted_log:
-            self.preemption_events.append({"request_id": seq.request.request_id, "seq_id": seq.seq_id,
-                                           "tokens_lost": lost, "time": time.time()})
-        self.scheduler.preempted_log.clear()
-
     def _emit(self, seq: Sequence, text: str, toks: list[int], finished=False, reason=None, state=None,
               error=None):
         req = seq.request
@@ -250,20 +243,21 @@ class LLMEngine:
         self.kv.reset_peak()
         self.scheduler.peak_running = len(self.scheduler.running)
 
+    def kv_stats(self) -> KVStats:
+        return dataclasses.replace(
+            self.kv.kv_stats(), running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+            peak_running=self.scheduler.peak_running, generated_tokens_total=self.generated_tokens_total,
+            prompt_tokens_computed_total=self.prompt_tokens_computed_total,
+            max_model_len=self.max_model_len, steps=self.steps)
+
     def stats(self) -> dict:
-        s = self.kv.stats()
-        s.update(running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
-                 peak_running=self.scheduler.peak_running,
-                 generated_tokens_total=self.generated_tokens_total,
-                 prompt_tokens_computed_total=self.prompt_tokens_computed_total,
-                 max_model_len=self.max_model_len, steps=self.steps)
-        return s
+        return self.kv_stats().to_json()
+
+    def kv_snapshot(self) -> KVSnapshot:
+        """The manager's snapshot plus the engine's counters and each sequence's request id
+        (engine sequence ids are "<request id>#<index>")."""
+        snap = self.kv.kv_snapshot(request_of=lambda seq_id: str(seq_id).rsplit("#", 1)[0])
+        return dataclasses.replace(snap, stats=self.kv_stats())
 
     def snapshot(self) -> dict:
-        snap = self.kv.snapshot()
-        snap["stats"] = self.stats()
-        snap["preemption_events"] = list(self.preemption_events)
-        req_of = {s.seq_id: s.request.request_id for r in self.requests.values() for s in r.seqs}
-        for entry in snap.get("sequences", []):
-            entry["request_id"] = req_of.get(entry.get("seq_id"))
-        return snap
+        return self.kv_snapshot().to_json()
