@@ -127,14 +127,21 @@ class TabRegistry:
             del self._viewers[conv_id]
         return None if conv_id in self._busy else conv_id
 
-    def forget(self, conv_id: str) -> None:
-        """The conversation was deleted: detach every tab showing it and release its blocks."""
+    def forget(self, conv_id: str) -> Future:
+        """The conversation was deleted: detach every tab showing it; the engine forgets the
+        session (ids and blocks)."""
         with self._lock:
             for sh in self._viewers.pop(conv_id, set()):
                 tab = self._tabs.get(sh)
                 if tab is not None and tab.conv_id == conv_id:
                     tab.conv_id, tab.shown_ids = None, []
-        self.release(conv_id)
+        return self._jobs.submit(self._close_job, conv_id)
+
+    def _close_job(self, conv_id: str) -> None:
+        try:
+            self._llm.close_session(conv_id)
+        except RuntimeError:        # the engine is shutting down
+            pass
 
     # ---- generations ------------------------------------------------------------------------
     def begin(self, conv_id: str) -> bool:

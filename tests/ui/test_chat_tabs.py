@@ -77,13 +77,13 @@ def test_a_failed_submit_is_not_aborted(reg):
     assert reg.llm.log == [("end", "A")]
 
 
-def test_forget_detaches_every_tab_and_releases(reg):
+def test_forget_detaches_every_tab_and_closes_the_session(reg):
     t1, t2 = reg.get("s1"), reg.get("s2")
     reg.open(t1, "A")
     reg.open(t2, "A")
     reg.forget("A")
     assert t1.conv_id is None and t2.conv_id is None
-    assert settle(reg) == [("end", "A")]
+    assert settle(reg) == [("close", "A")]          # a deleted chat: ids and blocks forgotten
     assert reg.open_conversations() == {}
 
 
