@@ -34,6 +34,11 @@ class ModelInfo:
         return asdict(self)
 
 
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """The one formula: 2 (K and V) x layers x KV heads (not attention heads) x head_dim x bytes."""
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
 def model_name(source: str) -> str:
     base = os.path.basename(str(source or "").rstrip("/"))
     return base[:-5] if base.endswith(".gguf") else base

@@ -51,8 +51,7 @@ PRESETS = (
 )
 
 
-def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
-    return 2 * layers * kv_heads * head_dim * dtype_bytes
+from engine.model_info import kv_bytes_per_token  # noqa: E402,F401  (the one formula; re-exported)
 
 
 def shape_from_config(hf_config, dtype: str, max_len: int, name: str = "live model") -> ModelShape:
