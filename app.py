@@ -115,7 +115,7 @@ def serve(llm, storage, args, auth) -> None:
         # Share links need Gradio's own launcher; /metrics and /api/kv are added to its app.
         demo.launch(server_name=args.host, server_port=args.port, share=True, auth=auth,
                     prevent_thread_lock=True, quiet=True, ssr_mode=False)
-        from ui.metrics import register_routes
+        from routes.metrics import register_routes
         register_routes(demo.app, llm)
         print(f"Ready: {url}  (public link: {demo.share_url})", flush=True)
         try:

@@ -8,13 +8,14 @@ from __future__ import annotations
 import fastapi
 import gradio as gr
 
-from ui import chat, chat_sidebar as side
-from ui import chat_view as view
-from ui.chat_context import ChatContext
-from ui.chat_tabs import TabRegistry
+from ui.chat import handlers as chat
+from ui.chat import sidebar as side
+from ui.chat import view
+from ui.chat.context import ChatContext
+from ui.chat.tabs import TabRegistry
 
-from ui.dashboard import build_dashboard
-from ui.metrics import register_routes
+from ui.dashboard.page import build_dashboard
+from routes.metrics import register_routes
 
 CSS = """
 .reply-stats { font-size: 0.78em; opacity: 0.65; }

@@ -1,4 +1,4 @@
-"""The streaming handlers (ui/chat.py) against a scripted fake engine and a real SQLite store:
+"""The streaming handlers (ui/chat/handlers.py) against a scripted fake engine and a real SQLite store:
 commit order, stored reply and stats, Stop/cancel, bad input, busy conversations, branches."""
 import asyncio
 
@@ -6,9 +6,9 @@ import pytest
 
 from storage import Storage
 from tests.ui.fake_engine import FakeLLM, request
-from ui import chat
-from ui.chat_context import ChatContext
-from ui.chat_tabs import TabRegistry
+from ui.chat import handlers as chat
+from ui.chat.context import ChatContext
+from ui.chat.tabs import TabRegistry
 
 
 KW = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_tokens": 8, "repetition_penalty": 1.0,

@@ -5,7 +5,8 @@ screen; another tab opening the chat follows the live reply; turns record exact 
 import asyncio
 
 from tests.ui.test_chat_flow import KW, ctx, req, run, texts  # noqa: F401
-from ui import chat, chat_sidebar as side
+from ui.chat import handlers as chat
+from ui.chat import sidebar as side
 
 
 def _conv_with(st, first: str) -> str:

@@ -2,7 +2,7 @@
 import pytest
 
 from tests.ui.fake_engine import FakeLLM
-from ui.chat_tabs import TabRegistry
+from ui.chat.tabs import TabRegistry
 
 
 @pytest.fixture

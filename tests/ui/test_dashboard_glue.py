@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import gradio as gr
 
 from tests.ui.fake_engine import INFO, FakeLLM
-from ui import dashboard as D
-from ui.dashboard_sample import busy_snapshot
-from ui.demo_load import DEFAULT_SYSTEM_PROMPT, DemoLoad
+from ui.dashboard import page as D
+from tests.ui.snapshots import busy_snapshot
+from loadgen.demo_load import DEFAULT_SYSTEM_PROMPT, DemoLoad
 
 SMOL_CFG = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                            hidden_size=576, head_dim=64)

@@ -8,9 +8,9 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from tests.ui.fake_engine import FakeLLM
-from ui import dashboard_view as V
-from ui.dashboard_sample import BPT, hand_snapshot
-from ui.metrics import model_name_of, prometheus_text, register_routes
+from ui.dashboard import view as V
+from tests.ui.snapshots import BPT, hand_snapshot
+from routes.metrics import model_name_of, prometheus_text, register_routes
 
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 SAMPLE = re.compile(rf'^({NAME})(\{{(?:[a-zA-Z_]\w*="(?:[^"\\]|\\.)*",?)*\}})? (\S+)$')

@@ -1,13 +1,13 @@
 """View-model of the KV dashboard: plain functions of one engine snapshot (see engine snapshot()).
 
 Nothing here guesses: every number is read from, or counted in, the snapshot it is given, so a
-rendered tick can be checked against that same snapshot. HTML lives in ui/dashboard_html.py.
+rendered tick can be checked against that same snapshot. HTML lives in ui/dashboard/panels.py.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ui.kv_math import blocks_for, fmt_bytes
+from ui.dashboard.kv_math import blocks_for, fmt_bytes
 
 MAX_CELLS = 4096          # more blocks than this: one cell stands for several blocks
 KINDS = ("f", "c", "p", "s")   # free, cached-free, private (ref 1), shared (ref >= 2)

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from engine import SamplingParams
-from ui.chat_tabs import in_daemon_thread
+from ui.chat.tabs import in_daemon_thread
 
 FLUSH_S = 2.0          # partial replies reach the database at least this often
 STAT_KEYS = ("prompt_tokens", "cached_tokens", "output_tokens", "ttft_s", "tokens_per_s")

@@ -11,9 +11,9 @@ import tempfile
 
 import gradio as gr
 
-from ui import chat_view as view
-from ui.chat import conversation_list, show
-from ui.chat_context import ChatContext
+from ui.chat import view
+from ui.chat.handlers import conversation_list, show
+from ui.chat.context import ChatContext
 
 _EXPORT_DIR = tempfile.mkdtemp(prefix="chat-export-")
 

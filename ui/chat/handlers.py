@@ -14,9 +14,9 @@ import time
 
 import gradio as gr
 
-from ui import chat_view as view
-from ui.chat_context import ChatContext
-from ui.chat_turn import Turn, abort_turn, start_turn
+from ui.chat import view
+from ui.chat.context import ChatContext
+from ui.chat.turn import Turn, abort_turn, start_turn
 
 YIELD_S = 0.05         # at most ~20 page updates a second per stream
 N_OUTPUTS = 5 + view.MAX_ALTERNATIVES   # msg box, chatbot, status, conversation list, alt row, alts

@@ -7,7 +7,7 @@ sharing gauges are `paged_chat_*`. Both endpoints read the snapshot the engine t
 from __future__ import annotations
 
 
-from ui.dashboard_view import sharing_savings
+from ui.dashboard.view import sharing_savings
 
 # (name, type, help, value from (stats, extra)); vLLM names first
 _VLLM = (

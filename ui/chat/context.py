@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ui.chat_tabs import Tab, TabRegistry
+from ui.chat.tabs import Tab, TabRegistry
 
 
 @dataclass

@@ -15,12 +15,12 @@ from collections import OrderedDict
 
 import gradio as gr
 
-from ui import dashboard_html as H
-from ui import dashboard_view as V
-from ui.dashboard_history import (SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT, History, blocks_frame,
+from ui.dashboard import panels as H
+from ui.dashboard import view as V
+from ui.dashboard.history import (SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT, History, blocks_frame,
                                   hit_rate_frame)
-from ui.demo_load import DemoLoad, PromptSource
-from ui.kv_math import PRESETS, shape_of
+from loadgen.demo_load import DemoLoad, PromptSource
+from ui.dashboard.kv_math import PRESETS, shape_of
 
 LIVE = "live model"
 OUTPUT_NAMES = ("headline", "grid", "tables", "paged_plot", "contig_plot", "hit_plot", "arith",
@@ -132,7 +132,7 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
     """Create the dashboard components, its timer and the demo-load buttons in the current Blocks.
 
     system_prompt: the demo users' shared system prompt, a string or a callable returning the
-    app's current one (default: ui.demo_load.DEFAULT_SYSTEM_PROMPT).
+    app's current one (default: loadgen.demo_load.DEFAULT_SYSTEM_PROMPT).
     """
     state = state_for(llm, system_prompt)
     html = dict(css_template=H.CSS, js_on_load=None, apply_default_css=True)
