@@ -371,16 +371,12 @@ class KVCacheManager:
     def kv_snapshot(self, request_of=lambda seq_id: None) -> KVSnapshot:
         """Per-block arrays and per-table views (engine/kv_contract.py); O(num_blocks), on demand."""
         blocks, bs = self.pool.blocks, self._bs
-        owners: dict[int, list] = {}
         seqs = []
         views = [(s.seq_id, s.session_id, "running", len(s.tokens), s.num_computed, s.table)
                  for s in self._seqs.values()]
         views += [(None, s.session_id, "idle_session", len(s.tokens), len(s.tokens), s.table)
                   for s in self._idle.values()]
         for seq_id, sid, state, ntok, nc, table in views:
-            who = seq_id if seq_id is not None else sid
-            for b in table:
-                owners.setdefault(b.block_id, []).append(who)
             seqs.append(SequenceView(
                 seq_id=seq_id, session_id=sid, state=state, num_tokens=ntok, num_computed=nc,
                 block_table=[b.block_id for b in table], shared=[b.ref_count >= 2 for b in table],
@@ -391,7 +387,7 @@ class KVCacheManager:
         return KVSnapshot(
             time=time.time(), block_size=bs, num_blocks=len(blocks), stats=self.kv_stats(),
             blocks=BlockArrays(state=state, ref_count=ref, filled=[b.filled for b in blocks]),
-            owners=owners, sequences=seqs,
+            sequences=seqs,
             preemption_events=[PreemptionEvent(request_id=request_of(e["seq_id"]), **e)
                                for e in self.preemption_events])
 

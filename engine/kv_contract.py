@@ -105,9 +105,19 @@ class KVSnapshot:
     num_blocks: int
     stats: KVStats
     blocks: BlockArrays
-    owners: dict                  # block id -> [seq_id or session_id, ...] for blocks in a table
     sequences: list = field(default_factory=list)          # [SequenceView]
     preemption_events: list = field(default_factory=list)  # [PreemptionEvent], oldest first
+
+    @property
+    def owners(self) -> dict:
+        """Block id -> [seq_id or session_id, ...], derived from the block tables. Derived on the
+        reader's thread (it is the costliest part at GPU pool sizes), never on the engine's."""
+        owners: dict[int, list] = {}
+        for s in self.sequences:
+            who = s.seq_id if s.seq_id is not None else s.session_id
+            for b in s.block_table:
+                owners.setdefault(b, []).append(who)
+        return owners
 
     def to_json(self) -> dict:
         """The /api/kv format (schema paged-chat.kv, VERSION). Block ids in `owners` are strings,
@@ -117,7 +127,7 @@ class KVSnapshot:
             "num_blocks": self.num_blocks, "stats": self.stats.to_json(),
             "blocks": {"state": self.blocks.state, "ref_count": self.blocks.ref_count,
                        "filled": self.blocks.filled},
-            "owners": {str(k): v for k, v in self.owners.items()},
+            "owners": {str(k): v for k, v in self.owners.items()},     # derived, see `owners`
             # shallow: the lists inside are fresh per snapshot (asdict's deep copy costs ~10x)
             "sequences": [dict(vars(s)) for s in self.sequences],
             "preemption_events": [dict(vars(e)) for e in self.preemption_events],
@@ -130,6 +140,5 @@ class KVSnapshot:
         b = d["blocks"]
         return cls(time=d["time"], block_size=d["block_size"], num_blocks=d["num_blocks"],
                    stats=KVStats.from_json(d["stats"]), blocks=BlockArrays(b["state"], b["ref_count"], b["filled"]),
-                   owners={int(k): v for k, v in d.get("owners", {}).items()},
                    sequences=[SequenceView(**s) for s in d.get("sequences", [])],
                    preemption_events=[PreemptionEvent(**e) for e in d.get("preemption_events", [])])
