@@ -13,7 +13,6 @@ import threading
 import time
 import traceback
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
