@@ -82,3 +82,18 @@ async def _drain(agen):
     async for _ in agen:
         pass
     await asyncio.sleep(0)
+
+
+def test_the_tick_sends_the_list_and_the_chat_only_when_they_changed(ctx):  # noqa: F811
+    run(_drain(chat.send(ctx, "Mine", dict(KW), req("s1"))))
+    conv = _conv_with(ctx.storage, "Mine")
+    side.open_conversation(ctx, conv, req("s2"))                 # another tab shows the same chat
+    radio, shown = chat.refresh(ctx, "", req("s2"))
+    assert radio == {"__type__": "update"} and shown == {"__type__": "update"}   # nothing new
+    run(_drain(chat.send(ctx, "More", dict(KW), req("s1"))))      # tab 1 continues it
+    side.new_chat(ctx, req("s1"))
+    ctx.storage.create_conversation()                               # and starts another chat
+    radio, shown = chat.refresh(ctx, "", req("s2"))
+    assert len(radio.choices) == 2 and radio.value == conv         # tab 2's list, its chat still selected
+    assert [m["content"].split("\n\n<span")[0] for m in shown][-2:] == ["More", "Hello there!"]
+    assert chat.refresh(ctx, "", req("s2")) == ({"__type__": "update"}, {"__type__": "update"})
