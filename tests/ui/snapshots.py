@@ -12,6 +12,7 @@ import random
 import time
 
 from engine.kv_cache_manager import KVCacheManager
+from engine.kv_contract import KVStats
 
 
 def make_snapshot(num_blocks: int, block_size: int, seqs: list[dict], *, cached=(),
@@ -48,7 +49,7 @@ def make_snapshot(num_blocks: int, block_size: int, seqs: list[dict], *, cached=
     n_run = sum(1 for e in sequences if e["state"] == "running")
     live = len(sequences)
     contiguous = live * -(-max_model_len // bs)
-    stats = {
+    stats = KVStats(**{         # through the contract's dataclass: a renamed field fails here
         "block_size": bs, "total_blocks": num_blocks, "free_blocks": num_blocks - used,
         "used_blocks": used, "cached_blocks": sum(1 for x in state if x == "cached"),
         "shared_blocks": sum(1 for r in refs if r >= 2), "peak_used_blocks": used,
@@ -63,7 +64,7 @@ def make_snapshot(num_blocks: int, block_size: int, seqs: list[dict], *, cached=
         "running": n_run if running is None else running, "waiting": waiting, "peak_running": n_run,
         "generated_tokens_total": generated, "prompt_tokens_computed_total": 0,
         "max_model_len": max_model_len, "steps": 0,
-    }
+    }).to_json()
     return {"time": time.time() if t is None else t, "block_size": bs, "num_blocks": num_blocks,
             "stats": stats, "blocks": {"state": state, "ref_count": refs, "filled": filled},
             "owners": owners, "sequences": sequences, "preemption_events": list(preemptions)}
@@ -107,7 +108,7 @@ BPT = 46080
 def hand_snapshot():
     return {
         "time": 100.0, "block_size": 4, "num_blocks": 12,
-        "stats": {
+        "stats": KVStats(**{
             "block_size": 4, "total_blocks": 12, "free_blocks": 7, "used_blocks": 5, "cached_blocks": 2,
             "shared_blocks": 2, "peak_used_blocks": 6, "logical_blocks": 7, "kv_bytes_per_token": BPT,
             "kv_bytes_per_block": 4 * BPT, "kv_capacity_tokens": 48, "used_tokens": 15,
@@ -116,7 +117,7 @@ def hand_snapshot():
             "num_sequences": 2, "num_idle_sessions": 1, "internal_fragmentation_tokens": 5,
             "usage": 5 / 12, "running": 2, "waiting": 1, "peak_running": 3,
             "generated_tokens_total": 77, "prompt_tokens_computed_total": 20, "max_model_len": 32,
-            "steps": 9},
+            "steps": 9}).to_json(),
         "blocks": {
             "state": ["used"] * 5 + ["cached"] * 2 + ["free"] * 5,
             "ref_count": [2, 2, 1, 1, 1] + [0] * 7,
