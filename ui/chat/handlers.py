@@ -1,11 +1,12 @@
-"""Streaming chat handlers: send, regenerate, edit-and-resend. Async generators, so a waiting
-stream holds no worker thread; each awaits its engine stream and yields the page's new state.
+"""Chat handlers: send, regenerate, edit-and-resend, stop, follow (paint a reply generating in
+the chat a tab opens) and the 2 s refresh tick. Async generators, so a waiting stream holds no
+worker thread.
 
-Every turn: the user message is committed before the request is submitted; the reply row is
-created when its first text arrives, flushed every couple of seconds, and finalised (text,
-token ids, status, stats) in `finally` — on completion, on Stop and on tab close alike. The same
-`finally` aborts the request if it is still running and releases the engine session when no tab
-shows the conversation any more.
+The user message is committed before anything is submitted; the reply itself is a `Turn`
+(ui/chat/turn.py) owned by its conversation, which stores it. Handlers only paint a turn while
+their tab shows its conversation: a click on another chat mid-reply switches the view at once
+and the reply finishes into its own chat. Stop or a closed tab (Gradio cancels the handler) ends
+the reply of the chat on screen.
 """
 from __future__ import annotations
 
@@ -94,7 +95,11 @@ async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[di
         last = -1
         while not turn.finished:
             if tab.conv_id != turn.conv_id:
-                return                       # the user opened another chat: stop painting at once
+                # The user opened another chat: stop painting. A paint of this reply may have
+                # reached the page after the new chat did, so the last act is to paint what
+                # the tab shows now (the newer chat), never this reply again.
+                yield _current_view(ctx, request, tab)
+                return
             if turn.version != last:
                 last = turn.version
                 live = view.live_reply(turn.texts[0], turn.admitted, turn.metrics[0] if turn.texts[0] else None)
@@ -107,7 +112,8 @@ async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[di
     finally:
         if tab.following is turn:
             tab.following = None
-    if tab.conv_id != turn.conv_id:
+    if tab.conv_id != turn.conv_id:        # switched just as it ended: same rule as above
+        yield _current_view(ctx, request, tab)
         return
     if turn.refused is not None:
         yield outputs(chat=shown + [{"role": "assistant", "content": view.error_notice(turn.refused)}],
@@ -121,6 +127,15 @@ async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[di
     alts = [view.alternative_markdown(k, turn.texts[k], turn.stats(k), status="complete" if turn.done[k] else "stopped")
             for k in range(turn.n)] if turn.n > 1 else []
     yield outputs(chat=shown, status=line or " ", radio=conversation_list(ctx, request, turn.conv_id), alts=alts)
+
+
+def _current_view(ctx: ChatContext, request, tab) -> tuple:
+    conv_id = tab.conv_id
+    try:
+        path = ctx.storage.get_messages(conv_id, owner=ctx.check(request)) if conv_id else []
+    except (KeyError, PermissionError):
+        path, conv_id = [], None
+    return outputs(chat=show(tab, path), status=" ", radio=conversation_list(ctx, request, conv_id), alts=[])
 
 
 async def follow(ctx: ChatContext, request):

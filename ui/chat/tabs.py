@@ -1,9 +1,11 @@
 """Per-tab state kept on the server, keyed by Gradio's session_hash (one per browser tab or API
 client), and the rule that ties engine sessions to it.
 
-Every open conversation is a live engine session (session_id = conversation id). Its KV blocks
-are released when the last tab showing it moves away or closes, or when it is deleted — but
-never while a reply is being generated; then the generation's own `finally` releases it.
+This is the one place that maps tabs to conversations (`Tab.conv_id`), and conversations to the
+reply generating in them (`turn(conv_id)`, the "busy" set). Every open conversation is a live
+engine session (session_id = conversation id). Its KV blocks are released (ids kept) when the
+last tab showing it moves away or closes, and the session is closed when the conversation is
+deleted — but never while a reply is being generated; then the turn's own `finally` releases it.
 Engine calls (abort, end_session) run on one worker thread, in submission order, so an abort
 is always processed before the release that follows it and no handler blocks the event loop.
 """
