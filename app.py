@@ -132,7 +132,7 @@ def main(argv=None) -> int:
         s = llm.stats()
         print(f"Model ready in {time.time() - started:.1f} s: {llm.model_source}; KV pool "
               f"{s['total_blocks']} blocks x {s['block_size']} tokens = {s['kv_capacity_tokens']} tokens; "
-              f"context {llm.engine.max_model_len}; history in {args.db}", file=sys.stderr)
+              f"context {llm.max_model_len}; history in {args.db}", file=sys.stderr)
         serve(llm, storage, args, auth)
     finally:
         print("Shutting down…", file=sys.stderr)
@@ -158,7 +158,7 @@ def serve(llm, storage, args, auth) -> None:
         # Share links need Gradio's own launcher; /metrics and /api/kv are added to its app.
         demo.launch(server_name=args.host, server_port=args.port, share=True, auth=auth,
                     prevent_thread_lock=True, quiet=True, ssr_mode=False)
-        from ui.metrics import register_routes
+        from routes.metrics import register_routes
         register_routes(demo.app, llm)
         print(f"Ready: {url}  (public link: {demo.share_url})", flush=True)
         try:

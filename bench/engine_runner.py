@@ -39,10 +39,8 @@ class RequestTiming:
 
 
 def reset_peak(llm) -> None:
-    """Start a fresh peak-blocks window (runs on the engine thread through its command queue)."""
-    def fn(eng):
-        eng.kv.peak_used_blocks = eng.kv.pool.num_used
-    llm._call("call", fn)
+    """Start a fresh peak window (peak blocks and peak running sequences)."""
+    llm.reset_peak_stats()
 
 
 def stream_one(llm, ids: list[int], params: SamplingParams, session_id=None, cache_salt=None,
@@ -95,9 +93,7 @@ def run_burst(llm, prompts: list[list[int]], max_tokens: list[int], cache_salt: 
 def run_generate_api(llm, prompts: list[list[int]], max_tokens: int) -> dict:
     """The same burst through LLM.generate (the vLLM-shaped batch API), for its admission pattern:
     wall time, engine steps and the most sequences that ran together."""
-    def fn(eng):
-        eng.scheduler.peak_running = len(eng.scheduler.running)
-    llm._call("call", fn)
+    llm.reset_peak_stats()
     before = engine_stats(llm)
     t0 = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": ids} for ids in prompts],

@@ -5,7 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
-ALLOWED_BLOCK_SIZES = (8, 16, 32, 64, 128)
+from engine.kv_cache_manager import BLOCK_SIZES as ALLOWED_BLOCK_SIZES  # the one list of block sizes
+
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 DEFAULT_CPU_KV_CACHE_GIB = 2.0      # ~2,900 blocks of 16 tokens for SmolLM2-135M in fp32
 DEFAULT_GPU_MEMORY_FRACTION = 0.85  # of free device memory after the weights are loaded

@@ -18,6 +18,7 @@ from collections import OrderedDict, deque
 
 from engine.block_pool import Block, BlockPool
 from engine.errors import KVCacheError, NoFreeBlocksError
+from engine.kv_contract import BlockArrays, KVSnapshot, KVStats, PreemptionEvent, SequenceView
 
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 
@@ -339,7 +340,11 @@ class KVCacheManager:
         return out
 
     # ---- observability ------------------------------------------------------------------
-    def stats(self) -> dict:
+    def reset_peak(self) -> None:
+        """Start a fresh peak window at the current use."""
+        self.peak_used_blocks = self.pool.num_used
+
+    def kv_stats(self) -> KVStats:
         """Counters for metrics and the dashboard; O(live tables)."""
         pool, bs = self.pool, self._bs
         used = pool.num_used
@@ -347,43 +352,43 @@ class KVCacheManager:
         logical = (sum(len(s.table) for s in self._seqs.values())
                    + sum(len(s.table) for s in self._idle.values()))
         contiguous = live * -(-self.max_model_len // bs)
-        return {
-            "block_size": bs, "total_blocks": pool.num_blocks, "free_blocks": pool.num_free,
-            "used_blocks": used, "cached_blocks": pool.num_cached_free,
-            "shared_blocks": pool.num_shared, "peak_used_blocks": self.peak_used_blocks,
-            "logical_blocks": logical, "kv_bytes_per_token": self.kv_bytes_per_token,
-            "kv_bytes_per_block": self.kv_bytes_per_token * bs,
-            "kv_capacity_tokens": pool.num_blocks * bs, "used_tokens": pool.num_used_tokens,
-            "prefix_cache_queries": self.prefix_cache_queries,
-            "prefix_cache_hits": self.prefix_cache_hits, "num_preemptions": self.num_preemptions,
-            "savings_vs_unshared": 1 - used / logical if logical else 0.0,
-            "savings_vs_contiguous": 1 - used / contiguous if contiguous else 0.0,
-            "num_sequences": len(self._seqs), "num_idle_sessions": len(self._idle),
-            "internal_fragmentation_tokens": used * bs - pool.num_used_tokens,
-            "usage": used / pool.num_blocks,
-        }
+        return KVStats(
+            block_size=bs, total_blocks=pool.num_blocks, free_blocks=pool.num_free, used_blocks=used,
+            cached_blocks=pool.num_cached_free, shared_blocks=pool.num_shared,
+            peak_used_blocks=self.peak_used_blocks, logical_blocks=logical,
+            kv_bytes_per_token=self.kv_bytes_per_token, kv_bytes_per_block=self.kv_bytes_per_token * bs,
+            kv_capacity_tokens=pool.num_blocks * bs, used_tokens=pool.num_used_tokens,
+            prefix_cache_queries=self.prefix_cache_queries, prefix_cache_hits=self.prefix_cache_hits,
+            num_preemptions=self.num_preemptions,
+            savings_vs_unshared=1 - used / logical if logical else 0.0,
+            savings_vs_contiguous=1 - used / contiguous if contiguous else 0.0,
+            num_sequences=len(self._seqs), num_idle_sessions=len(self._idle),
+            internal_fragmentation_tokens=used * bs - pool.num_used_tokens, usage=used / pool.num_blocks)
 
-    def snapshot(self) -> dict:
-        """Per-block and per-table view for the dashboard; JSON-serializable, O(num_blocks)."""
+    def stats(self) -> dict:
+        return self.kv_stats().to_json()
+
+    def kv_snapshot(self, request_of=lambda seq_id: None) -> KVSnapshot:
+        """Per-block arrays and per-table views (engine/kv_contract.py); O(num_blocks), on demand."""
         bs = self._bs
-        owners: dict[int, list] = {}
         seqs = []
         views = [(s.seq_id, s.session_id, "running", len(s.tokens), s.num_computed, s.table)
                  for s in self._seqs.values()]
         views += [(None, s.session_id, "idle_session", len(s.tokens), len(s.tokens), s.table)
                   for s in self._idle.values()]
         for seq_id, sid, state, ntok, nc, table in views:
-            who = seq_id if seq_id is not None else sid
-            for b in table:
-                owners.setdefault(b.block_id, []).append(who)
-            seqs.append({"seq_id": seq_id, "session_id": sid, "state": state, "num_tokens": ntok,
-                         "num_computed": nc, "block_table": [b.block_id for b in table],
-                         "shared": [b.ref_count >= 2 for b in table],
-                         "last_block_filled": nc - (len(table) - 1) * bs if table else 0})
-        return {
-            "time": time.time(), "block_size": bs, "num_blocks": self.pool.num_blocks,
-            "stats": self.stats(),
-            "blocks": dict(zip(("state", "ref_count", "filled"), self.pool.block_arrays())),
-            "owners": owners, "sequences": seqs,
-            "preemption_events": list(self.preemption_events),
-        }
+            seqs.append(SequenceView(
+                seq_id=seq_id, session_id=sid, state=state, num_tokens=ntok, num_computed=nc,
+                block_table=[b.block_id for b in table], shared=[b.ref_count >= 2 for b in table],
+                last_block_filled=nc - (len(table) - 1) * bs if table else 0,
+                request_id=request_of(seq_id) if seq_id is not None else None))
+        state, ref, filled = self.pool.block_arrays()   # touches only built blocks (350k-block pools)
+        return KVSnapshot(
+            time=time.time(), block_size=bs, num_blocks=self.pool.num_blocks, stats=self.kv_stats(),
+            blocks=BlockArrays(state=state, ref_count=ref, filled=filled),
+            sequences=seqs,
+            preemption_events=[PreemptionEvent(request_id=request_of(e["seq_id"]), **e)
+                               for e in self.preemption_events])
+
+    def snapshot(self) -> dict:
+        return self.kv_snapshot().to_json()

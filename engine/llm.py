@@ -13,11 +13,11 @@ import threading
 import time
 import traceback
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loader import load_model
+from engine.model_info import ModelInfo, build_model_info
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.sequence import Request, RequestOutputDelta
@@ -101,13 +101,14 @@ class LLM:
         self.hf_folder = loaded.hf_folder
         self.engine = LLMEngine(cfg, loaded)
         self.tokenizer = loaded.tokenizer
+        self._info = build_model_info(loaded.source, loaded.config, cfg, self.engine.runner)
         self._ids = itertools.count()
         self._commands: queue.Queue = queue.Queue()
         self._live: set[str] = set()                 # request ids not yet finished
         self._live_lock = threading.Lock()
-        self._sessions: dict[str, list[int]] = {}     # session -> prompt + generated ids so far
         self._latest_snapshot: dict | None = None
         self._snapshot_time = 0.0
+        self._snapshot_lock = threading.Lock()
         self._stopping = False
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
@@ -127,10 +128,6 @@ class LLM:
                     except Exception as e:  # a bug or OOM must not kill every other session silently
                         traceback.print_exc()
                         self._fail_all(f"engine error: {e!r}")
-                now = time.time()
-                if now - self._snapshot_time >= _SNAPSHOT_PERIOD_S or not eng.has_unfinished():
-                    self._latest_snapshot = eng.snapshot()
-                    self._snapshot_time = now
             except Exception:             # never let the one engine thread die
                 traceback.print_exc()
         self._close()
@@ -239,14 +236,9 @@ class LLM:
                 raise ValueError(f"request id {rid!r} is already in use")
             self._live.add(rid)
         stream = RequestStream(rid, ids, params.n, self)
-        collected: list[int] = []
         open_outputs = [params.n]
 
         def on_output(delta: RequestOutputDelta) -> None:   # runs in the engine thread
-            if req.session_id is not None and delta.index == 0:   # None once the session ended
-                collected.extend(delta.token_ids)
-                if delta.finished:
-                    self._sessions[session_id] = ids + collected
             if delta.finished:
                 open_outputs[0] -= 1
                 if open_outputs[0] == 0:
@@ -258,22 +250,45 @@ class LLM:
         return req, stream
 
     def submit_chat(self, messages: list[dict], params: SamplingParams | None = None, *,
-                    session_id: str | None = None, request_id: str | None = None) -> RequestStream:
-        """Chat turn. With a session, the previous turn's exact token ids are reused as the prefix."""
-        previous = self._sessions.get(session_id) if session_id else None
+                    session_id: str | None = None, request_id: str | None = None,
+                    previous_ids: list[int] | None = None) -> RequestStream:
+        """Chat turn. The previous turn's exact token ids are reused as the prefix: `previous_ids`
+        when the caller kept them (e.g. read back from storage after a restart, or the branch being
+        continued), else the session's last turn. They are used only if they decode to the start
+        of the rendered conversation, so a wrong guess costs cache hits, never correctness."""
+        previous = previous_ids if previous_ids else (self.engine.sessions.token_ids(session_id)
+                                                      if session_id else None)
         ids = continue_session_prompt(self.tokenizer, messages, previous)
         return self.submit({"prompt_token_ids": ids}, params, session_id=session_id, request_id=request_id)
 
     def abort(self, request_id: str) -> bool:
         return bool(self._call("abort", request_id))
 
+    # ---- sessions (the table itself is engine/sessions.py, owned by the engine) ---------------
+    def open_session(self, session_id: str, token_ids: list[int] | None = None) -> None:
+        """Declare a chat session, optionally with the exact ids of its last turn (prompt + reply)
+        read back from storage after a restart; its next turn continues from them."""
+        if token_ids is not None:
+            self.engine.validate_prompt(list(token_ids) or [0])
+        self.engine.sessions.open(session_id, token_ids)
+
+    def session_token_ids(self, session_id: str) -> list[int] | None:
+        """The exact ids the session's next turn continues from (None: no turn yet)."""
+        return self.engine.sessions.token_ids(session_id)
+
+    def fork_session(self, src: str, dst: str) -> None:
+        """A new session that starts from `src`'s ids; the shared prefix shares its blocks."""
+        self.engine.sessions.fork(src, dst)
+
     def end_session(self, session_id: str) -> bool:
-        """Release a conversation's held KV blocks (tab closed or conversation deleted)."""
-        self._sessions.pop(session_id, None)
-        try:
-            return bool(self._call("call", lambda eng: eng.end_session(session_id)))
-        finally:
-            self._sessions.pop(session_id, None)    # a turn that finished meanwhile re-added it
+        """Release a session's parked KV blocks (no tab shows it any more); its ids are kept."""
+        return bool(self._call("call", lambda eng: eng.release_session(session_id)))
+
+    release_session = end_session
+
+    def close_session(self, session_id: str) -> bool:
+        """Forget a session (its conversation was deleted): ids dropped, blocks released."""
+        return bool(self._call("call", lambda eng: eng.close_session(session_id)))
 
     # ---- batch API -------------------------------------------------------------------------------
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = False) -> list[RequestOutput]:
@@ -338,19 +353,56 @@ class LLM:
         return submit_beam_searches(self, [prompt], params, on_step,
                                     [request_id] if request_id else None)[0]
 
-    # ---- observability ---------------------------------------------------------------------------
+
+    # ---- public face: what the UI, the bench and the tests may read --------------------------------
     def get_tokenizer(self):
         return self.tokenizer
 
+    @property
+    def max_model_len(self) -> int:
+        """Longest prompt + reply, in tokens."""
+        return self._info.max_model_len
+
+    def model_info(self) -> ModelInfo:
+        return self._info
+
+    def count_prompt_tokens(self, messages: list[dict]) -> int:
+        """Length of the prompt these chat messages render to (no session reuse), for a
+        "too long" answer before anything is stored or submitted."""
+        return len(continue_session_prompt(self.tokenizer, messages, None))
+
+    def reset_peak_stats(self) -> None:
+        """Start a fresh window for peak_used_blocks and peak_running (bench runs)."""
+        self._call("call", lambda eng: eng.reset_peak_stats())
+
+    # ---- observability ---------------------------------------------------------------------------
+
     def stats(self) -> dict:
+        """The stats contract as JSON (engine/kv_contract.KVStats.to_json())."""
         return self._call("call", lambda eng: eng.stats())
 
+    def kv_stats(self):
+        """The stats contract, typed (engine/kv_contract.KVStats)."""
+        return self._call("call", lambda eng: eng.kv_stats())
+
+    def kv_snapshot(self):
+        """The snapshot contract, typed (engine/kv_contract.KVSnapshot), taken between steps."""
+        return self._call("call", lambda eng: eng.kv_snapshot())
+
     def snapshot(self) -> dict:
-        return self._call("call", lambda eng: eng.snapshot())
+        """Exact snapshot in its JSON form (the /api/kv format): taken between two steps, and
+        serialized on the caller's thread, not the engine's."""
+        return self.kv_snapshot().to_json()
 
     def latest_snapshot(self) -> dict:
-        """The snapshot published by the engine thread (at most ~0.25 s old); never blocks."""
-        return self._latest_snapshot or self.snapshot()
+        """A snapshot at most ~0.25 s old, shared by every caller in that window (dashboard ticks
+        of many viewers cost one snapshot). Taken on demand, never periodically by the engine."""
+        with self._snapshot_lock:
+            now = time.time()
+            if self._latest_snapshot is None or now - self._snapshot_time >= _SNAPSHOT_PERIOD_S:
+                self._latest_snapshot = self.snapshot()
+                self._snapshot_time = now
+            return self._latest_snapshot
 
     def shutdown(self) -> None:
         if self._thread.is_alive():

@@ -5,8 +5,8 @@ detokenize -> stream deltas -> free or park finished sequences.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections import deque
 
 import torch
 
@@ -14,11 +14,13 @@ from engine.beam_search import route_beam_rows
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache_manager import KVCacheManager
+from engine.kv_contract import KVSnapshot, KVStats
 from engine.loader import LoadedModel
 from engine.model_runner import ModelRunner
 from engine.sampler import make_generator, sample
 from engine.scheduler import Scheduler
 from engine.sequence import Request, RequestOutputDelta, Sequence, SeqStatus
+from engine.sessions import SessionTable
 
 
 class LLMEngine:
@@ -35,8 +37,8 @@ class LLMEngine:
                                  enable_prefix_caching=cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens)
         self.requests: dict[str, Request] = {}
+        self.sessions = SessionTable()      # chat sessions: exact ids + life cycle (engine/sessions.py)
         self.eos_ids = self._eos_ids()
-        self.preemption_events: deque = deque(maxlen=50)
         self.generated_tokens_total = 0
         self.prompt_tokens_computed_total = 0
         self.steps = 0
@@ -69,6 +71,8 @@ class LLMEngine:
         if req.request_id in self.requests:
             raise ValueError(f"request id {req.request_id!r} is already in use")
         self.requests[req.request_id] = req
+        if req.session_id is not None:
+            self.sessions.begin_turn(req.session_id, req.request_id)
         self._new_sequence(req, 0, list(req.prompt_ids))
 
     def _new_sequence(self, req: Request, index: int, token_ids: list[int]) -> Sequence:
@@ -99,11 +103,15 @@ class LLMEngine:
         self.requests.pop(request_id, None)
         return True
 
-    def end_session(self, session_id: str) -> bool:
-        """Release an idle session's blocks; a turn still running for it will free, not park."""
-        for req in self.requests.values():
-            if req.session_id == session_id:
-                req.session_id = None
+    def release_session(self, session_id: str) -> bool:
+        """Release a session's parked blocks, keeping its ids; a turn still running for it will
+        free, not park. False if no blocks were parked."""
+        self.sessions.release(session_id)
+        return self.kv.free_session(session_id)
+
+    def close_session(self, session_id: str) -> bool:
+        """Forget a session (conversation deleted): ids dropped, blocks released."""
+        self.sessions.close(session_id)
         return self.kv.free_session(session_id)
 
     def fail_request_outputs(self, req: Request, message: str) -> None:
@@ -119,7 +127,8 @@ class LLMEngine:
             for seq in req.seqs:
                 if self.kv.has_sequence(seq.seq_id):
                     self.kv.forget_cached(seq.seq_id)
-            req.session_id = None           # free, do not park, what may hold unwritten KV
+            if req.session_id is not None:  # free, do not park, what may hold unwritten KV
+                self.sessions.release(req.session_id)
             self.abort_request(req.request_id, reason="error", error=message)
 
     def _deliver(self, req: Request, delta: RequestOutputDelta) -> None:
@@ -138,7 +147,6 @@ class LLMEngine:
         while self._broken:
             self.abort_request(self._broken.pop())
         batch = self.scheduler.schedule()
-        self._record_preemptions()
         for seq, start, n in batch:
             if start == seq.cached_tokens and seq.first_token_time is None and start + n <= seq.prompt_len:
                 self._emit(seq, "", [], state="running")
@@ -242,20 +250,18 @@ class LLMEngine:
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
         req = seq.request
+        park = False
+        if req.session_id is not None and seq.index == 0:   # the session table decides, and keeps the ids
+            park = self.sessions.finish_turn(req.session_id, req.request_id,
+                                             None if reason == "error" else seq.token_ids)
         if was_admitted:
-            if req.session_id is not None and seq.index == 0:
+            if park:
                 self.kv.park(seq.seq_id, req.session_id)
             else:
                 self.kv.free(seq.seq_id)
         self._emit(seq, text + seq.detok.flush(), toks or [], finished=True, reason=reason, error=error)
         if all(s.status is SeqStatus.FINISHED for s in req.seqs) and (req.forked or req.params.n == 1):
             self.requests.pop(req.request_id, None)
-
-    def _record_preemptions(self) -> None:
-        for seq, lost in self.scheduler.preempted_log:
-            self.preemption_events.append({"request_id": seq.request.request_id, "seq_id": seq.seq_id,
-                                           "tokens_lost": lost, "time": time.time()})
-        self.scheduler.preempted_log.clear()
 
     def _emit(self, seq: Sequence, text: str, toks: list[int], finished=False, reason=None, state=None,
               error=None):
@@ -273,20 +279,25 @@ class LLMEngine:
         self._deliver(req, RequestOutputDelta(req.request_id, seq.index, text, toks, finished, reason, error, m))
 
     # ---- observability -----------------------------------------------------------------------
+    def reset_peak_stats(self) -> None:
+        self.kv.reset_peak()
+        self.scheduler.peak_running = len(self.scheduler.running)
+
+    def kv_stats(self) -> KVStats:
+        return dataclasses.replace(
+            self.kv.kv_stats(), running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+            peak_running=self.scheduler.peak_running, generated_tokens_total=self.generated_tokens_total,
+            prompt_tokens_computed_total=self.prompt_tokens_computed_total,
+            max_model_len=self.max_model_len, steps=self.steps)
+
     def stats(self) -> dict:
-        s = self.kv.stats()
-        s.update(running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
-                 peak_running=self.scheduler.peak_running,
-                 generated_tokens_total=self.generated_tokens_total,
-                 prompt_tokens_computed_total=self.prompt_tokens_computed_total,
-                 max_model_len=self.max_model_len, steps=self.steps)
-        return s
+        return self.kv_stats().to_json()
+
+    def kv_snapshot(self) -> KVSnapshot:
+        """The manager's snapshot plus the engine's counters and each sequence's request id
+        (engine sequence ids are "<request id>#<index>")."""
+        snap = self.kv.kv_snapshot(request_of=lambda seq_id: str(seq_id).rsplit("#", 1)[0])
+        return dataclasses.replace(snap, stats=self.kv_stats())
 
     def snapshot(self) -> dict:
-        snap = self.kv.snapshot()
-        snap["stats"] = self.stats()
-        snap["preemption_events"] = list(self.preemption_events)
-        req_of = {s.seq_id: s.request.request_id for r in self.requests.values() for s in r.seqs}
-        for entry in snap.get("sequences", []):
-            entry["request_id"] = req_of.get(entry.get("seq_id"))
-        return snap
+        return self.kv_snapshot().to_json()

@@ -19,11 +19,13 @@ from engine.step_inputs import StagingBuffer, pack_step
 GRAPH_MAX_LEN = 8192   # decode graphs cover contexts up to this; longer ones run eagerly
 
 
+from engine.model_info import kv_bytes_per_token as kv_bytes_per_token_of  # noqa: E402
+
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
     """2 (K and V) x layers x KV heads x head_dim x dtype bytes — KV heads, not attention heads."""
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_hidden_layers * kv_heads * head_dim_of(config) * itemsize
+    return kv_bytes_per_token_of(config.num_hidden_layers, kv_heads, head_dim_of(config), itemsize)
 
 
 def choose_num_blocks(cfg: EngineConfig, bytes_per_block: int) -> int:

@@ -30,7 +30,6 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.peak_running = 0
-        self.preempted_log: list[tuple[Sequence, int]] = []   # (seq, tokens lost); engine drains it
 
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
@@ -47,12 +46,10 @@ class Scheduler:
             self.waiting.remove(seq)
 
     def _preempt(self, seq: Sequence) -> None:
-        lost = self.kv.preempt(seq.seq_id)
+        self.kv.preempt(seq.seq_id)          # the manager counts it and logs the victim and tokens lost
         self.running.remove(seq)
         seq.status = SeqStatus.WAITING
-        seq.num_computed = 0
         self.waiting.appendleft(seq)
-        self.preempted_log.append((seq, lost))
 
     def schedule(self) -> list[tuple[Sequence, int, int]]:
         """Return [(seq, first_position, num_new_tokens)] for this step; the manager is updated."""
@@ -62,7 +59,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_uncomputed, budget)
+            start = self.kv.num_computed(seq.seq_id)     # the manager owns this count
+            n = min(len(seq.token_ids) - start, budget)
             while True:
                 try:
                     self.kv.allocate_slots(seq.seq_id, n)
@@ -75,8 +73,7 @@ class Scheduler:
                         break
             if seq.status is not SeqStatus.RUNNING:
                 break
-            batch.append((seq, seq.num_computed, n))
-            seq.num_computed += n
+            batch.append((seq, start, n))
             budget -= n
             i += 1
         if preempted:
@@ -88,21 +85,18 @@ class Scheduler:
             if self.running and taken + _slots(seq) > self.max_num_seqs:
                 break                   # alone, an n > max_num_seqs request still runs
             session = req.session_id if seq.index == 0 else None
-            cached = self.kv.lookup_prefix(seq.token_ids, cache_salt=req.cache_salt, session_id=session)
-            n = min(len(seq.token_ids) - cached, budget)
-            try:
-                cached = self.kv.add_sequence(seq.seq_id, seq.token_ids, num_new_tokens=n,
+            try:     # one prefix lookup: the manager clamps the budget to what is not cached
+                cached = self.kv.add_sequence(seq.seq_id, seq.token_ids, num_new_tokens=budget,
                                               cache_salt=req.cache_salt, session_id=session)
             except NoFreeBlocksError:
                 break
-            n = min(n, len(seq.token_ids) - cached)
+            n = min(budget, len(seq.token_ids) - cached)
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
             seq.cached_tokens = cached if seq.first_token_time is None else seq.cached_tokens
             self.running.append(seq)
             taken += _slots(seq)
             batch.append((seq, cached, n))
-            seq.num_computed = cached + n
             budget -= n
         self.peak_running = max(self.peak_running, len(self.running))
         return batch
@@ -110,6 +104,5 @@ class Scheduler:
     def add_forked(self, parent: Sequence, child: Sequence) -> None:
         """A child forked from a running parent runs right after it."""
         child.status = SeqStatus.RUNNING
-        child.num_computed = parent.num_computed
         self.running.insert(self.running.index(parent) + 1, child)
         self.peak_running = max(self.peak_running, len(self.running))

@@ -28,7 +28,6 @@ class Sequence:
         self.generator = generator
         self.status = SeqStatus.WAITING
         self.finish_reason: str | None = None
-        self.num_computed = 0       # mirrors the manager's count for the scheduler's arithmetic
         self.cached_tokens = 0      # prompt tokens served from the prefix cache / session at admission
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
@@ -40,10 +39,6 @@ class Sequence:
     @property
     def output_ids(self) -> list[int]:
         return self.token_ids[self.prompt_len:]
-
-    @property
-    def num_uncomputed(self) -> int:
-        return len(self.token_ids) - self.num_computed
 
 
 @dataclass
@@ -70,7 +65,6 @@ class Request:
     on_output: object = None          # callable(RequestOutputDelta) set by the front
     seqs: list[Sequence] = field(default_factory=list)
     forked: bool = False
-    aborted: bool = False
 
     @property
     def prompt_len(self) -> int:

@@ -1,4 +1,4 @@
-"""The Gradio page: chat (ui/chat*.py, ui/layout.py) and the memory dashboard (ui/dashboard*.py)."""
+"""The Gradio page: chat (ui/chat/, ui/layout.py) and the memory dashboard (ui/dashboard/)."""
 __all__ = ["build_app"]
 
 

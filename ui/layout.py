@@ -8,13 +8,14 @@ from __future__ import annotations
 import fastapi
 import gradio as gr
 
-from ui import chat, chat_sidebar as side
-from ui import chat_view as view
-from ui.chat_context import ChatContext
-from ui.chat_tabs import TabRegistry
+from ui.chat import handlers as chat
+from ui.chat import sidebar as side
+from ui.chat import view
+from ui.chat.context import ChatContext
+from ui.chat.tabs import TabRegistry
 
-from ui.dashboard import build_dashboard
-from ui.metrics import register_routes
+from ui.dashboard.page import build_dashboard
+from routes.metrics import register_routes
 from routes.security import install_security
 
 CSS = """
@@ -25,6 +26,14 @@ CSS = """
 """
 
 
+LIST_REFRESH_S = 2.0
+URL_JS = """(c) => {
+  const u = new URL(window.location.href);
+  if (c) { u.searchParams.set("c", c); } else { u.searchParams.delete("c"); }
+  if (u.href !== window.location.href) { window.history.replaceState(null, "", u.href); }
+}"""
+
+
 def _sampling_controls(llm):
     with gr.Accordion("Sampling", open=False, elem_id="sampling"):
         with gr.Row():
@@ -33,7 +42,7 @@ def _sampling_controls(llm):
             top_p = gr.Slider(0.05, 1.0, value=0.95, step=0.05, label="Top-p", elem_id="top-p")
             top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)", elem_id="top-k")
         with gr.Row():
-            max_tokens = gr.Slider(1, min(2048, llm.engine.max_model_len - 1), value=256, step=1,
+            max_tokens = gr.Slider(1, min(2048, llm.max_model_len - 1), value=256, step=1,
                                    label="Max new tokens", elem_id="max-tokens")
             rep = gr.Slider(0.8, 2.0, value=1.1, step=0.01, label="Repetition penalty", elem_id="rep-penalty")
             seed = gr.Number(value=-1, precision=0, label="Seed (-1 = random)", elem_id="seed")
@@ -53,6 +62,7 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
                                    container=False, scale=5)
                 refresh_btn = gr.Button("↻", size="sm", scale=1, min_width=40, elem_id="refresh-list")
             conv_list = gr.Radio(choices=[], value=None, show_label=False, elem_id="conv-list")
+            timer = gr.Timer(LIST_REFRESH_S)
             open_id = gr.Textbox(visible=False, label="Conversation id")   # API: open any id
             with gr.Accordion("Rename · delete · export · import", open=False):
                 title = gr.Textbox(label="Title", max_lines=1)
@@ -140,6 +150,13 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     def on_load(request: gr.Request):
         return side.on_load(ctx, request)
 
+    async def follow(request: gr.Request):
+        async for out in chat.follow(ctx, request):
+            yield out
+
+    def refresh(query, request: gr.Request):
+        return chat.refresh(ctx, query, request)
+
     def new_chat(request: gr.Request):
         return side.new_chat(ctx, request)
 
@@ -180,14 +197,22 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
         side.on_unload(ctx, request)
 
     quick = dict(concurrency_limit=None, show_progress="hidden")
-    demo.load(on_load, None, view_out + [c["shared_prompt"]], api_name=False, **quick)
+    demo.load(on_load, None, view_out + [c["shared_prompt"]], api_name=False, **quick).then(
+        follow, None, chat_out, api_name=False, **quick)
     demo.unload(on_unload)
     c["new_btn"].click(new_chat, None, view_out, api_name="new_chat", **quick)
     c["clear_btn"].click(new_chat, None, view_out, api_name=False, **quick)
     chatbot.clear(new_chat, None, view_out, api_name=False, **quick)     # the chatbot's own trash icon
-    conv_list.input(open_conv, conv_list, view_out, api_name=False, **quick)
+    # A click shows the chosen chat at once, then paints its reply live if one is being generated.
+    conv_list.input(open_conv, conv_list, view_out, api_name=False, **quick).then(
+        follow, None, chat_out, api_name=False, **quick)
+    # The address bar names the open chat (/?c=<id>), so a reload or a shared link reopens it.
+    conv_list.change(None, conv_list, None, js=URL_JS)
+    # Every tab polls: chats created, renamed or continued in the user's other tabs show up.
+    c["timer"].tick(refresh, c["query"], [conv_list, chatbot], api_name=False, **quick)
     # API clients open a conversation by id (the radio only accepts ids already in its list).
-    c["open_id"].change(open_conv, c["open_id"], view_out, api_name="open_conversation", **quick)
+    c["open_id"].change(open_conv, c["open_id"], view_out, api_name="open_conversation", **quick).then(
+        follow, None, chat_out, api_name=False, **quick)
     c["query"].change(search, c["query"], conv_list, api_name="search", **quick)
     c["refresh_btn"].click(search, c["query"], conv_list, api_name=False, **quick)   # chats from other tabs
     c["rename_btn"].click(rename, c["title"], conv_list, api_name="rename", **quick)

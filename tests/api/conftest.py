@@ -45,7 +45,7 @@ def build_server_app(llm, **api_kw):
     import fastapi
 
     from routes.openai_api import mount_openai_api
-    from ui.metrics import register_routes
+    from routes.metrics import register_routes
     app = fastapi.FastAPI()
     register_routes(app, llm)
     mount_openai_api(app, llm, **api_kw)

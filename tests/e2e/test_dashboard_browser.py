@@ -9,7 +9,7 @@ import pytest
 from tests.e2e.polling import wait_until
 from gradio_client import Client
 
-from ui.demo_load import DEFAULT_SYSTEM_PROMPT
+from loadgen.demo_load import DEFAULT_SYSTEM_PROMPT
 
 pytestmark = pytest.mark.slow
 

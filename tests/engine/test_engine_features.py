@@ -10,35 +10,38 @@ CHAT = [{"role": "system", "content": "You are a concise assistant."},
         {"role": "user", "content": "Name three colours of the rainbow."}]
 
 
-def _prompt(llm, chat=CHAT):
+def _prompt(llm_or_engine, chat=CHAT):
     from engine.session_prompt import continue_session_prompt
-    return continue_session_prompt(llm.get_tokenizer(), chat, None)
+    return continue_session_prompt(llm_or_engine.tokenizer, chat, None)
 
 
-def test_n_greater_than_one_shares_prompt_blocks_copy_on_write(make_llm, hf_greedy):
-    llm = make_llm(num_blocks=128)
-    eng = llm.engine
-    ids = _prompt(llm)
+def _engine(num_blocks):
+    """A bare synchronous LLMEngine (no thread, no LLM front): the test steps it by hand."""
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.loader import load_model
+    return LLMEngine(EngineConfig(num_blocks=num_blocks), load_model(None))
+
+
+def test_n_greater_than_one_shares_prompt_blocks_copy_on_write(hf_greedy):
+    e = _engine(128)
+    ids = _prompt(e)
     n = 3
-    llm._call("call", lambda e: e.add_request(Request("fork", ids, SamplingParams(n=n, temperature=0, max_tokens=12))))
-    # step inside the engine thread until the fork happened, then look at the block tables
-    def step_until_forked(e):
-        while not e.requests["fork"].forked:
-            e.step()
-        return e.snapshot(), list(e.kv.block_table("fork#0"))
-    snap, parent_table = llm._call("call", step_until_forked)
+    e.add_request(Request("fork", ids, SamplingParams(n=n, temperature=0, max_tokens=12)))
+    # step until the fork happened, then look at the block tables
+    while not e.requests["fork"].forked:
+        e.step()
+    snap, parent_table = e.snapshot(), list(e.kv.block_table("fork#0"))
     tables = {s["seq_id"]: s["block_table"] for s in snap["sequences"]}
     assert len([k for k in tables if k and k.startswith("fork#")]) == n
     refs = snap["blocks"]["ref_count"]
     full_prompt_blocks = len(ids) // 16
     for b in parent_table[:full_prompt_blocks]:
         assert refs[b] == n, "prompt blocks must be shared by all n children, not copied"
-    # let it finish: greedy children all continue exactly like HF
-    def run(e):
-        while e.has_unfinished():
-            e.step()
-    llm._call("call", run)
-    assert llm.stats()["used_blocks"] == 0
+    # let it finish: every block comes back
+    while e.has_unfinished():
+        e.step()
+    assert e.stats()["used_blocks"] == 0
 
 
 def test_n_children_collect_through_generate(make_llm, hf_greedy):
@@ -144,23 +147,23 @@ def test_unknown_model_path_and_architecture(tmp_path):
 def test_engine_error_fails_running_requests_without_leaking(make_llm, hf_greedy):
     """Fault injection: one forward raises; its requests end with an error, blocks come back,
     and the engine keeps serving new requests."""
+    from engine.model_runner import ModelRunner
     llm = make_llm(num_blocks=128)
-    runner = llm.engine.runner
-    real_run = runner.run
+    real_run = ModelRunner.run
     calls = {"n": 0}
 
-    def flaky(batch, *a, **kw):
+    def flaky(self, batch, *a, **kw):            # patched on the class: no reach into the LLM
         reqs = {seq.request.request_id for seq, _, _ in batch}
         if len(reqs) == 2 and not calls["n"]:   # both requests in one step, before the n=2 fork
             calls["n"] += 1
             raise RuntimeError("injected failure")
-        return real_run(batch, *a, **kw)
-    runner.run = flaky
+        return real_run(self, batch, *a, **kw)
+    ModelRunner.run = flaky
     try:
         streams = [llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=20, n=n)) for n in (1, 2)]
         finals = [[d for d in s if d.finished] for s in streams]
     finally:
-        runner.run = real_run
+        ModelRunner.run = real_run
     assert [len(f) for f in finals] == [1, 2], "every one of the n outputs must be closed"
     assert all(d.finish_reason == "error" and "injected" in d.error for f in finals for d in f), finals
     assert llm.stats()["used_blocks"] == 0 and llm.stats()["running"] == 0
@@ -203,18 +206,21 @@ def test_a_vanished_async_consumer_does_not_hurt_other_requests(make_llm):
     asyncio.run(leave_early())
     deltas = list(other)
     assert deltas[-1].finish_reason == "length" and deltas[-1].error is None
-    assert llm.engine.requests == {} and llm.stats()["used_blocks"] == 0
+    st = llm.stats()
+    assert st["running"] == 0 and st["waiting"] == 0 and st["used_blocks"] == 0
 
 
 def test_end_session_during_a_turn_frees_instead_of_parking(make_llm):
     llm = make_llm(num_blocks=128)
     s = llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), session_id="tab")
     it = iter(s)
-    next(it)
+    first = next(it)
     llm.end_session("tab")
-    list(it)
+    rest = list(it)
     assert llm.stats()["num_idle_sessions"] == 0 and llm.stats()["used_blocks"] == 0
-    assert "tab" not in llm._sessions
+    # released, not forgotten: the session keeps the turn's exact ids (prompt + reply)
+    assert llm.session_token_ids("tab") == s.prompt_ids + [t for d in [first, *rest] for t in d.token_ids]
+    assert llm.close_session("tab") is False and llm.session_token_ids("tab") is None
 
 
 def test_n_children_count_against_max_num_seqs(make_llm):

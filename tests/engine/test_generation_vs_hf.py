@@ -25,9 +25,12 @@ def _ids(llm, chat):
 
 def test_one_forward_logits_match_hf(make_llm, hf_model):
     from engine.models.llama import AttentionMetadata
-    llm = make_llm(num_blocks=64)
-    model = llm.engine.runner.model
-    ids = _ids(llm, CHATS[1])
+    from engine.config import EngineConfig
+    from engine.loader import load_model
+    from engine.model_runner import ModelRunner
+    loaded = load_model(None)                   # the model alone, outside any engine
+    model = ModelRunner(EngineConfig(num_blocks=64), loaded.config, loaded.weights).model
+    ids = _ids(make_llm(num_blocks=8), CHATS[1])
     T, bs = len(ids), 16
     pool = torch.zeros(2, model.num_layers, 64, bs, model.num_kv_heads, model.head_dim)
     table = torch.randperm(64)[: (T + bs - 1) // bs]          # non-contiguous physical blocks

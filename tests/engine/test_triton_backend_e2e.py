@@ -14,6 +14,6 @@ def test_triton_backend_matches_torch_backend_greedy(make_llm):
     torch_llm = make_llm(num_blocks=32, attention_backend="torch")
     ref = torch_llm.chat(chat, p)[0]
     triton_llm = make_llm(num_blocks=32, attention_backend="triton")
-    assert triton_llm.engine.runner.backend == "triton"
+    assert triton_llm.model_info().attention_backend == "triton"
     out = triton_llm.chat(chat, p)[0]
     assert out.outputs[0].token_ids == ref.outputs[0].token_ids

@@ -1,81 +1,14 @@
-"""The streaming handlers (ui/chat.py) against a scripted fake engine and a real SQLite store:
+"""The streaming handlers (ui/chat/handlers.py) against a scripted fake engine and a real SQLite store:
 commit order, stored reply and stats, Stop/cancel, bad input, busy conversations, branches."""
 import asyncio
-import types
 
 import pytest
 
-from engine.sequence import RequestOutputDelta
 from storage import Storage
-from ui import chat
-from ui.chat_context import ChatContext
-from ui.chat_tabs import TabRegistry
-
-
-class FakeTokenizer:
-    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
-        return " ".join(f"<{m['role']}> {m['content']}" for m in messages) + " <assistant>"
-
-    def encode(self, text, add_special_tokens=False):
-        return text.split()
-
-
-class FakeStream:
-    """Yields a running delta, then one word per step; abort() ends it like the engine does."""
-
-    def __init__(self, llm, rid, words, n):
-        self.llm, self.request_id, self.words, self.n = llm, rid, words, n
-        self.aborted = False
-
-    async def _agen(self):
-        yield RequestOutputDelta(self.request_id, 0, "", [], metrics={"state": "running", "prompt_tokens": 9,
-                                                                     "cached_tokens": 4, "output_tokens": 0})
-        for k, word in enumerate(self.words):
-            await self.llm.gate.wait()
-            if self.aborted:
-                break
-            last = k == len(self.words) - 1
-            m = {"state": "finished" if last else "running", "prompt_tokens": 9, "cached_tokens": 4,
-                 "output_tokens": k + 1, "ttft_s": 0.1, "tokens_per_s": 20.0 if k else None}
-            for i in range(self.n):
-                yield RequestOutputDelta(self.request_id, i, word, [100 + k], last, "stop" if last else None,
-                                         None, m)
-            await asyncio.sleep(chat.YIELD_S + 0.01)         # one page update per word
-        if self.aborted:
-            for i in range(self.n):
-                yield RequestOutputDelta(self.request_id, i, "", [], True, "abort", None, {"state": "finished"})
-
-    def __aiter__(self):
-        return self._agen()
-
-
-class FakeLLM:
-    def __init__(self, words=("Hello", " there", "!")):
-        self.words = list(words)
-        self.engine = types.SimpleNamespace(max_model_len=40)
-        self.config = types.SimpleNamespace(max_num_seqs=4)
-        self.submitted, self.aborted, self.ended = [], [], []
-        self.streams = {}
-        self.gate = asyncio.Event()
-        self.gate.set()
-
-    def get_tokenizer(self):
-        return FakeTokenizer()
-
-    def submit_chat(self, messages, params, *, session_id=None, request_id=None):
-        self.submitted.append((messages, params, session_id))
-        s = self.streams[request_id] = FakeStream(self, request_id, self.words, params.n)
-        return s
-
-    def abort(self, rid):
-        self.aborted.append(rid)
-        if rid in self.streams:
-            self.streams[rid].aborted = True
-        return True
-
-    def end_session(self, sid):
-        self.ended.append(sid)
-        return True
+from tests.ui.fake_engine import FakeLLM, request
+from ui.chat import handlers as chat
+from ui.chat.context import ChatContext
+from ui.chat.tabs import TabRegistry
 
 
 KW = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_tokens": 8, "repetition_penalty": 1.0,
@@ -93,7 +26,7 @@ def ctx(tmp_path):
 
 
 def req(session="s1", username=None):
-    return types.SimpleNamespace(session_hash=session, username=username)
+    return request(session, username)
 
 
 async def collect(agen):
@@ -159,7 +92,7 @@ def test_too_long_message_is_explained_in_the_chat_and_not_sent_or_stored(ctx):
 def test_engine_value_error_is_shown_and_nothing_is_left_running(ctx):
     def refuse(*a, **k):
         raise ValueError("prompt has 99 tokens; this engine's max_model_len is 40")
-    ctx.llm.submit_chat = refuse
+    ctx.llm.submit_chat = refuse                     # the real engine's answer to a too-long prompt
     outs = run(collect(chat.send(ctx, "Hi", dict(KW), req())))
     assert "max_model_len" in outs[-1][1][-1]["content"]
     conv = ctx.storage.list_conversations()[0]

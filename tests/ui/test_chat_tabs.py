@@ -1,30 +1,13 @@
 """TabRegistry: which tab shows which conversation, and when an engine session is released."""
-import threading
-
 import pytest
 
-from ui.chat_tabs import TabRegistry
-
-
-class RecordingLLM:
-    def __init__(self):
-        self.calls = []
-        self.lock = threading.Lock()
-
-    def abort(self, rid):
-        with self.lock:
-            self.calls.append(("abort", rid))
-        return True
-
-    def end_session(self, sid):
-        with self.lock:
-            self.calls.append(("end", sid))
-        return True
+from tests.ui.fake_engine import FakeLLM
+from ui.chat.tabs import TabRegistry
 
 
 @pytest.fixture
 def reg():
-    llm = RecordingLLM()
+    llm = FakeLLM()
     r = TabRegistry(llm)
     r.llm = llm
     yield r
@@ -33,7 +16,7 @@ def reg():
 
 def settle(reg):
     reg._jobs.submit(lambda: None).result(timeout=5)     # the worker runs jobs in order
-    return reg.llm.calls
+    return reg.llm.log
 
 
 def test_switching_away_releases_only_when_no_other_tab_shows_it(reg):
@@ -62,7 +45,7 @@ def test_a_generating_conversation_is_released_by_its_generation_after_the_abort
     reg.close("s1")                                       # tab closed mid-reply
     assert settle(reg) == []                              # not while it is generating
     reg.end("A", abort_request_id="r1").result(timeout=5)
-    assert reg.llm.calls == [("abort", "r1"), ("end", "A")]
+    assert reg.llm.log == [("abort", "r1"), ("end", "A")]
     assert not reg.is_busy("A")
 
 
@@ -70,7 +53,7 @@ def test_end_keeps_the_session_while_a_tab_still_shows_it(reg):
     reg.open(reg.get("s1"), "A")
     reg.begin("A")
     reg.end("A").result(timeout=5)
-    assert reg.llm.calls == []
+    assert reg.llm.log == []
 
 
 def test_end_waits_for_the_submit_before_aborting(reg):
@@ -79,10 +62,10 @@ def test_end_waits_for_the_submit_before_aborting(reg):
     reg.begin("A")
     done = reg.end("A", abort_request_id="r1", submitted=submitted)
     assert not done.done()
-    reg.llm.calls.append(("submitted", "r1"))
+    reg.llm.log.append(("submitted", "r1"))
     submitted.set_result(object())
     done.result(timeout=5)
-    assert reg.llm.calls == [("submitted", "r1"), ("abort", "r1"), ("end", "A")]
+    assert reg.llm.log == [("submitted", "r1"), ("abort", "r1"), ("end", "A")]
 
 
 def test_a_failed_submit_is_not_aborted(reg):
@@ -91,16 +74,16 @@ def test_a_failed_submit_is_not_aborted(reg):
     submitted.set_exception(ValueError("too long"))
     reg.begin("A")
     reg.end("A", abort_request_id="r1", submitted=submitted).result(timeout=5)
-    assert reg.llm.calls == [("end", "A")]
+    assert reg.llm.log == [("end", "A")]
 
 
-def test_forget_detaches_every_tab_and_releases(reg):
+def test_forget_detaches_every_tab_and_closes_the_session(reg):
     t1, t2 = reg.get("s1"), reg.get("s2")
     reg.open(t1, "A")
     reg.open(t2, "A")
     reg.forget("A")
     assert t1.conv_id is None and t2.conv_id is None
-    assert settle(reg) == [("end", "A")]
+    assert settle(reg) == [("close", "A")]          # a deleted chat: ids and blocks forgotten
     assert reg.open_conversations() == {}
 
 

@@ -1,7 +1,7 @@
 """The chat page's plain view functions (no Gradio, no engine)."""
 import pytest
 
-from ui import chat_view as v
+from ui.chat import view as v
 
 
 def msg(id, role, content, parent=None, stats=None, status="complete"):

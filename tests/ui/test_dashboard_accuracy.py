@@ -7,9 +7,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from ui import dashboard as D
-from ui import dashboard_view as V
-from ui.metrics import register_routes
+from ui.dashboard import page as D
+from ui.dashboard import view as V
+from routes.metrics import register_routes
 
 pytestmark = pytest.mark.slow
 

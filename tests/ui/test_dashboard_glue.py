@@ -1,33 +1,24 @@
 """Gradio glue and demo load without a model: one render per snapshot for N viewers, tick
 settings, render time on a 3,000-block pool, and the simulated users' start/stop lifecycle."""
-import queue
+import dataclasses
 import threading
 import time
 from types import SimpleNamespace
 
 import gradio as gr
 
-from ui import dashboard as D
-from ui.dashboard_sample import busy_snapshot
-from ui.demo_load import DEFAULT_SYSTEM_PROMPT, DemoLoad
+from tests.ui.fake_engine import INFO, FakeLLM
+from ui.dashboard import page as D
+from tests.ui.snapshots import busy_snapshot
+from loadgen.demo_load import DEFAULT_SYSTEM_PROMPT, DemoLoad
 
 SMOL_CFG = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                            hidden_size=576, head_dim=64)
 
 
-class SnapLLM:
-    """Serves a fixed snapshot; shaped like engine.LLM where the dashboard looks."""
-    model_source = "SmolLM2-135M-Instruct.Q4_1.gguf"
-    config = SimpleNamespace(dtype="float32")
-    engine = SimpleNamespace(hf_config=SMOL_CFG, max_model_len=8192)
-
-    def __init__(self, snap):
-        self.snap = snap
-
-    def latest_snapshot(self):
-        return self.snap
-
-    snapshot = latest_snapshot
+def SnapLLM(snap):
+    """The one fake engine, serving a fixed snapshot, with the live model's 8k context."""
+    return FakeLLM(snapshot=snap, info=dataclasses.replace(INFO, max_model_len=8192))
 
 
 def test_n_viewers_share_one_render_per_snapshot(monkeypatch):
@@ -96,45 +87,14 @@ def test_build_dashboard_wires_a_non_queuing_timer():
     assert out[-2].startswith("Engine unavailable") and out[-1] == {"grid": 1}
 
 
-class FakeStream:
-    def __init__(self, llm, rid, n):
-        self.llm, self.request_id, self.q = llm, rid, queue.Queue()
-        threading.Thread(target=self._produce, args=(n,), daemon=True).start()
-
-    def _produce(self, n):
-        for i in range(n):
-            if self.llm.aborted.get(self.request_id):
-                break
-            time.sleep(0.01)
-            self.q.put(SimpleNamespace(text=f"w{i} ", token_ids=[i], finished=False))
-        self.q.put(SimpleNamespace(text="", token_ids=[], finished=True))
-
-    def __iter__(self):
-        while True:
-            d = self.q.get()
-            yield d
-            if d.finished:
-                return
-
-    def abort(self):
-        self.llm.aborted[self.request_id] = True
+def FakeChatLLM(tokens=5):
+    """The one fake engine: replies of `tokens` words "w0 w1 ...", a word every 10 ms."""
+    return FakeLLM(words=[f"w{i} " for i in range(tokens)], pause_s=0.01)
 
 
-class FakeChatLLM:
-    def __init__(self, tokens=5):
-        self.tokens, self.aborted, self.lock = tokens, {}, threading.Lock()
-        self.submits, self.ended = [], []
-
-    def submit_chat(self, messages, params, session_id=None):
-        with self.lock:
-            rid = f"req-{len(self.submits)}"
-            self.submits.append((session_id, [dict(m) for m in messages], params))
-        return FakeStream(self, rid, self.tokens)
-
-    def end_session(self, sid):
-        with self.lock:
-            self.ended.append(sid)
-        return True
+def _submits(llm):
+    """(session, messages, params) of every submit, in order."""
+    return [(sid, msgs, p) for msgs, p, sid in llm.submitted]
 
 
 def test_demo_users_chat_multi_turn_then_stop_ends_every_session():
@@ -146,23 +106,23 @@ def test_demo_users_chat_multi_turn_then_stop_ends_every_session():
     while time.time() < deadline and demo.turns < 9:
         time.sleep(0.02)
     assert demo.running_users() == 3 and "3 simulated users chatting" in demo.status()
-    sids = {s for s, _, _ in llm.submits}
+    sids = {s for s, _, _ in _submits(llm)}
     assert len(sids) == 3 and all(s.startswith("demo-1-") for s in sids)
     for sid in sids:
-        turns = [m for s, m, _ in llm.submits if s == sid]
+        turns = [m for s, m, _ in _submits(llm) if s == sid]
         assert turns[0][0] == {"role": "system", "content": "Shared prompt v1"}
         assert len(turns[1]) == len(turns[0]) + 2 and turns[1][-2]["role"] == "assistant"
         assert turns[1][-2]["content"].startswith("w0 w1")
-    assert all(p.max_tokens == 48 and p.seed is not None for _, _, p in llm.submits)
+    assert all(p.max_tokens == 48 and p.seed is not None for _, _, p in _submits(llm))
     assert demo.stop() == 3
     assert demo.running_users() == 0 and sorted(set(llm.ended)) == sorted(sids)
     assert "stopped" in demo.status()
-    n = len(llm.submits)
+    n = len(_submits(llm))
     time.sleep(0.1)
-    assert len(llm.submits) == n                                     # nobody submits after stop
+    assert len(_submits(llm)) == n                                     # nobody submits after stop
     demo.start(2)                                                    # a new run, new sessions
     demo.stop()
-    assert {s for s, _, _ in llm.submits[n:]} <= {"demo-2-3", "demo-2-4"}
+    assert {s for s, _, _ in _submits(llm)[n:]} <= {"demo-2-3", "demo-2-4"}
 
 
 def test_stop_aborts_in_flight_replies():
@@ -170,10 +130,10 @@ def test_stop_aborts_in_flight_replies():
     demo = DemoLoad(llm, None)
     demo.start(2)
     deadline = time.time() + 5
-    while time.time() < deadline and len(llm.submits) < 2:
+    while time.time() < deadline and len(_submits(llm)) < 2:
         time.sleep(0.01)
     t0 = time.time()
     assert demo.stop(timeout=10) == 2
     assert time.time() - t0 < 5 and demo.running_users() == 0
     assert len(llm.aborted) == 2 and len(set(llm.ended)) == 2
-    assert llm.submits[0][1][0]["content"] == DEFAULT_SYSTEM_PROMPT
+    assert _submits(llm)[0][1][0]["content"] == DEFAULT_SYSTEM_PROMPT

@@ -1,9 +1,9 @@
 """Hit-rate windows, throughput and the timeline frames, from hand-made samples."""
 import pytest
 
-from ui.dashboard_history import (SERIES_BLOCKS, SERIES_HIT, History, Sample, blocks_frame, hit_rate_frame,
+from ui.dashboard.history import (SERIES_BLOCKS, SERIES_HIT, History, Sample, blocks_frame, hit_rate_frame,
                                   sample_of, window_hit_rate, window_throughput)
-from ui.dashboard_sample import make_snapshot
+from tests.ui.snapshots import make_snapshot
 
 
 def s(t, q, h, gen=0, used=0, unshared=0, contiguous=0, total=100):

@@ -3,8 +3,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ui import dashboard_html as H
-from ui.kv_math import (PRESETS, ModelShape, batch_table, block_size_whatif, fmt_bytes,
+from ui.dashboard import panels as H
+from ui.dashboard.kv_math import (PRESETS, ModelShape, batch_table, block_size_whatif, fmt_bytes,
                         kv_bytes_per_token, shape_from_config)
 
 SMOL_CFG = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,

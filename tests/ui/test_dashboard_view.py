@@ -8,9 +8,9 @@ Pool: 12 blocks of 4 tokens, 46,080 B/token (SmolLM2-135M fp32), max_model_len 3
 """
 import re
 
-from ui import dashboard_html as H
-from ui import dashboard_view as V
-from ui.dashboard_sample import BPT, busy_snapshot, hand_snapshot, make_snapshot
+from ui.dashboard import panels as H
+from ui.dashboard import view as V
+from tests.ui.snapshots import BPT, busy_snapshot, hand_snapshot, make_snapshot
 
 
 def test_hand_snapshot_is_consistent_and_matches_the_sample_builder():

@@ -7,9 +7,10 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from ui import dashboard_view as V
-from ui.dashboard_sample import BPT, hand_snapshot
-from ui.metrics import model_name_of, prometheus_text, register_routes
+from tests.ui.fake_engine import FakeLLM
+from ui.dashboard import view as V
+from tests.ui.snapshots import BPT, hand_snapshot
+from routes.metrics import model_name_of, prometheus_text, register_routes
 
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 SAMPLE = re.compile(rf'^({NAME})(\{{(?:[a-zA-Z_]\w*="(?:[^"\\]|\\.)*",?)*\}})? (\S+)$')
@@ -69,23 +70,8 @@ def test_no_label_without_a_model_name():
     assert p["values"]["vllm:num_requests_running"][1] == ""
 
 
-class FakeLLM:
-    model_source = "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-    def __init__(self):
-        self.calls = []
-
-    def latest_snapshot(self):
-        self.calls.append("latest")
-        return hand_snapshot()
-
-    def snapshot(self):
-        self.calls.append("exact")
-        return hand_snapshot()
-
-
 def test_routes_on_a_bare_fastapi_app():
-    llm = FakeLLM()
+    llm = FakeLLM(snapshot=hand_snapshot())
     app = FastAPI()
     register_routes(app, llm)
     client = TestClient(app)
@@ -105,5 +91,7 @@ def test_routes_on_a_bare_fastapi_app():
 
 
 def test_model_name_of():
-    assert model_name_of(SimpleNamespace(model_source="/a/b/Model-1B/")) == "Model-1B"
+    from engine.model_info import model_name
+    assert model_name("/a/b/Model-1B/") == "Model-1B" and model_name("/m/SmolLM2.Q4_1.gguf") == "SmolLM2.Q4_1"
+    assert model_name_of(SimpleNamespace(model_info=lambda: SimpleNamespace(name="Model-1B"))) == "Model-1B"
     assert model_name_of(SimpleNamespace()) == ""

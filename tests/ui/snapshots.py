@@ -1,12 +1,18 @@
-"""Build self-consistent engine-shaped snapshots without a model (tests, benchmarks, dev pages).
+"""Snapshots for the dashboard and route tests, without a model.
 
-The stats are derived the same way the engine's KVCacheManager.stats() derives them, from the
-block tables given; the dashboard tests compare against hand-computed numbers, not against this.
+`busy_snapshot` drives a real KVCacheManager (the contract comes from engine/kv_contract.py).
+`hand_snapshot` is a worked example whose numbers were computed by hand (the oracle the view tests
+check against; block size 4 is below what the manager accepts, so it cannot come from it).
+`make_snapshot` lays out given block tables at chosen block ids for grid/table layout tests.
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
+
+from engine.kv_cache_manager import KVCacheManager
+from engine.kv_contract import KVStats
 
 
 def make_snapshot(num_blocks: int, block_size: int, seqs: list[dict], *, cached=(),
@@ -43,7 +49,7 @@ def make_snapshot(num_blocks: int, block_size: int, seqs: list[dict], *, cached=
     n_run = sum(1 for e in sequences if e["state"] == "running")
     live = len(sequences)
     contiguous = live * -(-max_model_len // bs)
-    stats = {
+    stats = KVStats(**{         # through the contract's dataclass: a renamed field fails here
         "block_size": bs, "total_blocks": num_blocks, "free_blocks": num_blocks - used,
         "used_blocks": used, "cached_blocks": sum(1 for x in state if x == "cached"),
         "shared_blocks": sum(1 for r in refs if r >= 2), "peak_used_blocks": used,
@@ -58,7 +64,7 @@ def make_snapshot(num_blocks: int, block_size: int, seqs: list[dict], *, cached=
         "running": n_run if running is None else running, "waiting": waiting, "peak_running": n_run,
         "generated_tokens_total": generated, "prompt_tokens_computed_total": 0,
         "max_model_len": max_model_len, "steps": 0,
-    }
+    }).to_json()
     return {"time": time.time() if t is None else t, "block_size": bs, "num_blocks": num_blocks,
             "stats": stats, "blocks": {"state": state, "ref_count": refs, "filled": filled},
             "owners": owners, "sequences": sequences, "preemption_events": list(preemptions)}
@@ -66,22 +72,28 @@ def make_snapshot(num_blocks: int, block_size: int, seqs: list[dict], *, cached=
 
 def busy_snapshot(num_blocks: int = 3000, users: int = 32, prefix_blocks: int = 10,
                   block_size: int = 16, seed: int = 0, t: float | None = None) -> dict:
-    """A pool under chat load: `users` conversations sharing a system-prompt prefix, each with a
-    private tail, plus some cached-free blocks left by earlier sessions."""
+    """A pool under chat load, produced by driving a real KVCacheManager (not re-derived): `users`
+    conversations sharing a system-prompt prefix, each with a private tail (every third one
+    parked as an idle session), plus cached-free blocks left by an earlier, finished sequence.
+    On a fresh pool block ids are deterministic: the prefix is blocks 0..prefix_blocks-1."""
     rng = random.Random(seed)
-    next_free = prefix_blocks
-    seqs = []
+    m = KVCacheManager(num_blocks, block_size, max_model_len=8192, kv_bytes_per_token=46080)
+    prefix = list(range(1, prefix_blocks * block_size + 1))
     for u in range(users):
-        tail = rng.randint(1, 30)
-        table = list(range(prefix_blocks)) + list(range(next_free, next_free + tail))
-        next_free += tail
-        n = (len(table) - 1) * block_size + rng.randint(1, block_size)
-        state = "running" if u % 3 else "idle_session"
-        seqs.append({"key": f"user-{u}", "state": state, "num_computed": n, "table": table,
-                     "request_id": f"req-{u}" if state == "running" else None})
-    cached = range(next_free, min(num_blocks, next_free + 40))
-    return make_snapshot(num_blocks, block_size, seqs, cached=cached, queries=10_000, hits=7_000,
-                         generated=5_000, t=t)
+        tail_blocks = rng.randint(1, 30)
+        tail = (tail_blocks - 1) * block_size + rng.randint(1, block_size)
+        ids = prefix + [1_000_000 + u * 10_000 + j for j in range(tail)]
+        m.add_sequence(f"user-{u}#0", ids, num_new_tokens=len(ids), session_id=f"user-{u}")
+        if u % 3 == 0:
+            m.park(f"user-{u}#0", f"user-{u}")
+    earlier = [900_000 + j for j in range(40 * block_size)]
+    m.add_sequence("earlier#0", earlier, num_new_tokens=len(earlier))
+    m.free("earlier#0")                          # its full blocks stay in the prefix cache
+    snap = m.kv_snapshot(request_of=lambda seq_id: "req-" + str(seq_id).split("-")[1].split("#")[0])
+    stats = dataclasses.replace(snap.stats, running=snap.stats.num_sequences, peak_running=snap.stats.num_sequences,
+                                generated_tokens_total=5_000, max_model_len=8192)
+    snap = dataclasses.replace(snap, stats=stats, time=time.time() if t is None else t)
+    return snap.to_json()
 
 
 # A worked example (the dashboard unit tests check hand-computed numbers against it).
@@ -96,7 +108,7 @@ BPT = 46080
 def hand_snapshot():
     return {
         "time": 100.0, "block_size": 4, "num_blocks": 12,
-        "stats": {
+        "stats": KVStats(**{
             "block_size": 4, "total_blocks": 12, "free_blocks": 7, "used_blocks": 5, "cached_blocks": 2,
             "shared_blocks": 2, "peak_used_blocks": 6, "logical_blocks": 7, "kv_bytes_per_token": BPT,
             "kv_bytes_per_block": 4 * BPT, "kv_capacity_tokens": 48, "used_tokens": 15,
@@ -105,7 +117,7 @@ def hand_snapshot():
             "num_sequences": 2, "num_idle_sessions": 1, "internal_fragmentation_tokens": 5,
             "usage": 5 / 12, "running": 2, "waiting": 1, "peak_running": 3,
             "generated_tokens_total": 77, "prompt_tokens_computed_total": 20, "max_model_len": 32,
-            "steps": 9},
+            "steps": 9}).to_json(),
         "blocks": {
             "state": ["used"] * 5 + ["cached"] * 2 + ["free"] * 5,
             "ref_count": [2, 2, 1, 1, 1] + [0] * 7,

@@ -11,9 +11,9 @@ import tempfile
 
 import gradio as gr
 
-from ui import chat_view as view
-from ui.chat import conversation_list
-from ui.chat_context import ChatContext
+from ui.chat import view
+from ui.chat.handlers import conversation_list, show
+from ui.chat.context import ChatContext
 
 _EXPORT_DIR = tempfile.mkdtemp(prefix="chat-export-")
 
@@ -31,18 +31,23 @@ def _prompt_line(ctx: ChatContext, conv: dict | None) -> str:
 
 def _conversation_view(ctx: ChatContext, request, tab, conv: dict | None):
     """(chatbot, status, list, title box, override box, prompt line, alt row) for a tab's chat."""
-    if conv is None:
-        shown, tab.shown_ids = [], []
-    else:
-        shown, tab.shown_ids = view.display_messages(ctx.storage.get_messages(conv["id"]))
+    shown = show(tab, ctx.storage.get_messages(conv["id"]) if conv is not None else [])
     return (shown, " ", conversation_list(ctx, request, conv["id"] if conv else None),
             conv["title"] if conv else "", (conv or {}).get("system_prompt_override") or "",
             _prompt_line(ctx, conv), gr.Row(visible=False))
 
 
 def on_load(ctx: ChatContext, request):
-    """A tab opened (or reloaded): register it, show the list and the shared prompt."""
+    """A tab opened (or reloaded): register it and show the chat its address names (`/?c=<id>`),
+    the list and the shared prompt. An unknown or foreign id opens a new chat."""
     tab = ctx.tab(request)
+    wanted = (getattr(request, "query_params", None) or {}).get("c")
+    if wanted and wanted != tab.conv_id:
+        try:
+            ctx.storage.get_conversation(wanted, owner=ctx.check(request))
+            ctx.tabs.open(tab, wanted)
+        except (KeyError, PermissionError):
+            _refuse()
     conv = None
     if tab.conv_id is not None:
         try:

@@ -1,13 +1,13 @@
 """View-model of the KV dashboard: plain functions of one engine snapshot (see engine snapshot()).
 
 Nothing here guesses: every number is read from, or counted in, the snapshot it is given, so a
-rendered tick can be checked against that same snapshot. HTML lives in ui/dashboard_html.py.
+rendered tick can be checked against that same snapshot. HTML lives in ui/dashboard/panels.py.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ui.kv_math import blocks_for, fmt_bytes
+from ui.dashboard.kv_math import blocks_for, fmt_bytes
 
 MAX_CELLS = 4096          # more blocks than this: one cell stands for several blocks
 KINDS = ("f", "c", "p", "s")   # free, cached-free, private (ref 1), shared (ref >= 2)
@@ -115,12 +115,10 @@ def highlight_blocks(convs: list[dict], key: str | None) -> frozenset:
 
 
 def sharing_savings(snap: dict) -> dict:
-    """Blocks saved by sharing = sum of ref_counts - used blocks (every extra holder is a block
-    an unshared pager would have had to allocate)."""
+    """Blocks saved by sharing, read from the engine's stats contract: logical blocks (every
+    table entry; what an unshared pager allocates) - used blocks. Not recomputed here."""
     st = snap["stats"]
-    refs = snap["blocks"]["ref_count"]
-    total_refs = sum(refs)
-    used = sum(1 for r in refs if r > 0)
+    total_refs, used = st["logical_blocks"], st["used_blocks"]
     saved = total_refs - used
     live = st["num_sequences"] + st["num_idle_sessions"]
     contiguous = live * blocks_for(st["max_model_len"], st["block_size"]) if "max_model_len" in st else None

@@ -1,4 +1,4 @@
-"""HTML for the dashboard panels, built from the view-model in ui/dashboard_view.py.
+"""HTML for the dashboard panels, built from the view-model in ui/dashboard/view.py.
 
 Strings only (no Gradio): lean markup for thousands of grid cells, one CSS block passed to each
 gr.HTML as css_template (so the page needs no global CSS). Every headline number carries its raw
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from html import escape
 
-from ui.dashboard_view import KIND_NAMES, KINDS
-from ui.kv_math import PRESETS, ModelShape, batch_table, block_size_whatif, fmt_bytes
+from ui.dashboard.view import KIND_NAMES, KINDS
+from ui.dashboard.kv_math import PRESETS, ModelShape, batch_table, block_size_whatif, fmt_bytes
 
 COLORS = {"f": "#e5e7eb", "c": "#99f6e4", "p": "#60a5fa", "s": "#f97316"}
 

@@ -1,14 +1,13 @@
-"""GET /metrics (Prometheus text, vLLM metric names where one exists) and GET /api/kv (raw snapshot).
+"""GET /metrics (Prometheus text, vLLM metric names where one exists) and GET /api/kv (the KV
+snapshot in its versioned JSON form, engine/kv_contract.py; documented in docs/DESIGN.md).
 
 Existing vLLM Grafana dashboards read `vllm:*` with a `model_name` label; our own block and
-sharing gauges are `paged_chat_*`. Both endpoints read the snapshot the engine thread publishes
-(never blocking on a step); `/api/kv?fresh=1` asks the engine thread for an exact one.
+sharing gauges are `paged_chat_*`. Both endpoints read `LLM.latest_snapshot()` (one on-demand
+snapshot shared per 0.25 s by every caller); `/api/kv?fresh=1` asks for an exact one.
 """
 from __future__ import annotations
 
-import os
-
-from ui.dashboard_view import sharing_savings
+from ui.dashboard.view import sharing_savings
 
 # (name, type, help, value from (stats, extra)); vLLM names first
 _VLLM = (
@@ -97,16 +96,8 @@ def prometheus_text(snap: dict, model_name: str = "") -> str:
 
 
 def model_name_of(llm) -> str:
-    src = getattr(llm, "model_source", "") or ""
-    base = os.path.basename(str(src).rstrip("/"))
-    return base[:-5] if base.endswith(".gguf") else base
-
-
-def jsonable(snap: dict) -> dict:
-    """The snapshot with string owner keys (what JSON makes of them anyway)."""
-    out = dict(snap)
-    out["owners"] = {str(k): v for k, v in (snap.get("owners") or {}).items()}
-    return out
+    info = getattr(llm, "model_info", None)
+    return info().name if callable(info) else ""
 
 
 def register_routes(app, llm) -> None:
@@ -124,4 +115,4 @@ def register_routes(app, llm) -> None:
     @app.get("/api/kv")
     def api_kv(fresh: bool = False) -> JSONResponse:
         snap = llm.snapshot() if fresh else llm.latest_snapshot()
-        return JSONResponse(jsonable(snap))
+        return JSONResponse(snap)        # already the versioned JSON form (KVSnapshot.to_json)

@@ -51,8 +51,7 @@ PRESETS = (
 )
 
 
-def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
-    return 2 * layers * kv_heads * head_dim * dtype_bytes
+from engine.model_info import kv_bytes_per_token  # noqa: E402,F401  (the one formula; re-exported)
 
 
 def shape_from_config(hf_config, dtype: str, max_len: int, name: str = "live model") -> ModelShape:
@@ -62,6 +61,12 @@ def shape_from_config(hf_config, dtype: str, max_len: int, name: str = "live mod
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
     return ModelShape(name, int(hf_config.num_hidden_layers), heads, kv_heads, int(head_dim),
                       str(dtype).replace("torch.", ""), int(max_len))
+
+
+def shape_of(info) -> ModelShape:
+    """The live model's shape from the engine's public ModelInfo (engine/model_info.py)."""
+    return ModelShape(info.name or "live model", info.num_layers, info.num_attention_heads, info.num_kv_heads,
+                      info.head_dim, info.dtype, info.max_model_len)
 
 
 def blocks_for(tokens: int, block_size: int) -> int:

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import pandas as pd
 
-from ui.kv_math import blocks_for
+from ui.dashboard.kv_math import blocks_for
 
 HORIZON_S = 600.0          # keep ten minutes
 PLOT_WINDOW_S = 300.0      # plot the last five

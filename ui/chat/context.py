@@ -3,8 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.session_prompt import render_chat
-from ui.chat_tabs import Tab, TabRegistry
+from ui.chat.tabs import Tab, TabRegistry
 
 
 @dataclass
@@ -16,11 +15,11 @@ class ChatContext:
 
     @property
     def max_model_len(self) -> int:
-        return self.llm.engine.max_model_len
+        return self.llm.max_model_len
 
     @property
     def max_num_seqs(self) -> int:
-        return self.llm.config.max_num_seqs
+        return self.llm.model_info().max_num_seqs
 
     def owner(self, request) -> str:
         """The owner recorded on new conversations ('' when running without --auth)."""
@@ -35,5 +34,4 @@ class ChatContext:
 
     def prompt_tokens(self, messages: list[dict]) -> int:
         """Length of the prompt the engine would build for these messages (no session reuse)."""
-        tok = self.llm.get_tokenizer()
-        return len(tok.encode(render_chat(tok, messages), add_special_tokens=False))
+        return self.llm.count_prompt_tokens(messages)

@@ -15,12 +15,12 @@ from collections import OrderedDict
 
 import gradio as gr
 
-from ui import dashboard_html as H
-from ui import dashboard_view as V
-from ui.dashboard_history import (SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT, History, blocks_frame,
+from ui.dashboard import panels as H
+from ui.dashboard import view as V
+from ui.dashboard.history import (SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT, History, blocks_frame,
                                   hit_rate_frame)
-from ui.demo_load import DemoLoad, PromptSource
-from ui.kv_math import PRESETS, shape_from_config
+from loadgen.demo_load import DemoLoad, PromptSource
+from ui.dashboard.kv_math import PRESETS, shape_of
 
 LIVE = "live model"
 OUTPUT_NAMES = ("headline", "grid", "tables", "paged_plot", "contig_plot", "hit_plot", "arith",
@@ -36,9 +36,7 @@ class DashboardState:
         self.llm = llm
         self.history = History()
         self.demo = DemoLoad(llm, system_prompt)
-        cfg = getattr(getattr(llm, "engine", None), "hf_config", None)
-        self.shape = (shape_from_config(cfg, llm.config.dtype, llm.engine.max_model_len,
-                                        name=_model_name(llm)) if cfg is not None else None)
+        self.shape = shape_of(llm.model_info())
         self._lock = threading.Lock()
         self._time = None
         self.base: dict | None = None
@@ -76,11 +74,6 @@ class DashboardState:
             while len(self._views) > 64:
                 self._views.popitem(last=False)
         return out
-
-
-def _model_name(llm) -> str:
-    from ui.metrics import model_name_of
-    return model_name_of(llm) or LIVE
 
 
 def avg_len(snap: dict) -> float | None:
@@ -139,7 +132,7 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
     """Create the dashboard components, its timer and the demo-load buttons in the current Blocks.
 
     system_prompt: the demo users' shared system prompt, a string or a callable returning the
-    app's current one (default: ui.demo_load.DEFAULT_SYSTEM_PROMPT).
+    app's current one (default: loadgen.demo_load.DEFAULT_SYSTEM_PROMPT).
     """
     state = state_for(llm, system_prompt)
     html = dict(css_template=H.CSS, js_on_load=None, apply_default_css=True)

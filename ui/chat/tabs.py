@@ -1,9 +1,11 @@
 """Per-tab state kept on the server, keyed by Gradio's session_hash (one per browser tab or API
 client), and the rule that ties engine sessions to it.
 
-Every open conversation is a live engine session (session_id = conversation id). Its KV blocks
-are released when the last tab showing it moves away or closes, or when it is deleted — but
-never while a reply is being generated; then the generation's own `finally` releases it.
+This is the one place that maps tabs to conversations (`Tab.conv_id`), and conversations to the
+reply generating in them (`turn(conv_id)`, the "busy" set). Every open conversation is a live
+engine session (session_id = conversation id). Its KV blocks are released (ids kept) when the
+last tab showing it moves away or closes, and the session is closed when the conversation is
+deleted — but never while a reply is being generated; then the turn's own `finally` releases it.
 Engine calls (abort, end_session) run on one worker thread, in submission order, so an abort
 is always processed before the release that follows it and no handler blocks the event loop.
 """
@@ -69,7 +71,9 @@ class Tab:
     username: str | None = None
     conv_id: str | None = None
     shown_ids: list[int] = field(default_factory=list)   # stored message id of each chatbot row
-    request_id: str | None = None                        # the engine request streaming in this tab
+    view_sig: tuple = ()                                 # what the chatbot shows (to repaint on change)
+    list_sig: tuple = ()                                 # what the conversation list shows
+    following: object = None                             # the Turn this tab is painting, if any
 
 
 class TabRegistry:
@@ -79,6 +83,7 @@ class TabRegistry:
         self._tabs: dict[str, Tab] = {}
         self._viewers: dict[str, set[str]] = {}          # conversation id -> session hashes
         self._busy: set[str] = set()                     # conversations generating right now
+        self._turns: dict[str, object] = {}              # conversation id -> its running Turn
         self._jobs = SerialWorker("kv-release")
 
     # ---- tabs ----------------------------------------------------------------------------
@@ -124,14 +129,21 @@ class TabRegistry:
             del self._viewers[conv_id]
         return None if conv_id in self._busy else conv_id
 
-    def forget(self, conv_id: str) -> None:
-        """The conversation was deleted: detach every tab showing it and release its blocks."""
+    def forget(self, conv_id: str) -> Future:
+        """The conversation was deleted: detach every tab showing it; the engine forgets the
+        session (ids and blocks)."""
         with self._lock:
             for sh in self._viewers.pop(conv_id, set()):
                 tab = self._tabs.get(sh)
                 if tab is not None and tab.conv_id == conv_id:
                     tab.conv_id, tab.shown_ids = None, []
-        self.release(conv_id)
+        return self._jobs.submit(self._close_job, conv_id)
+
+    def _close_job(self, conv_id: str) -> None:
+        try:
+            self._llm.close_session(conv_id)
+        except RuntimeError:        # the engine is shutting down
+            pass
 
     # ---- generations ------------------------------------------------------------------------
     def begin(self, conv_id: str) -> bool:
@@ -142,8 +154,18 @@ class TabRegistry:
             self._busy.add(conv_id)
             return True
 
+    def attach(self, turn) -> None:
+        """The turn generating in turn.conv_id (after begin): every tab showing it can follow it."""
+        with self._lock:
+            self._turns[turn.conv_id] = turn
+
+    def turn(self, conv_id: str | None):
+        """The running Turn of a conversation, or None."""
+        with self._lock:
+            return self._turns.get(conv_id) if conv_id is not None else None
+
     def end(self, conv_id: str, abort_request_id: str | None = None,
-            submitted: Future | None = None) -> Future:
+            submitted: Future | None = None, turn=None) -> Future:
         """The generation is over: abort its request if still running, release if nobody shows it.
 
         `submitted` is the (possibly still running) submit call: the abort waits for it, so a
@@ -151,6 +173,8 @@ class TabRegistry:
         """
         with self._lock:
             self._busy.discard(conv_id)
+            if turn is None or self._turns.get(conv_id) is turn:
+                self._turns.pop(conv_id, None)
             orphan = conv_id not in self._viewers
         return self._jobs.submit(self._finish_job, abort_request_id, conv_id if orphan else None, submitted)
 
@@ -168,8 +192,8 @@ class TabRegistry:
         except RuntimeError:        # the engine is shutting down: nothing left to release
             pass
 
-    def abort(self, request_id: str) -> Future:
-        return self._jobs.submit(self._finish_job, request_id, None)
+    def abort(self, request_id: str, submitted: Future | None = None) -> Future:
+        return self._jobs.submit(self._finish_job, request_id, None, submitted)
 
     def release(self, conv_id: str) -> Future:
         return self._jobs.submit(self._finish_job, None, conv_id)
@@ -186,9 +210,9 @@ class TabRegistry:
     def abort_all(self) -> None:
         """Server shutting down: end every reply in flight (each handler then stores it as stopped)."""
         with self._lock:
-            rids = [t.request_id for t in self._tabs.values() if t.request_id is not None]
-        for rid in rids:
-            self.abort(rid)
+            turns = list(self._turns.values())
+        for turn in turns:
+            self.abort(turn.rid, turn.submitted)
 
     def shutdown(self, timeout: float | None = 10) -> bool:
         return self._jobs.shutdown(timeout)

@@ -1,0 +1,1 @@
+"""Load generators: simulated chat users driving a real engine (the dashboard's demo button)."""

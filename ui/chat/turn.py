@@ -1,0 +1,158 @@
+"""One reply being generated, owned by the conversation, not by the tab that asked for it.
+
+Why a separate object: a Gradio handler belongs to one browser tab and one click. If the handler
+also owned the stream, a click on another chat while it streams either kept painting the old
+reply over the new chat (the original defect) or, if the handler were cut short, lost the reply.
+So a `Turn` runs as its own asyncio task: it submits the request, consumes the engine stream,
+stores the reply (created on first text, flushed every couple of seconds, finalised in `finally`)
+and records the prompt's exact token ids on the user message. Handlers only *follow* a turn: they
+paint it while their tab shows its conversation and stop painting the moment the tab shows
+another one. The turn keeps running and ends in its own conversation.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from engine import SamplingParams
+from ui.chat.tabs import in_daemon_thread
+
+FLUSH_S = 2.0          # partial replies reach the database at least this often
+STAT_KEYS = ("prompt_tokens", "cached_tokens", "output_tokens", "ttft_s", "tokens_per_s")
+
+
+def reply_stats(metrics: dict, finish_reason: str | None) -> dict:
+    stats = {k: metrics.get(k) for k in STAT_KEYS if metrics.get(k) is not None}
+    if finish_reason:
+        stats["finish_reason"] = finish_reason
+    return stats
+
+
+class _Reply:
+    """The stored reply of index 0: created on first text, flushed, finalised."""
+
+    def __init__(self, storage, conv_id: str, user_id: int, sibling_of: int | None):
+        self.st, self.conv_id, self.user_id, self.sibling_of = storage, conv_id, user_id, sibling_of
+        self.id: int | None = None
+        self.flushed = 0.0
+
+    def _create(self, text: str, status: str) -> None:
+        row = (self.st.add_sibling(self.sibling_of, text, status=status) if self.sibling_of is not None
+               else self.st.add_message(self.conv_id, "assistant", text, parent_id=self.user_id, status=status))
+        self.id, self.flushed = row["id"], time.monotonic()
+
+    def update(self, text: str, force: bool = False) -> None:
+        if self.id is None:
+            if text:
+                self._create(text, "stopped")   # a crash mid-stream leaves it honestly "stopped"
+        elif force or time.monotonic() - self.flushed >= FLUSH_S:
+            self.st.update_message(self.id, content=text)
+            self.flushed = time.monotonic()
+
+    def finish(self, text: str, token_ids: list[int], status: str, stats: dict) -> None:
+        if self.id is None and not text and not token_ids:
+            return                       # stopped before the first token: nothing to keep
+        if self.id is None:
+            self._create(text or "", status)    # empty text but tokens (e.g. only EOS): keep the row
+        self.st.update_message(self.id, content=text, token_ids=token_ids, status=status)
+        if stats:
+            self.st.add_reply_stats(self.id, **stats)
+
+
+@dataclass(eq=False)
+class Turn:
+    """The live state of one generation; read by every tab that shows its conversation."""
+    conv_id: str
+    user_id: int
+    n: int
+    rid: str = field(default_factory=lambda: f"chat-{uuid.uuid4().hex[:12]}")
+    texts: list = field(default_factory=list)
+    toks: list = field(default_factory=list)
+    metrics: list = field(default_factory=list)
+    reasons: list = field(default_factory=list)
+    done: list = field(default_factory=list)
+    admitted: bool = False
+    error: str | None = None          # the engine ended the request with an error
+    refused: str | None = None        # the engine refused the prompt (ValueError): nothing ran
+    status: str | None = None         # final stored status: complete / stopped / error
+    version: int = 0                  # bumped on every delta, so followers repaint only on change
+    submitted: object = None          # Future of the submit call
+    task: asyncio.Task | None = None
+
+    def __post_init__(self):
+        self.texts, self.toks = [""] * self.n, [[] for _ in range(self.n)]
+        self.metrics, self.reasons, self.done = [{} for _ in range(self.n)], [None] * self.n, [False] * self.n
+
+    @property
+    def finished(self) -> bool:
+        return self.task is not None and self.task.done()
+
+    def stats(self, i: int = 0) -> dict:
+        return reply_stats(self.metrics[i], self.reasons[i])
+
+
+def start_turn(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int | None) -> Turn:
+    """Run `turn` as a task of the running event loop. The caller has called tabs.begin(conv_id);
+    the task always calls tabs.end(conv_id)."""
+    ctx.tabs.attach(turn)
+    turn.task = asyncio.get_running_loop().create_task(_run(ctx, turn, messages, kw, sibling_of))
+    return turn
+
+
+async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int | None) -> None:
+    llm, st = ctx.llm, ctx.storage
+    reply = _Reply(st, turn.conv_id, turn.user_id, sibling_of)
+    previous = _previous_ids(st, turn.conv_id, turn.user_id)
+    try:
+        turn.submitted = in_daemon_thread(llm.submit_chat, messages, SamplingParams(**kw),
+                                          session_id=turn.conv_id, request_id=turn.rid, previous_ids=previous)
+        try:
+            stream = await asyncio.wrap_future(turn.submitted)
+        except ValueError as e:          # e.g. longer than max_model_len: the engine is untouched
+            turn.submitted, turn.refused = None, str(e)
+            return
+        prompt_ids = getattr(stream, "prompt_ids", None)
+        if prompt_ids is not None:       # exact ids of this turn's prompt: a restart rebuilds from them
+            st.update_message(turn.user_id, token_ids=list(prompt_ids))
+        async for d in stream:
+            i = d.index
+            turn.admitted = turn.admitted or d.metrics.get("state") == "running" or bool(d.token_ids)
+            turn.texts[i] += d.text
+            turn.toks[i].extend(d.token_ids)
+            turn.metrics[i] = d.metrics or turn.metrics[i]
+            if d.finished:
+                turn.done[i], turn.reasons[i] = True, d.finish_reason
+                turn.error = turn.error or d.error
+            if i == 0:
+                reply.update(turn.texts[0])
+            turn.version += 1
+    finally:
+        turn.status = ("error" if turn.error or turn.reasons[0] == "error" else
+                       "complete" if turn.done[0] and turn.reasons[0] in ("stop", "length") else "stopped")
+        try:
+            if turn.refused is None:
+                reply.finish(turn.texts[0], turn.toks[0], turn.status, turn.stats(0))
+        finally:
+            ctx.tabs.end(turn.conv_id, None if all(turn.done) else turn.rid, turn.submitted, turn)
+            turn.version += 1
+
+
+def _previous_ids(st, conv_id: str, user_id: int) -> list[int] | None:
+    """The exact token ids the engine saw up to the reply before `user_id` (its prompt + reply),
+    from storage; None when they were not recorded (older rows, or the first turn)."""
+    path = st.get_messages(conv_id, through=user_id)
+    before = [m for m in path[: [m["id"] for m in path].index(user_id)]]
+    if len(before) < 2 or before[-1]["role"] != "assistant" or before[-2]["role"] != "user":
+        return None
+    prompt, reply = before[-2]["token_ids"], before[-1]["token_ids"]
+    if not prompt or reply is None:
+        return None
+    return list(prompt) + list(reply)
+
+
+def abort_turn(ctx, turn: Turn) -> None:
+    """Stop generating (queued or running); the task then stores the reply as stopped."""
+    if not turn.finished:
+        ctx.tabs.abort(turn.rid, turn.submitted)
