@@ -111,6 +111,7 @@ class LLM:
         self._snapshot_lock = threading.Lock()
         self._stopping = False
         self._closed = False
+        self._load = (0, 0)                          # (running, waiting) after the last step
         self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -128,6 +129,7 @@ class LLM:
                     except Exception as e:  # a bug or OOM must not kill every other session silently
                         traceback.print_exc()
                         self._fail_all(f"engine error: {e!r}")
+                self._load = (len(eng.scheduler.running), len(eng.scheduler.waiting))
             except Exception:             # never let the one engine thread die
                 traceback.print_exc()
         self._close()
@@ -380,6 +382,13 @@ class LLM:
     def stats(self) -> dict:
         """The stats contract as JSON (engine/kv_contract.KVStats.to_json())."""
         return self._call("call", lambda eng: eng.stats())
+
+    def load(self) -> tuple[int, int]:
+        """(running, waiting) requests as of the last step: a plain read, never waits for the engine
+        thread (admission control in HTTP handlers must not cost a snapshot). Raises once shut down."""
+        if self._closed:
+            raise RuntimeError("the engine has been shut down")
+        return self._load
 
     def kv_stats(self):
         """The stats contract, typed (engine/kv_contract.KVStats)."""

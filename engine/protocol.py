@@ -33,3 +33,5 @@ class ChatEngine(Protocol):
     def snapshot(self) -> dict: ...                              # exact, taken between steps
 
     def latest_snapshot(self) -> dict: ...                       # recent, never blocks the caller
+
+    def load(self) -> tuple[int, int]: ...                       # (running, waiting), a plain read

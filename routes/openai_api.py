@@ -83,7 +83,10 @@ class OpenAIServer:
                            param="model", code="model_not_found")
 
     def _admit(self, seqs: int) -> None:
-        waiting = (self.llm.latest_snapshot().get("stats") or {}).get("waiting", 0)
+        try:
+            waiting = self.llm.load()[1]
+        except RuntimeError as e:
+            raise APIError(503, f"the engine is not serving: {e}", code="engine_unavailable") from e
         if waiting >= self.max_num_seqs or not self.metrics.try_admit(seqs, self.max_pending):
             raise APIError(429, f"the server is busy ({waiting} requests waiting, bound {self.max_num_seqs}; "
                                 f"API sequences in flight bound {self.max_pending}); retry shortly",

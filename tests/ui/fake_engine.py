@@ -153,6 +153,9 @@ class FakeLLM:
         self.calls.append("latest")
         return self.snap
 
+    def load(self):
+        return (0, 0)
+
 
 def request(session="s1", username=None):
     """What Gradio passes handlers as gr.Request, as far as the UI reads it."""
