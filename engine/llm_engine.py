@@ -15,7 +15,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache_manager import KVCacheManager
 from engine.loader import LoadedModel
 from engine.model_runner import ModelRunner
-from engine.sampler import make_generator, sample
+from engine.sampler import make_generator, sample_batch
 from engine.scheduler import Scheduler
 from engine.sequence import Request, RequestOutputDelta, Sequence, SeqStatus
 
@@ -149,11 +149,11 @@ class LLMEngine:
             return
         seqs = [batch[r][0] for r in rows]
         seqs, logits = self._fork_after_prefill(seqs, logits)
-        tokens = sample(logits, [s.request.params for s in seqs], [s.generator for s in seqs],
-                        [s.token_ids for s in seqs])
+        sampled = sample_batch(logits, [s.request.params for s in seqs], [s.generator for s in seqs],
+                               [s.token_ids for s in seqs], [s.prompt_len for s in seqs])
         now = time.time()
-        for seq, tok in zip(seqs, tokens):
-            self._append(seq, tok, now)
+        for seq, tok, lp in zip(seqs, sampled.token_ids, sampled.logprobs):
+            self._append(seq, tok, now, lp)
         while self._broken:
             self.abort_request(self._broken.pop())
 
@@ -175,7 +175,7 @@ class LLMEngine:
                     out_rows.append(r)
         return out_seqs, logits[out_rows]
 
-    def _append(self, seq: Sequence, tok: int, now: float) -> None:
+    def _append(self, seq: Sequence, tok: int, now: float, logprob=None) -> None:
         seq.token_ids.append(tok)
         self.generated_tokens_total += 1
         if seq.first_token_time is None:
@@ -190,13 +190,14 @@ class LLMEngine:
             reason = "stop"
         elif len(seq.output_ids) >= p.max_tokens or len(seq.token_ids) >= self.max_model_len:
             reason = "length"
+        lps = None if logprob is None else [logprob]
         if reason is None:
-            self._emit(seq, text, [tok])
+            self._emit(seq, text, [tok], logprobs=lps)
         else:
-            self._finish(seq, reason, text, [tok])
+            self._finish(seq, reason, text, [tok], logprobs=lps)
 
     def _finish(self, seq: Sequence, reason: str, text: str = "", toks: list[int] | None = None,
-                error: str | None = None) -> None:
+                error: str | None = None, logprobs=None) -> None:
         self.scheduler.remove(seq)
         was_admitted = self.kv.has_sequence(seq.seq_id)
         seq.status = SeqStatus.FINISHED
@@ -207,7 +208,8 @@ class LLMEngine:
                 self.kv.park(seq.seq_id, req.session_id)
             else:
                 self.kv.free(seq.seq_id)
-        self._emit(seq, text + seq.detok.flush(), toks or [], finished=True, reason=reason, error=error)
+        self._emit(seq, text + seq.detok.flush(), toks or [], finished=True, reason=reason, error=error,
+                   logprobs=logprobs)
         if all(s.status is SeqStatus.FINISHED for s in req.seqs) and (req.forked or req.params.n == 1):
             self.requests.pop(req.request_id, None)
 
@@ -218,7 +220,7 @@ class LLMEngine:
         self.scheduler.preempted_log.clear()
 
     def _emit(self, seq: Sequence, text: str, toks: list[int], finished=False, reason=None, state=None,
-              error=None):
+              error=None, logprobs=None):
         req = seq.request
         if req.on_output is None:
             return
@@ -230,7 +232,8 @@ class LLMEngine:
             m["ttft_s"] = seq.first_token_time - req.arrival_time
             span = (seq.last_token_time or now) - seq.first_token_time
             m["tokens_per_s"] = (out_n - 1) / span if out_n > 1 and span > 0 else None
-        self._deliver(req, RequestOutputDelta(req.request_id, seq.index, text, toks, finished, reason, error, m))
+        self._deliver(req, RequestOutputDelta(req.request_id, seq.index, text, toks, finished, reason, error, m,
+                                              logprobs))
 
     # ---- observability -----------------------------------------------------------------------
     def stats(self) -> dict:

@@ -12,6 +12,9 @@ class SamplingParams:
     top_k: int = -1
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0       # OpenAI rule, output tokens: logit -= presence * (count > 0)
+    frequency_penalty: float = 0.0      # OpenAI rule, output tokens: logit -= frequency * count
+    logprobs: int | None = None         # None: none; k in 0..20: sampled token's + top-k alternatives
     max_tokens: int = 16
     stop: list[str] | str | None = None
     stop_token_ids: list[int] | None = None
@@ -34,6 +37,12 @@ class SamplingParams:
             bad("min_p", "must be in [0, 1]")
         if self.repetition_penalty <= 0:
             bad("repetition_penalty", "must be > 0")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                bad(name, "must be in [-2, 2]")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool)
+                                          or not 0 <= self.logprobs <= 20):
+            bad("logprobs", "must be None or an integer in 0..20")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             bad("max_tokens", "must be an integer >= 1")
         if self.seed is not None and not isinstance(self.seed, int):
