@@ -56,8 +56,8 @@ def apply_penalties(logits: torch.Tensor, params: list[SamplingParams], historie
     flat = logits.view(-1)
     rep_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0 and histories[i]]
     if rep_rows:
-        idx = torch.cat([torch.as_tensor(histories[i], dtype=torch.long) + i * V for i in rep_rows])
-        idx = torch.unique(idx).to(dev)
+        # duplicates are harmless: every write of a slot stores the same value
+        idx = torch.cat([torch.as_tensor(histories[i], dtype=torch.long) + i * V for i in rep_rows]).to(dev)
         pen = torch.tensor([p.repetition_penalty for p in params], dtype=logits.dtype)
         pen = pen.to(dev)[idx // V]
         seen = flat[idx]
@@ -120,21 +120,27 @@ def _sample_rows_exact(l: torch.Tensor, top_k, top_p, min_p, u: torch.Tensor) ->
     return _invert(probs, order, u)
 
 
-def _sample_rows(l: torch.Tensor, ps: list[SamplingParams], u: torch.Tensor) -> torch.Tensor:
-    """l: [R, V] temperature-scaled logits of the rows that sample. Fast path with exact fallback."""
+def _sample_rows(l: torch.Tensor, ps: list[SamplingParams], u: torch.Tensor,
+                 K: int = NUM_CANDIDATES) -> torch.Tensor:
+    """l: [R, V] temperature-scaled logits of the rows that sample. Fast path with exact fallback:
+    rows the K candidates cannot decide retry with 16x more candidates, then the full sort."""
     R, V = l.shape
     dev = l.device
     top_k = torch.tensor([min(p.top_k, V) if p.top_k > 0 else 0 for p in ps], device=dev)
     top_p = torch.tensor([p.top_p for p in ps], device=dev, dtype=l.dtype)
     min_p = torch.tensor([p.min_p for p in ps], device=dev, dtype=l.dtype)
-    K = min(V, max([NUM_CANDIDATES] + [p.top_k + 64 for p in ps if p.top_k > 0]))
+    K = min(V, max([K] + [p.top_k + 64 for p in ps if p.top_k > 0]))
     if K >= V:
         return _sample_rows_exact(l, top_k, top_p, min_p, u)
     vals, idx = _canonical(*l.topk(K, -1))
     has_k = top_k > 0
     tk = torch.where(has_k, top_k, torch.full_like(top_k, K))
     kth = vals.gather(-1, (tk - 1)[:, None]).squeeze(-1)
-    lse_full = torch.logsumexp(l, -1)
+    # the row normaliser from one fused, row-parallel log_softmax (on a busy CPU every separate
+    # full-width op costs a scheduling slice; logsumexp is four of them)
+    lsm = torch.log_softmax(l, -1)
+    top1 = idx[:, :1]
+    lse_full = (l.gather(-1, top1) - lsm.gather(-1, top1)).squeeze(-1)
     # top-k rows are normalised over their kept set (inside the candidates when k_ok), others
     # over the whole row
     lse = torch.where(has_k, torch.logsumexp(vals.masked_fill(vals < kth[:, None], float("-inf")), -1),
@@ -154,12 +160,17 @@ def _sample_rows(l: torch.Tensor, ps: list[SamplingParams], u: torch.Tensor) -> 
     # drawn point falls inside the trusted mass
     open_ = ~has_k & (top_p >= 1) & (min_p <= 0)
     cdf_last = probs.cumsum(-1)[:, -1]
-    total = torch.where(closed, cdf_last, (l - lse_full[:, None]).exp().sum(-1))
+    total = cdf_last
+    if bool(open_.any()):       # one more pass over the vocabulary, only for unfiltered rows
+        total = torch.where(closed, cdf_last, lsm.exp().sum(-1))
     ok = closed | (open_ & (u * total < (probs * trusted).sum(-1) * (1 - 1e-5)))
     out = _invert(probs, idx, u, total)
     if not bool(ok.all()):
         bad = (~ok).nonzero().flatten()
-        out[bad] = _sample_rows_exact(l[bad], top_k[bad], top_p[bad], min_p[bad], u[bad])
+        if K * 16 <= V // 4:
+            out[bad] = _sample_rows(l[bad], [ps[i] for i in bad.tolist()], u[bad], K * 16)
+        else:
+            out[bad] = _sample_rows_exact(l[bad], top_k[bad], top_p[bad], min_p[bad], u[bad])
     return out
 
 
@@ -185,11 +196,14 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
                            for p in params):
         l = l.clone()           # penalties work in place; logprobs need the raw logits
     apply_penalties(l, params, histories, prompt_lens)
-    tokens = l.argmax(-1)
     rows = [i for i, p in enumerate(params) if not p.greedy]
+    tokens = torch.zeros(B, dtype=torch.long, device=l.device)
+    if len(rows) < B:           # greedy rows: argmax of the penalised logits
+        g = [i for i, p in enumerate(params) if p.greedy]
+        tokens[g] = (l if len(g) == B else l[g]).argmax(-1)
     if rows:
         temp = torch.tensor([params[i].temperature for i in rows], device=l.device, dtype=l.dtype)
-        sub = l[rows] / temp[:, None]
+        sub = (l if len(rows) == B else l[rows]) / temp[:, None]
         u = _draw_uniforms(generators, rows, l.device)
         tokens[rows] = _sample_rows(sub, [params[i] for i in rows], u)
     lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]

@@ -132,3 +132,18 @@ def test_logprobs_are_log_softmax_of_raw_logits():
 def test_bad_new_params_are_rejected(kw):
     with pytest.raises(ValueError):
         SamplingParams(**kw)
+
+
+def test_wider_candidate_tier_matches_reference(monkeypatch):
+    """Rows that 256 candidates cannot decide retry with 4,096 before the full sort."""
+    widths = []
+    real = sampler._sample_rows
+    monkeypatch.setattr(sampler, "_sample_rows", lambda l, ps, u, K=256: (widths.append(K), real(l, ps, u, K))[1])
+    rng = torch.Generator().manual_seed(11)
+    V, B = 20000, 48
+    logits = torch.randn(B, V, generator=rng) * torch.linspace(0.8, 3.0, B)[:, None]
+    params = [SamplingParams(temperature=0.8, top_p=[0.9, 0.5, 1.0][i % 3], min_p=0.0) for i in range(B)]
+    seeds = list(range(B))
+    got = sample(logits, params, [make_generator(s) for s in seeds], [[]] * B, [0] * B)
+    assert got == _reference(logits, params, seeds, [[]] * B, [0] * B)
+    assert 4096 in widths
