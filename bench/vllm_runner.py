@@ -73,6 +73,7 @@ async def run(job):
                                        ignore_eos=True, seed=i)
     try:
         await workload(engine, "warm", job["decode"]["32"][:8], greedy(8))
+        await workload(engine, "warm-chat", job["chat"], greedy(4))    # as the engine's warm-up
         # a fresh prefix cache per workload is not possible without a restart; the engine's runs
         # use distinct cache salts, so reset vLLM's cache between workloads for the same footing
         reset = getattr(engine, "reset_prefix_cache", None)
