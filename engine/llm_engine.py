@@ -17,7 +17,7 @@ from engine.kv_cache_manager import KVCacheManager
 from engine.kv_contract import KVSnapshot, KVStats
 from engine.loader import LoadedModel
 from engine.model_runner import ModelRunner
-from engine.sampler import make_generator, sample
+from engine.sampler import make_generator, sample_batch
 from engine.scheduler import Scheduler
 from engine.sequence import Request, RequestOutputDelta, Sequence, SeqStatus
 from engine.sessions import SessionTable
@@ -164,19 +164,20 @@ class LLMEngine:
         if self.beam_groups:                # beam search hook: beam rows go to their group, not the sampler
             seqs, logits = route_beam_rows(self, seqs, logits)
         seqs, logits = self._fork_after_prefill(seqs, logits)
-        tokens = self._sample_isolated(seqs, logits)
+        sampled = self._sample_isolated(seqs, logits)
         now = time.time()
-        for seq, tok in zip(seqs, tokens):
-            if isinstance(tok, Exception):
-                self._fail_sampling(seq, tok)
+        for seq, res in zip(seqs, sampled):
+            if isinstance(res, Exception):
+                self._fail_sampling(seq, res)
             elif seq.status is not SeqStatus.FINISHED:      # a failed sibling may have ended it
-                self._append(seq, tok, now)
+                self._append(seq, res[0], now, res[1])
         while self._broken:
             self.abort_request(self._broken.pop())
 
     def _sample_isolated(self, seqs: list[Sequence], logits: torch.Tensor) -> list:
         """Sample the batch in one call; if that raises, retry row by row so only the rows that
-        fail get an exception (returned in place of their token) and every other row its token.
+        fail get an exception (returned in place of their result) and every other row its
+        (token, logprob-or-None).
 
         Random state is restored before the retry, so a seeded row draws exactly what it would
         have drawn had no other row failed."""
@@ -184,7 +185,8 @@ class LLMEngine:
         gens = [s.generator for s in seqs]
         states = [g.get_state() if not p.greedy else None for p, g in zip(params, gens)]
         try:
-            return sample(logits, params, gens, [s.token_ids for s in seqs])
+            res = sample_batch(logits, params, gens, [s.token_ids for s in seqs], [s.prompt_len for s in seqs])
+            return list(zip(res.token_ids, res.logprobs))
         except Exception:
             pass
         out: list = []
@@ -192,7 +194,8 @@ class LLMEngine:
             if states[i] is not None:
                 gens[i].set_state(states[i])
             try:
-                out.append(sample(logits[i:i + 1], [params[i]], [gens[i]], [seq.token_ids])[0])
+                res = sample_batch(logits[i:i + 1], [params[i]], [gens[i]], [seq.token_ids], [seq.prompt_len])
+                out.append((res.token_ids[0], res.logprobs[0]))
             except Exception as e:      # noqa: BLE001 - any sampling failure is this row's alone
                 out.append(e)
         return out
@@ -223,7 +226,7 @@ class LLMEngine:
                     out_rows.append(r)
         return out_seqs, logits[out_rows]
 
-    def _append(self, seq: Sequence, tok: int, now: float) -> None:
+    def _append(self, seq: Sequence, tok: int, now: float, logprob=None) -> None:
         seq.token_ids.append(tok)
         self.generated_tokens_total += 1
         if seq.first_token_time is None:
@@ -238,13 +241,14 @@ class LLMEngine:
             reason = "stop"
         elif len(seq.output_ids) >= p.max_tokens or len(seq.token_ids) >= self.max_model_len:
             reason = "length"
+        lps = None if logprob is None else [logprob]
         if reason is None:
-            self._emit(seq, text, [tok])
+            self._emit(seq, text, [tok], logprobs=lps)
         else:
-            self._finish(seq, reason, text, [tok])
+            self._finish(seq, reason, text, [tok], logprobs=lps)
 
     def _finish(self, seq: Sequence, reason: str, text: str = "", toks: list[int] | None = None,
-                error: str | None = None) -> None:
+                error: str | None = None, logprobs=None) -> None:
         self.scheduler.remove(seq)
         was_admitted = self.kv.has_sequence(seq.seq_id)
         seq.status = SeqStatus.FINISHED
@@ -259,12 +263,13 @@ class LLMEngine:
                 self.kv.park(seq.seq_id, req.session_id)
             else:
                 self.kv.free(seq.seq_id)
-        self._emit(seq, text + seq.detok.flush(), toks or [], finished=True, reason=reason, error=error)
+        self._emit(seq, text + seq.detok.flush(), toks or [], finished=True, reason=reason, error=error,
+                   logprobs=logprobs)
         if all(s.status is SeqStatus.FINISHED for s in req.seqs) and (req.forked or req.params.n == 1):
             self.requests.pop(req.request_id, None)
 
     def _emit(self, seq: Sequence, text: str, toks: list[int], finished=False, reason=None, state=None,
-              error=None):
+              error=None, logprobs=None):
         req = seq.request
         if req.on_output is None:
             return
@@ -276,7 +281,8 @@ class LLMEngine:
             m["ttft_s"] = seq.first_token_time - req.arrival_time
             span = (seq.last_token_time or now) - seq.first_token_time
             m["tokens_per_s"] = (out_n - 1) / span if out_n > 1 and span > 0 else None
-        self._deliver(req, RequestOutputDelta(req.request_id, seq.index, text, toks, finished, reason, error, m))
+        self._deliver(req, RequestOutputDelta(req.request_id, seq.index, text, toks, finished, reason, error, m,
+                                              logprobs))
 
     # ---- observability -----------------------------------------------------------------------
     def reset_peak_stats(self) -> None:

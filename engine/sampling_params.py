@@ -33,6 +33,9 @@ class SamplingParams:
     top_k: int = -1
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0       # OpenAI rule, output tokens: logit -= presence * (count > 0)
+    frequency_penalty: float = 0.0      # OpenAI rule, output tokens: logit -= frequency * count
+    logprobs: int | None = None         # None: none; k in 0..20: sampled token's + top-k alternatives
     max_tokens: int = 16
     stop: list[str] | str | None = None
     stop_token_ids: list[int] | None = None
@@ -43,7 +46,8 @@ class SamplingParams:
     def __post_init__(self):
         def bad(name, why):
             raise ValueError(f"SamplingParams.{name} {why} (got {getattr(self, name)!r})")
-        for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                     "frequency_penalty"):
             value = getattr(self, name)
             if not _is_number(value) or not math.isfinite(value):
                 bad(name, "must be a finite number")
@@ -62,6 +66,11 @@ class SamplingParams:
             bad("min_p", "must be in [0, 1]")
         if not 0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
             bad("repetition_penalty", f"must be in (0, {MAX_REPETITION_PENALTY:g}]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                bad(name, "must be in [-2, 2]")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= 20):
+            bad("logprobs", "must be None or an integer in 0..20")
         if self.max_tokens < 1:
             bad("max_tokens", "must be an integer >= 1")
         if self.seed is not None and not _is_int(self.seed):

@@ -52,6 +52,7 @@ class RequestOutputDelta:
     finish_reason: str | None = None
     error: str | None = None
     metrics: dict = field(default_factory=dict)
+    logprobs: list | None = None      # list[TokenLogprob] for token_ids, when the request asked
 
 
 @dataclass

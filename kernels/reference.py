@@ -19,6 +19,9 @@ import torch.nn.functional as F
 # intermediates per layer thrash the caches), so sequences are processed in chunks whose gathered
 # K+V stay under this many bytes. For short contexts the whole batch is one chunk.
 DECODE_CHUNK_BYTES = 4 << 20
+# On CPU, decode goes to the compiled in-place kernel (kernels/cpu_attention.py) when it builds;
+# the gather + SDPA below stays as its fallback. Tests flip this to compare the two paths.
+USE_CPU_KERNEL = True
 
 
 class _StepMemo:
@@ -94,6 +97,9 @@ def _decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out):
     GQA without repeating K/V: queries become [n, kvh, group, d] and the group plays the role of
     the query-length dimension of SDPA, attending to the [n, kvh, T, d] keys of its KV head.
     """
+    from . import cpu_attention
+    if USE_CPU_KERNEL and cpu_attention.supports(query, k_cache):
+        return cpu_attention.paged_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out)
     B, H, d = query.shape
     _, bs, kvh, _ = k_cache.shape
     group = H // kvh

@@ -2,25 +2,36 @@
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.sampler import apply_repetition_penalty, filter_logits, make_generator, sample
+from engine.sampler import apply_penalties, make_generator, sample
 from engine.sampling_params import SamplingParams
 
 
 def test_top_k_top_p_min_p_masks():
     logits = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0])
-    kept = lambda p: torch.isfinite(filter_logits(logits, p)).nonzero().flatten().tolist()
+    def kept(p):
+        draws = sample(logits.expand(400, 5).contiguous(), [p] * 400,
+                       [make_generator(s) for s in range(400)], [[]] * 400)
+        return sorted(set(draws))
     assert kept(SamplingParams(top_k=2)) == [0, 1]
     probs = logits.softmax(-1)           # [0.64, 0.24, 0.09, 0.03, 0.01]
     assert probs[0] < 0.7 < probs[:2].sum()
     assert kept(SamplingParams(top_p=0.7)) == [0, 1]
     assert kept(SamplingParams(top_p=0.5)) == [0]
     assert kept(SamplingParams(min_p=0.3)) == [0, 1]     # 0.24/0.64 = 0.37 >= 0.3, 0.14 < 0.3
+    assert kept(SamplingParams()) == [0, 1, 2, 3, 4]
 
 
 def test_repetition_penalty_follows_hf_rule():
-    row = torch.tensor([2.0, -2.0, 1.0])
-    apply_repetition_penalty(row, [0, 1, 1], 2.0)
-    assert row.tolist() == [1.0, -4.0, 1.0]
+    row = torch.tensor([[2.0, -2.0, 1.0]])
+    apply_penalties(row, [SamplingParams(repetition_penalty=2.0)], [[0, 1, 1]])
+    assert row.tolist() == [[1.0, -4.0, 1.0]]
+
+
+def test_presence_and_frequency_penalties_follow_openai_rule_on_output_only():
+    row = torch.tensor([[2.0, 2.0, 2.0, 2.0]])
+    p = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)
+    apply_penalties(row, [p], [[3, 0, 1, 1, 2]], [2])     # prompt [3, 0]; output [1, 1, 2]
+    assert row.tolist() == [[2.0, 2.0 - 0.5 - 0.5, 2.0 - 0.5 - 0.25, 2.0]]
 
 
 def test_seeded_draws_do_not_depend_on_batch_neighbours():

@@ -13,18 +13,18 @@ PROMPTS = ["The capital of France is", "One, two, three, four,", "def add(a, b):
 
 
 def _poison_one_row(monkeypatch, poisoned: SamplingParams, after_tokens: int):
-    real_sample = llm_engine_module.sample
+    real_sample = llm_engine_module.sample_batch
     calls = {"batched_failures": 0}
 
-    def sample(logits, params, generators, histories):
+    def sample_batch(logits, params, generators, histories, prompt_lens=None):
         for p, h in zip(params, histories):
             if p is poisoned and len(h) >= after_tokens:
                 if len(params) > 1:
                     calls["batched_failures"] += 1
                 raise RuntimeError("injected sampling fault")
-        return real_sample(logits, params, generators, histories)
+        return real_sample(logits, params, generators, histories, prompt_lens)
 
-    monkeypatch.setattr(llm_engine_module, "sample", sample)
+    monkeypatch.setattr(llm_engine_module, "sample_batch", sample_batch)
     return calls
 
 

