@@ -172,7 +172,7 @@ class BeamGroup:
                 engine.scheduler.remove(s)
                 if engine.kv.has_sequence(s.seq_id):
                     engine.kv.free(s.seq_id)
-                s.status, s.num_computed = SeqStatus.WAITING, 0
+                s.status = SeqStatus.WAITING       # the manager forgot it: recomputed on re-admission
             return
         rows = torch.stack([self.rows.pop(b.seq.seq_id) for b in self.beams]).float()
         self._step(engine, rows)
@@ -255,14 +255,19 @@ class BeamGroup:
         for s in freed:
             sched.remove(s)
             s.status = SeqStatus.FINISHED
+        fork_points = []
         for parent, child in forked:
             child.cached_tokens = parent.cached_tokens
             if engine.kv.has_sequence(child.seq_id):     # shares the parent's blocks: runs next to it
                 sched.add_forked(parent, child)
-                if parent.num_computed % bs:             # both will write into a shared partial block
+                computed = engine.kv.num_computed(parent.seq_id)
+                fork_points.append((parent.seq_id, child.seq_id, computed))
+                if computed % bs:                        # both will write into a shared partial block
                     self.stats["partial_block_divergences"] += 1
+            else:
+                fork_points.append((parent.seq_id, child.seq_id, 0))
         for s in reversed([s for s in new_seqs if not engine.kv.has_sequence(s.seq_id)]):
-            s.status, s.num_computed = SeqStatus.WAITING, 0     # released while waiting: recompute,
+            s.status = SeqStatus.WAITING                        # released while waiting: recompute,
             sched.waiting.appendleft(s)                         # first in line, in rank order
         self.stats["forks"] += len(forked)
         self.stats["frees"] += len(freed)
@@ -271,7 +276,7 @@ class BeamGroup:
             beams.append(_Beam(s, cum, old[pi].logprobs + [lp]))
         self.beams = beams
         self.req.seqs[:] = new_seqs
-        self._notify(engine, forked, freed, done=False)
+        self._notify(engine, fork_points, freed, done=False)
 
     def _finish(self, engine) -> None:
         for b in self.beams:
@@ -299,7 +304,7 @@ class BeamGroup:
         ev = BeamStepEvent(
             self.req.request_id, self.generated,
             tuple((b.seq.seq_id, tuple(b.seq.output_ids), b.cum) for b in self.beams),
-            tuple((pa.seq_id, ch.seq_id, pa.num_computed) for pa, ch in forked),
+            tuple(forked),                      # (parent seq id, child seq id, tokens computed)
             tuple(s.seq_id for s in freed), len(self.finished), done)
         try:
             self.on_step(ev)
