@@ -60,8 +60,7 @@ async def workload(engine, name, prompts, params_of, offsets=None):
 
 
 async def run(job):
-    from vllm import SamplingParams
-    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm import AsyncEngineArgs, SamplingParams
     from vllm.v1.engine.async_llm import AsyncLLM
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=job["model"], dtype=job["dtype"],
                                                        enable_prefix_caching=True, max_num_seqs=64))

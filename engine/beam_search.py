@@ -165,7 +165,7 @@ class BeamGroup:
         those blocks to catch up; holding them could stall the pool forever. Their full blocks
         stay in the prefix cache, so continuing later recomputes little more than the tail."""
         for s, row in zip(seqs, logits):
-            self.rows[s.seq_id] = row
+            self.rows[s.seq_id] = row.clone()       # a CUDA graph's logits are reused next step
         if any(b.seq.seq_id not in self.rows for b in self.beams):
             self.stats["stalls"] += 1
             for s in seqs:

@@ -154,7 +154,9 @@ class LLMEngine:
             return
         copies = self.kv.take_pending_copies()
         rows = [r for r, (seq, start, n) in enumerate(batch) if start + n == len(seq.token_ids)]
-        logits = self.runner.run(batch, self.kv, copies, rows)   # prefill chunks need KV even unsampled
+        # logits stay on the model's device: the sampler runs there; only token ids (and requested
+        # logprobs) come back to the host. Prefill chunks need KV even when unsampled.
+        logits = self.runner.run_on_device(batch, self.kv, copies, rows)
         self.steps += 1
         self.prompt_tokens_computed_total += sum(
             max(0, min(start + n, seq.prompt_len) - start) for seq, start, n in batch)

@@ -16,27 +16,29 @@ K, PROMPT_LEN, GEN, BS = 4, 300, 40, 16
 TEXT = " ".join(f"Line {i}: paged attention stores keys and values in fixed-size blocks." for i in range(60))
 
 
-def test_k4_300_token_prompt_memory(make_llm):
+def test_k4_300_token_prompt_memory(make_llm, monkeypatch):
     llm = make_llm(num_blocks=256, block_size=BS)
     ids = llm.get_tokenizer().encode(TEXT)[:PROMPT_LEN]
     assert len(ids) == PROMPT_LEN
 
-    kv = llm.engine.kv
-    copies = []
-    real_take = kv.take_pending_copies
+    from engine.kv_cache_manager import KVCacheManager
+    copies, managers = [], []
+    real_take = KVCacheManager.take_pending_copies
 
-    def take_and_record():                  # a spy: the real copies, counted as the runner gets them
-        out = real_take()
+    def take_and_record(self):              # a spy on the class: the real copies, as the runner gets them
+        out = real_take(self)
         copies.extend(out)
+        managers[:] = [self]
         return out
-    kv.take_pending_copies = take_and_record
+    monkeypatch.setattr(KVCacheManager, "take_pending_copies", take_and_record)
 
     events, shared_views = [], []
 
     def on_step(ev):                        # engine thread: between steps, the manager is consistent
         events.append(ev)
         if not ev.done and len(ev.beams) == K and not shared_views:
-            shared_views.append(llm.engine.snapshot())
+            request_of = lambda seq_id: str(seq_id).rsplit("#", 1)[0]      # noqa: E731
+            shared_views.append(managers[0].kv_snapshot(request_of=request_of).to_json())
 
     handle = llm.submit_beam_search({"prompt_token_ids": ids},
                                     BeamSearchParams(beam_width=K, max_tokens=GEN, ignore_eos=True),

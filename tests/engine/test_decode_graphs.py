@@ -19,11 +19,24 @@ def test_bucket_sizes():
     assert bucket_sizes(300) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 300]
 
 
-def test_padded_bucket_decode_matches_hf_generate():
+def _capture_runners(monkeypatch) -> list:
+    """The ModelRunner each LLM builds, caught on the class (no reach into the LLM's internals)."""
+    from engine.model_runner import ModelRunner
+    runners, real_init = [], ModelRunner.__init__
+
+    def init(self, *a, **kw):
+        real_init(self, *a, **kw)
+        runners.append(self)
+    monkeypatch.setattr(ModelRunner, "__init__", init)
+    return runners
+
+
+def test_padded_bucket_decode_matches_hf_generate(monkeypatch):
+    runners = _capture_runners(monkeypatch)
     llm = LLM(model="smollm2-135m", load_format="dummy", hf_overrides=SMALL, num_blocks=96, seed=3,
               device="cpu", max_num_seqs=6, max_model_len=200)
     try:
-        runner = llm.engine.runner
+        runner = runners[-1]
         graphs = DecodeGraphs(runner.model, runner.kv_pool, llm.config.block_size, 6, 200, runner.backend)
         calls = []
         real_run = graphs.run
@@ -50,12 +63,14 @@ def test_padded_bucket_decode_matches_hf_generate():
         llm.shutdown()
 
 
-def test_enforce_eager_and_cpu_have_no_graphs():
+def test_enforce_eager_and_cpu_have_no_graphs(monkeypatch):
     """On CPU there is nothing to capture; enforce_eager reaches the runner's config."""
+    runners = _capture_runners(monkeypatch)
     llm = LLM(model="smollm2-135m", load_format="dummy", hf_overrides=SMALL, num_blocks=8, device="cpu",
               enforce_eager=True)
     try:
-        assert llm.engine.runner.cfg.enforce_eager is True
-        assert llm.engine.runner.graphs is None and llm.engine.runner.warmup_stats == {}
+        runner = runners[-1]
+        assert runner.cfg.enforce_eager is True
+        assert runner.graphs is None and runner.warmup_stats == {}
     finally:
         llm.shutdown()

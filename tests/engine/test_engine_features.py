@@ -149,7 +149,7 @@ def test_engine_error_fails_running_requests_without_leaking(make_llm, hf_greedy
     and the engine keeps serving new requests."""
     from engine.model_runner import ModelRunner
     llm = make_llm(num_blocks=128)
-    real_run = ModelRunner.run
+    real_run = ModelRunner.run_on_device
     calls = {"n": 0}
 
     def flaky(self, batch, *a, **kw):            # patched on the class: no reach into the LLM
@@ -158,12 +158,12 @@ def test_engine_error_fails_running_requests_without_leaking(make_llm, hf_greedy
             calls["n"] += 1
             raise RuntimeError("injected failure")
         return real_run(self, batch, *a, **kw)
-    ModelRunner.run = flaky
+    ModelRunner.run_on_device = flaky
     try:
         streams = [llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=20, n=n)) for n in (1, 2)]
         finals = [[d for d in s if d.finished] for s in streams]
     finally:
-        ModelRunner.run = real_run
+        ModelRunner.run_on_device = real_run
     assert [len(f) for f in finals] == [1, 2], "every one of the n outputs must be closed"
     assert all(d.finish_reason == "error" and "injected" in d.error for f in finals for d in f), finals
     assert llm.stats()["used_blocks"] == 0 and llm.stats()["running"] == 0

@@ -24,12 +24,20 @@ def test_dtype_auto_follows_cpu_flags():
     assert resolve_dtype("auto", "cuda:0") == "bfloat16"
 
 
-def test_engine_bf16_error_within_twice_hf_bf16(model_folder, hf_model):
+def test_engine_bf16_error_within_twice_hf_bf16(model_folder, hf_model, monkeypatch):
+    from engine.model_runner import ModelRunner
+    runners, real_init = [], ModelRunner.__init__
+
+    def init(self, *a, **kw):                   # the runner, caught on the class (no reach into the LLM)
+        real_init(self, *a, **kw)
+        runners.append(self)
+    monkeypatch.setattr(ModelRunner, "__init__", init)
     llm = LLM(model=model_folder, dtype="bfloat16", num_blocks=64)
     try:
-        assert llm.engine.runner.kv_pool.dtype == torch.bfloat16     # KV follows the weights
+        assert llm.model_info().dtype == "bfloat16"
+        assert runners[-1].kv_pool.dtype == torch.bfloat16          # KV follows the weights
         out = llm.chat(CHAT, SamplingParams(temperature=0, max_tokens=16, logprobs=0, ignore_eos=True))[0]
-        model = llm.engine.runner.model
+        model = runners[-1].model
         P = len(out.prompt_token_ids)
         ids = out.prompt_token_ids + out.outputs[0].token_ids
         from engine.models.llama import AttentionMetadata
