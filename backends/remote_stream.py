@@ -29,7 +29,9 @@ class RemoteStream:
         self.request_id, self.n, self.sent_at = request_id, n, sent_at
         self.prompt_ids = None                  # the remote side tokenizes; we never see the ids
         self._response, self._on_close = response, on_close
-        self._q: queue.Queue = queue.Queue()
+        self._q: queue.Queue = queue.Queue()      # sync consumers (and anything before `async for`)
+        self._loop = self._aq = None                 # an `async for` consumer: fed via its loop
+        self._emit_lock = threading.Lock()
         self._aborted = threading.Event()
         self._first: float | None = None
         self._counts = [0] * n
@@ -74,7 +76,7 @@ class RemoteStream:
                     if text:
                         self._first = self._first or time.monotonic()
                         self._counts[i] += 1
-                        self._q.put(RequestOutputDelta(self.request_id, i, text, [], metrics=self._metrics(i)))
+                        self._emit(RequestOutputDelta(self.request_id, i, text, [], metrics=self._metrics(i)))
                     if c.get("finish_reason"):
                         self._reasons[i] = c["finish_reason"]
         except Exception as e:                  # connection dropped, bad JSON, closed by abort()
@@ -92,9 +94,21 @@ class RemoteStream:
                 reason = "error"
             m = self._metrics(i)
             m["state"] = "finished"
-            self._q.put(RequestOutputDelta(self.request_id, i, "", [], finished=True, finish_reason=reason,
-                                           error=err, metrics=m))
-        self._q.put(_END)
+            self._emit(RequestOutputDelta(self.request_id, i, "", [], finished=True, finish_reason=reason,
+                                          error=err, metrics=m))
+        self._emit(_END)
+
+    def _emit(self, item) -> None:
+        """Hand one item to the consumer: straight onto its event loop once it iterates with
+        `async for` (no thread parked per stream), else onto the thread-safe queue."""
+        with self._emit_lock:
+            if self._loop is None:
+                self._q.put(item)
+                return
+            try:
+                self._loop.call_soon_threadsafe(self._aq.put_nowait, item)
+            except RuntimeError:                # the consumer's loop is closed: nobody listens
+                pass
 
     def _close_response(self) -> None:
         try:
@@ -122,11 +136,15 @@ class RemoteStream:
         return self._agen()
 
     async def _agen(self):
+        with self._emit_lock:
+            self._loop, self._aq = asyncio.get_running_loop(), asyncio.Queue()
+            while True:                         # what arrived before iteration began, in order
+                try:
+                    self._aq.put_nowait(self._q.get_nowait())
+                except queue.Empty:
+                    break
         while True:
-            try:
-                d = self._q.get_nowait()
-            except queue.Empty:
-                d = await asyncio.to_thread(self._q.get)
+            d = await self._aq.get()
             if d is _END:
                 return
             yield d

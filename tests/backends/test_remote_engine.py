@@ -92,3 +92,18 @@ def test_metrics_and_no_kv_snapshot(fake):
     assert "vllm:kv_cache_usage_perc" in eng.metrics_text()
     with pytest.raises(RuntimeError, match="no KV snapshot"):
         eng.latest_snapshot()
+
+
+def test_many_async_streams_on_one_loop(fake):
+    """Each `async for` consumer is fed through its own loop (no worker thread parked per stream)."""
+    eng = RemoteEngine(fake.url)
+
+    async def one(k):
+        stream = await asyncio.to_thread(eng.submit_chat, MESSAGES, SamplingParams(max_tokens=4),
+                                         request_id=f"r{k}")
+        return "".join([d.text async for d in stream])
+
+    async def main():
+        return await asyncio.gather(*(one(k) for k in range(12)))
+
+    assert asyncio.run(main()) == ["Hello there"] * 12
