@@ -56,7 +56,8 @@ def headline(mon: BackendMonitor, engine) -> str:
                   ("hit_rate", "Prefix-cache hit rate", _fmt(mon.cumulative_hit_rate(), pct=True), "since it started"),
                   ("running", "Running / waiting", f"{_fmt(s.running)} / {_fmt(s.waiting)}", "requests"),
                   ("preemptions", "Preemptions", _fmt(s.preemptions), "since it started"),
-                  ("gen_tps", "Generated tok/s", "not exposed" if gen is None else f"{gen:,.1f}", "last interval")]
+                  ("gen_tps", "Generated tok/s", "not exposed" if s.generation_tokens is None else
+                   "measuring…" if gen is None else f"{gen:,.1f}", "last interval")]
     boxes = "".join(f'<div data-k="{k}"><div class="l">{escape(label)}</div><div class="v">{escape(text)}</div>'
                     f'<div class="s">{escape(sub)}</div></div>' for k, label, text, sub in items)
     blind = "".join(f"<li>{escape(b)}</li>" for b in mon.blind_spots())
