@@ -14,7 +14,7 @@ import threading
 import time
 
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Header
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 VLLM_METRICS = """# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
@@ -40,8 +40,8 @@ def chunk(text=None, finish=None, usage=None, index=0) -> str:
 
 
 class FakeBackend:
-    def __init__(self, mode: str = "ok"):
-        self.mode = mode                      # ok | 500 | drop | slow
+    def __init__(self, mode: str = "ok", key: str | None = None):
+        self.mode, self.key = mode, key       # mode: ok | 500 | drop | slow; key: required Bearer key
         self.requests: list[dict] = []
         self.disconnected = threading.Event()
         self.counters = {"usage": 0.25, "running": 0, "queries": 0, "hits": 0, "gen": 0}
@@ -60,8 +60,11 @@ class FakeBackend:
             return PlainTextResponse(VLLM_METRICS % self.counters)
 
         @app.post("/v1/chat/completions")
-        async def chat(body: dict):
+        async def chat(body: dict, authorization: str | None = Header(None)):
             self.requests.append(body)
+            if self.key is not None and authorization != f"Bearer {self.key}":
+                return JSONResponse({"error": {"message": "Invalid API key", "type": "invalid_request_error",
+                                               "code": "invalid_api_key"}}, status_code=401)
             if self.mode == "500":
                 return JSONResponse({"error": {"message": "CUDA out of memory (simulated)", "type": "server_error",
                                                "code": 500}}, status_code=500)

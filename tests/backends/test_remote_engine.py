@@ -107,3 +107,14 @@ def test_many_async_streams_on_one_loop(fake):
         return await asyncio.gather(*(one(k) for k in range(12)))
 
     assert asyncio.run(main()) == ["Hello there"] * 12
+
+
+def test_backend_key_is_sent_and_a_wrong_one_is_named():
+    fb = FakeBackend(key="s3cret").start()
+    try:
+        with pytest.raises(BackendError, match="HTTP 401: Invalid API key"):
+            RemoteEngine(fb.url, api_key="wrong").submit_chat(MESSAGES, SamplingParams(max_tokens=4))
+        eng = RemoteEngine(fb.url, api_key="s3cret")
+        assert "".join(d.text for d in eng.submit_chat(MESSAGES, SamplingParams(max_tokens=4))) == "Hello there"
+    finally:
+        fb.stop()

@@ -26,6 +26,9 @@ def _messages(api, db):
 def test_http_500_then_a_dropped_stream_then_recovery(launch, fake, chat_api):
     api = chat_api
     server = launch(args=["--backend", fake.url])
+    import urllib.error
+    with pytest.raises(urllib.error.HTTPError):     # no local engine: no local /v1 or /api/kv
+        server.get("v1/models")
     c = Client(server.url, verbose=False)
     out = c.predict("first question", *api.sampling(max_tokens=8), api_name="/send")
     reply = api.reply_text(out)
