@@ -74,6 +74,14 @@ def test_chat_multi_turn_and_stop_on_a_remote_app(pair, chat_api):
     snap = backend.kv()
     assert snap["stats"]["running"] == 0 and snap["stats"]["num_idle_sessions"] == 0   # no remote sessions
 
+    # n = 2 alternatives: one request with n=2; the stream's two indices fill the two columns
+    out = c.predict(*api.sampling(max_tokens=8, n=2, temperature=1.0, seed=7), api_name="/regenerate")
+    alts = [o for o in out[4:] if isinstance(o, dict) and o.get("visible")]
+    assert len(alts) == 2 and all("Alternative" in a["value"] for a in alts), out[4:]
+    # each column got its own text and its own finish (stats line with a token count)
+    assert all(" token" in a["value"] and "stopped" not in a["value"] for a in alts), alts
+    assert backend.kv()["stats"]["running"] == 0
+
     # Stop mid-reply: the front hangs up, the backend aborts the request and frees its blocks.
     job = c.submit("Tell me a very long story about bread.", *api.sampling(max_tokens=600), api_name="/send")
     api.wait_for(lambda: api.streaming_text(job), timeout=120)
