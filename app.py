@@ -45,6 +45,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "Also read from PAGED_CHAT_API_KEYS (comma separated)")
     p.add_argument("--allowed-origin", action="append", default=None, metavar="URL",
                    help="let web pages from this origin call /v1 (CORS); repeatable. Default: none")
+    p.add_argument("--backend", default=None, metavar="URL",
+                   help="run the UI, history and dashboard on a remote OpenAI-compatible server (vLLM, "
+                        "SGLang, llama.cpp, another app.py) instead of loading a model here")
+    p.add_argument("--backend-key", default=None, metavar="KEY",
+                   help="API key for --backend (also $PAGED_CHAT_BACKEND_KEY)")
+    p.add_argument("--backend-model", default=None, metavar="NAME",
+                   help="model id to ask --backend for (default: the first of its /v1/models)")
     return p.parse_args(argv)
 
 
@@ -118,6 +125,9 @@ def main(argv=None) -> int:
         print(f"WARNING: binding to {args.host} without --api-key: anyone who can reach this machine "
               f"can use the OpenAI API at /v1.", file=sys.stderr)
 
+    if args.backend:
+        return main_remote(args, auth)
+
     from engine import LLM
     from storage import Storage
 
@@ -143,6 +153,30 @@ def main(argv=None) -> int:
     return 0
 
 
+def main_remote(args, auth) -> int:
+    """--backend URL: no model here; chats go to the remote server (backends/remote.py)."""
+    from backends import RemoteEngine
+    from storage import Storage
+
+    llm = RemoteEngine(args.backend, api_key=args.backend_key or os.environ.get("PAGED_CHAT_BACKEND_KEY"),
+                       model=args.backend_model)
+    if llm.startup_error:
+        print(f"WARNING: {llm.startup_error}. Serving the stored chats anyway; each message will say "
+              f"whether the backend answers.", file=sys.stderr)
+    else:
+        print(f"Backend: {llm.model_source}; context {llm.max_model_len}", file=sys.stderr)
+    storage = None
+    try:
+        storage = Storage(args.db)
+        serve(llm, storage, args, auth)
+    finally:
+        llm.shutdown()
+        if storage is not None:
+            storage.close()
+        print("Bye.", file=sys.stderr)
+    return 0
+
+
 def serve(llm, storage, args, auth) -> None:
     import uvicorn
 
@@ -151,15 +185,17 @@ def serve(llm, storage, args, auth) -> None:
     from routes.openai_keys import keys_from_env
     app, demo = build_app(llm, storage, auth=auth, bind_host=args.host, allowed_hosts=args.allowed_host,
                           api_options=dict(api_keys=(args.api_key or []) + keys_from_env(),
-                                           allowed_origins=args.allowed_origin))
+                                           allowed_origins=args.allowed_origin),
+                          engine_routes=not args.backend)
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     url = f"http://{shown_host}:{args.port}/"
     if args.share:
         # Share links need Gradio's own launcher; /metrics and /api/kv are added to its app.
         demo.launch(server_name=args.host, server_port=args.port, share=True, auth=auth,
                     prevent_thread_lock=True, quiet=True, ssr_mode=False)
-        from routes.metrics import register_routes
-        register_routes(demo.app, llm)
+        if not args.backend:
+            from routes.metrics import register_routes
+            register_routes(demo.app, llm)
         print(f"Ready: {url}  (public link: {demo.share_url})", flush=True)
         try:
             demo.block_thread()

@@ -230,17 +230,19 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
 
 
 def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_host: str = "127.0.0.1",
-              allowed_hosts=(), api_options: dict | None = None):
+              allowed_hosts=(), api_options: dict | None = None, engine_routes: bool = True):
     """(FastAPI app serving the page at / plus /metrics, /api/kv and the OpenAI API at /v1, the Blocks
-    demo). api_options: api_keys, allowed_origins, ... for routes.openai_api.mount_openai_api."""
+    demo). api_options: api_keys, allowed_origins, ... for routes.openai_api.mount_openai_api.
+    engine_routes=False (app.py --backend): no /metrics, /api/kv, /v1 here; the backend serves its own."""
     ctx = ctx or ChatContext(llm, storage, TabRegistry(llm), auth=bool(auth))
     demo = build_demo(ctx)
     demo.queue(default_concurrency_limit=None)
     demo.chat_context = ctx
     app = fastapi.FastAPI()
-    register_routes(app, llm)        # before mounting Gradio at "/", which would shadow them
-    from routes.openai_api import mount_openai_api
-    mount_openai_api(app, llm, require_key=bool(auth), **(api_options or {}))
+    if engine_routes:
+        register_routes(app, llm)        # before mounting Gradio at "/", which would shadow them
+        from routes.openai_api import mount_openai_api
+        mount_openai_api(app, llm, require_key=bool(auth), **(api_options or {}))
     app = gr.mount_gradio_app(app, demo, path="/", auth=auth, css=CSS, ssr_mode=False,
                               footer_links=["api", "gradio"])
     install_security(app, bind_host, allowed_hosts, auth=auth)     # Host check, no /docs, login throttle

@@ -124,6 +124,8 @@ async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[di
     if turn.error and not turn.texts[0]:
         shown.append({"role": "assistant", "content": view.error_notice(turn.error)})
     line = view.stats_line(turn.stats(0), turn.status)
+    if turn.error and turn.texts[0]:       # e.g. a remote backend dropped the stream: say why
+        line = f"{line} · {view.error_notice(turn.error)}" if line else view.error_notice(turn.error)
     alts = [view.alternative_markdown(k, turn.texts[k], turn.stats(k), status="complete" if turn.done[k] else "stopped")
             for k in range(turn.n)] if turn.n > 1 else []
     yield outputs(chat=shown, status=line or " ", radio=conversation_list(ctx, request, turn.conv_id), alts=alts)

@@ -134,6 +134,9 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
     system_prompt: the demo users' shared system prompt, a string or a callable returning the
     app's current one (default: loadgen.demo_load.DEFAULT_SYSTEM_PROMPT).
     """
+    from ui.dashboard.remote import build_remote_dashboard, is_remote
+    if is_remote(llm):      # app.py --backend URL: only what the server exposes (ui/dashboard/remote.py)
+        return build_remote_dashboard(llm, tick_s=tick_s)
     state = state_for(llm, system_prompt)
     html = dict(css_template=H.CSS, js_on_load=None, apply_default_css=True)
     with gr.Column(elem_id="kv-dashboard"):

@@ -1,0 +1,150 @@
+"""One streamed chat completion from a remote OpenAI-compatible server, shaped like the embedded
+engine's request stream (`RequestOutputDelta`s; sync iteration, `async for`, `.abort()`).
+
+Why a reader thread: the UI consumes engine streams with `async for` on Gradio's loop, and the
+embedded engine's deltas arrive from another thread too. Reading the HTTP response with a plain
+(sync) httpx client in a thread keeps the event loop free, and `abort()` can close the response
+from any thread: closing the connection is how a client tells vLLM / SGLang / app.py to stop
+generating and free the request's KV blocks.
+
+Deltas carry `metrics` in the embedded engine's keys (prompt_tokens, cached_tokens, output_tokens,
+ttft_s, tokens_per_s) measured here, on the client side: TTFT is from sending the request to the
+first text; cached tokens only when the server reports `prompt_tokens_details.cached_tokens`.
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+
+from engine.sequence import RequestOutputDelta
+from routes.openai_stream import iter_sse_events
+
+_END = object()
+
+
+class RemoteStream:
+    def __init__(self, response, request_id: str, n: int, sent_at: float, on_close=None):
+        self.request_id, self.n, self.sent_at = request_id, n, sent_at
+        self.prompt_ids = None                  # the remote side tokenizes; we never see the ids
+        self._response, self._on_close = response, on_close
+        self._q: queue.Queue = queue.Queue()      # sync consumers (and anything before `async for`)
+        self._loop = self._aq = None                 # an `async for` consumer: fed via its loop
+        self._emit_lock = threading.Lock()
+        self._aborted = threading.Event()
+        self._first: float | None = None
+        self._counts = [0] * n
+        self._reasons: list[str | None] = [None] * n
+        self._usage: dict = {}
+        self._thread = threading.Thread(target=self._read, daemon=True, name=f"remote-{request_id}")
+        self._thread.start()
+
+    # ---- reader thread -----------------------------------------------------------------------
+    def _metrics(self, i: int) -> dict:
+        m = {"state": "running", "output_tokens": self._usage.get("completion_tokens", self._counts[i])
+             if self.n == 1 else self._counts[i]}
+        if "prompt_tokens" in self._usage:
+            m["prompt_tokens"] = self._usage["prompt_tokens"]
+        cached = (self._usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        if cached is not None:
+            m["cached_tokens"] = cached
+        if self._first is not None:
+            m["ttft_s"] = self._first - self.sent_at
+            decode = time.monotonic() - self._first
+            if decode > 0 and m["output_tokens"] > 1:
+                m["tokens_per_s"] = (m["output_tokens"] - 1) / decode
+        return m
+
+    def _read(self) -> None:
+        error = None
+        try:
+            for event in iter_sse_events(self._response.iter_lines()):
+                if self._aborted.is_set():
+                    break
+                if "error" in event and not event.get("choices"):
+                    err = event["error"]
+                    error = err.get("message") if isinstance(err, dict) else str(err)
+                    break
+                if event.get("usage"):
+                    self._usage = event["usage"]
+                for c in event.get("choices") or []:
+                    i = int(c.get("index", 0))
+                    if not 0 <= i < self.n:
+                        continue
+                    text = (c.get("delta") or {}).get("content") or c.get("text") or ""
+                    if text:
+                        self._first = self._first or time.monotonic()
+                        self._counts[i] += 1
+                        self._emit(RequestOutputDelta(self.request_id, i, text, [], metrics=self._metrics(i)))
+                    if c.get("finish_reason"):
+                        self._reasons[i] = c["finish_reason"]
+        except Exception as e:                  # connection dropped, bad JSON, closed by abort()
+            if not self._aborted.is_set():
+                error = f"the backend's stream broke off: {type(e).__name__}: {e}"
+        finally:
+            self._close_response()
+        for i in range(self.n):
+            reason, err = self._reasons[i], error
+            if self._aborted.is_set():
+                reason, err = reason or "abort", None
+            elif reason is None and err is None:
+                err = "the backend closed the stream before the reply finished"
+            if err is not None:
+                reason = "error"
+            m = self._metrics(i)
+            m["state"] = "finished"
+            self._emit(RequestOutputDelta(self.request_id, i, "", [], finished=True, finish_reason=reason,
+                                          error=err, metrics=m))
+        self._emit(_END)
+
+    def _emit(self, item) -> None:
+        """Hand one item to the consumer: straight onto its event loop once it iterates with
+        `async for` (no thread parked per stream), else onto the thread-safe queue."""
+        with self._emit_lock:
+            if self._loop is None:
+                self._q.put(item)
+                return
+            try:
+                self._loop.call_soon_threadsafe(self._aq.put_nowait, item)
+            except RuntimeError:                # the consumer's loop is closed: nobody listens
+                pass
+
+    def _close_response(self) -> None:
+        try:
+            self._response.close()
+        except Exception:
+            pass
+        if self._on_close is not None:
+            self._on_close(self.request_id)
+
+    # ---- consumer side -----------------------------------------------------------------------
+    def abort(self) -> None:
+        """Stop reading and hang up; the server sees the disconnect and aborts the request."""
+        if not self._aborted.is_set():
+            self._aborted.set()
+            self._close_response()
+
+    def __iter__(self):
+        while True:
+            d = self._q.get()
+            if d is _END:
+                return
+            yield d
+
+    def __aiter__(self):
+        return self._agen()
+
+    async def _agen(self):
+        with self._emit_lock:
+            self._loop, self._aq = asyncio.get_running_loop(), asyncio.Queue()
+            while True:                         # what arrived before iteration began, in order
+                try:
+                    self._aq.put_nowait(self._q.get_nowait())
+                except queue.Empty:
+                    break
+        while True:
+            d = await self._aq.get()
+            if d is _END:
+                return
+            yield d
