@@ -144,6 +144,12 @@ class RemoteEngine:
                 self._streams[rid] = stream
         return stream
 
+    def load(self) -> tuple[int, int]:
+        """(streams this app has open on the backend, 0): the server's own queue is behind its
+        /metrics, which the Memory tab reads; admission here must not cost an HTTP round trip."""
+        with self._lock:
+            return (len(self._streams), 0)
+
     def _forget(self, rid: str) -> None:
         with self._lock:
             self._streams.pop(rid, None)
