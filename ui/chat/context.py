@@ -29,6 +29,11 @@ class ChatContext:
         """The owner to check access against (None: no check, every tab sees every chat)."""
         return self.owner(request) if self.auth else None
 
+    def cache_salt(self, request) -> str | None:
+        """With --auth, each user's prefix cache is private past the shared system prompt, so
+        "N/M prompt tokens from cache" cannot confirm another user's text (#12.2)."""
+        return f"user:{self.owner(request)}" if self.auth else None
+
     def tab(self, request) -> Tab:
         return self.tabs.get(request.session_hash, getattr(request, "username", None))
 

@@ -63,7 +63,7 @@ async def generate(ctx: ChatContext, request, tab, conv_id: str, user_id: int, k
     st = ctx.storage
     path = view.path_until(st.get_messages(conv_id, through=user_id), user_id)
     messages = view.engine_messages(st.conversation_system_prompt(conv_id), path)
-    turn = Turn(conv_id, user_id, kw["n"])
+    turn = Turn(conv_id, user_id, kw["n"], cache_salt=ctx.cache_salt(request))
     try:
         start_turn(ctx, turn, messages, kw, sibling_of)
     except BaseException:

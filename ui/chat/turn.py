@@ -78,6 +78,7 @@ class Turn:
     refused: str | None = None        # the engine refused the prompt (ValueError): nothing ran
     status: str | None = None         # final stored status: complete / stopped / error
     version: int = 0                  # bumped on every delta, so followers repaint only on change
+    cache_salt: str | None = None     # per-user prefix-cache salt under --auth (#12.2)
     submitted: object = None          # Future of the submit call
     task: asyncio.Task | None = None
 
@@ -107,7 +108,8 @@ async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
     previous = _previous_ids(st, turn.conv_id, turn.user_id)
     try:
         turn.submitted = in_daemon_thread(llm.submit_chat, messages, SamplingParams(**kw),
-                                          session_id=turn.conv_id, request_id=turn.rid, previous_ids=previous)
+                                          session_id=turn.conv_id, request_id=turn.rid, previous_ids=previous,
+                                          cache_salt=turn.cache_salt)
         try:
             stream = await asyncio.wrap_future(turn.submitted)
         except ValueError as e:          # e.g. longer than max_model_len: the engine is untouched
