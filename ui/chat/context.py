@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ui.chat.guard import check_owner
 from ui.chat.tabs import Tab, TabRegistry
 
 
@@ -35,7 +36,12 @@ class ChatContext:
         return f"user:{self.owner(request)}" if self.auth else None
 
     def tab(self, request) -> Tab:
-        return self.tabs.get(request.session_hash, getattr(request, "username", None))
+        """The asking tab's state; another user's tab (a stolen session hash) raises
+        guard.TabOwnerError before anything is read or changed (#12.10)."""
+        username = getattr(request, "username", None)
+        tab = self.tabs.get(request.session_hash, username)
+        check_owner(tab, username)
+        return tab
 
     def prompt_tokens(self, messages: list[dict]) -> int:
         """Length of the prompt the engine would build for these messages (no session reuse)."""
