@@ -13,6 +13,7 @@ class ChatContext:
     storage: object
     tabs: TabRegistry
     auth: bool = False          # with --auth each user sees and may open only their own chats
+    exports: object = None      # storage.exports.PrivateExports, created on the first export
 
     @property
     def max_model_len(self) -> int:

@@ -5,9 +5,8 @@ conversation id raises PermissionError, which becomes a refusal notice here.
 """
 from __future__ import annotations
 
+import atexit
 import json
-import os
-import tempfile
 
 import gradio as gr
 
@@ -15,7 +14,6 @@ from ui.chat import limits, view
 from ui.chat.handlers import conversation_list, show
 from ui.chat.context import ChatContext
 
-_EXPORT_DIR = tempfile.mkdtemp(prefix="chat-export-")
 
 
 def _refuse(what: str = "That conversation") -> None:
@@ -139,17 +137,23 @@ def export(ctx: ChatContext, fmt: str, request):
     if conv is None:
         gr.Info("Open a conversation to export it.")
         return None
-    folder = tempfile.mkdtemp(dir=_EXPORT_DIR)
     if fmt == "json":
-        path = os.path.join(folder, view.export_filename(conv["title"], "json"))
         data = ctx.storage.export_json(conv["id"], owner=ctx.check(request))
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(data, f, ensure_ascii=False, indent=2)
+        text, name = json.dumps(data, ensure_ascii=False, indent=2), view.export_filename(conv["title"], "json")
     else:
-        path = os.path.join(folder, view.export_filename(conv["title"], "md"))
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(ctx.storage.export_markdown(conv["id"], owner=ctx.check(request)))
-    return path
+        text = ctx.storage.export_markdown(conv["id"], owner=ctx.check(request))
+        name = view.export_filename(conv["title"], "md")
+    return str(_exports(ctx).write(name, text))
+
+
+def _exports(ctx: ChatContext):
+    """The app's private export folder (#12.12): 0600 files in 0700 folders, swept after 15 min,
+    removed at exit; created on first use and kept on the context, next to the storage."""
+    if getattr(ctx, "exports", None) is None:
+        from storage.exports import PrivateExports
+        ctx.exports = PrivateExports()
+        atexit.register(ctx.exports.close)
+    return ctx.exports
 
 
 def import_json(ctx: ChatContext, file, request):
