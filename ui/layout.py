@@ -244,4 +244,7 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
     app = gr.mount_gradio_app(app, demo, path="/", auth=auth, css=CSS, ssr_mode=False,
                               footer_links=["api", "gradio"])
     install_security(app, bind_host, allowed_hosts, auth=auth)     # Host check, no /docs, login throttle
+    if auth:                         # Gradio's /cancel takes any session hash: owner check (#12.10)
+        from ui.chat.cancel_guard import install_cancel_guard
+        install_cancel_guard(app, ctx.tabs)
     return app, demo

@@ -166,6 +166,8 @@ def import_json(ctx: ChatContext, file, request):
             data = json.load(f)
         limits.import_data(data)                 # refused before storing any of it
         conv = ctx.storage.import_json(data, owner=ctx.owner(request))
+    except gr.Error:                             # a limit: its own clear message, as an error
+        raise
     except (OSError, ValueError, KeyError, TypeError) as e:
         gr.Warning(f"Could not import that file: {e}")
         return _conversation_view(ctx, request, *_tab_conversation(ctx, request))
