@@ -15,9 +15,9 @@ import time
 
 import gradio as gr
 
+from storage import ConversationDeletedError
 from ui.chat import limits, view
 from ui.chat.context import ChatContext
-from storage import ConversationDeletedError
 from ui.chat.turn import Turn, abort_turn, start_turn
 
 YIELD_S = 0.05         # at most ~20 page updates a second per stream
