@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
+from typing import NamedTuple
 
 from engine.block_pool import Block, BlockPool
 from engine.errors import KVCacheError, NoFreeBlocksError
@@ -26,6 +27,25 @@ BLOCK_SIZES = (8, 16, 32, 64, 128)
 def hash_block_tokens(parent_hash, token_ids: tuple, salt) -> int:
     """Chain hash of one full block. Module level so tests can force collisions."""
     return hash((parent_hash, token_ids, salt))
+
+
+class SharedPrefixSalt(NamedTuple):
+    """A cache salt that spares the first `shared_tokens` tokens (e.g. the shared system prompt).
+
+    Why: a salt per user stops one user from probing another's text through prefix-cache hits,
+    but salting the system prompt too would give every user a private copy of it. Blocks that end
+    within `shared_tokens` are hashed unsalted (shared by everyone); from the first block that
+    holds a later token on, the chain is salted, so nothing after the system prompt is shared.
+    """
+    salt: str
+    shared_tokens: int
+
+
+def block_salt(salt, block_index: int, block_size: int):
+    """The salt block `block_index` is hashed with under the sequence's `salt`."""
+    if isinstance(salt, SharedPrefixSalt) and (block_index + 1) * block_size <= salt.shared_tokens:
+        return None
+    return salt
 
 
 def _common_prefix(a: list, b: list, limit: int) -> int:
@@ -114,9 +134,10 @@ class KVCacheManager:
         parent = None
         for i in range((len(token_ids) - 1) // bs):     # cap: >= 1 token left to compute
             toks = tuple(token_ids[i * bs:(i + 1) * bs])
-            h = hash_block_tokens(parent, toks, salt)
+            bsalt = block_salt(salt, i, bs)
+            h = hash_block_tokens(parent, toks, bsalt)
             b = cached.get(h)
-            if b is None or b.token_ids != toks or b.parent_hash != parent or b.salt != salt:
+            if b is None or b.token_ids != toks or b.parent_hash != parent or b.salt != bsalt:
                 break                                   # miss, or a hash collision
             hits.append(b)
             parent = h
@@ -207,9 +228,10 @@ class KVCacheManager:
         parent = hashes[-1] if hashes else None
         for i in range(len(hashes), full):
             block_toks = tuple(toks[i * bs:(i + 1) * bs])
-            h = hash_block_tokens(parent, block_toks, seq.salt)
+            bsalt = block_salt(seq.salt, i, bs)
+            h = hash_block_tokens(parent, block_toks, bsalt)
             hashes.append(h)
-            self.pool.register(seq.table[i], h, block_toks, parent, seq.salt)
+            self.pool.register(seq.table[i], h, block_toks, parent, bsalt)
             parent = h
 
     # ---- sequence lifecycle -------------------------------------------------------------

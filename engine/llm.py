@@ -21,7 +21,8 @@ from engine.model_info import ModelInfo, build_model_info
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.sequence import Request, RequestOutputDelta
-from engine.session_prompt import continue_session_prompt
+from engine.kv_cache_manager import SharedPrefixSalt
+from engine.session_prompt import continue_session_prompt, shared_system_tokens
 
 _SNAPSHOT_PERIOD_S = 0.25
 
@@ -253,15 +254,21 @@ class LLM:
 
     def submit_chat(self, messages: list[dict], params: SamplingParams | None = None, *,
                     session_id: str | None = None, request_id: str | None = None,
-                    previous_ids: list[int] | None = None) -> RequestStream:
+                    previous_ids: list[int] | None = None, cache_salt: str | None = None) -> RequestStream:
         """Chat turn. The previous turn's exact token ids are reused as the prefix: `previous_ids`
         when the caller kept them (e.g. read back from storage after a restart, or the branch being
         continued), else the session's last turn. They are used only if they decode to the start
-        of the rendered conversation, so a wrong guess costs cache hits, never correctness."""
+        of the rendered conversation, so a wrong guess costs cache hits, never correctness.
+        `cache_salt` (e.g. the user name under --auth): prefix-cache hits only between requests
+        with the same salt, except for the leading system messages, shared by everyone."""
         previous = previous_ids if previous_ids else (self.engine.sessions.token_ids(session_id)
                                                       if session_id else None)
         ids = continue_session_prompt(self.tokenizer, messages, previous)
-        return self.submit({"prompt_token_ids": ids}, params, session_id=session_id, request_id=request_id)
+        salt = None
+        if cache_salt is not None:      # per-user cache, but the leading system prompt stays shared
+            salt = SharedPrefixSalt(str(cache_salt), shared_system_tokens(self.tokenizer, messages, ids))
+        return self.submit({"prompt_token_ids": ids}, params, session_id=session_id, request_id=request_id,
+                           cache_salt=salt)
 
     def abort(self, request_id: str) -> bool:
         return bool(self._call("abort", request_id))

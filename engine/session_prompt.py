@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from engine.chat_tokens import encode_chat, render_chat
 
-__all__ = ["continue_session_prompt", "render_chat"]
+__all__ = ["continue_session_prompt", "render_chat", "shared_system_tokens"]
 
 
 def continue_session_prompt(tokenizer, messages: list[dict], previous_ids: list[int] | None) -> list[int]:
@@ -20,3 +20,21 @@ def continue_session_prompt(tokenizer, messages: list[dict], previous_ids: list[
         if prev_text and text.startswith(prev_text):
             return list(previous_ids) + encode_chat(tokenizer, messages, start_char=len(prev_text))
     return encode_chat(tokenizer, messages)
+
+
+def shared_system_tokens(tokenizer, messages: list[dict], ids: list[int]) -> int:
+    """How many leading tokens of `ids` (the prompt of `messages`) belong to the leading system
+    messages: the part every user may share in the prefix cache under a per-user salt. Measured
+    as the common prefix with the system messages rendered alone, so it holds for any template
+    (at most one template marker of the next turn, never its text, is counted in)."""
+    k = 0
+    while k < len(messages) and messages[k].get("role") == "system":
+        k += 1
+    if k == 0:
+        return 0
+    alone = encode_chat(tokenizer, messages[:k])
+    n = min(len(alone), len(ids))
+    i = 0
+    while i < n and alone[i] == ids[i]:
+        i += 1
+    return i

@@ -10,7 +10,7 @@ import gradio as gr
 
 from ui.chat import handlers as chat
 from ui.chat import sidebar as side
-from ui.chat import view
+from ui.chat import limits, view
 from ui.chat.context import ChatContext
 from ui.chat.tabs import TabRegistry
 
@@ -119,19 +119,19 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     # Explicit parameters: Gradio maps inputs by position and finds gr.Request by annotation.
     async def send(message, temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n,
                    request: gr.Request):
-        kw = view.sampling_kwargs(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n)
+        kw = limits.sampling(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n)
         async for out in chat.send(ctx, message, kw, request):
             yield out
 
     async def regenerate(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n,
                          request: gr.Request):
-        kw = view.sampling_kwargs(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n)
+        kw = limits.sampling(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n)
         async for out in chat.regenerate(ctx, kw, request):
             yield out
 
     async def edit(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n,
                    edit_data: gr.EditData, request: gr.Request):
-        kw = view.sampling_kwargs(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n)
+        kw = limits.sampling(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n)
         async for out in chat.edit(ctx, edit_data.index, edit_data.value, kw, request):
             yield out
 
@@ -246,4 +246,7 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
     app = gr.mount_gradio_app(app, demo, path="/", auth=auth, css=CSS, ssr_mode=False,
                               footer_links=["api", "gradio"])
     install_security(app, bind_host, allowed_hosts, auth=auth)     # Host check, no /docs, login throttle
+    if auth:                         # Gradio's /cancel takes any session hash: owner check (#12.10)
+        from ui.chat.cancel_guard import install_cancel_guard
+        install_cancel_guard(app, ctx.tabs)
     return app, demo

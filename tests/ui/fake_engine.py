@@ -115,7 +115,8 @@ class FakeLLM:
         """The prompt ids the fake reports for its k-th submission."""
         return list(range(1000 * k, 1000 * k + 9))
 
-    def submit_chat(self, messages, params=None, *, session_id=None, request_id=None, previous_ids=None):
+    def submit_chat(self, messages, params=None, *, session_id=None, request_id=None, previous_ids=None,
+                    cache_salt=None):
         with self.lock:
             k = len(self.submitted)
             rid = request_id or f"req-{k}"

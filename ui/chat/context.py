@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ui.chat.guard import check_owner
 from ui.chat.tabs import Tab, TabRegistry
 
 
@@ -12,6 +13,7 @@ class ChatContext:
     storage: object
     tabs: TabRegistry
     auth: bool = False          # with --auth each user sees and may open only their own chats
+    exports: object = None      # storage.exports.PrivateExports, created on the first export
 
     @property
     def max_model_len(self) -> int:
@@ -29,8 +31,18 @@ class ChatContext:
         """The owner to check access against (None: no check, every tab sees every chat)."""
         return self.owner(request) if self.auth else None
 
+    def cache_salt(self, request) -> str | None:
+        """With --auth, each user's prefix cache is private past the shared system prompt, so
+        "N/M prompt tokens from cache" cannot confirm another user's text (#12.2)."""
+        return f"user:{self.owner(request)}" if self.auth else None
+
     def tab(self, request) -> Tab:
-        return self.tabs.get(request.session_hash, getattr(request, "username", None))
+        """The asking tab's state; another user's tab (a stolen session hash) raises
+        guard.TabOwnerError before anything is read or changed (#12.10)."""
+        username = getattr(request, "username", None)
+        tab = self.tabs.get(request.session_hash, username)
+        check_owner(tab, username)
+        return tab
 
     def prompt_tokens(self, messages: list[dict]) -> int:
         """Length of the prompt the engine would build for these messages (no session reuse)."""

@@ -15,7 +15,8 @@ import time
 
 import gradio as gr
 
-from ui.chat import view
+from storage import ConversationDeletedError
+from ui.chat import limits, view
 from ui.chat.context import ChatContext
 from ui.chat.turn import Turn, abort_turn, start_turn
 
@@ -63,7 +64,7 @@ async def generate(ctx: ChatContext, request, tab, conv_id: str, user_id: int, k
     st = ctx.storage
     path = view.path_until(st.get_messages(conv_id, through=user_id), user_id)
     messages = view.engine_messages(st.conversation_system_prompt(conv_id), path)
-    turn = Turn(conv_id, user_id, kw["n"])
+    turn = Turn(conv_id, user_id, kw["n"], cache_salt=ctx.cache_salt(request))
     try:
         start_turn(ctx, turn, messages, kw, sibling_of)
     except BaseException:
@@ -119,6 +120,10 @@ async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[di
         yield outputs(chat=shown + [{"role": "assistant", "content": view.error_notice(turn.refused)}],
                       status=view.error_notice(turn.refused), alts=[])
         return
+    if turn.lost:                          # deleted meanwhile (#12.14): plain words, nothing raw
+        yield outputs(chat=shown + [{"role": "assistant", "content": view.deleted_notice()}],
+                      status=view.deleted_notice(), radio=conversation_list(ctx, request, None), alts=[])
+        return
     # Normal end: show the stored branch (with each reply's stats line) and the final alternatives.
     shown = show(tab, ctx.storage.get_messages(turn.conv_id))
     if turn.error and not turn.texts[0]:
@@ -158,6 +163,10 @@ def refresh(ctx: ChatContext, query: str | None, request):
     live reply, its chat as stored, each sent only when it changed (other tabs of the same user
     created, renamed or continued a chat)."""
     tab = ctx.tab(request)
+    try:
+        query = limits.search_query(query)
+    except gr.Error:                # refused where it was typed (search); the tick lists all
+        query = None
     rows = ctx.storage.list_conversations(owner=ctx.check(request), query=(query or "").strip() or None)
     choices = view.conversation_choices(rows)
     value = tab.conv_id if any(c[1] == tab.conv_id for c in choices) else None
@@ -193,7 +202,7 @@ def _current_conversation(ctx: ChatContext, request, tab):
 
 async def send(ctx: ChatContext, message: str, kw: dict, request):
     """A new user message at the end of the active branch (a new conversation if none is open)."""
-    message = view.text_of(message)
+    message = limits.message(view.text_of(message))      # before anything is stored or tokenized
     if not message.strip():
         gr.Info("Type a message first.")
         yield outputs()
@@ -202,7 +211,8 @@ async def send(ctx: ChatContext, message: str, kw: dict, request):
     conv = _current_conversation(ctx, request, tab)
     system = st.conversation_system_prompt(conv["id"]) if conv else st.get_system_prompt()["text"]
     path = st.get_messages(conv["id"]) if conv else []
-    prompt_len = ctx.prompt_tokens(view.engine_messages(system, path + [{"role": "user", "content": message}]))
+    prompt_len = await asyncio.to_thread(      # tokenizing: off the event loop
+        ctx.prompt_tokens, view.engine_messages(system, path + [{"role": "user", "content": message}]))
     if prompt_len >= ctx.max_model_len:
         shown, _ = view.display_messages(path)
         notice = view.too_long_notice(prompt_len, ctx.max_model_len)
@@ -218,8 +228,10 @@ async def send(ctx: ChatContext, message: str, kw: dict, request):
         return
     try:
         user = st.add_message(conv["id"], "user", message, owner=ctx.check(request))
-    except BaseException:
+    except BaseException as e:
         ctx.tabs.end(conv["id"])
+        if isinstance(e, ConversationDeletedError):
+            raise gr.Error(view.DELETED_TEXT) from None
         raise
     async for out in generate(ctx, request, tab, conv["id"], user["id"], kw, first_msg=""):
         yield out
@@ -250,7 +262,7 @@ async def edit(ctx: ChatContext, index, new_text, kw: dict, request):
     st, tab = ctx.storage, ctx.tab(request)
     conv = _current_conversation(ctx, request, tab)
     index = index[0] if isinstance(index, (list, tuple)) else index
-    new_text = view.text_of(new_text)
+    new_text = limits.message(view.text_of(new_text))
     restore = view.display_messages(st.get_messages(conv["id"]))[0] if conv else []
     if conv is None or not isinstance(index, int) or not 0 <= index < len(tab.shown_ids):
         yield outputs(chat=restore)
@@ -267,7 +279,8 @@ async def edit(ctx: ChatContext, index, new_text, kw: dict, request):
     path = st.get_messages(conv["id"], through=old["id"])
     before = path[: path.index(next(m for m in path if m["id"] == old["id"]))]
     system = st.conversation_system_prompt(conv["id"])
-    prompt_len = ctx.prompt_tokens(view.engine_messages(system, before + [{"role": "user", "content": new_text}]))
+    prompt_len = await asyncio.to_thread(
+        ctx.prompt_tokens, view.engine_messages(system, before + [{"role": "user", "content": new_text}]))
     if prompt_len >= ctx.max_model_len:
         notice = view.too_long_notice(prompt_len, ctx.max_model_len)
         yield outputs(chat=restore, status=notice)
@@ -299,7 +312,7 @@ async def stop(ctx: ChatContext, request):
         await asyncio.sleep(0.05)
     if tab.conv_id is None:
         return gr.skip(), " "
-    path = ctx.storage.get_messages(tab.conv_id)
+    path = ctx.storage.get_messages(tab.conv_id, owner=ctx.check(request))
     shown = show(tab, path)
     last = path[-1] if path else None
     line = view.stats_line(last.get("stats"), last.get("status")) if last and last["role"] == "assistant" else ""

@@ -5,17 +5,15 @@ conversation id raises PermissionError, which becomes a refusal notice here.
 """
 from __future__ import annotations
 
+import atexit
 import json
-import os
-import tempfile
 
 import gradio as gr
 
-from ui.chat import view
+from ui.chat import limits, view
 from ui.chat.handlers import conversation_list, show
 from ui.chat.context import ChatContext
 
-_EXPORT_DIR = tempfile.mkdtemp(prefix="chat-export-")
 
 
 def _refuse(what: str = "That conversation") -> None:
@@ -59,6 +57,7 @@ def on_load(ctx: ChatContext, request):
 
 def on_unload(ctx: ChatContext, request) -> None:
     """The tab closed: its conversation's blocks are released unless another tab shows it."""
+    ctx.tab(request)                         # owner check (#12.10)
     ctx.tabs.close(request.session_hash)
 
 
@@ -89,6 +88,7 @@ def open_conversation(ctx: ChatContext, conv_id, request):
 
 def search(ctx: ChatContext, query: str, request):
     tab = ctx.tab(request)
+    query = limits.search_query(query)
     rows = ctx.storage.list_conversations(owner=ctx.check(request), query=query or None)
     choices = view.conversation_choices(rows)
     value = tab.conv_id if any(c[1] == tab.conv_id for c in choices) else None
@@ -107,6 +107,7 @@ def _tab_conversation(ctx: ChatContext, request):
 
 
 def rename(ctx: ChatContext, title: str, request):
+    title = limits.title(title)
     tab, conv = _tab_conversation(ctx, request)
     if conv is None:
         gr.Info("Open a conversation first.")
@@ -136,17 +137,23 @@ def export(ctx: ChatContext, fmt: str, request):
     if conv is None:
         gr.Info("Open a conversation to export it.")
         return None
-    folder = tempfile.mkdtemp(dir=_EXPORT_DIR)
     if fmt == "json":
-        path = os.path.join(folder, view.export_filename(conv["title"], "json"))
         data = ctx.storage.export_json(conv["id"], owner=ctx.check(request))
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(data, f, ensure_ascii=False, indent=2)
+        text, name = json.dumps(data, ensure_ascii=False, indent=2), view.export_filename(conv["title"], "json")
     else:
-        path = os.path.join(folder, view.export_filename(conv["title"], "md"))
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(ctx.storage.export_markdown(conv["id"], owner=ctx.check(request)))
-    return path
+        text = ctx.storage.export_markdown(conv["id"], owner=ctx.check(request))
+        name = view.export_filename(conv["title"], "md")
+    return str(_exports(ctx).write(name, text))
+
+
+def _exports(ctx: ChatContext):
+    """The app's private export folder (#12.12): 0600 files in 0700 folders, swept after 15 min,
+    removed at exit; created on first use and kept on the context, next to the storage."""
+    if getattr(ctx, "exports", None) is None:
+        from storage.exports import PrivateExports
+        ctx.exports = PrivateExports()
+        atexit.register(ctx.exports.close)
+    return ctx.exports
 
 
 def import_json(ctx: ChatContext, file, request):
@@ -154,9 +161,13 @@ def import_json(ctx: ChatContext, file, request):
     tab = ctx.tab(request)
     path = getattr(file, "name", None) or (file.get("path") if isinstance(file, dict) else file)
     try:
+        limits.import_size(path)                 # refused before reading it
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
+        limits.import_data(data)                 # refused before storing any of it
         conv = ctx.storage.import_json(data, owner=ctx.owner(request))
+    except gr.Error:                             # a limit: its own clear message, as an error
+        raise
     except (OSError, ValueError, KeyError, TypeError) as e:
         gr.Warning(f"Could not import that file: {e}")
         return _conversation_view(ctx, request, *_tab_conversation(ctx, request))
@@ -168,6 +179,7 @@ def import_json(ctx: ChatContext, file, request):
 
 def save_shared_prompt(ctx: ChatContext, text: str, request):
     """A new shared prompt: conversations created from now on use it (and share its blocks)."""
+    text = limits.prompt(text)
     if not (text or "").strip():
         gr.Info("The shared system prompt cannot be empty.")
         return ctx.storage.get_system_prompt()["text"], gr.skip()
@@ -179,6 +191,8 @@ def save_shared_prompt(ctx: ChatContext, text: str, request):
 def set_override(ctx: ChatContext, text: str | None, request):
     """Give the open conversation its own system prompt (None: back to its shared prompt).
     With no conversation open, one is created so the override has somewhere to live."""
+    if text is not None:
+        text = limits.prompt(text)
     tab, conv = _tab_conversation(ctx, request)
     if text is not None and not text.strip():
         text = None
@@ -196,5 +210,6 @@ def set_override(ctx: ChatContext, text: str | None, request):
 
 def close_tab(ctx: ChatContext, request) -> str:
     """API clients (no browser tab to close): release this client's conversation now."""
+    ctx.tab(request)                         # owner check (#12.10)
     ctx.tabs.close(request.session_hash)
     return "closed"

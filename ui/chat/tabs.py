@@ -94,6 +94,12 @@ class TabRegistry:
                 tab = self._tabs[session_hash] = Tab(session_hash, username)
             return tab
 
+    def owner_of(self, session_hash: str) -> str | None:
+        """The user who opened this tab (None: no such tab, or no login) - for guards."""
+        with self._lock:
+            tab = self._tabs.get(session_hash)
+            return tab.username if tab is not None else None
+
     def open(self, tab: Tab, conv_id: str | None) -> None:
         """Show `conv_id` in `tab` (None: a fresh, not yet created chat)."""
         release = None

@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from engine import SamplingParams
+from storage import NotFoundError
 from ui.chat.tabs import in_daemon_thread
 
 FLUSH_S = 2.0          # partial replies reach the database at least this often
@@ -76,8 +77,10 @@ class Turn:
     admitted: bool = False
     error: str | None = None          # the engine ended the request with an error
     refused: str | None = None        # the engine refused the prompt (ValueError): nothing ran
+    lost: bool = False                # the conversation was deleted meanwhile: the reply is not saved
     status: str | None = None         # final stored status: complete / stopped / error
     version: int = 0                  # bumped on every delta, so followers repaint only on change
+    cache_salt: str | None = None     # per-user prefix-cache salt under --auth (#12.2)
     submitted: object = None          # Future of the submit call
     task: asyncio.Task | None = None
 
@@ -104,10 +107,11 @@ def start_turn(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
 async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int | None) -> None:
     llm, st = ctx.llm, ctx.storage
     reply = _Reply(st, turn.conv_id, turn.user_id, sibling_of)
-    previous = _previous_ids(st, turn.conv_id, turn.user_id)
     try:
+        previous = _previous_ids(st, turn.conv_id, turn.user_id)
         turn.submitted = in_daemon_thread(llm.submit_chat, messages, SamplingParams(**kw),
-                                          session_id=turn.conv_id, request_id=turn.rid, previous_ids=previous)
+                                          session_id=turn.conv_id, request_id=turn.rid, previous_ids=previous,
+                                          cache_salt=turn.cache_salt)
         try:
             stream = await asyncio.wrap_future(turn.submitted)
         except ValueError as e:          # e.g. longer than max_model_len: the engine is untouched
@@ -128,12 +132,16 @@ async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
             if i == 0:
                 reply.update(turn.texts[0])
             turn.version += 1
+    except NotFoundError:       # deleted in another window or process: stop, say so (#12.14)
+        turn.lost = True
     finally:
         turn.status = ("error" if turn.error or turn.reasons[0] == "error" else
                        "complete" if turn.done[0] and turn.reasons[0] in ("stop", "length") else "stopped")
         try:
-            if turn.refused is None:
+            if turn.refused is None and not turn.lost:
                 reply.finish(turn.texts[0], turn.toks[0], turn.status, turn.stats(0))
+        except NotFoundError:
+            turn.lost = True
         finally:
             ctx.tabs.end(turn.conv_id, None if all(turn.done) else turn.rid, turn.submitted, turn)
             turn.version += 1

@@ -10,6 +10,8 @@ import html
 import math
 import re
 
+from ui.safe_markdown import safe_markdown
+
 MAX_ALTERNATIVES = 4
 QUEUED = "*queued: waiting for a free slot in the engine…*"
 STARTING = "…"
@@ -88,12 +90,20 @@ def close_fences(text: str) -> str:
     return text
 
 
+def rendered(text: str) -> str:
+    """Message text (untrusted: model output, imports) as Markdown the browser may render: no
+    remote images, raw HTML, forms, scripts or script links (#12.7). Every shown message and
+    alternative goes through here; only our own stats footer is added after it."""
+    return safe_markdown(close_fences(text))
+
+
 def with_footer(text: str, stats: dict | None, status: str | None = None) -> str:
-    """Reply text plus its stats line, small and muted (display only; never sent to the model)."""
+    """Reply text (made safe) plus its stats line, small and muted (display only; never sent to
+    the model)."""
     line = stats_line(stats, status)
     if not line:
-        return text
-    return f'{close_fences(text)}\n\n<span class="{STATS_CLASS}">{html.escape(line)}</span>'
+        return rendered(text)
+    return f'{rendered(text)}\n\n<span class="{STATS_CLASS}">{html.escape(line)}</span>'
 
 
 def display_messages(path: list[dict]) -> tuple[list[dict], list[int]]:
@@ -102,9 +112,9 @@ def display_messages(path: list[dict]) -> tuple[list[dict], list[int]]:
     for m in path:
         if m["role"] not in ("user", "assistant"):
             continue
-        content = m["content"]
+        content = rendered(m["content"])
         if m["role"] == "assistant":
-            content = with_footer(content, m.get("stats"), m.get("status"))
+            content = with_footer(m["content"], m.get("stats"), m.get("status"))
         shown.append({"role": m["role"], "content": content})
         ids.append(m["id"])
     return shown, ids
@@ -116,13 +126,22 @@ def live_reply(text: str, admitted: bool, metrics: dict | None = None) -> str:
         return QUEUED
     if not text:
         return STARTING
-    return with_footer(text, metrics) if metrics else text
+    return with_footer(text, metrics) if metrics else rendered(text)
 
 
 def too_long_notice(prompt_tokens: int, limit: int) -> str:
     return (f"**This message is too long for the model.** With it the prompt would be "
             f"{prompt_tokens} tokens, and this server's context holds {limit} tokens (prompt plus "
             f"at least one generated token). Nothing was sent; shorten it or start a new chat.")
+
+
+DELETED_TEXT = ("This conversation was deleted (in another window or by another process using the "
+                "same history), so this reply could not be saved.")
+
+
+def deleted_notice() -> str:
+    """Shown instead of storage's ConversationDeletedError text (which carries a raw detail)."""
+    return f"**Not saved.** {DELETED_TEXT}"
 
 
 def error_notice(message: str) -> str:
@@ -156,9 +175,9 @@ def alternative_markdown(index: int, text: str, stats: dict | None, admitted: bo
     head = f"**Alternative {index + 1}**"
     if index == 0:
         head += " · kept in the conversation"
-    body = live_reply(text, admitted) if not text or not admitted else text
+    body = live_reply(text, admitted) if not text or not admitted else rendered(text)
     line = stats_line(stats, status)
-    return f"{head}\n\n{close_fences(body)}" + (f'\n\n<span class="{STATS_CLASS}">{html.escape(line)}</span>' if line else "")
+    return f"{head}\n\n{body}" + (f'\n\n<span class="{STATS_CLASS}">{html.escape(line)}</span>' if line else "")
 
 
 def export_filename(title: str, ext: str) -> str:
