@@ -118,12 +118,17 @@ class RemoteEngine:
         return body
 
     def submit_chat(self, messages: list[dict], params=None, *, session_id: str | None = None,
-                    request_id: str | None = None, previous_ids: list[int] | None = None) -> RemoteStream:
-        """Send the whole conversation; return once the server accepted it (headers received)."""
+                    request_id: str | None = None, previous_ids: list[int] | None = None,
+                    cache_salt: str | None = None) -> RemoteStream:
+        """Send the whole conversation; return once the server accepted it (headers received).
+        A per-user `cache_salt` (under --auth) is sent as vLLM's `cache_salt` field, which keeps
+        one user's prefix-cache hits from revealing another's text on servers that honour it."""
         if self.model is None and not self.discover():
             raise BackendError(f"Cannot reach the backend: {self.startup_error}")
         rid = request_id or f"chat-{uuid.uuid4().hex[:12]}"
         body = self.request_body(messages, params)
+        if cache_salt:
+            body["cache_salt"] = cache_salt
         sent = time.monotonic()
         try:
             req = self.http.build_request("POST", self.url + "/chat/completions", json=body,
