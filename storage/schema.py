@@ -8,7 +8,7 @@ import math
 
 from sqlite_utils import Migrations
 
-DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer clearly and concisely."
+from .presets import DEFAULT_SYSTEM_PROMPT  # noqa: E402,F401  (a real ~550-token policy; see presets.py)
 NEW_CHAT_TITLE = "New chat"
 ROLES = ("system", "user", "assistant")
 STATUSES = ("complete", "stopped", "error")
@@ -67,6 +67,16 @@ def m002_message_search(db):
     # External-content FTS5 keyed on messages.id (an INTEGER PRIMARY KEY, so rowids are
     # stable across VACUUM); sqlite-utils' triggers keep it in step, cascades included.
     db.table("messages").enable_fts(["content"], create_triggers=True)
+
+
+@MIGRATIONS()
+def m003_user_prompts(db):
+    # per-user shared prompts (--auth): a row with an owner is that user's; owner NULL = the app's.
+    # saved_prompts: a user's own named prompts, offered next to the built-in presets.
+    db.execute("ALTER TABLE system_prompts ADD COLUMN owner TEXT")
+    db.execute("""CREATE TABLE saved_prompts (
+        id INTEGER PRIMARY KEY, owner TEXT NOT NULL, name TEXT NOT NULL, text TEXT NOT NULL,
+        created_at TEXT NOT NULL, UNIQUE (owner, name))""")
 
 
 def check_choice(name, value, choices):
