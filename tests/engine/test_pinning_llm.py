@@ -1,0 +1,31 @@
+"""Pinned system prompts on the real engine: greedy output with a pinned prefix equals HF, chats
+attach to the pinned blocks and compute only their own tokens, and the pin outlives them."""
+from engine import SamplingParams
+from engine.chat_tokens import encode_chat
+from storage.presets import DEFAULT_SYSTEM_PROMPT
+
+
+def test_greedy_with_pinned_prefix_matches_hf_and_pin_outlives_chats(make_llm, hf_greedy):
+    llm = make_llm(num_blocks=400)
+    info = llm.pin_system_prompt("default", DEFAULT_SYSTEM_PROMPT)
+    prefix = llm.system_prefix_ids(DEFAULT_SYSTEM_PROMPT)
+    assert info.num_blocks == len(prefix) // 16 >= 30
+    st = llm.stats()
+    assert st["pinned_blocks"] == info.num_blocks == st["used_blocks"]
+    computed_before = st["prompt_tokens_computed_total"]
+    chats = [[{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}, {"role": "user", "content": q}]
+             for q in ("What is a hash table?", "Write a haiku about memory.")]
+    outs = llm.chat(chats, SamplingParams(temperature=0.0, max_tokens=12))
+    for conv, out in zip(chats, outs):
+        ids = encode_chat(llm.tokenizer, conv)
+        assert out.prompt_token_ids[:len(prefix)] == prefix
+        assert out.outputs[0].token_ids == hf_greedy(ids, 12)
+        assert len(out.prompt_token_ids) > info.num_tokens
+    st = llm.stats()
+    own = sum(len(o.prompt_token_ids) - info.num_tokens for o in outs)
+    assert st["prompt_tokens_computed_total"] - computed_before == own   # only their own tokens
+    snap = llm.snapshot()
+    assert [snap["blocks"]["state"][b] for b in info.block_ids] == ["pinned"] * info.num_blocks
+    assert all(snap["blocks"]["ref_count"][b] == 1 for b in info.block_ids)   # chats gone, pin stays
+    assert llm.unpin("default")
+    assert llm.stats()["pinned_blocks"] == 0
