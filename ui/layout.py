@@ -15,6 +15,7 @@ from ui.chat.context import ChatContext
 from ui.chat.tabs import TabRegistry
 
 from ui.dashboard.page import build_dashboard
+from routes.kv import register_kv_route
 from routes.metrics import register_routes
 from routes.security import install_security
 
@@ -238,7 +239,8 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
     demo.queue(default_concurrency_limit=None)
     demo.chat_context = ctx
     app = fastapi.FastAPI()
-    register_routes(app, llm)        # before mounting Gradio at "/", which would shadow them
+    register_routes(app, llm, kv_route=False)   # before mounting Gradio at "/", which would shadow them
+    register_kv_route(app, llm, storage=storage, demo=demo, auth=bool(auth))   # viewer-scoped /api/kv
     from routes.openai_api import mount_openai_api
     mount_openai_api(app, llm, require_key=bool(auth), **(api_options or {}))
     app = gr.mount_gradio_app(app, demo, path="/", auth=auth, css=CSS, ssr_mode=False,
