@@ -16,6 +16,8 @@ from ui.chat.tabs import TabRegistry
 
 from ui.dashboard.page import build_dashboard
 from routes.kv import register_kv_route
+from ui.chat.prompt_picker import build_prompt_picker
+from ui.chat.prompt_pins import PromptPins
 from routes.metrics import register_routes
 from routes.security import install_security
 
@@ -96,6 +98,7 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
                 shared_prompt = gr.Textbox(label="Shared system prompt (every new chat starts with it, so "
                                                  "their first blocks are shared)", lines=3)
                 save_prompt_btn = gr.Button("Save for new chats", size="sm")
+                build_prompt_picker(ctx, shared_prompt)      # presets + your own (ui/chat/prompt_picker.py)
                 override = gr.Textbox(label="This conversation's own system prompt (optional override)", lines=2)
                 with gr.Row():
                     override_btn = gr.Button("Use for this conversation", size="sm")
@@ -235,6 +238,9 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
     """(FastAPI app serving the page at / plus /metrics, /api/kv and the OpenAI API at /v1, the Blocks
     demo). api_options: api_keys, allowed_origins, ... for routes.openai_api.mount_openai_api."""
     ctx = ctx or ChatContext(llm, storage, TabRegistry(llm), auth=bool(auth))
+    if ctx.pins is None and hasattr(llm, "pin_system_prompt"):    # the real engine: pin the shared prompt
+        ctx.pins = PromptPins(llm, storage)
+        ctx.pins.pin_startup()
     demo = build_demo(ctx)
     demo.queue(default_concurrency_limit=None)
     demo.chat_context = ctx

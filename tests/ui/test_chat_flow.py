@@ -19,7 +19,8 @@ KW = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_tokens": 8, "repetitio
 def ctx(tmp_path):
     llm = FakeLLM()
     st = Storage(tmp_path / "chat.db")
-    c = ChatContext(llm, st, TabRegistry(llm))
+    st.set_system_prompt("You are a helpful assistant.")   # the fake's context is 40 words; the
+    c = ChatContext(llm, st, TabRegistry(llm))              # real default is a ~550-token policy
     yield c
     c.tabs.shutdown()
     st.close()

@@ -198,7 +198,7 @@ async def send(ctx: ChatContext, message: str, kw: dict, request):
         return
     st, tab = ctx.storage, ctx.tab(request)
     conv = _current_conversation(ctx, request, tab)
-    system = st.conversation_system_prompt(conv["id"]) if conv else st.get_system_prompt()["text"]
+    system = st.conversation_system_prompt(conv["id"]) if conv else ctx.shared_prompt(request)["text"]
     path = st.get_messages(conv["id"]) if conv else []
     prompt_len = ctx.prompt_tokens(view.engine_messages(system, path + [{"role": "user", "content": message}]))
     if prompt_len >= ctx.max_model_len:
