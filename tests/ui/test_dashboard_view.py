@@ -47,7 +47,7 @@ def test_grid_html_draws_refcounts_and_highlights_a_conversation():
     hl = V.highlight_blocks(convs, "b")
     assert hl == {0, 1, 3}
     html = H.grid_html(V.grid_model(snap), hl)
-    cells = re.findall(r'<i class="([^"]+)" title="[^"]*">([^<]*)</i>', html)
+    cells = re.findall(r'<i class="?([a-z]+(?: h)?)"?(?: title="[^"]*")?>([^<]*)</i>', html)
     assert len(cells) == 12
     assert cells[0] == ("s h", "2") and cells[2] == ("p", "") and cells[3] == ("p h", "")
     assert "12 blocks, one cell per block" in html

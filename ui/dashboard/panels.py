@@ -22,7 +22,7 @@ DARK = {"free": "#374151", "cached": "#115e59", "private": "#2563eb", "shared": 
         "pinned": "#a78bfa", "contig": "#6b7280", "track": "#1f2937", "outline": "#f9fafb"}
 THEME_CSS = (":root { " + " ".join(f"--kv-{k}: {v};" for k, v in LIGHT.items()) + " }\n"
              ".dark { " + " ".join(f"--kv-{k}: {v};" for k, v in DARK.items()) + " }\n")
-BAND_MIN = 48             # a run of at least this many free / cached-free blocks is drawn as one band
+BAND_MIN = 24             # a run of at least this many free / cached-free blocks is drawn as one band
 
 CSS = """
 .kvd { font-size: 13px; line-height: 1.35; color: var(--body-text-color, #111); }
@@ -85,7 +85,11 @@ def _cells_html(cells, highlight: frozenset) -> list[str]:
                 continue
         hl = highlight and any(b in highlight for b in range(c.first, c.last + 1))
         cls = c.kind + " h" if hl else c.kind
-        parts.append(f'<i class="{cls}" title="{escape(c.title)}">{c.label}</i>')
+        # hover text only where it says more than the colour (shared, pinned, aggregated, selected):
+        # a title on every private cell tripled the bytes of a tick
+        tip = f' title="{escape(c.title)}"' if (c.kind in "sn" or c.mix or hl) else ""
+        parts.append(f'<i class={cls}{tip}>{c.label}</i>' if " " not in cls else
+                     f'<i class="{cls}"{tip}>{c.label}</i>')
         i += 1
     return parts
 
