@@ -7,6 +7,8 @@ access-token cookie the page uses, resolved through the mounted Gradio app's tok
 """
 from __future__ import annotations
 
+from fastapi import Request        # module level: the route's annotation is resolved from here
+
 from ui.dashboard.scope import scope_snapshot, titles_for
 
 
@@ -22,7 +24,6 @@ def gradio_user(demo, request) -> str | None:
 
 def register_kv_route(app, llm, *, storage=None, demo=None, auth: bool = False) -> None:
     """Add GET /api/kv (call before mounting Gradio at '/')."""
-    from fastapi import Request
     from fastapi.responses import JSONResponse
 
     @app.get("/api/kv")
