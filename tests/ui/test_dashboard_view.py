@@ -35,8 +35,8 @@ def test_grid_cells_states_refcounts_and_hover():
     assert grid["counts"] == {"f": 5, "c": 2, "p": 3, "s": 2, "n": 0}
     t0 = grid["cells"][0].title
     assert "block 0" in t0 and "ref_count 2" in t0 and "4/4 tokens" in t0
-    assert "owners: a, b" in t0                # running seq r1#0 is shown as its session "a"
-    assert "owners: r3#0" in grid["cells"][4].title   # no session: the sequence id
+    assert "held by a, b" in t0                # running seq r1#0 is shown as its session "a"
+    assert "held by r3#0" in grid["cells"][4].title   # no session: the sequence id
     assert grid["cells"][3].title.startswith("block 3 · private") and "1/4 tokens" in grid["cells"][3].title
     assert "cached" in grid["cells"][5].title and grid["cells"][9].title == "block 9 · free"
 
@@ -130,4 +130,4 @@ def test_json_round_trip_owner_keys_still_work():
     import json
     snap = json.loads(json.dumps(hand_snapshot()))
     assert V.consistency_problems(snap) == []
-    assert "owners: a, b" in V.grid_model(snap)["cells"][1].title
+    assert "held by a, b" in V.grid_model(snap)["cells"][1].title

@@ -149,7 +149,7 @@ def headline_html(items: list[dict], preemptions: list[dict]) -> str:
     return f'<div class="kvd">{"".join(groups)}{pre}</div>'
 
 
-def tables_html(convs: list[dict], selected: str | None, block_size: int, max_rows: int = 48) -> str:
+def tables_html(convs: list[dict], selected: str | None, block_size: int, max_rows: int = 24) -> str:
     out = ['<div class="kvd">']
     sel = next((c for c in convs if c["key"] == selected), None)
     if sel is None and selected:

@@ -46,6 +46,12 @@ def owner_names(snap: dict) -> dict:
     return names
 
 
+def _holders(who: list, names: dict, shown: int = 3) -> str:
+    """'a, b, c and 13 more': a cell's hover text stays short whatever its refcount (tick bytes)."""
+    head = ", ".join(str(names.get(o, o)) for o in who[:shown])
+    return head + (f" and {len(who) - shown} more" if len(who) > shown else "")
+
+
 def kind_of(state: str, ref: int) -> str:
     if state == "pinned":
         return "n"
@@ -68,7 +74,7 @@ def grid_model(snap: dict, max_cells: int = MAX_CELLS) -> dict:
                 continue
             who = owners.get(i, [])
             title = (f"block {i} · {KIND_NAMES[k]} · ref_count {refs[i]} · {filled[i]}/{bs} tokens"
-                     + (" · owners: " + ", ".join(str(names.get(o, o)) for o in who) if who else ""))
+                     + (" · held by " + _holders(who, names) if who else ""))
             cells.append(Cell(i, i, k, str(refs[i]) if k in "sn" and refs[i] >= 2 else "", title))
     else:
         for first in range(0, n, per):
