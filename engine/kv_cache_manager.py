@@ -90,8 +90,7 @@ class KVCacheManager:
 
     def has_sequence(self, seq_id) -> bool: return seq_id in self._seqs
 
-    def sessions(self) -> list:
-        return list(self._idle)
+    def sessions(self) -> list: return list(self._idle)
 
     def _get(self, seq_id) -> _Seq:
         seq = self._seqs.get(seq_id)
@@ -354,6 +353,7 @@ class KVCacheManager:
         logical = (sum(len(s.table) for s in self._seqs.values())
                    + sum(len(s.table) for s in self._idle.values()))
         contiguous = live * -(-self.max_model_len // bs)
+        chat_used = used - self.pins.num_pin_only_blocks     # what the live tables hold
         return KVStats(
             block_size=bs, total_blocks=pool.num_blocks, free_blocks=pool.num_free, used_blocks=used,
             cached_blocks=pool.num_cached_free, shared_blocks=pool.num_shared,
@@ -362,11 +362,12 @@ class KVCacheManager:
             kv_capacity_tokens=pool.num_blocks * bs, used_tokens=pool.num_used_tokens,
             prefix_cache_queries=self.prefix_cache_queries, prefix_cache_hits=self.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
-            savings_vs_unshared=1 - used / logical if logical else 0.0,
-            savings_vs_contiguous=1 - used / contiguous if contiguous else 0.0,
+            savings_vs_unshared=1 - chat_used / logical if logical else 0.0,
+            savings_vs_contiguous=1 - chat_used / contiguous if contiguous else 0.0,
             num_sequences=len(self._seqs), num_idle_sessions=len(self._idle),
             internal_fragmentation_tokens=used * bs - pool.num_used_tokens, usage=used / pool.num_blocks,
-            pinned_blocks=self.pins.num_pinned_blocks, max_pinned_blocks=self.pins.max_blocks)
+            pinned_blocks=self.pins.num_pinned_blocks, max_pinned_blocks=self.pins.max_blocks,
+            chat_used_blocks=chat_used)
 
     def kv_snapshot(self, request_of=lambda seq_id: None) -> KVSnapshot:
         """Per-block arrays and per-table views (engine/kv_contract.py); O(num_blocks), on demand."""

@@ -37,8 +37,8 @@ class KVStats:
     prefix_cache_queries: int     # tokens looked up
     prefix_cache_hits: int        # tokens found
     num_preemptions: int
-    savings_vs_unshared: float    # 1 - used / logical
-    savings_vs_contiguous: float  # 1 - used / (live sequences x max_model_len blocks)
+    savings_vs_unshared: float    # 1 - chat_used_blocks / logical
+    savings_vs_contiguous: float  # 1 - chat_used_blocks / (live sequences x max_model_len blocks)
     num_sequences: int
     num_idle_sessions: int        # parked sessions holding blocks between turns
     internal_fragmentation_tokens: int
@@ -54,11 +54,16 @@ class KVStats:
     # pinned prefixes (engine/pinning.py), version 3
     pinned_blocks: int = 0        # blocks held by the app's pins (also counted in used_blocks)
     max_pinned_blocks: int = 0    # the pin cap, in blocks
+    chat_used_blocks: int = 0     # used blocks minus pinned ones no table holds (savings use this)
+
+    def __post_init__(self):
+        if not self.pinned_blocks:      # no pins: every used block is held by some table
+            object.__setattr__(self, "chat_used_blocks", self.used_blocks)
 
     @property
     def shared_tokens_saved(self) -> int:
         """Tokens of KV that sharing avoided storing (sharing savings, in tokens)."""
-        return (self.logical_blocks - self.used_blocks) * self.block_size
+        return max(0, self.logical_blocks - self.chat_used_blocks) * self.block_size
 
     def to_json(self) -> dict:
         out = asdict(self)

@@ -135,3 +135,13 @@ class PinTable:
     @property
     def num_pinned_blocks(self) -> int:
         return len(self._held())
+
+    @property
+    def num_pin_only_blocks(self) -> int:
+        """Pinned blocks no sequence or session holds (every reference is a pin's): the pool keeps
+        them for chats to come, so they are not counted as memory the live chats use."""
+        holds: dict[int, int] = {}
+        for _, blocks in self._pins.values():
+            for b in blocks:
+                holds[b.block_id] = holds.get(b.block_id, 0) + 1
+        return sum(1 for i, k in holds.items() if self._pool.blocks[i].ref_count == k)

@@ -13,12 +13,9 @@ from ui.dashboard.panels import DARK, LIGHT
 pytestmark = pytest.mark.slow
 
 HEADLINE = "els => Object.fromEntries(els.map(e => [e.dataset.k, e.dataset.v]))"
-TICK_FN = """() => {
-  const cfg = window.gradio_config;
-  const story = cfg.components.find(c => c.props && c.props.elem_id === 'kv-story').id;
-  return cfg.dependencies.filter(d => d.targets.some(t => t[1] === 'tick') && d.outputs.includes(story))
-                         .map(d => d.id);
-}"""
+# the dashboard's timer is the page's 1 s timer (the chat tab has its own 2 s one)
+TIMER_IDS = """() => window.gradio_config.components
+  .filter(c => c.type === 'timer' && c.props && c.props.value === 1).map(c => c.id)"""
 
 
 def rgb(hex_colour: str) -> str:
@@ -40,10 +37,10 @@ def test_pinned_prompt_titles_headline_timer_and_theme(launch, screenshot_dir):
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(server.url)
             page.wait_for_selector("#chatbot")
-            tick_ids = page.evaluate(TICK_FN)
-            assert tick_ids
+            timer_ids = page.evaluate(TIMER_IDS)
+            assert len(timer_ids) == 1
             page.on("request", lambda r: ticks.append(r.url) if r.method == "POST" and any(
-                f'"fn_index":{i}' in (r.post_data or "").replace(" ", "") for i in tick_ids) else None)
+                f'"trigger_id":{i},' in (r.post_data or "").replace(" ", "") for i in timer_ids) else None)
             time.sleep(4)                                    # Chat tab shown: the timer is off
             assert ticks == []
 

@@ -36,7 +36,7 @@ def test_sentence_numbers_come_from_the_stats_contract():
     st = snap["stats"]
     html = story_html(st)
     got = dict(re.findall(r'data-k="([a-z_]+)" data-v="([^"]+)"', html))
-    assert int(got["used_blocks"]) == st["used_blocks"] == 20 + 16 * 2
+    assert int(got["chat_used_blocks"]) == st["chat_used_blocks"] == st["used_blocks"] == 20 + 16 * 2
     assert int(got["unshared_blocks"]) == st["logical_blocks"] == 16 * 22
     assert float(got["saved_frac"]) == st["savings_vs_unshared"] > 0.8
     assert int(got["contiguous_blocks"]) == 16 * 512 and int(got["total_blocks"]) == 400
@@ -48,9 +48,14 @@ def test_sentence_numbers_come_from_the_stats_contract():
 
 
 def test_no_chats_sentence_still_shows_the_pool_and_the_pin():
-    m, _ = manager()
-    html = story_html(with_engine_fields(m.snapshot())["stats"])
+    m, system = manager()
+    st = with_engine_fields(m.snapshot())["stats"]
+    html = story_html(st)
     assert "No chats are open yet" in html and 'data-k="pinned_blocks" data-v="20"' in html
+    assert st["used_blocks"] == 20 and st["chat_used_blocks"] == 0 and st["savings_vs_unshared"] == 0.0
+    m.add_sequence("other#0", list(range(5000, 5040)), num_new_tokens=10**9)   # a chat not on the pin
+    st = m.kv_stats()
+    assert st.chat_used_blocks == 3 and st.savings_vs_unshared == 0.0        # not negative
 
 
 def test_event_feed_names_pins_forks_frees_and_sharing():

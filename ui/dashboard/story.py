@@ -21,7 +21,7 @@ def story_numbers(st: dict) -> dict:
     per_chat = blocks_for(st["max_model_len"], bs) if st.get("max_model_len") else 0
     contiguous = chats * per_chat
     unshared = st["logical_blocks"]
-    used = st["used_blocks"]
+    used = st.get("chat_used_blocks", st["used_blocks"])     # blocks the chats hold (pins no chat uses excluded)
     return {
         "chats": chats, "used_blocks": used, "unshared_blocks": unshared, "contiguous_blocks": contiguous,
         "total_blocks": total, "pinned_blocks": st.get("pinned_blocks", 0),
@@ -46,7 +46,7 @@ def story_sentence(n: dict) -> str:
     if not n["chats"]:
         return f"{pool}{pinned}. No chats are open yet: start the demo users or open a chat."
     chats = "1 chat holds" if n["chats"] == 1 else f'{n["chats"]:,} chats hold'
-    s = (f'{_n("chats", n["chats"], chats)} {_n("used_blocks", n["used_blocks"], format(n["used_blocks"], ","))} '
+    s = (f'{_n("chats", n["chats"], chats)} {_n("chat_used_blocks", n["used_blocks"], format(n["used_blocks"], ","))} '
          f'blocks ({fmt_bytes(n["used_blocks"] * bpb)}). Without sharing they would need '
          f'{_n("unshared_blocks", n["unshared_blocks"], format(n["unshared_blocks"], ","))} blocks, so sharing saves '
          + _n("saved_frac", n["saved_frac"], f"{100 * n['saved_frac']:.0f}%"))

@@ -129,7 +129,7 @@ def sharing_savings(snap: dict) -> dict:
     """Blocks saved by sharing, read from the engine's stats contract: logical blocks (every
     table entry; what an unshared pager allocates) - used blocks. Not recomputed here."""
     st = snap["stats"]
-    total_refs, used = st["logical_blocks"], st["used_blocks"]
+    total_refs, used = st["logical_blocks"], st.get("chat_used_blocks", st["used_blocks"])
     saved = total_refs - used
     live = st["num_sequences"] + st["num_idle_sessions"]
     contiguous = live * blocks_for(st["max_model_len"], st["block_size"]) if "max_model_len" in st else None
