@@ -260,5 +260,9 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
     mount_openai_api(app, llm, require_key=bool(auth), **(api_options or {}))
     app = gr.mount_gradio_app(app, demo, path="/", auth=auth, css=CSS + THEME_CSS, ssr_mode=False,
                               footer_links=["api", "gradio"])
+    from ui.dashboard.page import state_for
+    if not hasattr(app.state, "extra_metrics"):
+        app.state.extra_metrics = []
+    app.state.extra_metrics.append(state_for(llm).metrics_text)     # dashboard ticks counter
     install_security(app, bind_host, allowed_hosts, auth=auth)     # Host check, no /docs, login throttle
     return app, demo

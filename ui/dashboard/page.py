@@ -46,6 +46,12 @@ class DashboardState:
         self._bases: OrderedDict = OrderedDict()    # (snapshot time, viewer scope) -> base render
         self._views: OrderedDict = OrderedDict()
         self.feeds: dict = {}                       # viewer scope -> EventFeed
+        self.ticks = 0                              # ticks served (a /metrics counter: the timer is idle when hidden)
+
+    def metrics_text(self) -> str:
+        return ("# HELP paged_chat_dashboard_ticks_total Memory-tab ticks served (none while the tab is hidden).\n"
+                "# TYPE paged_chat_dashboard_ticks_total counter\n"
+                f"paged_chat_dashboard_ticks_total {self.ticks}\n")
         self.last_render_s = 0.0
 
     def base_for(self, snap: dict, scope=None) -> dict:
@@ -206,6 +212,7 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
         return scope_snapshot(snap, titles=titles, viewer=user, own_conv=own, auth=auth), key
 
     def tick(selected, model, last, request: gr.Request = None):
+        state.ticks += 1
         try:
             snap = llm.latest_snapshot()
         except RuntimeError as e:                  # engine shut down: keep the last picture
