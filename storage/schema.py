@@ -12,7 +12,7 @@ from .presets import DEFAULT_SYSTEM_PROMPT  # noqa: E402,F401  (a real ~550-toke
 NEW_CHAT_TITLE = "New chat"
 ROLES = ("system", "user", "assistant")
 STATUSES = ("complete", "stopped", "error")
-INT_STATS = ("prompt_tokens", "cached_tokens", "output_tokens")
+INT_STATS = ("prompt_tokens", "cached_tokens", "output_tokens", "cached_blocks")
 FLOAT_STATS = ("ttft_s", "tokens_per_s")
 STAT_FIELDS = INT_STATS + FLOAT_STATS + ("finish_reason",)
 
@@ -77,6 +77,12 @@ def m003_user_prompts(db):
     db.execute("""CREATE TABLE saved_prompts (
         id INTEGER PRIMARY KEY, owner TEXT NOT NULL, name TEXT NOT NULL, text TEXT NOT NULL,
         created_at TEXT NOT NULL, UNIQUE (owner, name))""")
+
+
+@MIGRATIONS()
+def m004_reply_cached_blocks(db):
+    # shared prompt blocks a reply reused ("reused 312 cached tokens (19 shared blocks)")
+    db.execute("ALTER TABLE reply_stats ADD COLUMN cached_blocks INTEGER")
 
 
 def check_choice(name, value, choices):

@@ -65,7 +65,7 @@ def test_send_commits_the_user_message_then_streams_and_stores_the_reply(ctx):
     assert outs[0][0] == ""                                        # the textbox is cleared
     assert "queued" in outs[0][1][-1]["content"]                   # until the engine admits it
     assert texts(outs[-1]) == [("user", "Hi bot"), ("assistant", "Hello there!")]
-    assert "4/9 prompt tokens from cache" in outs[-1][1][-1]["content"]
+    assert "reused 4 of 9 prompt tokens from cache" in outs[-1][1][-1]["content"]
     assert prop(outs[-1][3], "value") == conv["id"]
     assert not ctx.tabs.is_busy(conv["id"]) and ctx.llm.aborted == []
 

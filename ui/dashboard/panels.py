@@ -87,7 +87,7 @@ def _cells_html(cells, highlight: frozenset) -> list[str]:
         cls = c.kind + " h" if hl else c.kind
         # hover text only where it says more than the colour (shared, pinned, aggregated, selected):
         # a title on every private cell tripled the bytes of a tick
-        tip = f' title="{escape(c.title)}"' if (c.kind in "sn" or c.mix or hl) else ""
+        tip = f' title="{escape(c.title)}"' if (c.kind in "sn" or hl) else ""
         parts.append(f'<i class={cls}{tip}>{c.label}</i>' if " " not in cls else
                      f'<i class="{cls}"{tip}>{c.label}</i>')
         i += 1
