@@ -29,3 +29,25 @@ def test_greedy_with_pinned_prefix_matches_hf_and_pin_outlives_chats(make_llm, h
     assert all(snap["blocks"]["ref_count"][b] == 1 for b in info.block_ids)   # chats gone, pin stays
     assert llm.unpin("default")
     assert llm.stats()["pinned_blocks"] == 0
+
+
+def test_saving_a_prompt_past_the_cap_or_too_long_is_refused_before_any_prefill(make_llm):
+    import pytest
+
+    from engine.pinning import PinCapError
+    from storage import Storage
+    from ui.chat.prompt_pins import PromptPins
+    llm = make_llm(num_blocks=100, max_model_len=1024)      # cap: 10 blocks; prompt limit: 256 tokens
+    pins = PromptPins(llm, Storage(":memory:"))
+    with pytest.raises(ValueError, match="at most 256"):
+        pins.check(None, DEFAULT_SYSTEM_PROMPT)              # ~550 tokens
+    medium = "Be brief. " * 60                               # ~180 tokens: 11 blocks > 10
+    with pytest.raises(PinCapError, match="pin cap"):
+        pins.check(None, medium)
+    with pytest.raises(PinCapError):
+        llm.pin_system_prompt("shared", medium)
+    assert llm.stats()["prompt_tokens_computed_total"] == 0   # refused before prefilling anything
+    ntok, nblocks = pins.check("alice", "Be brief. " * 20)
+    pins.pin("alice", "Be brief. " * 20)
+    assert llm.stats()["pinned_blocks"] == nblocks == ntok // 16
+    assert llm.unpin("user:alice")
