@@ -31,14 +31,14 @@ def test_greedy_with_pinned_prefix_matches_hf_and_pin_outlives_chats(make_llm, h
     assert llm.stats()["pinned_blocks"] == 0
 
 
-def test_saving_a_prompt_past_the_cap_or_too_long_is_refused_before_any_prefill(make_llm):
+def test_saving_a_prompt_past_the_cap_or_too_long_is_refused_before_any_prefill(make_llm, tmp_path):
     import pytest
 
     from engine.pinning import PinCapError
     from storage import Storage
     from ui.chat.prompt_pins import PromptPins
     llm = make_llm(num_blocks=100, max_model_len=1024)      # cap: 10 blocks; prompt limit: 256 tokens
-    pins = PromptPins(llm, Storage(":memory:"))
+    pins = PromptPins(llm, Storage(tmp_path / "chat.db"))
     with pytest.raises(ValueError, match="at most 256"):
         pins.check(None, DEFAULT_SYSTEM_PROMPT)              # ~550 tokens
     medium = "Be brief. " * 60                               # ~180 tokens: 11 blocks > 10
