@@ -38,6 +38,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="require a login; repeat for several users (each sees only their own chats)")
     p.add_argument("--auth-file", default=None, metavar="FILE",
                    help="USER:HASH per line (make one: python -m routes.auth USER); also $PAGED_CHAT_AUTH")
+    p.add_argument("--admin", action="append", default=[], metavar="USER",
+                   help="with --auth: a user who may start the Memory tab's demo users (repeatable)")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="extra Host name to answer to (DNS-rebinding guard; loopback names always work)")
     p.add_argument("--api-key", action="append", default=None, metavar="KEY",
@@ -184,6 +186,7 @@ def serve(llm, storage, args, auth) -> None:
 
     from routes.openai_keys import keys_from_env
     app, demo = build_app(llm, storage, auth=auth, bind_host=args.host, allowed_hosts=args.allowed_host,
+                          admins=args.admin,
                           api_options=dict(api_keys=(args.api_key or []) + keys_from_env(),
                                            allowed_origins=args.allowed_origin),
                           engine_routes=not args.backend)

@@ -20,6 +20,7 @@ from typing import NamedTuple
 from engine.block_pool import Block, BlockPool
 from engine.errors import KVCacheError, NoFreeBlocksError
 from engine.kv_contract import BlockArrays, KVSnapshot, KVStats, PreemptionEvent, SequenceView
+from engine.pinning import DEFAULT_MAX_PIN_FRACTION, PinTable
 
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 
@@ -80,7 +81,8 @@ class _Session:
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, *, max_model_len: int,
-                 kv_bytes_per_token: int = 0, enable_prefix_caching: bool = True):
+                 kv_bytes_per_token: int = 0, enable_prefix_caching: bool = True,
+                 max_pin_fraction: float = DEFAULT_MAX_PIN_FRACTION):
         if block_size not in BLOCK_SIZES:
             raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {block_size}")
         if num_blocks < 1:
@@ -98,6 +100,7 @@ class KVCacheManager:
         self.num_preemptions = 0
         self.peak_used_blocks = 0
         self.preemption_events: deque = deque(maxlen=50)
+        self.pins = PinTable(self.pool, block_size, hash_block_tokens, max_fraction=max_pin_fraction)
 
     # ---- properties ---------------------------------------------------------------------
     block_size = property(lambda self: self._bs)
@@ -105,11 +108,9 @@ class KVCacheManager:
     num_free_blocks = property(lambda self: self.pool.num_free)
     num_used_blocks = property(lambda self: self.pool.num_used)
 
-    def has_sequence(self, seq_id) -> bool:
-        return seq_id in self._seqs
+    def has_sequence(self, seq_id) -> bool: return seq_id in self._seqs
 
-    def sessions(self) -> list:
-        return list(self._idle)
+    def sessions(self) -> list: return list(self._idle)
 
     def _get(self, seq_id) -> _Seq:
         seq = self._seqs.get(seq_id)
@@ -374,6 +375,7 @@ class KVCacheManager:
         logical = (sum(len(s.table) for s in self._seqs.values())
                    + sum(len(s.table) for s in self._idle.values()))
         contiguous = live * -(-self.max_model_len // bs)
+        chat_used = used - self.pins.num_pin_only_blocks     # what the live tables hold
         return KVStats(
             block_size=bs, total_blocks=pool.num_blocks, free_blocks=pool.num_free, used_blocks=used,
             cached_blocks=pool.num_cached_free, shared_blocks=pool.num_shared,
@@ -382,13 +384,12 @@ class KVCacheManager:
             kv_capacity_tokens=pool.num_blocks * bs, used_tokens=pool.num_used_tokens,
             prefix_cache_queries=self.prefix_cache_queries, prefix_cache_hits=self.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
-            savings_vs_unshared=1 - used / logical if logical else 0.0,
-            savings_vs_contiguous=1 - used / contiguous if contiguous else 0.0,
+            savings_vs_unshared=1 - chat_used / logical if logical else 0.0,
+            savings_vs_contiguous=1 - chat_used / contiguous if contiguous else 0.0,
             num_sequences=len(self._seqs), num_idle_sessions=len(self._idle),
-            internal_fragmentation_tokens=used * bs - pool.num_used_tokens, usage=used / pool.num_blocks)
-
-    def stats(self) -> dict:
-        return self.kv_stats().to_json()
+            internal_fragmentation_tokens=used * bs - pool.num_used_tokens, usage=used / pool.num_blocks,
+            pinned_blocks=self.pins.num_pinned_blocks, max_pinned_blocks=self.pins.max_blocks,
+            chat_used_blocks=chat_used)
 
     def kv_snapshot(self, request_of=lambda seq_id: None) -> KVSnapshot:
         """Per-block arrays and per-table views (engine/kv_contract.py); O(num_blocks), on demand."""
@@ -405,12 +406,18 @@ class KVCacheManager:
                 last_block_filled=nc - (len(table) - 1) * bs if table else 0,
                 request_id=request_of(seq_id) if seq_id is not None else None))
         state, ref, filled = self.pool.block_arrays()   # touches only built blocks (350k-block pools)
+        for i in self.pins.pinned_ids():   # an app pin is its own state (engine/pinning.py)
+            state[i] = "pinned"
         return KVSnapshot(
             time=time.time(), block_size=bs, num_blocks=self.pool.num_blocks, stats=self.kv_stats(),
             blocks=BlockArrays(state=state, ref_count=ref, filled=filled),
             sequences=seqs,
+            pins=self.pins.views(),
             preemption_events=[PreemptionEvent(request_id=request_of(e["seq_id"]), **e)
                                for e in self.preemption_events])
+
+    def stats(self) -> dict:
+        return self.kv_stats().to_json()
 
     def snapshot(self) -> dict:
         return self.kv_snapshot().to_json()

@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 
 SCHEMA = "paged-chat.kv"
-VERSION = 2          # 1: the untyped dict before issue 10; 2: this module (adds "schema", "version")
+VERSION = 3          # 1: the untyped dict before issue 10; 2: this module (adds "schema", "version");
+                     # 3: block state "pinned", "pins", stats pinned_blocks / max_pinned_blocks
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,8 @@ class KVStats:
     prefix_cache_queries: int     # tokens looked up
     prefix_cache_hits: int        # tokens found
     num_preemptions: int
-    savings_vs_unshared: float    # 1 - used / logical
-    savings_vs_contiguous: float  # 1 - used / (live sequences x max_model_len blocks)
+    savings_vs_unshared: float    # 1 - chat_used_blocks / logical
+    savings_vs_contiguous: float  # 1 - chat_used_blocks / (live sequences x max_model_len blocks)
     num_sequences: int
     num_idle_sessions: int        # parked sessions holding blocks between turns
     internal_fragmentation_tokens: int
@@ -50,11 +51,19 @@ class KVStats:
     prompt_tokens_computed_total: int = 0
     max_model_len: int = 0
     steps: int = 0
+    # pinned prefixes (engine/pinning.py), version 3
+    pinned_blocks: int = 0        # blocks held by the app's pins (also counted in used_blocks)
+    max_pinned_blocks: int = 0    # the pin cap, in blocks
+    chat_used_blocks: int = 0     # used blocks minus pinned ones no table holds (savings use this)
+
+    def __post_init__(self):
+        if not self.pinned_blocks:      # no pins: every used block is held by some table
+            object.__setattr__(self, "chat_used_blocks", self.used_blocks)
 
     @property
     def shared_tokens_saved(self) -> int:
         """Tokens of KV that sharing avoided storing (sharing savings, in tokens)."""
-        return (self.logical_blocks - self.used_blocks) * self.block_size
+        return max(0, self.logical_blocks - self.chat_used_blocks) * self.block_size
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -69,7 +78,8 @@ class KVStats:
 
 @dataclass(frozen=True)
 class BlockArrays:
-    """Per block, index = block id: state "used" / "cached" / "free", ref_count, tokens filled."""
+    """Per block, index = block id: state "pinned" / "used" / "cached" / "free", ref_count, tokens
+    filled. "pinned" = held by an app pin (possibly also by chats; ref_count says how many)."""
     state: list
     ref_count: list
     filled: list
@@ -91,6 +101,14 @@ class SequenceView:
 
 
 @dataclass(frozen=True)
+class PinView:
+    """A pinned prefix (a shared system prompt the app holds): its name and blocks."""
+    name: str
+    num_tokens: int
+    block_table: list
+
+
+@dataclass(frozen=True)
 class PreemptionEvent:
     request_id: str
     seq_id: str
@@ -107,6 +125,7 @@ class KVSnapshot:
     blocks: BlockArrays
     sequences: list = field(default_factory=list)          # [SequenceView]
     preemption_events: list = field(default_factory=list)  # [PreemptionEvent], oldest first
+    pins: list = field(default_factory=list)               # [PinView]
 
     @property
     def owners(self) -> dict:
@@ -131,6 +150,7 @@ class KVSnapshot:
             # shallow: the lists inside are fresh per snapshot (asdict's deep copy costs ~10x)
             "sequences": [dict(vars(s)) for s in self.sequences],
             "preemption_events": [dict(vars(e)) for e in self.preemption_events],
+            "pins": [dict(vars(p)) for p in self.pins],
         }
 
     @classmethod
@@ -141,4 +161,5 @@ class KVSnapshot:
         return cls(time=d["time"], block_size=d["block_size"], num_blocks=d["num_blocks"],
                    stats=KVStats.from_json(d["stats"]), blocks=BlockArrays(b["state"], b["ref_count"], b["filled"]),
                    sequences=[SequenceView(**s) for s in d.get("sequences", [])],
-                   preemption_events=[PreemptionEvent(**e) for e in d.get("preemption_events", [])])
+                   preemption_events=[PreemptionEvent(**e) for e in d.get("preemption_events", [])],
+                   pins=[PinView(**p) for p in d.get("pins", [])])

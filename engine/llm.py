@@ -14,6 +14,7 @@ import time
 import traceback
 from concurrent.futures import Future
 
+from engine import pin_api
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loader import load_model
@@ -85,7 +86,8 @@ class LLM:
                  max_num_seqs: int = 64, max_num_batched_tokens: int | None = None, device: str | None = None,
                  dtype: str | None = None, seed: int = 0, attention_backend: str = "auto",
                  enable_prefix_caching: bool = True, progress=None, load_format: str = "auto",
-                 enforce_eager: bool = False, hf_overrides: dict | None = None):
+                 enforce_eager: bool = False, hf_overrides: dict | None = None,
+                 max_pin_fraction: float | None = None):
         cfg = EngineConfig(model=model, block_size=block_size, num_blocks=num_blocks,
                            kv_cache_gib=kv_cache_gib, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens, device=device, dtype=dtype,
@@ -101,6 +103,8 @@ class LLM:
         self.model_source = loaded.source
         self.hf_folder = loaded.hf_folder
         self.engine = LLMEngine(cfg, loaded)
+        if max_pin_fraction is not None:            # before the engine thread starts
+            self.engine.kv.pins.max_fraction = float(max_pin_fraction)
         self.tokenizer = loaded.tokenizer
         self._info = build_model_info(loaded.source, loaded.config, cfg, self.engine.runner)
         self._ids = itertools.count()
@@ -382,6 +386,24 @@ class LLM:
         """Length of the prompt these chat messages render to (no session reuse), for a
         "too long" answer before anything is stored or submitted."""
         return len(continue_session_prompt(self.tokenizer, messages, None))
+
+    # ---- pinned prefixes (engine/pinning.py, engine/pin_api.py) ---------------------------------
+    def pin_prefix(self, name: str, token_ids: list[int]):
+        """Prefill and pin token_ids' full blocks under name (never evicted); returns PinInfo."""
+        return pin_api.pin_prefix(self, name, token_ids)
+
+    def pin_system_prompt(self, name: str, text: str):
+        """Pin the token prefix every chat with this system prompt starts with."""
+        return pin_api.pin_prefix(self, name, self.system_prefix_ids(text))
+
+    def system_prefix_ids(self, text: str) -> list[int]:
+        return pin_api.system_prefix_ids(self.tokenizer, text)
+
+    def unpin(self, name: str) -> bool:
+        return pin_api.unpin(self, name)
+
+    def pins(self) -> list:
+        return pin_api.pins(self)
 
     def reset_peak_stats(self) -> None:
         """Start a fresh window for peak_used_blocks and peak_running (bench runs)."""

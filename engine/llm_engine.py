@@ -278,6 +278,7 @@ class LLMEngine:
         now = time.time()
         out_n = len(seq.output_ids)
         m = {"prompt_tokens": seq.prompt_len, "cached_tokens": seq.cached_tokens, "output_tokens": out_n,
+             "cached_blocks": seq.cached_tokens // self.cfg.block_size,     # shared prompt blocks reused
              "state": state or ("finished" if finished else "running")}
         if seq.first_token_time is not None:
             m["ttft_s"] = seq.first_token_time - req.arrival_time

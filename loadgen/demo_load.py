@@ -13,16 +13,8 @@ import threading
 import time
 from typing import Callable
 
-DEFAULT_SYSTEM_PROMPT = (
-    "You are Paged, the friendly assistant of a small local chat server. Answer in plain, short "
-    "sentences and keep every reply under three sentences unless the user asks for more detail. "
-    "When the user asks about computers, explain the idea first and the jargon second, and give "
-    "one concrete example. When the user asks for a list, give at most five items. If you do not "
-    "know something, say so instead of guessing. Be kind, be precise, and never invent facts, "
-    "numbers, names or quotes. You run on a tiny model on a laptop, so be modest about what you "
-    "can do. The people you talk to are curious about how language models work, how memory is "
-    "managed on a GPU, and why sharing a prompt between many users saves memory. Keep a cheerful tone."
-)
+# the app's default shared prompt (a ~550-token assistant policy): demo users attach to its blocks
+from storage.presets import DEFAULT_SYSTEM_PROMPT  # noqa: E402
 
 USER_MESSAGES = (
     "Hi! What can you do?", "Tell me a fun fact about space.", "How does a CPU cache work?",
@@ -34,6 +26,10 @@ USER_MESSAGES = (
 )
 
 PromptSource = Callable[[], str] | str | None
+
+# One global cap on simulated users per engine (issue 12: each start used to add up to 128 that
+# never stopped; 512 users made a normal chat take minutes). start() never goes beyond it.
+MAX_DEMO_USERS = 32
 
 
 class DemoLoad:
@@ -58,9 +54,11 @@ class DemoLoad:
 
     # ---- control ------------------------------------------------------------------------------
     def start(self, n: int = 8) -> int:
-        """Add n users (the run continues if some are already chatting); returns how many run."""
+        """Add n users (the run continues if some are already chatting), never beyond
+        MAX_DEMO_USERS in all; returns how many run."""
         n = max(0, int(n))
         with self._lock:
+            n = min(n, MAX_DEMO_USERS - self.running_users())
             if not self.running_users():
                 self._stop = threading.Event()
                 self._run += 1
@@ -74,7 +72,7 @@ class DemoLoad:
                 t.start()
             return len(self._threads)
 
-    def stop(self, timeout: float = 30.0) -> int:
+    def stop(self, timeout: float = 5.0) -> int:
         """Abort every in-flight request, end the sessions, join the threads; returns users stopped."""
         with self._lock:
             self._stop.set()

@@ -100,8 +100,9 @@ def model_name_of(llm) -> str:
     return info().name if callable(info) else ""
 
 
-def register_routes(app, llm) -> None:
-    """Add GET /metrics and GET /api/kv to a FastAPI app (call before mounting Gradio at '/')."""
+def register_routes(app, llm, *, kv_route: bool = True) -> None:
+    """Add GET /metrics and GET /api/kv to a FastAPI app (call before mounting Gradio at '/').
+    kv_route=False: the app registers its viewer-scoped /api/kv itself (routes/kv.py)."""
     from fastapi.responses import JSONResponse, PlainTextResponse
 
     name = model_name_of(llm)
@@ -111,6 +112,9 @@ def register_routes(app, llm) -> None:
         extra = "".join(f() for f in getattr(app.state, "extra_metrics", ()))    # e.g. the /v1 API's counters
         return PlainTextResponse(prometheus_text(llm.latest_snapshot(), name) + extra,
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    if not kv_route:
+        return
 
     @app.get("/api/kv")
     def api_kv(fresh: bool = False) -> JSONResponse:

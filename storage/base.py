@@ -91,14 +91,23 @@ class StoreBase:
         self._last_ts = now
         return now.isoformat(timespec="microseconds")
 
-    def _insert_prompt(self, text):
+    def _insert_prompt(self, text, owner=None):
+        """owner None (or ''): the app's shared prompt; else that user's own (--auth)."""
         cur = self.db.execute(
-            "INSERT INTO system_prompts (text, created_at) VALUES (?, ?)", [text, self._now()]
+            "INSERT INTO system_prompts (text, created_at, owner) VALUES (?, ?, ?)",
+            [text, self._now(), owner or None],
         )
         return {"id": cur.lastrowid, "text": text}
 
-    def _current_prompt(self):
-        return self._rows("SELECT id, text FROM system_prompts ORDER BY id DESC LIMIT 1")[0]
+    def _current_prompt(self, owner=None):
+        """The user's newest own prompt, else the app's newest (a new user starts from it)."""
+        if owner:
+            rows = self._rows("SELECT id, text FROM system_prompts WHERE owner = ? "
+                              "ORDER BY id DESC LIMIT 1", [owner])
+            if rows:
+                return rows[0]
+        return self._rows("SELECT id, text FROM system_prompts WHERE owner IS NULL "
+                          "ORDER BY id DESC LIMIT 1")[0]
 
     def _conversation(self, conv_id, owner):
         rows = self._rows("SELECT * FROM conversations WHERE id = ?", [conv_id])

@@ -49,6 +49,8 @@ class MessagesMixin:
         )
         for row in rows:
             stats = {f: row.pop(f"stat_{f}") for f in STAT_FIELDS}
+            if stats.get("cached_blocks") is None:      # added in m004: absent on older replies
+                stats.pop("cached_blocks", None)
             row["stats"] = stats if row.pop("has_stats") is not None else None
             row["token_ids"] = json.loads(row["token_ids"]) if row["token_ids"] else None
         return rows

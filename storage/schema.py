@@ -8,11 +8,11 @@ import math
 
 from sqlite_utils import Migrations
 
-DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer clearly and concisely."
+from .presets import DEFAULT_SYSTEM_PROMPT  # noqa: E402,F401  (a real ~550-token policy; see presets.py)
 NEW_CHAT_TITLE = "New chat"
 ROLES = ("system", "user", "assistant")
 STATUSES = ("complete", "stopped", "error")
-INT_STATS = ("prompt_tokens", "cached_tokens", "output_tokens")
+INT_STATS = ("prompt_tokens", "cached_tokens", "output_tokens", "cached_blocks")
 FLOAT_STATS = ("ttft_s", "tokens_per_s")
 STAT_FIELDS = INT_STATS + FLOAT_STATS + ("finish_reason",)
 
@@ -67,6 +67,22 @@ def m002_message_search(db):
     # External-content FTS5 keyed on messages.id (an INTEGER PRIMARY KEY, so rowids are
     # stable across VACUUM); sqlite-utils' triggers keep it in step, cascades included.
     db.table("messages").enable_fts(["content"], create_triggers=True)
+
+
+@MIGRATIONS()
+def m003_user_prompts(db):
+    # per-user shared prompts (--auth): a row with an owner is that user's; owner NULL = the app's.
+    # saved_prompts: a user's own named prompts, offered next to the built-in presets.
+    db.execute("ALTER TABLE system_prompts ADD COLUMN owner TEXT")
+    db.execute("""CREATE TABLE saved_prompts (
+        id INTEGER PRIMARY KEY, owner TEXT NOT NULL, name TEXT NOT NULL, text TEXT NOT NULL,
+        created_at TEXT NOT NULL, UNIQUE (owner, name))""")
+
+
+@MIGRATIONS()
+def m004_reply_cached_blocks(db):
+    # shared prompt blocks a reply reused ("reused 312 cached tokens (19 shared blocks)")
+    db.execute("ALTER TABLE reply_stats ADD COLUMN cached_blocks INTEGER")
 
 
 def check_choice(name, value, choices):

@@ -7,6 +7,7 @@ import uuid
 from . import schema, transfer
 from .base import StoreBase, locked
 from .messages import MessagesMixin
+from .prompts import PromptsMixin
 from .schema import NEW_CHAT_TITLE
 
 
@@ -15,7 +16,7 @@ def _fts_query(text):
     return " ".join(f'"{word}"*' for word in re.findall(r"\w+", text))
 
 
-class Storage(MessagesMixin, StoreBase):
+class Storage(MessagesMixin, PromptsMixin, StoreBase):
     """All chat persistence. Methods taking ``owner`` raise PermissionError when it is given
     and differs from the conversation's owner (None = no check); unknown ids raise KeyError."""
 
@@ -40,14 +41,16 @@ class Storage(MessagesMixin, StoreBase):
 
     # -- system prompt -------------------------------------------------------------------
     @locked
-    def get_system_prompt(self):
-        """The current shared prompt: the newest row (a default is seeded on first start)."""
-        return self._current_prompt()
+    def get_system_prompt(self, owner=None):
+        """The current shared prompt for `owner` (their own under --auth, else the app's newest;
+        a default is seeded on first start)."""
+        return self._current_prompt(owner)
 
     @locked
-    def set_system_prompt(self, text):
-        """Add a new shared prompt; existing conversations keep the id they were created with."""
-        return self._insert_prompt(schema.check_text("text", text))
+    def set_system_prompt(self, text, owner=None):
+        """Add a new shared prompt (owner: that user's only); existing conversations keep the id
+        they were created with, and other users' new chats are unaffected."""
+        return self._insert_prompt(schema.check_text("text", text), owner)
 
     # -- conversations -------------------------------------------------------------------
     @locked
@@ -60,7 +63,7 @@ class Storage(MessagesMixin, StoreBase):
             raise ValueError("title must not be empty")
         schema.check_text("system_prompt_override", system_prompt_override, allow_none=True)
         if system_prompt_id is None:
-            system_prompt_id = self._current_prompt()["id"]
+            system_prompt_id = self._current_prompt(owner)["id"]
         elif not self._rows("SELECT id FROM system_prompts WHERE id = ?", [system_prompt_id]):
             raise KeyError(f"system prompt {system_prompt_id!r} not found")
         return self._insert_conversation(owner, title.strip(), system_prompt_id, system_prompt_override)

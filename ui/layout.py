@@ -15,6 +15,10 @@ from ui.chat.context import ChatContext
 from ui.chat.tabs import TabRegistry
 
 from ui.dashboard.page import build_dashboard
+from ui.dashboard.panels import THEME_CSS
+from routes.kv import register_kv_route
+from ui.chat.prompt_picker import build_prompt_picker
+from ui.chat.prompt_pins import PromptPins
 from routes.metrics import register_routes
 from routes.security import install_security
 
@@ -74,7 +78,7 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
                     export_md_btn = gr.Button("Export Markdown", size="sm")
                 export_file = gr.File(label="Download", interactive=False)
                 import_file = gr.UploadButton("Import JSON…", file_types=[".json"], size="sm")
-        with gr.Tab("Chat"):
+        with gr.Tab("Chat") as chat_tab:
             chatbot = gr.Chatbot(height=520, editable="user", label="Chat", elem_id="chatbot",
                                  placeholder="Start a conversation: every open chat is a live engine session "
                                              "that keeps its KV blocks between turns.",
@@ -95,15 +99,24 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
                 shared_prompt = gr.Textbox(label="Shared system prompt (every new chat starts with it, so "
                                                  "their first blocks are shared)", lines=3)
                 save_prompt_btn = gr.Button("Save for new chats", size="sm")
+                build_prompt_picker(ctx, shared_prompt)      # presets + your own (ui/chat/prompt_picker.py)
                 override = gr.Textbox(label="This conversation's own system prompt (optional override)", lines=2)
                 with gr.Row():
                     override_btn = gr.Button("Use for this conversation", size="sm")
                     reset_btn = gr.Button("Back to the shared prompt", size="sm")
                 prompt_line = gr.Markdown()
             sampling = _sampling_controls(ctx.llm)
-        with gr.Tab("Memory"):
+        with gr.Tab("Memory") as memory_tab:
             # demo users chat with the current shared prompt, so they share blocks with real chats
-            build_dashboard(ctx.llm, lambda: ctx.storage.get_system_prompt()["text"])
+            kv_timer = build_dashboard(
+                ctx.llm, lambda: ctx.storage.get_system_prompt()["text"], storage=ctx.storage,
+                auth=ctx.auth, own_conv=lambda r: ctx.tab(r).conv_id,
+                may_start_demo=lambda r: not ctx.auth or ctx.owner(r) in ctx.admins)
+        # the dashboard's timer runs only while its tab is shown (no requests while hidden)
+        memory_tab.select(lambda: gr.Timer(active=True), None, kv_timer, api_visibility="private",
+                          show_progress="hidden").then(**kv_timer.refresh)
+        chat_tab.select(lambda: gr.Timer(active=False), None, kv_timer, api_visibility="private",
+                        show_progress="hidden")
 
         _wire(ctx, demo, locals())
     return demo
@@ -230,21 +243,30 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
 
 
 def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_host: str = "127.0.0.1",
-              allowed_hosts=(), api_options: dict | None = None, engine_routes: bool = True):
+              allowed_hosts=(), api_options: dict | None = None, engine_routes: bool = True, admins=()):
     """(FastAPI app serving the page at / plus /metrics, /api/kv and the OpenAI API at /v1, the Blocks
     demo). api_options: api_keys, allowed_origins, ... for routes.openai_api.mount_openai_api.
     engine_routes=False (app.py --backend): no /metrics, /api/kv, /v1 here; the backend serves its own."""
-    ctx = ctx or ChatContext(llm, storage, TabRegistry(llm), auth=bool(auth))
+    ctx = ctx or ChatContext(llm, storage, TabRegistry(llm), auth=bool(auth), admins=frozenset(admins))
+    if ctx.pins is None and hasattr(llm, "pin_system_prompt"):    # the real engine: pin the shared prompt
+        ctx.pins = PromptPins(llm, storage)
+        ctx.pins.pin_startup()
     demo = build_demo(ctx)
     demo.queue(default_concurrency_limit=None)
     demo.chat_context = ctx
     app = fastapi.FastAPI()
-    if engine_routes:
-        register_routes(app, llm)        # before mounting Gradio at "/", which would shadow them
+    if engine_routes:                    # before mounting Gradio at "/", which would shadow them
+        register_routes(app, llm, kv_route=False)
+        register_kv_route(app, llm, storage=storage, demo=demo, auth=bool(auth))   # viewer-scoped /api/kv
         from routes.openai_api import mount_openai_api
         mount_openai_api(app, llm, require_key=bool(auth), **(api_options or {}))
-    app = gr.mount_gradio_app(app, demo, path="/", auth=auth, css=CSS, ssr_mode=False,
+    app = gr.mount_gradio_app(app, demo, path="/", auth=auth, css=CSS + THEME_CSS, ssr_mode=False,
                               footer_links=["api", "gradio"])
+    if engine_routes:
+        from ui.dashboard.page import state_for
+        if not hasattr(app.state, "extra_metrics"):
+            app.state.extra_metrics = []
+        app.state.extra_metrics.append(state_for(llm).metrics_text)     # dashboard ticks counter
     install_security(app, bind_host, allowed_hosts, auth=auth)     # Host check, no /docs, login throttle
     if auth:                         # Gradio's /cancel takes any session hash: owner check (#12.10)
         from ui.chat.cancel_guard import install_cancel_guard

@@ -19,7 +19,8 @@ KW = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_tokens": 8, "repetitio
 def ctx(tmp_path):
     llm = FakeLLM()
     st = Storage(tmp_path / "chat.db")
-    c = ChatContext(llm, st, TabRegistry(llm))
+    st.set_system_prompt("You are a helpful assistant.")   # the fake's context is 40 words; the
+    c = ChatContext(llm, st, TabRegistry(llm))              # real default is a ~550-token policy
     yield c
     c.tabs.shutdown()
     st.close()
@@ -64,7 +65,7 @@ def test_send_commits_the_user_message_then_streams_and_stores_the_reply(ctx):
     assert outs[0][0] == ""                                        # the textbox is cleared
     assert "queued" in outs[0][1][-1]["content"]                   # until the engine admits it
     assert texts(outs[-1]) == [("user", "Hi bot"), ("assistant", "Hello there!")]
-    assert "4/9 prompt tokens from cache" in outs[-1][1][-1]["content"]
+    assert "reused 4 of 9 prompt tokens from cache" in outs[-1][1][-1]["content"]
     assert prop(outs[-1][3], "value") == conv["id"]
     assert not ctx.tabs.is_busy(conv["id"]) and ctx.llm.aborted == []
 

@@ -35,11 +35,13 @@ def test_path_until_cuts_after_the_message():
 def test_stats_line_formats_tokens_ttft_speed_and_cache():
     stats = {"output_tokens": 24, "ttft_s": 0.2049, "tokens_per_s": 15.66, "prompt_tokens": 57,
              "cached_tokens": 44, "finish_reason": "stop"}
-    assert v.stats_line(stats) == "24 tokens · TTFT 205 ms · 15.7 tok/s · 44/57 prompt tokens from cache"
+    assert v.stats_line(stats) == "24 tokens · TTFT 205 ms · 15.7 tok/s · reused 44 of 57 prompt tokens from cache"
     assert v.stats_line({"output_tokens": 1, "ttft_s": 1.5}) == "1 token · TTFT 1.50 s"
     assert v.stats_line({"output_tokens": 3}, "stopped") == "3 tokens · stopped"
     assert v.stats_line({"output_tokens": 3, "finish_reason": "length"}).endswith("max tokens reached")
-    assert v.stats_line({"prompt_tokens": 10, "cached_tokens": None}) == "0/10 prompt tokens from cache"
+    assert v.stats_line({"prompt_tokens": 10, "cached_tokens": None}) == "reused 0 of 10 prompt tokens from cache"
+    assert v.stats_line({"prompt_tokens": 330, "cached_tokens": 312, "cached_blocks": 19}) == \
+        "reused 312 of 330 prompt tokens from cache (19 shared blocks)"
     assert v.stats_line(None) == "" and v.stats_line({}, "error") == "error"
 
 

@@ -54,7 +54,7 @@ def check_tick(state, snap: dict) -> dict:
     assert int(grid["cells_p"]) == st["used_blocks"] - st["shared_blocks"]
     assert int(grid["cells_c"]) == st["cached_blocks"]
     assert int(grid["cells_f"]) == st["free_blocks"] - st["cached_blocks"]
-    labels = re.findall(r'<i class="s[^"]*" title="[^"]*">(\d+)</i>', v["grid"])
+    labels = re.findall(r'<i class=(?:s|"s[^"]*") title="[^"]*">(\d+)</i>', v["grid"])
     assert sorted(map(int, labels)) == sorted(r for r in refs if r >= 2)
     # the block tables list every live sequence with its snapshot numbers
     assert f"All live block tables ({len(snap['sequences'])})" in v["tables"]

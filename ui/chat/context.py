@@ -14,6 +14,12 @@ class ChatContext:
     tabs: TabRegistry
     auth: bool = False          # with --auth each user sees and may open only their own chats
     exports: object = None      # storage.exports.PrivateExports, created on the first export
+    pins: object = None         # ui/chat/prompt_pins.PromptPins: pinned shared prompts (real engine only)
+    admins: frozenset = frozenset()   # under --auth: users who may start demo load (--admin)
+
+    def shared_prompt(self, request) -> dict:
+        """The shared system prompt new chats of this user start with ({"id", "text"})."""
+        return self.storage.get_system_prompt(self.owner(request) or None)
 
     @property
     def max_model_len(self) -> int:

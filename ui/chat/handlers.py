@@ -209,7 +209,7 @@ async def send(ctx: ChatContext, message: str, kw: dict, request):
         return
     st, tab = ctx.storage, ctx.tab(request)
     conv = _current_conversation(ctx, request, tab)
-    system = st.conversation_system_prompt(conv["id"]) if conv else st.get_system_prompt()["text"]
+    system = st.conversation_system_prompt(conv["id"]) if conv else ctx.shared_prompt(request)["text"]
     path = st.get_messages(conv["id"]) if conv else []
     prompt_len = await asyncio.to_thread(      # tokenizing: off the event loop
         ctx.prompt_tokens, view.engine_messages(system, path + [{"role": "user", "content": message}]))

@@ -20,8 +20,8 @@ def _refuse(what: str = "That conversation") -> None:
     gr.Warning(f"{what} does not exist or belongs to another user.")
 
 
-def _prompt_line(ctx: ChatContext, conv: dict | None) -> str:
-    current = ctx.storage.get_system_prompt()["id"]
+def _prompt_line(ctx: ChatContext, conv: dict | None, request=None) -> str:
+    current = ctx.shared_prompt(request)["id"]
     if conv is None:
         return f"New chats use the shared system prompt (#{current})."
     return view.prompt_summary(conv["system_prompt_override"], conv["system_prompt_id"], current)
@@ -32,7 +32,7 @@ def _conversation_view(ctx: ChatContext, request, tab, conv: dict | None):
     shown = show(tab, ctx.storage.get_messages(conv["id"]) if conv is not None else [])
     return (shown, " ", conversation_list(ctx, request, conv["id"] if conv else None),
             conv["title"] if conv else "", (conv or {}).get("system_prompt_override") or "",
-            _prompt_line(ctx, conv), gr.Row(visible=False))
+            _prompt_line(ctx, conv, request), gr.Row(visible=False))
 
 
 def on_load(ctx: ChatContext, request):
@@ -52,7 +52,7 @@ def on_load(ctx: ChatContext, request):
             conv = ctx.storage.get_conversation(tab.conv_id, owner=ctx.check(request))
         except (KeyError, PermissionError):
             ctx.tabs.open(tab, None)
-    return _conversation_view(ctx, request, tab, conv) + (ctx.storage.get_system_prompt()["text"],)
+    return _conversation_view(ctx, request, tab, conv) + (ctx.shared_prompt(request)["text"],)
 
 
 def on_unload(ctx: ChatContext, request) -> None:
@@ -178,14 +178,24 @@ def import_json(ctx: ChatContext, file, request):
 
 
 def save_shared_prompt(ctx: ChatContext, text: str, request):
-    """A new shared prompt: conversations created from now on use it (and share its blocks)."""
+    """A new shared prompt: conversations created from now on use it (and share its blocks). Under
+    --auth it is this user's own; others' new chats are unchanged. Pinned (ui/chat/prompt_pins.py)."""
     text = limits.prompt(text)
     if not (text or "").strip():
         gr.Info("The shared system prompt cannot be empty.")
-        return ctx.storage.get_system_prompt()["text"], gr.skip()
-    ctx.storage.set_system_prompt(text)
+        return ctx.shared_prompt(request)["text"], gr.skip()
+    owner = ctx.owner(request) or None
+    if ctx.pins is not None:
+        try:
+            ctx.pins.check(owner, text)
+        except ValueError as e:                 # too long, or past the pin cap: this user only
+            gr.Warning(str(e))
+            return ctx.shared_prompt(request)["text"], gr.skip()
+    ctx.storage.set_system_prompt(text, owner=owner)
+    if ctx.pins is not None:
+        ctx.pins.pin_async(owner, text)
     gr.Info("Saved: new chats use this system prompt.")
-    return text, _prompt_line(ctx, _tab_conversation(ctx, request)[1])
+    return text, _prompt_line(ctx, _tab_conversation(ctx, request)[1], request)
 
 
 def set_override(ctx: ChatContext, text: str | None, request):
@@ -198,14 +208,14 @@ def set_override(ctx: ChatContext, text: str | None, request):
         text = None
     if conv is None:
         if text is None:
-            return gr.skip(), _prompt_line(ctx, None), gr.skip()
+            return gr.skip(), _prompt_line(ctx, None, request), gr.skip()
         conv = ctx.storage.create_conversation(owner=ctx.owner(request), system_prompt_override=text)
         ctx.tabs.open(tab, conv["id"])
     else:
         conv = ctx.storage.set_conversation_system_prompt(conv["id"], text, owner=ctx.check(request))
     gr.Info("This conversation now uses its own system prompt." if text is not None
             else "This conversation uses its shared system prompt again.")
-    return text or "", _prompt_line(ctx, conv), conversation_list(ctx, request, conv["id"])
+    return text or "", _prompt_line(ctx, conv, request), conversation_list(ctx, request, conv["id"])
 
 
 def close_tab(ctx: ChatContext, request) -> str:

@@ -21,7 +21,7 @@ from storage import NotFoundError
 from ui.chat.tabs import in_daemon_thread
 
 FLUSH_S = 2.0          # partial replies reach the database at least this often
-STAT_KEYS = ("prompt_tokens", "cached_tokens", "output_tokens", "ttft_s", "tokens_per_s")
+STAT_KEYS = ("prompt_tokens", "cached_tokens", "cached_blocks", "output_tokens", "ttft_s", "tokens_per_s")
 
 
 def reply_stats(metrics: dict, finish_reason: str | None) -> dict:

@@ -72,7 +72,9 @@ def stats_line(stats: dict | None, status: str | None = None) -> str:
         parts.append(f"{tps:.1f} tok/s")
     if stats.get("prompt_tokens") is not None:
         cached = stats.get("cached_tokens") or 0
-        parts.append(f"{cached}/{stats['prompt_tokens']} prompt tokens from cache")
+        blocks = stats.get("cached_blocks")
+        shared = f" ({blocks} shared block{'s' if blocks != 1 else ''})" if blocks is not None else ""
+        parts.append(f"reused {cached} of {stats['prompt_tokens']} prompt tokens from cache{shared}")
     if status == "stopped":
         parts.append("stopped")
     elif status == "error":

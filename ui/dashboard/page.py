@@ -17,14 +17,17 @@ import gradio as gr
 
 from ui.dashboard import panels as H
 from ui.dashboard import view as V
+from ui.dashboard.events import EventFeed, feed_html
+from ui.dashboard.scope import scope_snapshot, titles_for
+from ui.dashboard.story import story_html
 from ui.dashboard.history import (SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT, History, blocks_frame,
                                   hit_rate_frame)
-from loadgen.demo_load import DemoLoad, PromptSource
+from loadgen.demo_load import MAX_DEMO_USERS, DemoLoad, PromptSource
 from ui.dashboard.kv_math import PRESETS, shape_of
 
 LIVE = "live model"
-OUTPUT_NAMES = ("headline", "grid", "tables", "paged_plot", "contig_plot", "hit_plot", "arith",
-                "whatif", "selector", "demo")
+OUTPUT_NAMES = ("story", "headline", "grid", "tables", "paged_plot", "contig_plot", "hit_plot", "arith",
+                "whatif", "feed", "selector", "demo")
 PAGED_SERIES = SERIES_BLOCKS[:2]                       # used vs paging without sharing
 CONTIG_SERIES = (SERIES_BLOCKS[0],) + SERIES_BLOCKS[2:]  # used vs contiguous max-len, pool size
 
@@ -40,25 +43,44 @@ class DashboardState:
         self._lock = threading.Lock()
         self._time = None
         self.base: dict | None = None
+        self._bases: OrderedDict = OrderedDict()    # (snapshot time, viewer scope) -> base render
         self._views: OrderedDict = OrderedDict()
+        self.feeds: dict = {}                       # viewer scope -> EventFeed
+        self.ticks = 0                              # ticks served (a /metrics counter: the timer is idle when hidden)
+
+    def metrics_text(self) -> str:
+        return ("# HELP paged_chat_dashboard_ticks_total Memory-tab ticks served (none while the tab is hidden).\n"
+                "# TYPE paged_chat_dashboard_ticks_total counter\n"
+                f"paged_chat_dashboard_ticks_total {self.ticks}\n")
         self.last_render_s = 0.0
 
-    def base_for(self, snap: dict) -> dict:
-        """Per-snapshot render, computed once (by the first viewer to see the snapshot)."""
+    def base_for(self, snap: dict, scope=None) -> dict:
+        """Per-snapshot render, computed once per viewer scope (one scope for every viewer without
+        --auth). History is fed the snapshot once, whatever the scope (its numbers are aggregate)."""
         with self._lock:
-            if self._time == snap["time"] and self.base is not None:
-                return self.base
+            hit = self._bases.get((snap["time"], scope))
+            if hit is not None:
+                return hit
             t0 = time.perf_counter()
-            self.history.add(snap)
+            if self._time != snap["time"]:
+                self.history.add(snap)
+                self._time = snap["time"]
+                self._views.clear()
             self.base = render_base(snap, self.history, self.shape)
-            self._time = snap["time"]
-            self._views.clear()
+            self._bases[(snap["time"], scope)] = self.base
+            while len(self._bases) > 32:
+                self._bases.popitem(last=False)
             self.last_render_s = time.perf_counter() - t0
             return self.base
 
-    def view(self, snap: dict, selected: str | None, arith_model: str | None) -> dict:
-        base = self.base_for(snap)
-        key = (snap["time"], selected or None, arith_model or LIVE)
+    def feed(self, snap: dict, scope=None) -> str:
+        with self._lock:
+            f = self.feeds.setdefault(scope, EventFeed())
+            return feed_html(f.update(snap))
+
+    def view(self, snap: dict, selected: str | None, arith_model: str | None, scope=None) -> dict:
+        base = self.base_for(snap, scope)
+        key = (snap["time"], scope, selected or None, arith_model or LIVE)
         with self._lock:
             if key in self._views:
                 return self._views[key]
@@ -96,7 +118,7 @@ def render_base(snap: dict, history: History, shape) -> dict:
     samples = history.snapshot()
     items = V.headline(snap, history.hit_rate(60.0), history.throughput(5.0))
     base = {"time": snap["time"], "stats": st, "grid_model": grid, "convs": convs,
-            "avg_len": avg_len(snap), "items": items,
+            "avg_len": avg_len(snap), "items": items, "story": story_html(st, snap.get("others")),
             "headline": H.headline_html(items, V.preemption_rows(snap)),
             "grid": H.grid_html(grid), "tables": H.tables_html(convs, None, snap["block_size"]),
             "paged_plot": blocks_frame(samples, series=PAGED_SERIES),
@@ -128,11 +150,15 @@ def _digest(v) -> int:
     return zlib.crc32(repr(v).encode())
 
 
-def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 1.0) -> None:
-    """Create the dashboard components, its timer and the demo-load buttons in the current Blocks.
+def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 1.0, storage=None,
+                    auth: bool = False, own_conv=None, may_start_demo=None) -> gr.Timer:
+    """Create the dashboard components, its timer and the demo-load strip in the current Blocks;
+    returns the timer (inactive: the app turns it on only while the Memory tab is shown).
 
     system_prompt: the demo users' shared system prompt, a string or a callable returning the
     app's current one (default: loadgen.demo_load.DEFAULT_SYSTEM_PROMPT).
+    storage / auth / own_conv(request) -> conversation id: what each viewer may see, by title
+    (ui/dashboard/scope.py). may_start_demo(request) -> bool: who may start the demo users.
     """
     from ui.dashboard.remote import build_remote_dashboard, is_remote
     if is_remote(llm):      # app.py --backend URL: only what the server exposes (ui/dashboard/remote.py)
@@ -140,21 +166,21 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
     state = state_for(llm, system_prompt)
     html = dict(css_template=H.CSS, js_on_load=None, apply_default_css=True)
     with gr.Column(elem_id="kv-dashboard"):
-        gr.Markdown("### KV-cache memory, live\nEvery physical block of the paged KV pool, who holds it, "
-                    "and what paging and prefix sharing save. Updates every second.")
-        with gr.Row(equal_height=True):
-            n_users = gr.Number(8, label="Simulated users", precision=0, minimum=1, maximum=128,
-                                scale=1, elem_id="kv-demo-n")
-            start = gr.Button("Start demo users", variant="primary", scale=1, elem_id="kv-demo-start")
-            stop = gr.Button("Stop demo users", variant="stop", scale=1, elem_id="kv-demo-stop")
+        story = gr.HTML(**html, elem_id="kv-story")
+        with gr.Row(equal_height=True, elem_id="kv-demo-strip"):
+            n_users = gr.Number(16, label="Demo users", precision=0, minimum=1, maximum=MAX_DEMO_USERS,
+                                scale=0, min_width=110, elem_id="kv-demo-n")
+            start = gr.Button("Start", size="sm", scale=0, min_width=70, elem_id="kv-demo-start")
+            stop = gr.Button("Stop", size="sm", scale=0, min_width=70, elem_id="kv-demo-stop")
             demo_md = gr.Markdown(state.demo.status(), elem_id="kv-demo-status")
         headline = gr.HTML(**html, elem_id="kv-headline")
+        feed = gr.HTML(**html, elem_id="kv-feed")
         with gr.Row(equal_height=True):
             selector = gr.Dropdown(choices=[], value=None, label="Highlight a conversation",
                                    allow_custom_value=True, scale=1, elem_id="kv-select")
-            gr.Markdown("Pick a live conversation (or demo user) to outline its blocks in the grid "
-                        "and show its block table below. Hover a cell for block id, ref_count, owners "
-                        "and tokens filled.", elem_classes=["kv-hint"])
+            gr.Markdown("Pick a conversation (or demo user) to outline its blocks in the grid and show "
+                        "its block table below. Hover a cell for block id, ref_count, holders and "
+                        "tokens filled.", elem_classes=["kv-hint"])
         grid = gr.HTML(**html, elem_id="kv-grid")
         tables = gr.HTML(**html, elem_id="kv-tables")
         colors = dict(zip(SERIES_BLOCKS, SERIES_COLORS))
@@ -168,22 +194,36 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
                                    title="Prefix-cache hit rate", x_title="seconds ago", height=250,
                                    color_map=dict(zip(SERIES_HIT, ("#60a5fa", "#f97316"))),
                                    elem_id="kv-hit-plot")
-        with gr.Accordion("KV arithmetic: bytes per token, traditional vs paged", open=True):
+        with gr.Accordion("KV arithmetic: bytes per token, traditional vs paged", open=False):
             arith_model = gr.Radio([LIVE] + [p.name for p in PRESETS], value=LIVE,
                                    label="Batch table for", elem_id="kv-arith-model")
             arith = gr.HTML(**html, elem_id="kv-arith")
-        with gr.Accordion("Block-size what-if (live sequences)", open=True):
+        with gr.Accordion("Block-size what-if (live sequences)", open=False):
             whatif = gr.HTML(**html, elem_id="kv-whatif")
         sent = gr.State({})
-    outputs = [headline, grid, tables, paged_plot, contig_plot, hit_plot, arith, whatif, selector, demo_md, sent]
+    outputs = [story, headline, grid, tables, paged_plot, contig_plot, hit_plot, arith, whatif, feed,
+               selector, demo_md, sent]
 
-    def tick(selected, model, last):
+    def scoped(snap, request):
+        """The snapshot this viewer may see, and a key for caching its render."""
+        if storage is None and not auth:
+            return snap, None
+        user = getattr(request, "username", None) if auth else None
+        titles = titles_for(storage, user, auth)
+        own = own_conv(request) if own_conv is not None and request is not None else None
+        key = (user, own, zlib.crc32(repr(sorted(titles.items())).encode()))
+        return scope_snapshot(snap, titles=titles, viewer=user, own_conv=own, auth=auth), key
+
+    def tick(selected, model, last, request: gr.Request = None):
+        state.ticks += 1
         try:
             snap = llm.latest_snapshot()
         except RuntimeError as e:                  # engine shut down: keep the last picture
             return *([gr.skip()] * (len(OUTPUT_NAMES) - 1)), f"Engine unavailable: {e}", last
-        v = state.view(snap, selected, model)
-        values = {k: v[k] for k in OUTPUT_NAMES[:8]}
+        snap, key = scoped(snap, request)
+        v = state.view(snap, selected, model, key)
+        values = {k: v[k] for k in OUTPUT_NAMES[:9]}
+        values["feed"] = state.feed(snap, key[0] if key else None)
         values["selector"] = tuple(v["choices"])
         values["demo"] = state.demo.status()
         new, out = {}, []
@@ -198,22 +238,34 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
                 out.append(values[name])
         return *out, new
 
-    timer = gr.Timer(tick_s)
+    timer = gr.Timer(tick_s, active=False)
     timer.tick(tick, inputs=[selector, arith_model, sent], outputs=outputs, concurrency_limit=None,
                show_progress="hidden", api_visibility="private")
-    refresh = dict(fn=lambda s, m: tick(s, m, {}), inputs=[selector, arith_model], outputs=outputs,
+
+    def refresh_fn(s, m, request: gr.Request = None):
+        return tick(s, m, {}, request)
+    refresh = dict(fn=refresh_fn, inputs=[selector, arith_model], outputs=outputs,
                    concurrency_limit=None, show_progress="hidden", api_visibility="private")
     selector.change(**refresh)
     arith_model.change(**refresh)
 
-    def on_start(n):
-        state.demo.start(int(n or 8))
+    def allowed(request) -> bool:
+        return may_start_demo is None or bool(may_start_demo(request))
+
+    def on_start(n, request: gr.Request = None):
+        if not allowed(request):
+            gr.Warning("Only the local user or an admin may start demo users.")
+            return state.demo.status()
+        state.demo.start(int(n or 16))
         return state.demo.status()
 
-    def on_stop():
-        state.demo.stop()
+    def on_stop(request: gr.Request = None):
+        if allowed(request):
+            state.demo.stop()
         return state.demo.status()
 
     start.click(on_start, inputs=[n_users], outputs=[demo_md], concurrency_limit=None,
                 api_visibility="private")
     stop.click(on_stop, outputs=[demo_md], concurrency_limit=None, api_visibility="private")
+    timer.refresh = refresh         # the app repaints at once when the Memory tab is shown
+    return timer

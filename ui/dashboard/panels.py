@@ -8,10 +8,21 @@ from __future__ import annotations
 
 from html import escape
 
+from ui.dashboard.story import STORY_CSS
 from ui.dashboard.view import KIND_NAMES, KINDS
 from ui.dashboard.kv_math import PRESETS, ModelShape, batch_table, block_size_whatif, fmt_bytes
 
-COLORS = {"f": "#e5e7eb", "c": "#99f6e4", "p": "#60a5fa", "s": "#f97316"}
+# Colours are CSS variables, set per theme by THEME_CSS (global: the app passes it to Gradio with
+# its own CSS, because a component's css_template is scoped and cannot see the `.dark` class).
+COLORS = {"f": "var(--kv-free)", "c": "var(--kv-cached)", "p": "var(--kv-private)", "s": "var(--kv-shared)",
+          "n": "var(--kv-pinned)"}
+LIGHT = {"free": "#e5e7eb", "cached": "#99f6e4", "private": "#60a5fa", "shared": "#f97316",
+         "pinned": "#7c3aed", "contig": "#9ca3af", "track": "#f3f4f6", "outline": "#111827"}
+DARK = {"free": "#374151", "cached": "#115e59", "private": "#2563eb", "shared": "#ea580c",
+        "pinned": "#a78bfa", "contig": "#6b7280", "track": "#1f2937", "outline": "#f9fafb"}
+THEME_CSS = (":root { " + " ".join(f"--kv-{k}: {v};" for k, v in LIGHT.items()) + " }\n"
+             ".dark { " + " ".join(f"--kv-{k}: {v};" for k, v in DARK.items()) + " }\n")
+BAND_MIN = 24             # a run of at least this many free / cached-free blocks is drawn as one band
 
 CSS = """
 .kvd { font-size: 13px; line-height: 1.35; color: var(--body-text-color, #111); }
@@ -26,9 +37,13 @@ CSS = """
 .kvg { display: grid; grid-template-columns: repeat(auto-fill, 13px); gap: 1px; }
 .kvg i { width: 13px; height: 13px; font: 600 8px/13px sans-serif; text-align: center;
   color: #fff; font-style: normal; overflow: hidden; border-radius: 2px; }
-.kvg i.f { background: #e5e7eb; } .kvg i.c { background: #99f6e4; }
-.kvg i.p { background: #60a5fa; } .kvg i.s { background: #f97316; }
-.kvg i.h { outline: 2px solid #111827; outline-offset: -2px; box-shadow: 0 0 0 1px #facc15; }
+.kvg i.f { background: var(--kv-free); } .kvg i.c { background: var(--kv-cached); }
+.kvg i.p { background: var(--kv-private); } .kvg i.s { background: var(--kv-shared); }
+.kvg i.n { background: var(--kv-pinned); }
+.kvg i.h { outline: 2px solid var(--kv-outline); outline-offset: -2px; box-shadow: 0 0 0 1px #facc15; }
+.kvg i.band { grid-column: 1 / -1; width: auto; height: 15px; font: 500 11px/15px sans-serif;
+  color: var(--body-text-color, #111); text-align: left; padding-left: 6px; }
+.kvf ul { margin: 2px 0; padding-left: 18px; } .kvf li { margin: 1px 0; }
 .kvl { display: flex; flex-wrap: wrap; gap: 14px; margin: 6px 0; align-items: center; }
 .kvl span b { display: inline-block; width: 12px; height: 12px; border-radius: 2px;
   vertical-align: -2px; margin-right: 4px; }
@@ -40,27 +55,53 @@ CSS = """
 .kvn .s { font-size: 11px; color: var(--body-text-color-subdued, #6b7280); }
 .kvt { display: flex; flex-wrap: wrap; gap: 3px; margin: 4px 0; }
 .kvt span { border-radius: 3px; padding: 1px 5px; font: 11px monospace; background: #60a5fa; color: #fff; }
-.kvt span.s { background: #f97316; } .kvt span.last { outline: 2px dashed #111827; }
+.kvt span.s { background: var(--kv-shared); } .kvt span.last { outline: 2px dashed var(--kv-outline); }
+.kvt span { background: var(--kv-private); }
 .kvd code { font-size: 12px; }
-"""
+.kvgrp { margin-bottom: 4px; } .kvgrp h4 { margin: 4px 0 2px; font-size: 12px; text-transform: uppercase;
+  letter-spacing: .04em; color: var(--body-text-color-subdued, #6b7280); }
+""" + STORY_CSS
 
 
 def _swatch(kind: str) -> str:
     return f'<b style="background:{COLORS[kind]}"></b>'
 
 
-def grid_html(grid: dict, highlight: frozenset = frozenset()) -> str:
-    cells = grid["cells"]
-    parts = []
-    for c in cells:
+def _cells_html(cells, highlight: frozenset) -> list[str]:
+    """One <i> per cell, except runs of >= BAND_MIN free / cached-free cells: one counted band
+    (a 350k-block pool is mostly such runs; drawing them cell by cell is what made the page slow)."""
+    parts, i, n = [], 0, len(cells)
+    while i < n:
+        c = cells[i]
+        if c.kind in "fc" and c.first == c.last:
+            j = i
+            while j < n and cells[j].kind == c.kind and cells[j].first == cells[j].last:
+                j += 1
+            if j - i >= BAND_MIN:
+                what = "free" if c.kind == "f" else "cached-free (reusable prefix)"
+                parts.append(f'<i class="band {c.kind}" data-band="{j - i}">{j - i:,} {what} blocks '
+                             f'(#{c.first:,}–#{cells[j - 1].last:,})</i>')
+                i = j
+                continue
         hl = highlight and any(b in highlight for b in range(c.first, c.last + 1))
         cls = c.kind + " h" if hl else c.kind
-        parts.append(f'<i class="{cls}" title="{escape(c.title)}">{c.label}</i>')
+        # hover text only where it says more than the colour (shared, pinned, aggregated, selected):
+        # a title on every private cell tripled the bytes of a tick
+        tip = f' title="{escape(c.title)}"' if (c.kind in "sn" or hl) else ""
+        parts.append(f'<i class={cls}{tip}>{c.label}</i>' if " " not in cls else
+                     f'<i class="{cls}"{tip}>{c.label}</i>')
+        i += 1
+    return parts
+
+
+def grid_html(grid: dict, highlight: frozenset = frozenset()) -> str:
+    cells = grid["cells"]
+    parts = _cells_html(cells, highlight)
     n, per, counts = grid["num_blocks"], grid["per_cell"], grid["counts"]
     legend = "".join(f'<span>{_swatch(k)}{KIND_NAMES[k]}: '
                      f'<span data-k="cells_{k}" data-v="{counts[k]}">{counts[k]:,}</span></span>'
                      for k in KINDS)
-    hl_note = (f'<span><b style="outline:2px solid #111827;background:#fff"></b>selected conversation '
+    hl_note = (f'<span><b style="outline:2px solid var(--kv-outline)"></b>selected conversation '
                f'({len(highlight)} blocks)</span>' if highlight else "")
     scale = (f"{n:,} blocks, one cell per block; the number in a shared cell is its ref_count"
              if per == 1 else
@@ -71,26 +112,48 @@ def grid_html(grid: dict, highlight: frozenset = frozenset()) -> str:
             f'<div class="kvg">{"".join(parts)}</div></div>')
 
 
+TILE_GROUPS = (   # what each tile explains; shown under the headline in this order
+    ("Pool", ("used_blocks", "kv_capacity_tokens", "used_tokens", "free_tokens",
+              "internal_fragmentation_tokens")),
+    ("Sharing", ("shared_blocks", "saved_blocks", "savings_vs_unshared", "savings_vs_contiguous")),
+    ("Prefix cache", ("hit_rate_run", "hit_rate_minute")),
+    ("Scheduler", ("running", "num_preemptions", "tokens_per_s")),
+)
+
+
+def _tile(it: dict) -> str:
+    v = "" if it["value"] is None else it["value"]
+    return (f'<div data-k="{it["key"]}" data-v="{v}"><div class="l">{escape(it["label"])}</div>'
+            f'<div class="v">{escape(it["text"])}</div><div class="s">{escape(it["sub"])}</div></div>')
+
+
 def headline_html(items: list[dict], preemptions: list[dict]) -> str:
-    boxes = []
-    for it in items:
-        v = "" if it["value"] is None else it["value"]
-        boxes.append(f'<div data-k="{it["key"]}" data-v="{v}"><div class="l">{escape(it["label"])}</div>'
-                     f'<div class="v">{escape(it["text"])}</div><div class="s">{escape(it["sub"])}</div></div>')
+    """The tiles, grouped by what they explain (pool, sharing, cache, scheduler)."""
+    by_key = {it["key"]: it for it in items}
+    groups, placed = [], set()
+    for title, keys in TILE_GROUPS:
+        tiles = [by_key[k] for k in keys if k in by_key]
+        placed.update(k for k in keys if k in by_key)
+        if tiles:
+            groups.append(f'<div class="kvgrp"><h4>{title}</h4><div class="kvn">'
+                          f'{"".join(_tile(t) for t in tiles)}</div></div>')
+    rest = [it for it in items if it["key"] not in placed]
+    if rest:
+        groups.append(f'<div class="kvgrp"><h4>Other</h4><div class="kvn">{"".join(_tile(t) for t in rest)}</div></div>')
     if preemptions:
         ev = "; ".join(f"{escape(str(e['request_id']))} ({escape(str(e['seq_id']))}): "
                        f"{e['tokens_recomputed']} tokens to recompute" for e in preemptions)
         pre = f'<div class="muted">Last preemptions (newest first): {ev}</div>'
     else:
         pre = '<div class="muted">No preemptions so far.</div>'
-    return f'<div class="kvd"><div class="kvn">{"".join(boxes)}</div>{pre}</div>'
+    return f'<div class="kvd">{"".join(groups)}{pre}</div>'
 
 
-def tables_html(convs: list[dict], selected: str | None, block_size: int, max_rows: int = 48) -> str:
+def tables_html(convs: list[dict], selected: str | None, block_size: int, max_rows: int = 24) -> str:
     out = ['<div class="kvd">']
     sel = next((c for c in convs if c["key"] == selected), None)
     if sel is None and selected:
-        out.append(f'<div class="muted">{escape(selected)} holds no blocks now (finished or closed).</div>')
+        out.append(f'<div class="muted">That conversation holds no blocks now (finished or closed).</div>')
     elif sel is None:
         out.append('<div class="muted">Pick a conversation above to see its block table and '
                    'highlight its blocks in the grid.</div>')
@@ -105,7 +168,7 @@ def tables_html(convs: list[dict], selected: str | None, block_size: int, max_ro
             cells.append(f'<span class="{cls.strip()}" title="{tip}">{e["logical"]}→#{e["physical"]}'
                          f'{"×" + str(e["ref_count"]) if e["shared"] else ""}{fill}</span>')
         out.append(
-            f'<h4>Block table of {escape(sel["key"])} <span class="muted">({sel["state"]}'
+            f'<h4>Block table of {escape(sel["label"])} <span class="muted">({sel["state"]}'
             f'{", " + escape(str(sel["request_id"])) if sel["request_id"] else ""})</span></h4>'
             f'<div class="muted">{sel["num_computed"]:,} tokens with KV in {sel["num_blocks"]} blocks, '
             f'{sel["shared_blocks"]} shared (orange, ×ref_count); last block '
@@ -117,7 +180,7 @@ def tables_html(convs: list[dict], selected: str | None, block_size: int, max_ro
     for c in convs[:max_rows]:
         ids = [("<b>%d</b>" if e["shared"] else "%d") % e["physical"] for e in c["table"][:10]]
         more = f" … +{c['num_blocks'] - 10}" if c["num_blocks"] > 10 else ""
-        out.append(f'<tr class="{"cur" if c["key"] == selected else ""}"><td>{escape(c["key"])}</td>'
+        out.append(f'<tr class="{"cur" if c["key"] == selected else ""}"><td>{escape(c["label"])}</td>'
                    f'<td>{c["state"]}</td><td>{escape(str(c["request_id"] or "–"))}</td>'
                    f'<td>{c["num_computed"]:,}</td><td>{c["num_blocks"]}</td><td>{c["shared_blocks"]}</td>'
                    f'<td>{c["last_block_filled"]}/{block_size}</td>'

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from ui.dashboard.kv_math import blocks_for, fmt_bytes
 
 MAX_CELLS = 4096          # more blocks than this: one cell stands for several blocks
-KINDS = ("f", "c", "p", "s")   # free, cached-free, private (ref 1), shared (ref >= 2)
-KIND_NAMES = {"f": "free", "c": "cached-free (reusable prefix)", "p": "private", "s": "shared"}
+KINDS = ("f", "c", "p", "s", "n")   # free, cached-free, private (ref 1), shared (ref >= 2), pinned
+KIND_NAMES = {"f": "free", "c": "cached-free (reusable prefix)", "p": "private", "s": "shared",
+              "n": "pinned (shared system prompt)"}
 
 
 @dataclass(frozen=True)
@@ -37,14 +38,23 @@ def owner_names(snap: dict) -> dict:
     """seq_id / session_id as they appear in owners -> the conversation name shown to users."""
     names = {}
     for s in snap.get("sequences", []):
+        shown = s.get("title") or conversation_key(s)
         if s.get("seq_id") is not None:
-            names[s["seq_id"]] = conversation_key(s)
+            names[s["seq_id"]] = shown
         if s.get("session_id") is not None and s.get("seq_id") is None:
-            names[s["session_id"]] = s["session_id"]
+            names[s["session_id"]] = shown
     return names
 
 
+def _holders(who: list, names: dict, shown: int = 3) -> str:
+    """'a, b, c and 13 more': a cell's hover text stays short whatever its refcount (tick bytes)."""
+    head = ", ".join(str(names.get(o, o)) for o in who[:shown])
+    return head + (f" and {len(who) - shown} more" if len(who) > shown else "")
+
+
 def kind_of(state: str, ref: int) -> str:
+    if state == "pinned":
+        return "n"
     return "s" if ref >= 2 else "p" if ref == 1 else "c" if state == "cached" else "f"
 
 
@@ -64,15 +74,15 @@ def grid_model(snap: dict, max_cells: int = MAX_CELLS) -> dict:
                 continue
             who = owners.get(i, [])
             title = (f"block {i} · {KIND_NAMES[k]} · ref_count {refs[i]} · {filled[i]}/{bs} tokens"
-                     + (" · owners: " + ", ".join(str(names.get(o, o)) for o in who) if who else ""))
-            cells.append(Cell(i, i, k, str(refs[i]) if k == "s" else "", title))
+                     + (" · held by " + _holders(who, names) if who else ""))
+            cells.append(Cell(i, i, k, str(refs[i]) if k in "sn" and refs[i] >= 2 else "", title))
     else:
         for first in range(0, n, per):
             last = min(n, first + per) - 1
             group = kinds[first:last + 1]
             mix = tuple(group.count(k) for k in KINDS)
             # the most common kind; ties go to the more interesting one (shared > private > ...)
-            kind = max(range(4), key=lambda j: (mix[j], j))
+            kind = max(range(len(KINDS)), key=lambda j: (mix[j], j))
             top = max(refs[first:last + 1])
             title = (f"blocks {first}-{last} · " + ", ".join(
                 f"{c} {KIND_NAMES[k].split(' ')[0]}" for c, k in zip(mix, KINDS) if c)
@@ -92,7 +102,7 @@ def conversations(snap: dict) -> list[dict]:
         table = list(s["block_table"])
         last_fill = s["last_block_filled"] if table else 0
         out.append({
-            "key": conversation_key(s), "seq_id": s.get("seq_id"), "session_id": s.get("session_id"),
+            "key": conversation_key(s), "label": s.get("title") or conversation_key(s), "seq_id": s.get("seq_id"), "session_id": s.get("session_id"),
             "request_id": s.get("request_id"), "state": s["state"], "num_tokens": s["num_tokens"],
             "num_computed": s["num_computed"], "num_blocks": len(table),
             "shared_blocks": sum(1 for x in s["shared"] if x), "last_block_filled": last_fill,
@@ -104,8 +114,9 @@ def conversations(snap: dict) -> list[dict]:
     return out
 
 
-def choices(convs: list[dict]) -> list[str]:
-    return sorted({c["key"] for c in convs})
+def choices(convs: list[dict]) -> list[tuple[str, str]]:
+    """(title shown, key) per conversation, for the highlight picker: titles, not ids."""
+    return sorted({(c["label"], c["key"]) for c in convs})
 
 
 def highlight_blocks(convs: list[dict], key: str | None) -> frozenset:
@@ -118,7 +129,7 @@ def sharing_savings(snap: dict) -> dict:
     """Blocks saved by sharing, read from the engine's stats contract: logical blocks (every
     table entry; what an unshared pager allocates) - used blocks. Not recomputed here."""
     st = snap["stats"]
-    total_refs, used = st["logical_blocks"], st["used_blocks"]
+    total_refs, used = st["logical_blocks"], st.get("chat_used_blocks", st["used_blocks"])
     saved = total_refs - used
     live = st["num_sequences"] + st["num_idle_sessions"]
     contiguous = live * blocks_for(st["max_model_len"], st["block_size"]) if "max_model_len" in st else None
@@ -194,14 +205,20 @@ def consistency_problems(snap: dict) -> list[str]:
         if got != want:
             bad.append(f"{name}: counted {got}, stats say {want}")
 
-    check("used_blocks", sum(1 for s in b["state"] if s == "used"), st["used_blocks"])
-    check("free_blocks", sum(1 for s in b["state"] if s != "used"), st["free_blocks"])
+    held = ("used", "pinned")
+    pins = snap.get("pins") or []
+    check("used_blocks", sum(1 for s in b["state"] if s in held), st["used_blocks"])
+    check("free_blocks", sum(1 for s in b["state"] if s not in held), st["free_blocks"])
+    check("pinned_blocks", sum(1 for s in b["state"] if s == "pinned"), st.get("pinned_blocks", 0))
     check("cached_blocks", sum(1 for s in b["state"] if s == "cached"), st["cached_blocks"])
     check("shared_blocks", sum(1 for r in b["ref_count"] if r >= 2), st["shared_blocks"])
     check("used_tokens", sum(f for f, r in zip(b["filled"], b["ref_count"]) if r), st["used_tokens"])
     check("logical_blocks", sum(len(s["block_table"]) for s in snap["sequences"]), st["logical_blocks"])
-    check("ref_sum", sum(b["ref_count"]), st["logical_blocks"])
+    check("ref_sum", sum(b["ref_count"]), st["logical_blocks"] + sum(len(p["block_table"]) for p in pins))
     owners = owners_by_block(snap)
+    for p in pins:                       # a pin is one more holder (the app)
+        for blk in p["block_table"]:
+            owners.setdefault(int(blk), []).append(f"pin:{p['name']}")
     for i, r in enumerate(b["ref_count"]):
         if len(owners.get(i, [])) != r:
             bad.append(f"block {i}: ref_count {r} but {len(owners.get(i, []))} owners")

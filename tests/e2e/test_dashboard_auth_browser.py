@@ -1,0 +1,59 @@
+"""Two users under --auth: bob's Memory tab and /api/kv show none of alice's ids or titles (only an
+anonymous count), /api/kv needs a login, and alice saving her own shared prompt leaves bob's new
+chats on the app's default."""
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+from gradio_client import Client
+
+from storage.presets import DEFAULT_SYSTEM_PROMPT
+from tests.e2e.polling import wait_until
+
+pytestmark = pytest.mark.slow
+
+PROMPT_OF = ("SELECT p.text FROM conversations c JOIN system_prompts p ON p.id = c.system_prompt_id "
+             "WHERE c.id = ?")
+
+
+def test_bob_sees_nothing_of_alice(launch, chat_api):
+    from playwright.sync_api import sync_playwright
+    api = chat_api
+    server = launch(args=["--num-blocks", "1024", "--max-model-len", "2048",
+                          "--auth", "alice:wonderland", "--auth", "bob:builder"])
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(server.url + "api/kv", timeout=10)
+    assert e.value.code == 401
+    alice = Client(server.url, auth=("alice", "wonderland"), verbose=False)
+    alice.predict("You are a pirate. Always answer like a pirate would, with many arrs.",
+                  api_name="/set_shared_prompt")
+    out = alice.predict("Trip to Lisbon plans", *api.sampling(max_tokens=4), api_name="/send")
+    conv = api.conversation_id(out)
+    assert api.read_db(server.db, PROMPT_OF, (conv,))[0]["text"].startswith("You are a pirate")
+    bob = Client(server.url, auth=("bob", "builder"), verbose=False)
+    bob_conv = api.conversation_id(bob.predict("Bob's question", *api.sampling(max_tokens=4), api_name="/send"))
+    assert api.read_db(server.db, PROMPT_OF, (bob_conv,))[0]["text"] == DEFAULT_SYSTEM_PROMPT
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1360, "height": 900})
+            page.goto(server.url)
+            page.fill("input[type=text]", "bob")
+            page.fill("input[type=password]", "builder")
+            page.get_by_role("button", name="Login").click()
+            page.get_by_role("tab", name="Memory").click()
+            wait_until(lambda: "other chat" in page.inner_text("#kv-story"), 60, what="the anonymous count")
+            html = page.inner_html("#kv-dashboard")
+            assert conv not in html and "Lisbon" not in html and "alice" not in html
+            assert "Bob" in page.inner_text("#kv-tables")                 # his own chat, by title
+            kv = json.loads(page.evaluate("() => fetch('/api/kv').then(r => r.text())"))
+            text = json.dumps(kv)
+            assert conv not in text and "Lisbon" not in text and "alice" not in text
+            assert [s["session_id"] for s in kv["sequences"]] == [bob_conv]
+            assert kv["others"]["chats"] >= 1
+        finally:
+            browser.close()
+    for c in (alice, bob):
+        c.close()

@@ -1,0 +1,82 @@
+"""Keeps the engine's pinned prompts in step with the shared system prompts in storage.
+
+Why: the shared system prompt is the one thing every new chat has in common, so its KV blocks are
+prefilled once and pinned (engine/pinning.py): never evicted, attached by every new chat with
+refcount + 1. The app pins its own prompt at start-up, and a prompt when it is saved; saving under
+the same pin name replaces (and so unpins) the old one. Under --auth each user's own prompt has
+its own pin ("user:<name>"); users without one share the app's.
+
+Saving is refused, with a message for that user only, when the prompt is longer than
+MAX_PROMPT_SHARE of the context (issue 12: a 200x repeated prompt made every chat "too long"), or
+when pinning it would pass the pin cap (10% of the pool by default).
+Pinning itself runs in a background thread (a prefill of a few hundred tokens), so the save
+returns at once; until it lands, chats still share the prompt through the ordinary prefix cache.
+"""
+from __future__ import annotations
+
+import threading
+import traceback
+
+from ui.dashboard.scope import pin_name_for
+
+MAX_PROMPT_SHARE = 0.25          # a shared system prompt may use at most a quarter of the context
+
+
+class PromptPins:
+    def __init__(self, llm, storage):
+        self.llm, self.storage = llm, storage
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self.events: list[str] = []               # "pinned prompt ... (N blocks)", newest last
+
+    def measure(self, text: str) -> tuple[int, int]:
+        """(tokens of the prompt's shared prefix, full blocks it would share)."""
+        ids = self.llm.system_prefix_ids(text)
+        return len(ids), len(ids) // self.llm.config.block_size
+
+    def check(self, owner: str | None, text: str) -> tuple[int, int]:
+        """Raise ValueError with a user-facing message if the prompt may not be saved."""
+        if not (text or "").strip():
+            raise ValueError("The shared system prompt cannot be empty.")
+        limit = int(self.llm.max_model_len * MAX_PROMPT_SHARE)
+        if len(text) > 40 * limit:                 # cheap bound before tokenizing a huge paste
+            raise ValueError(f"That prompt is far too long: the limit is {limit:,} tokens.")
+        ntok, nblocks = self.measure(text)
+        if ntok > limit:
+            raise ValueError(f"That prompt is {ntok:,} tokens; a shared system prompt may use at most "
+                             f"{limit:,} ({MAX_PROMPT_SHARE:.0%} of the {self.llm.max_model_len:,}-token context).")
+        name = pin_name_for(owner)
+        self.llm._call("call", lambda eng: eng.kv.pins.check_cap(name, nblocks * self.llm.config.block_size))
+        return ntok, nblocks
+
+    def pin(self, owner: str | None, text: str) -> None:
+        """Pin `text` for `owner` (None/'': the app's prompt), synchronously."""
+        info = self.llm.pin_system_prompt(pin_name_for(owner), text)
+        with self._lock:
+            who = f"{owner}'s prompt" if owner else "the shared prompt"
+            self.events.append(f"pinned {who} ({info.num_blocks} blocks, {info.num_tokens} tokens)")
+            del self.events[:-20]
+
+    def pin_async(self, owner: str | None, text: str) -> threading.Thread:
+        def run():
+            try:
+                self.pin(owner, text)
+            except Exception as e:               # logged; chats still share through the cache
+                traceback.print_exc()
+                self.errors.append(f"pinning failed: {e}")
+        t = threading.Thread(target=run, name="pin-prompt", daemon=True)
+        t.start()
+        return t
+
+    def pin_startup(self) -> threading.Thread:
+        """Pin the app's current shared prompt (the default on a fresh database)."""
+        return self.pin_async(None, self.storage.get_system_prompt()["text"])
+
+    def describe(self, text: str) -> str:
+        """'546 tokens · shares 34 blocks (pinned)': shown when a preset is chosen."""
+        try:
+            ntok, nblocks = self.measure(text)
+        except ValueError as e:
+            return str(e)
+        return (f"{ntok:,} tokens · every new chat shares its {nblocks} full blocks "
+                f"({ntok - nblocks * self.llm.config.block_size} tokens in a partial block are its own)")

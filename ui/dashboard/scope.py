@@ -1,0 +1,79 @@
+"""What one viewer may see of a KV snapshot: titles instead of ids, and under --auth only their
+own chats (issue 11 item 5, issue 12 item 9).
+
+Why here and not in the engine: the engine knows sessions, not people or titles; storage knows
+which conversation belongs to whom. The dashboard and /api/kv both pass a snapshot (the
+engine's JSON, paged-chat.kv v3) through `scope_snapshot` before anything reaches a browser.
+
+Rules:
+- without --auth (`viewer` None): every sequence stays, each titled from storage;
+- with --auth: the viewer's own chats keep ids and titles; every other sequence (other users'
+  chats, demo users, API calls) is removed and counted as {"chats", "blocks"} under "others";
+  block-level arrays (state, ref_count, filled) stay, as they identify nobody; `owners` is rebuilt
+  from the kept tables; preemption events of others lose their ids; other users' pinned prompts
+  are named "another user's prompt";
+- aggregate stats are never changed, so the headline equals /metrics and the unscoped numbers.
+"""
+from __future__ import annotations
+
+PIN_APP = "shared"                  # the app's own shared prompt
+PIN_USER_PREFIX = "user:"           # a user's own prompt under --auth: "user:<name>"
+
+
+def pin_name_for(owner: str | None) -> str:
+    return f"{PIN_USER_PREFIX}{owner}" if owner else PIN_APP
+
+
+def _title_of(sid, titles: dict, own_conv: str | None) -> str | None:
+    if sid is None:
+        return None
+    sid = str(sid)
+    if sid.startswith("demo-"):
+        return f"demo user {sid.rsplit('-', 1)[-1]}"
+    t = titles.get(sid)
+    if t is None:
+        return None
+    return f"{t} (this tab)" if sid == own_conv else t
+
+
+def scope_snapshot(snap: dict, *, titles: dict, viewer: str | None, own_conv: str | None = None,
+                   auth: bool = False) -> dict:
+    """A copy of snap for one viewer. titles: conversation id -> title of the conversations the
+    viewer may see (all of them without --auth; their own with it)."""
+    out = dict(snap)
+    kept, others, other_blocks = [], set(), set()
+    for s in snap.get("sequences", []):
+        sid = s.get("session_id")
+        mine = sid is not None and str(sid) in titles
+        if auth and not mine:
+            others.add(sid if sid is not None else s.get("request_id") or s.get("seq_id"))
+            other_blocks.update(s["block_table"])
+            continue
+        s = dict(s)
+        s["title"] = _title_of(sid, titles, own_conv) or s.get("title")
+        kept.append(s)
+    out["sequences"] = kept
+    owners: dict[str, list] = {}
+    for s in kept:
+        who = s["seq_id"] if s.get("seq_id") is not None else s["session_id"]
+        for b in s["block_table"]:
+            owners.setdefault(str(b), []).append(who)
+    out["owners"] = owners
+    if auth:
+        out["others"] = {"chats": len(others), "blocks": len(other_blocks)}
+        own_rids = {s.get("request_id") for s in kept}
+        out["preemption_events"] = [
+            e if e.get("request_id") in own_rids else {**e, "request_id": None, "seq_id": None}
+            for e in snap.get("preemption_events", [])]
+        mine_pin = pin_name_for(viewer)
+        out["pins"] = [p if p["name"] in (PIN_APP, mine_pin) else {**p, "name": "another user's prompt"}
+                       for p in snap.get("pins", [])]
+    return out
+
+
+def titles_for(storage, viewer: str | None, auth: bool) -> dict:
+    """conversation id -> title of what this viewer may see."""
+    if storage is None:
+        return {}
+    rows = storage.list_conversations(owner=viewer if auth else None)
+    return {r["id"]: r["title"] for r in rows}

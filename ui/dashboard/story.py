@@ -1,0 +1,101 @@
+"""The Memory tab's headline: one plain sentence with the pool for scale, and three bars drawn to
+one scale (paged + shared, paged without sharing, contiguous reservation; the pool marked).
+
+Why: a newcomer must get the point in ten seconds. Tiles of equal weight and ratios such as
+"98% vs contiguous max-len" did not land; "they would need 2.8x this whole pool" does.
+Every number comes from the snapshot's stats contract (engine/kv_contract.KVStats), nothing is
+re-derived from the grid, so the headline equals /api/kv for the same tick (data-k / data-v
+attributes carry the raw values for the browser test).
+"""
+from __future__ import annotations
+
+from html import escape
+
+from ui.dashboard.kv_math import blocks_for, fmt_bytes
+
+
+def story_numbers(st: dict) -> dict:
+    """The headline's numbers, from one snapshot's stats."""
+    bs, total = st["block_size"], st["total_blocks"]
+    chats = st["num_sequences"] + st["num_idle_sessions"]
+    per_chat = blocks_for(st["max_model_len"], bs) if st.get("max_model_len") else 0
+    contiguous = chats * per_chat
+    unshared = st["logical_blocks"]
+    used = st.get("chat_used_blocks", st["used_blocks"])     # blocks the chats hold (pins no chat uses excluded)
+    return {
+        "chats": chats, "used_blocks": used, "unshared_blocks": unshared, "contiguous_blocks": contiguous,
+        "total_blocks": total, "pinned_blocks": st.get("pinned_blocks", 0),
+        "saved_blocks": max(0, unshared - used), "saved_frac": st["savings_vs_unshared"],
+        "per_chat_blocks": per_chat, "contiguous_x_pool": contiguous / total if total else 0.0,
+        "contiguous_fit": total // per_chat if per_chat else 0, "bpb": st["kv_bytes_per_block"],
+        "max_model_len": st.get("max_model_len", 0),
+    }
+
+
+def _n(key: str, value, text: str) -> str:
+    return f'<b data-k="{key}" data-v="{value}">{escape(text)}</b>'
+
+
+def story_sentence(n: dict) -> str:
+    """HTML of the one sentence (numbers wrapped with their raw values)."""
+    bpb = n["bpb"]
+    pool = (f'The pool holds {_n("total_blocks", n["total_blocks"], format(n["total_blocks"], ","))} '
+            f'blocks ({fmt_bytes(n["total_blocks"] * bpb)})')
+    pinned = (f', {_n("pinned_blocks", n["pinned_blocks"], format(n["pinned_blocks"], ","))} of them '
+              f'pinned for the shared system prompt' if n["pinned_blocks"] else "")
+    if not n["chats"]:
+        return f"{pool}{pinned}. No chats are open yet: start the demo users or open a chat."
+    chats = "1 chat holds" if n["chats"] == 1 else f'{n["chats"]:,} chats hold'
+    s = (f'{_n("chats", n["chats"], chats)} {_n("chat_used_blocks", n["used_blocks"], format(n["used_blocks"], ","))} '
+         f'blocks ({fmt_bytes(n["used_blocks"] * bpb)}). Without sharing they would need '
+         f'{_n("unshared_blocks", n["unshared_blocks"], format(n["unshared_blocks"], ","))} blocks, so sharing saves '
+         + _n("saved_frac", n["saved_frac"], f"{100 * n['saved_frac']:.0f}%"))
+    if n["per_chat_blocks"]:
+        fit = n["contiguous_fit"]
+        s += (f'; reserving {n["max_model_len"]:,} tokens each, as contiguous caches do, they would need '
+              f'{_n("contiguous_blocks", n["contiguous_blocks"], format(n["contiguous_blocks"], ","))} blocks '
+              f'({fmt_bytes(n["contiguous_blocks"] * bpb)}), '
+              + _n("contiguous_x_pool", round(n["contiguous_x_pool"], 3), f"{n['contiguous_x_pool']:.1f}x")
+              + f' this whole pool, so only {fit:,} chat{"s" if fit != 1 else ""} would fit')
+    return f"{s}. {pool}{pinned}."
+
+
+def bars_html(n: dict) -> str:
+    """Three bars to one scale; a dashed line marks the pool size."""
+    rows = [("paged + shared (this engine)", n["used_blocks"], "kvb-u"),
+            ("paged without sharing", n["unshared_blocks"], "kvb-p"),
+            ("contiguous, max length reserved", n["contiguous_blocks"], "kvb-c")]
+    scale = max([n["total_blocks"]] + [v for _, v, _ in rows]) or 1
+    pool_at = 100 * n["total_blocks"] / scale
+    out = []
+    for label, v, cls in rows:
+        w = 100 * v / scale
+        out.append(f'<div class="kvb-row"><span class="kvb-l">{escape(label)}</span><span class="kvb-t">'
+                   f'<span class="kvb-bar {cls}" style="width:{w:.2f}%"></span>'
+                   f'<span class="kvb-pool" style="left:{pool_at:.2f}%"></span></span>'
+                   f'<span class="kvb-v">{v:,} blocks</span></div>')
+    return (f'<div class="kvb">{"".join(out)}<div class="muted">dashed line: the whole pool '
+            f'({n["total_blocks"]:,} blocks)</div></div>')
+
+
+def story_html(st: dict, others: dict | None = None) -> str:
+    """others (under --auth): {"chats", "blocks"} of everyone else, shown only as counts."""
+    n = story_numbers(st)
+    extra = ""
+    if others and others.get("chats"):
+        extra = (f'<div class="muted" data-k="others_chats" data-v="{others["chats"]}">{others["chats"]:,} '
+                 f'other chat{"s" if others["chats"] != 1 else ""} (other users, demo users, API calls) '
+                 f'hold {others["blocks"]:,} blocks; they are counted above but not named.</div>')
+    return f'<div class="kvd kvs"><p class="kvs-s">{story_sentence(n)}</p>{bars_html(n)}{extra}</div>'
+
+
+STORY_CSS = """
+.kvs .kvs-s { font-size: 16px; line-height: 1.45; margin: 2px 0 8px; }
+.kvb-row { display: grid; grid-template-columns: 230px 1fr 110px; gap: 8px; align-items: center; margin: 3px 0; }
+.kvb-t { position: relative; height: 16px; background: var(--kv-track, #f3f4f6); border-radius: 3px; }
+.kvb-bar { position: absolute; left: 0; top: 0; bottom: 0; border-radius: 3px; }
+.kvb-u { background: var(--kv-shared, #f97316); } .kvb-p { background: var(--kv-private, #60a5fa); }
+.kvb-c { background: var(--kv-contig, #9ca3af); }
+.kvb-pool { position: absolute; top: -3px; bottom: -3px; border-left: 2px dashed var(--body-text-color, #111); }
+.kvb-v { font-variant-numeric: tabular-nums; text-align: right; }
+"""
