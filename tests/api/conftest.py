@@ -64,11 +64,12 @@ def llm():
 
 
 def wait_idle(llm, timeout: float = 30) -> dict:
-    """Stats once no request runs or waits and no block is held (or after timeout)."""
+    """Stats once no request runs or waits and no block is held beyond pins (or after timeout)."""
     deadline = time.time() + timeout
     while True:
         s = llm.stats()
-        if (s["running"] == 0 and s["waiting"] == 0 and s["used_blocks"] == 0) or time.time() > deadline:
+        idle = s["running"] == 0 and s["waiting"] == 0 and s["used_blocks"] == s.get("pinned_blocks", 0)
+        if idle or time.time() > deadline:
             return s
         time.sleep(0.05)
 

@@ -3,6 +3,7 @@ from app.py's flags, and a real `python app.py --api-key` process answering the 
 from __future__ import annotations
 
 import urllib.error
+import time
 import urllib.request
 
 import openai
@@ -26,9 +27,14 @@ def full_app(llm, tmp_path_factory):
     from ui import build_app
     st = Storage(tmp_path_factory.mktemp("db") / "chat.db")
     app, _ = build_app(llm, st, api_options=dict(api_keys=["sk-app"], allowed_origins=["http://ok.example"]))
+    deadline = time.time() + 120
+    while not llm.pins() and time.time() < deadline:     # build_app pins the shared prompt in the background
+        time.sleep(0.2)
     srv = LiveServer(app)
     yield srv
     srv.stop()
+    for pin in llm.pins():                  # the session's engine is shared with the other API tests
+        llm.unpin(pin.name)
     st.close()
 
 
@@ -42,7 +48,8 @@ def test_build_app_serves_v1_next_to_the_page_and_metrics(full_app, model_id, ll
     assert code == 200 and "vllm:kv_cache_usage_perc" in text
     assert 'paged_chat_api_requests_total{endpoint="chat_completions",status="200"} 1' in text
     assert 'paged_chat_api_requests_total{endpoint="models",status="401"} 1' in text
-    assert wait_idle(llm)["used_blocks"] == 0
+    st = wait_idle(llm)
+    assert st["pinned_blocks"] > 0 and st["used_blocks"] == st["pinned_blocks"]     # only the app's pin
 
 
 def test_gradio_cors_does_not_leak_onto_v1(full_app):
