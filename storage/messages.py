@@ -250,3 +250,9 @@ class MessagesMixin:
         ):
             groups.setdefault((row["parent_id"], row["role"]), []).append(row["id"])
         return {i: ids for ids in groups.values() if len(ids) > 1 for i in ids}
+
+    @locked
+    def count_messages(self, conv_id, owner=None):
+        """Every stored message of the conversation, all branches (what a delete removes)."""
+        self._conversation(conv_id, owner)
+        return self._rows("SELECT count(*) AS n FROM messages WHERE conversation_id = ?", [conv_id])[0]["n"]
