@@ -40,7 +40,7 @@ CSS = """
 
 # The page's script, installed once on load: (1) the `< k/n >` links in messages switch versions
 # through a hidden textbox + button (Gradio cannot bind events to HTML inside a message);
-# (2) Esc stops the reply; (3) the chatbot's copy buttons copy the reply's text only (no stats
+# (2) Esc stops the reply and Enter sends an edited message (Shift+Enter: new line); (3) the chatbot's copy buttons copy the reply's text only (no stats
 # line, no arrows, never HTML); (4) on a phone the sidebar drawer closes once a chat is picked.
 PAGE_JS = """() => {
   if (window.__pagedChat) { return; }
@@ -86,10 +86,16 @@ PAGE_JS = """() => {
     setTimeout(() => document.querySelector(".sidebar.open > .toggle-button")?.click(), 300);
   }
   document.addEventListener("keydown", (e) => {
+    const edit = e.target.closest && e.target.closest("#chatbot textarea");
+    if (edit && e.key === "Enter" && !e.shiftKey && !e.isComposing) {    // edit box: Enter sends
+      const submit = document.querySelector("#chatbot button[title='Submit'], #chatbot button[aria-label='Submit']");
+      if (submit) { e.preventDefault(); e.stopPropagation(); submit.click(); }
+      return;
+    }
     if (e.key !== "Escape") { return; }
     const stop = document.querySelector("#stop");
     if (stop && stop.offsetParent !== null) { e.preventDefault(); stop.click(); }
-  });
+  }, true);
 }"""
 
 

