@@ -63,8 +63,11 @@ PAGE_JS = """() => {
     }
     const copy = e.target.closest && e.target.closest('#chatbot button');
     if (copy && /copy/i.test((copy.getAttribute("title") || "") + (copy.getAttribute("aria-label") || ""))) {
-      const msg = copy.closest(".message-row, .message-wrap > div, [class*=message]")?.querySelector(".message")
-                  || copy.closest(".message");
+      let row = copy.closest(".message-buttons") || copy;      // the buttons follow their message's row
+      while (row && !(row.classList && row.classList.contains("message-row"))) {
+        row = row.previousElementSibling || null;
+      }
+      const msg = (row || copy.closest(".message-row"))?.querySelector(".message-content");
       const body = msg ? msg.cloneNode(true) : null;
       if (!body) { return; }
       e.preventDefault(); e.stopPropagation();
@@ -137,8 +140,8 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
             conv_list = gr.Radio(choices=[], value=None, show_label=False, elem_id="conv-list")
             timer = gr.Timer(LIST_REFRESH_S)
             open_id = gr.Textbox(visible=False, label="Conversation id")   # API: open any id
-            with gr.Accordion("Rename · delete · export · import", open=False):
-                title = gr.Textbox(label="Title", max_lines=1)
+            with gr.Accordion("Rename · delete · export · import", open=False) as manage:
+                title = gr.Textbox(label="Title (of the chat on screen)", max_lines=1, elem_id="chat-title")
                 with gr.Row():
                     rename_btn = gr.Button("Rename", size="sm")
                     delete_btn = gr.Button("Delete…", variant="stop", size="sm", elem_id="delete")
@@ -228,7 +231,9 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
 
     events = [
         c["send_btn"].click(send, [msg, *sampling], chat_out, api_name="send", **stream_opts),
-        msg.submit(send, [msg, *sampling], chat_out, api_name=False, **stream_opts),
+        # "multiple": Enter while a reply streams must reach the server, which says "one reply at
+        # a time" (Gradio's default would drop the second trigger silently)
+        msg.submit(send, [msg, *sampling], chat_out, api_name=False, trigger_mode="multiple", **stream_opts),
         c["regen_btn"].click(regenerate, sampling, chat_out, api_name="regenerate", **stream_opts),
         chatbot.edit(edit, sampling, chat_out, api_name=False, **stream_opts),
     ]
@@ -277,7 +282,10 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
 
     def ask_delete(request: gr.Request):
         question = confirm.delete_question(ctx, request)
-        return gr.Group(visible=question is not None), question or ""
+        return gr.Group(visible=question is not None), question or "", confirm.current_title(ctx, request)
+
+    def fill_title(request: gr.Request):
+        return confirm.current_title(ctx, request)
 
     def export_json(request: gr.Request):
         return side.export(ctx, "json", request)
@@ -323,7 +331,9 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     c["refresh_btn"].click(search, c["query"], conv_list, api_name=False, **quick)   # chats from other tabs
     c["rename_btn"].click(rename, c["title"], conv_list, api_name="rename", **quick)
     # Delete asks first, naming the chat and what goes with it; only "Yes, delete" deletes.
-    c["delete_btn"].click(ask_delete, None, [c["delete_confirm"], c["delete_question"]], api_name=False, **quick)
+    c["delete_btn"].click(ask_delete, None, [c["delete_confirm"], c["delete_question"], c["title"]],
+                          api_name=False, **quick)
+    c["manage"].expand(fill_title, None, c["title"], api_name=False, **quick)   # rename acts on the chat on screen
     c["delete_no"].click(lambda: gr.Group(visible=False), None, c["delete_confirm"], api_name=False, **quick)
     c["delete_yes"].click(delete, None, view_out + [c["delete_confirm"]], api_name="delete", **quick)
     c["export_json_btn"].click(export_json, None, c["export_file"], api_name="export_json", **quick)

@@ -29,3 +29,15 @@ def delete_question(ctx: ChatContext, request) -> str | None:
     title = html.escape(conv["title"] or "Untitled")
     return (f"**Delete “{title}”?** This deletes the conversation and all {total} of its messages "
             f"(every branch). It cannot be undone.")
+
+
+def current_title(ctx: ChatContext, request) -> str:
+    """The title of the chat on screen, to pre-fill the rename box when it is opened (a chat
+    created by sending its first message got its title after the box was last filled)."""
+    tab = ctx.tab(request)
+    if tab.conv_id is None:
+        return ""
+    try:
+        return ctx.storage.get_conversation(tab.conv_id, owner=ctx.check(request))["title"]
+    except (KeyError, PermissionError):
+        return ""
