@@ -35,12 +35,13 @@ def test_preempted_reply_shows_paused_then_finishes(launch, browser):  # noqa: F
 
 
 def test_context_full_is_the_finish_reason(launch, browser):  # noqa: F811
-    server = launch(args=["--num-blocks", "64", "--max-model-len", "64"])
+    # ~34 prompt tokens leave 14 for the reply: a story does not end by itself that soon
+    server = launch(args=["--num-blocks", "64", "--max-model-len", "48"])
     page = _open(browser, server.url)
-    _sampling(page, max_tokens=63)
-    _send(page, "Count from one to one hundred in words.")
+    _sampling(page, max_tokens=47)
+    _send(page, "Write a long story about a dragon.")
     reply = _rows(page, "bot")[-1]
-    assert "context full (64/64 tokens)" in reply
+    assert "context full (48/48 tokens)" in reply
     assert "max tokens reached" not in reply
 
 
