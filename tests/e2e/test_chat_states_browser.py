@@ -12,20 +12,24 @@ pytestmark = pytest.mark.slow
 
 
 def test_preempted_reply_shows_paused_then_finishes(launch, browser):  # noqa: F811
-    # 9 blocks of 16 tokens: two chats of ~40-token prompts growing to 100 new tokens each cannot
-    # both fit, so the scheduler preempts the newer one until the older one ends.
-    server = launch(args=["--num-blocks", "9", "--max-model-len", "256", "--max-num-seqs", "2"])
+    # 6 blocks of 16 tokens (96 tokens): one story of ~34 prompt tokens growing by 60 tokens
+    # nearly fills the pool alone, so a second chat that joins takes the blocks the first one
+    # needs to grow, and the scheduler preempts the newer one until the older one ends.
+    server = launch(args=["--num-blocks", "6", "--max-model-len", "96", "--max-num-seqs", "2"])
     a = _open(browser, server.url)
     b = _open(browser, server.url)
     for page in (a, b):
-        _sampling(page, max_tokens=100)
-    a.fill("#msg textarea", "Count from one to one hundred in words.")
+        _sampling(page, max_tokens=60)
+    a.fill("#msg textarea", "Write a long story about a dragon.")
     a.keyboard.press("Enter")
     _wait(lambda: len(_rows(a, "bot")) and len(_rows(a, "bot")[-1]) > 5, timeout=60)
-    b.fill("#msg textarea", "Count from one to one hundred in words, please.")
+    b.fill("#msg textarea", "Tell me a long tale of a brave knight.")
     b.keyboard.press("Enter")
-    seen = _wait(lambda: next((s for s in (_status(a), _status(b)) if "memory full, resuming" in s), None),
-                 timeout=120, every=0.05)
+    try:
+        seen = _wait(lambda: next((s for s in (_status(a), _status(b)) if "memory full, resuming" in s), None),
+                     timeout=120, every=0.05)
+    except TimeoutError:
+        raise AssertionError(f"no paused state shown; engine stats: {server.kv()['stats']}")
     assert seen.startswith("paused")
     _wait(lambda: _done(a) and _done(b), timeout=240)
     assert _status(a).strip() == "finished" and _status(b).strip() == "finished"
