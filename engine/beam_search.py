@@ -172,7 +172,7 @@ class BeamGroup:
                 engine.scheduler.remove(s)
                 if engine.kv.has_sequence(s.seq_id):
                     engine.kv.free(s.seq_id)
-                s.status, s.num_computed = SeqStatus.WAITING, 0
+                s.status = SeqStatus.WAITING      # the manager dropped its blocks (num_computed is its)
             return
         rows = torch.stack([self.rows.pop(b.seq.seq_id) for b in self.beams]).float()
         self._step(engine, rows)
@@ -259,10 +259,10 @@ class BeamGroup:
             child.cached_tokens = parent.cached_tokens
             if engine.kv.has_sequence(child.seq_id):     # shares the parent's blocks: runs next to it
                 sched.add_forked(parent, child)
-                if parent.num_computed % bs:             # both will write into a shared partial block
+                if engine.kv.num_computed(parent.seq_id) % bs:   # both will write into a shared partial block
                     self.stats["partial_block_divergences"] += 1
         for s in reversed([s for s in new_seqs if not engine.kv.has_sequence(s.seq_id)]):
-            s.status, s.num_computed = SeqStatus.WAITING, 0     # released while waiting: recompute,
+            s.status = SeqStatus.WAITING                        # released while waiting: recompute,
             sched.waiting.appendleft(s)                         # first in line, in rank order
         self.stats["forks"] += len(forked)
         self.stats["frees"] += len(freed)
@@ -299,7 +299,7 @@ class BeamGroup:
         ev = BeamStepEvent(
             self.req.request_id, self.generated,
             tuple((b.seq.seq_id, tuple(b.seq.output_ids), b.cum) for b in self.beams),
-            tuple((pa.seq_id, ch.seq_id, pa.num_computed) for pa, ch in forked),
+            tuple((pa.seq_id, ch.seq_id, engine.kv.num_computed(pa.seq_id)) for pa, ch in forked),
             tuple(s.seq_id for s in freed), len(self.finished), done)
         try:
             self.on_step(ev)
