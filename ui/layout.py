@@ -8,7 +8,7 @@ from __future__ import annotations
 import fastapi
 import gradio as gr
 
-from ui.chat import branches, confirm
+from ui.chat import beam, branches, confirm
 from ui.chat import handlers as chat
 from ui.chat import sidebar as side
 from ui.chat import view
@@ -125,7 +125,9 @@ def _sampling_controls(llm):
             n = gr.Slider(1, view.MAX_ALTERNATIVES, value=1, step=1,
                           label="Alternatives (n, side by side; they share the prompt's blocks)",
                           elem_id="n-alternatives")
-    return [temperature, top_p, top_k, max_tokens, rep, seed, n]
+            decoding = gr.Dropdown(beam.CHOICES, value=beam.SAMPLE, label="Decoding (beam search: the k best "
+                                   "replies side by side; they share the prompt's blocks)", elem_id="decoding")
+    return [temperature, top_p, top_k, max_tokens, rep, seed, n, decoding]
 
 
 def build_demo(ctx: ChatContext) -> gr.Blocks:
@@ -211,21 +213,27 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     stream_opts = dict(concurrency_limit=None, show_progress="minimal")
 
     # Explicit parameters: Gradio maps inputs by position and finds gr.Request by annotation.
-    async def send(message, temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n,
-                   request: gr.Request):
+    def settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding):
         kw = view.sampling_kwargs(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n)
+        if beam.beam_width(decoding):
+            kw["beam_width"] = beam.beam_width(decoding)
+        return kw
+
+    async def send(message, temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n,
+                   decoding=beam.SAMPLE, request: gr.Request = None):
+        kw = settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding)
         async for out in chat.send(ctx, message, kw, request):
             yield out
 
     async def regenerate(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n,
-                         request: gr.Request):
-        kw = view.sampling_kwargs(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n)
+                         decoding=beam.SAMPLE, request: gr.Request = None):
+        kw = settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding)
         async for out in chat.regenerate(ctx, kw, request):
             yield out
 
-    async def edit(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n,
+    async def edit(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding,
                    edit_data: gr.EditData, request: gr.Request):
-        kw = view.sampling_kwargs(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n)
+        kw = settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding)
         async for out in chat.edit(ctx, edit_data.index, edit_data.value, kw, request):
             yield out
 

@@ -151,3 +151,27 @@ def test_enter_while_busy_esc_copy_and_delete_confirmation(module_server, browse
     page.locator("#delete-yes").click()
     _wait(lambda: "Write a long story" not in page.locator("#conv-list").inner_text(), timeout=10)
     page.context.close()
+
+
+def test_beam_search_option_shows_k_beams_side_by_side_and_one_can_be_picked(module_server, browser):  # noqa: F811
+    page = _open(browser, module_server.url)
+    page.locator("#new-chat").click()
+    _sampling(page, max_tokens=8)
+    page.locator("#sampling .label-wrap").first.click()
+    page.locator("#decoding input").click()
+    page.locator("#decoding input").fill("width 3")
+    page.locator("#decoding input").press("Enter")
+    page.locator("#sampling .label-wrap").first.click()
+    _send(page, "What is the capital of France?")
+    _wait(lambda: page.locator("#pick-2").is_visible(), timeout=60)
+    beams = [page.locator(f"#alt-{k}").inner_text() for k in range(3)]
+    assert all(f"Beam {k + 1}" in beams[k] and "score" in beams[k] for k in range(3))
+    assert not page.locator("#alt-3").is_visible()
+    from tests.e2e.conftest import read_db
+    rows = read_db(module_server.db, "SELECT id, parent_id, role, content FROM messages ORDER BY id")
+    replies = [r for r in rows if r["role"] == "assistant"][-3:]
+    assert len({r["parent_id"] for r in replies}) == 1                # all 3 stored as versions of one reply
+    page.locator("#pick-2").click()
+    _wait(lambda: "alternative 3" in _status(page), timeout=20)
+    shown = _rows(page, "bot")[-1]
+    assert replies[2]["content"].split()[0] in shown and "3/3" in shown

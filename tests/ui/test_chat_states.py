@@ -42,3 +42,11 @@ def test_branch_arrows_link_to_the_neighbouring_versions_only():
     shown, ids = view.display_messages(path, {9: [5, 9]}, max_model_len=16)
     assert ids == [1, 9] and "2/2" in shown[1]["content"] and "context full (16/16 tokens)" in shown[1]["content"]
     assert "branch" not in shown[0]["content"]
+
+
+def test_decoding_choice_maps_to_a_beam_width():
+    from ui.chat import beam
+    assert beam.beam_width("sample") == 0 and beam.beam_width(None) == 0
+    assert beam.beam_width("beam search (width 3)") == 3
+    assert beam.beam_width("beam search (width 3); drop table") == 0
+    assert all(beam.beam_width(c) >= 2 for c in beam.CHOICES[1:])

@@ -91,6 +91,12 @@ async def generate(ctx: ChatContext, request, tab, conv_id: str, user_id: int, k
     st = ctx.storage
     path = view.path_until(st.get_messages(conv_id, through=user_id), user_id)
     messages = view.engine_messages(st.conversation_system_prompt(conv_id), path)
+    kw = dict(kw)
+    width = kw.pop("beam_width", 0)
+    if width:
+        async for out in _beam_reply(ctx, request, tab, conv_id, messages, path, user_id, width, kw, first_msg):
+            yield out
+        return
     turn = Turn(conv_id, user_id, kw["n"])
     try:
         start_turn(ctx, turn, messages, kw, sibling_of)
@@ -116,6 +122,31 @@ async def generate(ctx: ChatContext, request, tab, conv_id: str, user_id: int, k
         except Exception:
             pass
         raise
+
+
+async def _beam_reply(ctx, request, tab, conv_id, messages, path, user_id, width, kw, first_msg):
+    """Beam search instead of sampling (ui/chat/beam.py): one wait, then k beams side by side."""
+    from ui.chat import beam
+    try:
+        shown = show(tab, path, ctx)
+        tab.alt_ids = []
+        searching = f"beam search (width {width}): searching…"
+        yield outputs(first_msg, shown + [{"role": "assistant", "content": f"*{searching}*"}], searching,
+                      conversation_list(ctx, request, conv_id), [], busy=True)
+        try:
+            stored, alts = await beam.run(ctx, messages, conv_id, user_id, width, kw["max_tokens"])
+        except (ValueError, RuntimeError) as e:        # refused or failed: this request only
+            yield outputs(chat=shown + [{"role": "assistant", "content": view.error_notice(str(e))}],
+                          status=view.error_notice(str(e)), busy=False)
+            return
+        tab.alt_ids = stored
+        if tab.conv_id != conv_id:
+            yield _current_view(ctx, request, tab)
+            return
+        yield outputs(chat=show(tab, ctx.storage.get_messages(conv_id), ctx), status="finished",
+                      radio=conversation_list(ctx, request, conv_id), alts=alts, picks=len(stored), busy=False)
+    finally:
+        ctx.tabs.end(conv_id)
 
 
 async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[dict]):
