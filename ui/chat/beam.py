@@ -38,7 +38,8 @@ def store(st, user_id: int, conv_id: str, ids: list[int], out) -> list[int]:
     st.update_message(user_id, token_ids=list(ids))
     stored = []
     for seq in out.sequences:
-        stats = {"prompt_tokens": len(ids), "output_tokens": len(seq.token_ids), "finish_reason": seq.finish_reason}
+        # no prompt/cache counts: the search runs outside the chat session, its cache hits are not reported
+        stats = {"output_tokens": len(seq.token_ids), "finish_reason": seq.finish_reason}
         row = (st.add_sibling(stored[0], seq.text, token_ids=list(seq.token_ids)) if stored else
                st.add_message(conv_id, "assistant", seq.text, parent_id=user_id, token_ids=list(seq.token_ids)))
         st.add_reply_stats(row["id"], **stats)
