@@ -79,6 +79,11 @@ def test_edit_browse_back_and_continue_and_regenerate_arrows(module_server, brow
     _send(page, "And a number?")
     users = _rows(page, "user")
     assert len(users) == 3 and "fruit" in users[1] and "number" in users[2]
+    # the old branch's blocks were still shared/cached: the continued turn prefilled only its tail
+    from tests.e2e.conftest import read_db
+    stats = read_db(module_server.db, "SELECT s.prompt_tokens, s.cached_tokens FROM reply_stats s "
+                                      "ORDER BY s.message_id DESC LIMIT 1")[0]
+    assert stats["cached_tokens"] >= stats["prompt_tokens"] - 40, stats
     # regenerate the last reply: `< 2/2 >`, then back to `< 1/2 >`
     page.locator("#regenerate").click()
     _wait(lambda: page.locator("#stop").is_visible() or _done(page), timeout=30)
