@@ -132,7 +132,7 @@ def test_enter_while_busy_esc_copy_and_delete_confirmation(module_server, browse
     _wait(lambda: "One reply at a time" in _status(page) or "One reply at a time" in page.content(), timeout=10)
     assert page.locator("#msg textarea").input_value() == "second message"    # kept, not lost
     page.keyboard.press("Escape")                               # Esc stops
-    _wait(lambda: _done(page) and _status(page).strip() == "stopped", timeout=30)
+    _wait(lambda: _done(page) and _status(page).strip() == "stopped", timeout=60)
     # copy gives the reply's plain text (no stats line, no HTML)
     page.locator("#chatbot .message.bot").last.hover()
     page.locator("#chatbot button[title='Copy message'], #chatbot button[aria-label*='opy']").last.click()

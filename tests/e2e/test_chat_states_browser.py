@@ -73,4 +73,4 @@ def test_phone_drawer_closes_after_picking_a_chat_then_send_and_stop(module_serv
     stop = page.locator("#stop").bounding_box()
     assert stop["y"] + stop["height"] <= 844 and stop["x"] + stop["width"] <= 390
     page.locator("#stop").click()
-    _wait(lambda: _done(page) and _status(page).strip() == "stopped", timeout=30)
+    _wait(lambda: _done(page) and _status(page).strip() == "stopped", timeout=60)
