@@ -13,13 +13,13 @@ pytestmark = pytest.mark.slow
 
 def test_preempted_reply_shows_paused_then_finishes(launch, browser):  # noqa: F811
     # 6 blocks of 16 tokens (96 tokens): one story of ~34 prompt tokens growing by 60 tokens
-    # nearly fills the pool alone, so a second chat that joins takes the blocks the first one
+    # nearly fills the pool alone (greedy, so the replies' lengths do not vary run to run), so a second chat that joins takes the blocks the first one
     # needs to grow, and the scheduler preempts the newer one until the older one ends.
     server = launch(args=["--num-blocks", "6", "--max-model-len", "96", "--max-num-seqs", "2"])
     a = _open(browser, server.url)
     b = _open(browser, server.url)
     for page in (a, b):
-        _sampling(page, max_tokens=60)
+        _sampling(page, max_tokens=60, temperature=0)
     a.fill("#msg textarea", "Write a long story about a dragon.")
     a.keyboard.press("Enter")
     _wait(lambda: len(_rows(a, "bot")) and len(_rows(a, "bot")[-1]) > 5, timeout=60)

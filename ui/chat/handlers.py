@@ -20,7 +20,7 @@ from ui.chat.context import ChatContext
 from ui.chat.turn import Turn, abort_turn, start_turn
 
 YIELD_S = 0.05         # at most ~20 page updates a second per stream
-PAUSE_CHECK_S = 0.5    # a reply with no token for this long: ask the engine's log if it was preempted
+PAUSE_CHECK_S = 0.3    # a reply with no token for this long: ask the engine's log if it was preempted
 # msg box, chatbot, status, conversation list, alt row, alts, pick buttons, send, stop
 N_OUTPUTS = 7 + 2 * view.MAX_ALTERNATIVES
 ONE_AT_A_TIME = ("One reply at a time: a reply is already being generated in this chat. Your message is kept in the box; "
