@@ -6,6 +6,13 @@ created after it, so that message is a leaf: the active path is "the newest leaf
 ancestors". Editing a past message or regenerating a reply adds a sibling (``add_sibling``);
 the new branch becomes active and the old one stays in the database. Continuing an older
 branch (``add_message`` with its leaf as ``parent_id``) makes that branch active again.
+
+Browsing versions (``< 2/3 >``) without writing a message: ``select_branch(message_id)`` records
+that message in ``active_branch``; the active path is then the ancestry of the newest leaf under
+it. Any new message clears that choice (the new message is the newest leaf, hence active).
+The n alternatives of one reply are stored as siblings, so picking one is a ``select_branch``.
+The conversation title follows the first user message of the active branch while the user has
+not renamed the chat (the title still equals the one derived from the old first message).
 """
 
 import json
@@ -58,6 +65,26 @@ class MessagesMixin:
     def _conversation_messages(self, conv_id):
         return self._message_rows("m.conversation_id = ?", [conv_id])
 
+    def _selected(self, conv_id):
+        rows = self._rows("SELECT message_id FROM active_branch WHERE conversation_id = ?", [conv_id])
+        return rows[0]["message_id"] if rows else None
+
+    def _branch(self, conv_id, through=None):
+        messages = self._conversation_messages(conv_id)
+        if through is None:
+            through = self._selected(conv_id)
+        return self._active_path(messages, through)
+
+    def _follow_title(self, conv_id, old_path, new_path):
+        """Auto titles follow the first user message of the active branch; a renamed one stays."""
+        def first(path):
+            return next((m["content"] for m in path if m["role"] == "user" and m["content"].strip()), None)
+        old, new = first(old_path), first(new_path)
+        if old is None or new is None or old == new:
+            return None
+        conv = self._rows("SELECT title FROM conversations WHERE id = ?", [conv_id])[0]
+        return title_from(new) if conv["title"] == title_from(old) else None
+
     @staticmethod
     def _active_path(messages, through=None):
         """Ancestry of the newest leaf (of ``through``'s subtree when given)."""
@@ -81,6 +108,7 @@ class MessagesMixin:
 
     def _insert_message(self, conv_id, parent_id, role, content, token_ids, status, created_at=None):
         tokens = json.dumps(token_ids) if token_ids is not None else None
+        self.db.execute("DELETE FROM active_branch WHERE conversation_id = ?", [conv_id])
         cur = self.db.execute(
             "INSERT INTO messages (conversation_id, parent_id, role, content, token_ids, status,"
             " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -112,8 +140,8 @@ class MessagesMixin:
         schema.check_choice("status", status, STATUSES)
         token_ids = schema.check_token_ids(token_ids)
         if parent_id is None:
-            last = self._rows("SELECT max(id) AS id FROM messages WHERE conversation_id = ?", [conv_id])
-            parent_id = last[0]["id"]
+            branch = self._branch(conv_id)
+            parent_id = branch[-1]["id"] if branch else None
         elif not self._rows(
             "SELECT id FROM messages WHERE id = ? AND conversation_id = ?", [parent_id, conv_id]
         ):
@@ -139,12 +167,29 @@ class MessagesMixin:
         schema.check_text("content", content)
         schema.check_choice("status", status, STATUSES)
         token_ids = schema.check_token_ids(token_ids)
+        conv_id = old["conversation_id"]
+        before = self._branch(conv_id)
         with self.db.atomic():
-            new_id = self._insert_message(
-                old["conversation_id"], old["parent_id"], old["role"], content, token_ids, status
-            )
-            self._touch(old["conversation_id"])
+            new_id = self._insert_message(conv_id, old["parent_id"], old["role"], content, token_ids, status)
+            self._touch(conv_id, self._follow_title(conv_id, before, self._branch(conv_id)))
         return self._message(new_id, None)
+
+    @write_to_existing
+    @locked
+    def select_branch(self, message_id, owner=None):
+        """Show the branch through ``message_id`` (a version picked with ``< 2/3 >``, or the
+        alternative the user continues with); returns the new active path."""
+        msg = self._message(message_id, owner)
+        conv_id = msg["conversation_id"]
+        before = self._branch(conv_id)
+        with self.db.atomic():
+            self.db.execute(
+                "INSERT OR REPLACE INTO active_branch (conversation_id, message_id) VALUES (?, ?)",
+                [conv_id, message_id],
+            )
+            after = self._branch(conv_id)
+            self._touch(conv_id, self._follow_title(conv_id, before, after))
+        return after
 
     @write_to_existing
     @locked
@@ -186,7 +231,7 @@ class MessagesMixin:
         """The active branch, root first. ``through``: show the branch containing that message
         (its newest descendant's ancestry), e.g. when the user flips to an older sibling."""
         self._conversation(conv_id, owner)
-        return self._active_path(self._conversation_messages(conv_id), through)
+        return self._branch(conv_id, through)
 
     @locked
     def get_siblings(self, message_id, owner=None):
@@ -195,3 +240,21 @@ class MessagesMixin:
         return self._message_rows(
             "m.conversation_id = ? AND m.parent_id IS ?", [msg["conversation_id"], msg["parent_id"]]
         )
+
+    @locked
+    def branch_versions(self, conv_id, owner=None):
+        """For every message with versions (same parent and role): message id -> the ids of all
+        its versions, oldest first. One query, for drawing ``< 2/3 >`` on the active branch."""
+        self._conversation(conv_id, owner)
+        groups = {}
+        for row in self._rows(
+            "SELECT id, parent_id, role FROM messages WHERE conversation_id = ? ORDER BY id", [conv_id]
+        ):
+            groups.setdefault((row["parent_id"], row["role"]), []).append(row["id"])
+        return {i: ids for ids in groups.values() if len(ids) > 1 for i in ids}
+
+    @locked
+    def count_messages(self, conv_id, owner=None):
+        """Every stored message of the conversation, all branches (what a delete removes)."""
+        self._conversation(conv_id, owner)
+        return self._rows("SELECT count(*) AS n FROM messages WHERE conversation_id = ?", [conv_id])[0]["n"]

@@ -85,6 +85,17 @@ def m004_reply_cached_blocks(db):
     db.execute("ALTER TABLE reply_stats ADD COLUMN cached_blocks INTEGER")
 
 
+@MIGRATIONS()
+def m005_active_branch(db):
+    # Which branch a conversation shows: the ancestry of the newest leaf under `message_id`.
+    # No row means "the newest leaf of the conversation" (the state right after any new message).
+    db.execute(
+        """CREATE TABLE active_branch (
+            conversation_id TEXT PRIMARY KEY REFERENCES conversations(id) ON DELETE CASCADE,
+            message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE)"""
+    )
+
+
 def check_choice(name, value, choices):
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import fastapi
 import gradio as gr
 
+from ui.chat import beam, branches, confirm
 from ui.chat import handlers as chat
 from ui.chat import sidebar as side
 from ui.chat import limits, view
@@ -24,10 +25,85 @@ from routes.security import install_security
 
 CSS = """
 .reply-stats { font-size: 0.78em; opacity: 0.65; }
+.branch-nav { font-size: 0.85em; opacity: 0.8; user-select: none; white-space: nowrap; }
+.branch-nav a { text-decoration: none; padding: 0 0.35em; font-weight: bold; }
 #conv-list .wrap { flex-direction: column; align-items: stretch; gap: 2px; }
 #conv-list label { width: 100%; }
 #chat-status { min-height: 1.4em; font-size: 0.85em; opacity: 0.8; }
+#model-line { font-size: 0.8em; opacity: 0.75; }
+.offscreen { position: absolute !important; left: -10000px !important; width: 1px !important;
+             height: 1px !important; overflow: hidden !important; }
+#composer { flex-wrap: nowrap !important; align-items: flex-end; }
+@media (max-width: 640px) {
+  #composer { position: sticky; bottom: 0; z-index: 5; background: var(--body-background-fill); }
+  #composer #send, #composer #stop { min-width: 64px !important; flex-grow: 0 !important; }
+  #chatbot { height: 58vh !important; }
+  #alt-row { flex-direction: column; }
+}
 """
+
+# The page's script, installed once on load: (1) the `< k/n >` links in messages switch versions
+# through a hidden textbox + button (Gradio cannot bind events to HTML inside a message);
+# (2) Esc stops the reply and Enter sends an edited message (Shift+Enter: new line); (3) the chatbot's copy buttons copy the reply's text only (no stats
+# line, no arrows, never HTML); (4) on a phone the sidebar drawer closes once a chat is picked.
+PAGE_JS = """() => {
+  if (window.__pagedChat) { return; }
+  window.__pagedChat = true;
+  const clickHidden = (boxId, btnId, value) => {
+    const box = document.querySelector(`#${boxId} textarea, #${boxId} input`);
+    const btn = document.querySelector(`#${btnId}`);
+    if (!box || !btn) { return; }
+    box.value = value;
+    box.dispatchEvent(new Event("input", { bubbles: true }));
+    setTimeout(() => btn.click(), 30);
+  };
+  document.addEventListener("click", (e) => {
+    const a = e.target.closest && e.target.closest('a[href*="#branch-"]');
+    if (a) {
+      e.preventDefault(); e.stopPropagation();
+      const id = a.getAttribute("href").split("#branch-")[1];
+      clickHidden("branch-cmd", "branch-go", `${id}:${Date.now()}`);
+      return;
+    }
+    const copy = e.target.closest && e.target.closest('#chatbot button');
+    if (copy && /copy/i.test((copy.getAttribute("title") || "") + (copy.getAttribute("aria-label") || ""))) {
+      let row = copy.closest(".message-buttons") || copy;      // the buttons follow their message's row
+      while (row && !(row.classList && row.classList.contains("message-row"))) {
+        row = row.previousElementSibling || null;
+      }
+      const msg = (row || copy.closest(".message-row"))?.querySelector(".message-content");
+      const body = msg ? msg.cloneNode(true) : null;
+      if (!body) { return; }
+      e.preventDefault(); e.stopPropagation();
+      body.querySelectorAll(".reply-stats, .branch-nav, button, svg").forEach((n) => n.remove());
+      const text = body.innerText.trim();
+      window.__lastCopied = text;
+      if (navigator.clipboard) { navigator.clipboard.writeText(text).catch(() => {}); }
+      return;
+    }
+    const pickedChat = e.target.closest && e.target.closest("#conv-list label");
+    if (pickedChat && window.innerWidth <= 640) {
+      setTimeout(() => {
+        const side = document.querySelector(".sidebar.open > .toggle-button");
+        if (side) { side.click(); }
+      }, 50);
+    }
+  }, true);
+  if (window.innerWidth <= 640) {       // a phone opens on the chat; the list is a drawer
+    setTimeout(() => document.querySelector(".sidebar.open > .toggle-button")?.click(), 300);
+  }
+  document.addEventListener("keydown", (e) => {
+    const edit = e.target.closest && e.target.closest("#chatbot textarea");
+    if (edit && e.key === "Enter" && !e.shiftKey && !e.isComposing) {    // edit box: Enter sends
+      const submit = document.querySelector("#chatbot button[title='Submit'], #chatbot button[aria-label='Submit']");
+      if (submit) { e.preventDefault(); e.stopPropagation(); submit.click(); }
+      return;
+    }
+    if (e.key !== "Escape") { return; }
+    const stop = document.querySelector("#stop");
+    if (stop && stop.offsetParent !== null) { e.preventDefault(); stop.click(); }
+  }, true);
+}"""
 
 
 LIST_REFRESH_S = 2.0
@@ -53,12 +129,14 @@ def _sampling_controls(llm):
             n = gr.Slider(1, view.MAX_ALTERNATIVES, value=1, step=1,
                           label="Alternatives (n, side by side; they share the prompt's blocks)",
                           elem_id="n-alternatives")
-    return [temperature, top_p, top_k, max_tokens, rep, seed, n]
+            decoding = gr.Dropdown(beam.CHOICES, value=beam.SAMPLE, label="Decoding (beam search: the k best "
+                                   "replies side by side; they share the prompt's blocks)", elem_id="decoding")
+    return [temperature, top_p, top_k, max_tokens, rep, seed, n, decoding]
 
 
 def build_demo(ctx: ChatContext) -> gr.Blocks:
     with gr.Blocks(title="Paged chat") as demo:
-        with gr.Sidebar(open=True, width=300):
+        with gr.Sidebar(open=True, width=300, elem_id="sidebar"):
             gr.Markdown("### Conversations")
             new_btn = gr.Button("+ New chat", variant="primary", size="sm", elem_id="new-chat")
             with gr.Row():
@@ -68,33 +146,50 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
             conv_list = gr.Radio(choices=[], value=None, show_label=False, elem_id="conv-list")
             timer = gr.Timer(LIST_REFRESH_S)
             open_id = gr.Textbox(visible=False, label="Conversation id")   # API: open any id
-            with gr.Accordion("Rename · delete · export · import", open=False):
-                title = gr.Textbox(label="Title", max_lines=1)
+            with gr.Accordion("Rename · delete · export · import", open=False) as manage:
+                title = gr.Textbox(label="Title (of the chat on screen)", max_lines=1, elem_id="chat-title")
                 with gr.Row():
                     rename_btn = gr.Button("Rename", size="sm")
-                    delete_btn = gr.Button("Delete", variant="stop", size="sm")
+                    delete_btn = gr.Button("Delete…", variant="stop", size="sm", elem_id="delete")
+                with gr.Group(visible=False, elem_id="delete-confirm") as delete_confirm:
+                    delete_question = gr.Markdown()
+                    with gr.Row():
+                        delete_yes = gr.Button("Yes, delete", variant="stop", size="sm", elem_id="delete-yes")
+                        delete_no = gr.Button("Cancel", size="sm", elem_id="delete-no")
                 with gr.Row():
                     export_json_btn = gr.Button("Export JSON", size="sm")
                     export_md_btn = gr.Button("Export Markdown", size="sm")
                 export_file = gr.File(label="Download", interactive=False)
                 import_file = gr.UploadButton("Import JSON…", file_types=[".json"], size="sm")
         with gr.Tab("Chat") as chat_tab:
+            info = ctx.llm.model_info()
+            gr.Markdown(f"Model **{info.name}** · context {ctx.max_model_len} tokens "
+                        f"(prompt + reply) · KV blocks of {info.block_size} tokens", elem_id="model-line")
             chatbot = gr.Chatbot(height=520, editable="user", label="Chat", elem_id="chatbot",
                                  placeholder="Start a conversation: every open chat is a live engine session "
                                              "that keeps its KV blocks between turns.",
                                  buttons=["copy"])
             status = gr.Markdown(" ", elem_id="chat-status")
-            with gr.Row(visible=False) as alt_row:
-                alt_mds = [gr.Markdown(visible=False, elem_id=f"alt-{i}", elem_classes=["alternative"],
-                                       container=True) for i in range(view.MAX_ALTERNATIVES)]
-            with gr.Row():
+            with gr.Row(visible=False, elem_id="alt-row") as alt_row:
+                alt_mds, pick_btns = [], []
+                for i in range(view.MAX_ALTERNATIVES):
+                    with gr.Column(min_width=160):
+                        alt_mds.append(gr.Markdown(visible=False, elem_id=f"alt-{i}", elem_classes=["alternative"],
+                                                   container=True))
+                        pick_btns.append(gr.Button("Continue with this one", size="sm", visible=False,
+                                                   elem_id=f"pick-{i}"))
+            with gr.Row(elem_id="composer"):
                 msg = gr.Textbox(label="Message", placeholder="Message (Enter to send, Shift+Enter for a new line)",
                                  show_label=False, scale=8, lines=1, max_lines=8, elem_id="msg", autofocus=True)
+                # one place, one button: Send while idle, Stop (or Esc) while a reply is generated
                 send_btn = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id="send")
-                stop_btn = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="stop")
+                stop_btn = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="stop", visible=False)
             with gr.Row():
                 regen_btn = gr.Button("Regenerate", size="sm", elem_id="regenerate")
-                clear_btn = gr.Button("Clear (new chat)", size="sm")
+            # `< k/n >` links in messages write "<message id>:<nonce>" here (PAGE_JS), then click
+            branch_cmd = gr.Textbox(elem_id="branch-cmd", elem_classes=["offscreen"], show_label=False,
+                                    container=False)
+            branch_go = gr.Button("switch version", elem_id="branch-go", elem_classes=["offscreen"])
             with gr.Accordion("System prompt", open=False, elem_id="system-prompt"):
                 shared_prompt = gr.Textbox(label="Shared system prompt (every new chat starts with it, so "
                                                  "their first blocks are shared)", lines=3)
@@ -125,40 +220,61 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
 def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     chatbot, msg, status, conv_list, alt_row = c["chatbot"], c["msg"], c["status"], c["conv_list"], c["alt_row"]
     sampling = c["sampling"]
-    chat_out = [msg, chatbot, status, conv_list, alt_row, *c["alt_mds"]]
+    chat_out = [msg, chatbot, status, conv_list, alt_row, *c["alt_mds"], *c["pick_btns"],
+                c["send_btn"], c["stop_btn"]]
     view_out = [chatbot, status, conv_list, c["title"], c["override"], c["prompt_line"], alt_row]
     stream_opts = dict(concurrency_limit=None, show_progress="minimal")
 
     # Explicit parameters: Gradio maps inputs by position and finds gr.Request by annotation.
+    def settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding):
+        kw = limits.sampling(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n)   # validate first
+        if beam.beam_width(decoding):
+            kw["beam_width"] = beam.beam_width(decoding)
+        return kw
+
     async def send(message, temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n,
-                   request: gr.Request):
-        kw = limits.sampling(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n)
+                   decoding=beam.SAMPLE, request: gr.Request = None):
+        kw = settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding)
         async for out in chat.send(ctx, message, kw, request):
             yield out
 
     async def regenerate(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n,
-                         request: gr.Request):
-        kw = limits.sampling(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n)
+                         decoding=beam.SAMPLE, request: gr.Request = None):
+        kw = settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding)
         async for out in chat.regenerate(ctx, kw, request):
             yield out
 
-    async def edit(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n,
+    async def edit(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding,
                    edit_data: gr.EditData, request: gr.Request):
-        kw = limits.sampling(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n)
+        kw = settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding)
         async for out in chat.edit(ctx, edit_data.index, edit_data.value, kw, request):
             yield out
 
     events = [
         c["send_btn"].click(send, [msg, *sampling], chat_out, api_name="send", **stream_opts),
-        msg.submit(send, [msg, *sampling], chat_out, api_name=False, **stream_opts),
+        # "multiple": Enter while a reply streams must reach the server, which says "one reply at
+        # a time" (Gradio's default would drop the second trigger silently)
+        msg.submit(send, [msg, *sampling], chat_out, api_name=False, trigger_mode="multiple", **stream_opts),
         c["regen_btn"].click(regenerate, sampling, chat_out, api_name="regenerate", **stream_opts),
         chatbot.edit(edit, sampling, chat_out, api_name=False, **stream_opts),
     ]
     async def stop(request: gr.Request):
         return await chat.stop(ctx, request)
 
-    c["stop_btn"].click(stop, None, [chatbot, status], cancels=events, api_name="stop",
-                        concurrency_limit=None, show_progress="hidden")
+    c["stop_btn"].click(stop, None, [chatbot, status, c["send_btn"], c["stop_btn"]], cancels=events,
+                        api_name="stop", concurrency_limit=None, show_progress="hidden")
+
+    def switch_branch(command, request: gr.Request):
+        return branches.switch(ctx, command, request)
+
+    c["branch_go"].click(switch_branch, c["branch_cmd"], [chatbot, status, conv_list], api_name="switch_branch",
+                         concurrency_limit=None, show_progress="hidden")
+    for k, btn in enumerate(c["pick_btns"]):
+        def pick(request: gr.Request, k=k):
+            return branches.pick(ctx, k, request)
+        btn.click(pick, None, [chatbot, status, conv_list, *c["alt_mds"]], api_name=f"pick_alternative_{k + 1}",
+                  concurrency_limit=None, show_progress="hidden")
+    demo.load(None, None, None, js=PAGE_JS)
 
     def on_load(request: gr.Request):
         return side.on_load(ctx, request)
@@ -183,7 +299,14 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
         return side.rename(ctx, title, request)
 
     def delete(request: gr.Request):
-        return side.delete(ctx, request)
+        return side.delete(ctx, request) + (gr.Group(visible=False),)
+
+    def ask_delete(request: gr.Request):
+        question = confirm.delete_question(ctx, request)
+        return gr.Group(visible=question is not None), question or "", confirm.current_title(ctx, request)
+
+    def fill_title(request: gr.Request):
+        return confirm.current_title(ctx, request)
 
     def export_json(request: gr.Request):
         return side.export(ctx, "json", request)
@@ -214,7 +337,6 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
         follow, None, chat_out, api_name=False, **quick)
     demo.unload(on_unload)
     c["new_btn"].click(new_chat, None, view_out, api_name="new_chat", **quick)
-    c["clear_btn"].click(new_chat, None, view_out, api_name=False, **quick)
     chatbot.clear(new_chat, None, view_out, api_name=False, **quick)     # the chatbot's own trash icon
     # A click shows the chosen chat at once, then paints its reply live if one is being generated.
     conv_list.input(open_conv, conv_list, view_out, api_name=False, **quick).then(
@@ -229,7 +351,12 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     c["query"].change(search, c["query"], conv_list, api_name="search", **quick)
     c["refresh_btn"].click(search, c["query"], conv_list, api_name=False, **quick)   # chats from other tabs
     c["rename_btn"].click(rename, c["title"], conv_list, api_name="rename", **quick)
-    c["delete_btn"].click(delete, None, view_out, api_name="delete", **quick)
+    # Delete asks first, naming the chat and what goes with it; only "Yes, delete" deletes.
+    c["delete_btn"].click(ask_delete, None, [c["delete_confirm"], c["delete_question"], c["title"]],
+                          api_name=False, **quick)
+    c["manage"].expand(fill_title, None, c["title"], api_name=False, **quick)   # rename acts on the chat on screen
+    c["delete_no"].click(lambda: gr.Group(visible=False), None, c["delete_confirm"], api_name=False, **quick)
+    c["delete_yes"].click(delete, None, view_out + [c["delete_confirm"]], api_name="delete", **quick)
     c["export_json_btn"].click(export_json, None, c["export_file"], api_name="export_json", **quick)
     c["export_md_btn"].click(export_md, None, c["export_file"], api_name="export_markdown", **quick)
     c["import_file"].upload(import_json, c["import_file"], view_out, api_name="import_json", **quick)

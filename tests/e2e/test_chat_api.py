@@ -126,7 +126,7 @@ def test_turns_reuse_the_session_then_regenerate_alternatives_and_stop(module_se
     alts = [o for o in out[4:] if isinstance(o, dict) and o.get("visible")]   # (the Row is not in the API)
     assert len(alts) == 2 and all("Alternative" in a["value"] for a in alts)
     rows = api.read_db(module_server.db, "SELECT role FROM messages WHERE conversation_id = ?", (conv,))
-    assert [r["role"] for r in rows].count("assistant") == 3
+    assert [r["role"] for r in rows].count("assistant") == 4      # both alternatives stored (versions of the reply)
 
     # Stop mid-reply: the partial reply is kept as "stopped" and the request is aborted.
     job = c.submit("Tell me a very long story about bread.", *api.sampling(max_tokens=400), api_name="/send")

@@ -60,9 +60,9 @@ def _body(page) -> str:
 
 
 def _finished(page) -> bool:
-    """The status line under the chat shows the final stats of the last reply."""
+    """The status line under the chat says "finished"; the stats line is under the reply."""
     status = page.locator("#chat-status").inner_text()
-    return "tok/s" in status and "stopped" not in status
+    return status.strip() == "finished" and "tok/s" in _reply(page)      # the stats line: once, under the reply
 
 
 def _no_error_badge(page) -> None:

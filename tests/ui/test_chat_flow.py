@@ -144,7 +144,8 @@ def test_stop_button_aborts_in_the_engine_and_shows_the_stored_partial_reply(ctx
         async for out in agen:                               # the handler ends on its own
             outs.append(out)
         return outs, await stop
-    outs, (shown, line) = run(scenario())
+    outs, (shown, line, send_btn, stop_btn) = run(scenario())
+    assert prop(send_btn, "visible") and not prop(stop_btn, "visible")     # one button: Send again
     assert "stopped" in line and shown[-1]["content"].startswith("Once upon")
     conv = ctx.storage.list_conversations()[0]
     assert ctx.storage.get_messages(conv["id"])[-1]["status"] == "stopped"
@@ -168,10 +169,14 @@ def test_regenerate_adds_a_sibling_reply_and_n_alternatives_are_shown(ctx):
     outs = run(collect(chat.regenerate(ctx, dict(KW, n=2), req())))
     path = ctx.storage.get_messages(conv)
     assert len(path) == 2 and path[-1]["id"] != old["id"]
-    assert [s["id"] for s in ctx.storage.get_siblings(old["id"])] == [old["id"], path[-1]["id"]]
+    # both alternatives are stored as versions of the reply; the first one stays on screen
+    siblings = [s["id"] for s in ctx.storage.get_siblings(old["id"])]
+    assert siblings[:2] == [old["id"], path[-1]["id"]] and len(siblings) == 3
     last = outs[-1]
     assert prop(last[4], "visible") is True
     assert "Alternative 2" in prop(last[6], "value") and prop(last[7], "visible") is False
+    picks = last[5 + chat.view.MAX_ALTERNATIVES: 5 + 2 * chat.view.MAX_ALTERNATIVES]
+    assert [prop(b, "visible") for b in picks] == [True, True, False, False]
     assert ctx.llm.submitted[-1][0][-1]["content"] == "Hi"     # the prompt ends at the user message
 
 

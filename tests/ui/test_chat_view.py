@@ -35,7 +35,7 @@ def test_path_until_cuts_after_the_message():
 def test_stats_line_formats_tokens_ttft_speed_and_cache():
     stats = {"output_tokens": 24, "ttft_s": 0.2049, "tokens_per_s": 15.66, "prompt_tokens": 57,
              "cached_tokens": 44, "finish_reason": "stop"}
-    assert v.stats_line(stats) == "24 tokens · TTFT 205 ms · 15.7 tok/s · reused 44 of 57 prompt tokens from cache"
+    assert v.stats_line(stats) == "24 tokens · TTFT 205 ms · 15.7 tok/s · reused 44 of 57 prompt tokens from cache · end of turn"
     assert v.stats_line({"output_tokens": 1, "ttft_s": 1.5}) == "1 token · TTFT 1.50 s"
     assert v.stats_line({"output_tokens": 3}, "stopped") == "3 tokens · stopped"
     assert v.stats_line({"output_tokens": 3, "finish_reason": "length"}).endswith("max tokens reached")
@@ -100,8 +100,10 @@ def test_conversation_choices_and_filenames_and_prompt_summary():
     assert "shared system prompt (#2)" in v.prompt_summary(None, 2, 2)
 
 
-def test_alternative_markdown_labels_the_kept_one():
-    a0 = v.alternative_markdown(0, "x", {"output_tokens": 1})
+def test_alternative_markdown_labels_the_one_on_screen():
+    a0 = v.alternative_markdown(0, "x", {"output_tokens": 1}, chosen=True)
     a1 = v.alternative_markdown(1, "", None, admitted=False)
-    assert "Alternative 1" in a0 and "kept in the conversation" in a0 and "1 token" in a0
+    assert "Alternative 1" in a0 and "shown in the conversation" in a0 and "1 token" in a0
+    assert "shown in the conversation" not in v.alternative_markdown(0, "x", None)
+    assert "Beam 2" in v.alternative_markdown(1, "y", None, label="Beam")
     assert "Alternative 2" in a1 and "queued" in a1

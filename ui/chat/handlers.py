@@ -16,26 +16,48 @@ import time
 import gradio as gr
 
 from storage import ConversationDeletedError
-from ui.chat import limits, view
+from ui.chat import limits, states, view
 from ui.chat.context import ChatContext
 from ui.chat.turn import Turn, abort_turn, start_turn
 
 YIELD_S = 0.05         # at most ~20 page updates a second per stream
-N_OUTPUTS = 5 + view.MAX_ALTERNATIVES   # msg box, chatbot, status, conversation list, alt row, alts
+PAUSE_CHECK_S = 0.3    # a reply with no token for this long: ask the engine's log if it was preempted
+# msg box, chatbot, status, conversation list, alt row, alts, pick buttons, send, stop
+N_OUTPUTS = 7 + 2 * view.MAX_ALTERNATIVES
+ONE_AT_A_TIME = ("One reply at a time: a reply is already being generated in this chat. Your message is kept in the box; "
+                 "send it when the reply ends, or press Stop (Esc).")
 
 
-def outputs(msg=None, chat=None, status=None, radio=None, alts=None) -> tuple:
-    """One yield of a chat event, with gr.skip() for everything not given."""
+def outputs(msg=None, chat=None, status=None, radio=None, alts=None, picks=0, busy=None) -> tuple:
+    """One yield of a chat event, with gr.skip() for everything not given. `picks`: how many of
+    the alternatives get a "Continue with this one" button (0 while they are generating);
+    `busy`: show Stop instead of Send (one button that changes with the state)."""
     skip = gr.skip()
     out = [skip if msg is None else msg, skip if chat is None else chat,
            skip if status is None else status, skip if radio is None else radio]
     if alts is None:
-        out += [skip] * (1 + view.MAX_ALTERNATIVES)
+        out += [skip] * (1 + 2 * view.MAX_ALTERNATIVES)
     else:
         out.append(gr.Row(visible=bool(alts)))
         out += [gr.Markdown(value=alts[i], visible=True) if i < len(alts) else gr.Markdown(visible=False)
                 for i in range(view.MAX_ALTERNATIVES)]
+        out += [gr.Button(visible=i < picks) for i in range(view.MAX_ALTERNATIVES)]
+    if busy is None:
+        out += [skip, skip]
+    else:
+        out += [gr.Button(visible=not busy), gr.Button(visible=busy)]
     return tuple(out)
+
+
+def eos_ids(ctx: ChatContext) -> frozenset:
+    """The end-of-turn token ids (to tell "end of turn" from "stop sequence"), looked up once."""
+    cached = getattr(ctx, "_eos_ids", None)
+    if cached is None:
+        tok = ctx.llm.get_tokenizer()
+        eos = getattr(tok, "eos_token_id", None)
+        cached = frozenset([eos] if isinstance(eos, int) else (eos or ()))
+        ctx._eos_ids = cached
+    return cached
 
 
 def conversation_list(ctx: ChatContext, request, selected: str | None):
@@ -46,15 +68,21 @@ def conversation_list(ctx: ChatContext, request, selected: str | None):
     return gr.Radio(choices=choices, value=selected)
 
 
-def show(tab, path: list[dict]) -> list[dict]:
-    """The chatbot rows for `path`, recording what the tab now shows (for edits and repaints)."""
-    shown, tab.shown_ids = view.display_messages(path)
-    tab.view_sig = view_signature(path)
+def show(tab, path: list[dict], ctx: ChatContext | None = None) -> list[dict]:
+    """The chatbot rows for `path`, recording what the tab now shows (for edits and repaints).
+    With `ctx`, messages that have other versions get `< k/n >` and replies their finish reason."""
+    versions, limit, eos = {}, None, ()
+    if ctx is not None and path:
+        versions = ctx.storage.branch_versions(path[0]["conversation_id"])
+        limit, eos = ctx.max_model_len, eos_ids(ctx)
+    shown, tab.shown_ids = view.display_messages(path, versions, limit, eos)
+    tab.view_sig = view_signature(path, versions)
     return shown
 
 
-def view_signature(path: list[dict]) -> tuple:
-    return tuple((m["id"], m["status"], len(m["content"])) for m in path)
+def view_signature(path: list[dict], versions: dict | None = None) -> tuple:
+    n = sum(len(v) for v in (versions or {}).values())
+    return tuple((m["id"], m["status"], len(m["content"])) for m in path) + (n,)
 
 
 async def generate(ctx: ChatContext, request, tab, conv_id: str, user_id: int, kw: dict,
@@ -64,6 +92,12 @@ async def generate(ctx: ChatContext, request, tab, conv_id: str, user_id: int, k
     st = ctx.storage
     path = view.path_until(st.get_messages(conv_id, through=user_id), user_id)
     messages = view.engine_messages(st.conversation_system_prompt(conv_id), path)
+    kw = dict(kw)
+    width = kw.pop("beam_width", 0)
+    if width:
+        async for out in _beam_reply(ctx, request, tab, conv_id, messages, path, user_id, width, kw, first_msg):
+            yield out
+        return
     turn = Turn(conv_id, user_id, kw["n"], cache_salt=ctx.cache_salt(request))
     try:
         start_turn(ctx, turn, messages, kw, sibling_of)
@@ -71,10 +105,12 @@ async def generate(ctx: ChatContext, request, tab, conv_id: str, user_id: int, k
         ctx.tabs.end(conv_id)
         raise
     try:
-        shown = show(tab, path)
+        shown = show(tab, path, ctx)
+        tab.alt_ids = []
         alts = [view.alternative_markdown(i, "", None, admitted=False) for i in range(turn.n)] if turn.n > 1 else []
-        yield outputs(first_msg, shown + [{"role": "assistant", "content": view.QUEUED}],
-                      view.QUEUED, conversation_list(ctx, request, conv_id), alts)
+        queued = states.live_status(states.QUEUED, ctx.tabs.queue_position(turn))
+        yield outputs(first_msg, shown + [{"role": "assistant", "content": view.live_reply("", False, state=queued)}],
+                      queued, conversation_list(ctx, request, conv_id), alts, busy=True)
         async for out in follow_turn(ctx, request, tab, turn, shown):
             yield out
     except (asyncio.CancelledError, GeneratorExit):
@@ -89,11 +125,36 @@ async def generate(ctx: ChatContext, request, tab, conv_id: str, user_id: int, k
         raise
 
 
+async def _beam_reply(ctx, request, tab, conv_id, messages, path, user_id, width, kw, first_msg):
+    """Beam search instead of sampling (ui/chat/beam.py): one wait, then k beams side by side."""
+    from ui.chat import beam
+    try:
+        shown = show(tab, path, ctx)
+        tab.alt_ids = []
+        searching = f"beam search (width {width}): searching…"
+        yield outputs(first_msg, shown + [{"role": "assistant", "content": f"*{searching}*"}], searching,
+                      conversation_list(ctx, request, conv_id), [], busy=True)
+        try:
+            stored, alts = await beam.run(ctx, messages, conv_id, user_id, width, kw["max_tokens"])
+        except (ValueError, RuntimeError) as e:        # refused or failed: this request only
+            yield outputs(chat=shown + [{"role": "assistant", "content": view.error_notice(str(e))}],
+                          status=view.error_notice(str(e)), busy=False)
+            return
+        tab.alt_ids = stored
+        if tab.conv_id != conv_id:
+            yield _current_view(ctx, request, tab)
+            return
+        yield outputs(chat=show(tab, ctx.storage.get_messages(conv_id), ctx), status="finished",
+                      radio=conversation_list(ctx, request, conv_id), alts=alts, picks=len(stored), busy=False)
+    finally:
+        ctx.tabs.end(conv_id)
+
+
 async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[dict]):
     """Paint a running turn into this tab until it ends, or until the tab shows another chat."""
     tab.following = turn
     try:
-        last = -1
+        last, state, checked = -1, None, 0.0
         while not turn.finished:
             if tab.conv_id != turn.conv_id:
                 # The user opened another chat: stop painting. A paint of this reply may have
@@ -101,13 +162,16 @@ async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[di
                 # the tab shows now (the newer chat), never this reply again.
                 yield _current_view(ctx, request, tab)
                 return
-            if turn.version != last:
-                last = turn.version
-                live = view.live_reply(turn.texts[0], turn.admitted, turn.metrics[0] if turn.texts[0] else None)
+            now_state = await _live_state(ctx, turn, checked)
+            checked = time.monotonic() if now_state[1] else checked
+            if turn.version != last or now_state[0] != state:
+                last, state = turn.version, now_state[0]
+                live = view.live_reply(turn.texts[0], turn.admitted, turn.metrics[0] if turn.texts[0] else None,
+                                       state=None if state == states.live_status(states.GENERATING) else state)
                 alts = [view.alternative_markdown(k, turn.texts[k], turn.metrics[k] if turn.texts[k] else None,
                                                   turn.admitted) for k in range(turn.n)] if turn.n > 1 else None
-                yield outputs(chat=shown + [{"role": "assistant", "content": live}],
-                              status="generating…" if turn.admitted else view.QUEUED, alts=alts)
+                yield outputs(chat=shown + [{"role": "assistant", "content": live}], status=state, alts=alts,
+                              busy=True)
             await asyncio.sleep(YIELD_S)
         await turn.task
     finally:
@@ -118,22 +182,48 @@ async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[di
         return
     if turn.refused is not None:
         yield outputs(chat=shown + [{"role": "assistant", "content": view.error_notice(turn.refused)}],
-                      status=view.error_notice(turn.refused), alts=[])
+                      status=view.error_notice(turn.refused), alts=[], busy=False)
         return
     if turn.lost:                          # deleted meanwhile (#12.14): plain words, nothing raw
         yield outputs(chat=shown + [{"role": "assistant", "content": view.deleted_notice()}],
-                      status=view.deleted_notice(), radio=conversation_list(ctx, request, None), alts=[])
+                      status=view.deleted_notice(), radio=conversation_list(ctx, request, None), alts=[],
+                      busy=False)
         return
-    # Normal end: show the stored branch (with each reply's stats line) and the final alternatives.
-    shown = show(tab, ctx.storage.get_messages(turn.conv_id))
+    # Normal end: show the stored branch (each reply with its one stats line) and the alternatives,
+    # each with a button to continue with it. The status line says the state, not the stats again.
+    shown = show(tab, ctx.storage.get_messages(turn.conv_id), ctx)
     if turn.error and not turn.texts[0]:
         shown.append({"role": "assistant", "content": view.error_notice(turn.error)})
-    line = view.stats_line(turn.stats(0), turn.status)
-    if turn.error and turn.texts[0]:       # e.g. a remote backend dropped the stream: say why
-        line = f"{line} · {view.error_notice(turn.error)}" if line else view.error_notice(turn.error)
-    alts = [view.alternative_markdown(k, turn.texts[k], turn.stats(k), status="complete" if turn.done[k] else "stopped")
+    tab.alt_ids = list(turn.stored_ids) if turn.n > 1 else []
+    alts = [view.alternative_markdown(k, turn.texts[k], turn.stats(k),
+                                      status="complete" if turn.done[k] else "stopped", chosen=k == 0)
             for k in range(turn.n)] if turn.n > 1 else []
-    yield outputs(chat=shown, status=line or " ", radio=conversation_list(ctx, request, turn.conv_id), alts=alts)
+    yield outputs(chat=shown, status=final_status(turn), radio=conversation_list(ctx, request, turn.conv_id),
+                  alts=alts, picks=len(tab.alt_ids), busy=False)
+
+
+def final_status(turn: Turn) -> str:
+    if turn.status == "error":
+        return view.error_notice(turn.error or "error")
+    return "stopped" if turn.status == "stopped" else "finished"
+
+
+async def _live_state(ctx: ChatContext, turn: Turn, checked: float) -> tuple[str, bool]:
+    """(status text, whether the engine's preemption log was read). Queued with its position
+    until admitted; "paused: memory full, resuming…" when the engine preempted this request
+    after its last token (re-read at most every PAUSE_CHECK_S); else generating."""
+    if not turn.admitted:
+        return states.live_status(states.QUEUED, ctx.tabs.queue_position(turn)), False
+    read = False
+    if time.time() - turn.last_delta < PAUSE_CHECK_S:
+        turn.paused = False                  # tokens are flowing
+    elif time.monotonic() - checked >= PAUSE_CHECK_S:
+        try:
+            snap = await asyncio.to_thread(ctx.llm.latest_snapshot)
+        except Exception:                    # the engine is shutting down: claim nothing
+            snap = None
+        turn.paused, read = states.was_preempted(snap, turn.rid, turn.last_delta), True
+    return states.live_status(states.PAUSED if turn.paused else states.GENERATING), read
 
 
 def _current_view(ctx: ChatContext, request, tab) -> tuple:
@@ -142,7 +232,8 @@ def _current_view(ctx: ChatContext, request, tab) -> tuple:
         path = ctx.storage.get_messages(conv_id, owner=ctx.check(request)) if conv_id else []
     except (KeyError, PermissionError):
         path, conv_id = [], None
-    return outputs(chat=show(tab, path), status=" ", radio=conversation_list(ctx, request, conv_id), alts=[])
+    return outputs(chat=show(tab, path, ctx), status=" ", radio=conversation_list(ctx, request, conv_id), alts=[],
+                   busy=ctx.tabs.is_busy(conv_id) if conv_id else False)
 
 
 async def follow(ctx: ChatContext, request):
@@ -154,7 +245,7 @@ async def follow(ctx: ChatContext, request):
         yield outputs()
         return
     path = view.path_until(ctx.storage.get_messages(turn.conv_id, through=turn.user_id), turn.user_id)
-    async for out in follow_turn(ctx, request, tab, turn, show(tab, path)):
+    async for out in follow_turn(ctx, request, tab, turn, show(tab, path, ctx)):
         yield out
 
 
@@ -180,13 +271,13 @@ def refresh(ctx: ChatContext, query: str | None, request):
             path = ctx.storage.get_messages(tab.conv_id, owner=ctx.check(request))
         except (KeyError, PermissionError):
             path = None
-        if path is not None and view_signature(path) != tab.view_sig:
-            chat = show(tab, path)
+        if path is not None and view_signature(path, ctx.storage.branch_versions(tab.conv_id)) != tab.view_sig:
+            chat = show(tab, path, ctx)
     return radio, chat
 
 
 def _busy_notice() -> None:
-    gr.Warning("A reply is already being generated in this conversation (in another tab).")
+    gr.Warning(ONE_AT_A_TIME)
 
 
 def _current_conversation(ctx: ChatContext, request, tab):
@@ -214,7 +305,7 @@ async def send(ctx: ChatContext, message: str, kw: dict, request):
     prompt_len = await asyncio.to_thread(      # tokenizing: off the event loop
         ctx.prompt_tokens, view.engine_messages(system, path + [{"role": "user", "content": message}]))
     if prompt_len >= ctx.max_model_len:
-        shown, _ = view.display_messages(path)
+        shown = show(tab, path, ctx)
         notice = view.too_long_notice(prompt_len, ctx.max_model_len)
         yield outputs(chat=shown + [{"role": "user", "content": message}, {"role": "assistant", "content": notice}],
                       status=notice)
@@ -223,8 +314,8 @@ async def send(ctx: ChatContext, message: str, kw: dict, request):
         conv = st.create_conversation(owner=ctx.owner(request))
         ctx.tabs.open(tab, conv["id"])
     if not ctx.tabs.begin(conv["id"]):
-        _busy_notice()
-        yield outputs()
+        _busy_notice()               # the message stays in the box; the status line says why
+        yield outputs(status=ONE_AT_A_TIME)
         return
     try:
         user = st.add_message(conv["id"], "user", message, owner=ctx.check(request))
@@ -263,11 +354,12 @@ async def edit(ctx: ChatContext, index, new_text, kw: dict, request):
     conv = _current_conversation(ctx, request, tab)
     index = index[0] if isinstance(index, (list, tuple)) else index
     new_text = limits.message(view.text_of(new_text))
-    restore = view.display_messages(st.get_messages(conv["id"]))[0] if conv else []
-    if conv is None or not isinstance(index, int) or not 0 <= index < len(tab.shown_ids):
+    restore = show(tab, st.get_messages(conv["id"]), ctx) if conv else []
+    shown_ids = list(tab.shown_ids)
+    if conv is None or not isinstance(index, int) or not 0 <= index < len(shown_ids):
         yield outputs(chat=restore)
         return
-    old = st.get_message(tab.shown_ids[index], owner=ctx.check(request))
+    old = st.get_message(shown_ids[index], owner=ctx.check(request))
     if old["role"] != "user":
         gr.Info("Only your own messages can be edited.")
         yield outputs(chat=restore)
@@ -311,9 +403,6 @@ async def stop(ctx: ChatContext, request):
     while tab.conv_id is not None and ctx.tabs.is_busy(tab.conv_id) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     if tab.conv_id is None:
-        return gr.skip(), " "
-    path = ctx.storage.get_messages(tab.conv_id, owner=ctx.check(request))
-    shown = show(tab, path)
-    last = path[-1] if path else None
-    line = view.stats_line(last.get("stats"), last.get("status")) if last and last["role"] == "assistant" else ""
-    return shown, line or "stopped"
+        return gr.skip(), " ", gr.Button(visible=True), gr.Button(visible=False)
+    shown = show(tab, ctx.storage.get_messages(tab.conv_id, owner=ctx.check(request)), ctx)
+    return shown, "stopped", gr.Button(visible=True), gr.Button(visible=False)

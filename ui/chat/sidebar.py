@@ -29,7 +29,7 @@ def _prompt_line(ctx: ChatContext, conv: dict | None, request=None) -> str:
 
 def _conversation_view(ctx: ChatContext, request, tab, conv: dict | None):
     """(chatbot, status, list, title box, override box, prompt line, alt row) for a tab's chat."""
-    shown = show(tab, ctx.storage.get_messages(conv["id"]) if conv is not None else [])
+    shown = show(tab, ctx.storage.get_messages(conv["id"]) if conv is not None else [], ctx)
     return (shown, " ", conversation_list(ctx, request, conv["id"] if conv else None),
             conv["title"] if conv else "", (conv or {}).get("system_prompt_override") or "",
             _prompt_line(ctx, conv, request), gr.Row(visible=False))

@@ -74,6 +74,7 @@ class Tab:
     view_sig: tuple = ()                                 # what the chatbot shows (to repaint on change)
     list_sig: tuple = ()                                 # what the conversation list shows
     following: object = None                             # the Turn this tab is painting, if any
+    alt_ids: list[int] = field(default_factory=list)     # stored ids of the alternatives on screen
 
 
 class TabRegistry:
@@ -164,6 +165,12 @@ class TabRegistry:
         """The turn generating in turn.conv_id (after begin): every tab showing it can follow it."""
         with self._lock:
             self._turns[turn.conv_id] = turn
+
+    def queue_position(self, turn) -> int:
+        """1 + the chat turns submitted before `turn` that are still waiting for the engine."""
+        with self._lock:
+            ahead = [t for t in self._turns.values() if not t.admitted and t.created < turn.created]
+        return 1 + len(ahead)
 
     def turn(self, conv_id: str | None):
         """The running Turn of a conversation, or None."""

@@ -83,6 +83,10 @@ class Turn:
     cache_salt: str | None = None     # per-user prefix-cache salt under --auth (#12.2)
     submitted: object = None          # Future of the submit call
     task: asyncio.Task | None = None
+    created: float = field(default_factory=time.monotonic)   # queue order among chat turns
+    last_delta: float = field(default_factory=time.time)     # unix time of the last delta (preemption check)
+    stored_ids: list = field(default_factory=list)           # stored message id of each alternative
+    paused: bool = False              # preempted by the engine and waiting to resume (see states.py)
 
     def __post_init__(self):
         self.texts, self.toks = [""] * self.n, [[] for _ in range(self.n)]
@@ -126,6 +130,7 @@ async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
             turn.texts[i] += d.text
             turn.toks[i].extend(d.token_ids)
             turn.metrics[i] = d.metrics or turn.metrics[i]
+            turn.last_delta = time.time()
             if d.finished:
                 turn.done[i], turn.reasons[i] = True, d.finish_reason
                 turn.error = turn.error or d.error
@@ -140,11 +145,30 @@ async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
         try:
             if turn.refused is None and not turn.lost:
                 reply.finish(turn.texts[0], turn.toks[0], turn.status, turn.stats(0))
+                turn.stored_ids = [reply.id] if reply.id is not None else []
+                if reply.id is not None and turn.n > 1:
+                    _store_alternatives(st, turn, reply.id)
         except NotFoundError:
             turn.lost = True
         finally:
             ctx.tabs.end(turn.conv_id, None if all(turn.done) else turn.rid, turn.submitted, turn)
             turn.version += 1
+
+
+def _store_alternatives(st, turn: Turn, first_id: int) -> None:
+    """Alternatives 2..n are stored as versions (siblings) of the first reply, each with its own
+    ids and stats, so `< k/n >` browses them and picking one is a branch switch. The first one
+    stays on screen until the user picks another."""
+    for i in range(1, turn.n):
+        if not turn.texts[i] and not turn.toks[i]:
+            continue
+        status = "complete" if turn.done[i] and turn.reasons[i] in ("stop", "length") else "stopped"
+        row = st.add_sibling(first_id, turn.texts[i], token_ids=turn.toks[i], status=status)
+        stats = turn.stats(i)
+        if stats:
+            st.add_reply_stats(row["id"], **stats)
+        turn.stored_ids.append(row["id"])
+    st.select_branch(first_id)
 
 
 def _previous_ids(st, conv_id: str, user_id: int) -> list[int] | None:

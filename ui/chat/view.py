@@ -11,6 +11,7 @@ import math
 import re
 
 from ui.safe_markdown import safe_markdown
+from ui.chat.states import finish_text
 
 MAX_ALTERNATIVES = 4
 QUEUED = "*queued: waiting for a free slot in the engine…*"
@@ -58,8 +59,9 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-def stats_line(stats: dict | None, status: str | None = None) -> str:
-    """One line under a reply: tokens, time to first token, tokens/s, prompt tokens from cache."""
+def stats_line(stats: dict | None, status: str | None = None, finish: str | None = None) -> str:
+    """One line under a reply: tokens, time to first token, tokens/s, prompt tokens from cache,
+    and why it ended (`finish`, from states.finish_text; derived from the stats when not given)."""
     stats = stats or {}
     parts = []
     if stats.get("output_tokens") is not None:
@@ -75,12 +77,10 @@ def stats_line(stats: dict | None, status: str | None = None) -> str:
         blocks = stats.get("cached_blocks")
         shared = f" ({blocks} shared block{'s' if blocks != 1 else ''})" if blocks is not None else ""
         parts.append(f"reused {cached} of {stats['prompt_tokens']} prompt tokens from cache{shared}")
-    if status == "stopped":
-        parts.append("stopped")
-    elif status == "error":
-        parts.append("error")
-    elif stats.get("finish_reason") == "length":
-        parts.append("max tokens reached")
+    if finish is None:
+        finish = finish_text(stats, status)
+    if finish:
+        parts.append(finish)
     return " · ".join(parts)
 
 
@@ -95,37 +95,59 @@ def close_fences(text: str) -> str:
 def rendered(text: str) -> str:
     """Message text (untrusted: model output, imports) as Markdown the browser may render: no
     remote images, raw HTML, forms, scripts or script links (#12.7). Every shown message and
-    alternative goes through here; only our own stats footer is added after it."""
+    alternative goes through here; only our own stats footer and branch arrows are added after it."""
     return safe_markdown(close_fences(text))
 
 
-def with_footer(text: str, stats: dict | None, status: str | None = None) -> str:
+def with_footer(text: str, stats: dict | None, status: str | None = None, finish: str | None = None) -> str:
     """Reply text (made safe) plus its stats line, small and muted (display only; never sent to
     the model)."""
-    line = stats_line(stats, status)
+    line = stats_line(stats, status, finish)
     if not line:
         return rendered(text)
     return f'{rendered(text)}\n\n<span class="{STATS_CLASS}">{html.escape(line)}</span>'
 
 
-def display_messages(path: list[dict]) -> tuple[list[dict], list[int]]:
-    """Chatbot messages for a stored branch, and the stored id of each shown row."""
+BRANCH_HREF = "#branch-"
+
+
+def branch_nav(message_id: int, versions: list[int]) -> str:
+    """`< 2/3 >` under a message with several versions: two links the page's script turns into a
+    branch switch (ui/layout.py); a link at either end is left out rather than doing nothing."""
+    pos = versions.index(message_id)
+    prev = f"[‹]({BRANCH_HREF}{versions[pos - 1]})" if pos > 0 else "‹"
+    nxt = f"[›]({BRANCH_HREF}{versions[pos + 1]})" if pos + 1 < len(versions) else "›"
+    return f'\n\n<span class="branch-nav">{prev} {pos + 1}/{len(versions)} {nxt}</span>'
+
+
+def display_messages(path: list[dict], versions: dict | None = None, max_model_len: int | None = None,
+                     eos_ids=()) -> tuple[list[dict], list[int]]:
+    """Chatbot messages for a stored branch, and the stored id of each shown row. `versions`
+    (storage.branch_versions) adds `< k/n >` to messages that have other versions."""
     shown, ids = [], []
     for m in path:
         if m["role"] not in ("user", "assistant"):
             continue
         content = rendered(m["content"])
         if m["role"] == "assistant":
-            content = with_footer(m["content"], m.get("stats"), m.get("status"))
+            toks = m.get("token_ids") or []
+            finish = finish_text(m.get("stats"), m.get("status"), max_model_len,
+                                 toks[-1] if toks else None, eos_ids)
+            content = with_footer(m["content"], m.get("stats"), m.get("status"), finish)
+        if versions and m["id"] in versions:
+            content += branch_nav(m["id"], versions[m["id"]])
         shown.append({"role": m["role"], "content": content})
         ids.append(m["id"])
     return shown, ids
 
 
-def live_reply(text: str, admitted: bool, metrics: dict | None = None) -> str:
-    """The reply bubble while streaming: queued -> starting -> text with a running stats line."""
+def live_reply(text: str, admitted: bool, metrics: dict | None = None, state: str | None = None) -> str:
+    """The reply bubble while streaming: queued -> starting -> text with a running stats line
+    (`state`: a live status from states.live_status, shown in place of the stats while paused)."""
     if not admitted:
-        return QUEUED
+        return f"*{state}*" if state else QUEUED
+    if state and "paused" in state:
+        return (text + "\n\n" if text else "") + f"*{state}*"
     if not text:
         return STARTING
     return with_footer(text, metrics) if metrics else rendered(text)
@@ -173,10 +195,10 @@ def conversation_choices(rows: list[dict]) -> list[tuple[str, str]]:
 
 
 def alternative_markdown(index: int, text: str, stats: dict | None, admitted: bool = True,
-                         status: str | None = None) -> str:
-    head = f"**Alternative {index + 1}**"
-    if index == 0:
-        head += " · kept in the conversation"
+                         status: str | None = None, label: str = "Alternative", chosen: bool = False) -> str:
+    head = f"**{label} {index + 1}**"
+    if chosen:
+        head += " · shown in the conversation"
     body = live_reply(text, admitted) if not text or not admitted else rendered(text)
     line = stats_line(stats, status)
     return f"{head}\n\n{body}" + (f'\n\n<span class="{STATS_CLASS}">{html.escape(line)}</span>' if line else "")

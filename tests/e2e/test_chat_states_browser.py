@@ -1,0 +1,76 @@
+"""Honest states and the phone layout in real headless Chromium against the real model:
+a pool small enough that a second chat is preempted shows "paused: memory full, resuming…" and
+then finishes; a context that fills before max tokens says "context full (n/n tokens)"; at
+390x844 the sidebar is a drawer that closes once a chat is picked, and Send/Stop stay reachable."""
+import pytest
+
+from tests.e2e.polling import wait_until as _wait
+from tests.e2e.test_chat_branches_browser import _done, _open, _rows, _sampling, _send, _status
+from tests.e2e.test_chat_browser import browser  # noqa: F401  (the Chromium fixture)
+
+pytestmark = pytest.mark.slow
+
+
+def test_preempted_reply_shows_paused_then_finishes(launch, browser):  # noqa: F811
+    # 6 blocks of 16 tokens (96 tokens): one story of ~34 prompt tokens growing by 60 tokens
+    # nearly fills the pool alone (greedy, so the replies' lengths do not vary run to run), so a second chat that joins takes the blocks the first one
+    # needs to grow, and the scheduler preempts the newer one until the older one ends.
+    server = launch(args=["--num-blocks", "6", "--max-model-len", "96", "--max-num-seqs", "2"])
+    a = _open(browser, server.url)
+    b = _open(browser, server.url)
+    for page in (a, b):
+        _sampling(page, max_tokens=60, temperature=0)
+    a.fill("#msg textarea", "Write a long story about a dragon.")
+    a.keyboard.press("Enter")
+    _wait(lambda: len(_rows(a, "bot")) and len(_rows(a, "bot")[-1]) > 5, timeout=60)
+    b.fill("#msg textarea", "Tell me a long tale of a brave knight.")
+    b.keyboard.press("Enter")
+    try:
+        seen = _wait(lambda: next((s for s in (_status(a), _status(b)) if "memory full, resuming" in s), None),
+                     timeout=120, every=0.05)
+    except TimeoutError:
+        raise AssertionError(f"no paused state shown; engine stats: {server.kv()['stats']}")
+    assert seen.startswith("paused")
+    _wait(lambda: _done(a) and _done(b), timeout=240)
+    assert _status(a).strip() == "finished" and _status(b).strip() == "finished"
+    assert server.kv()["stats"]["num_preemptions"] >= 1
+    for page in (a, b):
+        assert "memory full" not in _rows(page, "bot")[-1]
+
+
+def test_context_full_is_the_finish_reason(launch, browser):  # noqa: F811
+    # ~34 prompt tokens leave 14 for the reply: a story does not end by itself that soon
+    server = launch(args=["--num-blocks", "64", "--max-model-len", "48"])
+    page = _open(browser, server.url)
+    _sampling(page, max_tokens=47)
+    _send(page, "Write a long story about a dragon.")
+    reply = _rows(page, "bot")[-1]
+    assert "context full (48/48 tokens)" in reply
+    assert "max tokens reached" not in reply
+
+
+def test_phone_drawer_closes_after_picking_a_chat_then_send_and_stop(module_server, browser):  # noqa: F811
+    desk = _open(browser, module_server.url)
+    _sampling(desk, max_tokens=8)
+    _send(desk, "Phone test chat")
+    desk.context.close()
+    page = _open(browser, module_server.url, viewport={"width": 390, "height": 844}, is_mobile=True,
+                 has_touch=True)
+    toggle = page.locator(".sidebar > .toggle-button").first
+    _wait(lambda: page.locator(".sidebar.open").count() == 0, timeout=10)   # opens on the chat
+    toggle.click()
+    _wait(lambda: page.locator(".sidebar.open").count() == 1, timeout=10)
+    page.locator("#conv-list label", has_text="Phone test chat").first.click()
+    _wait(lambda: page.locator(".sidebar.open").count() == 0, timeout=10)   # the drawer closed
+    _wait(lambda: "Phone test chat" in " ".join(_rows(page, "user")), timeout=10)
+    send = page.locator("#send")
+    box = send.bounding_box()
+    assert box and box["y"] + box["height"] <= 844 and box["x"] + box["width"] <= 390
+    _sampling(page, max_tokens=300)
+    page.fill("#msg textarea", "Write a long story about a ship.")
+    page.locator("#send").click()
+    _wait(lambda: page.locator("#stop").is_visible(), timeout=30)
+    stop = page.locator("#stop").bounding_box()
+    assert stop["y"] + stop["height"] <= 844 and stop["x"] + stop["width"] <= 390
+    page.locator("#stop").click()
+    _wait(lambda: _done(page) and _status(page).strip() == "stopped", timeout=60)

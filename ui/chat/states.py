@@ -1,0 +1,60 @@
+"""The honest state of a reply, in words: queued (with position), generating, paused because its
+memory was taken (preempted), stopped, finished — and why it finished.
+
+Why a module of its own: a stuck "generating…" with nothing explaining it was the complaint. The
+engine does not stream an event when it preempts a request, but it logs every preemption with the
+request id (the snapshot's `preemption_events`), so a reply that stops receiving tokens can be
+told apart from one that is merely slow. The engine reports "length" both when `max_tokens` ran
+out and when the context did, and "stop" both for the end-of-turn token and for a stop sequence;
+the numbers stored with the reply (prompt + output tokens vs the context length, the last token
+id) tell which.
+"""
+from __future__ import annotations
+
+QUEUED = "queued"
+GENERATING = "generating"
+PAUSED = "paused"
+
+PAUSED_TEXT = "memory full, resuming…"
+
+
+def live_status(state: str, position: int | None = None) -> str:
+    """The status line under the chat while a reply is not finished."""
+    if state == QUEUED:
+        where = f" (position {position})" if position else ""
+        return f"queued{where}: waiting for a free slot in the engine…"
+    if state == PAUSED:
+        return f"paused: {PAUSED_TEXT}"
+    return "generating…"
+
+
+def was_preempted(snapshot: dict | None, request_id: str, since: float) -> bool:
+    """True when the engine preempted `request_id` after `since` (unix time of its last token):
+    its blocks were taken for another request and it is waiting to be recomputed."""
+    if not snapshot:
+        return False
+    for ev in snapshot.get("preemption_events") or ():
+        if ev.get("request_id") == request_id and (ev.get("time") or 0) >= since:
+            return True
+    return False
+
+
+def finish_text(stats: dict | None, status: str | None, max_model_len: int | None = None,
+                last_token: int | None = None, eos_ids=()) -> str:
+    """Why a reply ended, in the words users expect; "" when nothing honest can be said."""
+    stats = stats or {}
+    if status == "stopped":
+        return "stopped"
+    if status == "error":
+        return "error"
+    reason = stats.get("finish_reason")
+    if reason == "length":
+        used = (stats.get("prompt_tokens") or 0) + (stats.get("output_tokens") or 0)
+        if max_model_len and used >= max_model_len:
+            return f"context full ({used}/{max_model_len} tokens)"
+        return "max tokens reached"
+    if reason == "stop":
+        if last_token is not None and eos_ids and last_token not in eos_ids:
+            return "stop sequence"
+        return "end of turn"
+    return ""
