@@ -32,6 +32,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="weights and KV dtype. auto (default): bfloat16 on CUDA or on a CPU with "
                         "AVX512-BF16/AMX (~2.4x faster decode, no longer bit-matches HF fp32), else float32")
+    p.add_argument("--quantization", choices=["int8"], default=None,
+                   help="int8: weight-only int8 weights with per-channel scales (CPU, bf16 activations); "
+                        "fastest at batch 1, slightly less accurate")
     p.add_argument("--db", default="data/chat.db", help="SQLite file for the chat history")
     p.add_argument("--share", action="store_true", help="also open a public Gradio share link (opt-in)")
     p.add_argument("--auth", action="append", default=None, metavar="USER:PASS",
@@ -137,7 +140,8 @@ def main(argv=None) -> int:
     print("Loading the model…", file=sys.stderr)
     llm = LLM(model=args.model, block_size=args.block_size, num_blocks=args.num_blocks,
               kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,
-              max_num_seqs=args.max_num_seqs, dtype=args.dtype, progress=terminal_progress)
+              max_num_seqs=args.max_num_seqs, dtype=args.dtype, quantization=args.quantization,
+              progress=terminal_progress)
     storage = None
     try:
         storage = Storage(args.db)

@@ -83,9 +83,10 @@ def _arrivals(llm, prompts, k, offsets, salt):
 def run_engine(jobs: dict, a) -> dict:
     from engine import LLM
     out = {}
-    llm = LLM(dtype=a.dtype, kv_cache_gib=1.0, progress=lambda f, m: None)
+    llm = LLM(dtype=a.dtype, kv_cache_gib=1.0, quantization=a.quantization, progress=lambda f, m: None)
     try:
         out["dtype"] = llm.config.dtype
+        out["quantization"] = a.quantization
         from kernels import cpu_attention
         out["decode_attention"] = cpu_attention.active_path()
         k = jobs["new_tokens"]
@@ -100,7 +101,8 @@ def run_engine(jobs: dict, a) -> dict:
     finally:
         llm.shutdown()
     for budget in a.budgets:
-        llm = LLM(dtype=a.dtype, kv_cache_gib=1.0, max_num_batched_tokens=budget, progress=lambda f, m: None)
+        llm = LLM(dtype=a.dtype, kv_cache_gib=1.0, max_num_batched_tokens=budget, quantization=a.quantization,
+                  progress=lambda f, m: None)
         try:
             _burst(llm, jobs["decode"]["32"][:8], 8, "warm")
             row, _ = _burst(llm, jobs["chat"], jobs["new_tokens"], f"budget{budget}")
@@ -159,7 +161,7 @@ def render(res: dict) -> str:
         if x is None:
             return "-"
         return f"{x / 2**20:.0f}" if k == "peak_kv_bytes" else f"{x:.3g}"
-    lines = [f"dtype {e.get('dtype')}; decode attention: {e.get('decode_attention')}", "",
+    lines = [f"dtype {e.get('dtype')}; quantization {e.get('quantization')}; decode attention: {e.get('decode_attention')}", "",
              "| workload | engine | vLLM-CPU | engine / vLLM |", "|---|---|---|---|"]
     for name, w, k in rows:
         x, y = (e.get(w) or {}).get(k), (v.get(w) or {}).get(k)
@@ -181,6 +183,8 @@ def render(res: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.serving")
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--quantization", choices=["int8"], default=None,
+                   help="engine only: weight-only int8 (bf16 activations; vLLM then runs bf16)")
     p.add_argument("--sessions", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--decode-tokens", type=int, default=64)
@@ -199,7 +203,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from engine.config import resolve_dtype
     from engine.loader import load_model
-    a.dtype_resolved = resolve_dtype(a.dtype, "cpu")
+    a.dtype_resolved = resolve_dtype("bfloat16" if a.quantization and a.dtype in (None, "auto") else a.dtype, "cpu")
     a.out = a.out or os.path.join(REPO, "bench", "results", time.strftime("serving-%Y%m%d-%H%M%S.json"))
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     loaded = load_model(None, progress=lambda f, m: None)

@@ -48,7 +48,8 @@ class ModelRunner:
         self.dtype = cfg.torch_dtype
         max_pos = getattr(hf_config, "max_position_embeddings", 4096)
         self.model = LlamaModel(hf_config, weights, self.dtype, self.device,
-                                max_positions=max(cfg.max_model_len or 0, max_pos))
+                                max_positions=max(cfg.max_model_len or 0, max_pos),
+                                quantization=cfg.quantization)
         self.backend = kernels.resolve_backend(cfg.attention_backend, self.device)
         self.kv_bytes_per_token = kv_bytes_per_token(hf_config, self.dtype)
         self.kv_bytes_per_block = self.kv_bytes_per_token * cfg.block_size

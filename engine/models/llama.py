@@ -72,8 +72,10 @@ class LlamaModel:
     per layer matter at batch 1); each output column is the same dot product as in the unfused
     GEMM, and the tests check logits and greedy tokens against HF."""
 
-    def __init__(self, config, weights: dict, dtype: torch.dtype, device, max_positions: int):
+    def __init__(self, config, weights: dict, dtype: torch.dtype, device, max_positions: int,
+                 quantization: str | None = None):
         self.config = config
+        self.quantization = quantization
         self.num_layers = config.num_hidden_layers
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
@@ -109,10 +111,28 @@ class LlamaModel:
                 "gate_up": _cat(w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")),
                 "down": w(p + "mlp.down_proj.weight"),
             })
+        self.lm_head_linear = None
+        self.linear_kind = "dense"
+        if torch.device(device).type == "cpu":
+            self._prepare_cpu_linears()
+        elif quantization is not None:
+            raise ValueError("quantization='int8' is a CPU option (torch's CPU int8 weight kernel)")
         self.cos, self.sin = rope_tables(config, max_positions, device)
         self.cos, self.sin = self.cos.to(dtype), self.sin.to(dtype)
         # CUDA: the loop with fused Triton layer ops (engine/models/llama_fused.py); CPU: eager
         self.use_fused = torch.device(device).type == "cuda"
+
+    def _prepare_cpu_linears(self) -> None:
+        """CPU: each layer's GEMM weights become callables from engine/cpu_linear.py (dense fp32,
+        oneDNN-packed bf16, or int8), built once here; biases move into them."""
+        from engine.cpu_linear import describe, make_linear
+        q = self.quantization
+        for L in self.layers:
+            for name in ("qkv", "o", "gate_up", "down"):
+                L[name] = make_linear(L[name], L.pop(name + "_b", None), quantization=q)
+        self.lm_head_linear = make_linear(self.lm_head, None, quantization=q)
+        if self.layers:
+            self.linear_kind = describe(self.layers[0]["qkv"])
 
     def num_params(self) -> int:
         n = self.embed.numel() + self.norm.numel() + (0 if self.lm_head is self.embed else self.lm_head.numel())
@@ -129,12 +149,12 @@ class LlamaModel:
             return forward_fused(self, input_ids, positions, kv_pool, meta, logits_indices)
         T = input_ids.shape[0]
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
-        inter = self.layers[0]["down"].shape[1] if self.layers else 0
+        inter = self.config.intermediate_size
         cos, sin = self.cos[positions], self.sin[positions]
         x = F.embedding(input_ids, self.embed)
         for i, L in enumerate(self.layers):
             a = rms_norm(x, L["ln1"], self.eps)
-            qkv = F.linear(a, L["qkv"], L["qkv_b"]).view(T, h + 2 * kvh, d)
+            qkv = _linear(L, "qkv", a).view(T, h + 2 * kvh, d)
             qk = apply_rope(qkv[:, :h + kvh], cos, sin)        # q and k heads rotated together
             q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kvh:]
             k_cache, v_cache = kv_pool[0, i], kv_pool[1, i]
@@ -142,8 +162,18 @@ class LlamaModel:
             o = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                         meta.cu_seqlens_q, self.scale, max_seqlen_q=meta.max_seqlen_q,
                                         backend=meta.backend)
-            x = x + F.linear(o.reshape(T, h * d), L["o"], L["o_b"])
-            gu = F.linear(rms_norm(x, L["ln2"], self.eps), L["gate_up"])
-            x = x + F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], L["down"])
+            x = x + _linear(L, "o", o.reshape(T, h * d))
+            gu = _linear(L, "gate_up", rms_norm(x, L["ln2"], self.eps))
+            x = x + _linear(L, "down", F.silu(gu[:, :inter]) * gu[:, inter:])
         x = rms_norm(x[logits_indices], self.norm, self.eps)
+        if self.lm_head_linear is not None:
+            return self.lm_head_linear(x).float()
         return F.linear(x, self.lm_head).float()
+
+
+def _linear(L: dict, name: str, x: torch.Tensor) -> torch.Tensor:
+    """A plain weight tensor (CUDA eager) or a prepared CPU linear (engine/cpu_linear.py)."""
+    w = L[name]
+    if isinstance(w, torch.Tensor):
+        return F.linear(x, w, L.get(name + "_b"))
+    return w(x)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+from engine.models.llama import _linear
 from kernels.triton_act import silu_and_mul
 from kernels.triton_norm import add_rms_norm
 from kernels.triton_rope_store import rope_and_store
@@ -27,18 +28,25 @@ def forward_fused(m, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: 
     h, kvh, d = m.num_heads, m.num_kv_heads, m.head_dim
     x = F.embedding(input_ids, m.embed)
     if not m.layers:
-        return F.linear(add_rms_norm(x[logits_indices], None, m.norm, m.eps), m.lm_head).float()
+        return _lm_head(m, add_rms_norm(x[logits_indices], None, m.norm, m.eps))
     residual = x
     a = add_rms_norm(x, None, m.layers[0]["ln1"], m.eps)
     for i, L in enumerate(m.layers):
         k_cache, v_cache = kv_pool[0, i], kv_pool[1, i]
-        qkv = F.linear(a, L["qkv"], L["qkv_b"])
+        qkv = _linear(L, "qkv", a)
         q = rope_and_store(qkv, positions, m.cos, m.sin, k_cache, v_cache, meta.slot_mapping, h, kvh)
         o = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                     meta.cu_seqlens_q, m.scale, max_seqlen_q=meta.max_seqlen_q,
                                     backend=meta.backend)
-        a, residual = add_rms_norm(F.linear(o.view(T, h * d), L["o"], L["o_b"]), residual, L["ln2"], m.eps)
-        down = F.linear(silu_and_mul(F.linear(a, L["gate_up"])), L["down"])
+        a, residual = add_rms_norm(_linear(L, "o", o.view(T, h * d)), residual, L["ln2"], m.eps)
+        down = _linear(L, "down", silu_and_mul(_linear(L, "gate_up", a)))
         nxt = m.layers[i + 1]["ln1"] if i + 1 < len(m.layers) else m.norm
         a, residual = add_rms_norm(down, residual, nxt, m.eps)
-    return F.linear(a[logits_indices], m.lm_head).float()
+    return _lm_head(m, a[logits_indices])
+
+
+def _lm_head(m, x: torch.Tensor) -> torch.Tensor:
+    """Plain weights on CUDA; on CPU (interpreted-Triton tests) the prepared linear."""
+    if m.lm_head_linear is not None:
+        return m.lm_head_linear(x).float()
+    return F.linear(x, m.lm_head).float()
