@@ -84,7 +84,7 @@ def render(mon: BackendMonitor, engine) -> list:
             long_frame(rows, "tokens/s", {"generated tok/s": "generated", "prompt tok/s": "prompt"})]
 
 
-def build_remote_dashboard(llm, *, tick_s: float = 1.0) -> None:
+def build_remote_dashboard(llm, *, tick_s: float = 1.0) -> gr.Timer:
     """The Memory tab's components and timer for a RemoteEngine, in the current Blocks."""
     mon = monitor_for(llm)
     html = dict(css_template=H.CSS, apply_default_css=True)
@@ -105,5 +105,11 @@ def build_remote_dashboard(llm, *, tick_s: float = 1.0) -> None:
         grid = gr.HTML(**html, elem_id="kv-grid")
         tables = gr.HTML(**html, elem_id="kv-tables")
     outputs = [head, grid_note, grid, tables, pct, reqs, tps]
-    gr.Timer(tick_s).tick(lambda: render(mon, llm), outputs=outputs, concurrency_limit=None,
-                          show_progress="hidden", api_visibility="private")
+    # Same contract as the embedded dashboard (ui/dashboard/page.py): the timer starts inactive and the
+    # app turns it on only while the Memory tab is shown; `refresh` repaints at once on showing it.
+    timer = gr.Timer(tick_s, active=False)
+    paint = dict(fn=lambda: render(mon, llm), outputs=outputs, concurrency_limit=None,
+                 show_progress="hidden", api_visibility="private")
+    timer.tick(**paint)
+    timer.refresh = paint
+    return timer
