@@ -399,6 +399,10 @@ class LLM:
     def system_prefix_ids(self, text: str) -> list[int]:
         return pin_api.system_prefix_ids(self.tokenizer, text)
 
+    def check_pin(self, name: str, num_tokens: int) -> None:
+        """Raise ValueError if pinning num_tokens under name would pass the pin cap."""
+        self._call("call", lambda eng: eng.kv.pins.check_cap(name, num_tokens))
+
     def unpin(self, name: str) -> bool:
         return pin_api.unpin(self, name)
 

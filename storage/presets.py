@@ -97,6 +97,11 @@ TUTOR = """You are a patient tutor. Help the student learn rather than just givi
 
 DEFAULT_SYSTEM_PROMPT = ASSISTANT_POLICY
 
+# Used instead of the default when a small context (e.g. --max-model-len 512) cannot spare a quarter
+# of itself for the full policy: a chat app whose every message is "too long" helps nobody.
+SHORT_SYSTEM_PROMPT = ("You are a helpful, honest and concise assistant running on the user's own machine. "
+                       "Say so when you are unsure.")
+
 # (name shown in the picker, text); the first is the default
 PRESETS: dict[str, str] = {
     "Helpful assistant (default policy)": ASSISTANT_POLICY,

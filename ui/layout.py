@@ -377,6 +377,9 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
     ctx = ctx or ChatContext(llm, storage, TabRegistry(llm), auth=bool(auth), admins=frozenset(admins))
     if ctx.pins is None and hasattr(llm, "pin_system_prompt"):    # the real engine: pin the shared prompt
         ctx.pins = PromptPins(llm, storage)
+        note = ctx.pins.fit_default()
+        if note:
+            print(f"[app] {note}", flush=True)
         ctx.pins.pin_startup()
     demo = build_demo(ctx)
     demo.queue(default_concurrency_limit=None)

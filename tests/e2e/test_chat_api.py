@@ -59,8 +59,8 @@ def test_two_clients_stream_at_once_and_share_the_system_prompt_blocks(module_se
     assert module_server.kv()["stats"]["used_blocks"] > 0
     assert a.predict(api_name="/close_tab") == "closed"      # explicit goodbye
     b.close()                                                 # or just disconnect: unload fires
-    snap = module_server.wait_kv(lambda s: s["stats"]["used_blocks"] == 0)
-    assert snap["stats"]["used_blocks"] == 0, snap["sequences"]
+    snap = module_server.wait_kv(lambda s: s["stats"]["used_blocks"] == s["stats"]["pinned_blocks"])
+    assert snap["stats"]["used_blocks"] == snap["stats"]["pinned_blocks"], snap["sequences"]
     a.close()
 
 
@@ -103,7 +103,8 @@ def test_more_conversations_than_max_num_seqs_wait_queued(module_server, chat_ap
     for c in clients:
         c.predict(api_name="/close_tab")
         c.close()
-    assert module_server.wait_kv(lambda s: s["stats"]["used_blocks"] == 0)["stats"]["used_blocks"] == 0
+    st = module_server.wait_kv(lambda s: s["stats"]["used_blocks"] == s["stats"]["pinned_blocks"])["stats"]
+    assert st["used_blocks"] == st["pinned_blocks"]          # only the app's pinned shared prompt stays
 
 
 def test_turns_reuse_the_session_then_regenerate_alternatives_and_stop(module_server, chat_api):
@@ -141,7 +142,8 @@ def test_turns_reuse_the_session_then_regenerate_alternatives_and_stop(module_se
     assert snap["stats"]["running"] == 0
     c.predict(api_name="/close_tab")
     c.close()
-    assert module_server.wait_kv(lambda s: s["stats"]["used_blocks"] == 0)["stats"]["used_blocks"] == 0
+    st = module_server.wait_kv(lambda s: s["stats"]["used_blocks"] == s["stats"]["pinned_blocks"])["stats"]
+    assert st["used_blocks"] == st["pinned_blocks"]          # only the app's pinned shared prompt stays
 
 
 def test_sidebar_search_rename_export_delete_import(module_server, chat_api):

@@ -55,7 +55,9 @@ def test_three_turns_sigterm_restart_fourth_turn_equals_the_uninterrupted_run(la
     assert _ids(a[6])[:len(_ids(a[4]) + _ids(a[5]))] == _ids(a[4]) + _ids(a[5])
     assert _ids(a[6]) == _ids(b[6]), "the rebuilt prompt differs from the uninterrupted one"
     assert _ids(a[7]) == _ids(b[7]) and a[7]["content"] == b[7]["content"]
-    assert a[7]["cached_tokens"] == 0 < b[7]["cached_tokens"]  # re-prefilled once vs the parked session
+    # after the restart only the pinned shared prompt is cached (the conversation is re-prefilled once);
+    # without the restart the parked session supplies far more
+    assert a[7]["cached_tokens"] < b[7]["cached_tokens"]
     print(f"\nTTFT of turn 4: after restart {a[7]['ttft_s'] * 1000:.0f} ms "
           f"({a[7]['prompt_tokens']} prompt tokens, {a[7]['cached_tokens']} cached); "
           f"without restart {b[7]['ttft_s'] * 1000:.0f} ms ({b[7]['cached_tokens']} cached)")

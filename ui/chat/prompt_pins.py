@@ -45,9 +45,22 @@ class PromptPins:
         if ntok > limit:
             raise ValueError(f"That prompt is {ntok:,} tokens; a shared system prompt may use at most "
                              f"{limit:,} ({MAX_PROMPT_SHARE:.0%} of the {self.llm.max_model_len:,}-token context).")
-        name = pin_name_for(owner)
-        self.llm._call("call", lambda eng: eng.kv.pins.check_cap(name, nblocks * self.llm.config.block_size))
+        self.llm.check_pin(pin_name_for(owner), nblocks * self.llm.config.block_size)
         return ntok, nblocks
+
+    def fit_default(self) -> str | None:
+        """At start-up: if the app's shared prompt is still the built-in default and the context is
+        too small for it (over MAX_PROMPT_SHARE), switch to the short default and say why."""
+        from storage.presets import DEFAULT_SYSTEM_PROMPT, SHORT_SYSTEM_PROMPT
+        if self.storage.get_system_prompt()["text"] != DEFAULT_SYSTEM_PROMPT:
+            return None
+        ntok, _ = self.measure(DEFAULT_SYSTEM_PROMPT)
+        limit = int(self.llm.max_model_len * MAX_PROMPT_SHARE)
+        if ntok <= limit:
+            return None
+        self.storage.set_system_prompt(SHORT_SYSTEM_PROMPT)
+        return (f"the default {ntok}-token system prompt is more than {MAX_PROMPT_SHARE:.0%} of the "
+                f"{self.llm.max_model_len}-token context; using a short one instead")
 
     def pin(self, owner: str | None, text: str) -> None:
         """Pin `text` for `owner` (None/'': the app's prompt), synchronously."""
