@@ -15,6 +15,8 @@ import time
 
 
 def pct(xs, q):
+    """bench.metrics.percentile, restated: this script runs inside vLLM's own venv, where the repo's
+    packages (and their torch imports) are not importable."""
     xs = sorted(x for x in xs if x is not None)
     if not xs:
         return None
