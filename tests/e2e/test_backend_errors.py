@@ -33,7 +33,7 @@ def test_http_500_then_a_dropped_stream_then_recovery(launch, fake, chat_api):
     out = c.predict("first question", *api.sampling(max_tokens=8), api_name="/send")
     reply = api.reply_text(out)
     assert reply.startswith("Hello there")                    # the happy path through the fake
-    assert "8/12 prompt tokens from cache" in reply and "TTFT" in reply   # usage + client-side stats
+    assert "reused 8 of 12 prompt tokens from cache" in reply and "TTFT" in reply   # usage + client-side stats
 
     fake.mode = "500"
     out = c.predict("second question", *api.sampling(max_tokens=8), api_name="/send")

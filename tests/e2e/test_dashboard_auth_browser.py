@@ -20,7 +20,7 @@ PROMPT_OF = ("SELECT p.text FROM conversations c JOIN system_prompts p ON p.id =
 def test_bob_sees_nothing_of_alice(launch, chat_api):
     from playwright.sync_api import sync_playwright
     api = chat_api
-    server = launch(args=["--num-blocks", "1024", "--max-model-len", "2048",
+    server = launch(args=["--num-blocks", "1024", "--max-model-len", "4096",
                           "--auth", "alice:wonderland", "--auth", "bob:builder"])
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(server.url + "api/kv", timeout=10)

@@ -27,7 +27,7 @@ def rgb(hex_colour: str) -> str:
 
 def test_pinned_prompt_titles_headline_timer_and_theme(launch, screenshot_dir):
     from playwright.sync_api import sync_playwright
-    server = launch(args=["--num-blocks", "1024", "--max-model-len", "2048"])
+    server = launch(args=["--num-blocks", "1024", "--max-model-len", "4096"])
     snap = server.wait_kv(lambda s: s.get("pins"), timeout=120)
     pinned = snap["pins"][0]["block_table"]
     assert snap["pins"][0]["name"] == "shared" and len(pinned) >= 30     # the ~550-token default

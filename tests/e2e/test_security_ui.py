@@ -14,7 +14,7 @@ from tests.e2e.conftest import AppServer, conversation_id, read_db, reply_text, 
 from tests.e2e.polling import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
-USERS = {"alice": "wonderland", "bob": "builder"}
+USERS = {"alice": "wonderland", "bob": "builder", "carol": "pw-carol"}
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def test_bad_sampling_values_are_refused_before_anything_is_stored(server, bad, 
     values.update(bad)
     convs, msgs = count(server, "conversations"), count(server, "messages")
     before = server.log().count("Sampling settings not accepted")
-    queue_raw(server, alice, "/send", [f"hello {field}", *values.values()])
+    queue_raw(server, alice, "/send", [f"hello {field}", *values.values(), "sample"])
     wait_until(lambda: server.log().count("Sampling settings not accepted") > before, timeout=30,
                what="the refusal")
     assert f"SamplingParams.{field}" in server.log().split("Sampling settings not accepted")[-1]
@@ -125,7 +125,7 @@ def test_bad_sampling_values_are_refused_before_anything_is_stored(server, bad, 
 def test_lone_surrogates_huge_searches_and_long_titles_get_clear_errors(server):
     alice = client(server, "alice")
     convs, msgs = count(server, "conversations"), count(server, "messages")
-    queue_raw(server, alice, "/send", ["hi \ud800 there", *sampling(4)])
+    queue_raw(server, alice, "/send", ["hi \ud800 there", *sampling(4), "sample"])
     refused_in_log(server, "The message contains an invalid character (a lone UTF-16 surrogate)")
     assert "search text is too long" in refused(lambda: alice.predict("(" * 50_000, api_name="/search"))
     assert "message is too long" in refused(lambda: alice.predict("x" * 200_001, *sampling(4), api_name="/send"))
@@ -210,24 +210,25 @@ def test_a_conversation_deleted_mid_reply_is_reported_in_plain_words(server):
 def test_the_cache_oracle_gives_bob_the_same_count_for_right_and_wrong_guesses(server):
     secret = "My locker code is 4711 ALPHA ZULU. Please remember it and confirm with one word."
     wrong = "My locker code is 9038 KILO MIKE. Please remember it and confirm with one word."
-    alice, bob = client(server, "alice"), client(server, "bob")
+    alice = client(server, "alice")
     alice.predict(secret, *sampling(max_tokens=1), api_name="/send")
 
-    def cached(text):
-        bob.predict(api_name="/new_chat")
-        out = bob.predict(text, *sampling(max_tokens=1), api_name="/send")
+    def cached(user, text):
+        # each guess from a different user: a user's own earlier probe is legitimately cached for
+        # them, so probing twice as one user would measure their own history, not alice's
+        c = client(server, user)
+        out = c.predict(text, *sampling(max_tokens=1), api_name="/send")
         conv = conversation_id(out)
-        return read_db(server.db, "SELECT s.cached_tokens AS c FROM reply_stats s JOIN messages m ON m.id = "
-                       "s.message_id WHERE m.conversation_id = ?", (conv,))[0]["c"]
-    right = cached(secret)
-    bob.close()
-    bob = client(server, "bob")
-    wrong_count = cached(wrong)
-    assert right == wrong_count
-    assert right > 0                                # the shared system prompt still hits
-    for c in (alice, bob):
         c.predict(api_name="/close_tab")
         c.close()
+        return read_db(server.db, "SELECT s.cached_tokens AS c FROM reply_stats s JOIN messages m ON m.id = "
+                       "s.message_id WHERE m.conversation_id = ?", (conv,))[0]["c"]
+    right = cached("bob", secret)
+    wrong_count = cached("carol", wrong)
+    assert right == wrong_count
+    assert right > 0                                # the shared system prompt still hits
+    alice.predict(api_name="/close_tab")
+    alice.close()
 
 
 def test_gradios_own_cancel_route_refuses_another_users_session_hash(server):
