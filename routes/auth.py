@@ -34,6 +34,8 @@ import time
 from collections import OrderedDict
 from urllib.parse import parse_qs
 
+from routes.asgi_body import BodyTooLarge, read_body, replaying
+
 FREE_FAILURES = 5
 MAX_DELAY_S = 300.0
 MAX_TRACKED = 10_000            # (user, address) pairs remembered; the oldest are forgotten
@@ -212,15 +214,12 @@ class LoginThrottleMiddleware:
         if scope["type"] != "http" or scope.get("method") != "POST" \
                 or not scope.get("path", "").rstrip("/").endswith("/login"):
             return await self.app(scope, receive, send)
-        body, more = b"", True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > MAX_LOGIN_BODY:
-                return await _json(send, 413, {"detail": "login request too large"})
+        try:
+            body = await read_body(receive, MAX_LOGIN_BODY)
+        except BodyTooLarge:
+            return await _json(send, 413, {"detail": "login request too large"})
+        if body is None:
+            return
         content_type = dict(scope.get("headers", [])).get(b"content-type", b"").decode("latin-1")
         user = form_username(body, content_type)
         address = (scope.get("client") or ("?", 0))[0]
@@ -228,14 +227,6 @@ class LoginThrottleMiddleware:
         if wait > 0:
             return await _json(send, 429, {"detail": f"Too many failed logins. Try again in {wait:.0f} s."},
                                [(b"retry-after", str(max(1, round(wait))).encode())])
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
 
         async def watch(message):
             if message["type"] == "http.response.start":
@@ -245,7 +236,7 @@ class LoginThrottleMiddleware:
                     self.throttle.failed(user, address)
             await send(message)
 
-        await self.app(scope, replay, watch)
+        await self.app(scope, replaying(body, receive), watch)
 
 
 def form_username(body: bytes, content_type: str) -> str:

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import json
 
+from routes.asgi_body import BodyTooLarge, read_body, replaying
+
+MAX_CANCEL_BODY = 64 * 1024        # a cancel call is a few dozen bytes of JSON
+
 
 class CancelOwnerGuard:
     def __init__(self, app, tabs, user_of):
@@ -21,12 +25,12 @@ class CancelOwnerGuard:
         if scope["type"] != "http" or scope.get("method") != "POST" \
                 or not scope.get("path", "").rstrip("/").endswith("/gradio_api/cancel"):
             return await self.app(scope, receive, send)
-        chunks, more = [], True
-        while more:
-            msg = await receive()
-            chunks.append(msg.get("body", b""))
-            more = msg.get("more_body", False)
-        body = b"".join(chunks)
+        try:
+            body = await read_body(receive, MAX_CANCEL_BODY)
+        except BodyTooLarge:
+            body = b""                     # not a cancel Gradio sends: no session hash, app decides
+        if body is None:
+            return
         try:
             session_hash = json.loads(body or b"{}").get("session_hash")
         except (ValueError, AttributeError):
@@ -38,16 +42,7 @@ class CancelOwnerGuard:
             await send({"type": "http.response.body",
                         "body": b'{"detail": "This browser session belongs to another user."}'})
             return
-        sent = False
-
-        async def replay():
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        return await self.app(scope, replay, send)
+        return await self.app(scope, replaying(body, receive), send)
 
 
 def gradio_user_of(gradio_app):
