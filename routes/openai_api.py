@@ -24,10 +24,13 @@ from starlette.datastructures import Headers
 from engine.session_prompt import continue_session_prompt
 from routes import openai_schemas as S
 from routes.openai_errors import APIError, error_body, install_error_handlers
+from routes.auth import LoginThrottle
 from routes.openai_keys import ApiAccess, add_cors
 from routes.openai_metrics import ApiMetrics
 from routes.openai_params import LogprobFormatter, to_sampling_params
 from routes.openai_stream import DONE, Generation, Submitted, sse, watch_disconnect
+
+KEY_THROTTLE_USER = "\x00api-key"     # the throttle's user slot for API keys (no login name has a NUL)
 
 API_PREFIX = "api-"          # engine request ids of API calls start with this (dashboard, /api/kv)
 
@@ -47,19 +50,33 @@ def _endpoint_of(path: str) -> str:
 
 
 class _KeyCheck:
-    """Pure ASGI middleware: 401 before the body is even parsed (a bad key never sees a 400)."""
+    """Pure ASGI middleware: 401 before the body is even parsed (a bad key never sees a 400).
 
-    def __init__(self, app, access: ApiAccess, metrics: ApiMetrics):
+    Wrong keys are throttled per client address like logins (routes/auth.LoginThrottle): after a
+    few free failures an address waits 1, 2, 4 ... s (429 + Retry-After) before its next key is
+    even checked, so keys cannot be guessed at line rate. A right key clears the address."""
+
+    def __init__(self, app, access: ApiAccess, metrics: ApiMetrics, throttle: LoginThrottle | None = None):
         self.app, self.access, self.metrics = app, access, metrics
+        self.throttle = throttle or LoginThrottle()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["method"] != "OPTIONS":
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" and self.access.require_key:
+            address = (scope.get("client") or ("?", 0))[0]
+            wait = self.throttle.retry_after(KEY_THROTTLE_USER, address)
             try:
+                if wait > 0:
+                    raise APIError(429, f"too many requests with a wrong API key; try again in {wait:.0f} s",
+                                   code="rate_limit_exceeded")
                 self.access.check(Headers(scope=scope))
             except APIError as e:
+                if e.status == 401 and self.access.keys:
+                    self.throttle.failed(KEY_THROTTLE_USER, address)
                 self.metrics.count(_endpoint_of(scope.get("path", "")), e.status)
-                await JSONResponse(e.body(), status_code=e.status)(scope, receive, send)
+                headers = {"Retry-After": str(max(1, round(wait)))} if e.status == 429 else None
+                await JSONResponse(e.body(), status_code=e.status, headers=headers)(scope, receive, send)
                 return
+            self.throttle.succeeded(KEY_THROTTLE_USER, address)
         await self.app(scope, receive, send)
 
 

@@ -144,6 +144,29 @@ def test_keys_missing_or_wrong_are_401_and_right_keys_work(keyed_server, model_i
         assert good.chat.completions.create(model=model_id, messages=MSG, max_tokens=2).choices
 
 
+def test_wrong_keys_are_throttled_per_address(llm, model_id):
+    """Guessing keys at line rate is refused: after 5 wrong keys the address waits (429 +
+    Retry-After) before any key is checked again, even the right one; then the right key works
+    and clears the address."""
+    import time
+    srv = LiveServer(build_server_app(llm, api_keys=[API_KEY]))
+    try:
+        url = srv.url + "v1/models"
+        for _ in range(5):
+            assert_openai_error(raw(url, headers={"Authorization": "Bearer sk-guess"}), 401, "incorrect API key")
+        code, err, h = raw(url, headers={"Authorization": f"Bearer {API_KEY}"})
+        assert code == 429 and "wrong API key" in err["error"]["message"], (code, err)
+        wait = int(h["Retry-After"])
+        assert wait >= 1
+        time.sleep(wait + 0.2)
+        code, models, _ = raw(url, headers={"Authorization": f"Bearer {API_KEY}"})
+        assert code == 200 and models["data"][0]["id"] == model_id
+        for _ in range(5):                 # cleared by the success: 5 more free tries
+            assert raw(url, headers={"Authorization": "Bearer sk-guess"})[0] == 401
+    finally:
+        srv.stop()
+
+
 def test_login_required_but_no_key_configured_refuses_everything(llm):
     srv = LiveServer(build_server_app(llm, require_key=True))
     try:
