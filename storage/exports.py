@@ -5,17 +5,38 @@ account could read every exported chat. `PrivateExports` owns one private root f
 each export into its own fresh subfolder (so two exports with the same title never collide and
 a file name reveals nothing about the others), removes exports older than `max_age_s` whenever a
 new one is written, and removes everything on `close()`.
+
+Downloads: each export gets a random 128-bit token and remembers its owner (the logged-in user
+under --auth, None for the local single user). The app serves it at `/exports/<token>/<name>`
+(routes/exports.py) only to that owner. Exports used to be handed to Gradio as a file, which
+copied them into its own cache and served that copy at `/gradio_api/file=...` to any logged-in
+user who had the URL; `open()` here is the only way to an export's bytes.
 """
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_MAX_AGE_S = 15 * 60     # long enough to click "download", short enough not to pile up
+
+
+@dataclass(frozen=True)
+class Export:
+    """One written export: where it is, who may download it, and the token that names it."""
+    token: str
+    path: Path
+    owner: str | None
+    size: int
+
+    @property
+    def name(self) -> str:
+        return self.path.name
 
 
 class PrivateExports:
@@ -28,9 +49,10 @@ class PrivateExports:
             os.chmod(self.root, 0o700)
         self.max_age_s = max_age_s
         self._lock = threading.Lock()
+        self._by_token: dict[str, Export] = {}
 
-    def write(self, filename: str, data: str | bytes) -> Path:
-        """Write one export and return its path; older exports past max_age_s are removed first."""
+    def write(self, filename: str, data: str | bytes, owner: str | None = None) -> Export:
+        """Write one export for `owner`; older exports past max_age_s are removed first."""
         name = _safe_name(filename)
         self.cleanup()
         folder = Path(tempfile.mkdtemp(dir=self.root))
@@ -39,7 +61,19 @@ class PrivateExports:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
-        return path
+        export = Export(secrets.token_urlsafe(16), path, owner, len(payload))
+        with self._lock:
+            self._by_token[export.token] = export
+        return export
+
+    def open(self, token: str, user: str | None) -> Export | None:
+        """The export named by `token` if `user` owns it and it still exists, else None (the same
+        answer for a wrong token, another user's export and an expired one: nothing to infer)."""
+        with self._lock:
+            export = self._by_token.get(token) if isinstance(token, str) else None
+        if export is None or export.owner != user or not export.path.is_file():
+            return None
+        return export
 
     def cleanup(self, max_age_s: float | None = None) -> int:
         """Remove export folders older than max_age_s (default: the instance's); returns how many."""
@@ -56,12 +90,14 @@ class PrivateExports:
                         removed += 1
                 except FileNotFoundError:
                     pass
+            self._by_token = {t: e for t, e in self._by_token.items() if e.path.exists()}
         return removed
 
     def close(self) -> None:
         """Remove every export (call at shutdown)."""
         with self._lock:
             shutil.rmtree(self.root, ignore_errors=True)
+            self._by_token.clear()
 
 
 def _safe_name(filename: str) -> str:

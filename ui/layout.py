@@ -5,6 +5,8 @@ serves it together with /metrics and /api/kv.
 """
 from __future__ import annotations
 
+import atexit
+
 import fastapi
 import gradio as gr
 
@@ -17,6 +19,7 @@ from ui.chat.tabs import TabRegistry
 
 from ui.dashboard.page import build_dashboard
 from ui.dashboard.panels import THEME_CSS
+from routes.exports import register_export_route
 from routes.kv import register_kv_route
 from ui.chat.prompt_picker import build_prompt_picker
 from ui.chat.prompt_pins import PromptPins
@@ -159,7 +162,7 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
                 with gr.Row():
                     export_json_btn = gr.Button("Export JSON", size="sm")
                     export_md_btn = gr.Button("Export Markdown", size="sm")
-                export_file = gr.File(label="Download", interactive=False)
+                export_file = gr.HTML("", elem_id="export-link")
                 import_file = gr.UploadButton("Import JSON…", file_types=[".json"], size="sm")
         with gr.Tab("Chat") as chat_tab:
             info = ctx.llm.model_info()
@@ -385,6 +388,11 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
     demo.queue(default_concurrency_limit=None)
     demo.chat_context = ctx
     app = fastapi.FastAPI()
+    if ctx.exports is None:              # exports are served by our route, owner-only (#12.12)
+        from storage.exports import PrivateExports
+        ctx.exports = PrivateExports()
+        atexit.register(ctx.exports.close)
+    register_export_route(app, ctx.exports, demo=demo, auth=bool(auth))
     if engine_routes:                    # before mounting Gradio at "/", which would shadow them
         register_routes(app, llm, kv_route=False)
         register_kv_route(app, llm, storage=storage, demo=demo, auth=bool(auth))   # viewer-scoped /api/kv

@@ -146,7 +146,17 @@ def test_turns_reuse_the_session_then_regenerate_alternatives_and_stop(module_se
     assert st["used_blocks"] == st["pinned_blocks"]          # only the app's pinned shared prompt stays
 
 
-def test_sidebar_search_rename_export_delete_import(module_server, chat_api):
+def _download(server, link_html: str, to):
+    """Fetch an export through the download link the app shows, into `to`; its path."""
+    import re
+    import urllib.request
+    href = re.search(r'href="([^"]+)"', link_html).group(1)
+    with urllib.request.urlopen(server.url + href, timeout=30) as r:
+        to.write_bytes(r.read())
+    return str(to)
+
+
+def test_sidebar_search_rename_export_delete_import(module_server, chat_api, tmp_path):
     api = chat_api
     c = Client(module_server.url, verbose=False)
     out = c.predict("Do you have gluten-free muffins?", *api.sampling(max_tokens=6), api_name="/send")
@@ -155,8 +165,8 @@ def test_sidebar_search_rename_export_delete_import(module_server, chat_api):
     assert conv in [ch[1] for ch in found["choices"]]
     listed = c.predict("Muffin question", api_name="/rename")
     assert ["Muffin question", conv] in listed["choices"]
-    exported = c.predict(api_name="/export_json")
-    md = c.predict(api_name="/export_markdown")
+    exported = _download(module_server, c.predict(api_name="/export_json"), tmp_path / "export.json")
+    md = _download(module_server, c.predict(api_name="/export_markdown"), tmp_path / "export.md")
     assert "gluten-free muffins" in open(md, encoding="utf-8").read()
 
     # Deleting the open conversation releases its engine session (its parked KV blocks).

@@ -53,6 +53,13 @@ def test_bob_sees_nothing_of_alice(launch, chat_api):
             assert conv not in text and "Lisbon" not in text and "alice" not in text
             assert [s["session_id"] for s in kv["sequences"]] == [bob_conv]
             assert kv["others"]["chats"] >= 1
+            # #12.4: demo users are for the local user or an --admin; bob is neither
+            page.click("#kv-demo-start button, button#kv-demo-start")
+            wait_until(lambda: "Only the local user or an admin" in page.inner_text("body"), 30,
+                       what="the refusal")
+            page.wait_for_timeout(1500)
+            assert "simulated users chatting" not in page.inner_text("#kv-demo-status")
+            assert json.loads(page.evaluate("() => fetch('/api/kv').then(r => r.text())"))["stats"]["running"] == 0
         finally:
             browser.close()
     for c in (alice, bob):

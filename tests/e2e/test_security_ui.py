@@ -246,3 +246,45 @@ def test_gradios_own_cancel_route_refuses_another_users_session_hash(server):
     alice.predict(api_name="/close_tab")
     alice.close()
     bob.close()
+
+
+def get(server, path, as_client=None):
+    """GET with `as_client`'s login cookie (or none); (status, headers, body)."""
+    import urllib.error
+    import urllib.request
+    headers = {}
+    if as_client is not None:
+        headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in as_client.cookies.items())
+    req = urllib.request.Request(server.url + path, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
+
+
+def test_an_export_downloads_for_its_owner_only(server, tmp_path):
+    """#12.12: the export link is served by the app to its owner; not through Gradio's file cache,
+    which any logged-in user with the URL could read."""
+    import re
+    alice, bob = client(server, "alice"), client(server, "bob")
+    alice.predict("My export secret is tangerine-42.", *sampling(max_tokens=4), api_name="/send")
+    html = alice.predict(api_name="/export_json")
+    assert "gradio_api/file" not in html
+    href = re.search(r'href="([^"]+)"', html).group(1)
+    assert href.startswith("exports/")
+    code, headers, body = get(server, href, alice)
+    assert code == 200 and "tangerine-42" in body.decode()
+    assert "attachment" in headers["content-disposition"] and "no-store" in headers["cache-control"]
+    for who in (bob, None):                           # another login, or none: nothing, and no hint
+        code, _, body = get(server, href, who)
+        assert code in (401, 403, 404) and b"tangerine" not in body
+    token = href.split("/")[1]
+    assert get(server, f"exports/{token}/other-name.json", alice)[0] == 404
+    # the file round-trips: alice imports what she downloaded
+    path = tmp_path / "export.json"
+    path.write_bytes(get(server, href, alice)[2])
+    imported = alice.predict(handle_file(str(path)), api_name="/import_json")
+    assert imported[2]["value"]
+    for c in (alice, bob):
+        c.close()

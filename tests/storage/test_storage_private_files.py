@@ -38,8 +38,8 @@ def test_existing_world_readable_database_is_tightened(tmp_path):
 
 def test_exports_are_private_separate_and_cleaned_up(tmp_path):
     ex = PrivateExports(tmp_path / "exports", max_age_s=60)
-    a = ex.write("My chat.json", '{"x": 1}')
-    b = ex.write("My chat.json", "# second")
+    a = ex.write("My chat.json", '{"x": 1}').path
+    b = ex.write("My chat.json", "# second").path
     assert a != b and a.name == b.name == "My chat.json"
     assert a.read_text() == '{"x": 1}' and b.read_text() == "# second"
     assert _mode(ex.root) == 0o700
@@ -49,7 +49,7 @@ def test_exports_are_private_separate_and_cleaned_up(tmp_path):
     os.utime(a.parent, (old, old))
     assert ex.cleanup() == 1
     assert not a.exists() and b.exists()
-    c = ex.write("later.md", b"bytes")               # writing also sweeps old ones
+    c = ex.write("later.md", b"bytes").path          # writing also sweeps old ones
     assert c.read_bytes() == b"bytes"
     ex.close()
     assert not ex.root.exists()
@@ -59,7 +59,7 @@ def test_default_root_is_a_fresh_private_temp_folder():
     ex = PrivateExports()
     try:
         assert _mode(ex.root) == 0o700
-        assert _mode(ex.write("x.json", "{}")) == 0o600
+        assert _mode(ex.write("x.json", "{}").path) == 0o600
     finally:
         ex.close()
 
@@ -71,3 +71,19 @@ def test_export_names_cannot_escape_the_folder(tmp_path, name):
     with pytest.raises(ValueError):
         ex.write(name, "data")
     assert list(ex.root.iterdir()) == []
+
+
+def test_an_export_opens_only_for_its_owner_and_only_while_it_exists(tmp_path):
+    ex = PrivateExports(tmp_path / "exports", max_age_s=60)
+    mine = ex.write("alice.json", "{}", owner="alice")
+    local = ex.write("local.md", "# hi")                      # no --auth: owner None
+    assert len(mine.token) >= 20 and mine.token != local.token
+    assert ex.open(mine.token, "alice") == mine
+    assert ex.open(mine.token, "bob") is None                  # another user: same answer as no export
+    assert ex.open(mine.token, None) is None
+    assert ex.open("not-a-token", "alice") is None
+    assert ex.open(local.token, None) == local and ex.open(local.token, "alice") is None
+    old = time.time() - 3600
+    os.utime(mine.path.parent, (old, old))
+    ex.cleanup()
+    assert ex.open(mine.token, "alice") is None                # swept: gone for its owner too

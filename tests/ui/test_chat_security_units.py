@@ -1,6 +1,7 @@
 """Issue #12 UI side, without a server: private exports (12), the tab owner check (10), limits
 (5, 11) and the deleted-conversation notice (14). Real Storage (SQLite); no engine is needed."""
 import os
+import re
 import stat
 from types import SimpleNamespace
 
@@ -38,7 +39,10 @@ def test_exports_are_private_files_not_world_readable(ctx):
     tab = ctx.tab(req("alice"))
     ctx.tabs.open(tab, conv["id"])
     for fmt in ("json", "md"):
-        path = sidebar.export(ctx, fmt, req("alice"))
+        link = sidebar.export(ctx, fmt, req("alice"))
+        token = re.search(r'href="exports/([^/]+)/', link).group(1)
+        assert ctx.exports.open(token, "bob") is None          # the link is alice's only
+        path = str(ctx.exports.open(token, "alice").path)
         assert "my private question" in open(path, encoding="utf-8").read()
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
         assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 
 import gradio as gr
 
+from routes.exports import export_url
 from ui.chat import limits, view
 from ui.chat.handlers import conversation_list, show
 from ui.chat.context import ChatContext
@@ -143,12 +145,14 @@ def export(ctx: ChatContext, fmt: str, request):
     else:
         text = ctx.storage.export_markdown(conv["id"], owner=ctx.check(request))
         name = view.export_filename(conv["title"], "md")
-    return str(_exports(ctx).write(name, text))
+    export = _exports(ctx).write(name, text, owner=ctx.owner(request) or None)
+    return view.export_link(export_url(export.token, export.name), export.name, export.size)
 
 
 def _exports(ctx: ChatContext):
     """The app's private export folder (#12.12): 0600 files in 0700 folders, swept after 15 min,
-    removed at exit; created on first use and kept on the context, next to the storage."""
+    removed at exit, each downloadable by its owner only (routes/exports.py). build_app creates it
+    with the route; created here on first use when the demo runs without that app."""
     if getattr(ctx, "exports", None) is None:
         from storage.exports import PrivateExports
         ctx.exports = PrivateExports()
@@ -171,10 +175,26 @@ def import_json(ctx: ChatContext, file, request):
     except (OSError, ValueError, KeyError, TypeError) as e:
         gr.Warning(f"Could not import that file: {e}")
         return _conversation_view(ctx, request, *_tab_conversation(ctx, request))
+    finally:
+        _discard_upload(path)
     conv_id = conv["id"] if isinstance(conv, dict) else conv
     ctx.tabs.open(tab, conv_id)
     gr.Info("Conversation imported.")
     return _conversation_view(ctx, request, tab, ctx.storage.get_conversation(conv_id))
+
+
+def _discard_upload(path) -> None:
+    """Remove an uploaded import from Gradio's upload cache once read: Gradio would otherwise keep
+    serving it at /gradio_api/file=... to any logged-in user with the URL (#12.12). Only files
+    inside that cache are touched."""
+    try:
+        from gradio.utils import get_upload_folder
+        cache = os.path.realpath(get_upload_folder())
+        real = os.path.realpath(str(path))
+        if os.path.commonpath([cache, real]) == cache and os.path.isfile(real):
+            os.remove(real)
+    except (OSError, TypeError, ValueError, ImportError):
+        pass
 
 
 def save_shared_prompt(ctx: ChatContext, text: str, request):

@@ -210,6 +210,13 @@ def export_filename(title: str, ext: str) -> str:
     return f"{stem}.{ext}"
 
 
+def export_link(url: str, name: str, size: int) -> str:
+    """The download link shown after an export (the file stays with the app, for its owner only)."""
+    kib = f"{size / 1024:.1f} KiB" if size >= 1024 else f"{size} bytes"
+    return (f'<a class="export-link" href="{html.escape(url, quote=True)}" download="{html.escape(name, quote=True)}">'
+            f"Download {html.escape(name)}</a> ({kib}; the link works for you only, for 15 minutes)")
+
+
 def prompt_summary(override: str | None, shared_id: int | None, current_shared_id: int) -> str:
     """Which system prompt a conversation uses, for the line under the prompt editors."""
     if override is not None:
