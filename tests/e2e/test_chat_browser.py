@@ -164,3 +164,23 @@ def test_chat_in_the_browser_stop_second_tab_and_close(launch, browser, chat_api
     if screenshot_dir != tmp_path:
         for name in ("chat.png", "chat-dark.png", "chat-stopped.png", "chat-alternatives.png"):
             shutil.copyfile(tmp_path / name, screenshot_dir / name)
+
+
+def test_export_link_downloads_the_chat_in_the_browser(module_server, browser):
+    """The export buttons show a link served by the app (owner-only, #12.12); clicking it in a real
+    browser downloads the chat as a file."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    page = _open(context, module_server.url)
+
+    _send(page, "Export me: lighthouse keeper notes.")
+    _wait(lambda: _finished(page), 120, what="the reply")
+    page.locator("#sidebar .label-wrap", has_text="Rename").click()
+    page.get_by_role("button", name="Export Markdown").click()
+    link = page.locator("#export-link a")
+    _wait(lambda: link.count() == 1, 30, what="the download link")
+    assert "gradio_api/file" not in link.get_attribute("href")
+    with page.expect_download() as info:
+        link.click()
+    path = info.value.path()
+    assert "lighthouse keeper notes" in Path(path).read_text(encoding="utf-8")
+    context.close()
