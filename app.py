@@ -36,7 +36,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="int8: weight-only int8 weights with per-channel scales (CPU, bf16 activations); "
                         "fastest at batch 1, slightly less accurate")
     p.add_argument("--db", default="data/chat.db", help="SQLite file for the chat history")
-    p.add_argument("--share", action="store_true", help="also open a public Gradio share link (opt-in)")
+    p.add_argument("--share", action="store_true", help="also open a public Gradio share link to this app (opt-in; use with --auth)")
     p.add_argument("--auth", action="append", default=None, metavar="USER:PASS",
                    help="require a login; repeat for several users (each sees only their own chats)")
     p.add_argument("--auth-file", default=None, metavar="FILE",
@@ -124,6 +124,10 @@ def main(argv=None) -> int:
         print(f"WARNING: binding to {args.host} without --auth: anyone who can reach this machine "
               f"can read and write every conversation.", file=sys.stderr)
 
+    if args.share and not auth:
+        print("WARNING: --share without --auth: anyone with the public link can read and write every "
+              "conversation.", file=sys.stderr)
+
     from routes.openai_keys import keys_from_env
     api_keys = (args.api_key or []) + keys_from_env()
     if not is_local(args.host) and not auth and not api_keys:
@@ -189,26 +193,14 @@ def serve(llm, storage, args, auth) -> None:
     from ui import build_app
 
     from routes.openai_keys import keys_from_env
+    share_hosts: set = set()         # --share: the link's host name, allowed once the tunnel is up
     app, demo = build_app(llm, storage, auth=auth, bind_host=args.host, allowed_hosts=args.allowed_host,
-                          admins=args.admin,
+                          admins=args.admin, share_hosts=share_hosts,
                           api_options=dict(api_keys=(args.api_key or []) + keys_from_env(),
                                            allowed_origins=args.allowed_origin),
                           engine_routes=not args.backend)
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     url = f"http://{shown_host}:{args.port}/"
-    if args.share:
-        # Share links need Gradio's own launcher; /metrics and /api/kv are added to its app.
-        demo.launch(server_name=args.host, server_port=args.port, share=True, auth=auth,
-                    prevent_thread_lock=True, quiet=True, ssr_mode=False)
-        if not args.backend:
-            from routes.metrics import register_routes
-            register_routes(demo.app, llm)
-        print(f"Ready: {url}  (public link: {demo.share_url})", flush=True)
-        try:
-            demo.block_thread()
-        finally:
-            demo.close()
-        return
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                             timeout_graceful_shutdown=3, ws="none")
     tabs = demo.chat_context.tabs
@@ -224,7 +216,7 @@ def serve(llm, storage, args, auth) -> None:
             super().handle_exit(sig, frame)
 
     server = Server(config)
-    _announce_when_started(server, url)
+    _announce_when_started(server, url, share_hosts if args.share else None, shown_host, args.port)
     # uvicorn catches Ctrl-C / SIGTERM, shuts down gracefully, restores the previous handlers and
     # re-raises the signal. With no-op handlers in place that re-raise is harmless, so main()'s
     # cleanup (engine thread stopped, database closed) runs and the exit status is 0.
@@ -239,14 +231,25 @@ def serve(llm, storage, args, auth) -> None:
         tabs.shutdown(timeout=10)       # queued aborts/releases reach the engine before it stops
 
 
-def _announce_when_started(server, url: str) -> None:
+def _announce_when_started(server, url: str, share_hosts: set | None = None, host: str = "127.0.0.1",
+                           port: int = 0) -> None:
+    """Print "Ready" once serving; with --share (share_hosts given) then open the public link to
+    this same app (routes/share.py) and print it."""
     import threading
 
     def watch():
         while not server.started and not server.should_exit:
             time.sleep(0.05)
-        if server.started:
-            print(f"Ready: {url}", flush=True)
+        if not server.started:
+            return
+        print(f"Ready: {url}", flush=True)
+        if share_hosts is not None:
+            from routes.share import open_share_link
+            try:
+                print(f"Public link: {open_share_link(host, port, share_hosts)}", flush=True)
+            except Exception as e:      # no internet, share server down: the local app keeps serving
+                print(f"WARNING: could not open a share link ({e}); serving locally only.", file=sys.stderr,
+                      flush=True)
 
     threading.Thread(target=watch, daemon=True, name="announce").start()
 

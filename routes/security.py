@@ -51,15 +51,18 @@ def split_host_header(value: str) -> str | None:
 class HostGuard:
     """ASGI middleware: refuse requests whose Host header is not an allowed name (421)."""
 
-    def __init__(self, app, allowed_hosts: Iterable[str] = (), allow_loopback: bool = True):
+    def __init__(self, app, allowed_hosts: Iterable[str] = (), allow_loopback: bool = True,
+                 live_hosts: set | None = None):
         self.app = app
         self.allowed = {h.strip().lower().rstrip(".").strip("[]") for h in allowed_hosts if h.strip()}
         self.allow_loopback = allow_loopback
+        self.live = live_hosts if live_hosts is not None else set()   # grows at run time (--share)
 
     def host_allowed(self, host: str | None) -> bool:
         if host is None:
             return False
-        return host in self.allowed or (self.allow_loopback and is_loopback_host(host))
+        host = host.lower()
+        return host in self.allowed or host in self.live or (self.allow_loopback and is_loopback_host(host))
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
@@ -91,17 +94,18 @@ def remove_api_docs(app) -> None:
 
 
 def install_security(app, bind_host: str = "127.0.0.1", allowed_hosts: Iterable[str] = (),
-                     auth=None) -> None:
+                     auth=None, share_hosts: set | None = None) -> None:
     """Everything this module and routes/auth.py add to the app; call once, before serving.
 
     auth: the callable credentials object from routes.auth (or None); with it, /login attempts
-    are throttled per user and client address."""
+    are throttled per user and client address. share_hosts: a set the --share link's host name is
+    added to once the tunnel is open (routes/share.py); the Host guard reads it live."""
     allowed = [h for h in (allowed_hosts or ()) if h]
     remove_api_docs(app)
     if auth is not None:
         from routes.auth import LoginThrottleMiddleware
         app.add_middleware(LoginThrottleMiddleware, throttle=getattr(auth, "throttle", None))
     if is_loopback_host(bind_host):
-        app.add_middleware(HostGuard, allowed_hosts=allowed)
+        app.add_middleware(HostGuard, allowed_hosts=allowed, live_hosts=share_hosts)
     elif allowed:
-        app.add_middleware(HostGuard, allowed_hosts=allowed + [bind_host])
+        app.add_middleware(HostGuard, allowed_hosts=allowed + [bind_host], live_hosts=share_hosts)

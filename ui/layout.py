@@ -373,7 +373,8 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
 
 
 def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_host: str = "127.0.0.1",
-              allowed_hosts=(), api_options: dict | None = None, engine_routes: bool = True, admins=()):
+              allowed_hosts=(), api_options: dict | None = None, engine_routes: bool = True, admins=(),
+              share_hosts: set | None = None):
     """(FastAPI app serving the page at / plus /metrics, /api/kv and the OpenAI API at /v1, the Blocks
     demo). api_options: api_keys, allowed_origins, ... for routes.openai_api.mount_openai_api.
     engine_routes=False (app.py --backend): no /metrics, /api/kv, /v1 here; the backend serves its own."""
@@ -405,7 +406,8 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
         if not hasattr(app.state, "extra_metrics"):
             app.state.extra_metrics = []
         app.state.extra_metrics.append(state_for(llm).metrics_text)     # dashboard ticks counter
-    install_security(app, bind_host, allowed_hosts, auth=auth)     # Host check, no /docs, login throttle
+    install_security(app, bind_host, allowed_hosts, auth=auth,    # Host check, no /docs, login throttle
+                     share_hosts=share_hosts)
     if auth:                         # Gradio's /cancel takes any session hash: owner check (#12.10)
         from ui.chat.cancel_guard import install_cancel_guard
         install_cancel_guard(app, ctx.tabs)

@@ -54,3 +54,21 @@ def test_host_check_docs_login_throttle_and_private_db(launch, tmp_path):
     bob = Client(server.url, auth=("bob", "builder"), verbose=False)
     bob.close()
     assert stat.S_IMODE(os.stat(server.db).st_mode) == 0o600
+
+
+def test_share_serves_this_app_with_its_guards_even_when_the_tunnel_fails(launch):
+    """--share used to hand the page to Gradio's own launcher, without the Host check, the owner-only
+    exports and the scoped /api/kv. Now the same app serves; the tunnel (which needs internet, absent
+    here) only adds its host name. Without a tunnel the app keeps serving locally and says so."""
+    import time
+    server = launch(args=["--num-blocks", "128", "--max-model-len", "256", "--share",
+                          "--auth", "alice:wonderland"],
+                    env={"GRADIO_SHARE_SERVER_ADDRESS": "127.0.0.1:9"})     # a port nothing listens on
+    assert _request(server, "GET", "/config", host="evil.example")[0] == 421
+    assert _request(server, "GET", "/api/kv")[0] == 401                       # the scoped route, login needed
+    assert _request(server, "GET", "/exports/x/y.json")[0] == 404             # our route is there
+    deadline = time.time() + 60
+    while "could not open a share link" not in server.log() and time.time() < deadline:
+        time.sleep(0.5)
+    assert "could not open a share link" in server.log()
+    assert _request(server, "GET", "/metrics")[0] == 200                      # still serving
