@@ -36,6 +36,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="int8: weight-only int8 weights with per-channel scales (CPU, bf16 activations); "
                         "fastest at batch 1, slightly less accurate")
     p.add_argument("--db", default="data/chat.db", help="SQLite file for the chat history")
+    p.add_argument("--trusted-proxy", action="append", default=[], metavar="IP",
+                   help="a reverse proxy whose X-Forwarded-For is believed (repeatable); by default none is, "
+                        "so a client cannot pick the address login throttling counts against")
     p.add_argument("--share", action="store_true", help="also open a public Gradio share link to this app (opt-in; use with --auth)")
     p.add_argument("--auth", action="append", default=None, metavar="USER:PASS",
                    help="require a login; repeat for several users (each sees only their own chats)")
@@ -201,8 +204,11 @@ def serve(llm, storage, args, auth) -> None:
                           engine_routes=not args.backend)
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     url = f"http://{shown_host}:{args.port}/"
+    # X-Forwarded-For only from proxies named with --trusted-proxy (uvicorn would believe any local
+    # client by default, letting it rotate made-up addresses past the login and API-key throttles)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                            timeout_graceful_shutdown=3, ws="none")
+                            timeout_graceful_shutdown=3, ws="none", proxy_headers=bool(args.trusted_proxy),
+                            forwarded_allow_ips=args.trusted_proxy or None)
     tabs = demo.chat_context.tabs
 
     class Server(uvicorn.Server):

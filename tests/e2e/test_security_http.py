@@ -14,9 +14,11 @@ from routes.auth import hash_password
 pytestmark = pytest.mark.slow
 
 
-def _request(server, method, path, host=None, body=None):
+def _request(server, method, path, host=None, body=None, forwarded_for=None):
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     headers = {"Host": host or f"127.0.0.1:{server.port}"}
+    if forwarded_for:
+        headers["X-Forwarded-For"] = forwarded_for
     if body is not None:
         headers["Content-Type"] = "application/x-www-form-urlencoded"
         body = urllib.parse.urlencode(body)
@@ -46,7 +48,9 @@ def test_host_check_docs_login_throttle_and_private_db(launch, tmp_path):
     for path in ("/docs", "/redoc", "/openapi.json"):
         assert _request(server, "GET", path)[0] == 404, path
 
-    codes = [_request(server, "POST", "/login", body={"username": "alice", "password": f"x{i}"})[0]
+    # a new made-up X-Forwarded-For each time does not reset the count: no proxy is trusted by default
+    codes = [_request(server, "POST", "/login", body={"username": "alice", "password": f"x{i}"},
+                      forwarded_for=f"10.0.0.{i}")[0]
              for i in range(6)]
     assert codes == [400] * 5 + [429]
     assert _request(server, "POST", "/login", body={"username": "bob", "password": "builder"})[0] == 200
@@ -59,10 +63,11 @@ def test_host_check_docs_login_throttle_and_private_db(launch, tmp_path):
 def test_share_serves_this_app_with_its_guards_even_when_the_tunnel_fails(launch):
     """--share used to hand the page to Gradio's own launcher, without the Host check, the owner-only
     exports and the scoped /api/kv. Now the same app serves; the tunnel (which needs internet, absent
-    here) only adds its host name. Without a tunnel the app keeps serving locally and says so."""
+    here) only adds its host name. Without a tunnel the app keeps serving locally and says so.
+    Also --trusted-proxy: behind a named proxy, logins are throttled per forwarded client address."""
     import time
     server = launch(args=["--num-blocks", "128", "--max-model-len", "256", "--share",
-                          "--auth", "alice:wonderland"],
+                          "--auth", "alice:wonderland", "--trusted-proxy", "127.0.0.1"],
                     env={"GRADIO_SHARE_SERVER_ADDRESS": "127.0.0.1:9"})     # a port nothing listens on
     assert _request(server, "GET", "/config", host="evil.example")[0] == 421
     assert _request(server, "GET", "/api/kv")[0] == 401                       # the scoped route, login needed
@@ -72,3 +77,7 @@ def test_share_serves_this_app_with_its_guards_even_when_the_tunnel_fails(launch
         time.sleep(0.5)
     assert "could not open a share link" in server.log()
     assert _request(server, "GET", "/metrics")[0] == 200                      # still serving
+    login = dict(body={"username": "alice", "password": "wrong"})
+    codes = [_request(server, "POST", "/login", forwarded_for="203.0.113.7", **login)[0] for _ in range(6)]
+    assert codes == [400] * 5 + [429]
+    assert _request(server, "POST", "/login", forwarded_for="203.0.113.8", **login)[0] == 400  # another client
