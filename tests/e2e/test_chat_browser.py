@@ -184,3 +184,34 @@ def test_export_link_downloads_the_chat_in_the_browser(module_server, browser):
     path = info.value.path()
     assert "lighthouse keeper notes" in Path(path).read_text(encoding="utf-8")
     context.close()
+
+
+def test_editing_a_message_with_markup_stores_what_was_typed(module_server, browser):
+    """The edit box starts from the message's safe display form (`&lt;div>`); saving an edit stores
+    the user's own characters (`<div>`), not the display form, and not the branch links."""
+    from tests.e2e.conftest import read_db
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = _open(context, module_server.url)
+    page.locator("#new-chat").click()
+    _send(page, "What does <div> do?")
+    _wait(lambda: _finished(page), 120, what="the reply")
+    page.locator("#chatbot .message.user").last.hover()
+    page.locator("#chatbot button[title='Edit']").last.click()
+    box = page.locator("#chatbot textarea").first
+    assert "&lt;div" in box.input_value()                      # what Gradio's edit box starts from
+    box.fill(box.input_value() + " Briefly.")
+    box.press("Enter")
+    _wait(lambda: "2/2" in page.locator("#chatbot .message.user").last.inner_text(), 60, what="the new version")
+    _wait(lambda: _finished(page), 120, what="the reply to the edit")
+    rows = read_db(module_server.db, "SELECT content FROM messages WHERE role = 'user' ORDER BY id DESC LIMIT 1")
+    assert rows[0]["content"] == "What does <div> do? Briefly."
+    # a second edit of the message now showing `‹ 2/2 ›`: the links are not stored either
+    page.locator("#chatbot .message.user").last.hover()
+    page.locator("#chatbot button[title='Edit']").last.click()
+    box = page.locator("#chatbot textarea").first
+    box.fill(box.input_value().replace("Briefly.", "In one line."))
+    box.press("Enter")
+    _wait(lambda: "3/3" in page.locator("#chatbot .message.user").last.inner_text(), 60, what="a third version")
+    rows = read_db(module_server.db, "SELECT content FROM messages WHERE role = 'user' ORDER BY id DESC LIMIT 1")
+    assert rows[0]["content"] == "What does <div> do? In one line."
+    context.close()

@@ -16,6 +16,7 @@ import time
 import gradio as gr
 
 from storage import ConversationDeletedError
+from ui.chat.edit_text import typed_text
 from ui.chat import limits, states, view
 from ui.chat.context import ChatContext
 from ui.chat.turn import Turn, abort_turn, start_turn
@@ -360,6 +361,7 @@ async def edit(ctx: ChatContext, index, new_text, kw: dict, request):
         yield outputs(chat=restore)
         return
     old = st.get_message(shown_ids[index], owner=ctx.check(request))
+    new_text = typed_text(new_text, old["content"])     # the edit box started from the safe display form
     if old["role"] != "user":
         gr.Info("Only your own messages can be edited.")
         yield outputs(chat=restore)
