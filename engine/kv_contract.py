@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
+from engine.kv_columns import STATES, BlockArrays, _no_gc, expand_ranges, id_ranges  # noqa: F401 (re-exported)
+
 SCHEMA = "paged-chat.kv"
 VERSION = 4          # 1: the untyped dict before issue 10; 2: this module (adds "schema", "version");
                      # 3: block state "pinned", "pins", stats pinned_blocks / max_pinned_blocks;
@@ -85,109 +87,6 @@ class KVStats:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-STATES = ("free", "used", "cached", "pinned")     # index = the state's code in `block_runs`
-_STATE_OBJ = np.array(STATES, dtype=object)         # code -> the very str objects (tolist is cheap)
-_CODE = {name: k for k, name in enumerate(STATES)}
-
-
-class BlockArrays:
-    """Per block, index = block id: state "pinned" / "used" / "cached" / "free", ref_count, tokens
-    filled. "pinned" = held by an app pin (possibly also by chats; ref_count says how many).
-
-    Two ways in: from lists (`BlockArrays(state, ref_count, filled)`, what from_json does), or
-    from the pool's raw columns (`from_columns`, what the manager does on the engine thread: three
-    array copies, no per-block Python work). In the second case the lists are built on first
-    use, on the reader's thread, with numpy (about 10 ms for 350k blocks instead of a Python loop
-    over every block). Treat the lists as read-only: one snapshot may be shared by many viewers.
-    """
-
-    __slots__ = ("_state", "_ref", "_filled", "_cols", "_codes", "_lock")
-
-    def __init__(self, state, ref_count, filled):
-        self._state, self._ref, self._filled = state, ref_count, filled
-        self._cols = self._codes = None
-        self._lock = threading.Lock()
-
-    @classmethod
-    def from_columns(cls, ref_counts, filled_counts, hashed, pinned_ids=()) -> "BlockArrays":
-        """ref_counts / filled_counts: array("i"), hashed: array("b") (block_pool.BlockPool.columns()),
-        copies owned by this snapshot; pinned_ids: ids held by an app pin."""
-        out = cls(None, None, None)
-        out._cols = (ref_counts, filled_counts, hashed, tuple(pinned_ids))
-        return out
-
-    # ---- numpy views (cheap; the reader's thread) -------------------------------------------
-    def _np(self):
-        """(codes int8, ref_count int32, filled int32) as numpy arrays."""
-        with self._lock:
-            if self._codes is None:
-                if self._cols is not None:
-                    ref, filled, hashed, pinned = self._cols
-                    r = np.frombuffer(ref, dtype=np.intc) if len(ref) else np.zeros(0, np.intc)
-                    f = np.frombuffer(filled, dtype=np.intc) if len(filled) else np.zeros(0, np.intc)
-                    h = np.frombuffer(hashed, dtype=np.int8) if len(hashed) else np.zeros(0, np.int8)
-                    codes = np.where(r > 0, np.int8(1), np.where(h != 0, np.int8(2), np.int8(0))).astype(np.int8)
-                    if pinned:
-                        codes[np.fromiter(pinned, dtype=np.int64, count=len(pinned))] = 3
-                else:
-                    codes = np.fromiter((_CODE[x] for x in self._state), dtype=np.int8, count=len(self._state))
-                    r = np.asarray(self._ref, dtype=np.intc)
-                    f = np.asarray(self._filled, dtype=np.intc)
-                self._codes = (codes, r, f)
-            return self._codes
-
-    def _lists(self):
-        if self._state is None:
-            codes, r, f = self._np()
-            with self._lock:
-                if self._state is None:
-                    self._ref, self._filled = r.tolist(), f.tolist()
-                    self._state = _STATE_OBJ[codes].tolist()
-        return self._state, self._ref, self._filled
-
-    state = property(lambda self: self._lists()[0])
-    ref_count = property(lambda self: self._lists()[1])
-    filled = property(lambda self: self._lists()[2])
-
-    def runs(self) -> dict:
-        """Run-length form (v4 "block_runs"): maximal runs of consecutive block ids with equal
-        (state, ref_count, filled), as parallel lists. A pool filled by whole sequences is a few
-        runs per sequence plus one per free gap, so its size follows the live tables, not the pool."""
-        codes, r, f = self._np()
-        n = len(codes)
-        if n == 0:
-            return {"states": list(STATES), "start": [], "length": [], "state": [], "ref_count": [], "filled": []}
-        cut = np.flatnonzero((codes[1:] != codes[:-1]) | (r[1:] != r[:-1]) | (f[1:] != f[:-1])) + 1
-        start = np.concatenate(([0], cut))
-        length = np.diff(np.concatenate((start, [n])))
-        return {"states": list(STATES), "start": start.tolist(), "length": length.tolist(),
-                "state": codes[start].tolist(), "ref_count": r[start].tolist(), "filled": f[start].tolist()}
-
-    @classmethod
-    def from_runs(cls, runs: dict) -> "BlockArrays":
-        """The inverse of runs() (reads a compact snapshot)."""
-        names = runs.get("states", STATES)
-        state, ref, filled = [], [], []
-        for s, n, c, r, f in zip(runs["start"], runs["length"], runs["state"], runs["ref_count"], runs["filled"]):
-            state += [names[c]] * n
-            ref += [r] * n
-            filled += [f] * n
-        return cls(state, ref, filled)
-
-    def __eq__(self, other):
-        if not isinstance(other, BlockArrays):
-            return NotImplemented
-        return self._lists() == other._lists()
-
-    __hash__ = None
-
-    def __len__(self) -> int:
-        return len(self._cols[0]) if self._state is None else len(self._state)
-
-    def __repr__(self) -> str:
-        return f"BlockArrays({len(self)} blocks)"
-
-
 @dataclass(frozen=True)
 class SequenceView:
     """A running sequence or a parked session: its block table and what is shared."""
@@ -203,6 +102,23 @@ class SequenceView:
     title: str | None = None      # hook for the UI (e.g. a conversation title); the engine leaves it None
 
 
+def compact_sequence(s: dict) -> dict:
+    """One sequence of the full JSON in compact form: "block_table" becomes "block_ranges",
+    "shared" is dropped (ref_count >= 2 in "block_runs" says it)."""
+    out = {k: v for k, v in s.items() if k not in ("block_table", "shared")}
+    out["block_ranges"] = id_ranges(s["block_table"])
+    return out
+
+
+def compact_json(d: dict) -> dict:
+    """A full /api/kv dict (possibly scoped to one viewer) in compact form: no "blocks", no
+    "owners", sequences with "block_ranges". Requires "block_runs" (v4)."""
+    out = {k: v for k, v in d.items() if k not in ("blocks", "owners", "sequences")}
+    out["compact"] = True
+    out["sequences"] = [compact_sequence(s) for s in d.get("sequences", [])]
+    return out
+
+
 class LazySequenceViews(Sequence):
     """The sequences of a snapshot as the engine thread captured them (ids, counters and one copy
     of each block table as array("i")), turned into SequenceView objects on first use, on the
@@ -215,7 +131,7 @@ class LazySequenceViews(Sequence):
         self._lock = threading.Lock()
 
     def _build(self) -> list:
-        with self._lock:
+        with self._lock, _no_gc():
             if self._views is None:
                 r = np.frombuffer(self._ref, dtype=np.intc) if len(self._ref) else np.zeros(0, np.intc)
                 views, bs = [], self._bs
@@ -225,14 +141,26 @@ class LazySequenceViews(Sequence):
                         seq_id=seq_id, session_id=sid, state=state, num_tokens=ntok, num_computed=nc,
                         block_table=a.tolist(), shared=(r[a] >= 2).tolist(),
                         last_block_filled=nc - (len(a) - 1) * bs if len(a) else 0, request_id=rid))
-                self._views, self._raw = views, None
+                self._views = views
             return self._views
+
+    def compact_dicts(self) -> list[dict]:
+        """The sequences' compact JSON (see `compact_sequence`), straight from the captured
+        arrays: no SequenceView, no per-block list is built."""
+        out, bs = [], self._bs
+        for seq_id, sid, state, ntok, nc, ids, rid in self._raw:
+            a = np.frombuffer(ids, dtype=np.intc) if len(ids) else np.zeros(0, np.intc)
+            out.append({"seq_id": seq_id, "session_id": sid, "state": state, "num_tokens": ntok,
+                        "num_computed": nc, "block_ranges": id_ranges(a),
+                        "last_block_filled": nc - (len(a) - 1) * bs if len(a) else 0,
+                        "request_id": rid, "title": None})
+        return out
 
     def __getitem__(self, i):
         return self._build()[i]
 
     def __len__(self) -> int:
-        return len(self._views) if self._views is not None else len(self._raw)
+        return len(self._raw)
 
     def __iter__(self):
         return iter(self._build())
@@ -287,9 +215,14 @@ class KVSnapshot:
         return owners
 
     def _owners_json(self) -> dict:
-        """`owners` with str keys, built directly: blocks in one table only (most of them) get
-        their one-element list in a comprehension, only blocks in several tables take the slow path."""
-        seqs = list(self.sequences)
+        """`owners` with str keys, built directly. Blocks held by one table only (most of them)
+        all point at that table's one shared one-element list (250k separate lists cost 3x
+        more to build); blocks in several tables get their own list. Read-only, like the rest
+        of a snapshot's JSON (it may be shared by many viewers)."""
+        with _no_gc():
+            return self._owners_json_build(list(self.sequences))
+
+    def _owners_json_build(self, seqs: list) -> dict:
         if not seqs:
             return {}
         tables = [np.asarray(s.block_table, dtype=np.int64) for s in seqs]
@@ -301,30 +234,35 @@ class KVSnapshot:
             if not len(t):
                 continue
             multi = held[t] > 1
-            if not multi.any():
-                owners.update({k: [who] for k in map(str, s.block_table)})
-                continue
-            for b, m in zip(s.block_table, multi.tolist()):
-                if m:
-                    owners.setdefault(str(b), []).append(who)
-                else:
-                    owners[str(b)] = [who]
+            singles = s.block_table
+            if multi.any():
+                for k in map(str, t[multi].tolist()):
+                    owners.setdefault(k, []).append(who)
+                singles = t[~multi].tolist()
+            owners.update(dict.fromkeys(map(str, singles), [who]))   # one list per table: see above
         return owners
 
     def to_json(self, compact: bool = False) -> dict:
         """The /api/kv format (schema paged-chat.kv, VERSION). Block ids in `owners` are strings,
-        as JSON object keys must be. compact=True leaves out the per-block lists ("blocks") and
-        "owners": "block_runs" and the sequences' block tables carry the same information in a
-        size that follows the live tables, not the pool (a 350k-block pool: kilobytes, not 13 MB)."""
+        as JSON object keys must be. compact=True (v4; marked "compact": true) leaves out the
+        per-block lists ("blocks") and "owners", and gives each sequence "block_ranges" instead
+        of "block_table"/"shared": with "block_runs" that is the same information in a size that
+        follows the number of runs, not the pool (350k blocks: kilobytes, not 13 MB)."""
         out = {"schema": SCHEMA, "version": VERSION, "time": self.time, "block_size": self.block_size,
                "num_blocks": self.num_blocks, "stats": self.stats.to_json()}
-        if not compact:
+        if compact:
+            out["compact"] = True
+        else:
             out["blocks"] = {"state": self.blocks.state, "ref_count": self.blocks.ref_count,
                              "filled": self.blocks.filled}
             out["owners"] = self._owners_json()                          # derived, see `owners`
         out["block_runs"] = self.blocks.runs()
-        # shallow: the lists inside are fresh per snapshot (asdict's deep copy costs ~10x)
-        out["sequences"] = [dict(vars(s)) for s in self.sequences]
+        if not compact:   # shallow: the lists inside are fresh per snapshot (asdict's deep copy costs ~10x)
+            out["sequences"] = [dict(vars(s)) for s in self.sequences]
+        elif isinstance(self.sequences, LazySequenceViews):
+            out["sequences"] = self.sequences.compact_dicts()
+        else:
+            out["sequences"] = [compact_sequence(dict(vars(s))) for s in self.sequences]
         out["preemption_events"] = [dict(vars(e)) for e in self.preemption_events]
         out["pins"] = [dict(vars(p)) for p in self.pins]
         return out
@@ -336,8 +274,14 @@ class KVSnapshot:
         b = d.get("blocks")
         blocks = BlockArrays(b["state"], b["ref_count"], b["filled"]) if b is not None \
             else BlockArrays.from_runs(d["block_runs"])                   # a compact snapshot
+        seqs = []
+        for s in d.get("sequences", []):
+            if "block_ranges" in s:                                         # compact
+                s = dict(s)
+                s["block_table"] = expand_ranges(s.pop("block_ranges"))
+                s["shared"] = [blocks.ref_count[i] >= 2 for i in s["block_table"]]
+            seqs.append(SequenceView(**s))
         return cls(time=d["time"], block_size=d["block_size"], num_blocks=d["num_blocks"],
-                   stats=KVStats.from_json(d["stats"]), blocks=blocks,
-                   sequences=[SequenceView(**s) for s in d.get("sequences", [])],
+                   stats=KVStats.from_json(d["stats"]), blocks=blocks, sequences=seqs,
                    preemption_events=[PreemptionEvent(**e) for e in d.get("preemption_events", [])],
                    pins=[PinView(**p) for p in d.get("pins", [])])
