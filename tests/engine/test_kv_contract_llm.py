@@ -8,7 +8,8 @@ from engine.kv_contract import KVSnapshot, expand_ranges
 
 def test_shared_full_compact_and_bytes_agree_with_an_exact_snapshot(make_llm):
     llm = make_llm(num_blocks=128)
-    outs = llm.generate(["The capital of France is", "A haiku about memory:"],
+    long = "Paging splits the KV cache into fixed-size blocks that sequences share. " * 4
+    outs = llm.generate([long + "The capital of France is", long + "A haiku about memory:"],
                         SamplingParams(temperature=0.0, max_tokens=8, n=2))
     assert all(len(o.outputs) == 2 for o in outs)
     exact = llm.snapshot()                               # nothing runs now: every form must agree
