@@ -14,13 +14,13 @@ With enable_prefix_caching=False nothing is hashed or looked up and park simply 
 from __future__ import annotations
 
 import time
-from array import array
 from collections import OrderedDict, deque
 from typing import NamedTuple
 
 from engine.block_pool import Block, BlockPool
 from engine.errors import KVCacheError, NoFreeBlocksError
-from engine.kv_contract import BlockArrays, KVSnapshot, KVStats, LazySequenceViews, PreemptionEvent
+from engine.kv_contract import KVSnapshot, KVStats
+from engine.kv_snapshot import take_snapshot
 from engine.pinning import DEFAULT_MAX_PIN_FRACTION, PinTable
 
 BLOCK_SIZES = (8, 16, 32, 64, 128)
@@ -69,7 +69,7 @@ class _Seq:
         self.table: list[Block] = []
         self.num_computed = 0
         self.hashes: list[int] = []     # chain hash of each full block already hashed
-        self.ids_cache = None           # for snapshots, see KVCacheManager._table_ids
+        self.ids_cache = None           # for snapshots, see engine/kv_snapshot.table_ids
 
 
 class _Session:
@@ -393,45 +393,10 @@ class KVCacheManager:
             pinned_blocks=self.pins.num_pinned_blocks, max_pinned_blocks=self.pins.max_blocks,
             chat_used_blocks=chat_used)
 
-    @staticmethod
-    def _table_ids(holder) -> array:
-        """A private copy of holder.table's block ids as array("i"), kept up to date incrementally
-        between snapshots: a table only grows at its end or swaps its last block (copy-on-write in
-        _grow), so the cached ids stay valid while the cached last block is still in its place;
-        new entries are appended, anything else rebuilds. Cost per snapshot: O(new blocks) + one
-        memcpy, instead of O(table) attribute reads."""
-        table, c = holder.table, holder.ids_cache
-        n, ids = len(table), None
-        if c is not None and c[0] is table:
-            _, m, last, cached = c
-            if m <= n and (m == 0 or table[m - 1] is last):
-                ids = cached
-                if m < n:
-                    ids.extend([b.block_id for b in table[m:]])
-        if ids is None:
-            ids = array("i", [b.block_id for b in table])
-        holder.ids_cache = (table, n, table[-1] if n else None, ids)
-        return ids[:]
-
     def kv_snapshot(self, request_of=lambda seq_id: None) -> KVSnapshot:
-        """Per-block arrays and per-table views (engine/kv_contract.py), taken between two steps.
-        This (engine-thread) part only copies: the pool's three per-block C arrays (memcpy),
-        each table's cached id array, pins, events and counters. Lists, block states, `shared`
-        and `owners` are derived from those copies lazily, on whichever thread reads them."""
-        raw = [(s.seq_id, s.session_id, "running", len(s.tokens), s.num_computed, self._table_ids(s),
-                request_of(s.seq_id)) for s in self._seqs.values()]
-        raw += [(None, s.session_id, "idle_session", len(s.tokens), len(s.tokens), self._table_ids(s), None)
-                for s in self._idle.values()]
-        ref, filled, hashed = self.pool.columns()
-        pins = self.pins.views()
-        pinned = {b for p in pins for b in p.block_table}   # an app pin is its own state (engine/pinning.py)
-        return KVSnapshot(
-            time=time.time(), block_size=self._bs, num_blocks=self.pool.num_blocks, stats=self.kv_stats(),
-            blocks=BlockArrays.from_columns(ref, filled, hashed, pinned),
-            sequences=LazySequenceViews(raw, ref, self._bs),
-            pins=pins,
-            preemption_events=[PreemptionEvent(request_id=request_of(e["seq_id"]), **e)
-                               for e in self.preemption_events])
+        """Per-block arrays and per-table views (engine/kv_contract.py), taken between two steps;
+        the engine thread's part only copies (engine/kv_snapshot.py)."""
+        return take_snapshot(self, request_of)
 
     def stats(self) -> dict:
         return self.kv_stats().to_json()
