@@ -102,3 +102,14 @@ def test_compact_size_follows_the_tables_not_the_pool():
     assert len(big) < 1.2 * len(small) and len(big) < 8_000
     assert len(big_engine.m.pool.blocks._objs) == 350_000
     assert sum(1 for _ in big_engine.m.pool.blocks.built()) == big_engine.m.num_used_blocks  # no object built
+
+
+def test_metrics_reads_the_compact_form_only():
+    """/metrics needs only the stats: at 350k blocks it must not pay for the per-block lists."""
+    from routes.metrics import register_routes
+    engine = ManagerEngine(manager(350_000))
+    app = FastAPI()
+    register_routes(app, engine, kv_route=False)
+    text = TestClient(app).get("/metrics").text
+    assert "vllm:kv_cache_usage_perc" in text and f"paged_chat_kv_blocks_used {engine.m.num_used_blocks}" in text
+    assert set(engine.shared.current().forms) == {"dict-compact"}
