@@ -125,6 +125,9 @@ class BlockArrays:
 
     __hash__ = None
 
+    def __reduce__(self):          # copy / deepcopy / pickle: the materialized lists (a Lock cannot be copied)
+        return (BlockArrays, self._lists())
+
     def __len__(self) -> int:
         return len(self._cols[0]) if self._state is None else len(self._state)
 

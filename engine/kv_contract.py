@@ -172,6 +172,9 @@ class LazySequenceViews(Sequence):
 
     __hash__ = None
 
+    def __reduce__(self):          # copy / deepcopy / pickle: a plain list of the views
+        return (list, (self._build(),))
+
     def __repr__(self) -> str:
         return f"LazySequenceViews({len(self)} sequences)"
 

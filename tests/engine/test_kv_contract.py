@@ -81,3 +81,11 @@ def test_a_snapshot_read_late_shows_its_own_time():
     m.free("a#0")
     assert snap.blocks.ref_count[:5] == [2, 2, 1, 1, 0] and len(snap.sequences) == 2
     assert [s.block_table for s in snap.sequences] == [[0, 1, 2], [0, 1, 3]]
+
+
+def test_a_snapshot_copies_and_pickles_like_plain_data():
+    import copy
+    import pickle
+    snap = _manager().kv_snapshot()
+    for other in (copy.deepcopy(snap), pickle.loads(pickle.dumps(snap)), copy.copy(snap)):
+        assert other == snap and other.to_json()["blocks"] == snap.to_json()["blocks"]
