@@ -438,9 +438,10 @@ class LLM:
         return self.kv_snapshot().to_json()
 
     def latest_snapshot(self, compact: bool = False) -> dict:
-        """A snapshot at most ~0.25 s old, shared by every caller in that window (dashboard ticks
-        of many viewers cost one snapshot, and one to_json per form). Taken on demand, never
-        periodically by the engine. Read-only. compact: the v4 compact form (no per-block lists)."""
+        """A snapshot at most ~0.25 s old (longer when its forms are costly: engine/snapshot_cache.py),
+        shared by every caller in that window (dashboard ticks of many viewers cost one snapshot,
+        one to_json per form). Taken on demand, never periodically by the engine. Read-only.
+        compact: the v4 compact form (no per-block lists)."""
         return self._snapshots.json(compact)
 
     def latest_snapshot_bytes(self, compact: bool = False) -> bytes:

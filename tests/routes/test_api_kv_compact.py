@@ -113,3 +113,32 @@ def test_metrics_reads_the_compact_form_only():
     text = TestClient(app).get("/metrics").text
     assert "vllm:kv_cache_usage_perc" in text and f"paged_chat_kv_blocks_used {engine.m.num_used_blocks}" in text
     assert set(engine.shared.current().forms) == {"dict-compact"}
+
+
+def test_the_window_stretches_with_the_cost_of_building_its_forms():
+    """A form that takes 1 s to build (a full 350k-block snapshot on a busy box) makes the window
+    4 s, so polling viewers cannot keep the GIL busy; cheap forms keep the 0.25 s window.
+    The clock is a counter the builds advance: no timing in the test."""
+    now = [100.0]
+    m = manager()
+
+    class SlowSnapshot:                   # the real snapshot, with a to_json that "takes" 1 s
+        def __init__(self, snap):
+            self.snap = snap
+
+        def to_json(self, compact=False):
+            now[0] += 0.001 if compact else 1.0
+            return self.snap.to_json(compact=compact)
+
+    shared = SharedSnapshot(lambda: SlowSnapshot(m.kv_snapshot()), 0.25, clock=lambda: now[0])
+    shared.json(compact=True)
+    assert shared.window_s() == 0.25
+    now[0] += 0.3
+    shared.json()                          # a new window: its full form costs 1 s
+    assert shared.takes == 2 and shared.window_s() == 4.0
+    now[0] += 2.0
+    shared.body()
+    assert shared.takes == 2               # still the same window; the bytes cost a little more
+    now[0] += 3.0
+    shared.json(compact=True)
+    assert shared.takes == 3 and shared.window_s() == 0.25
