@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from itertools import chain, compress
 from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
@@ -226,23 +227,24 @@ class KVSnapshot:
             return self._owners_json_build(list(self.sequences))
 
     def _owners_json_build(self, seqs: list) -> dict:
-        if not seqs:
+        lens = [len(s.block_table) for s in seqs]
+        if not sum(lens):
             return {}
-        tables = [np.asarray(s.block_table, dtype=np.int64) for s in seqs]
-        held = np.bincount(np.concatenate(tables), minlength=self.num_blocks) if any(len(t) for t in tables) \
-            else np.zeros(0, np.int64)
+        ids = np.fromiter(chain.from_iterable(s.block_table for s in seqs), dtype=np.int64, count=sum(lens))
+        once = np.bincount(ids, minlength=self.num_blocks)[ids] == 1
+        keys = list(map(str, ids.tolist()))                  # C-level passes over every entry
+        once_l, multi_l = once.tolist(), (~once).tolist()
         owners: dict[str, list] = {}
-        for s, t in zip(seqs, tables):
+        pos = 0
+        for s, n in zip(seqs, lens):
             who = s.seq_id if s.seq_id is not None else s.session_id
-            if not len(t):
-                continue
-            multi = held[t] > 1
-            singles = s.block_table
-            if multi.any():
-                for k in map(str, t[multi].tolist()):
+            ks, end = keys[pos:pos + n], pos + n
+            if not once[pos:end].all():                      # blocks shared with other tables
+                for k in compress(ks, multi_l[pos:end]):
                     owners.setdefault(k, []).append(who)
-                singles = t[~multi].tolist()
-            owners.update(dict.fromkeys(map(str, singles), [who]))   # one list per table: see above
+                ks = compress(ks, once_l[pos:end])
+            owners.update(dict.fromkeys(ks, [who]))          # one list per table: see above
+            pos = end
         return owners
 
     def to_json(self, compact: bool = False) -> dict:
