@@ -10,9 +10,17 @@ list in O(1). Eviction is lazy: a freed block keeps its hash and content and onl
 it is handed out again. Order of the free list = eviction order (head is evicted first):
 blocks with nothing worth keeping (never used, or freed without a hash) sit at the head, blocks
 holding cached content are appended at the tail in the order they were freed (LRU).
+
+Besides the objects, the pool mirrors three per-block fields in flat C arrays indexed by block id
+(`ref_counts`, `filled_counts`, `hashed`), written by the same methods that write the objects.
+Why: a dashboard snapshot of a 350k-block pool must not walk 350k objects on the engine thread;
+copying the three arrays is a memcpy (well under a millisecond), and the reader's thread turns
+them into JSON. Every write to Block.ref_count / filled / block_hash therefore goes through this
+class (nothing else in the engine assigns them).
 """
 from __future__ import annotations
 
+from array import array
 from typing import Iterable, Iterator
 
 from engine.errors import KVCacheError, NoFreeBlocksError
@@ -88,6 +96,10 @@ class BlockPool:
         self.num_cached_free = 0        # ref 0 and holding a hash (revivable)
         self.num_shared = 0             # ref >= 2
         self.num_used_tokens = 0        # sum of `filled` over blocks with ref >= 1
+        # per-block mirrors for snapshots (see the module docstring); zero = a fresh block
+        self.ref_counts = array("i", bytes(4 * num_blocks))
+        self.filled_counts = array("i", bytes(4 * num_blocks))
+        self.hashed = array("b", bytes(num_blocks))    # 1 iff the block holds a prefix-cache hash
 
     # ---- intrusive list primitives -------------------------------------------------------
     def _unlink(self, b: Block) -> None:
@@ -135,6 +147,9 @@ class BlockPool:
                 self.drop_hash(b)
             b.ref_count = 1
             b.filled = 0
+            i = b.block_id
+            self.ref_counts[i] = 1
+            self.filled_counts[i] = 0
             out.append(b)
         return out
 
@@ -149,6 +164,7 @@ class BlockPool:
             f.prev = f.next = None
         b.ref_count = 1
         b.filled = 0
+        self.ref_counts[b.block_id] = 1         # filled/hashed of a fresh block are already 0
         return b
 
     def touch(self, blocks: Iterable[Block]) -> None:
@@ -164,6 +180,7 @@ class BlockPool:
             elif b.ref_count == 1:
                 self.num_shared += 1
             b.ref_count += 1
+            self.ref_counts[b.block_id] = b.ref_count
 
     def free_blocks(self, blocks: Iterable[Block]) -> None:
         """Drop one reference from each block, given in eviction order (first = evicted first)."""
@@ -171,8 +188,10 @@ class BlockPool:
         for b in blocks:
             if b.ref_count <= 0:
                 raise KVCacheError(f"block {b.block_id} freed while already free")
+        refs = self.ref_counts
         for b in blocks:
             b.ref_count -= 1
+            refs[b.block_id] = b.ref_count
             if b.ref_count == 1:
                 self.num_shared -= 1
             elif b.ref_count == 0:
@@ -182,12 +201,14 @@ class BlockPool:
                     self._append(b)
                 else:
                     b.filled = 0
+                    self.filled_counts[b.block_id] = 0
                     self._appendleft(b)
 
     def set_filled(self, b: Block, n: int) -> None:
         """Record how many slots of a held block hold valid KV (used_tokens accounting)."""
         self.num_used_tokens += n - b.filled
         b.filled = n
+        self.filled_counts[b.block_id] = n
 
     # ---- prefix-cache map ----------------------------------------------------------------
     def register(self, b: Block, block_hash: int, token_ids: tuple, parent_hash, salt) -> bool:
@@ -196,6 +217,7 @@ class BlockPool:
             return False
         self.cached[block_hash] = b
         b.block_hash, b.token_ids, b.parent_hash, b.salt = block_hash, token_ids, parent_hash, salt
+        self.hashed[b.block_id] = 1
         return True
 
     def drop_hash(self, b: Block) -> None:
@@ -203,20 +225,19 @@ class BlockPool:
         if b.block_hash is not None and self.cached.get(b.block_hash) is b:
             del self.cached[b.block_hash]
         b.block_hash = b.token_ids = b.parent_hash = b.salt = None
+        self.hashed[b.block_id] = 0
+
+    def columns(self) -> tuple[array, array, array]:
+        """Copies of (ref_counts, filled_counts, hashed): three memcpys, whatever the pool size.
+        The engine thread's whole share of a block-level snapshot (kv_contract.BlockArrays)."""
+        return self.ref_counts[:], self.filled_counts[:], self.hashed[:]
 
     def block_arrays(self) -> tuple[list[str], list[int], list[int]]:
-        """(state "used"/"cached"/"free", ref_count, filled) per block id, touching only built
-        blocks: a snapshot of a 350k-block pool must not build 350k objects."""
-        n = self.num_blocks
-        state, refs, filled = ["free"] * n, [0] * n, [0] * n
-        for b in self.blocks.built():
-            i = b.block_id
-            refs[i], filled[i] = b.ref_count, b.filled
-            if b.ref_count:
-                state[i] = "used"
-            elif b.block_hash is not None:
-                state[i] = "cached"
-        return state, refs, filled
+        """(state "used"/"cached"/"free", ref_count, filled) per block id as lists, from the
+        mirrors (no Block objects are built or walked)."""
+        refs, filled, hashed = self.columns()
+        state = ["used" if r else ("cached" if h else "free") for r, h in zip(refs, hashed)]
+        return state, refs.tolist(), filled.tolist()
 
     @property
     def num_used(self) -> int:

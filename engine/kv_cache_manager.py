@@ -19,7 +19,8 @@ from typing import NamedTuple
 
 from engine.block_pool import Block, BlockPool
 from engine.errors import KVCacheError, NoFreeBlocksError
-from engine.kv_contract import BlockArrays, KVSnapshot, KVStats, PreemptionEvent, SequenceView
+from engine.kv_contract import KVSnapshot, KVStats
+from engine.kv_snapshot import take_snapshot
 from engine.pinning import DEFAULT_MAX_PIN_FRACTION, PinTable
 
 BLOCK_SIZES = (8, 16, 32, 64, 128)
@@ -61,22 +62,23 @@ def _common_prefix(a: list, b: list, limit: int) -> int:
 
 
 class _Seq:
-    __slots__ = ("seq_id", "tokens", "table", "num_computed", "salt", "session_id", "hashes")
+    __slots__ = ("seq_id", "tokens", "table", "num_computed", "salt", "session_id", "hashes", "ids_cache")
 
     def __init__(self, seq_id, tokens, salt, session_id):
         self.seq_id, self.tokens, self.salt, self.session_id = seq_id, tokens, salt, session_id
         self.table: list[Block] = []
         self.num_computed = 0
         self.hashes: list[int] = []     # chain hash of each full block already hashed
+        self.ids_cache = None           # for snapshots, see engine/kv_snapshot.table_ids
 
 
 class _Session:
     """An idle pin: a finished sequence's blocks and computed tokens, kept for its next turn."""
-    __slots__ = ("session_id", "tokens", "table", "salt", "hashes")
+    __slots__ = ("session_id", "tokens", "table", "salt", "hashes", "ids_cache")
 
-    def __init__(self, session_id, tokens, table, salt, hashes):
+    def __init__(self, session_id, tokens, table, salt, hashes, ids_cache=None):
         self.session_id, self.tokens, self.table = session_id, tokens, table
-        self.salt, self.hashes = salt, hashes
+        self.salt, self.hashes, self.ids_cache = salt, hashes, ids_cache
 
 
 class KVCacheManager:
@@ -328,7 +330,7 @@ class KVCacheManager:
         del self._seqs[seq_id]
         self.free_session(session_id)
         self._idle[session_id] = _Session(session_id, list(seq.tokens[:seq.num_computed]),
-                                          seq.table, seq.salt, seq.hashes)
+                                          seq.table, seq.salt, seq.hashes, seq.ids_cache)
 
     def free_session(self, session_id) -> bool:
         """Release an idle session's blocks; False if there is no such idle session."""
@@ -392,29 +394,9 @@ class KVCacheManager:
             chat_used_blocks=chat_used)
 
     def kv_snapshot(self, request_of=lambda seq_id: None) -> KVSnapshot:
-        """Per-block arrays and per-table views (engine/kv_contract.py); O(num_blocks), on demand."""
-        bs = self._bs
-        seqs = []
-        views = [(s.seq_id, s.session_id, "running", len(s.tokens), s.num_computed, s.table)
-                 for s in self._seqs.values()]
-        views += [(None, s.session_id, "idle_session", len(s.tokens), len(s.tokens), s.table)
-                  for s in self._idle.values()]
-        for seq_id, sid, state, ntok, nc, table in views:
-            seqs.append(SequenceView(
-                seq_id=seq_id, session_id=sid, state=state, num_tokens=ntok, num_computed=nc,
-                block_table=[b.block_id for b in table], shared=[b.ref_count >= 2 for b in table],
-                last_block_filled=nc - (len(table) - 1) * bs if table else 0,
-                request_id=request_of(seq_id) if seq_id is not None else None))
-        state, ref, filled = self.pool.block_arrays()   # touches only built blocks (350k-block pools)
-        for i in self.pins.pinned_ids():   # an app pin is its own state (engine/pinning.py)
-            state[i] = "pinned"
-        return KVSnapshot(
-            time=time.time(), block_size=bs, num_blocks=self.pool.num_blocks, stats=self.kv_stats(),
-            blocks=BlockArrays(state=state, ref_count=ref, filled=filled),
-            sequences=seqs,
-            pins=self.pins.views(),
-            preemption_events=[PreemptionEvent(request_id=request_of(e["seq_id"]), **e)
-                               for e in self.preemption_events])
+        """Per-block arrays and per-table views (engine/kv_contract.py), taken between two steps;
+        the engine thread's part only copies (engine/kv_snapshot.py)."""
+        return take_snapshot(self, request_of)
 
     def stats(self) -> dict:
         return self.kv_stats().to_json()

@@ -7,16 +7,28 @@ dataclasses are its only definition. `to_json()` gives the documented, versioned
 /api/kv (see docs/DESIGN.md, "KV contract"); readers use that dict or the objects themselves.
 
 Scale: blocks are parallel arrays (one list per field, index = block id), not one object per
-block, so a 350k-block pool snapshots in tens of milliseconds; a snapshot is taken on demand
-(between engine steps), never periodically on the engine thread.
+block. The engine thread only copies raw columns (the pool's C arrays, one array("i") per block
+table): well under a millisecond of memcpy plus O(live sequences) for a 350k-block pool. Lists,
+`shared` flags, block states and `owners` are derived lazily on the reader's thread with numpy
+(BlockArrays, LazySequenceViews). A snapshot is taken on demand (between engine steps), never
+periodically on the engine thread.
 """
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
+from itertools import chain, compress
 from dataclasses import asdict, dataclass, field, fields
 
+import numpy as np
+
+from engine.kv_columns import STATES, BlockArrays, _no_gc, expand_ranges, id_ranges  # noqa: F401 (re-exported)
+
 SCHEMA = "paged-chat.kv"
-VERSION = 3          # 1: the untyped dict before issue 10; 2: this module (adds "schema", "version");
-                     # 3: block state "pinned", "pins", stats pinned_blocks / max_pinned_blocks
+VERSION = 4          # 1: the untyped dict before issue 10; 2: this module (adds "schema", "version");
+                     # 3: block state "pinned", "pins", stats pinned_blocks / max_pinned_blocks;
+                     # 4: "block_runs" (run-length block states), to_json(compact=True) without
+                     #    "blocks"/"owners"; every v3 field is still produced by default
 
 
 @dataclass(frozen=True)
@@ -77,15 +89,6 @@ class KVStats:
 
 
 @dataclass(frozen=True)
-class BlockArrays:
-    """Per block, index = block id: state "pinned" / "used" / "cached" / "free", ref_count, tokens
-    filled. "pinned" = held by an app pin (possibly also by chats; ref_count says how many)."""
-    state: list
-    ref_count: list
-    filled: list
-
-
-@dataclass(frozen=True)
 class SequenceView:
     """A running sequence or a parked session: its block table and what is shared."""
     seq_id: str | None            # None for a parked session
@@ -98,6 +101,83 @@ class SequenceView:
     last_block_filled: int
     request_id: str | None = None
     title: str | None = None      # hook for the UI (e.g. a conversation title); the engine leaves it None
+
+
+def compact_sequence(s: dict) -> dict:
+    """One sequence of the full JSON in compact form: "block_table" becomes "block_ranges",
+    "shared" is dropped (ref_count >= 2 in "block_runs" says it)."""
+    out = {k: v for k, v in s.items() if k not in ("block_table", "shared")}
+    out["block_ranges"] = id_ranges(s["block_table"])
+    return out
+
+
+def compact_json(d: dict) -> dict:
+    """A full /api/kv dict (possibly scoped to one viewer) in compact form: no "blocks", no
+    "owners", sequences with "block_ranges". Requires "block_runs" (v4)."""
+    out = {k: v for k, v in d.items() if k not in ("blocks", "owners", "sequences")}
+    out["compact"] = True
+    out["sequences"] = [compact_sequence(s) for s in d.get("sequences", [])]
+    return out
+
+
+class LazySequenceViews(Sequence):
+    """The sequences of a snapshot as the engine thread captured them (ids, counters and one copy
+    of each block table as array("i")), turned into SequenceView objects on first use, on the
+    reader's thread. Why: building 256 views of ~1,000 block ids each (lists, `shared` flags) is
+    tens of milliseconds of Python that would otherwise stall the engine between two steps."""
+
+    def __init__(self, raw: list, ref_counts, block_size: int):
+        self._raw, self._ref, self._bs = raw, ref_counts, block_size
+        self._views: list | None = None
+        self._lock = threading.Lock()
+
+    def _build(self) -> list:
+        with self._lock, _no_gc():
+            if self._views is None:
+                r = np.frombuffer(self._ref, dtype=np.intc) if len(self._ref) else np.zeros(0, np.intc)
+                views, bs = [], self._bs
+                for seq_id, sid, state, ntok, nc, ids, rid in self._raw:
+                    a = np.frombuffer(ids, dtype=np.intc) if len(ids) else np.zeros(0, np.intc)
+                    views.append(SequenceView(
+                        seq_id=seq_id, session_id=sid, state=state, num_tokens=ntok, num_computed=nc,
+                        block_table=a.tolist(), shared=(r[a] >= 2).tolist(),
+                        last_block_filled=nc - (len(a) - 1) * bs if len(a) else 0, request_id=rid))
+                self._views = views
+            return self._views
+
+    def compact_dicts(self) -> list[dict]:
+        """The sequences' compact JSON (see `compact_sequence`), straight from the captured
+        arrays: no SequenceView, no per-block list is built."""
+        out, bs = [], self._bs
+        for seq_id, sid, state, ntok, nc, ids, rid in self._raw:
+            a = np.frombuffer(ids, dtype=np.intc) if len(ids) else np.zeros(0, np.intc)
+            out.append({"seq_id": seq_id, "session_id": sid, "state": state, "num_tokens": ntok,
+                        "num_computed": nc, "block_ranges": id_ranges(a),
+                        "last_block_filled": nc - (len(a) - 1) * bs if len(a) else 0,
+                        "request_id": rid, "title": None})
+        return out
+
+    def __getitem__(self, i):
+        return self._build()[i]
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __iter__(self):
+        return iter(self._build())
+
+    def __eq__(self, other):
+        if isinstance(other, (list, LazySequenceViews)):
+            return self._build() == list(other)
+        return NotImplemented
+
+    __hash__ = None
+
+    def __reduce__(self):          # copy / deepcopy / pickle: a plain list of the views
+        return (list, (self._build(),))
+
+    def __repr__(self) -> str:
+        return f"LazySequenceViews({len(self)} sequences)"
 
 
 @dataclass(frozen=True)
@@ -138,28 +218,75 @@ class KVSnapshot:
                 owners.setdefault(b, []).append(who)
         return owners
 
-    def to_json(self) -> dict:
+    def _owners_json(self) -> dict:
+        """`owners` with str keys, built directly. Blocks held by one table only (most of them)
+        all point at that table's one shared one-element list (250k separate lists cost 3x
+        more to build); blocks in several tables get their own list. Read-only, like the rest
+        of a snapshot's JSON (it may be shared by many viewers)."""
+        with _no_gc():
+            return self._owners_json_build(list(self.sequences))
+
+    def _owners_json_build(self, seqs: list) -> dict:
+        lens = [len(s.block_table) for s in seqs]
+        if not sum(lens):
+            return {}
+        ids = np.fromiter(chain.from_iterable(s.block_table for s in seqs), dtype=np.int64, count=sum(lens))
+        once = np.bincount(ids, minlength=self.num_blocks)[ids] == 1
+        keys = list(map(str, ids.tolist()))                  # C-level passes over every entry
+        once_l, multi_l = once.tolist(), (~once).tolist()
+        owners: dict[str, list] = {}
+        pos = 0
+        for s, n in zip(seqs, lens):
+            who = s.seq_id if s.seq_id is not None else s.session_id
+            ks, end = keys[pos:pos + n], pos + n
+            if not once[pos:end].all():                      # blocks shared with other tables
+                for k in compress(ks, multi_l[pos:end]):
+                    owners.setdefault(k, []).append(who)
+                ks = compress(ks, once_l[pos:end])
+            owners.update(dict.fromkeys(ks, [who]))          # one list per table: see above
+            pos = end
+        return owners
+
+    def to_json(self, compact: bool = False) -> dict:
         """The /api/kv format (schema paged-chat.kv, VERSION). Block ids in `owners` are strings,
-        as JSON object keys must be."""
-        return {
-            "schema": SCHEMA, "version": VERSION, "time": self.time, "block_size": self.block_size,
-            "num_blocks": self.num_blocks, "stats": self.stats.to_json(),
-            "blocks": {"state": self.blocks.state, "ref_count": self.blocks.ref_count,
-                       "filled": self.blocks.filled},
-            "owners": {str(k): v for k, v in self.owners.items()},     # derived, see `owners`
-            # shallow: the lists inside are fresh per snapshot (asdict's deep copy costs ~10x)
-            "sequences": [dict(vars(s)) for s in self.sequences],
-            "preemption_events": [dict(vars(e)) for e in self.preemption_events],
-            "pins": [dict(vars(p)) for p in self.pins],
-        }
+        as JSON object keys must be. compact=True (v4; marked "compact": true) leaves out the
+        per-block lists ("blocks") and "owners", and gives each sequence "block_ranges" instead
+        of "block_table"/"shared": with "block_runs" that is the same information in a size that
+        follows the number of runs, not the pool (350k blocks: kilobytes, not 13 MB)."""
+        out = {"schema": SCHEMA, "version": VERSION, "time": self.time, "block_size": self.block_size,
+               "num_blocks": self.num_blocks, "stats": self.stats.to_json()}
+        if compact:
+            out["compact"] = True
+        else:
+            out["blocks"] = {"state": self.blocks.state, "ref_count": self.blocks.ref_count,
+                             "filled": self.blocks.filled}
+            out["owners"] = self._owners_json()                          # derived, see `owners`
+        out["block_runs"] = self.blocks.runs()
+        if not compact:   # shallow: the lists inside are fresh per snapshot (asdict's deep copy costs ~10x)
+            out["sequences"] = [dict(vars(s)) for s in self.sequences]
+        elif isinstance(self.sequences, LazySequenceViews):
+            out["sequences"] = self.sequences.compact_dicts()
+        else:
+            out["sequences"] = [compact_sequence(dict(vars(s))) for s in self.sequences]
+        out["preemption_events"] = [dict(vars(e)) for e in self.preemption_events]
+        out["pins"] = [dict(vars(p)) for p in self.pins]
+        return out
 
     @classmethod
     def from_json(cls, d: dict) -> "KVSnapshot":
         if d.get("schema", SCHEMA) != SCHEMA or d.get("version", VERSION) > VERSION:
             raise ValueError(f"not a {SCHEMA} v<={VERSION} snapshot: {d.get('schema')} v{d.get('version')}")
-        b = d["blocks"]
+        b = d.get("blocks")
+        blocks = BlockArrays(b["state"], b["ref_count"], b["filled"]) if b is not None \
+            else BlockArrays.from_runs(d["block_runs"])                   # a compact snapshot
+        seqs = []
+        for s in d.get("sequences", []):
+            if "block_ranges" in s:                                         # compact
+                s = dict(s)
+                s["block_table"] = expand_ranges(s.pop("block_ranges"))
+                s["shared"] = [blocks.ref_count[i] >= 2 for i in s["block_table"]]
+            seqs.append(SequenceView(**s))
         return cls(time=d["time"], block_size=d["block_size"], num_blocks=d["num_blocks"],
-                   stats=KVStats.from_json(d["stats"]), blocks=BlockArrays(b["state"], b["ref_count"], b["filled"]),
-                   sequences=[SequenceView(**s) for s in d.get("sequences", [])],
+                   stats=KVStats.from_json(d["stats"]), blocks=blocks, sequences=seqs,
                    preemption_events=[PreemptionEvent(**e) for e in d.get("preemption_events", [])],
                    pins=[PinView(**p) for p in d.get("pins", [])])

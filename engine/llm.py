@@ -10,7 +10,6 @@ import asyncio
 import itertools
 import queue
 import threading
-import time
 import traceback
 from concurrent.futures import Future
 
@@ -24,6 +23,7 @@ from engine.sampling_params import SamplingParams
 from engine.sequence import Request, RequestOutputDelta
 from engine.kv_cache_manager import SharedPrefixSalt
 from engine.session_prompt import continue_session_prompt, shared_system_tokens
+from engine.snapshot_cache import SharedSnapshot
 
 _SNAPSHOT_PERIOD_S = 0.25
 
@@ -111,9 +111,7 @@ class LLM:
         self._commands: queue.Queue = queue.Queue()
         self._live: set[str] = set()                 # request ids not yet finished
         self._live_lock = threading.Lock()
-        self._latest_snapshot: dict | None = None
-        self._snapshot_time = 0.0
-        self._snapshot_lock = threading.Lock()
+        self._snapshots = SharedSnapshot(self.kv_snapshot, _SNAPSHOT_PERIOD_S)   # latest_snapshot*
         self._stopping = False
         self._closed = False
         self._load = (0, 0)                          # (running, waiting) after the last step
@@ -439,15 +437,16 @@ class LLM:
         serialized on the caller's thread, not the engine's."""
         return self.kv_snapshot().to_json()
 
-    def latest_snapshot(self) -> dict:
-        """A snapshot at most ~0.25 s old, shared by every caller in that window (dashboard ticks
-        of many viewers cost one snapshot). Taken on demand, never periodically by the engine."""
-        with self._snapshot_lock:
-            now = time.time()
-            if self._latest_snapshot is None or now - self._snapshot_time >= _SNAPSHOT_PERIOD_S:
-                self._latest_snapshot = self.snapshot()
-                self._snapshot_time = now
-            return self._latest_snapshot
+    def latest_snapshot(self, compact: bool = False) -> dict:
+        """A snapshot at most ~0.25 s old (longer when its forms are costly: engine/snapshot_cache.py),
+        shared by every caller in that window (dashboard ticks of many viewers cost one snapshot,
+        one to_json per form). Taken on demand, never periodically by the engine. Read-only.
+        compact: the v4 compact form (no per-block lists)."""
+        return self._snapshots.json(compact)
+
+    def latest_snapshot_bytes(self, compact: bool = False) -> bytes:
+        """latest_snapshot() as JSON bytes, serialized once per window for all viewers (/api/kv)."""
+        return self._snapshots.body(compact)
 
     def shutdown(self) -> None:
         if self._thread.is_alive():

@@ -105,12 +105,16 @@ def register_routes(app, llm, *, kv_route: bool = True) -> None:
     kv_route=False: the app registers its viewer-scoped /api/kv itself (routes/kv.py)."""
     from fastapi.responses import JSONResponse, PlainTextResponse
 
+    import inspect
+
     name = model_name_of(llm)
+    # /metrics reads only "stats": the compact form spares a per-block build at GPU pool sizes
+    compact = {"compact": True} if "compact" in inspect.signature(llm.latest_snapshot).parameters else {}
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> PlainTextResponse:
         extra = "".join(f() for f in getattr(app.state, "extra_metrics", ()))    # e.g. the /v1 API's counters
-        return PlainTextResponse(prometheus_text(llm.latest_snapshot(), name) + extra,
+        return PlainTextResponse(prometheus_text(llm.latest_snapshot(**compact), name) + extra,
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
     if not kv_route:

@@ -50,3 +50,42 @@ def test_a_newer_version_is_refused():
         assert "paged-chat.kv" in str(e)
     else:
         raise AssertionError("a newer snapshot version must not be read silently")
+
+
+def test_every_v3_field_is_still_produced_with_its_type():
+    d = json.loads(json.dumps(_manager().kv_snapshot().to_json()))
+    assert {"schema", "version", "time", "block_size", "num_blocks", "stats", "blocks", "owners",
+            "sequences", "preemption_events", "pins"} <= set(d)
+    assert all(isinstance(d["blocks"][k], list) and len(d["blocks"][k]) == 32 for k in ("state", "ref_count", "filled"))
+    assert d["blocks"]["state"][:5] == ["used"] * 4 + ["free"] and d["owners"]["0"] == ["a#0", "b#0"]
+    assert {"block_table", "shared"} <= set(d["sequences"][0]) and d["sequences"][0]["shared"][:3] == [True, True, False]
+
+
+def test_compact_form_reads_back_to_the_same_snapshot_and_v3_is_still_read():
+    snap = _manager().kv_snapshot(request_of=lambda s: s.split("#")[0])
+    full, compact = snap.to_json(), json.loads(json.dumps(snap.to_json(compact=True)))
+    assert compact["compact"] and "blocks" not in compact and "owners" not in compact
+    assert compact["block_runs"]["start"] == [0, 2, 3, 4] and compact["block_runs"]["length"] == [2, 1, 1, 28]
+    back = KVSnapshot.from_json(compact)
+    assert back.blocks == snap.blocks and back.sequences == snap.sequences and back.owners == snap.owners
+    v3 = {k: v for k, v in full.items() if k != "block_runs"}
+    v3["version"] = 3
+    assert KVSnapshot.from_json(v3).blocks == snap.blocks
+
+
+def test_a_snapshot_read_late_shows_its_own_time():
+    """The engine thread only copies; building the lists later must not see later changes."""
+    m = _manager()
+    snap = m.kv_snapshot()
+    m.allocate_slots("b#0", 40)                 # grows b's table, CoW of nothing, new blocks
+    m.free("a#0")
+    assert snap.blocks.ref_count[:5] == [2, 2, 1, 1, 0] and len(snap.sequences) == 2
+    assert [s.block_table for s in snap.sequences] == [[0, 1, 2], [0, 1, 3]]
+
+
+def test_a_snapshot_copies_and_pickles_like_plain_data():
+    import copy
+    import pickle
+    snap = _manager().kv_snapshot()
+    for other in (copy.deepcopy(snap), pickle.loads(pickle.dumps(snap)), copy.copy(snap)):
+        assert other == snap and other.to_json()["blocks"] == snap.to_json()["blocks"]
