@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from typing import NamedTuple
 
 from engine.block_pool import Block, BlockPool
 from engine.errors import KVCacheError, NoFreeBlocksError
 from engine.kv_contract import KVSnapshot, KVStats
 from engine.kv_snapshot import take_snapshot
 from engine.pinning import DEFAULT_MAX_PIN_FRACTION, PinTable
+from engine.prefix_salt import SharedPrefixSalt, block_salt, common_prefix
 
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 
@@ -29,36 +29,6 @@ BLOCK_SIZES = (8, 16, 32, 64, 128)
 def hash_block_tokens(parent_hash, token_ids: tuple, salt) -> int:
     """Chain hash of one full block. Module level so tests can force collisions."""
     return hash((parent_hash, token_ids, salt))
-
-
-class SharedPrefixSalt(NamedTuple):
-    """A cache salt that spares the first `shared_tokens` tokens (e.g. the shared system prompt).
-
-    Why: a salt per user stops one user from probing another's text through prefix-cache hits,
-    but salting the system prompt too would give every user a private copy of it. Blocks that end
-    within `shared_tokens` are hashed unsalted (shared by everyone); from the first block that
-    holds a later token on, the chain is salted, so nothing after the system prompt is shared.
-    """
-    salt: str
-    shared_tokens: int
-
-
-def block_salt(salt, block_index: int, block_size: int):
-    """The salt block `block_index` is hashed with under the sequence's `salt`."""
-    if isinstance(salt, SharedPrefixSalt) and (block_index + 1) * block_size <= salt.shared_tokens:
-        return None
-    return salt
-
-
-def _common_prefix(a: list, b: list, limit: int) -> int:
-    """Length of the common prefix of a and b, at most limit (the full match is one C compare)."""
-    n = min(len(a), len(b), limit)
-    if a[:n] == b[:n]:
-        return n
-    i = 0
-    while a[i] == b[i]:
-        i += 1
-    return i
 
 
 class _Seq:
@@ -146,7 +116,7 @@ class KVCacheManager:
             parent = h
         sess = self._idle.get(session_id) if session_id is not None else None
         if sess is not None and sess.salt == salt:
-            common = _common_prefix(sess.tokens, token_ids, len(token_ids) - 1)
+            common = common_prefix(sess.tokens, token_ids, len(token_ids) - 1)
             if common and common >= len(hits) * bs:
                 return common, sess.table[:-(-common // bs)], sess
         return len(hits) * bs, hits, None

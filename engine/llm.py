@@ -21,7 +21,7 @@ from engine.model_info import ModelInfo, build_model_info
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.sequence import Request, RequestOutputDelta
-from engine.kv_cache_manager import SharedPrefixSalt
+from engine.prefix_salt import SharedPrefixSalt
 from engine.session_prompt import continue_session_prompt, shared_system_tokens
 from engine.snapshot_cache import SharedSnapshot
 
