@@ -34,6 +34,8 @@ CSS = """
 .offscreen { position: absolute !important; left: -10000px !important; width: 1px !important;
              height: 1px !important; overflow: hidden !important; }
 #composer { flex-wrap: nowrap !important; align-items: flex-end; }
+/* #11: Regenerate only with a reply on screen and none generating (#stop is in the page only then) */
+.gradio-container:not(:has(#chatbot .message.bot)) #regen-row, .gradio-container:has(#stop) #regen-row { display: none !important; }
 @media (max-width: 640px) {
   #composer { position: sticky; bottom: 0; z-index: 5; background: var(--body-background-fill); }
   #composer #send, #composer #stop { min-width: 64px !important; flex-grow: 0 !important; }
@@ -184,7 +186,7 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
                 # one place, one button: Send while idle, Stop (or Esc) while a reply is generated
                 send_btn = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id="send")
                 stop_btn = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="stop", visible=False)
-            with gr.Row():
+            with gr.Row(elem_id="regen-row"):     # shown only when it can act (CSS below)
                 regen_btn = gr.Button("Regenerate", size="sm", elem_id="regenerate")
             # `< k/n >` links in messages write "<message id>:<nonce>" here (PAGE_JS), then click
             branch_cmd = gr.Textbox(elem_id="branch-cmd", elem_classes=["offscreen"], show_label=False,
@@ -272,7 +274,8 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     for k, btn in enumerate(c["pick_btns"]):
         def pick(request: gr.Request, k=k):
             return branches.pick(ctx, k, request)
-        btn.click(pick, None, [chatbot, status, conv_list, *c["alt_mds"]], api_name=f"pick_alternative_{k + 1}",
+        btn.click(pick, None, [chatbot, status, conv_list, *c["alt_mds"], *c["pick_btns"]],
+                  api_name=f"pick_alternative_{k + 1}",
                   concurrency_limit=None, show_progress="hidden")
     demo.load(None, None, None, js=PAGE_JS)
 

@@ -27,9 +27,10 @@ ONE_AT_A_TIME = ("One reply at a time: a reply is already being generated in thi
                  "send it when the reply ends, or press Stop (Esc).")
 
 
-def outputs(msg=None, chat=None, status=None, radio=None, alts=None, picks=0, busy=None) -> tuple:
-    """One yield of a chat event, with gr.skip() for everything not given. `picks`: how many of
-    the alternatives get a "Continue with this one" button (0 while they are generating);
+def outputs(msg=None, chat=None, status=None, radio=None, alts=None, picks=(), busy=None) -> tuple:
+    """One yield of a chat event, with gr.skip() for everything not given. `picks`: the indices of
+    the alternatives that get a "Continue with this one" button (none while they are generating,
+    and never the one already continued with: a button that would do nothing is not shown);
     `busy`: show Stop instead of Send (one button that changes with the state)."""
     skip = gr.skip()
     out = [skip if msg is None else msg, skip if chat is None else chat,
@@ -40,7 +41,7 @@ def outputs(msg=None, chat=None, status=None, radio=None, alts=None, picks=0, bu
         out.append(gr.Row(visible=bool(alts)))
         out += [gr.Markdown(value=alts[i], visible=True) if i < len(alts) else gr.Markdown(visible=False)
                 for i in range(view.MAX_ALTERNATIVES)]
-        out += [gr.Button(visible=i < picks) for i in range(view.MAX_ALTERNATIVES)]
+        out += [gr.Button(visible=i in picks) for i in range(view.MAX_ALTERNATIVES)]
     if busy is None:
         out += [skip, skip]
     else:
@@ -144,7 +145,8 @@ async def _beam_reply(ctx, request, tab, conv_id, messages, path, user_id, width
             yield _current_view(ctx, request, tab)
             return
         yield outputs(chat=show(tab, ctx.storage.get_messages(conv_id), ctx), status="finished",
-                      radio=conversation_list(ctx, request, conv_id), alts=alts, picks=len(stored), busy=False)
+                      radio=conversation_list(ctx, request, conv_id), alts=alts, picks=range(1, len(stored)),
+                      busy=False)
     finally:
         ctx.tabs.end(conv_id)
 
@@ -199,7 +201,7 @@ async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[di
                                       status="complete" if turn.done[k] else "stopped", chosen=k == 0)
             for k in range(turn.n)] if turn.n > 1 else []
     yield outputs(chat=shown, status=final_status(turn), radio=conversation_list(ctx, request, turn.conv_id),
-                  alts=alts, picks=len(tab.alt_ids), busy=False)
+                  alts=alts, picks=range(1, len(tab.alt_ids)), busy=False)
 
 
 def final_status(turn: Turn) -> str:
