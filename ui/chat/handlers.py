@@ -23,15 +23,14 @@ from ui.chat.turn import Turn, abort_turn, start_turn
 YIELD_S = 0.05         # at most ~20 page updates a second per stream
 # msg box, chatbot, status, conversation list, alt row, alts, pick buttons, send, stop
 N_OUTPUTS = 7 + 2 * view.MAX_ALTERNATIVES
-ONE_AT_A_TIME = ("One reply at a time: a reply is already being generated in this chat. Your message is kept in the box; "
-                 "send it when the reply ends, or press Stop (Esc).")
+ONE_AT_A_TIME = ("One reply at a time: a reply is already being generated in this chat. Your message is kept "
+                 "in the box; send it when the reply ends, or press Stop (Esc).")
 
 
 def outputs(msg=None, chat=None, status=None, radio=None, alts=None, picks=(), busy=None) -> tuple:
-    """One yield of a chat event, with gr.skip() for everything not given. `picks`: the indices of
-    the alternatives that get a "Continue with this one" button (none while they are generating,
-    and never the one already continued with: a button that would do nothing is not shown);
-    `busy`: show Stop instead of Send (one button that changes with the state)."""
+    """One yield of a chat event, gr.skip() for all not given. `picks`: indices of the alternatives
+    with a "Continue with this one" button (none while generating, never the one already on screen:
+    no button that does nothing); `busy`: Stop instead of Send (one button that changes with state)."""
     skip = gr.skip()
     out = [skip if msg is None else msg, skip if chat is None else chat,
            skip if status is None else status, skip if radio is None else radio]
