@@ -21,8 +21,7 @@ from ui.chat.context import ChatContext
 from ui.chat.turn import Turn, abort_turn, start_turn
 
 YIELD_S = 0.05         # at most ~20 page updates a second per stream
-# msg box, chatbot, status, conversation list, alt row, alts, pick buttons, send, stop
-N_OUTPUTS = 7 + 2 * view.MAX_ALTERNATIVES
+# a chat event's outputs: msg box, chatbot, status, conversation list, alt row, alts, pick buttons, send, stop
 ONE_AT_A_TIME = ("One reply at a time: a reply is already being generated in this chat. Your message is kept "
                  "in the box; send it when the reply ends, or press Stop (Esc).")
 
