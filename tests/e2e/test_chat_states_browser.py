@@ -1,6 +1,7 @@
 """Honest states and the phone layout in real headless Chromium against the real model:
 a pool small enough that a second chat is preempted shows "paused: memory full, resuming…" and
-then finishes; a context that fills before max tokens says "context full (n/n tokens)"; at
+then finishes; a chat reply behind waiting API requests shows its real queue position; a context
+that fills before max tokens says "context full (n/n tokens)"; at
 390x844 the sidebar is a drawer that closes once a chat is picked, and Send/Stop stay reachable."""
 import pytest
 
@@ -56,6 +57,36 @@ def test_preempted_reply_shows_paused_then_finishes(launch, browser):  # noqa: F
     assert _status(a).strip() == "finished" and _status(b).strip() == "finished"
     for page in (a, b):
         assert "memory full" not in _rows(page, "bot")[-1]
+
+
+def test_queued_position_counts_api_requests_waiting_ahead(launch, browser):  # noqa: F811
+    # One running slot: an API completion runs, a second API completion waits, then the chat's reply
+    # is sent. Its place is 2: the engine's queue, not only the chat's own replies, is counted.
+    import threading
+
+    import httpx
+    server = launch(args=["--num-blocks", "64", "--max-model-len", "256", "--max-num-seqs", "1"])
+    model = httpx.get(server.url + "v1/models").json()["data"][0]["id"]
+    page = _open(browser, server.url)
+    _sampling(page, max_tokens=4, temperature=0)
+    page.evaluate(_RECORD_STATUS)
+
+    def complete(max_tokens):
+        httpx.post(server.url + "v1/completions", timeout=300, json={
+            "model": model, "prompt": "Once upon a time", "max_tokens": max_tokens, "ignore_eos": True})
+    calls = [threading.Thread(target=complete, args=(n,)) for n in (80, 4)]
+    calls[0].start()
+    _wait(lambda: server.kv()["stats"]["running"] == 1, timeout=60, every=0.05)
+    calls[1].start()
+    _wait(lambda: server.kv()["stats"]["waiting"] == 1, timeout=60, every=0.05)
+    page.fill("#msg textarea", "Hello")
+    page.keyboard.press("Enter")
+    _wait(lambda: _done(page), timeout=180)
+    for t in calls:
+        t.join(120)
+    seen = page.evaluate("() => window.__statuses")
+    assert any(t.startswith("queued (position 2)") for t in seen), seen
+    assert seen[-1] == "finished"
 
 
 def test_context_full_is_the_finish_reason(launch, browser):  # noqa: F811
