@@ -1,6 +1,6 @@
 """No button that does nothing in the current state (issue 11), in real headless Chromium against
-the real model: Regenerate is absent on an empty chat and while a reply is generated, and there once
-a reply is on screen; "Continue with this one" is offered for every alternative except the one the
+the real model: Regenerate is absent on an empty chat (or one showing only a "too long" notice) and
+while a reply is generated, and there once a reply is on screen; "Continue with this one" is offered for every alternative except the one the
 chat already continues with."""
 import pytest
 
@@ -20,6 +20,10 @@ def test_regenerate_only_when_there_is_a_reply_to_regenerate(module_server, brow
     page.locator("#new-chat").click()
     _wait(lambda: page.locator("#chatbot .message").count() == 0, timeout=10)
     assert not _regen(page)                                  # empty chat: nothing to regenerate
+    page.fill("#msg textarea", "word " * 700)                # longer than the 512-token context
+    page.keyboard.press("Enter")
+    _wait(lambda: "too long for the model" in page.locator("#chatbot").inner_text(), timeout=30)
+    assert not _regen(page)                                  # only a notice on screen: nothing was sent
     _sampling(page, max_tokens=300, temperature=0)
     page.fill("#msg textarea", "Write a long story about a lighthouse.")
     page.keyboard.press("Enter")

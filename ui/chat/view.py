@@ -153,10 +153,15 @@ def live_reply(text: str, admitted: bool, metrics: dict | None = None, state: st
     return with_footer(text, metrics) if metrics else rendered(text)
 
 
+# Marks a reply row that is only a notice (nothing was sent or saved): the page's CSS hides
+# Regenerate while one is on screen.
+NOTICE_MARK = '<span class="chat-notice"></span>'
+
+
 def too_long_notice(prompt_tokens: int, limit: int) -> str:
     return (f"**This message is too long for the model.** With it the prompt would be "
             f"{prompt_tokens} tokens, and this server's context holds {limit} tokens (prompt plus "
-            f"at least one generated token). Nothing was sent; shorten it or start a new chat.")
+            f"at least one generated token). Nothing was sent; shorten it or start a new chat.{NOTICE_MARK}")
 
 
 DELETED_TEXT = ("This conversation was deleted (in another window or by another process using the "
@@ -165,7 +170,7 @@ DELETED_TEXT = ("This conversation was deleted (in another window or by another 
 
 def deleted_notice() -> str:
     """Shown instead of storage's ConversationDeletedError text (which carries a raw detail)."""
-    return f"**Not saved.** {DELETED_TEXT}"
+    return f"**Not saved.** {DELETED_TEXT}{NOTICE_MARK}"
 
 
 def error_notice(message: str) -> str:
