@@ -34,16 +34,13 @@ CSS = """
 .offscreen { position: absolute !important; left: -10000px !important; width: 1px !important;
              height: 1px !important; overflow: hidden !important; }
 #composer { flex-wrap: nowrap !important; align-items: flex-end; }
-/* #11: Regenerate only with a reply on screen, no notice instead of one, and none generating (#stop) */
-.gradio-container:not(:has(#chatbot .message.bot)) #regen-row, .gradio-container:has(#chatbot .chat-notice) #regen-row,
-.gradio-container:has(#stop) #regen-row { display: none !important; }
 @media (max-width: 640px) {
   #composer { position: sticky; bottom: 0; z-index: 5; background: var(--body-background-fill); }
   #composer #send, #composer #stop { min-width: 64px !important; flex-grow: 0 !important; }
   #chatbot { height: 58vh !important; }
   #alt-row { flex-direction: column; }
 }
-"""
+""" + view.REGENERATE_CSS
 
 # The page's script, installed once on load: (1) the `< k/n >` links in messages switch versions
 # through a hidden textbox + button (Gradio cannot bind events to HTML inside a message);

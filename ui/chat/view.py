@@ -153,9 +153,16 @@ def live_reply(text: str, admitted: bool, metrics: dict | None = None, state: st
     return with_footer(text, metrics) if metrics else rendered(text)
 
 
-# Marks a reply row that is only a notice (nothing was sent or saved): the page's CSS hides
+# Marks a reply row that is only a notice (nothing was sent or saved): REGENERATE_CSS hides
 # Regenerate while one is on screen.
 NOTICE_MARK = '<span class="chat-notice"></span>'
+
+# No button that does nothing (#11): Regenerate (its row, #regen-row) shows only with a reply on
+# screen, no notice in place of one, and no reply generating (#stop is in the page only then).
+REGENERATE_CSS = """
+.gradio-container:not(:has(#chatbot .message.bot)) #regen-row, .gradio-container:has(#chatbot .chat-notice) #regen-row,
+.gradio-container:has(#stop) #regen-row { display: none !important; }
+"""
 
 
 def too_long_notice(prompt_tokens: int, limit: int) -> str:
