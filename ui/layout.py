@@ -40,7 +40,7 @@ CSS = """
   #chatbot { height: 58vh !important; }
   #alt-row { flex-direction: column; }
 }
-""" + view.REGENERATE_CSS
+""" + view.BUTTONS_CSS
 
 # The page's script, installed once on load: (1) the `< k/n >` links in messages switch versions
 # through a hidden textbox + button (Gradio cannot bind events to HTML inside a message);
@@ -148,7 +148,7 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
             open_id = gr.Textbox(visible=False, label="Conversation id")   # API: open any id
             with gr.Accordion("Rename · delete · export · import", open=False) as manage:
                 title = gr.Textbox(label="Title (of the chat on screen)", max_lines=1, elem_id="chat-title")
-                with gr.Row():
+                with gr.Row(elem_id="manage-row"):
                     rename_btn = gr.Button("Rename", size="sm")
                     delete_btn = gr.Button("Delete…", variant="stop", size="sm", elem_id="delete")
                 with gr.Group(visible=False, elem_id="delete-confirm") as delete_confirm:
@@ -156,7 +156,7 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
                     with gr.Row():
                         delete_yes = gr.Button("Yes, delete", variant="stop", size="sm", elem_id="delete-yes")
                         delete_no = gr.Button("Cancel", size="sm", elem_id="delete-no")
-                with gr.Row():
+                with gr.Row(elem_id="export-row"):
                     export_json_btn = gr.Button("Export JSON", size="sm")
                     export_md_btn = gr.Button("Export Markdown", size="sm")
                 export_file = gr.File(label="Download", interactive=False)

@@ -1,7 +1,8 @@
 """No button that does nothing in the current state (issue 11), in real headless Chromium against
 the real model: Regenerate is absent on an empty chat (or one showing only a "too long" notice) and
-while a reply is generated, and there once a reply is on screen; "Continue with this one" is offered for every alternative except the one the
-chat already continues with."""
+while a reply is generated, and there once a reply is on screen; "Continue with this one" is offered
+for every alternative except the one the chat already continues with; the title, Rename, Delete and
+Export only when a chat is on screen."""
 import pytest
 
 from tests.e2e.polling import wait_until as _wait
@@ -49,4 +50,24 @@ def test_continue_is_offered_only_for_the_alternatives_not_on_screen(module_serv
     page.locator("#pick-1").click()
     _wait(lambda: "alternative 2" in _status(page), timeout=20)
     _wait(lambda: page.locator("#pick-0").is_visible() and not page.locator("#pick-1").is_visible(), timeout=10)
+    page.context.close()
+
+
+def test_rename_delete_export_only_for_a_chat_on_screen(module_server, browser):  # noqa: F811
+    page = _open(browser, module_server.url)
+    page.locator("#new-chat").click()
+    page.locator("#sidebar .label-wrap", has_text="Rename").first.click()     # open the accordion
+    _wait(lambda: page.locator("button", has_text="Import JSON").first.is_visible(), timeout=10)
+
+    def shown():
+        return [page.locator(sel).first.is_visible() for sel in ("#chat-title", "#delete", "#manage-row button",
+                                                                 "#export-row button")]
+    _wait(lambda: shown() == [False] * 4, timeout=10)     # a new chat: nothing to rename, delete, export
+    _sampling(page, max_tokens=4)
+    _send(page, "Buttons test chat")
+    _wait(lambda: shown() == [True] * 4, timeout=10)      # the chat on screen can be renamed, deleted, exported
+    page.locator("#new-chat").click()
+    _wait(lambda: shown() == [False] * 4, timeout=10)
+    page.locator("#conv-list label", has_text="Buttons test chat").first.click()
+    _wait(lambda: shown() == [True] * 4, timeout=10)
     page.context.close()
