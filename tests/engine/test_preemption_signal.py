@@ -6,7 +6,7 @@ import time
 from engine import SamplingParams
 from engine.outputs import STATE_PREEMPTED, STATE_RESUMED, is_state_only
 
-GREEDY = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 PROMPTS = ["Tell me a story about a dragon.", "Describe the sea at night.", "List some colours."]
 
 
@@ -15,9 +15,9 @@ def _states(deltas):
 
 
 def test_preempted_stream_gets_preempted_then_resumed_events(make_llm):
-    # 8 blocks of 16 tokens for three requests of ~20 + 60 tokens each (~15 blocks of demand): all
+    # 6 blocks of 16 tokens for three requests of ~8 + 40 tokens each (~9 blocks of demand): all
     # three are admitted, then grow until the pool runs out and the newest are preempted.
-    llm = make_llm(num_blocks=8, max_model_len=128, max_num_seqs=3)
+    llm = make_llm(num_blocks=6, max_model_len=96, max_num_seqs=3)
     streams = [llm.submit(p, GREEDY) for p in PROMPTS]
     deltas = {s.request_id: list(s) for s in streams}
     log = llm.snapshot()["preemption_events"]
@@ -34,7 +34,8 @@ def test_preempted_stream_gets_preempted_then_resumed_events(make_llm):
                 nxt = next(x for x in ds[k + 1:] if x.token_ids or x.metrics.get("state") == STATE_RESUMED)
                 assert nxt.metrics.get("state") == STATE_RESUMED
         assert ds[-1].finished and ds[-1].finish_reason == "length"
-        assert sum(len(d.token_ids) for d in ds) == 60           # the reply is whole after resuming
+        assert sum(len(d.token_ids) for d in ds) == 40           # the reply is whole after resuming
+    assert sum(_states(ds).count(STATE_PREEMPTED) for ds in deltas.values()) == len(log)
     assert llm.stats()["used_blocks"] == 0
 
 
