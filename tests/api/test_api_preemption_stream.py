@@ -1,5 +1,5 @@
 """The engine tells a preempted request's stream "preempted" / "resumed" (engine/outputs.py). Those
-deltas carry no text: the OpenAI streaming routes must not turn them into chunks. A pool of 8
+deltas carry no text: the OpenAI streaming routes must not turn them into chunks. A pool of 6
 blocks makes three concurrent streams preempt each other; there must still be exactly one chunk
 per generated token (plus the chat route's opening role chunk and finish chunk)."""
 import json
@@ -13,7 +13,7 @@ from tests.api.conftest import LiveServer, build_server_app, wait_idle
 @pytest.fixture(scope="module")
 def small_server():
     from engine import LLM
-    llm = LLM(num_blocks=8, max_model_len=128, max_num_seqs=3)
+    llm = LLM(num_blocks=6, max_model_len=96, max_num_seqs=3)
     srv = LiveServer(build_server_app(llm))
     yield srv, llm
     srv.stop()
@@ -45,7 +45,7 @@ def test_preemption_events_make_no_empty_chunks(small_server, route):
     results = [[] for _ in topics]
     threads = []
     for t, out in zip(topics, results):
-        body = {"model": model, "max_tokens": 60, "temperature": 0, "ignore_eos": True, "stream": True}
+        body = {"model": model, "max_tokens": 40, "temperature": 0, "ignore_eos": True, "stream": True}
         if route == "chat/completions":
             body["messages"] = [{"role": "user", "content": f"Tell me about {t}."}]
         else:
@@ -61,8 +61,8 @@ def test_preemption_events_make_no_empty_chunks(small_server, route):
         if route == "chat/completions":
             assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
             rest = [c["choices"][0] for c in chunks[1:]]
-            assert len(rest) == 60 + 1 and all("content" in c["delta"] for c in rest[:-1])
+            assert len(rest) == 40 + 1 and all("content" in c["delta"] for c in rest[:-1])
         else:
             rest = [c["choices"][0] for c in chunks]
-            assert len(rest) == 60
+            assert len(rest) == 40
         assert rest[-1]["finish_reason"] == "length"
