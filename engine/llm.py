@@ -115,6 +115,7 @@ class LLM:
         self._stopping = False
         self._closed = False
         self._load = (0, 0)                          # (running, waiting) after the last step
+        self._waiting_ids: tuple[str, ...] = ()      # waiting request ids in admission order, same moment
         self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -133,6 +134,7 @@ class LLM:
                         traceback.print_exc()
                         self._fail_all(f"engine error: {e!r}")
                 self._load = (len(eng.scheduler.running), len(eng.scheduler.waiting))
+                self._waiting_ids = tuple(eng.scheduler.waiting_request_ids()) if eng.scheduler.waiting else ()
             except Exception:             # never let the one engine thread die
                 traceback.print_exc()
         self._close()
@@ -423,6 +425,15 @@ class LLM:
         if self._closed:
             raise RuntimeError("the engine has been shut down")
         return self._load
+
+    def queue_position(self, request_id: str) -> int | None:
+        """1-based place of `request_id` in the engine's waiting queue as of the last step, counting
+        every waiting request (chat turns and API calls alike); None when it is not waiting (running,
+        finished, or not yet taken in by the engine thread). A plain read, like `load()`."""
+        try:
+            return self._waiting_ids.index(request_id) + 1
+        except ValueError:
+            return None
 
     def kv_stats(self):
         """The stats contract, typed (engine/kv_contract.KVStats)."""

@@ -17,6 +17,7 @@ from engine.kv_cache_manager import KVCacheManager
 from engine.kv_contract import KVSnapshot, KVStats
 from engine.loader import LoadedModel
 from engine.model_runner import ModelRunner
+from engine.outputs import STATE_FINISHED, STATE_PREEMPTED, STATE_RESUMED, STATE_RUNNING
 from engine.sampler import make_generator, sample_batch
 from engine.scheduler import Scheduler
 from engine.sequence import Request, RequestOutputDelta, Sequence, SeqStatus
@@ -44,6 +45,7 @@ class LLMEngine:
         self.steps = 0
         self._broken: set[str] = set()      # requests whose consumer raised: aborted after the step
         self.beam_groups: dict = {}         # request id -> engine.beam_search.BeamGroup (beam search hook)
+        self._paused: set[str] = set()      # seq ids preempted and not yet scheduled again
 
     def _eos_ids(self) -> set[int]:
         ids = set()
@@ -147,9 +149,10 @@ class LLMEngine:
         while self._broken:
             self.abort_request(self._broken.pop())
         batch = self.scheduler.schedule()
+        self._signal_preemptions(batch)
         for seq, start, n in batch:
             if start == seq.cached_tokens and seq.first_token_time is None and start + n <= seq.prompt_len:
-                self._emit(seq, "", [], state="running")
+                self._emit(seq, "", [], state=STATE_RUNNING)
         if not batch:
             return
         copies = self.kv.take_pending_copies()
@@ -175,6 +178,20 @@ class LLMEngine:
                 self._append(seq, res[0], now, res[1])
         while self._broken:
             self.abort_request(self._broken.pop())
+
+    def _signal_preemptions(self, batch) -> None:
+        """Tell a preempted request's own stream that it is paused (state "preempted"), and once it
+        is scheduled again that it resumed (state "resumed"): the chat shows "paused: memory full"
+        from the engine's word, not from guessing at a gap between tokens. A sequence preempted in
+        this schedule is never in this batch (victims are taken from the end of the running list)."""
+        for seq in self.scheduler.take_preempted():
+            self._paused.add(seq.seq_id)
+            self._emit(seq, "", [], state=STATE_PREEMPTED)
+        if self._paused:
+            for seq, _, _ in batch:
+                if seq.seq_id in self._paused:
+                    self._paused.discard(seq.seq_id)
+                    self._emit(seq, "", [], state=STATE_RESUMED)
 
     def _sample_isolated(self, seqs: list[Sequence], logits: torch.Tensor) -> list:
         """Sample the batch in one call; if that raises, retry row by row so only the rows that
@@ -252,6 +269,7 @@ class LLMEngine:
     def _finish(self, seq: Sequence, reason: str, text: str = "", toks: list[int] | None = None,
                 error: str | None = None, logprobs=None) -> None:
         self.scheduler.remove(seq)
+        self._paused.discard(seq.seq_id)
         was_admitted = self.kv.has_sequence(seq.seq_id)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
@@ -279,7 +297,7 @@ class LLMEngine:
         out_n = len(seq.output_ids)
         m = {"prompt_tokens": seq.prompt_len, "cached_tokens": seq.cached_tokens, "output_tokens": out_n,
              "cached_blocks": seq.cached_tokens // self.cfg.block_size,     # shared prompt blocks reused
-             "state": state or ("finished" if finished else "running")}
+             "state": state or (STATE_FINISHED if finished else STATE_RUNNING)}
         if seq.first_token_time is not None:
             m["ttft_s"] = seq.first_token_time - req.arrival_time
             span = (seq.last_token_time or now) - seq.first_token_time

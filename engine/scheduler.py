@@ -5,7 +5,8 @@ uncomputed tokens (1 when decoding, a chunk when prefilling) within the step's t
 waiting sequences are admitted in arrival order while the budget, `max_num_seqs` and the pool
 allow. When the pool cannot grow a running sequence, the most recently admitted one is preempted
 by recompute: its blocks are freed (they stay in the prefix cache) and it goes back to the front
-of the queue with every generated token kept.
+of the queue with every generated token kept. Each preempted sequence is also recorded for the
+engine (`take_preempted`), which tells that request's stream it is paused.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.peak_running = 0
+        self._preempted: list[Sequence] = []    # preempted since the engine last asked
 
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
@@ -50,6 +52,20 @@ class Scheduler:
         self.running.remove(seq)
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
+        self._preempted.append(seq)
+
+    def take_preempted(self) -> list[Sequence]:
+        """The sequences preempted since the last call (the engine signals their streams)."""
+        out, self._preempted = self._preempted, []
+        return out
+
+    def waiting_request_ids(self) -> list[str]:
+        """Request ids in the order the waiting queue will admit them (each once): what a
+        "queued, position k" line counts, whoever submitted the requests (chat or API)."""
+        seen: dict[str, None] = {}
+        for seq in self.waiting:
+            seen.setdefault(seq.request.request_id, None)
+        return list(seen)
 
     def schedule(self) -> list[tuple[Sequence, int, int]]:
         """Return [(seq, first_position, num_new_tokens)] for this step; the manager is updated."""

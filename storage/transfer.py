@@ -1,8 +1,10 @@
 """Export a conversation to JSON / Markdown and import JSON back as a new conversation.
 
 The JSON holds every message (all branches, in creation order, with parent ids), so an
-import rebuilds the same tree and therefore the same active branch. Import validates the
-whole document before writing anything and then writes in one transaction.
+import rebuilds the same tree, plus the branch on screen (`active_branch`: its message ids, root
+first, and `active_message_id`, the version the user selected), so the import shows the branch
+that was exported, not merely the newest leaf. The Markdown export is the branch on screen.
+Import validates the whole document before writing anything and then writes in one transaction.
 These functions run under the Storage lock (they are called from its locked methods).
 """
 
@@ -24,6 +26,8 @@ def export_json(store, conv_id, owner):
         "conversation": {k: conv[k] for k in ("id", "title", "created_at", "updated_at")},
         "system_prompt": store._effective_prompt(conv),
         "messages": [{k: m[k] for k in _MESSAGE_FIELDS} for m in messages],
+        "active_message_id": store._selected(conv_id),
+        "active_branch": [m["id"] for m in store._branch(conv_id)],
     }
 
 
@@ -52,7 +56,7 @@ def export_markdown(store, conv_id, owner):
     prompt = store._effective_prompt(conv)
     if prompt.strip():
         lines += ["**System prompt:**", ""] + [f"> {line}" for line in prompt.splitlines()] + [""]
-    for msg in store._active_path(store._conversation_messages(conv_id)):
+    for msg in store._branch(conv_id):          # the branch on screen (active_branch), not the newest leaf
         lines += [f"## {msg['role'].capitalize()}", "", msg["content"], ""]
         if msg["status"] != "complete":
             lines += [f"_({msg['status']})_", ""]
@@ -91,7 +95,8 @@ def _parse_message(raw, seen):
 
 
 def parse_export(data):
-    """Validate an export (dict or JSON text); returns (title, system_prompt, messages)."""
+    """Validate an export (dict or JSON text); returns (title, system_prompt, messages, the id of
+    the selected message or None). Exports older than `active_message_id` have none."""
     if isinstance(data, (str, bytes, bytearray)):
         try:
             data = json.loads(data)
@@ -123,14 +128,17 @@ def parse_export(data):
             raise ValueError(f"messages[{i}]: {exc}") from None
         seen.add(msg["id"])
         messages.append(msg)
-    return title.strip(), prompt, messages
+    active = data.get("active_message_id")
+    if active is not None and (isinstance(active, bool) or active not in seen):
+        raise ValueError(f"active_message_id {active!r} does not name a message")
+    return title.strip(), prompt, messages, active
 
 
 def import_json(store, data, owner):
     """Create a new conversation from an export. A prompt text matching a stored shared
     prompt binds to it; any other text becomes this conversation's override."""
     schema.check_text("owner", owner)
-    title, prompt, messages = parse_export(data)
+    title, prompt, messages, active = parse_export(data)
     current = store._current_prompt()
     prompt_id, override = current["id"], None
     if prompt is not None and prompt != current["text"]:
@@ -156,4 +164,7 @@ def import_json(store, data, owner):
             )
             if msg["stats"] is not None:
                 store._write_stats(new_ids[msg["id"]], msg["stats"])
+        if active is not None:      # the branch that was on screen, not the newest leaf
+            store.db.execute("INSERT INTO active_branch (conversation_id, message_id) VALUES (?, ?)",
+                             [conv["id"], new_ids[active]])
     return store._conversation(conv["id"], None)

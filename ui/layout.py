@@ -43,7 +43,7 @@ CSS = """
   #chatbot { height: 58vh !important; }
   #alt-row { flex-direction: column; }
 }
-"""
+""" + view.BUTTONS_CSS
 
 # The page's script, installed once on load: (1) the `< k/n >` links in messages switch versions
 # through a hidden textbox + button (Gradio cannot bind events to HTML inside a message);
@@ -151,7 +151,7 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
             open_id = gr.Textbox(visible=False, label="Conversation id")   # API: open any id
             with gr.Accordion("Rename · delete · export · import", open=False) as manage:
                 title = gr.Textbox(label="Title (of the chat on screen)", max_lines=1, elem_id="chat-title")
-                with gr.Row():
+                with gr.Row(elem_id="manage-row"):
                     rename_btn = gr.Button("Rename", size="sm")
                     delete_btn = gr.Button("Delete…", variant="stop", size="sm", elem_id="delete")
                 with gr.Group(visible=False, elem_id="delete-confirm") as delete_confirm:
@@ -159,7 +159,7 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
                     with gr.Row():
                         delete_yes = gr.Button("Yes, delete", variant="stop", size="sm", elem_id="delete-yes")
                         delete_no = gr.Button("Cancel", size="sm", elem_id="delete-no")
-                with gr.Row():
+                with gr.Row(elem_id="export-row"):
                     export_json_btn = gr.Button("Export JSON", size="sm")
                     export_md_btn = gr.Button("Export Markdown", size="sm")
                 export_file = gr.HTML("", elem_id="export-link")
@@ -187,7 +187,7 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
                 # one place, one button: Send while idle, Stop (or Esc) while a reply is generated
                 send_btn = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id="send")
                 stop_btn = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="stop", visible=False)
-            with gr.Row():
+            with gr.Row(elem_id="regen-row"):     # shown only when it can act (CSS below)
                 regen_btn = gr.Button("Regenerate", size="sm", elem_id="regenerate")
             # `< k/n >` links in messages write "<message id>:<nonce>" here (PAGE_JS), then click
             branch_cmd = gr.Textbox(elem_id="branch-cmd", elem_classes=["offscreen"], show_label=False,
@@ -275,7 +275,8 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     for k, btn in enumerate(c["pick_btns"]):
         def pick(request: gr.Request, k=k):
             return branches.pick(ctx, k, request)
-        btn.click(pick, None, [chatbot, status, conv_list, *c["alt_mds"]], api_name=f"pick_alternative_{k + 1}",
+        btn.click(pick, None, [chatbot, status, conv_list, *c["alt_mds"], *c["pick_btns"]],
+                  api_name=f"pick_alternative_{k + 1}",
                   concurrency_limit=None, show_progress="hidden")
     demo.load(None, None, None, js=PAGE_JS)
 

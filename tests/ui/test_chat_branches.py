@@ -2,7 +2,7 @@
 scripted engine of tests/ui/fake_engine.py stands in for the model here, the browser tests use
 the real one)."""
 from tests.ui.test_chat_flow import KW, collect, ctx, prop, req, run, texts  # noqa: F401
-from ui.chat import branches
+from ui.chat import branches, view
 from ui.chat import handlers as chat
 
 
@@ -44,6 +44,8 @@ def test_pick_the_second_alternative_and_continue_with_its_tokens(ctx):  # noqa:
     res = branches.pick(ctx, 1, req())
     assert "alternative 2" in res[1]
     assert "shown in the conversation" in res[4] and "shown in the conversation" not in res[3]
+    buttons = res[3 + view.MAX_ALTERNATIVES:]       # the chosen one loses its button, the other gets one
+    assert [prop(b, "visible") for b in buttons] == [True, False, False, False]
     assert ctx.storage.get_messages(conv)[-1]["id"] == second_id
     run(collect(chat.send(ctx, "More", dict(KW), req())))
     path = ctx.storage.get_messages(conv)

@@ -176,7 +176,7 @@ def test_regenerate_adds_a_sibling_reply_and_n_alternatives_are_shown(ctx):
     assert prop(last[4], "visible") is True
     assert "Alternative 2" in prop(last[6], "value") and prop(last[7], "visible") is False
     picks = last[5 + chat.view.MAX_ALTERNATIVES: 5 + 2 * chat.view.MAX_ALTERNATIVES]
-    assert [prop(b, "visible") for b in picks] == [True, True, False, False]
+    assert [prop(b, "visible") for b in picks] == [False, True, False, False]   # not the one on screen
     assert ctx.llm.submitted[-1][0][-1]["content"] == "Hi"     # the prompt ends at the user message
 
 

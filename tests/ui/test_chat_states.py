@@ -24,12 +24,26 @@ def test_live_status_words():
     assert states.live_status(states.GENERATING) == "generating…"
 
 
-def test_preemption_is_read_from_the_engine_log_for_this_request_only():
-    snap = {"preemption_events": [{"request_id": "chat-a", "time": 100.0}, {"request_id": "chat-b", "time": 50.0}]}
-    assert states.was_preempted(snap, "chat-a", since=99.0)
-    assert not states.was_preempted(snap, "chat-a", since=101.0)     # tokens came after it: resumed
-    assert not states.was_preempted(snap, "chat-c", since=0.0)
-    assert not states.was_preempted(None, "chat-a", since=0.0)
+def test_turn_is_paused_from_the_preempted_event_until_tokens_flow_again():
+    from engine.sequence import RequestOutputDelta
+    from ui.chat.turn import Turn
+
+    def delta(state, toks=(), index=0, finished=False):
+        return RequestOutputDelta("chat-a", index, "x" if toks else "", list(toks), finished, None, None,
+                                  {"state": state})
+    t = Turn("c", 1, 2)
+    t.note_state(delta("running"))
+    assert t.admitted and not t.paused
+    t.note_state(delta("running", [5]))
+    t.note_state(delta("preempted"))
+    assert t.paused and t.preemptions == 1
+    t.note_state(delta("resumed"))
+    assert t.paused                      # recomputing its context: still "memory full, resuming…"
+    t.note_state(delta("preempted", index=1))
+    t.note_state(delta("running", [6]))
+    assert t.paused                      # output 1 still waits
+    t.note_state(delta("finished", index=1, finished=True))
+    assert not t.paused and t.preemptions == 2
 
 
 def test_branch_arrows_link_to_the_neighbouring_versions_only():

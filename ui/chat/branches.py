@@ -52,9 +52,10 @@ def switch(ctx: ChatContext, command: str, request):
 
 def pick(ctx: ChatContext, k: int, request):
     """Continue with alternative k: it becomes the reply on the branch, the next turn's prompt
-    holds its tokens. Returns (chatbot, status, list, *alternative markdowns)."""
+    holds its tokens. Returns (chatbot, status, list, *alternative markdowns, *their buttons): every
+    alternative but the one now continued with keeps its button."""
     tab = ctx.tab(request)
-    skip = (gr.skip(),) * (3 + view.MAX_ALTERNATIVES)
+    skip = (gr.skip(),) * (3 + 2 * view.MAX_ALTERNATIVES)
     if tab.conv_id is None or not 0 <= k < len(tab.alt_ids):
         return skip
     if ctx.tabs.is_busy(tab.conv_id):
@@ -74,4 +75,5 @@ def pick(ctx: ChatContext, k: int, request):
                                               status=m and m["status"], chosen=i == k)
                     if m else gr.skip())
     alts += [gr.skip()] * (view.MAX_ALTERNATIVES - len(alts))
-    return (chat, f"continuing with alternative {k + 1}", radio, *alts)
+    buttons = [gr.Button(visible=i != k and i < len(tab.alt_ids)) for i in range(view.MAX_ALTERNATIVES)]
+    return (chat, f"continuing with alternative {k + 1}", radio, *alts, *buttons)

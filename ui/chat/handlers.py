@@ -22,17 +22,15 @@ from ui.chat.context import ChatContext
 from ui.chat.turn import Turn, abort_turn, start_turn
 
 YIELD_S = 0.05         # at most ~20 page updates a second per stream
-PAUSE_CHECK_S = 0.3    # a reply with no token for this long: ask the engine's log if it was preempted
-# msg box, chatbot, status, conversation list, alt row, alts, pick buttons, send, stop
-N_OUTPUTS = 7 + 2 * view.MAX_ALTERNATIVES
-ONE_AT_A_TIME = ("One reply at a time: a reply is already being generated in this chat. Your message is kept in the box; "
-                 "send it when the reply ends, or press Stop (Esc).")
+# a chat event's outputs: msg box, chatbot, status, conversation list, alt row, alts, pick buttons, send, stop
+ONE_AT_A_TIME = ("One reply at a time: a reply is already being generated in this chat. Your message is kept "
+                 "in the box; send it when the reply ends, or press Stop (Esc).")
 
 
-def outputs(msg=None, chat=None, status=None, radio=None, alts=None, picks=0, busy=None) -> tuple:
-    """One yield of a chat event, with gr.skip() for everything not given. `picks`: how many of
-    the alternatives get a "Continue with this one" button (0 while they are generating);
-    `busy`: show Stop instead of Send (one button that changes with the state)."""
+def outputs(msg=None, chat=None, status=None, radio=None, alts=None, picks=(), busy=None) -> tuple:
+    """One yield of a chat event, gr.skip() for all not given. `picks`: indices of the alternatives
+    with a "Continue with this one" button (none while generating, never the one already on screen:
+    no button that does nothing); `busy`: Stop instead of Send (one button that changes with state)."""
     skip = gr.skip()
     out = [skip if msg is None else msg, skip if chat is None else chat,
            skip if status is None else status, skip if radio is None else radio]
@@ -42,7 +40,7 @@ def outputs(msg=None, chat=None, status=None, radio=None, alts=None, picks=0, bu
         out.append(gr.Row(visible=bool(alts)))
         out += [gr.Markdown(value=alts[i], visible=True) if i < len(alts) else gr.Markdown(visible=False)
                 for i in range(view.MAX_ALTERNATIVES)]
-        out += [gr.Button(visible=i < picks) for i in range(view.MAX_ALTERNATIVES)]
+        out += [gr.Button(visible=i in picks) for i in range(view.MAX_ALTERNATIVES)]
     if busy is None:
         out += [skip, skip]
     else:
@@ -146,7 +144,8 @@ async def _beam_reply(ctx, request, tab, conv_id, messages, path, user_id, width
             yield _current_view(ctx, request, tab)
             return
         yield outputs(chat=show(tab, ctx.storage.get_messages(conv_id), ctx), status="finished",
-                      radio=conversation_list(ctx, request, conv_id), alts=alts, picks=len(stored), busy=False)
+                      radio=conversation_list(ctx, request, conv_id), alts=alts, picks=range(1, len(stored)),
+                      busy=False)
     finally:
         ctx.tabs.end(conv_id)
 
@@ -155,7 +154,7 @@ async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[di
     """Paint a running turn into this tab until it ends, or until the tab shows another chat."""
     tab.following = turn
     try:
-        last, state, checked = -1, None, 0.0
+        last, state = -1, None
         while not turn.finished:
             if tab.conv_id != turn.conv_id:
                 # The user opened another chat: stop painting. A paint of this reply may have
@@ -163,10 +162,11 @@ async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[di
                 # the tab shows now (the newer chat), never this reply again.
                 yield _current_view(ctx, request, tab)
                 return
-            now_state = await _live_state(ctx, turn, checked)
-            checked = time.monotonic() if now_state[1] else checked
-            if turn.version != last or now_state[0] != state:
-                last, state = turn.version, now_state[0]
+            # A state change (queue position, paused by a preemption) repaints even though no
+            # token arrived: the status line must say why the reply is not moving.
+            now_state = live_state(ctx, turn)
+            if turn.version != last or now_state != state:
+                last, state = turn.version, now_state
                 live = view.live_reply(turn.texts[0], turn.admitted, turn.metrics[0] if turn.texts[0] else None,
                                        state=None if state == states.live_status(states.GENERATING) else state)
                 alts = [view.alternative_markdown(k, turn.texts[k], turn.metrics[k] if turn.texts[k] else None,
@@ -200,7 +200,7 @@ async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[di
                                       status="complete" if turn.done[k] else "stopped", chosen=k == 0)
             for k in range(turn.n)] if turn.n > 1 else []
     yield outputs(chat=shown, status=final_status(turn), radio=conversation_list(ctx, request, turn.conv_id),
-                  alts=alts, picks=len(tab.alt_ids), busy=False)
+                  alts=alts, picks=range(1, len(tab.alt_ids)), busy=False)
 
 
 def final_status(turn: Turn) -> str:
@@ -209,22 +209,13 @@ def final_status(turn: Turn) -> str:
     return "stopped" if turn.status == "stopped" else "finished"
 
 
-async def _live_state(ctx: ChatContext, turn: Turn, checked: float) -> tuple[str, bool]:
-    """(status text, whether the engine's preemption log was read). Queued with its position
-    until admitted; "paused: memory full, resuming…" when the engine preempted this request
-    after its last token (re-read at most every PAUSE_CHECK_S); else generating."""
+def live_state(ctx: ChatContext, turn: Turn) -> str:
+    """The status line of a reply still running: queued with its place in the engine's queue until
+    admitted; "paused: memory full, resuming…" from the moment the engine's stream says it was
+    preempted until its tokens flow again; else generating."""
     if not turn.admitted:
-        return states.live_status(states.QUEUED, ctx.tabs.queue_position(turn)), False
-    read = False
-    if time.time() - turn.last_delta < PAUSE_CHECK_S:
-        turn.paused = False                  # tokens are flowing
-    elif time.monotonic() - checked >= PAUSE_CHECK_S:
-        try:
-            snap = await asyncio.to_thread(ctx.llm.latest_snapshot)
-        except Exception:                    # the engine is shutting down: claim nothing
-            snap = None
-        turn.paused, read = states.was_preempted(snap, turn.rid, turn.last_delta), True
-    return states.live_status(states.PAUSED if turn.paused else states.GENERATING), read
+        return states.live_status(states.QUEUED, ctx.tabs.queue_position(turn))
+    return states.live_status(states.PAUSED if turn.paused else states.GENERATING)
 
 
 def _current_view(ctx: ChatContext, request, tab) -> tuple:

@@ -2,12 +2,12 @@
 memory was taken (preempted), stopped, finished — and why it finished.
 
 Why a module of its own: a stuck "generating…" with nothing explaining it was the complaint. The
-engine does not stream an event when it preempts a request, but it logs every preemption with the
-request id (the snapshot's `preemption_events`), so a reply that stops receiving tokens can be
-told apart from one that is merely slow. The engine reports "length" both when `max_tokens` ran
-out and when the context did, and "stop" both for the end-of-turn token and for a stop sequence;
-the numbers stored with the reply (prompt + output tokens vs the context length, the last token
-id) tell which.
+paused state comes from the engine itself: a preempted request's stream carries a "preempted"
+delta, then "resumed" when it is scheduled again (engine/outputs.py); the Turn records them and
+the page shows "paused" until tokens flow again. The engine reports "length" both when
+`max_tokens` ran out and when the context did, and "stop" both for the end-of-turn token and for a
+stop sequence; the numbers stored with the reply (prompt + output tokens vs the context length, the
+last token id) tell which.
 """
 from __future__ import annotations
 
@@ -26,17 +26,6 @@ def live_status(state: str, position: int | None = None) -> str:
     if state == PAUSED:
         return f"paused: {PAUSED_TEXT}"
     return "generating…"
-
-
-def was_preempted(snapshot: dict | None, request_id: str, since: float) -> bool:
-    """True when the engine preempted `request_id` after `since` (unix time of its last token):
-    its blocks were taken for another request and it is waiting to be recomputed."""
-    if not snapshot:
-        return False
-    for ev in snapshot.get("preemption_events") or ():
-        if ev.get("request_id") == request_id and (ev.get("time") or 0) >= since:
-            return True
-    return False
 
 
 def finish_text(stats: dict | None, status: str | None, max_model_len: int | None = None,

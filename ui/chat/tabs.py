@@ -167,7 +167,17 @@ class TabRegistry:
             self._turns[turn.conv_id] = turn
 
     def queue_position(self, turn) -> int:
-        """1 + the chat turns submitted before `turn` that are still waiting for the engine."""
+        """Where `turn`'s request waits in the engine's queue, counting every waiting request (API
+        calls too, not only chat replies): the engine's own answer. Before the engine thread has
+        taken the request in, it will join behind everything waiting now. A backend that cannot say
+        (a remote server) gets the chat turns submitted before this one that still wait."""
+        ask = getattr(self._llm, "queue_position", None)
+        if ask is not None:
+            try:
+                pos = ask(turn.rid)
+                return pos if pos is not None else self._llm.load()[1] + 1
+            except RuntimeError:        # the engine is shutting down: fall back to what we know
+                pass
         with self._lock:
             ahead = [t for t in self._turns.values() if not t.admitted and t.created < turn.created]
         return 1 + len(ahead)

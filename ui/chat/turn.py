@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from engine import SamplingParams
+from engine.outputs import STATE_PREEMPTED, STATE_RESUMED, STATE_RUNNING
 from storage import NotFoundError
 from ui.chat.tabs import in_daemon_thread
 
@@ -84,9 +85,10 @@ class Turn:
     submitted: object = None          # Future of the submit call
     task: asyncio.Task | None = None
     created: float = field(default_factory=time.monotonic)   # queue order among chat turns
-    last_delta: float = field(default_factory=time.time)     # unix time of the last delta (preemption check)
+    last_delta: float = field(default_factory=time.time)     # unix time of the last delta
     stored_ids: list = field(default_factory=list)           # stored message id of each alternative
-    paused: bool = False              # preempted by the engine and waiting to resume (see states.py)
+    paused_outputs: set = field(default_factory=set)  # outputs preempted and not producing tokens again yet
+    preemptions: int = 0              # how often the engine took this reply's memory (its stream said so)
 
     def __post_init__(self):
         self.texts, self.toks = [""] * self.n, [[] for _ in range(self.n)]
@@ -95,6 +97,22 @@ class Turn:
     @property
     def finished(self) -> bool:
         return self.task is not None and self.task.done()
+
+    @property
+    def paused(self) -> bool:
+        """The engine preempted an output of this reply and no token has come since: the page
+        says "paused: memory full, resuming…" (also while it is recomputing after "resumed")."""
+        return bool(self.paused_outputs)
+
+    def note_state(self, d) -> None:
+        """Record what a delta says about the request's life: admitted, preempted, resumed."""
+        state = (d.metrics or {}).get("state")
+        self.admitted = self.admitted or state in (STATE_RUNNING, STATE_PREEMPTED, STATE_RESUMED) or bool(d.token_ids)
+        if state == STATE_PREEMPTED:
+            self.paused_outputs.add(d.index)
+            self.preemptions += 1
+        elif d.token_ids or d.finished:
+            self.paused_outputs.discard(d.index)
 
     def stats(self, i: int = 0) -> dict:
         return reply_stats(self.metrics[i], self.reasons[i])
@@ -126,7 +144,7 @@ async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
             st.update_message(turn.user_id, token_ids=list(prompt_ids))
         async for d in stream:
             i = d.index
-            turn.admitted = turn.admitted or d.metrics.get("state") == "running" or bool(d.token_ids)
+            turn.note_state(d)
             turn.texts[i] += d.text
             turn.toks[i].extend(d.token_ids)
             turn.metrics[i] = d.metrics or turn.metrics[i]

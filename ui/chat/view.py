@@ -153,10 +153,27 @@ def live_reply(text: str, admitted: bool, metrics: dict | None = None, state: st
     return with_footer(text, metrics) if metrics else rendered(text)
 
 
+# Marks a reply row that is only a notice (nothing was sent or saved): BUTTONS_CSS hides
+# Regenerate while one is on screen.
+NOTICE_MARK = '<span class="chat-notice"></span>'
+
+# No button that does nothing (#11), decided in the page from what it shows (no round trip):
+# Regenerate (#regen-row) only with a reply on screen, no notice in place of one, and no reply
+# generating (#stop is in the page only then); the title, Rename/Delete and Export act on the chat on
+# screen, so they are hidden on a new chat: nothing in the chat and no chat selected in the list
+# (either alone is not enough: an imported empty chat has no message; a search may hide the open one).
+BUTTONS_CSS = """
+.gradio-container:not(:has(#chatbot .message.bot)) #regen-row, .gradio-container:has(#chatbot .chat-notice) #regen-row,
+.gradio-container:has(#stop) #regen-row { display: none !important; }
+.gradio-container:not(:has(#chatbot .message)):not(:has(#conv-list input:checked)) :is(#chat-title, #manage-row,
+#export-row) { display: none !important; }
+"""
+
+
 def too_long_notice(prompt_tokens: int, limit: int) -> str:
     return (f"**This message is too long for the model.** With it the prompt would be "
             f"{prompt_tokens} tokens, and this server's context holds {limit} tokens (prompt plus "
-            f"at least one generated token). Nothing was sent; shorten it or start a new chat.")
+            f"at least one generated token). Nothing was sent; shorten it or start a new chat.{NOTICE_MARK}")
 
 
 DELETED_TEXT = ("This conversation was deleted (in another window or by another process using the "
@@ -165,7 +182,7 @@ DELETED_TEXT = ("This conversation was deleted (in another window or by another 
 
 def deleted_notice() -> str:
     """Shown instead of storage's ConversationDeletedError text (which carries a raw detail)."""
-    return f"**Not saved.** {DELETED_TEXT}"
+    return f"**Not saved.** {DELETED_TEXT}{NOTICE_MARK}"
 
 
 def error_notice(message: str) -> str:
