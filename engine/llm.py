@@ -6,7 +6,6 @@ in any thread submit requests and read deltas from a `RequestStream` (sync itera
 """
 from __future__ import annotations
 
-import asyncio
 import itertools
 import queue
 import threading
@@ -20,64 +19,13 @@ from engine.loader import load_model
 from engine.model_info import ModelInfo, build_model_info
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.request_stream import RequestStream
 from engine.sequence import Request, RequestOutputDelta
 from engine.prefix_salt import SharedPrefixSalt
 from engine.session_prompt import continue_session_prompt, shared_system_tokens
 from engine.snapshot_cache import SharedSnapshot
 
 _SNAPSHOT_PERIOD_S = 0.25
-
-
-class RequestStream:
-    """Deltas of one request, in order. Iterate (blocking) or `async for` (non-blocking)."""
-
-    def __init__(self, request_id: str, prompt_ids: list[int], n: int, llm: "LLM"):
-        self.request_id = request_id
-        self.prompt_ids = prompt_ids
-        self.n = n
-        self._llm = llm
-        self._q: queue.Queue = queue.Queue()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._aq: asyncio.Queue | None = None
-        self._lock = threading.Lock()
-        self._open = n
-
-    def _put(self, delta: RequestOutputDelta) -> None:
-        with self._lock:            # held while delivering, so _agen cannot switch queues midway
-            if self._loop is None:
-                self._q.put(delta)
-                return
-            # raises RuntimeError if the consumer's event loop is closed: the engine then aborts
-            # this request (nobody is listening) and carries on with the others
-            self._loop.call_soon_threadsafe(self._aq.put_nowait, delta)
-
-    def _done(self, delta: RequestOutputDelta) -> bool:
-        if delta.finished:
-            self._open -= 1
-        return self._open <= 0
-
-    def __iter__(self):
-        while self._open > 0:
-            d = self._q.get()
-            self._done(d)
-            yield d
-
-    def __aiter__(self):
-        return self._agen()
-
-    async def _agen(self):
-        with self._lock:
-            self._loop = asyncio.get_running_loop()
-            self._aq = asyncio.Queue()
-            while not self._q.empty():          # deltas that arrived before we switched
-                self._aq.put_nowait(self._q.get_nowait())
-        while self._open > 0:
-            d = await self._aq.get()
-            self._done(d)
-            yield d
-
-    def abort(self) -> None:
-        self._llm.abort(self.request_id)
 
 
 class LLM:
