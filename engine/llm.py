@@ -17,9 +17,9 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loader import load_model
 from engine.model_info import ModelInfo, build_model_info
-from engine.outputs import CompletionOutput, RequestOutput
+from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.request_stream import RequestStream
+from engine.request_stream import RequestStream, collect
 from engine.sequence import Request, RequestOutputDelta
 from engine.prefix_salt import SharedPrefixSalt
 from engine.session_prompt import continue_session_prompt, shared_system_tokens
@@ -253,9 +253,7 @@ class LLM:
 
     # ---- batch API -------------------------------------------------------------------------------
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = False) -> list[RequestOutput]:
-        single = isinstance(prompts, (str, dict)) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
-        prompts = [prompts] if single else list(prompts)
+        prompts = _as_prompt_list(prompts)
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
@@ -264,7 +262,7 @@ class LLM:
         self._enqueue_add([req for req, _ in prepared])     # one command: one step admits them all
         streams = [stream for _, stream in prepared]
         try:
-            return [self._collect(s, p or SamplingParams()) for s, p in zip(streams, params)]
+            return [collect(s, p or SamplingParams()) for s, p in zip(streams, params)]
         except BaseException:
             for s in streams:               # do not leave the rest of the batch running
                 try:
@@ -278,28 +276,11 @@ class LLM:
         prompts = [{"prompt_token_ids": continue_session_prompt(self.tokenizer, c, None)} for c in convs]
         return self.generate(prompts, sampling_params, use_tqdm)
 
-    def _collect(self, stream: RequestStream, params: SamplingParams) -> RequestOutput:
-        outs = [CompletionOutput(index=i) for i in range(params.n)]
-        for d in stream:
-            o = outs[d.index]
-            o.text += d.text
-            o.token_ids.extend(d.token_ids)
-            if params.logprobs is not None:
-                o.logprobs = (o.logprobs or []) + list(d.logprobs or [])
-                o.cumulative_logprob = sum(t.logprob for t in o.logprobs)
-            if d.finished:
-                o.finish_reason, o.metrics = d.finish_reason, d.metrics
-                if d.error:
-                    raise RuntimeError(d.error)
-        return RequestOutput(stream.request_id, stream.prompt_ids, outs)
-
     # ---- beam search (engine/beam_search.py) ------------------------------------------------------
     def beam_search(self, prompts, params, use_tqdm: bool = False) -> list:
         """vLLM-shaped: the params.beam_width best sequences per prompt (BeamSearchOutput each)."""
         from engine.beam_search import submit_beam_searches
-        single = isinstance(prompts, (str, dict)) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
-        handles = submit_beam_searches(self, [prompts] if single else list(prompts), params)
+        handles = submit_beam_searches(self, _as_prompt_list(prompts), params)
         try:
             return [h.result() for h in handles]
         except BaseException:
@@ -316,7 +297,6 @@ class LLM:
         from engine.beam_search import submit_beam_searches
         return submit_beam_searches(self, [prompt], params, on_step,
                                     [request_id] if request_id else None)[0]
-
 
     # ---- public face: what the UI, the bench and the tests may read --------------------------------
     def get_tokenizer(self):
@@ -362,7 +342,6 @@ class LLM:
         self._call("call", lambda eng: eng.reset_peak_stats())
 
     # ---- observability ---------------------------------------------------------------------------
-
     def stats(self) -> dict:
         """The stats contract as JSON (engine/kv_contract.KVStats.to_json())."""
         return self._call("call", lambda eng: eng.stats())
@@ -417,3 +396,10 @@ class LLM:
 
     def __exit__(self, *exc):
         self.shutdown()
+
+
+def _as_prompt_list(prompts) -> list:
+    """One prompt (text, {"prompt_token_ids": ...} or a list of ids) or many, as a list."""
+    single = isinstance(prompts, (str, dict)) or (
+        isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
+    return [prompts] if single else list(prompts)

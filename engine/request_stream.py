@@ -12,6 +12,8 @@ import queue
 import threading
 from typing import TYPE_CHECKING
 
+from engine.outputs import CompletionOutput, RequestOutput
+from engine.sampling_params import SamplingParams
 from engine.sequence import RequestOutputDelta
 
 if TYPE_CHECKING:
@@ -68,3 +70,20 @@ class RequestStream:
 
     def abort(self) -> None:
         self._llm.abort(self.request_id)
+
+
+def collect(stream: RequestStream, params: SamplingParams) -> RequestOutput:
+    """Wait for every delta of `stream` and assemble the finished RequestOutput (the batch API)."""
+    outs = [CompletionOutput(index=i) for i in range(params.n)]
+    for d in stream:
+        o = outs[d.index]
+        o.text += d.text
+        o.token_ids.extend(d.token_ids)
+        if params.logprobs is not None:
+            o.logprobs = (o.logprobs or []) + list(d.logprobs or [])
+            o.cumulative_logprob = sum(t.logprob for t in o.logprobs)
+        if d.finished:
+            o.finish_reason, o.metrics = d.finish_reason, d.metrics
+            if d.error:
+                raise RuntimeError(d.error)
+    return RequestOutput(stream.request_id, stream.prompt_ids, outs)
