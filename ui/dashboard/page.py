@@ -18,6 +18,8 @@ import gradio as gr
 from ui.dashboard import panels as H
 from ui.dashboard import view as V
 from ui.dashboard.events import EventFeed, feed_html
+from ui.dashboard import grid_canvas as GC
+from ui.dashboard.grid_payload import grid_payload, with_highlight
 from ui.dashboard.scope import scope_snapshot, titles_for
 from ui.dashboard.story import story_html
 from ui.dashboard.history import (SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT, History, blocks_frame,
@@ -87,7 +89,7 @@ class DashboardState:
         out = dict(base)
         hl = V.highlight_blocks(base["convs"], selected)
         if selected or hl:
-            out["grid"] = H.grid_html(base["grid_model"], hl)
+            out["grid"] = with_highlight(base["grid_payload"], hl)
             out["tables"] = H.tables_html(base["convs"], selected, snap["block_size"])
         if arith_model and arith_model != LIVE and self.shape is not None:
             out["arith"] = arith_for(base, self.shape, arith_model)
@@ -113,14 +115,14 @@ def arith_for(base: dict, shape, model: str | None) -> str:
 def render_base(snap: dict, history: History, shape) -> dict:
     """Every panel for one snapshot, with nothing selected."""
     st = snap["stats"]
-    grid = V.grid_model(snap)
+    grid = grid_payload(snap)
     convs = V.conversations(snap)
     samples = history.snapshot()
     items = V.headline(snap, history.hit_rate(60.0), history.throughput(5.0))
-    base = {"time": snap["time"], "stats": st, "grid_model": grid, "convs": convs,
+    base = {"time": snap["time"], "stats": st, "grid_payload": grid, "convs": convs,
             "avg_len": avg_len(snap), "items": items, "story": story_html(st, snap.get("others")),
             "headline": H.headline_html(items, V.preemption_rows(snap)),
-            "grid": H.grid_html(grid), "tables": H.tables_html(convs, None, snap["block_size"]),
+            "grid": with_highlight(grid, ()), "tables": H.tables_html(convs, None, snap["block_size"]),
             "paged_plot": blocks_frame(samples, series=PAGED_SERIES),
             "contig_plot": blocks_frame(samples, series=CONTIG_SERIES), "hit_plot": hit_rate_frame(samples),
             "whatif": H.whatif_html(snap.get("sequences") or [], snap["block_size"]),
@@ -181,7 +183,8 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
             gr.Markdown("Pick a conversation (or demo user) to outline its blocks in the grid and show "
                         "its block table below. Hover a cell for block id, ref_count, holders and "
                         "tokens filled.", elem_classes=["kv-hint"])
-        grid = gr.HTML(**html, elem_id="kv-grid")
+        grid = gr.HTML("", html_template=GC.TEMPLATE, css_template=H.CSS + GC.CSS, js_on_load=GC.JS,
+                       apply_default_css=True, elem_id="kv-grid")
         tables = gr.HTML(**html, elem_id="kv-tables")
         colors = dict(zip(SERIES_BLOCKS, SERIES_COLORS))
         plot = dict(x="seconds", color="series", x_title="seconds ago", height=250, color_map=colors)
