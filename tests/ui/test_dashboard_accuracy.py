@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from ui.dashboard import page as D
 from ui.dashboard import view as V
+from ui.dashboard.grid_payload import decode_runs
 from routes.metrics import register_routes
 
 pytestmark = pytest.mark.slow

@@ -21,6 +21,7 @@ from ui.dashboard.events import EventFeed, feed_html
 from ui.dashboard import grid_canvas as GC
 from ui.dashboard.grid_payload import grid_payload, with_highlight
 from ui.dashboard.scope import scope_snapshot, titles_for
+from ui.dashboard.sampler import StatsSampler
 from ui.dashboard.story import story_html
 from ui.dashboard.history import (SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT, History, blocks_frame,
                                   hit_rate_frame)
@@ -49,12 +50,13 @@ class DashboardState:
         self._views: OrderedDict = OrderedDict()
         self.feeds: dict = {}                       # viewer scope -> EventFeed
         self.ticks = 0                              # ticks served (a /metrics counter: the timer is idle when hidden)
+        self.last_render_s = 0.0
+        self.sampler = StatsSampler(llm, self.history)   # started by build_dashboard (one per engine)
 
     def metrics_text(self) -> str:
         return ("# HELP paged_chat_dashboard_ticks_total Memory-tab ticks served (none while the tab is hidden).\n"
                 "# TYPE paged_chat_dashboard_ticks_total counter\n"
                 f"paged_chat_dashboard_ticks_total {self.ticks}\n")
-        self.last_render_s = 0.0
 
     def base_for(self, snap: dict, scope=None) -> dict:
         """Per-snapshot render, computed once per viewer scope (one scope for every viewer without
@@ -65,7 +67,8 @@ class DashboardState:
                 return hit
             t0 = time.perf_counter()
             if self._time != snap["time"]:
-                self.history.add(snap)
+                if not self.sampler.running:        # no sampler (tests): record what ticks see
+                    self.history.add(snap)
                 self._time = snap["time"]
                 self._views.clear()
             self.base = render_base(snap, self.history, self.shape)
@@ -166,6 +169,7 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
     if is_remote(llm):      # app.py --backend URL: only what the server exposes (ui/dashboard/remote.py)
         return build_remote_dashboard(llm, tick_s=tick_s)
     state = state_for(llm, system_prompt)
+    state.sampler.start()          # charts record every second, page open or not
     html = dict(css_template=H.CSS, js_on_load=None, apply_default_css=True)
     with gr.Column(elem_id="kv-dashboard"):
         story = gr.HTML(**html, elem_id="kv-story")
