@@ -142,3 +142,20 @@ def test_stop_aborts_in_flight_replies():
     assert time.time() - t0 < 5 and demo.running_users() == 0
     assert len(llm.aborted) == 2 and len(set(llm.ended)) == 2
     assert _submits(llm)[0][1][0]["content"] == DEFAULT_SYSTEM_PROMPT
+
+
+def test_closed_panels_send_nothing_until_opened():
+    llm = SnapLLM(busy_snapshot(t=3100.0))
+    with gr.Blocks() as demo:
+        D.build_dashboard(llm)
+    D.state_for(llm).sampler.stop()
+    dep = next(d for d in demo.get_config_file()["dependencies"] if any(t[1] == "tick" for t in d["targets"]))
+    fn = demo.fns[dep["id"]].fn
+    skip = lambda o: isinstance(o, dict) and o.get("__type__") == "update" and len(o) == 1  # noqa: E731
+    closed = fn(None, D.LIVE, {}, ())
+    i, j = D.OUTPUT_NAMES.index("arith"), D.OUTPUT_NAMES.index("whatif")
+    assert skip(closed[i]) and skip(closed[j]) and not skip(closed[D.OUTPUT_NAMES.index("grid")])
+    opened = fn(None, D.LIVE, closed[-1], ("arith",))                  # opening sends it, once
+    assert "KV bytes per token" in opened[i] and skip(opened[j])
+    again = fn(None, D.LIVE, opened[-1], ("arith",))
+    assert skip(again[i])

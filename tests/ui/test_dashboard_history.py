@@ -140,3 +140,18 @@ def test_sampler_records_without_any_page_and_stops_with_the_engine():
     wait_until(lambda: live.samples >= 3, 10, what="three samples from the thread")
     live.stop()
     assert not live.running
+
+
+def test_flat_stretches_cost_two_rows_and_gaps_keep_their_neighbours():
+    flat = [s(t, 0, 0, used=7) for t in range(0, 301)]                 # an idle engine, 5 minutes
+    df = blocks_frame(flat, series=SERIES_BLOCKS[:1])
+    assert df["blocks"].tolist() == [7, 7] and df["seconds"].tolist() == [-295.0, 0.0]
+    holed = [x for x in flat if not 100 <= x.t < 110]
+    got = blocks_frame(holed, series=SERIES_BLOCKS[:1])
+    assert got["blocks"].isna().sum() == 1 and len(got) == 5          # 7 .. 7, gap, 7 .. 7
+    # phases shift the bucket edges, so plots with different phases change on different ticks
+    a = [blocks_frame(flat[:n], series=SERIES_BLOCKS[:1]).to_csv() for n in range(250, 260)]
+    b = [blocks_frame(flat[:n], series=SERIES_BLOCKS[:1], phase_s=2.0).to_csv() for n in range(250, 260)]
+    changed_a = {n for n in range(1, 10) if a[n] != a[n - 1]}
+    changed_b = {n for n in range(1, 10) if b[n] != b[n - 1]}
+    assert changed_a and changed_b and not changed_a & changed_b

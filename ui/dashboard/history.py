@@ -120,11 +120,27 @@ SERIES_COLORS = ("#f97316", "#60a5fa", "#9ca3af", "#111827")
 SERIES_HIT = ("since start", "last 10 s")
 
 
+def _drop_flat(t, s, v):
+    """Drop a point whose series has the same value just before and just after it: the line
+    looks the same, and an idle engine's flat minutes (or the constant pool size) cost two rows."""
+    keep = [True] * len(t)
+    last: dict = {}                       # series -> indices of its last two rows
+    for i, name in enumerate(s):
+        a, b = last.get(name, (None, None))
+        if a is not None and b is not None and v[a] == v[b] == v[i]:     # NaN never equals
+            keep[b] = False
+            last[name] = (a, i)
+        else:
+            last[name] = (b, i)
+    return ([x for x, k in zip(t, keep) if k], [x for x, k in zip(s, keep) if k],
+            [x for x, k in zip(v, keep) if k])
+
+
 def _frame(t, s, v, ycol: str, names) -> pd.DataFrame:
     """Typed, and every series named even before it has a point: Gradio's LinePlot fixes its colour
     domain when it first builds the chart, so a series missing then is never drawn. A missing
     series gets one empty (NaN) row, which Vega skips."""
-    t, s, v = list(t), list(s), list(v)
+    t, s, v = _drop_flat(list(t), list(s), list(v))
     for name in names:
         if name not in s:
             t.append(float("nan"))
@@ -135,12 +151,13 @@ def _frame(t, s, v, ycol: str, names) -> pd.DataFrame:
 
 
 def plot_points(samples, window_s: float = PLOT_WINDOW_S, step_s: float | None = PLOT_STEP_S,
-                gap_s: float = 2.0) -> list[tuple[float, int | None]]:
+                gap_s: float = 2.0, phase_s: float = 0.0) -> list[tuple[float, int | None]]:
     """(x = seconds ago, index of the sample plotted there or None for a gap), oldest first.
 
     step_s: one point per complete bucket (its last sample), x counted from the newest complete
     bucket, so the points change only when a bucket completes; a bucket with no sample between
-    two that have one is a gap. step_s None: every sample, a gap where two samples are more than
+    two that have one is a gap. phase_s shifts the bucket edges (each plot its own phase, so the
+    three plots do not all change, and all get sent, in the same tick). step_s None: every sample, a gap where two samples are more than
     gap_s apart (x from the newest sample)."""
     if not samples:
         return []
@@ -156,10 +173,10 @@ def plot_points(samples, window_s: float = PLOT_WINDOW_S, step_s: float | None =
             pts.append((round(s.t - now, 2), i))
             prev = s.t
         return pts
-    current = int(samples[-1].t // step_s)           # the bucket still filling: not plotted yet
+    current = int((samples[-1].t - phase_s) // step_s)   # the bucket still filling: not plotted yet
     last_of: dict[int, int] = {}
     for i, s in enumerate(samples):
-        b = int(s.t // step_s)
+        b = int((s.t - phase_s) // step_s)
         if b < current:
             last_of[b] = i
     first = current - int(window_s // step_s)
@@ -172,10 +189,10 @@ def plot_points(samples, window_s: float = PLOT_WINDOW_S, step_s: float | None =
 
 
 def blocks_frame(samples, window_s: float = PLOT_WINDOW_S, series=SERIES_BLOCKS,
-                 step_s: float | None = PLOT_STEP_S) -> pd.DataFrame:
+                 step_s: float | None = PLOT_STEP_S, phase_s: float = 0.0) -> pd.DataFrame:
     """Long format (seconds ago, series, blocks) for gr.LinePlot(color='series'); NaN rows are gaps."""
     rows_t, rows_s, rows_v = [], [], []
-    for x, i in plot_points(samples, window_s, step_s):
+    for x, i in plot_points(samples, window_s, step_s, phase_s=phase_s):
         s = samples[i] if i is not None else None
         for name, v in zip(SERIES_BLOCKS, (s.used, s.unshared, s.contiguous, s.total) if s else (None,) * 4):
             if name in series:
@@ -186,7 +203,7 @@ def blocks_frame(samples, window_s: float = PLOT_WINDOW_S, series=SERIES_BLOCKS,
 
 
 def hit_rate_frame(samples, window_s: float = PLOT_WINDOW_S, recent_s: float = 10.0,
-                   step_s: float | None = PLOT_STEP_S) -> pd.DataFrame:
+                   step_s: float | None = PLOT_STEP_S, phase_s: float = 0.0) -> pd.DataFrame:
     """Prefix-cache hit rate (%) over time: cumulative and over a sliding recent window."""
     cum, recent = {}, {}
     j = 0                       # base of the recent window: newest sample at least recent_s older
@@ -199,7 +216,7 @@ def hit_rate_frame(samples, window_s: float = PLOT_WINDOW_S, recent_s: float = 1
         if j < i and s.queries > base.queries:
             recent[i] = round(100 * (s.hits - base.hits) / (s.queries - base.queries), 2)
     rows_t, rows_s, rows_v = [], [], []
-    for x, i in plot_points(samples, window_s, step_s):
+    for x, i in plot_points(samples, window_s, step_s, phase_s=phase_s):
         for name, values in zip(SERIES_HIT, (cum, recent)):
             if i is None or i in values:
                 rows_t.append(x)

@@ -23,12 +23,13 @@ from ui.dashboard.grid_payload import grid_payload, with_highlight
 from ui.dashboard.scope import scope_snapshot, titles_for
 from ui.dashboard.sampler import StatsSampler
 from ui.dashboard.story import story_html
-from ui.dashboard.history import (SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT, History, blocks_frame,
-                                  hit_rate_frame)
+from ui.dashboard.history import (PLOT_STEP_S, SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT, History,
+                                  blocks_frame, hit_rate_frame)
 from loadgen.demo_load import MAX_DEMO_USERS, DemoLoad, PromptSource
 from ui.dashboard.kv_math import PRESETS, shape_of
 
 LIVE = "live model"
+FOLDED = ("arith", "whatif")      # in closed-by-default accordions: sent only while open
 OUTPUT_NAMES = ("story", "headline", "grid", "tables", "paged_plot", "contig_plot", "hit_plot", "arith",
                 "whatif", "feed", "selector", "demo")
 PAGED_SERIES = SERIES_BLOCKS[:2]                       # used vs paging without sharing
@@ -126,8 +127,10 @@ def render_base(snap: dict, history: History, shape) -> dict:
             "avg_len": avg_len(snap), "items": items, "story": story_html(st, snap.get("others")),
             "headline": H.headline_html(items, V.preemption_rows(snap)),
             "grid": with_highlight(grid, ()), "tables": H.tables_html(convs, None, snap["block_size"]),
-            "paged_plot": blocks_frame(samples, series=PAGED_SERIES),
-            "contig_plot": blocks_frame(samples, series=CONTIG_SERIES), "hit_plot": hit_rate_frame(samples),
+            # each plot changes once per 5 s bucket, at its own phase: at most one plot per tick
+            "paged_plot": blocks_frame(samples, series=PAGED_SERIES, phase_s=0.0),
+            "contig_plot": blocks_frame(samples, series=CONTIG_SERIES, phase_s=PLOT_STEP_S * 0.4),
+            "hit_plot": hit_rate_frame(samples, phase_s=PLOT_STEP_S * 0.8),
             "whatif": H.whatif_html(snap.get("sequences") or [], snap["block_size"]),
             "choices": V.choices(convs)}
     base["arith"] = arith_for(base, shape, None) if shape is not None else ""
@@ -201,13 +204,14 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
                                    title="Prefix-cache hit rate", x_title="seconds ago", height=250,
                                    color_map=dict(zip(SERIES_HIT, ("#60a5fa", "#f97316"))),
                                    elem_id="kv-hit-plot")
-        with gr.Accordion("KV arithmetic: bytes per token, traditional vs paged", open=False):
+        with gr.Accordion("KV arithmetic: bytes per token, traditional vs paged", open=False) as arith_acc:
             arith_model = gr.Radio([LIVE] + [p.name for p in PRESETS], value=LIVE,
                                    label="Batch table for", elem_id="kv-arith-model")
             arith = gr.HTML(**html, elem_id="kv-arith")
-        with gr.Accordion("Block-size what-if (live sequences)", open=False):
+        with gr.Accordion("Block-size what-if (live sequences)", open=False) as whatif_acc:
             whatif = gr.HTML(**html, elem_id="kv-whatif")
         sent = gr.State({})
+        opened = gr.State(())        # the accordions this viewer has open: closed ones get no bytes
     outputs = [story, headline, grid, tables, paged_plot, contig_plot, hit_plot, arith, whatif, feed,
                selector, demo_md, sent]
 
@@ -221,7 +225,8 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
         key = (user, own, zlib.crc32(repr(sorted(titles.items())).encode()))
         return scope_snapshot(snap, titles=titles, viewer=user, own_conv=own, auth=auth), key
 
-    def tick(selected, model, last, request: gr.Request = None):
+    def tick(selected, model, last, shown=None, request: gr.Request = None):
+        """shown: names of the open accordion panels (None: all), closed ones are not sent."""
         state.ticks += 1
         try:
             snap = llm.latest_snapshot()
@@ -235,6 +240,10 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
         values["demo"] = state.demo.status()
         new, out = {}, []
         for name in OUTPUT_NAMES:
+            if name in FOLDED and shown is not None and name not in shown:
+                new[name] = last.get(name)          # sent (with its digest) once it is opened
+                out.append(gr.skip())
+                continue
             d = _digest(values[name])
             new[name] = d
             if last.get(name) == d:
@@ -246,15 +255,19 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
         return *out, new
 
     timer = gr.Timer(tick_s, active=False)
-    timer.tick(tick, inputs=[selector, arith_model, sent], outputs=outputs, concurrency_limit=None,
+    timer.tick(tick, inputs=[selector, arith_model, sent, opened], outputs=outputs, concurrency_limit=None,
                show_progress="hidden", api_visibility="private")
 
-    def refresh_fn(s, m, request: gr.Request = None):
-        return tick(s, m, {}, request)
-    refresh = dict(fn=refresh_fn, inputs=[selector, arith_model], outputs=outputs,
+    def refresh_fn(s, m, shown, request: gr.Request = None):
+        return tick(s, m, {}, shown, request)
+    refresh = dict(fn=refresh_fn, inputs=[selector, arith_model, opened], outputs=outputs,
                    concurrency_limit=None, show_progress="hidden", api_visibility="private")
     selector.change(**refresh)
     arith_model.change(**refresh)
+    quiet = dict(show_progress="hidden", api_visibility="private", concurrency_limit=None)
+    for acc, name in ((arith_acc, "arith"), (whatif_acc, "whatif")):
+        acc.expand(lambda o, n=name: tuple(sorted(set(o) | {n})), opened, opened, **quiet).then(**refresh)
+        acc.collapse(lambda o, n=name: tuple(x for x in o if x != n), opened, opened, **quiet)
 
     def allowed(request) -> bool:
         return may_start_demo is None or bool(may_start_demo(request))
