@@ -207,9 +207,13 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
                 ctx.llm, lambda: ctx.storage.get_system_prompt()["text"], storage=ctx.storage,
                 auth=ctx.auth, own_conv=lambda r: ctx.tab(r).conv_id,
                 may_start_demo=lambda r: not ctx.auth or ctx.owner(r) in ctx.admins)
-        # the dashboard's timer runs only while its tab is shown (no requests while hidden)
-        memory_tab.select(lambda: gr.Timer(active=True), None, kv_timer, api_visibility="private",
-                          show_progress="hidden").then(**kv_timer.refresh)
+        # the dashboard's timer runs only while its tab is shown (no requests while hidden); on
+        # arrival the chat open in the sidebar is highlighted (remote views have no select_own)
+        shown = memory_tab.select(lambda: gr.Timer(active=True), None, kv_timer, api_visibility="private",
+                                  show_progress="hidden")
+        if hasattr(kv_timer, "select_own"):
+            shown = shown.then(**kv_timer.select_own)
+        shown.then(**kv_timer.refresh)
         chat_tab.select(lambda: gr.Timer(active=False), None, kv_timer, api_visibility="private",
                         show_progress="hidden")
 

@@ -225,6 +225,15 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
         key = (user, own, zlib.crc32(repr(sorted(titles.items())).encode()))
         return scope_snapshot(snap, titles=titles, viewer=user, own_conv=own, auth=auth), key
 
+    def _missing_choice(have, selected, request) -> tuple:
+        """The selected chat when it holds no blocks now (e.g. reopened from the sidebar after its
+        session ended): still offered by its title, so the picker never shows a raw id."""
+        if not selected or storage is None or any(k == selected for _, k in have):
+            return ()
+        user = getattr(request, "username", None) if auth else None
+        title = titles_for(storage, user, auth).get(selected)
+        return ((f"{title} (no blocks now)", selected),) if title else ()
+
     def tick(selected, model, last, shown=None, request: gr.Request = None):
         """shown: names of the open accordion panels (None: all), closed ones are not sent."""
         state.ticks += 1
@@ -236,7 +245,7 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
         v = state.view(snap, selected, model, key)
         values = {k: v[k] for k in OUTPUT_NAMES[:9]}
         values["feed"] = state.feed(snap, key[0] if key else None)
-        values["selector"] = tuple(v["choices"])
+        values["selector"] = tuple(v["choices"]) + _missing_choice(v["choices"], selected, request)
         values["demo"] = state.demo.status()
         new, out = {}, []
         for name in OUTPUT_NAMES:
@@ -287,5 +296,12 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
     start.click(on_start, inputs=[n_users], outputs=[demo_md], concurrency_limit=None,
                 api_visibility="private")
     stop.click(on_stop, outputs=[demo_md], concurrency_limit=None, api_visibility="private")
+    def own_fn(request: gr.Request = None):
+        """The chat open in this browser tab (the sidebar's pick), highlighted on arrival."""
+        own = own_conv(request) if own_conv is not None and request is not None else None
+        return gr.update(value=str(own)) if own else gr.skip()
+
     timer.refresh = refresh         # the app repaints at once when the Memory tab is shown
+    timer.select_own = dict(fn=own_fn, inputs=None, outputs=[selector], show_progress="hidden",
+                            api_visibility="private", concurrency_limit=None)
     return timer
