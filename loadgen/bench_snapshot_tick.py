@@ -79,17 +79,18 @@ def measure(blocks: int, seqs: int, repeat: int) -> dict:
             "bytes": sizes[-1]}
 
 
-def _tick_fn(llm):
-    """The dashboard's own tick function and its output components, from a built Blocks."""
+def _tick_fns(llm):
+    """The dashboard's own fast (1 s, one bus output) and slow (2 s: plots, picker, demo status)
+    tick functions, and the slow tick's output components, from a built Blocks."""
     import gradio as gr
     from ui.dashboard import page as D
     with gr.Blocks() as demo:
-        D.build_dashboard(llm)
+        timer = D.build_dashboard(llm)
     D.state_for(llm).sampler.stop()          # the replay feeds history itself, one tick per step
     cfg = demo.get_config_file()
-    dep = next(d for d in cfg["dependencies"] if any(t[1] == "tick" for t in d["targets"]))
-    fn = demo.fns[dep["id"]]
-    return fn.fn, [demo.blocks[i] for i in dep["outputs"]]
+    slow_dep = next(d for d in cfg["dependencies"] if any(t[1] == "tick" for t in d["targets"])
+                    and len(d["outputs"]) == len(D.SLOW))
+    return timer.tick_fns["fast"], timer.tick_fns["slow"], [demo.blocks[i] for i in slow_dep["outputs"]]
 
 
 def _wire_bytes(value, comp) -> int:
@@ -130,8 +131,8 @@ def measure_ticks(blocks: int, users: int, ticks: int, seed: int = 0) -> dict:
     for _ in range(users):
         start()
     llm = _SnapLLM(None)
-    fn, comps = _tick_fn(llm)
-    last, per_tick, by_output = {}, [], {}
+    fast, slow, slow_comps = _tick_fns(llm)
+    per_tick, by_output = [], {}
     for t in range(ticks):
         for sid in list(live):
             n = rng.randint(1, 4)                        # ~40 tok/s over 16 users on this CPU
@@ -147,17 +148,21 @@ def measure_ticks(blocks: int, users: int, ticks: int, seed: int = 0) -> dict:
         d["stats"]["max_model_len"] = 4096
         d["pins"] = [{"name": "shared", "num_tokens": len(prompt), "block_table": list(range(34))}]
         llm.snap = d
-        out = fn(None, D.LIVE, last, ())              # accordions closed, as the page opens
-        last = out[-1]
-        sizes = [_wire_bytes(v, c) for v, c in zip(out[:-1], comps[:-1])]
-        per_tick.append(sum(sizes))
-        for name, b in zip(D.OUTPUT_NAMES, sizes):
+        bus = fast(None, D.LIVE, ())                    # accordions closed, as the page opens
+        sizes = {"bus": len(json.dumps(bus)) if isinstance(bus, str) else _wire_bytes(bus, None)}
+        for name, panel in (json.loads(bus).items() if isinstance(bus, str) else ()):
+            sizes[name] = len(json.dumps(panel))
+        if t % 2 == 0:                                  # the slow timer: every 2 s
+            for name, v, c in zip(D.SLOW, slow(None, D.LIVE), slow_comps):
+                sizes[name] = _wire_bytes(v, c)
+        per_tick.append(sizes["bus"] + sum(v for k, v in sizes.items() if k in D.SLOW))
+        for name, b in sizes.items():
             by_output.setdefault(name, []).append(b)
     steady = per_tick[1:]                                # the first tick sends everything
     return {"blocks": blocks, "users": users, "ticks": ticks, "first_tick_bytes": per_tick[0],
             "tick_bytes_median": int(statistics.median(steady)), "tick_bytes_max": max(steady),
-            "by_output_median": {k2: int(statistics.median(v[1:])) for k2, v in by_output.items()},
-            "by_output_max": {k2: max(v[1:]) for k2, v in by_output.items()}}
+            "by_output_median": {k2: int(statistics.median(v[1:] or v)) for k2, v in by_output.items()},
+            "by_output_max": {k2: max(v[1:] or v) for k2, v in by_output.items()}}
 
 
 def main(argv=None) -> None:

@@ -209,13 +209,16 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
                 may_start_demo=lambda r: not ctx.auth or ctx.owner(r) in ctx.admins)
         # the dashboard's timer runs only while its tab is shown (no requests while hidden); on
         # arrival the chat open in the sidebar is highlighted (remote views have no select_own)
-        shown = memory_tab.select(lambda: gr.Timer(active=True), None, kv_timer, api_visibility="private",
-                                  show_progress="hidden")
+        kv_timers = [kv_timer, *getattr(kv_timer, "companions", [])]
+        shown = memory_tab.select(lambda: [gr.Timer(active=True)] * len(kv_timers), None, kv_timers,
+                                  api_visibility="private", show_progress="hidden")
         if hasattr(kv_timer, "select_own"):
             shown = shown.then(**kv_timer.select_own)
         shown.then(**kv_timer.refresh)
-        chat_tab.select(lambda: gr.Timer(active=False), None, kv_timer, api_visibility="private",
-                        show_progress="hidden")
+        if hasattr(kv_timer, "refresh_slow"):
+            shown.then(**kv_timer.refresh_slow)
+        chat_tab.select(lambda: [gr.Timer(active=False)] * len(kv_timers), None, kv_timers,
+                        api_visibility="private", show_progress="hidden")
 
         _wire(ctx, demo, locals())
     return demo

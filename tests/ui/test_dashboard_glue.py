@@ -68,28 +68,36 @@ def test_build_dashboard_wires_a_non_queuing_timer():
     llm = SnapLLM(busy_snapshot(t=3000.0))
     with gr.Blocks() as demo:
         with gr.Tab("Memory"):
-            D.build_dashboard(llm, lambda: "You are a test.")
+            timer = D.build_dashboard(llm, lambda: "You are a test.")
     assert D.state_for(llm).demo._prompt() == "You are a test."
     cfg = demo.get_config_file()
     timers = [c for c in cfg["components"] if c["type"] == "timer"]
-    assert len(timers) == 1 and timers[0]["props"]["value"] == 1.0
+    assert sorted(t["props"]["value"] for t in timers) == [1.0, 2.0]
+    assert timer.companions and all(not t["props"]["active"] for t in timers)
     ticks = [d for d in cfg["dependencies"] if any(t[1] == "tick" for t in d["targets"])]
-    assert len(ticks) == 1
-    fn = demo.fns[ticks[0]["id"]]
-    assert fn.concurrency_limit is None and fn.show_progress == "hidden"
-    # the tick function itself: full values the first time, gr.skip() for unchanged outputs after
-    out = fn.fn(None, D.LIVE, {})
-    assert len(out) == len(D.OUTPUT_NAMES) + 1 and '"runs":' in out[D.OUTPUT_NAMES.index("grid")]
-    again = fn.fn(None, D.LIVE, out[-1])
-    skipped = [n for n, o in zip(D.OUTPUT_NAMES, again) if isinstance(o, dict) and o.get("__type__") == "update"
-               and len(o) == 1]
-    assert "grid" in skipped and "tables" in skipped
+    assert len(ticks) == 2
+    by_id = {c["id"]: c for c in cfg["components"]}
+    fast_dep = next(d for d in ticks if [by_id[o]["props"].get("elem_id") for o in d["outputs"]] == ["kv-bus"])
+    for d in ticks:
+        fn = demo.fns[d["id"]]
+        assert fn.concurrency_limit is None and fn.show_progress == "hidden"
+    # the 1 s tick has ONE output (the bus): a message with the changed panels, nothing when unchanged
+    fast = demo.fns[fast_dep["id"]].fn
+    first = json.loads(fast(None, D.LIVE, None))
+    assert set(first) == {"kv-story", "kv-headline", "kv-grid", "kv-tables", "kv-feed", "kv-arith", "kv-whatif"}
+    assert '"runs":' in first["kv-grid"] and "All live block tables" in first["kv-tables"]
+    again = fast(None, D.LIVE, None)
+    assert isinstance(again, dict) and again.get("__type__") == "update" and len(again) == 1   # gr.skip()
+    fresh = json.loads(timer.tick_fns["fast"](None, D.LIVE, None, fresh=True))   # tab shown again: all
+    assert fresh == first
+    slow = timer.tick_fns["slow"](None, D.LIVE)
+    assert len(slow) == len(D.SLOW) and "choices" in slow[D.SLOW.index("selector")]
 
     def down():
         raise RuntimeError("the engine has been shut down")
     llm.latest_snapshot = down                       # a tick after shutdown: no error toast
-    out = fn.fn(None, D.LIVE, {"grid": 1})
-    assert out[-2].startswith("Engine unavailable") and out[-1] == {"grid": 1}
+    assert fast(None, D.LIVE, None).get("__type__") == "update"
+    assert timer.tick_fns["slow"](None, D.LIVE, fresh=True)[-1].startswith("Engine unavailable")
 
 
 def FakeChatLLM(tokens=5):
@@ -146,16 +154,13 @@ def test_stop_aborts_in_flight_replies():
 
 def test_closed_panels_send_nothing_until_opened():
     llm = SnapLLM(busy_snapshot(t=3100.0))
-    with gr.Blocks() as demo:
-        D.build_dashboard(llm)
+    with gr.Blocks():
+        timer = D.build_dashboard(llm)
     D.state_for(llm).sampler.stop()
-    dep = next(d for d in demo.get_config_file()["dependencies"] if any(t[1] == "tick" for t in d["targets"]))
-    fn = demo.fns[dep["id"]].fn
-    skip = lambda o: isinstance(o, dict) and o.get("__type__") == "update" and len(o) == 1  # noqa: E731
-    closed = fn(None, D.LIVE, {}, ())
-    i, j = D.OUTPUT_NAMES.index("arith"), D.OUTPUT_NAMES.index("whatif")
-    assert skip(closed[i]) and skip(closed[j]) and not skip(closed[D.OUTPUT_NAMES.index("grid")])
-    opened = fn(None, D.LIVE, closed[-1], ("arith",))                  # opening sends it, once
-    assert "KV bytes per token" in opened[i] and skip(opened[j])
-    again = fn(None, D.LIVE, opened[-1], ("arith",))
-    assert skip(again[i])
+    fast = timer.tick_fns["fast"]
+    closed = json.loads(fast(None, D.LIVE, ()))
+    assert "kv-arith" not in closed and "kv-whatif" not in closed and "kv-grid" in closed
+    opened = json.loads(fast(None, D.LIVE, ("arith",)))                # opening sends it, once
+    assert set(opened) == {"kv-arith"} and "KV bytes per token" in opened["kv-arith"]
+    again = fast(None, D.LIVE, ("arith",))
+    assert again.get("__type__") == "update"

@@ -95,21 +95,21 @@ def test_plot_points_every_second_have_no_gap_but_a_stall_does():
 
 def test_buckets_change_only_when_a_bucket_completes_and_empty_buckets_are_gaps():
     every_second = [s(t, 0, 0, used=t) for t in range(100, 131)]      # 100..130
-    df = blocks_frame(every_second, series=SERIES_BLOCKS[:1])
+    df = blocks_frame(every_second, series=SERIES_BLOCKS[:1], step_s=5)
     # buckets [100,105) ... [125,130) are complete; [130,135) is filling and not plotted
     assert df["seconds"].tolist() == [-25.0, -20.0, -15.0, -10.0, -5.0, 0.0]
     assert df["blocks"].tolist() == [104, 109, 114, 119, 124, 129]     # each bucket's last sample
     for more in range(131, 135):                                       # the next 4 s: same frame
         later = blocks_frame(every_second + [s(t, 0, 0, used=t) for t in range(131, more + 1)],
-                             series=SERIES_BLOCKS[:1])
+                             series=SERIES_BLOCKS[:1], step_s=5)
         assert later.equals(df)
     # the app was down from t=112 to t=124: [110,115) has data, [115,120) and [120,125) none:
     # one NaN row between the points around the outage, no line across it
     down = [x for x in every_second if not 112 <= x.t <= 124]
-    got = blocks_frame(down, series=SERIES_BLOCKS[:1])
+    got = blocks_frame(down, series=SERIES_BLOCKS[:1], step_s=5)
     assert got["seconds"].tolist() == [-25.0, -20.0, -15.0, -5.0, 0.0]
     assert got["blocks"].isna().tolist() == [False, False, False, True, False]
-    hit = hit_rate_frame([x._replace(queries=10 * i + 10, hits=5 * i) for i, x in enumerate(down)])
+    hit = hit_rate_frame([x._replace(queries=10 * i + 10, hits=5 * i) for i, x in enumerate(down)], step_s=5)
     assert hit[hit["seconds"] == -5.0]["hit rate %"].isna().all() and len(hit[hit["seconds"] == -5.0]) == 2
 
 
@@ -144,10 +144,10 @@ def test_sampler_records_without_any_page_and_stops_with_the_engine():
 
 def test_flat_stretches_cost_two_rows_and_gaps_keep_their_neighbours():
     flat = [s(t, 0, 0, used=7) for t in range(0, 301)]                 # an idle engine, 5 minutes
-    df = blocks_frame(flat, series=SERIES_BLOCKS[:1])
+    df = blocks_frame(flat, series=SERIES_BLOCKS[:1], step_s=5)
     assert df["blocks"].tolist() == [7, 7] and df["seconds"].tolist() == [-295.0, 0.0]
     holed = [x for x in flat if not 100 <= x.t < 110]
-    got = blocks_frame(holed, series=SERIES_BLOCKS[:1])
+    got = blocks_frame(holed, series=SERIES_BLOCKS[:1], step_s=5)
     assert got["blocks"].isna().sum() == 1 and len(got) == 5          # 7 .. 7, gap, 7 .. 7
     # phases shift the bucket edges, so plots with different phases change on different ticks
     a = [blocks_frame(flat[:n], series=SERIES_BLOCKS[:1]).to_csv() for n in range(250, 260)]

@@ -3,8 +3,9 @@ paints the run-length payload of ui/dashboard/grid_payload.py.
 
 Why a canvas: thousands of grid cells as DOM elements re-laid out every second kept the browser's
 main thread busy; painting the same cells with fillRect costs well under a millisecond. The
-script keeps nothing but the last payload; a tick that did not change the grid sends nothing
-(the tick skips unchanged outputs), so nothing is repainted.
+script keeps nothing but the last payload; it is handed over by the tick's bus
+(ui/dashboard/bus.py: `canvas.kvPaint(payload)`) only when the grid changed, so an unchanged
+grid is neither sent nor repainted.
 
 Hover text (canvas `title`) is computed on the page from the payload's holder sets: block id,
 state, ref_count, tokens filled, holders by title. Colours are the theme's CSS variables
@@ -29,7 +30,7 @@ _VARS = ["free", "cached", "private", "shared", "pinned"]
 JS = """
 const NAMES = __NAMES__, VARS = __VARS__, PITCH = 14, CELL = 13, BAND = 16;
 const rootOf = () => element.querySelector('.kvgc') || element;
-const st = { p: null, items: [], cols: 1, n: 0 };
+const st = { p: null, items: [], cols: 1, n: 0, src: null };
 const fmt = (x) => x.toLocaleString('en-US');
 const holders = (p, set) => {
   if (set < 0 || !p.sets[set]) { return ''; }
@@ -62,9 +63,10 @@ const lit = (p, cell) => {
   }
   return false;
 };
-const paint = () => {
+const paint = (src) => {
+  if (typeof src === 'string') { st.src = src; }
   let p = null;
-  try { p = JSON.parse(props.value || 'null'); } catch (e) { return; }
+  try { p = JSON.parse(st.src || props.value || window.__kvGrid || 'null'); } catch (e) { return; }
   if (!p || !p.runs) { return; }
   const root = rootOf();
   const cv = root.querySelector('canvas');
@@ -109,7 +111,7 @@ const paint = () => {
   root.querySelector('.kvscale').innerHTML = `<span data-k="per_cell" data-v="${p.per}"></span>` + (p.per === 1 ?
     `${fmt(p.n)} blocks, one cell per block; the number in a shared cell is its ref_count; hover a cell for its holders` :
     `${fmt(p.n)} blocks, more than the grid shows: each cell aggregates ${p.per} blocks (colour = the most common state, number = highest ref_count)`);
-  cv.kvCellAt = element.kvCellAt; cv.kvTitleAt = element.kvTitleAt;
+  cv.kvCellAt = element.kvCellAt; cv.kvTitleAt = element.kvTitleAt; cv.kvPaint = paint;
   cv.dataset.painted = String(Number(cv.dataset.painted || 0) + 1);
   cv.dataset.lit = String(nlit);
 };
@@ -140,6 +142,8 @@ element.addEventListener('mousemove', (e) => {
 });
 let resized = 0;
 new ResizeObserver(() => { const w = rootOf().clientWidth; if (st.p && Math.abs(w - resized) > 8) { resized = w; paint(); } }).observe(element);
-watch('value', paint);
-paint();
+const cv0 = rootOf().querySelector('canvas');
+if (cv0) { cv0.kvPaint = paint; }
+watch('value', () => paint(props.value));
+paint(window.__kvGrid || props.value);
 """.replace("__NAMES__", json.dumps(_NAMES)).replace("__VARS__", json.dumps(_VARS))

@@ -23,7 +23,7 @@ from ui.dashboard.kv_math import blocks_for
 
 HORIZON_S = 600.0          # keep ten minutes
 PLOT_WINDOW_S = 300.0      # plot the last five
-PLOT_STEP_S = 5.0          # one plotted point per 5 s bucket
+PLOT_STEP_S = 6.0          # one plotted point per 6 s bucket (3 plots x 2 s phases: one per slow tick)
 
 
 class Sample(NamedTuple):
