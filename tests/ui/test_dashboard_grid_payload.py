@@ -4,6 +4,7 @@ snapshot's own `owners` and pins), and aggregated cells agree with the per-cell 
 import json
 
 import numpy as np
+import pytest
 
 from tests.ui.snapshots import busy_snapshot, hand_snapshot, make_snapshot
 from ui.dashboard import view as V
@@ -75,3 +76,10 @@ def test_holders_include_pins_after_sequences():
     names, keys, tables = holder_names(snap)
     assert names == ["Trip to Lisbon", "pinned prompt 'shared'"] and keys == ["a", "pin:shared"]
     assert tables == [[0, 1], [0]]
+
+
+def test_an_unknown_block_state_is_a_clear_error():
+    snap = hand_snapshot()
+    snap["blocks"]["state"][3] = "zombie"
+    with pytest.raises(ValueError, match="unknown block state 'zombie'"):
+        grid_payload(snap)
