@@ -114,33 +114,41 @@ def renderer_main_threads() -> list[int]:
     return out
 
 
-def main_thread_cpu_s(pids) -> float:
-    """utime + stime of each renderer's main thread, in seconds (CPU time: unlike CDP's
-    TaskDuration it does not grow when the 2 cores are busy with the engine or other work)."""
+def cpu_s(pids, whole: bool = False) -> dict:
+    """pid -> utime + stime of that renderer's main thread (whole=True: all its threads), in
+    seconds. CPU time: unlike CDP's TaskDuration it does not grow when the 2 cores are busy with
+    the engine or other work."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
+    out = {}
     for pid in pids:
+        path = f"/proc/{pid}/stat" if whole else f"/proc/{pid}/task/{pid}/stat"
         try:
-            f = (Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1]).split()
-            total += (int(f[11]) + int(f[12])) / tick
+            f = Path(path).read_text().rsplit(")", 1)[1].split()
+            out[pid] = (int(f[11]) + int(f[12])) / tick
         except (OSError, IndexError, ValueError):
             pass
-    return total
+    return out
+
+
+def _delta(a: dict, b: dict) -> float:
+    """CPU seconds used between two readings by the renderers alive at both."""
+    return sum(b[p] - a[p] for p in a.keys() & b.keys())
 
 
 def window(page, probe: Probe, url: str, seconds: float) -> dict:
     pids = renderer_main_threads()
-    c0 = main_thread_cpu_s(pids)
+    c0, w0 = cpu_s(pids), cpu_s(pids, whole=True)
     m0, b0, k0, t0 = probe.metrics(), probe.bytes, ticks_served(url), time.time()
     end = t0 + seconds
     while time.time() < end:
         page.wait_for_timeout(250)               # lets Playwright dispatch the CDP events
     m1, b1, k1, t1 = probe.metrics(), probe.bytes, ticks_served(url), time.time()
-    c1 = main_thread_cpu_s(pids)
+    c1, w1 = cpu_s(pids), cpu_s(pids, whole=True)
     wall = t1 - t0
     d = lambda k: m1.get(k, 0.0) - m0.get(k, 0.0)  # noqa: E731
     return {"seconds": round(wall, 1), "busy_pct": round(100 * d("TaskDuration") / wall, 2),
-            "main_thread_cpu_pct": round(100 * (c1 - c0) / wall, 2),
+            "main_thread_cpu_pct": round(100 * _delta(c0, c1) / wall, 2),
+            "renderer_cpu_pct": round(100 * _delta(w0, w1) / wall, 2), "renderers": len(c0.keys() & c1.keys()),
             "script_pct": round(100 * d("ScriptDuration") / wall, 2),
             "layout_style_pct": round(100 * (d("LayoutDuration") + d("RecalcStyleDuration")) / wall, 2),
             "stream_bytes": b1 - b0, "ticks": k1 - k0}
