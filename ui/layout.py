@@ -15,7 +15,7 @@ from ui.chat import limits, view
 from ui.chat.context import ChatContext
 from ui.chat.tabs import TabRegistry
 
-from ui.dashboard.page import build_dashboard
+from ui.dashboard.page import build_dashboard, wire_memory_tab
 from ui.dashboard.panels import THEME_CSS
 from routes.kv import register_kv_route
 from ui.chat.prompt_picker import build_prompt_picker
@@ -207,19 +207,8 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
                 ctx.llm, lambda: ctx.storage.get_system_prompt()["text"], storage=ctx.storage,
                 auth=ctx.auth, own_conv=lambda r: ctx.tab(r).conv_id,
                 may_start_demo=lambda r: not ctx.auth or ctx.owner(r) in ctx.admins)
-        # the dashboard's timer runs only while its tab is shown (no requests while hidden); on
-        # arrival the chat open in the sidebar is highlighted (remote views have no select_own)
-        kv_timers = [kv_timer, *getattr(kv_timer, "companions", [])]
-        shown = memory_tab.select(lambda: [gr.Timer(active=True)] * len(kv_timers), None, kv_timers,
-                                  api_visibility="private", show_progress="hidden")
-        if hasattr(kv_timer, "select_own"):
-            shown = shown.then(**kv_timer.select_own)
-        shown.then(**kv_timer.refresh)
-        if hasattr(kv_timer, "refresh_slow"):
-            shown.then(**kv_timer.refresh_slow)
-        chat_tab.select(lambda: [gr.Timer(active=False)] * len(kv_timers), None, kv_timers,
-                        api_visibility="private", show_progress="hidden")
-
+        # the dashboard's timers run only while its tab is shown; on arrival the sidebar's chat is highlighted
+        wire_memory_tab(memory_tab, chat_tab, kv_timer)
         _wire(ctx, demo, locals())
     return demo
 

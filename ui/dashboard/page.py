@@ -342,3 +342,18 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
     timer.select_own = dict(fn=own_fn, inputs=None, outputs=[selector], show_progress="hidden",
                             api_visibility="private", concurrency_limit=None)
     return timer
+
+
+def wire_memory_tab(memory_tab, other_tab, timer) -> None:
+    """Showing the Memory tab starts the dashboard's timers (none run while it is hidden: no
+    requests, no page work), selects the chat open in the sidebar, and repaints at once; showing
+    the other tab stops them. Works for the remote view too (one timer, no selection)."""
+    timers = [timer, *getattr(timer, "companions", [])]
+    quiet = dict(api_visibility="private", show_progress="hidden")
+    shown = memory_tab.select(lambda: [gr.Timer(active=True)] * len(timers), None, timers, **quiet)
+    if hasattr(timer, "select_own"):
+        shown = shown.then(**timer.select_own)
+    shown.then(**timer.refresh)
+    if hasattr(timer, "refresh_slow"):
+        shown.then(**timer.refresh_slow)
+    other_tab.select(lambda: [gr.Timer(active=False)] * len(timers), None, timers, **quiet)
