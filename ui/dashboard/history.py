@@ -23,7 +23,7 @@ from ui.dashboard.kv_math import blocks_for
 
 HORIZON_S = 600.0          # keep ten minutes
 PLOT_WINDOW_S = 300.0      # plot the last five
-PLOT_STEP_S = 6.0          # one plotted point per 6 s bucket (3 plots x 2 s phases: one per slow tick)
+PLOT_STEP_S = 10.0         # one plotted point per 10 s bucket; 3 plots at phases 3.3 s apart: <= 1 per slow (2 s) tick
 
 
 class Sample(NamedTuple):

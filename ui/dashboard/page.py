@@ -142,7 +142,7 @@ def render_base(snap: dict, history: History, shape) -> dict:
             "avg_len": avg_len(snap), "items": items, "story": story_html(st, snap.get("others")),
             "headline": H.headline_html(items, V.preemption_rows(snap)),
             "grid": with_highlight(grid, ()), "tables": H.tables_html(convs, None, snap["block_size"]),
-            # each plot changes once per 6 s bucket, at its own phase: at most one plot per slow (2 s) tick
+            # each plot changes once per 10 s bucket, at its own phase: at most one plot per slow (2 s) tick
             "paged_plot": blocks_frame(samples, series=PAGED_SERIES, phase_s=0.0),
             "contig_plot": blocks_frame(samples, series=CONTIG_SERIES, phase_s=PLOT_STEP_S / 3),
             "hit_plot": hit_rate_frame(samples, phase_s=2 * PLOT_STEP_S / 3),
