@@ -164,3 +164,10 @@ def test_closed_panels_send_nothing_until_opened():
     assert set(opened) == {"kv-arith"} and "KV bytes per token" in opened["kv-arith"]
     again = fast(None, D.LIVE, ("arith",))
     assert again.get("__type__") == "update"
+
+
+def test_bus_message_names_the_panels_by_element_id():
+    from ui.dashboard import bus
+    msg = json.loads(bus.message({"story": "<b>s</b>", "grid": '{"n":1}'}))
+    assert msg == {"kv-story": "<b>s</b>", "kv-grid": '{"n":1}'}
+    assert set(bus.PANELS) == set(D.FAST) and set(D.FAST) | set(D.SLOW) == set(D.OUTPUT_NAMES)
