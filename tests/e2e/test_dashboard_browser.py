@@ -64,6 +64,11 @@ def test_pinned_prompt_titles_headline_timer_and_theme(launch, screenshot_dir):
             assert rgb(LIGHT["pinned"]) == page.evaluate(PIXEL, pinned[0])
             hover = page.evaluate("(b) => document.querySelector('#kv-grid canvas').kvTitleAt(b)", pinned[0])
             assert "pinned" in hover and "ref_count 1" in hover and "pinned prompt 'shared'" in hover
+            canvas = page.locator("#kv-grid canvas")             # a real hover shows the same text
+            canvas.scroll_into_view_if_needed()
+            box, cell = canvas.bounding_box(), page.evaluate("(b) => document.querySelector('#kv-grid canvas').kvCellAt(b)", pinned[0])
+            page.mouse.move(box["x"] + cell["x"], box["y"] + cell["y"])
+            wait_until(lambda: canvas.get_attribute("title") == hover, 5, what="hover text on the canvas")
 
             page.fill("#kv-demo-n input", "8")
             page.click("#kv-demo-start")
