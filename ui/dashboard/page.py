@@ -1,10 +1,15 @@
 """The live KV-memory dashboard (Gradio glue): `build_dashboard(llm)` inside the app's gr.Blocks.
 
-One gr.Timer(1 s) per page; each tick reads the snapshot the engine thread published, and the
-per-snapshot work (view-model, history sample, plots, tables) is done once for all viewers and
-cached by snapshot time. Per viewer only the selection-dependent grid/table strings differ (cached
-too), and outputs that did not change since that viewer's last tick are skipped.
-Ticks run with concurrency_limit=None, so they never queue behind chat events.
+Two timers per page, both running only while the Memory tab is shown (wire_memory_tab): every
+1 s one output, the bus (ui/dashboard/bus.py), carries the panels that changed for this viewer
+(story, tiles, grid payload, tables, feed; the closed accordions only once opened); every 2 s
+the plots, the picker's choices and the demo status go through Gradio. Each tick reads the
+snapshot the engine published; the per-snapshot work (view-model, grid payload, plots, tables)
+is done once for all viewers and cached by snapshot time; per viewer only the selection-dependent
+grid/table strings differ (cached too). What each viewer was sent is remembered on the server as
+digests (by session), so an unchanged panel is not sent again. Chart history comes from a stats
+sampler (ui/dashboard/sampler.py), page open or not. Ticks run with concurrency_limit=None, so
+they never queue behind chat events.
 """
 from __future__ import annotations
 
