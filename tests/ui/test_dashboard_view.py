@@ -8,6 +8,8 @@ Pool: 12 blocks of 4 tokens, 46,080 B/token (SmolLM2-135M fp32), max_model_len 3
 """
 import re
 
+import pytest
+
 from ui.dashboard import panels as H
 from ui.dashboard import view as V
 from tests.ui.snapshots import BPT, busy_snapshot, hand_snapshot, make_snapshot
@@ -131,3 +133,14 @@ def test_json_round_trip_owner_keys_still_work():
     snap = json.loads(json.dumps(hand_snapshot()))
     assert V.consistency_problems(snap) == []
     assert "held by a, b" in V.grid_model(snap)["cells"][1].title
+
+
+def test_lazy_block_table_reads_like_a_list_of_entries():
+    snap = hand_snapshot()
+    a = next(c for c in V.conversations(snap) if c["key"] == "r1#0" or c["session_id"] == "a")
+    t = a["table"]
+    assert len(t) == 3 and t[-1] == t[2] == {"logical": 2, "physical": 2, "shared": False, "ref_count": 1,
+                                              "filled": 2}
+    assert [e["physical"] for e in t[:2]] == [0, 1] and list(t) == [t[0], t[1], t[2]]
+    with pytest.raises(IndexError):
+        t[3]

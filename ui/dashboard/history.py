@@ -1,7 +1,15 @@
-"""A short history of snapshot counters: hit-rate windows, throughput and the timeline plots.
+"""A short history of engine counters: hit-rate windows, throughput and the timeline plots.
 
-One History per engine, fed once per new snapshot (not per viewer). Samples are plain tuples so
-the window arithmetic is testable with hand-made numbers.
+One History per engine, fed by ui/dashboard/sampler.py once a second whether or not a page is
+open (stats only, not the snapshot), so the charts are continuous; without a sampler (tests, a
+bare DashboardState) each new snapshot a tick reads is recorded instead. Samples are plain tuples
+so the window arithmetic is testable with hand-made numbers.
+
+Plots are drawn from PLOT_STEP_S buckets (the last sample of each), complete buckets only: a plot's
+data then changes once per bucket, not every tick, so a tick usually sends no plot at all (the
+tick skips unchanged outputs). A bucket with no sample while its neighbours have some is a period
+when nothing was recorded (app stopped, engine stalled, restart): it becomes a row of NaN, which
+the chart draws as a gap rather than a straight line across it.
 """
 from __future__ import annotations
 
@@ -15,6 +23,7 @@ from ui.dashboard.kv_math import blocks_for
 
 HORIZON_S = 600.0          # keep ten minutes
 PLOT_WINDOW_S = 300.0      # plot the last five
+PLOT_STEP_S = 10.0         # one plotted point per 10 s bucket; 3 plots at phases 3.3 s apart: <= 1 per slow (2 s) tick
 
 
 class Sample(NamedTuple):
@@ -29,9 +38,13 @@ class Sample(NamedTuple):
 
 
 def sample_of(snap: dict) -> Sample:
-    st = snap["stats"]
+    return sample_of_stats(snap["stats"], snap["time"])
+
+
+def sample_of_stats(st: dict, t: float) -> Sample:
+    """A sample from the stats contract alone (what the sampler reads each second)."""
     live = st["num_sequences"] + st["num_idle_sessions"]
-    return Sample(float(snap["time"]), st["prefix_cache_queries"], st["prefix_cache_hits"],
+    return Sample(float(t), st["prefix_cache_queries"], st["prefix_cache_hits"],
                   st.get("generated_tokens_total", 0), st["used_blocks"], st["logical_blocks"],
                   live * blocks_for(st.get("max_model_len", 0), st["block_size"]), st["total_blocks"])
 
@@ -78,7 +91,9 @@ class History:
 
     def add(self, snap: dict) -> bool:
         """Record a snapshot once (by its time); False if it is not newer than the last one."""
-        s = sample_of(snap)
+        return self.add_sample(sample_of(snap))
+
+    def add_sample(self, s: Sample) -> bool:
         with self._lock:
             if self.samples and s.t <= self.samples[-1].t:
                 return False
@@ -105,11 +120,27 @@ SERIES_COLORS = ("#f97316", "#60a5fa", "#9ca3af", "#111827")
 SERIES_HIT = ("since start", "last 10 s")
 
 
+def _drop_flat(t, s, v):
+    """Drop a point whose series has the same value just before and just after it: the line
+    looks the same, and an idle engine's flat minutes (or the constant pool size) cost two rows."""
+    keep = [True] * len(t)
+    last: dict = {}                       # series -> indices of its last two rows
+    for i, name in enumerate(s):
+        a, b = last.get(name, (None, None))
+        if a is not None and b is not None and v[a] == v[b] == v[i]:     # NaN never equals
+            keep[b] = False
+            last[name] = (a, i)
+        else:
+            last[name] = (b, i)
+    return ([x for x, k in zip(t, keep) if k], [x for x, k in zip(s, keep) if k],
+            [x for x, k in zip(v, keep) if k])
+
+
 def _frame(t, s, v, ycol: str, names) -> pd.DataFrame:
     """Typed, and every series named even before it has a point: Gradio's LinePlot fixes its colour
     domain when it first builds the chart, so a series missing then is never drawn. A missing
     series gets one empty (NaN) row, which Vega skips."""
-    t, s, v = list(t), list(s), list(v)
+    t, s, v = _drop_flat(list(t), list(s), list(v))
     for name in names:
         if name not in s:
             t.append(float("nan"))
@@ -119,42 +150,76 @@ def _frame(t, s, v, ycol: str, names) -> pd.DataFrame:
                          ycol: pd.Series(v, dtype="float64")})
 
 
-def blocks_frame(samples, window_s: float = PLOT_WINDOW_S, series=SERIES_BLOCKS) -> pd.DataFrame:
-    """Long format (seconds ago, series, blocks) for gr.LinePlot(color='series')."""
+def plot_points(samples, window_s: float = PLOT_WINDOW_S, step_s: float | None = PLOT_STEP_S,
+                gap_s: float = 2.0, phase_s: float = 0.0) -> list[tuple[float, int | None]]:
+    """(x = seconds ago, index of the sample plotted there or None for a gap), oldest first.
+
+    step_s: one point per complete bucket (its last sample), x counted from the newest complete
+    bucket, so the points change only when a bucket completes; a bucket with no sample between
+    two that have one is a gap. phase_s shifts the bucket edges (each plot its own phase, so the
+    three plots do not all change, and all get sent, in the same tick). step_s None: every sample, a gap where two samples are more than
+    gap_s apart (x from the newest sample)."""
     if not samples:
-        return _frame([], [], [], "blocks", series)
-    now = samples[-1].t
-    keep = [s for s in samples if s.t >= now - window_s]
+        return []
+    pts: list[tuple[float, int | None]] = []
+    if step_s is None:
+        now = samples[-1].t
+        prev = None
+        for i, s in enumerate(samples):
+            if s.t < now - window_s:
+                continue
+            if prev is not None and s.t - prev > gap_s:
+                pts.append((round((prev + s.t) / 2 - now, 2), None))
+            pts.append((round(s.t - now, 2), i))
+            prev = s.t
+        return pts
+    current = int((samples[-1].t - phase_s) // step_s)   # the bucket still filling: not plotted yet
+    last_of: dict[int, int] = {}
+    for i, s in enumerate(samples):
+        b = int((s.t - phase_s) // step_s)
+        if b < current:
+            last_of[b] = i
+    first = current - int(window_s // step_s)
+    keep = sorted(b for b in last_of if b >= first)
+    for j, b in enumerate(keep):
+        if j and b - keep[j - 1] > 1:
+            pts.append((float((b - 1 - (current - 1)) * step_s), None))
+        pts.append((float((b - (current - 1)) * step_s), last_of[b]))
+    return pts
+
+
+def blocks_frame(samples, window_s: float = PLOT_WINDOW_S, series=SERIES_BLOCKS,
+                 step_s: float | None = PLOT_STEP_S, phase_s: float = 0.0) -> pd.DataFrame:
+    """Long format (seconds ago, series, blocks) for gr.LinePlot(color='series'); NaN rows are gaps."""
     rows_t, rows_s, rows_v = [], [], []
-    for s in keep:
-        for name, v in zip(SERIES_BLOCKS, (s.used, s.unshared, s.contiguous, s.total)):
+    for x, i in plot_points(samples, window_s, step_s, phase_s=phase_s):
+        s = samples[i] if i is not None else None
+        for name, v in zip(SERIES_BLOCKS, (s.used, s.unshared, s.contiguous, s.total) if s else (None,) * 4):
             if name in series:
-                rows_t.append(round(s.t - now, 2))
+                rows_t.append(x)
                 rows_s.append(name)
-                rows_v.append(v)
+                rows_v.append(float("nan") if v is None else v)
     return _frame(rows_t, rows_s, rows_v, "blocks", series)
 
 
-def hit_rate_frame(samples, window_s: float = PLOT_WINDOW_S, recent_s: float = 10.0) -> pd.DataFrame:
+def hit_rate_frame(samples, window_s: float = PLOT_WINDOW_S, recent_s: float = 10.0,
+                   step_s: float | None = PLOT_STEP_S, phase_s: float = 0.0) -> pd.DataFrame:
     """Prefix-cache hit rate (%) over time: cumulative and over a sliding recent window."""
-    if not samples:
-        return _frame([], [], [], "hit rate %", SERIES_HIT)
-    now = samples[-1].t
-    rows_t, rows_s, rows_v = [], [], []
+    cum, recent = {}, {}
     j = 0                       # base of the recent window: newest sample at least recent_s older
     for i, s in enumerate(samples):
         while j + 1 < i and samples[j + 1].t <= s.t - recent_s:
             j += 1
-        if s.t < now - window_s:
-            continue
-        x = round(s.t - now, 2)
         if s.queries:
-            rows_t.append(x)
-            rows_s.append(SERIES_HIT[0])
-            rows_v.append(round(100 * s.hits / s.queries, 2))
+            cum[i] = round(100 * s.hits / s.queries, 2)
         base = samples[j]
         if j < i and s.queries > base.queries:
-            rows_t.append(x)
-            rows_s.append(SERIES_HIT[1])
-            rows_v.append(round(100 * (s.hits - base.hits) / (s.queries - base.queries), 2))
+            recent[i] = round(100 * (s.hits - base.hits) / (s.queries - base.queries), 2)
+    rows_t, rows_s, rows_v = [], [], []
+    for x, i in plot_points(samples, window_s, step_s, phase_s=phase_s):
+        for name, values in zip(SERIES_HIT, (cum, recent)):
+            if i is None or i in values:
+                rows_t.append(x)
+                rows_s.append(name)
+                rows_v.append(float("nan") if i is None else values[i])
     return _frame(rows_t, rows_s, rows_v, "hit rate %", SERIES_HIT)

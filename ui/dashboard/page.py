@@ -1,10 +1,15 @@
 """The live KV-memory dashboard (Gradio glue): `build_dashboard(llm)` inside the app's gr.Blocks.
 
-One gr.Timer(1 s) per page; each tick reads the snapshot the engine thread published, and the
-per-snapshot work (view-model, history sample, plots, tables) is done once for all viewers and
-cached by snapshot time. Per viewer only the selection-dependent grid/table strings differ (cached
-too), and outputs that did not change since that viewer's last tick are skipped.
-Ticks run with concurrency_limit=None, so they never queue behind chat events.
+Two timers per page, both running only while the Memory tab is shown (wire_memory_tab): every
+1 s one output, the bus (ui/dashboard/bus.py), carries the panels that changed for this viewer
+(story, tiles, grid payload, tables, feed; the closed accordions only once opened); every 2 s
+the plots, the picker's choices and the demo status go through Gradio. Each tick reads the
+snapshot the engine published; the per-snapshot work (view-model, grid payload, plots, tables)
+is done once for all viewers and cached by snapshot time; per viewer only the selection-dependent
+grid/table strings differ (cached too). What each viewer was sent is remembered on the server as
+digests (by session), so an unchanged panel is not sent again. Chart history comes from a stats
+sampler (ui/dashboard/sampler.py), page open or not. Ticks run with concurrency_limit=None, so
+they never queue behind chat events.
 """
 from __future__ import annotations
 
@@ -18,16 +23,23 @@ import gradio as gr
 from ui.dashboard import panels as H
 from ui.dashboard import view as V
 from ui.dashboard.events import EventFeed, feed_html
+from ui.dashboard import bus as BUS
+from ui.dashboard import grid_canvas as GC
+from ui.dashboard.grid_payload import grid_payload, with_highlight
 from ui.dashboard.scope import scope_snapshot, titles_for
+from ui.dashboard.sampler import StatsSampler
 from ui.dashboard.story import story_html
-from ui.dashboard.history import (SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT, History, blocks_frame,
-                                  hit_rate_frame)
+from ui.dashboard.history import (PLOT_STEP_S, SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT, History,
+                                  blocks_frame, hit_rate_frame)
 from loadgen.demo_load import MAX_DEMO_USERS, DemoLoad, PromptSource
 from ui.dashboard.kv_math import PRESETS, shape_of
 
 LIVE = "live model"
+FOLDED = ("arith", "whatif")      # in closed-by-default accordions: sent only while open
 OUTPUT_NAMES = ("story", "headline", "grid", "tables", "paged_plot", "contig_plot", "hit_plot", "arith",
                 "whatif", "feed", "selector", "demo")
+FAST = tuple(BUS.PANELS)                          # through the one-output bus, every second
+SLOW = ("paged_plot", "contig_plot", "hit_plot", "selector", "demo")   # through Gradio, every 2 s
 PAGED_SERIES = SERIES_BLOCKS[:2]                       # used vs paging without sharing
 CONTIG_SERIES = (SERIES_BLOCKS[0],) + SERIES_BLOCKS[2:]  # used vs contiguous max-len, pool size
 
@@ -46,13 +58,26 @@ class DashboardState:
         self._bases: OrderedDict = OrderedDict()    # (snapshot time, viewer scope) -> base render
         self._views: OrderedDict = OrderedDict()
         self.feeds: dict = {}                       # viewer scope -> EventFeed
+        self._sent: OrderedDict = OrderedDict()     # viewer (session hash) -> digests of what it was sent
         self.ticks = 0                              # ticks served (a /metrics counter: the timer is idle when hidden)
+        self.last_render_s = 0.0
+        self.sampler = StatsSampler(llm, self.history)   # started by build_dashboard (one per engine)
 
     def metrics_text(self) -> str:
         return ("# HELP paged_chat_dashboard_ticks_total Memory-tab ticks served (none while the tab is hidden).\n"
                 "# TYPE paged_chat_dashboard_ticks_total counter\n"
                 f"paged_chat_dashboard_ticks_total {self.ticks}\n")
-        self.last_render_s = 0.0
+
+    def sent_to(self, who, digests: dict | None = None) -> dict:
+        """Digests of what viewer `who` was last sent (read, or record with `digests`)."""
+        with self._lock:
+            if digests is None:
+                return dict(self._sent.get(who) or {})
+            self._sent[who] = digests
+            self._sent.move_to_end(who)
+            while len(self._sent) > 512:
+                self._sent.popitem(last=False)
+            return digests
 
     def base_for(self, snap: dict, scope=None) -> dict:
         """Per-snapshot render, computed once per viewer scope (one scope for every viewer without
@@ -63,7 +88,8 @@ class DashboardState:
                 return hit
             t0 = time.perf_counter()
             if self._time != snap["time"]:
-                self.history.add(snap)
+                if not self.sampler.running:        # no sampler (tests): record what ticks see
+                    self.history.add(snap)
                 self._time = snap["time"]
                 self._views.clear()
             self.base = render_base(snap, self.history, self.shape)
@@ -87,7 +113,7 @@ class DashboardState:
         out = dict(base)
         hl = V.highlight_blocks(base["convs"], selected)
         if selected or hl:
-            out["grid"] = H.grid_html(base["grid_model"], hl)
+            out["grid"] = with_highlight(base["grid_payload"], hl)
             out["tables"] = H.tables_html(base["convs"], selected, snap["block_size"])
         if arith_model and arith_model != LIVE and self.shape is not None:
             out["arith"] = arith_for(base, self.shape, arith_model)
@@ -113,16 +139,18 @@ def arith_for(base: dict, shape, model: str | None) -> str:
 def render_base(snap: dict, history: History, shape) -> dict:
     """Every panel for one snapshot, with nothing selected."""
     st = snap["stats"]
-    grid = V.grid_model(snap)
+    grid = grid_payload(snap)
     convs = V.conversations(snap)
     samples = history.snapshot()
     items = V.headline(snap, history.hit_rate(60.0), history.throughput(5.0))
-    base = {"time": snap["time"], "stats": st, "grid_model": grid, "convs": convs,
+    base = {"time": snap["time"], "stats": st, "grid_payload": grid, "convs": convs,
             "avg_len": avg_len(snap), "items": items, "story": story_html(st, snap.get("others")),
             "headline": H.headline_html(items, V.preemption_rows(snap)),
-            "grid": H.grid_html(grid), "tables": H.tables_html(convs, None, snap["block_size"]),
-            "paged_plot": blocks_frame(samples, series=PAGED_SERIES),
-            "contig_plot": blocks_frame(samples, series=CONTIG_SERIES), "hit_plot": hit_rate_frame(samples),
+            "grid": with_highlight(grid, ()), "tables": H.tables_html(convs, None, snap["block_size"]),
+            # each plot changes once per 10 s bucket, at its own phase: at most one plot per slow (2 s) tick
+            "paged_plot": blocks_frame(samples, series=PAGED_SERIES, phase_s=0.0),
+            "contig_plot": blocks_frame(samples, series=CONTIG_SERIES, phase_s=PLOT_STEP_S / 3),
+            "hit_plot": hit_rate_frame(samples, phase_s=2 * PLOT_STEP_S / 3),
             "whatif": H.whatif_html(snap.get("sequences") or [], snap["block_size"]),
             "choices": V.choices(convs)}
     base["arith"] = arith_for(base, shape, None) if shape is not None else ""
@@ -150,7 +178,8 @@ def _digest(v) -> int:
     return zlib.crc32(repr(v).encode())
 
 
-def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 1.0, storage=None,
+def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 1.0, slow_tick_s: float = 2.0,
+                    storage=None,
                     auth: bool = False, own_conv=None, may_start_demo=None) -> gr.Timer:
     """Create the dashboard components, its timer and the demo-load strip in the current Blocks;
     returns the timer (inactive: the app turns it on only while the Memory tab is shown).
@@ -164,7 +193,8 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
     if is_remote(llm):      # app.py --backend URL: only what the server exposes (ui/dashboard/remote.py)
         return build_remote_dashboard(llm, tick_s=tick_s)
     state = state_for(llm, system_prompt)
-    html = dict(css_template=H.CSS, js_on_load=None, apply_default_css=True)
+    state.sampler.start()          # charts record every second, page open or not
+    html = dict(value="", html_template=BUS.BODY, css_template=H.CSS, js_on_load=None, apply_default_css=True)
     with gr.Column(elem_id="kv-dashboard"):
         story = gr.HTML(**html, elem_id="kv-story")
         with gr.Row(equal_height=True, elem_id="kv-demo-strip"):
@@ -181,7 +211,9 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
             gr.Markdown("Pick a conversation (or demo user) to outline its blocks in the grid and show "
                         "its block table below. Hover a cell for block id, ref_count, holders and "
                         "tokens filled.", elem_classes=["kv-hint"])
-        grid = gr.HTML(**html, elem_id="kv-grid")
+        bus = gr.HTML("", html_template=BUS.TEMPLATE, js_on_load=BUS.JS, elem_id="kv-bus")
+        grid = gr.HTML("", html_template=GC.TEMPLATE, css_template=H.CSS + GC.CSS, js_on_load=GC.JS,
+                       apply_default_css=True, elem_id="kv-grid")
         tables = gr.HTML(**html, elem_id="kv-tables")
         colors = dict(zip(SERIES_BLOCKS, SERIES_COLORS))
         plot = dict(x="seconds", color="series", x_title="seconds ago", height=250, color_map=colors)
@@ -194,15 +226,14 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
                                    title="Prefix-cache hit rate", x_title="seconds ago", height=250,
                                    color_map=dict(zip(SERIES_HIT, ("#60a5fa", "#f97316"))),
                                    elem_id="kv-hit-plot")
-        with gr.Accordion("KV arithmetic: bytes per token, traditional vs paged", open=False):
+        with gr.Accordion("KV arithmetic: bytes per token, traditional vs paged", open=False) as arith_acc:
             arith_model = gr.Radio([LIVE] + [p.name for p in PRESETS], value=LIVE,
                                    label="Batch table for", elem_id="kv-arith-model")
             arith = gr.HTML(**html, elem_id="kv-arith")
-        with gr.Accordion("Block-size what-if (live sequences)", open=False):
+        with gr.Accordion("Block-size what-if (live sequences)", open=False) as whatif_acc:
             whatif = gr.HTML(**html, elem_id="kv-whatif")
-        sent = gr.State({})
-    outputs = [story, headline, grid, tables, paged_plot, contig_plot, hit_plot, arith, whatif, feed,
-               selector, demo_md, sent]
+        opened = gr.State(())        # the accordions this viewer has open: closed ones get no bytes
+    slow_outputs = [paged_plot, contig_plot, hit_plot, selector, demo_md]
 
     def scoped(snap, request):
         """The snapshot this viewer may see, and a key for caching its render."""
@@ -214,40 +245,78 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
         key = (user, own, zlib.crc32(repr(sorted(titles.items())).encode()))
         return scope_snapshot(snap, titles=titles, viewer=user, own_conv=own, auth=auth), key
 
-    def tick(selected, model, last, request: gr.Request = None):
+    def _missing_choice(have, selected, request) -> tuple:
+        """The selected chat when it holds no blocks now (e.g. reopened from the sidebar after its
+        session ended): still offered by its title, so the picker never shows a raw id."""
+        if not selected or storage is None or any(k == selected for _, k in have):
+            return ()
+        user = getattr(request, "username", None) if auth else None
+        title = titles_for(storage, user, auth).get(selected)
+        return ((f"{title} (no blocks now)", selected),) if title else ()
+
+    def tick(selected, model, last, shown=None, request: gr.Request = None, names=OUTPUT_NAMES):
+        """{name: value to send} for the outputs in `names` whose digest differs from `last`
+        (what this viewer was sent), and the new digests. shown: the open accordion panels
+        (None: all); closed ones are not sent."""
         state.ticks += 1
         try:
             snap = llm.latest_snapshot()
         except RuntimeError as e:                  # engine shut down: keep the last picture
-            return *([gr.skip()] * (len(OUTPUT_NAMES) - 1)), f"Engine unavailable: {e}", last
+            return {"demo": f"Engine unavailable: {e}"} if "demo" in names else {}, last
         snap, key = scoped(snap, request)
         v = state.view(snap, selected, model, key)
-        values = {k: v[k] for k in OUTPUT_NAMES[:9]}
-        values["feed"] = state.feed(snap, key[0] if key else None)
-        values["selector"] = tuple(v["choices"])
-        values["demo"] = state.demo.status()
-        new, out = {}, []
-        for name in OUTPUT_NAMES:
+        values = {k: v[k] for k in OUTPUT_NAMES[:9] if k in names}
+        if "feed" in names:
+            values["feed"] = state.feed(snap, key[0] if key else None)
+        if "selector" in names:
+            values["selector"] = tuple(v["choices"]) + _missing_choice(v["choices"], selected, request)
+        if "demo" in names:
+            values["demo"] = state.demo.status()
+        new, out = dict(last), {}
+        for name in names:
+            if name in FOLDED and shown is not None and name not in shown:
+                continue                            # sent (with its digest) once it is opened
             d = _digest(values[name])
-            new[name] = d
-            if last.get(name) == d:
-                out.append(gr.skip())
-            elif name == "selector":
-                out.append(gr.update(choices=list(values[name])))
-            else:
-                out.append(values[name])
-        return *out, new
+            if last.get(name) != d:
+                new[name] = d
+                out[name] = values[name]
+        return out, new
 
+    def fast(selected, model, shown, request: gr.Request = None, fresh=False):
+        """The 1 s tick: one bus message with the panels that changed for this viewer."""
+        who = getattr(request, "session_hash", None)
+        last = {} if fresh else state.sent_to(who)
+        out, new = tick(selected, model, last, shown, request, FAST)
+        state.sent_to(who, new)
+        return BUS.message(out) if out else gr.skip()
+
+    def slow(selected, model, request: gr.Request = None, fresh=False):
+        """The slower tick: plots (new points every few seconds), picker choices, demo status."""
+        who = ("slow", getattr(request, "session_hash", None))
+        out, new = tick(selected, model, {} if fresh else state.sent_to(who), None, request, SLOW)
+        state.sent_to(who, new)
+        return tuple(gr.update(choices=list(out[n])) if n == "selector" and n in out else
+                     out.get(n, gr.skip()) for n in SLOW)
+
+    quiet = dict(show_progress="hidden", api_visibility="private", concurrency_limit=None)
     timer = gr.Timer(tick_s, active=False)
-    timer.tick(tick, inputs=[selector, arith_model, sent], outputs=outputs, concurrency_limit=None,
-               show_progress="hidden", api_visibility="private")
+    timer.tick(fast, inputs=[selector, arith_model, opened], outputs=[bus], **quiet)
+    slow_timer = gr.Timer(slow_tick_s, active=False)
+    slow_timer.tick(slow, inputs=[selector, arith_model], outputs=slow_outputs, **quiet)
+    timer.companions = [slow_timer]     # the app switches both on and off with the Memory tab
 
-    def refresh_fn(s, m, request: gr.Request = None):
-        return tick(s, m, {}, request)
-    refresh = dict(fn=refresh_fn, inputs=[selector, arith_model], outputs=outputs,
-                   concurrency_limit=None, show_progress="hidden", api_visibility="private")
+    def refresh_fn(s, m, shown, request: gr.Request = None):
+        return fast(s, m, shown, request, fresh=True)
+
+    def refresh_slow(s, m, request: gr.Request = None):
+        return slow(s, m, request, fresh=True)
+    refresh = dict(fn=refresh_fn, inputs=[selector, arith_model, opened], outputs=[bus], **quiet)
+    refresh_all = dict(fn=refresh_slow, inputs=[selector, arith_model], outputs=slow_outputs, **quiet)
     selector.change(**refresh)
     arith_model.change(**refresh)
+    for acc, name in ((arith_acc, "arith"), (whatif_acc, "whatif")):
+        acc.expand(lambda o, n=name: tuple(sorted(set(o) | {n})), opened, opened, **quiet).then(**refresh)
+        acc.collapse(lambda o, n=name: tuple(x for x in o if x != n), opened, opened, **quiet)
 
     def allowed(request) -> bool:
         return may_start_demo is None or bool(may_start_demo(request))
@@ -267,5 +336,29 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
     start.click(on_start, inputs=[n_users], outputs=[demo_md], concurrency_limit=None,
                 api_visibility="private")
     stop.click(on_stop, outputs=[demo_md], concurrency_limit=None, api_visibility="private")
+    def own_fn(request: gr.Request = None):
+        """The chat open in this browser tab (the sidebar's pick), highlighted on arrival."""
+        own = own_conv(request) if own_conv is not None and request is not None else None
+        return gr.update(value=str(own)) if own else gr.skip()
+
     timer.refresh = refresh         # the app repaints at once when the Memory tab is shown
+    timer.refresh_slow = refresh_all
+    timer.tick_fns = {"fast": fast, "slow": slow, "tick": tick}     # for tests and benchmarks
+    timer.select_own = dict(fn=own_fn, inputs=None, outputs=[selector], show_progress="hidden",
+                            api_visibility="private", concurrency_limit=None)
     return timer
+
+
+def wire_memory_tab(memory_tab, other_tab, timer) -> None:
+    """Showing the Memory tab starts the dashboard's timers (none run while it is hidden: no
+    requests, no page work), selects the chat open in the sidebar, and repaints at once; showing
+    the other tab stops them. Works for the remote view too (one timer, no selection)."""
+    timers = [timer, *getattr(timer, "companions", [])]
+    quiet = dict(api_visibility="private", show_progress="hidden")
+    shown = memory_tab.select(lambda: [gr.Timer(active=True)] * len(timers), None, timers, **quiet)
+    if hasattr(timer, "select_own"):
+        shown = shown.then(**timer.select_own)
+    shown.then(**timer.refresh)
+    if hasattr(timer, "refresh_slow"):
+        shown.then(**timer.refresh_slow)
+    other_tab.select(lambda: [gr.Timer(active=False)] * len(timers), None, timers, **quiet)

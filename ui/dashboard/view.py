@@ -5,6 +5,7 @@ rendered tick can be checked against that same snapshot. HTML lives in ui/dashbo
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ui.dashboard.kv_math import blocks_for, fmt_bytes
@@ -93,6 +94,28 @@ def grid_model(snap: dict, max_cells: int = MAX_CELLS) -> dict:
             "aggregated": per > 1}
 
 
+class LazyTable(Sequence):
+    """A block table's annotated entries ({logical, physical, shared, ref_count, filled}), built
+    when read. Why: the page shows one selected table in full and 10 ids per other row; building
+    a dict per entry of every table each tick cost ~100 ms at 350k blocks / 256 conversations."""
+
+    __slots__ = ("ids", "shared", "refs", "filled")
+
+    def __init__(self, ids, shared, refs, filled):
+        self.ids, self.shared, self.refs, self.filled = ids, shared, refs, filled
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return [self[k] for k in range(*j.indices(len(self.ids)))]
+        b = self.ids[j]                                     # IndexError ends iteration
+        j = j % len(self.ids)
+        return {"logical": j, "physical": b, "shared": bool(self.shared[j]), "ref_count": self.refs[b],
+                "filled": self.filled[b]}
+
+
 def conversations(snap: dict) -> list[dict]:
     """Every live sequence / idle session, with its block table annotated."""
     bs = snap["block_size"]
@@ -107,8 +130,7 @@ def conversations(snap: dict) -> list[dict]:
             "num_computed": s["num_computed"], "num_blocks": len(table),
             "shared_blocks": sum(1 for x in s["shared"] if x), "last_block_filled": last_fill,
             "frag_tokens": (bs - last_fill) if table else 0,
-            "table": [{"logical": j, "physical": b, "shared": bool(sh), "ref_count": refs[b],
-                       "filled": filled[b]} for j, (b, sh) in enumerate(zip(table, s["shared"]))],
+            "table": LazyTable(table, s["shared"], refs, filled),
         })
     out.sort(key=lambda c: (c["state"] != "running", c["key"]))
     return out
@@ -122,7 +144,7 @@ def choices(convs: list[dict]) -> list[tuple[str, str]]:
 def highlight_blocks(convs: list[dict], key: str | None) -> frozenset:
     if not key:
         return frozenset()
-    return frozenset(e["physical"] for c in convs if c["key"] == key for e in c["table"])
+    return frozenset(b for c in convs if c["key"] == key for b in c["table"].ids)
 
 
 def sharing_savings(snap: dict) -> dict:
