@@ -72,7 +72,7 @@ def test_build_dashboard_wires_a_non_queuing_timer():
     assert D.state_for(llm).demo._prompt() == "You are a test."
     cfg = demo.get_config_file()
     timers = [c for c in cfg["components"] if c["type"] == "timer"]
-    assert sorted(t["props"]["value"] for t in timers) == [1.0, 2.0]
+    assert sorted(t["props"]["value"] for t in timers) == [D.TICK_S, D.SLOW_TICK_S]
     assert timer.companions and all(not t["props"]["active"] for t in timers)
     ticks = [d for d in cfg["dependencies"] if any(t[1] == "tick" for t in d["targets"])]
     assert len(ticks) == 2

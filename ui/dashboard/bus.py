@@ -2,7 +2,7 @@
 
 Why: measured in Chromium (loadgen/bench_dashboard_browser.py), a tick that updated 13 Gradio
 outputs kept the page's main thread ~20% busy even when most outputs were gr.skip(): every output
-of an event goes through Gradio's per-component status and state bookkeeping. The 1 s tick now
+of an event goes through Gradio's per-component status and state bookkeeping. The fast tick now
 has a single output, this hidden "bus"; its script puts each changed panel's HTML into that
 panel's body (`#kv-story .kvbody`, ...) and hands the grid payload to the canvas painter
 (ui/dashboard/grid_canvas.py). Panels that did not change are not in the message at all. The

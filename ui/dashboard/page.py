@@ -38,8 +38,14 @@ LIVE = "live model"
 FOLDED = ("arith", "whatif")      # in closed-by-default accordions: sent only while open
 OUTPUT_NAMES = ("story", "headline", "grid", "tables", "paged_plot", "contig_plot", "hit_plot", "arith",
                 "whatif", "feed", "selector", "demo")
-FAST = tuple(BUS.PANELS)                          # through the one-output bus, every second
-SLOW = ("paged_plot", "contig_plot", "hit_plot", "selector", "demo")   # through Gradio, every 2 s
+FAST = tuple(BUS.PANELS)                          # through the one-output bus, every TICK_S
+SLOW = ("paged_plot", "contig_plot", "hit_plot", "selector", "demo")   # through Gradio, every SLOW_TICK_S
+# Tick periods, chosen by measurement (loadgen/bench_dashboard_browser.py, 16 demo users, 3,000
+# blocks, Chromium on 2 cores): every Gradio event costs the page's main thread more than the
+# panels it carries. At 1 s / 2 s the page's main thread used ~15% CPU with the Memory tab shown,
+# at 2 s / 4 s (and the chat list refreshing every 6 s instead of 2 s on this tab) ~8%.
+TICK_S = 2.0
+SLOW_TICK_S = 4.0
 PAGED_SERIES = SERIES_BLOCKS[:2]                       # used vs paging without sharing
 CONTIG_SERIES = (SERIES_BLOCKS[0],) + SERIES_BLOCKS[2:]  # used vs contiguous max-len, pool size
 
@@ -178,7 +184,7 @@ def _digest(v) -> int:
     return zlib.crc32(repr(v).encode())
 
 
-def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 1.0, slow_tick_s: float = 2.0,
+def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = TICK_S, slow_tick_s: float = SLOW_TICK_S,
                     storage=None,
                     auth: bool = False, own_conv=None, may_start_demo=None) -> gr.Timer:
     """Create the dashboard components, its timer and the demo-load strip in the current Blocks;
@@ -283,7 +289,7 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
         return out, new
 
     def fast(selected, model, shown, request: gr.Request = None, fresh=False):
-        """The 1 s tick: one bus message with the panels that changed for this viewer."""
+        """The fast tick (TICK_S): one bus message with the panels that changed for this viewer."""
         who = getattr(request, "session_hash", None)
         last = {} if fresh else state.sent_to(who)
         out, new = tick(selected, model, last, shown, request, FAST)
