@@ -52,6 +52,15 @@ class Storage(MessagesMixin, PromptsMixin, StoreBase):
         they were created with, and other users' new chats are unaffected."""
         return self._insert_prompt(schema.check_text("text", text), owner)
 
+    @locked
+    def users_with_own_prompt(self):
+        """[(owner, text of their current own prompt)], most recently saved first (start-up
+        re-pins them, newest first, while the pin cap allows)."""
+        rows = self._rows("SELECT p.owner, p.text FROM system_prompts p JOIN "
+                          "(SELECT owner, MAX(id) AS id FROM system_prompts WHERE owner IS NOT NULL "
+                          "GROUP BY owner) last ON last.id = p.id ORDER BY p.id DESC")
+        return [(r["owner"], r["text"]) for r in rows]
+
     # -- conversations -------------------------------------------------------------------
     @locked
     def create_conversation(

@@ -51,3 +51,26 @@ def test_saving_a_prompt_past_the_cap_or_too_long_is_refused_before_any_prefill(
     pins.pin("alice", "Be brief. " * 20)
     assert llm.stats()["pinned_blocks"] == nblocks == ntok // 16
     assert llm.unpin("user:alice")
+
+
+def test_start_up_re_pins_every_users_own_prompt_newest_first_within_the_cap(make_llm, tmp_path, capsys):
+    """Under --auth each user's saved prompt has its own pin; after a restart those pins come back
+    (not only when a prompt is saved again), newest first while the pin cap allows."""
+    from storage import Storage
+    from ui.chat.prompt_pins import PromptPins
+    db = tmp_path / "chat.db"
+    first = Storage(db)
+    first.set_system_prompt("You are short. " * 3)                    # the app's: about one block
+    first.set_system_prompt("Carol's rules: be kind. " * 12, owner="carol")    # oldest
+    first.set_system_prompt("Alice wants pirate talk. " * 12, owner="alice")
+    first.set_system_prompt("Bob likes haiku answers. " * 12, owner="bob")      # newest
+    first.close()
+    llm = make_llm(num_blocks=100, max_model_len=1024)      # pin cap: 10 blocks
+    PromptPins(llm, Storage(db)).pin_startup().join(timeout=120)
+    names = {p.name: p.num_blocks for p in llm.pins()}
+    assert "user:bob" in names and "user:alice" in names     # the newest two fit (4 blocks each)
+    assert "user:carol" not in names                          # the cap is kept: the oldest waits
+    assert sum(names.values()) <= 10
+    assert "carol's shared prompt is not pinned" in capsys.readouterr().out
+    for name in names:
+        assert llm.unpin(name)

@@ -2,7 +2,8 @@
 
 Why: the shared system prompt is the one thing every new chat has in common, so its KV blocks are
 prefilled once and pinned (engine/pinning.py): never evicted, attached by every new chat with
-refcount + 1. The app pins its own prompt at start-up, and a prompt when it is saved; saving under
+refcount + 1. The app pins its own prompt and every user's own one at start-up, and a prompt
+when it is saved; saving under
 the same pin name replaces (and so unpins) the old one. Under --auth each user's own prompt has
 its own pin ("user:<name>"); users without one share the app's.
 
@@ -82,8 +83,27 @@ class PromptPins:
         return t
 
     def pin_startup(self) -> threading.Thread:
-        """Pin the app's current shared prompt (the default on a fresh database)."""
-        return self.pin_async(None, self.storage.get_system_prompt()["text"])
+        """Pin the app's current shared prompt (the default on a fresh database), then every
+        user's own saved prompt (--auth), most recently saved first, while the pin cap allows;
+        one that no longer fits is left to the ordinary prefix cache and said in the terminal."""
+        def run():
+            try:
+                self.pin(None, self.storage.get_system_prompt()["text"])
+            except Exception as e:
+                traceback.print_exc()
+                self.errors.append(f"pinning failed: {e}")
+            for owner, text in self.storage.users_with_own_prompt():
+                try:
+                    self.check(owner, text)
+                    self.pin(owner, text)
+                except ValueError as e:             # over the cap or too long for this context now
+                    print(f"[app] {owner}'s shared prompt is not pinned: {e}", flush=True)
+                except Exception as e:
+                    traceback.print_exc()
+                    self.errors.append(f"pinning {owner}'s prompt failed: {e}")
+        t = threading.Thread(target=run, name="pin-prompts", daemon=True)
+        t.start()
+        return t
 
     def describe(self, text: str) -> str:
         """'546 tokens · shares 34 blocks (pinned)': shown when a preset is chosen."""
