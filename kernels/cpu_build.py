@@ -35,8 +35,9 @@ def _cpu_flags() -> str:
     return ""
 
 
-def build(source: Path) -> tuple[ctypes.CDLL | None, str]:
-    """(library, description) or (None, why not)."""
+def build(source: Path, flags: tuple[str, ...] = ("-ffp-contract=fast",)) -> tuple[ctypes.CDLL | None, str]:
+    """(library, description) or (None, why not). `flags`: numerics flags (the layer ops need
+    -ffp-contract=off to round where torch rounds)."""
     if os.environ.get("PAGED_CHAT_CPU_KERNEL", "1") == "0":
         return None, "disabled by PAGED_CHAT_CPU_KERNEL=0"
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
@@ -44,13 +45,13 @@ def build(source: Path) -> tuple[ctypes.CDLL | None, str]:
         return None, "no C++ compiler found"
     src = source.read_bytes()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(src + version.encode() + _cpu_flags().encode()).hexdigest()[:16]
+    key = hashlib.sha256(src + version.encode() + _cpu_flags().encode() + " ".join(flags).encode()).hexdigest()[:16]
     lib = CACHE / f"{source.stem}_{key}.so"
     if not lib.exists():
         CACHE.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=CACHE)
         os.close(fd)
-        cmd = [cxx, "-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC",
+        cmd = [cxx, "-O3", "-march=native", *flags, "-fopenmp", "-shared", "-fPIC",
                "-std=c++17", str(source), "-o", tmp]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
