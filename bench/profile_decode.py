@@ -23,6 +23,7 @@ CATEGORIES = [  # (category, substrings of aten op names), first match wins
                                                            "aten::lt", "aten::floor_divide", "aten::remainder",
                                                            "aten::div", "aten::index")),
     ("KV store (index_copy_)", ("aten::index_copy", "aten::all", "aten::ge")),
+    ("fused C++ layer ops (norm / rope+store / act)", ("cpu_fused_",)),
     ("norm / rope / act / residual (elementwise)", ("aten::mul", "aten::add", "aten::rsqrt", "aten::pow",
                                                     "aten::mean", "aten::cat", "aten::neg", "aten::silu",
                                                     "aten::sub", "aten::embedding")),
