@@ -60,14 +60,15 @@ void sampler_row_stats(const float* x, int R, long V, int K, float* top_vals, in
     for (long j = 0; j < k0; ++j) heap[j] = {row[j], j};
     std::make_heap(heap, heap + k0, Greater());
     float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-    for (long j = 0; j < V; ++j) m = std::max(m, row[j]);
-    // candidates: a chunk whose max is not above the heap's minimum is skipped in one compare
+    for (long j = 0; j < k0; ++j) m = std::max(m, row[j]);
+    // candidates: a chunk whose max is not above the heap's minimum is skipped in one compare;
+    // the chunk maxima also give the row max (one pass for both)
     for (long c = k0; c < V; c += kChunk) {
       const long e = std::min(V, c + kChunk);
       float cm = -INFINITY;
 #pragma omp simd reduction(max : cm)
       for (long j = c; j < e; ++j) cm = std::max(cm, row[j]);
+      m = std::max(m, cm);
       if (!(cm > heap[0].first)) continue;
       for (long j = c; j < e; ++j) {
         const float v = row[j];
