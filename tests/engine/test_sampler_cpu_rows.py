@@ -52,6 +52,7 @@ def test_row_stats_declines_what_it_cannot_run():
     assert cpu_sampling.row_stats(torch.randn(4, 100, dtype=torch.float64), 10) is None
     assert cpu_sampling.row_stats(torch.randn(100, 4).t(), 2) is None      # not contiguous
     assert cpu_sampling.row_stats(torch.randn(4, 100), 101) is None
+    assert cpu_sampling.row_stats(torch.randn(2, 50000), cpu_sampling.MAX_K + 1) is None   # torch's tier
 
 
 @pytest.mark.parametrize("use_kernel", [True, False])
