@@ -22,6 +22,13 @@ def forward_cpu_fused(model, input_ids, positions, kv_pool, meta, logits_indices
     h, kvh, d = model.num_heads, model.num_kv_heads, model.head_dim
     positions = positions.to(torch.int64).contiguous()
     slots = meta.slot_mapping.to(torch.int64).contiguous()
+    # the C++ ops index tables and pool slots without bounds checks: check the ranges once here
+    # (torch's indexing in the eager loop would raise; so does this, with a clearer message)
+    if T and int(positions.max()) >= model.cos.shape[0]:
+        raise ValueError(f"position {int(positions.max())} is beyond the RoPE table ({model.cos.shape[0]})")
+    num_slots = kv_pool.shape[2] * kv_pool.shape[3]
+    if T and int(slots.max()) >= num_slots:
+        raise ValueError(f"KV slot {int(slots.max())} is beyond the pool ({num_slots} slots)")
     x = F.embedding(input_ids, model.embed)
     delta = None                                   # what the next norm adds to x first
     for i, L in enumerate(model.layers):

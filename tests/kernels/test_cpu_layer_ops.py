@@ -93,3 +93,23 @@ def test_silu_mul(dtype):
 def test_non_contiguous_input_is_a_clear_error():
     with pytest.raises(ValueError, match="contiguous"):
         ops.silu_mul(torch.randn(8, 6).t())
+
+
+def test_fused_model_loop_rejects_out_of_range_positions_and_slots():
+    """The fused loop checks what the C++ ops would read unchecked; the eager loop would raise too."""
+    from engine.dummy_weights import load_config, random_weights
+    from engine.models.llama import AttentionMetadata, LlamaModel
+    cfg = load_config("smollm2-135m", {"num_hidden_layers": 2})
+    model = LlamaModel(cfg, random_weights(cfg), torch.float32, "cpu", max_positions=64)
+    pool = torch.zeros(2, 2, 4, 16, model.num_kv_heads, model.head_dim)
+    assert model.use_cpu_fused
+    ids = torch.tensor([1, 2, 3])
+    meta = AttentionMetadata(torch.tensor([0, 1, 2]), torch.tensor([[0]], dtype=torch.int32),
+                             torch.tensor([3], dtype=torch.int32), torch.tensor([0, 3], dtype=torch.int32), 3, "torch")
+    model.forward(ids, torch.arange(3), pool, meta, torch.tensor([2]))          # in range: runs
+    with pytest.raises(ValueError, match="RoPE table"):
+        model.forward(ids, torch.tensor([0, 1, 10 ** 6]), pool, meta, torch.tensor([2]))
+    bad = AttentionMetadata(torch.tensor([0, 1, 10 ** 6]), meta.block_tables, meta.seq_lens,
+                            meta.cu_seqlens_q, 3, "torch")
+    with pytest.raises(ValueError, match="beyond the pool"):
+        model.forward(ids, torch.arange(3), pool, bad, torch.tensor([2]))
