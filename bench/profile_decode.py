@@ -23,6 +23,7 @@ CATEGORIES = [  # (category, substrings of aten op names), first match wins
                                                            "aten::lt", "aten::floor_divide", "aten::remainder",
                                                            "aten::div", "aten::index")),
     ("KV store (index_copy_)", ("aten::index_copy", "aten::all", "aten::ge")),
+    ("fused C++ layer ops (norm / rope+store / act)", ("cpu_fused_",)),
     ("norm / rope / act / residual (elementwise)", ("aten::mul", "aten::add", "aten::rsqrt", "aten::pow",
                                                     "aten::mean", "aten::cat", "aten::neg", "aten::silu",
                                                     "aten::sub", "aten::embedding")),
@@ -69,7 +70,7 @@ def profile_batch(eng, tok, batch: int, steps: int, seed: int, prompt_len: int =
     for _ in range(2):
         eng.step()                                   # warm-up decode steps
     b_run, b_fwd, b_sample, b_step = [], [], [], []
-    timed(eng.runner, "run", b_run)
+    timed(eng.runner, "run_on_device", b_run)   # what LLMEngine.step calls
     timed(eng.runner.model, "forward", b_fwd)
     orig_sample = le.sample_batch
     le.sample_batch = lambda *a, **kw: _timed_call(orig_sample, b_sample, *a, **kw)
@@ -83,7 +84,7 @@ def profile_batch(eng, tok, batch: int, steps: int, seed: int, prompt_len: int =
                 eng.step()
     finally:
         le.sample_batch = orig_sample
-        del eng.runner.run, eng.runner.model.forward   # drop the instance wrappers
+        del eng.runner.run_on_device, eng.runner.model.forward   # drop the instance wrappers
     for rid in list(eng.requests):
         eng.abort_request(rid)
     n = steps
@@ -102,7 +103,7 @@ def profile_batch(eng, tok, batch: int, steps: int, seed: int, prompt_len: int =
         "batch": batch, "context": prompt_len, "steps_timed": n, "step_s": step, "tokens_per_s": batch / step,
         "breakdown_s": {
             "scheduler + bookkeeping + detokenize/stream (step - run - sample)": step - run - smp,
-            "runner: batch tensors + logits to CPU (run - forward)": run - fwd,
+            "runner: batch tensors (run_on_device - forward)": run - fwd,
             "sampling (argmax etc.)": smp,
             **{f"forward: {k}": v for k, v in ops.items()},
         },

@@ -173,6 +173,16 @@ def render(res: dict) -> str:
     for key in sorted(k for k in e if k.startswith("budget_")):
         r = e[key]
         lines.append(f"| {key[7:]} | {r['tokens_per_s']:.3g} | {r['ttft_p50_s']:.3g} | {r['ttft_p95_s']:.3g} |")
+    ea = res.get("engine_after")
+    if ea:      # the engine again after vLLM: a load change between the parts shows here
+        lines += ["", "Engine again, after vLLM's part (same workloads; `--engine-after`):", "",
+                  "| workload | engine before | vLLM-CPU | engine after | after / vLLM |", "|---|---|---|---|---|"]
+        for name, w, k in rows:
+            x, y = (ea.get(w) or {}).get(k), (v.get(w) or {}).get(k)
+            rr = f"{x / y:.2f}x" if x and y else "-"
+            lines.append(f"| {name} | {fmt(e, w, k)} | {fmt(v, w, k)} | {fmt(ea, w, k)} | {rr} |")
+        lines += ["", f"Load average at the start of each part: engine {res['loadavg_start'][0]:.2f}, "
+                      f"vLLM {res.get('loadavg_vllm', [0])[0]:.2f}, engine after {res.get('loadavg_engine_after', [0])[0]:.2f}"]
     if "error" in v:
         lines += ["", f"vLLM: {v['error'][:300]}"]
     if res.get("greedy_match") is not None:
@@ -193,6 +203,8 @@ def main(argv=None) -> int:
     p.add_argument("--with-vllm", action="store_true")
     p.add_argument("--vllm-python", default=VLLM_PYTHON)
     p.add_argument("--vllm-timeout", type=int, default=1800)
+    p.add_argument("--engine-after", action="store_true",
+                   help="with --with-vllm: run the engine's workloads again after vLLM's (bracket load changes)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
@@ -213,7 +225,11 @@ def main(argv=None) -> int:
            "loadavg_start": os.getloadavg(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     res["engine"] = run_engine(jobs, a)
     if a.with_vllm:
+        res["loadavg_vllm"] = os.getloadavg()
         res["vllm"] = run_vllm(jobs, a, folder)
+        if a.engine_after:
+            res["loadavg_engine_after"] = os.getloadavg()
+            res["engine_after"] = run_engine(jobs, a)
         ids = (res["vllm"].get("chat_burst") or {}).get("token_ids")
         if ids:
             res["greedy_match"] = f"{sum(x == y for x, y in zip(ids, res['engine']['chat_burst']['token_ids']))}/{len(ids)}"

@@ -3,13 +3,16 @@
 Why: at the default model's sizes a CPU decode step is ~65% GEMM, and torch's `F.linear` re-reads
 and re-lays-out the weight on every call. Three forms, picked once at load time:
 
-- `DenseLinear` — `F.linear` on the plain tensor. fp32 stays on this path: oneDNN's packed fp32
-  GEMM rounds differently from MKL (~1e-4), which would break the fp32 token-equality with HF
-  that tests/engine/test_generation_vs_hf.py pins.
-- `PackedLinear` — bf16 weights reordered once into oneDNN's blocked layout
+- `DenseLinear` — `F.linear` on the plain tensor (MKL for fp32). Used where oneDNN is missing,
+  or for fp32 when PAGED_CHAT_PACKED_FP32=0.
+- `PackedLinear` — weights reordered once into oneDNN's blocked layout
   (`torch.ops.mkldnn._reorder_linear_weight`) and run by `_linear_pointwise`. In bf16 its results
   were bit-identical to `F.linear` on this box (tests/engine/test_quant_int8.py checks it) and it
-  skips the per-call reorder.
+  skips the per-call reorder. In fp32 it is not bit-identical to MKL (~1e-6 relative: another
+  summation order), but at the decode shapes it is 1.3-2.8x faster than MKL here (the 49k-row LM
+  head at 16 rows: 7.0 vs 18.8 ms; bench/results/gemm-decode-shapes.txt), and greedy fp32 stays
+  token-identical to HF (tests/engine/test_generation_vs_hf.py runs on this path). fp32 logits
+  stay within the 1e-4 the HF-logits test allows.
 - `Int8Linear` — weight-only int8 with one fp scale per output channel (symmetric, round to
   nearest, |q| <= 127). Small batches (decode) run torch's own int8-weight kernel
   `aten._weight_int8pack_mm`, which reads a quarter of fp32's bytes; bigger batches (prefill)
@@ -18,6 +21,8 @@ and re-lays-out the weight on every call. Three forms, picked once at load time:
   2.2 vs 3.8 ms at 64, 6.8 vs 4.4 ms at 128; the 49k-row LM head: 13 vs 184 ms at 8 rows).
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +33,11 @@ INT8_KERNEL_MAX_ROWS = 64    # rows up to which the int8 kernel beats dequantize
 
 def mkldnn_bf16_available() -> bool:
     return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def packed_fp32_enabled() -> bool:
+    """fp32 weights go through oneDNN's packed GEMM unless PAGED_CHAT_PACKED_FP32=0 (A/B runs)."""
+    return os.environ.get("PAGED_CHAT_PACKED_FP32", "1") != "0" and mkldnn_bf16_available()
 
 
 class DenseLinear:
@@ -43,7 +53,7 @@ class DenseLinear:
 
 
 class PackedLinear:
-    """oneDNN-packed bf16 weight. The plain weight is dropped after packing (no second copy)."""
+    """oneDNN-packed bf16 or fp32 weight. The plain weight is dropped after packing (no second copy)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         self.out_features, self._numel = weight.shape[0], weight.numel()
@@ -96,6 +106,8 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, quantization
     if quantization == "int8":
         return Int8Linear(weight, bias, weight.dtype)
     if weight.dtype == torch.bfloat16 and mkldnn_bf16_available():
+        return PackedLinear(weight, bias)
+    if weight.dtype == torch.float32 and packed_fp32_enabled():
         return PackedLinear(weight, bias)
     return DenseLinear(weight, bias)
 

@@ -7,6 +7,8 @@ steps replay a graph unless enforce_eager. The CPU path runs the eager loop, exa
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 import kernels
@@ -16,6 +18,7 @@ from engine.models.llama import AttentionMetadata, LlamaModel, head_dim_of
 from engine.sequence import Sequence
 from engine.step_inputs import StagingBuffer, pack_step
 
+log = logging.getLogger("paged_chat.engine")
 GRAPH_MAX_LEN = 8192   # decode graphs cover contexts up to this; longer ones run eagerly
 
 
@@ -51,6 +54,8 @@ class ModelRunner:
                                 max_positions=max(cfg.max_model_len or 0, max_pos),
                                 quantization=cfg.quantization)
         self.backend = kernels.resolve_backend(cfg.attention_backend, self.device)
+        if self.device.type == "cpu":     # which CPU path runs, said once at start-up
+            log.info("CPU model path: %s", self.model.cpu_path)
         self.kv_bytes_per_token = kv_bytes_per_token(hf_config, self.dtype)
         self.kv_bytes_per_block = self.kv_bytes_per_token * cfg.block_size
         self.num_blocks = choose_num_blocks(cfg, self.kv_bytes_per_block)

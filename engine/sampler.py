@@ -17,11 +17,13 @@ penalty 1.1) used to sort the whole 49k vocabulary per row (~5 ms a row on CPU).
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
 
 from engine.outputs import TokenLogprob
+from kernels import cpu_sampling
 from engine.sampling_params import SamplingParams
 
 NUM_CANDIDATES = 256        # candidates per row before the exactness checks (>= max top_k + 64)
@@ -54,14 +56,7 @@ def apply_penalties(logits: torch.Tensor, params: list[SamplingParams], historie
     B, V = logits.shape
     dev = logits.device
     flat = logits.view(-1)
-    rep_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0 and histories[i]]
-    if rep_rows:
-        # duplicates are harmless: every write of a slot stores the same value
-        idx = torch.cat([torch.as_tensor(histories[i], dtype=torch.long) + i * V for i in rep_rows]).to(dev)
-        pen = torch.tensor([p.repetition_penalty for p in params], dtype=logits.dtype)
-        pen = pen.to(dev)[idx // V]
-        seen = flat[idx]
-        flat[idx] = torch.where(seen > 0, seen / pen, seen * pen)
+    _repetition_penalty(flat, flat, V, params, histories)
     of_rows = [i for i, p in enumerate(params) if p.presence_penalty or p.frequency_penalty]
     if of_rows:
         plens = prompt_lens or [0] * B
@@ -74,6 +69,34 @@ def apply_penalties(logits: torch.Tensor, params: list[SamplingParams], historie
             row = uniq // V
             delta = freq[row] * counts.to(logits.dtype) + pres[row]
             flat.index_put_((uniq.to(dev),), -delta.to(dev), accumulate=True)
+
+
+_local = threading.local()
+
+
+def _scratch(like: torch.Tensor) -> torch.Tensor:
+    """A per-thread buffer for the tempered logits: a fresh vocab-wide tensor per step costs page
+    faults on CPU (a third of the division's time here). Per thread, because several engines may
+    sample at once; valid until this thread's next call."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.shape != like.shape or buf.dtype != like.dtype or buf.device != like.device:
+        buf = _local.buf = torch.empty_like(like)
+    return buf
+
+
+def _repetition_penalty(dst_flat, src_flat, V: int, params, histories, temp=None) -> None:
+    """dst[i, t] = penalised(src[i, t]) (/ temp[i] if given) for t in row i's history."""
+    rep_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0 and histories[i]]
+    if not rep_rows:
+        return
+    dev = dst_flat.device
+    # duplicates are harmless: every write of a slot stores the same value
+    idx = torch.cat([torch.as_tensor(histories[i], dtype=torch.long) + i * V for i in rep_rows]).to(dev)
+    row = idx // V
+    pen = torch.tensor([p.repetition_penalty for p in params], dtype=dst_flat.dtype).to(dev)[row]
+    seen = src_flat[idx]
+    new = torch.where(seen > 0, seen / pen, seen * pen)
+    dst_flat[idx] = new if temp is None else new / temp[row]
 
 
 def _canonical(vals: torch.Tensor, idx: torch.Tensor):
@@ -132,15 +155,22 @@ def _sample_rows(l: torch.Tensor, ps: list[SamplingParams], u: torch.Tensor,
     K = min(V, max([K] + [p.top_k + 64 for p in ps if p.top_k > 0]))
     if K >= V:
         return _sample_rows_exact(l, top_k, top_p, min_p, u)
-    vals, idx = _canonical(*l.topk(K, -1))
+    # candidates and the row normaliser: one compiled pass on CPU (kernels/cpu_sampling.py), else
+    # topk + one fused, row-parallel log_softmax (on a busy CPU every separate full-width op costs
+    # a scheduling slice; logsumexp is four of them)
+    stats = cpu_sampling.row_stats(l, K) if l.device.type == "cpu" else None
+    lsm = None
+    if stats is not None:
+        cand_vals, cand_idx, lse_full = stats
+        vals, idx = _canonical(cand_vals, cand_idx)
+    else:
+        vals, idx = _canonical(*l.topk(K, -1))
+        lsm = torch.log_softmax(l, -1)
+        top1 = idx[:, :1]
+        lse_full = (l.gather(-1, top1) - lsm.gather(-1, top1)).squeeze(-1)
     has_k = top_k > 0
     tk = torch.where(has_k, top_k, torch.full_like(top_k, K))
     kth = vals.gather(-1, (tk - 1)[:, None]).squeeze(-1)
-    # the row normaliser from one fused, row-parallel log_softmax (on a busy CPU every separate
-    # full-width op costs a scheduling slice; logsumexp is four of them)
-    lsm = torch.log_softmax(l, -1)
-    top1 = idx[:, :1]
-    lse_full = (l.gather(-1, top1) - lsm.gather(-1, top1)).squeeze(-1)
     # top-k rows are normalised over their kept set (inside the candidates when k_ok), others
     # over the whole row
     lse = torch.where(has_k, torch.logsumexp(vals.masked_fill(vals < kth[:, None], float("-inf")), -1),
@@ -162,7 +192,8 @@ def _sample_rows(l: torch.Tensor, ps: list[SamplingParams], u: torch.Tensor,
     cdf_last = probs.cumsum(-1)[:, -1]
     total = cdf_last
     if bool(open_.any()):       # one more pass over the vocabulary, only for unfiltered rows
-        total = torch.where(closed, cdf_last, lsm.exp().sum(-1))
+        whole = lsm.exp().sum(-1) if lsm is not None else (l - lse_full[:, None]).exp().sum(-1)
+        total = torch.where(closed, cdf_last, whole)
     ok = closed | (open_ & (u * total < (probs * trusted).sum(-1) * (1 - 1e-5)))
     out = _invert(probs, idx, u, total)
     if not bool(ok.all()):
@@ -192,11 +223,21 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
     B, V = logits.shape
     raw = logits
     l = logits.float()
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if len(rows) == B and not any(p.presence_penalty or p.frequency_penalty for p in params):
+        # the common chat batch: every row samples, repetition penalty at most. The tempered copy
+        # is made straight from the raw logits and the penalised slots are rewritten in it
+        # (penalise, then divide: the same two roundings as below), saving a vocab-wide clone.
+        temp = torch.tensor([p.temperature for p in params], device=l.device, dtype=l.dtype)
+        sub = torch.div(l, temp[:, None], out=_scratch(l))
+        _repetition_penalty(sub.view(-1), l.reshape(-1), V, params, histories, temp)
+        u = _draw_uniforms(generators, rows, l.device)
+        tokens = _sample_rows(sub, params, u)
+        return SamplerOutput(tokens.tolist(), _all_logprobs(raw, params, tokens))
     if l is logits and any(p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
                            for p in params):
         l = l.clone()           # penalties work in place; logprobs need the raw logits
     apply_penalties(l, params, histories, prompt_lens)
-    rows = [i for i, p in enumerate(params) if not p.greedy]
     tokens = torch.zeros(B, dtype=torch.long, device=l.device)
     if len(rows) < B:           # greedy rows: argmax of the penalised logits
         g = [i for i, p in enumerate(params) if p.greedy]
@@ -206,12 +247,16 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
         sub = (l if len(rows) == B else l[rows]) / temp[:, None]
         u = _draw_uniforms(generators, rows, l.device)
         tokens[rows] = _sample_rows(sub, [params[i] for i in rows], u)
+    return SamplerOutput(tokens.tolist(), _all_logprobs(raw, params, tokens))
+
+
+def _all_logprobs(raw: torch.Tensor, params, tokens: torch.Tensor) -> list[TokenLogprob | None]:
     lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
-    lps: list[TokenLogprob | None] = [None] * B
+    lps: list[TokenLogprob | None] = [None] * len(params)
     if lp_rows:
         for i, t in zip(lp_rows, _logprobs(raw, lp_rows, [params[i].logprobs for i in lp_rows], tokens)):
             lps[i] = t
-    return SamplerOutput(tokens.tolist(), lps)
+    return lps
 
 
 def sample(logits, params, generators, histories, prompt_lens=None) -> list[int]:

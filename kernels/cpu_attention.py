@@ -1,72 +1,29 @@
-"""CPU decode attention that reads the paged pool in place: a small C++/OpenMP library.
+"""CPU decode attention that reads the paged pool in place: a small C++/OpenMP library
+(kernels/csrc/cpu_paged_decode.cpp, built and loaded by kernels/cpu_build.py).
 
-Why not torch.utils.cpp_extension: including torch's headers makes every cold build take a minute
-or more on a busy 2-core box; this kernel needs no torch API, only pointers, so it is compiled
-directly with the system C++ compiler in ~1 s and called through ctypes (which releases the GIL).
-It links -fopenmp; torch has already loaded its libgomp.so.1, so both share one OpenMP runtime
-and its thread count follows torch.get_num_threads() (passed per call).
-
-Built lazily on first use into ~/.cache/paged-chat/cpu_kernels/<hash>.so, keyed on the source,
-the compiler and the CPU flags (-march=native). Without a compiler, or if the build fails, the
-pure-torch gather path is used; `active_path()` says which, and the first use logs it once.
-Set PAGED_CHAT_CPU_KERNEL=0 to force the torch path.
+Without a compiler, or if the build fails, the pure-torch gather path is used; `active_path()`
+says which, and the first use logs it once. Set PAGED_CHAT_CPU_KERNEL=0 to force the torch path.
 """
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import shutil
-import subprocess
-import tempfile
 import threading
-from pathlib import Path
 
 import torch
 
+from kernels.cpu_build import CSRC, build
+
 log = logging.getLogger("paged_chat.kernels")
-SOURCE = Path(__file__).parent / "csrc" / "cpu_paged_decode.cpp"
-CACHE = Path(os.environ.get("PAGED_CHAT_CACHE", Path.home() / ".cache" / "paged-chat")) / "cpu_kernels"
+SOURCE = CSRC / "cpu_paged_decode.cpp"
 _lock = threading.Lock()
 _state: dict = {}
 
 
-def _cpu_flags() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return ""
-
-
 def _build() -> ctypes.CDLL | None:
-    if os.environ.get("PAGED_CHAT_CPU_KERNEL", "1") == "0":
-        _state["why"] = "disabled by PAGED_CHAT_CPU_KERNEL=0"
+    dll, _state["why"] = build(SOURCE)
+    if dll is None:
         return None
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        _state["why"] = "no C++ compiler found"
-        return None
-    src = SOURCE.read_bytes()
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(src + version.encode() + _cpu_flags().encode()).hexdigest()[:16]
-    lib = CACHE / f"cpu_paged_decode_{key}.so"
-    if not lib.exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=CACHE)
-        os.close(fd)
-        cmd = [cxx, "-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC",
-               "-std=c++17", str(SOURCE), "-o", tmp]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            os.unlink(tmp)
-            _state["why"] = f"build failed: {res.stderr.strip()[:500]}"
-            return None
-        os.replace(tmp, lib)        # atomic: concurrent builders never see a half-written file
-    dll = ctypes.CDLL(str(lib))
     i, f, p = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
     for name in ("paged_decode_f32", "paged_decode_bf16"):
         fn = getattr(dll, name)
@@ -75,7 +32,6 @@ def _build() -> ctypes.CDLL | None:
     g, d, b = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
     dll.paged_decode_limits(ctypes.byref(g), ctypes.byref(d), ctypes.byref(b))
     _state["limits"] = (g.value, d.value, b.value)
-    _state["why"] = f"C++/OpenMP kernel {lib.name}"
     return dll
 
 

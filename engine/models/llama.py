@@ -119,8 +119,15 @@ class LlamaModel:
             raise ValueError("quantization='int8' is a CPU option (torch's CPU int8 weight kernel)")
         self.cos, self.sin = rope_tables(config, max_positions, device)
         self.cos, self.sin = self.cos.to(dtype), self.sin.to(dtype)
-        # CUDA: the loop with fused Triton layer ops (engine/models/llama_fused.py); CPU: eager
+        # CUDA: the loop with fused Triton layer ops (engine/models/llama_fused.py); CPU: fused
+        # C++ layer ops (engine/models/llama_cpu_fused.py) where they build, else the eager loop
         self.use_fused = torch.device(device).type == "cuda"
+        self.use_cpu_fused = False
+        if torch.device(device).type == "cpu":
+            from kernels import cpu_layer_ops
+            self.use_cpu_fused = cpu_layer_ops.available(dtype) and self.lm_head_linear is not None
+            self.cpu_path = ("fused C++ layer ops" if self.use_cpu_fused else "eager torch ops") + \
+                f" ({cpu_layer_ops.active_path()}); linears: {self.linear_kind}"
 
     def _prepare_cpu_linears(self) -> None:
         """CPU: each layer's GEMM weights become callables from engine/cpu_linear.py (dense fp32,
@@ -147,6 +154,9 @@ class LlamaModel:
         if self.use_fused:
             from engine.models.llama_fused import forward_fused
             return forward_fused(self, input_ids, positions, kv_pool, meta, logits_indices)
+        if self.use_cpu_fused and meta.backend == "torch" and kv_pool.is_contiguous():
+            from engine.models.llama_cpu_fused import forward_cpu_fused
+            return forward_cpu_fused(self, input_ids, positions, kv_pool, meta, logits_indices)
         T = input_ids.shape[0]
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         inter = self.config.intermediate_size

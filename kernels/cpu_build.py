@@ -1,0 +1,61 @@
+"""Build and load the small C++/OpenMP CPU kernels in kernels/csrc/ (ctypes, no torch headers).
+
+Why not torch.utils.cpp_extension: including torch's headers makes every cold build take a minute
+or more on a busy 2-core box; these kernels need no torch API, only pointers, so each is compiled
+directly with the system C++ compiler in ~1 s and called through ctypes (which releases the GIL).
+They link -fopenmp; torch has already loaded its libgomp.so.1, so both share one OpenMP runtime
+and the thread count follows torch.get_num_threads() (passed per call).
+
+Each library is built lazily on first use into ~/.cache/paged-chat/cpu_kernels/<name>_<hash>.so,
+keyed on the source, the compiler and the CPU flags (-march=native). Without a compiler, or if the
+build fails, `build` returns None and a reason, and the caller keeps its pure-torch path.
+PAGED_CHAT_CPU_KERNEL=0 disables every compiled kernel.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+CSRC = Path(__file__).parent / "csrc"
+CACHE = Path(os.environ.get("PAGED_CHAT_CACHE", Path.home() / ".cache" / "paged-chat")) / "cpu_kernels"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def build(source: Path, flags: tuple[str, ...] = ("-ffp-contract=fast",)) -> tuple[ctypes.CDLL | None, str]:
+    """(library, description) or (None, why not). `flags`: numerics flags (the layer ops need
+    -ffp-contract=off to round where torch rounds)."""
+    if os.environ.get("PAGED_CHAT_CPU_KERNEL", "1") == "0":
+        return None, "disabled by PAGED_CHAT_CPU_KERNEL=0"
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        return None, "no C++ compiler found"
+    src = source.read_bytes()
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256(src + version.encode() + _cpu_flags().encode() + " ".join(flags).encode()).hexdigest()[:16]
+    lib = CACHE / f"{source.stem}_{key}.so"
+    if not lib.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=CACHE)
+        os.close(fd)
+        cmd = [cxx, "-O3", "-march=native", *flags, "-fopenmp", "-shared", "-fPIC",
+               "-std=c++17", str(source), "-o", tmp]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            os.unlink(tmp)
+            return None, f"build failed: {res.stderr.strip()[:500]}"
+        os.replace(tmp, lib)        # atomic: concurrent builders never see a half-written file
+    return ctypes.CDLL(str(lib)), f"C++/OpenMP kernel {lib.name}"
