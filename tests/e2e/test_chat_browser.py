@@ -42,6 +42,14 @@ def _set_number(page, elem_id: str, value) -> None:
     box.press("Enter")
 
 
+def _short_replies(page, max_tokens: int = 8) -> None:
+    """Greedy, short replies: these tests are about the page, not the text."""
+    page.locator("#sampling .label-wrap").first.click()
+    _set_number(page, "temperature", 0)
+    _set_number(page, "max-tokens", max_tokens)
+    page.locator("#sampling .label-wrap").first.click()
+
+
 def _send(page, text: str) -> None:
     page.fill("#msg textarea", text)
     page.keyboard.press("Enter")
@@ -171,7 +179,7 @@ def test_export_link_downloads_the_chat_in_the_browser(module_server, browser):
     browser downloads the chat as a file."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
     page = _open(context, module_server.url)
-
+    _short_replies(page)
     _send(page, "Export me: lighthouse keeper notes.")
     _wait(lambda: _finished(page), 120, what="the reply")
     page.locator("#sidebar .label-wrap", has_text="Rename").click()
@@ -192,6 +200,7 @@ def test_editing_a_message_with_markup_stores_what_was_typed(module_server, brow
     from tests.e2e.conftest import read_db
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = _open(context, module_server.url)
+    _short_replies(page)
     page.locator("#new-chat").click()
     _send(page, "What does <div> do?")
     _wait(lambda: _finished(page), 120, what="the reply")
