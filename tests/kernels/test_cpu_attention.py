@@ -22,6 +22,8 @@ CASES = [  # (bs, H, kvh, d, contexts, share_blocks)
     (8, 8, 8, 128, [5, 8, 9, 100], 0),               # MHA, d=128
     (32, 16, 2, 64, [64, 32, 33, 1000, 31], 1),          # group of 8
     (128, 4, 1, 32, [130, 300, 127, 128, 129, 1], 1),     # vLLM-CPU's block size
+    (16, 9, 3, 64, [300], 0),                        # one sequence: KV heads split across threads
+    (16, 6, 2, 48, [40, 17], 0),                     # a head size with no unrolled variant
 ]
 
 
