@@ -43,7 +43,7 @@ def build(source: Path, flags: tuple[str, ...] = ("-ffp-contract=fast",)) -> tup
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         return None, "no C++ compiler found"
-    src = source.read_bytes()
+    src = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))  # + shared headers
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256(src + version.encode() + _cpu_flags().encode() + " ".join(flags).encode()).hexdigest()[:16]
     lib = CACHE / f"{source.stem}_{key}.so"

@@ -13,6 +13,7 @@
 // D each. cos/sin tables [P, D] in the model dtype. KV cache slabs [num_slots, KVH, D] (the
 // [num_blocks, block_size, KVH, D] pool slab of one layer, flattened), slot -1 = skip.
 #include <cmath>
+#include "fast_exp.h"
 #include <cstdint>
 #include <cstring>
 #include <algorithm>
@@ -50,27 +51,6 @@ struct BF16 {
   static void st(uint16_t* p, long i, float x) { p[i] = to_bits(x); }
 };
 
-// exp in a form the compiler vectorizes (glibc's expf has no vector variant without -ffast-math;
-// a scalar call per element was most of SiLU's time): x = n ln2 + r, |r| <= ln2/2, degree-6
-// polynomial for e^r, 2^n from the exponent bits. Relative error ~2e-7, like torch's own vector exp
-// it is not correctly rounded. Saturates to 0 below -87 and to +inf above 88.
-inline float exp_vec(float x) {
-  const float xc = std::min(std::max(x, -87.0f), 88.0f);
-  const float n = std::nearbyint(xc * 1.44269504088896341f);
-  const float r = (xc - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
-  float p = 1.3888889e-3f;
-  p = p * r + 8.3333337e-3f;
-  p = p * r + 4.1666668e-2f;
-  p = p * r + 1.6666667e-1f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  const float e = p * scale;
-  return x < -87.0f ? 0.0f : (x > 88.0f ? INFINITY : e);
-}
 
 constexpr long kParallelMin = 1L << 16;   // below this many elements one thread is faster
 
@@ -144,7 +124,7 @@ void silu_mul(const typename K::T* gu, typename K::T* out, long T, long I, int n
 #pragma omp simd
       for (long j = 0; j < n; ++j) {
         const float a = K::ld(g, c + j);
-        act[j] = a / (1.0f + exp_vec(-a));
+        act[j] = a / (1.0f + fast_exp(-a));
       }
       for (long j = 0; j < n; ++j) K::st(o, c + j, K::rnd(act[j]) * K::ld(g, I + c + j));
     }

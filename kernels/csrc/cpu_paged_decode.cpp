@@ -10,6 +10,7 @@
 // Parallel over (sequence, KV head) with OpenMP; the process's OpenMP runtime is torch's own
 // (libgomp.so.1 is already loaded by torch when this library is opened).
 #include <cmath>
+#include "fast_exp.h"
 #include <cstdint>
 #include <cstring>
 #include <algorithm>
@@ -25,24 +26,24 @@ inline float load(const uint16_t* p, long i) {
   return f;
 }
 
-// exp for x <= 0 in a form the compiler vectorizes (glibc's expf has no vector variant without
-// -ffast-math, and a scalar call per score was a large share of the kernel): x = n ln2 + r,
-// |r| <= ln2/2, degree-6 polynomial for e^r, 2^n from the exponent bits. Relative error ~2e-7.
-inline float exp_nonpos(float x) {
-  const float xc = std::max(x, -87.0f);
-  const float n = std::nearbyint(xc * 1.44269504088896341f);
-  const float r = (xc - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
-  float p = 1.3888889e-3f;
-  p = p * r + 8.3333337e-3f;
-  p = p * r + 4.1666668e-2f;
-  p = p * r + 1.6666667e-1f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return x < -87.0f ? 0.0f : p * scale;
+
+// One block of the online softmax for one query head: scores sh[0..n) become exp(score - new max)
+// in place, the running max m and sum l move to the new max, and the output accumulator acc[0..D)
+// is rescaled to it (exp(-inf) = 0 on the first block).
+inline void softmax_block(float* sh, int n, float& m, float& l, float* acc, int D) {
+  float bm = m;
+  for (int t = 0; t < n; ++t) bm = std::max(bm, sh[t]);
+  const float corr = std::exp(m - bm);
+  l *= corr;
+  for (int d = 0; d < D; ++d) acc[d] *= corr;
+  m = bm;
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int t = 0; t < n; ++t) {
+    sh[t] = fast_exp(sh[t] - bm);
+    sum += sh[t];
+  }
+  l += sum;
 }
 
 constexpr int kMaxGroup = 16;
@@ -86,22 +87,7 @@ void decode(const float* q, const T* kc, const T* vc, const int32_t* tables, con
             s[h][t] = dot;
           }
         }
-        for (int h = 0; h < G; ++h) {
-          float bm = m[h];
-          for (int t = 0; t < n; ++t) bm = std::max(bm, s[h][t]);
-          const float corr = std::exp(m[h] - bm);   // exp(-inf) = 0 on the first block
-          l[h] *= corr;
-          for (int d = 0; d < D; ++d) acc[h][d] *= corr;
-          m[h] = bm;
-          float sum = 0.f;
-          float* sh = s[h];
-#pragma omp simd reduction(+ : sum)
-          for (int t = 0; t < n; ++t) {
-            sh[t] = exp_nonpos(sh[t] - bm);
-            sum += sh[t];
-          }
-          l[h] += sum;
-        }
+        for (int h = 0; h < G; ++h) softmax_block(s[h], n, m[h], l[h], acc[h], D);
         for (int t = 0; t < n; ++t) {
           const long vp = base + t * tok_stride;
           for (int d = 0; d < D; ++d) kf[d] = load(vc, vp + d);
@@ -175,23 +161,7 @@ void decode_seq(const float* q, const T* kc, const T* vc, const int32_t* tables,
             }
           }
         }
-        for (int h = 0; h < H; ++h) {
-          float bm = m[h];
-          float* sh = &s[h * BS];
-          for (int t = 0; t < n; ++t) bm = std::max(bm, sh[t]);
-          const float corr = std::exp(m[h] - bm);
-          l[h] *= corr;
-          float* ah = &acc[h * D];
-          for (int d = 0; d < D; ++d) ah[d] *= corr;
-          m[h] = bm;
-          float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-          for (int t = 0; t < n; ++t) {
-            sh[t] = exp_nonpos(sh[t] - bm);
-            sum += sh[t];
-          }
-          l[h] += sum;
-        }
+        for (int h = 0; h < H; ++h) softmax_block(&s[h * BS], n, m[h], l[h], &acc[h * D], D);
         for (int t = 0; t < n; ++t) {
           for (int g = 0; g < KVH; ++g) {
             const long vp = base + t * tok_stride + g * D;

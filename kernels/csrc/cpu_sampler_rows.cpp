@@ -12,6 +12,7 @@
 // entries tied with the K-th value an arbitrary subset is kept, as with torch.topk; the sampler
 // never trusts a tie at the candidate boundary. NaN rows are the caller's to reject.
 #include <cmath>
+#include "fast_exp.h"
 #include <cstdint>
 #include <algorithm>
 #include <utility>
@@ -23,26 +24,6 @@ struct Greater {   // min-heap on value; among equal values, the larger index is
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   }
 };
-
-// exp for x <= 0 in a form the compiler vectorizes (glibc's expf has no vector variant without
-// -ffast-math): x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial for e^r, 2^n by exponent bits.
-// Relative error ~2e-7 — far below the sampler's 1e-4 mass margin. Below -87 it returns 0.
-inline float exp_nonpos(float x) {
-  const float xc = std::max(x, -87.0f);
-  const float n = std::nearbyint(xc * 1.44269504088896341f);
-  const float r = (xc - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
-  float p = 1.3888889e-3f;
-  p = p * r + 8.3333337e-3f;
-  p = p * r + 4.1666668e-2f;
-  p = p * r + 1.6666667e-1f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  __builtin_memcpy(&scale, &bits, sizeof scale);
-  return x < -87.0f ? 0.0f : p * scale;
-}
 
 constexpr long kChunk = 64;
 
@@ -82,7 +63,7 @@ void sampler_row_stats(const float* x, int R, long V, int K, float* top_vals, in
     float s = 0.f;
     if (m != -INFINITY && m != INFINITY) {
 #pragma omp simd reduction(+ : s)
-      for (long j = 0; j < V; ++j) s += exp_nonpos(row[j] - m);
+      for (long j = 0; j < V; ++j) s += fast_exp(row[j] - m);
     }
     lse[r] = m == INFINITY ? m : m + std::log(s);
     for (long j = 0; j < k0; ++j) {
