@@ -16,6 +16,7 @@ from ui.chat import sidebar as side
 from ui.chat import limits, view
 from ui.chat.context import ChatContext
 from ui.chat.tabs import TabRegistry
+from ui.page_assets import CSS, LIST_REFRESH_MEMORY_TAB_S, LIST_REFRESH_S, PAGE_JS, URL_JS
 
 from ui.dashboard.page import build_dashboard, wire_memory_tab
 from ui.dashboard.panels import THEME_CSS
@@ -25,97 +26,6 @@ from ui.chat.prompt_picker import build_prompt_picker
 from ui.chat.prompt_pins import PromptPins
 from routes.metrics import register_routes
 from routes.security import install_security
-
-CSS = """
-.reply-stats { font-size: 0.78em; opacity: 0.65; }
-.branch-nav { font-size: 0.85em; opacity: 0.8; user-select: none; white-space: nowrap; }
-.branch-nav a { text-decoration: none; padding: 0 0.35em; font-weight: bold; }
-#conv-list .wrap { flex-direction: column; align-items: stretch; gap: 2px; }
-#conv-list label { width: 100%; }
-#chat-status { min-height: 1.4em; font-size: 0.85em; opacity: 0.8; }
-#model-line { font-size: 0.8em; opacity: 0.75; }
-.offscreen { position: absolute !important; left: -10000px !important; width: 1px !important;
-             height: 1px !important; overflow: hidden !important; }
-#composer { flex-wrap: nowrap !important; align-items: flex-end; }
-@media (max-width: 640px) {
-  #composer { position: sticky; bottom: 0; z-index: 5; background: var(--body-background-fill); }
-  #composer #send, #composer #stop { min-width: 64px !important; flex-grow: 0 !important; }
-  #chatbot { height: 58vh !important; }
-  #alt-row { flex-direction: column; }
-}
-""" + view.BUTTONS_CSS
-
-# The page's script, installed once on load: (1) the `< k/n >` links in messages switch versions
-# through a hidden textbox + button (Gradio cannot bind events to HTML inside a message);
-# (2) Esc stops the reply and Enter sends an edited message (Shift+Enter: new line); (3) the chatbot's copy buttons copy the reply's text only (no stats
-# line, no arrows, never HTML); (4) on a phone the sidebar drawer closes once a chat is picked.
-PAGE_JS = """() => {
-  if (window.__pagedChat) { return; }
-  window.__pagedChat = true;
-  const clickHidden = (boxId, btnId, value) => {
-    const box = document.querySelector(`#${boxId} textarea, #${boxId} input`);
-    const btn = document.querySelector(`#${btnId}`);
-    if (!box || !btn) { return; }
-    box.value = value;
-    box.dispatchEvent(new Event("input", { bubbles: true }));
-    setTimeout(() => btn.click(), 30);
-  };
-  document.addEventListener("click", (e) => {
-    const a = e.target.closest && e.target.closest('a[href*="#branch-"]');
-    if (a) {
-      e.preventDefault(); e.stopPropagation();
-      const id = a.getAttribute("href").split("#branch-")[1];
-      clickHidden("branch-cmd", "branch-go", `${id}:${Date.now()}`);
-      return;
-    }
-    const copy = e.target.closest && e.target.closest('#chatbot button');
-    if (copy && /copy/i.test((copy.getAttribute("title") || "") + (copy.getAttribute("aria-label") || ""))) {
-      let row = copy.closest(".message-buttons") || copy;      // the buttons follow their message's row
-      while (row && !(row.classList && row.classList.contains("message-row"))) {
-        row = row.previousElementSibling || null;
-      }
-      const msg = (row || copy.closest(".message-row"))?.querySelector(".message-content");
-      const body = msg ? msg.cloneNode(true) : null;
-      if (!body) { return; }
-      e.preventDefault(); e.stopPropagation();
-      body.querySelectorAll(".reply-stats, .branch-nav, button, svg").forEach((n) => n.remove());
-      const text = body.innerText.trim();
-      window.__lastCopied = text;
-      if (navigator.clipboard) { navigator.clipboard.writeText(text).catch(() => {}); }
-      return;
-    }
-    const pickedChat = e.target.closest && e.target.closest("#conv-list label");
-    if (pickedChat && window.innerWidth <= 640) {
-      setTimeout(() => {
-        const side = document.querySelector(".sidebar.open > .toggle-button");
-        if (side) { side.click(); }
-      }, 50);
-    }
-  }, true);
-  if (window.innerWidth <= 640) {       // a phone opens on the chat; the list is a drawer
-    setTimeout(() => document.querySelector(".sidebar.open > .toggle-button")?.click(), 300);
-  }
-  document.addEventListener("keydown", (e) => {
-    const edit = e.target.closest && e.target.closest("#chatbot textarea");
-    if (edit && e.key === "Enter" && !e.shiftKey && !e.isComposing) {    // edit box: Enter sends
-      const submit = document.querySelector("#chatbot button[title='Submit'], #chatbot button[aria-label='Submit']");
-      if (submit) { e.preventDefault(); e.stopPropagation(); submit.click(); }
-      return;
-    }
-    if (e.key !== "Escape") { return; }
-    const stop = document.querySelector("#stop");
-    if (stop && stop.offsetParent !== null) { e.preventDefault(); stop.click(); }
-  }, true);
-}"""
-
-
-LIST_REFRESH_S = 2.0
-LIST_REFRESH_MEMORY_TAB_S = 6.0
-URL_JS = """(c) => {
-  const u = new URL(window.location.href);
-  if (c) { u.searchParams.set("c", c); } else { u.searchParams.delete("c"); }
-  if (u.href !== window.location.href) { window.history.replaceState(null, "", u.href); }
-}"""
 
 
 def _sampling_controls(llm):
