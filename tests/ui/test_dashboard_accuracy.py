@@ -83,8 +83,8 @@ def test_32_users_every_tick_matches_its_snapshot(llm):
             for path in ("/api/kv", "/api/kv?fresh=1"):
                 served = client.get(path).json()
                 assert V.consistency_problems(served) == [], path
-            if seen_shared >= USERS and state.demo.turns >= USERS:
-                break
+            if seen_shared >= USERS and state.demo.turns >= USERS and len(render_ms) >= 3:
+                break                                        # (a fast engine gets there in 2 ticks)
         assert seen_shared >= USERS, "every user should hold the shared system-prompt blocks"
         assert seen_running == USERS and len(render_ms) >= 3
         text = client.get("/metrics").text
