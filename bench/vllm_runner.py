@@ -2,7 +2,8 @@
 
     /work/vllm-venv/bin/python bench/vllm_runner.py job.json result.json
 
-Imports nothing from this repository (vLLM's venv has its own torch). The job holds the exact
+Imports nothing from this repository but bench.metrics, which needs only the standard library
+(vLLM's venv has its own torch; nothing here may import ours). The job holds the exact
 token ids the engine ran. Streaming times come from AsyncLLM (token receipt times, like the
 engine's client); the guard below is required because vLLM spawns its engine core process.
 """
@@ -10,20 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 
-
-def pct(xs, q):
-    """bench.metrics.percentile, restated: this script runs inside vLLM's own venv, where the repo's
-    packages (and their torch imports) are not importable."""
-    xs = sorted(x for x in xs if x is not None)
-    if not xs:
-        return None
-    pos = (len(xs) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repo root
+from bench.metrics import percentile as pct  # noqa: E402  (standard library only, like this script)
 
 
 def summarize(runs, wall):
