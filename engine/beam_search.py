@@ -366,9 +366,10 @@ class BeamSearchHandle:
 
 
 def submit_beam_searches(llm, prompts: list, params: BeamSearchParams, on_step=None,
-                         request_ids: list | None = None) -> list[BeamSearchHandle]:
+                         request_ids: list | None = None, cache_salt=None) -> list[BeamSearchHandle]:
     """Encode (raising ValueError on bad input before anything is queued), then admit all in one
-    engine command so they share the next step."""
+    engine command so they share the next step. cache_salt: every search's prefix-cache salt
+    (engine/salt_rule.py; a search must not skip the user's salt, #29.2)."""
     if not isinstance(params, BeamSearchParams):
         raise ValueError("params must be a BeamSearchParams")
     encoded = [llm.encode_prompt(p) for p in prompts]
@@ -380,7 +381,7 @@ def submit_beam_searches(llm, prompts: list, params: BeamSearchParams, on_step=N
         # n = k so that the scheduler reserves k of max_num_seqs at admission (the group forks into
         # k beams after the prompt); the group's rows never reach the engine's own n > 1 fork
         req = Request(rid, ids, SamplingParams(n=params.beam_width, temperature=0, max_tokens=max_new,
-                                               ignore_eos=True))
+                                               ignore_eos=True), cache_salt=cache_salt)
         group = BeamGroup(req, params, eng.eos_ids, max_new, llm.tokenizer, eng.cfg.block_size, on_step)
         handles.append(BeamSearchHandle(llm, group))
     groups = [h._group for h in handles]

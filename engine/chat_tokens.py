@@ -105,3 +105,35 @@ def encode_chat(tokenizer, messages: list[dict], start_char: int = 0) -> list[in
         pos = end
     flush()
     return ids
+
+
+def specials_where_template_puts_them(tokenizer, messages: list[dict], ids: list[int]) -> bool:
+    """True when every special token in `ids` (kept ids of an earlier turn: generated, stored,
+    or imported) stands exactly where the template of `messages` puts one, and none is missing.
+
+    Why: kept ids are reused as the next prompt's prefix when they decode to the start of the
+    rendered conversation. A decode check alone cannot tell a real `<|im_start|>` from the same
+    characters typed as text, so a crafted export (or ids once made by encoding rendered text)
+    could plant a fake system turn in every later prompt (#29.3, #29.4). Template-less specials
+    make this return False, and the caller re-derives the ids from the text instead."""
+    text, segments = chat_segments(tokenizer, messages)
+    special_ids = {tokenizer.convert_tokens_to_ids(s): s for s in _special_strings(tokenizer)}
+    if segments is None:      # messages cannot hold markers here (encode_chat refuses them), so
+        return True           # every special string in the text is the template's own
+    expected, pos = [], 0
+    for seg, special in segments:
+        if special:
+            expected.append((pos, seg))
+        pos += len(seg)
+    found, pos, run = [], 0, []
+    for t in list(ids) + [None]:
+        if t is None or t in special_ids:
+            if run:
+                pos += len(tokenizer.decode(run, skip_special_tokens=False))
+                run = []
+            if t is not None:
+                found.append((pos, special_ids[t]))
+                pos += len(special_ids[t])
+        else:
+            run.append(t)
+    return found == [e for e in expected if e[0] < pos]

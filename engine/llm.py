@@ -21,8 +21,8 @@ from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.request_stream import RequestStream, collect
 from engine.sequence import Request, RequestOutputDelta
-from engine.prefix_salt import SharedPrefixSalt
-from engine.session_prompt import continue_session_prompt, shared_system_tokens
+from engine.salt_rule import prompt_salt
+from engine.session_prompt import continue_session_prompt
 from engine.snapshot_cache import SharedSnapshot
 
 _SNAPSHOT_PERIOD_S = 0.25
@@ -216,9 +216,7 @@ class LLM:
         previous = previous_ids if previous_ids else (self.engine.sessions.token_ids(session_id)
                                                       if session_id else None)
         ids = continue_session_prompt(self.tokenizer, messages, previous)
-        salt = None
-        if cache_salt is not None:      # per-user cache, but the leading system prompt stays shared
-            salt = SharedPrefixSalt(str(cache_salt), shared_system_tokens(self.tokenizer, messages, ids))
+        salt = prompt_salt(self.tokenizer, messages, ids, cache_salt)   # engine/salt_rule.py
         return self.submit({"prompt_token_ids": ids}, params, session_id=session_id, request_id=request_id,
                            cache_salt=salt)
 
@@ -291,12 +289,14 @@ class LLM:
                     pass
             raise
 
-    def submit_beam_search(self, prompt, params, *, on_step=None, request_id: str | None = None):
+    def submit_beam_search(self, prompt, params, *, on_step=None, request_id: str | None = None,
+                           cache_salt=None):
         """One search, not waited for: a BeamSearchHandle (result() / await / abort()); on_step gets a
-        BeamStepEvent per step in the engine thread (forks, frees, current beams) for live views."""
+        BeamStepEvent per step in the engine thread (forks, frees, current beams) for live views.
+        cache_salt: as for submit (engine/salt_rule.prompt_salt gives a chat's)."""
         from engine.beam_search import submit_beam_searches
         return submit_beam_searches(self, [prompt], params, on_step,
-                                    [request_id] if request_id else None)[0]
+                                    [request_id] if request_id else None, cache_salt=cache_salt)[0]
 
     # ---- public face: what the UI, the bench and the tests may read --------------------------------
     def get_tokenizer(self):

@@ -15,6 +15,11 @@ from typing import Callable
 
 # the app's default shared prompt (a ~550-token assistant policy): demo users attach to its blocks
 from storage.presets import DEFAULT_SYSTEM_PROMPT  # noqa: E402
+from engine.salt_rule import principal_salt  # noqa: E402
+
+# the simulated users are one principal of their own (engine/salt_rule.py): they share the system
+# prompt with everyone, their synthetic chats with no real user
+DEMO_SALT = principal_salt("demo", multi_user=True)
 
 USER_MESSAGES = (
     "Hi! What can you do?", "Tell me a fun fact about space.", "How does a CPU cache work?",
@@ -117,7 +122,7 @@ class DemoLoad:
                 params = SamplingParams(temperature=self.temperature, max_tokens=self.max_tokens,
                                         seed=self.seed * 1_000_003 + uid * 1009 + turn)
                 try:
-                    stream = self.llm.submit_chat(messages, params, session_id=sid)
+                    stream = self.llm.submit_chat(messages, params, session_id=sid, cache_salt=DEMO_SALT)
                 except ValueError as e:               # too long for the context: start over
                     self.errors.append(str(e)[:120])
                     turn = self.max_turns

@@ -4,8 +4,9 @@ POST /v1/completions (streaming SSE or not).
 It is its own small FastAPI app mounted at /v1 next to the Gradio page, so its error shape, API-key
 check and CORS policy apply to /v1 only and cannot change the UI's. It uses only LLM's public
 calls (submit, abort, stats, latest_snapshot, get_tokenizer, encode_prompt). Chat prompts are
-rendered by the same template code as the browser's chats and carry no cache salt, so a system
-prompt shared with browser chats hits the same prefix-cache blocks.
+rendered by the same template code as the browser's chats. Their cache salt follows
+engine/salt_rule.py: none without --auth (one local user), `api:...` under --auth; the leading
+system prompt is never salted, so one shared with browser chats hits the same blocks.
 
 Queue bound: at most `max_pending` API sequences (n per prompt) in flight, default
 2 x max_num_seqs, and none admitted while the engine already has `max_num_seqs` requests waiting;
@@ -21,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import Headers
 
+from engine.salt_rule import principal_salt, prompt_salt
 from engine.session_prompt import continue_session_prompt
 from routes import openai_schemas as S
 from routes.openai_errors import APIError, error_body, install_error_handlers
@@ -81,8 +83,10 @@ class _KeyCheck:
 
 
 class OpenAIServer:
-    def __init__(self, llm, *, model_name: str | None = None, max_pending: int | None = None):
+    def __init__(self, llm, *, model_name: str | None = None, max_pending: int | None = None,
+                 multi_user: bool = False):
         self.llm = llm
+        self.salt = principal_salt("api", multi_user=multi_user)     # engine/salt_rule.py (#29.2)
         self.model = model_name or served_model_name(llm)
         self.created = int(time.time())
         st = llm.stats()
@@ -109,12 +113,13 @@ class OpenAIServer:
                                 f"API sequences in flight bound {self.max_pending}); retry shortly",
                            code="queue_full", headers={"Retry-After": "1"})
 
-    def _submit(self, prompts: list[list[int]], params_list, cid: str, n: int) -> Generation:
+    def _submit(self, prompts: list[list[int]], params_list, cid: str, n: int, messages=None) -> Generation:
         subs = []
         try:
             for k, (ids, params) in enumerate(zip(prompts, params_list)):
                 rid = f"{API_PREFIX}{cid}" if len(prompts) == 1 else f"{API_PREFIX}{cid}-{k}"
-                stream = self.llm.submit({"prompt_token_ids": ids}, params, request_id=rid)
+                stream = self.llm.submit({"prompt_token_ids": ids}, params, request_id=rid,
+                                         cache_salt=prompt_salt(self.tokenizer, messages, ids, self.salt))
                 subs.append(Submitted(stream, len(ids), k * n))
         except ValueError as e:
             self._abort_subs(subs)
@@ -129,13 +134,14 @@ class OpenAIServer:
         if subs:
             Generation(self.llm, subs, 1).abort()
 
-    async def _run(self, endpoint: str, request: Request, body, prompts: list[list[int]], cid: str, render):
+    async def _run(self, endpoint: str, request: Request, body, prompts: list[list[int]], cid: str, render,
+                   messages=None):
         """Admit, submit, then either stream (render.chunks) or collect and answer (render.final)."""
         params = [to_sampling_params(body, len(ids), self.max_model_len) for ids in prompts]
         seqs = len(prompts) * body.n
         self._admit(seqs)
         try:
-            gen = self._submit(prompts, params, cid, body.n)
+            gen = self._submit(prompts, params, cid, body.n, messages)
         except BaseException:
             self.metrics.release(seqs)
             raise
@@ -188,11 +194,13 @@ class OpenAIServer:
     async def chat(self, body: S.ChatCompletionRequest, request: Request):
         self._check_model(body.model)
         try:
-            ids = await asyncio.to_thread(continue_session_prompt, self.tokenizer, body.chat_messages(), None)
+            messages = body.chat_messages()
+            ids = await asyncio.to_thread(continue_session_prompt, self.tokenizer, messages, None)
         except ValueError as e:
             raise APIError(400, str(e), param="messages", code="invalid_value") from e
         cid = S.new_id("chatcmpl")
-        return await self._run("chat_completions", request, body, [ids], cid, _ChatRender(self, body, cid))
+        return await self._run("chat_completions", request, body, [ids], cid, _ChatRender(self, body, cid),
+                               messages)
 
     async def completions(self, body: S.CompletionRequest, request: Request):
         self._check_model(body.model)
@@ -296,9 +304,10 @@ class _CompletionRender:
 
 def create_openai_app(llm, *, api_keys: list[str] | None = None, require_key: bool = False,
                       allowed_origins: list[str] | None = None, max_pending: int | None = None,
-                      model_name: str | None = None) -> FastAPI:
-    """The /v1 sub-application (mount it with `mount_openai_api`, or serve it alone in tests)."""
-    srv = OpenAIServer(llm, model_name=model_name, max_pending=max_pending)
+                      model_name: str | None = None, multi_user: bool = False) -> FastAPI:
+    """The /v1 sub-application (mount it with `mount_openai_api`, or serve it alone in tests).
+    multi_user: the app has logins (--auth), so API calls get their own cache salt."""
+    srv = OpenAIServer(llm, model_name=model_name, max_pending=max_pending, multi_user=multi_user)
     app = FastAPI(title="Paged Chat OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = srv
     install_error_handlers(app)

@@ -311,7 +311,7 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
         register_routes(app, llm, kv_route=False)
         register_kv_route(app, llm, storage=storage, demo=demo, auth=bool(auth))   # viewer-scoped /api/kv
         from routes.openai_api import mount_openai_api
-        mount_openai_api(app, llm, require_key=bool(auth), **(api_options or {}))
+        mount_openai_api(app, llm, require_key=bool(auth), multi_user=bool(auth), **(api_options or {}))
     app = gr.mount_gradio_app(app, demo, path="/", auth=auth, css=CSS + THEME_CSS, ssr_mode=False,
                               footer_links=["api", "gradio"])
     if engine_routes:

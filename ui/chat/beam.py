@@ -12,6 +12,8 @@ import asyncio
 import re
 
 from engine.beam_search import BeamSearchParams
+from engine.chat_tokens import encode_chat
+from engine.salt_rule import prompt_salt
 from ui.chat import view
 from ui.chat.tabs import in_daemon_thread
 
@@ -27,10 +29,11 @@ def beam_width(choice: str | None) -> int:
 
 
 def prompt_ids(llm, messages: list[dict]) -> list[int]:
-    """The chat's prompt as token ids (the chat template with the assistant's turn opened)."""
-    tok = llm.get_tokenizer()
-    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return list(tok.encode(text, add_special_tokens=False))
+    """The chat's prompt as token ids (the chat template with the assistant's turn opened), through
+    the one safe chat tokenizer: a typed `<|im_start|>` stays text (#29.3). Rendering the template
+    to text and encoding that made it a real special token, and the stored ids then carried it
+    into every later turn of the chat."""
+    return encode_chat(llm.get_tokenizer(), messages)
 
 
 def store(st, user_id: int, conv_id: str, ids: list[int], out) -> list[int]:
@@ -55,13 +58,16 @@ def beam_markdown(k: int, seq, chosen: bool) -> str:
                                      chosen=chosen) + f"\n\n*{line}*"
 
 
-async def run(ctx, messages: list[dict], conv_id: str, user_id: int, width: int, max_tokens: int):
+async def run(ctx, messages: list[dict], conv_id: str, user_id: int, width: int, max_tokens: int,
+              cache_salt: str | None = None):
     """Search, store, and return (stored ids, markdown per beam). The caller holds
-    tabs.begin(conv_id) and ends it; a cancel (Stop) aborts the search in the engine."""
-    ids = prompt_ids(ctx.llm, messages)
+    tabs.begin(conv_id) and ends it; a cancel (Stop) aborts the search in the engine.
+    cache_salt: the user's (ChatContext.cache_salt), like every other turn (#29.2)."""
+    ids = await asyncio.to_thread(prompt_ids, ctx.llm, messages)
+    salt = prompt_salt(ctx.llm.get_tokenizer(), messages, ids, cache_salt)
     params = BeamSearchParams(beam_width=width, max_tokens=max_tokens)
     handle = await asyncio.wrap_future(in_daemon_thread(
-        ctx.llm.submit_beam_search, {"prompt_token_ids": ids}, params))
+        ctx.llm.submit_beam_search, {"prompt_token_ids": ids}, params, cache_salt=salt))
     try:
         out = await handle
     except BaseException:

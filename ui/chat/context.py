@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.salt_rule import principal_salt
 from ui.chat.guard import check_owner
 from ui.chat.tabs import Tab, TabRegistry
 
@@ -39,8 +40,9 @@ class ChatContext:
 
     def cache_salt(self, request) -> str | None:
         """With --auth, each user's prefix cache is private past the shared system prompt, so
-        "N/M prompt tokens from cache" cannot confirm another user's text (#12.2)."""
-        return f"user:{self.owner(request)}" if self.auth else None
+        "N/M prompt tokens from cache" cannot confirm another user's text (#12.2). Every path
+        (send, n > 1, regenerate, edit, beam search) takes it from here (engine/salt_rule.py)."""
+        return principal_salt("user", self.owner(request), multi_user=self.auth)
 
     def tab(self, request) -> Tab:
         """The asking tab's state; another user's tab (a stolen session hash) raises

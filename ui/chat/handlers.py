@@ -134,7 +134,8 @@ async def _beam_reply(ctx, request, tab, conv_id, messages, path, user_id, width
         yield outputs(first_msg, shown + [{"role": "assistant", "content": f"*{searching}*"}], searching,
                       conversation_list(ctx, request, conv_id), [], busy=True)
         try:
-            stored, alts = await beam.run(ctx, messages, conv_id, user_id, width, kw["max_tokens"])
+            stored, alts = await beam.run(ctx, messages, conv_id, user_id, width, kw["max_tokens"],
+                                           cache_salt=ctx.cache_salt(request))
         except (ValueError, RuntimeError) as e:        # refused or failed: this request only
             yield outputs(chat=shown + [{"role": "assistant", "content": view.error_notice(str(e))}],
                           status=view.error_notice(str(e)), busy=False)
