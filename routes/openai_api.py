@@ -30,6 +30,7 @@ from routes.auth import LoginThrottle
 from routes.openai_keys import ApiAccess, add_cors
 from routes.openai_metrics import ApiMetrics
 from routes.openai_params import LogprobFormatter, to_sampling_params
+from routes.request_limits import RequestLimits
 from routes.openai_stream import DONE, Generation, Submitted, sse, watch_disconnect
 
 KEY_THROTTLE_USER = "\x00api-key"     # the throttle's user slot for API keys (no login name has a NUL)
@@ -325,6 +326,7 @@ def create_openai_app(llm, *, api_keys: list[str] | None = None, require_key: bo
     async def completions(body: S.CompletionRequest, request: Request):
         return await _counted(srv, "completions", srv.completions(body, request))
 
+    app.add_middleware(RequestLimits, server=srv)      # caps before parsing (routes/request_limits.py)
     app.add_middleware(_KeyCheck, access=ApiAccess(api_keys, require_key=require_key), metrics=srv.metrics)
     add_cors(app, allowed_origins)        # outermost: answers preflights before the key check
     return app
