@@ -12,34 +12,29 @@ Hash format (make one with `python -m routes.auth USER`):
   pbkdf2_sha256$ITERATIONS$SALT$HASH   hashlib.pbkdf2_hmac('sha256'), also accepted
 A value is treated as a hash only when it starts with `scrypt$` or `pbkdf2_sha256$`.
 
-Throttling: Gradio's /login checks passwords as fast as they arrive (500 guesses in 0.9 s). The
-LoginThrottleMiddleware counts failures per (user name, client address); after FREE_FAILURES
-the pair must wait 1 s, then 2, 4, ... up to MAX_DELAY_S before its next attempt is even checked
-(429 with Retry-After). A success clears the count. Keyed by user *and* address so an attacker
-cannot lock a real user out from elsewhere, and cannot spray one user from one address.
+Throttling: Gradio's /login checks passwords as fast as they arrive (500 guesses in 0.9 s).
+`LoginThrottle` is the backoff rule: after FREE_FAILURES failures a key must wait 1 s, then 2, 4,
+... up to MAX_DELAY_S before its next attempt is even checked (429 with Retry-After). Which keys
+count, and the rest of the login's defences, are routes/login_guard.py. Hashing goes through one
+global budget (routes/hash_budget.py) so that attempts cannot starve generation.
 """
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import hmac
-import json
 import os
-import re
 import secrets
 import sys
 import threading
 import time
 from collections import OrderedDict
-from urllib.parse import parse_qs
 
-from routes.asgi_body import BodyTooLarge, read_body, replaying
+from routes.hash_budget import HashBudget
 
 FREE_FAILURES = 5
 MAX_DELAY_S = 300.0
 MAX_TRACKED = 10_000            # (user, address) pairs remembered; the oldest are forgotten
-MAX_LOGIN_BODY = 64 * 1024
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
 HASH_PREFIXES = ("scrypt$", "pbkdf2_sha256$")
 
@@ -149,11 +144,13 @@ def load_credentials(pairs: list[tuple[str, str]] | None = None, auth_file: str 
 class Credentials:
     """Hashed users. `gradio_auth` is the async check to hand to Gradio's `auth=`."""
 
-    def __init__(self, users: dict[str, str], throttle: "LoginThrottle | None" = None):
+    def __init__(self, users: dict[str, str], throttle: "LoginThrottle | None" = None,
+                 budget: HashBudget | None = None):
         for encoded in users.values():
             check_hash_format(encoded)
         self.users = dict(users)
         self.throttle = throttle or LoginThrottle()
+        self.budget = budget or HashBudget()
         self._dummy = hash_password(secrets.token_urlsafe(12))
 
     def verify(self, username: str, password: str) -> bool:
@@ -164,27 +161,40 @@ class Credentials:
 
     @property
     def gradio_auth(self):
+        """Every check takes the global hashing slot (routes/hash_budget.py); an unknown name waits
+        there as long as a hash takes but hashes nothing (#29.7)."""
         async def check(username: str, password: str) -> bool:
-            return await asyncio.to_thread(self.verify, username, password)   # scrypt off the loop
+            known = isinstance(username, str) and username in self.users
+            ok = await self.budget.run(lambda: self.verify(username, password), hash_it=known)
+            return bool(ok)
         check.throttle = self.throttle
+        check.budget = self.budget
         check.credentials = self
         return check
 
 
 # ---- throttling -------------------------------------------------------------------------------
 class LoginThrottle:
-    """Exponential backoff per (user, address) after FREE_FAILURES failed attempts."""
+    """Exponential backoff per (user, address) after FREE_FAILURES failed attempts.
+    forget_after_s: a key idle that long starts from zero again (None: only a success clears it)."""
 
     def __init__(self, free_failures: int = FREE_FAILURES, max_delay_s: float = MAX_DELAY_S,
-                 clock=time.monotonic):
+                 clock=time.monotonic, forget_after_s: float | None = None):
         self.free_failures, self.max_delay_s, self.clock = free_failures, max_delay_s, clock
+        self.forget_after_s = forget_after_s
         self._failures: OrderedDict[tuple[str, str], tuple[int, float]] = OrderedDict()
         self._lock = threading.Lock()
+
+    def _count(self, key) -> tuple[int, float]:
+        count, last = self._failures.get(key, (0, 0.0))
+        if self.forget_after_s is not None and count and self.clock() - last > self.forget_after_s:
+            return 0, 0.0
+        return count, last
 
     def retry_after(self, user: str, address: str) -> float:
         """Seconds this pair must still wait before an attempt is checked (0 = go ahead)."""
         with self._lock:
-            count, last = self._failures.get((user, address), (0, 0.0))
+            count, last = self._count((user, address))
         if count < self.free_failures:
             return 0.0
         delay = min(self.max_delay_s, 2.0 ** (count - self.free_failures))
@@ -192,7 +202,8 @@ class LoginThrottle:
 
     def failed(self, user: str, address: str) -> None:
         with self._lock:
-            count, _ = self._failures.pop((user, address), (0, 0.0))
+            count, _ = self._count((user, address))
+            self._failures.pop((user, address), None)
             self._failures[(user, address)] = (count + 1, self.clock())
             while len(self._failures) > MAX_TRACKED:
                 self._failures.popitem(last=False)
@@ -200,61 +211,6 @@ class LoginThrottle:
     def succeeded(self, user: str, address: str) -> None:
         with self._lock:
             self._failures.pop((user, address), None)
-
-
-class LoginThrottleMiddleware:
-    """ASGI: POST .../login is refused with 429 while its (user, address) must wait; the
-    response of an attempt that is let through decides whether it counts as a failure."""
-
-    def __init__(self, app, throttle: LoginThrottle | None = None):
-        self.app = app
-        self.throttle = throttle or LoginThrottle()
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope.get("method") != "POST" \
-                or not scope.get("path", "").rstrip("/").endswith("/login"):
-            return await self.app(scope, receive, send)
-        try:
-            body = await read_body(receive, MAX_LOGIN_BODY)
-        except BodyTooLarge:
-            return await _json(send, 413, {"detail": "login request too large"})
-        if body is None:
-            return
-        content_type = dict(scope.get("headers", [])).get(b"content-type", b"").decode("latin-1")
-        user = form_username(body, content_type)
-        address = (scope.get("client") or ("?", 0))[0]
-        wait = self.throttle.retry_after(user, address)
-        if wait > 0:
-            return await _json(send, 429, {"detail": f"Too many failed logins. Try again in {wait:.0f} s."},
-                               [(b"retry-after", str(max(1, round(wait))).encode())])
-
-        async def watch(message):
-            if message["type"] == "http.response.start":
-                if message["status"] == 200:
-                    self.throttle.succeeded(user, address)
-                elif message["status"] in (400, 401, 403):
-                    self.throttle.failed(user, address)
-            await send(message)
-
-        await self.app(scope, replaying(body, receive), watch)
-
-
-def form_username(body: bytes, content_type: str) -> str:
-    """The `username` field of a login form, urlencoded or multipart (the login page sends
-    FormData), stripped the way Gradio strips it."""
-    if content_type.lower().startswith("multipart/form-data"):
-        m = re.search(rb'name="username"\r\n(?:[^\r\n]+\r\n)*\r\n(.*?)\r\n--', body, re.DOTALL)
-        return m.group(1).decode("utf-8", "replace").strip() if m else ""
-    form = parse_qs(body.decode("utf-8", "replace"))
-    return (form.get("username") or [""])[0].strip()
-
-
-async def _json(send, status: int, payload: dict, headers=()) -> None:
-    body = json.dumps(payload).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()), *headers]})
-    await send({"type": "http.response.body", "body": body})
 
 
 def main(argv=None) -> int:

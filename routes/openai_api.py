@@ -27,6 +27,7 @@ from engine.session_prompt import continue_session_prompt
 from routes import openai_schemas as S
 from routes.openai_errors import APIError, error_body, install_error_handlers
 from routes.auth import LoginThrottle
+from routes.cross_site import foreign_origin
 from routes.openai_keys import ApiAccess, add_cors
 from routes.openai_metrics import ApiMetrics
 from routes.openai_params import LogprobFormatter, to_sampling_params
@@ -57,13 +58,22 @@ class _KeyCheck:
 
     Wrong keys are throttled per client address like logins (routes/auth.LoginThrottle): after a
     few free failures an address waits 1, 2, 4 ... s (429 + Retry-After) before its next key is
-    even checked, so keys cannot be guessed at line rate. A right key clears the address."""
+    even checked, so keys cannot be guessed at line rate. A right key clears the address.
+    Requests sent by another site's page (not an --allowed-origin) are refused with 403 first and
+    count for nobody, so a page cannot get the local user's own key throttled (#29.6)."""
 
-    def __init__(self, app, access: ApiAccess, metrics: ApiMetrics, throttle: LoginThrottle | None = None):
+    def __init__(self, app, access: ApiAccess, metrics: ApiMetrics, throttle: LoginThrottle | None = None,
+                 allowed_origins=()):
         self.app, self.access, self.metrics = app, access, metrics
         self.throttle = throttle or LoginThrottle()
+        self.allowed_origins = list(allowed_origins or ())
 
     async def __call__(self, scope, receive, send):
+        reason = foreign_origin(scope, self.allowed_origins) if scope["type"] == "http" else None
+        if reason and scope["method"] != "OPTIONS":
+            self.metrics.count(_endpoint_of(scope.get("path", "")), 403)
+            body = error_body(403, f"cross-site request refused: {reason}", code="cross_site")
+            return await JSONResponse(body, status_code=403)(scope, receive, send)
         if scope["type"] == "http" and scope["method"] != "OPTIONS" and self.access.require_key:
             address = (scope.get("client") or ("?", 0))[0]
             wait = self.throttle.retry_after(KEY_THROTTLE_USER, address)
@@ -327,7 +337,8 @@ def create_openai_app(llm, *, api_keys: list[str] | None = None, require_key: bo
         return await _counted(srv, "completions", srv.completions(body, request))
 
     app.add_middleware(RequestLimits, server=srv)      # caps before parsing (routes/request_limits.py)
-    app.add_middleware(_KeyCheck, access=ApiAccess(api_keys, require_key=require_key), metrics=srv.metrics)
+    app.add_middleware(_KeyCheck, access=ApiAccess(api_keys, require_key=require_key), metrics=srv.metrics,
+                       allowed_origins=allowed_origins)
     add_cors(app, allowed_origins)        # outermost: answers preflights before the key check
     return app
 

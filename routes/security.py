@@ -103,8 +103,9 @@ def install_security(app, bind_host: str = "127.0.0.1", allowed_hosts: Iterable[
     allowed = [h for h in (allowed_hosts or ()) if h]
     remove_api_docs(app)
     if auth is not None:
-        from routes.auth import LoginThrottleMiddleware
-        app.add_middleware(LoginThrottleMiddleware, throttle=getattr(auth, "throttle", None))
+        from routes.login_guard import LoginThrottleMiddleware
+        app.add_middleware(LoginThrottleMiddleware, throttle=getattr(auth, "throttle", None),
+                           budget=getattr(auth, "budget", None))
     if is_loopback_host(bind_host):
         app.add_middleware(HostGuard, allowed_hosts=allowed, live_hosts=share_hosts)
     elif allowed:

@@ -184,12 +184,16 @@ def test_cors_only_for_allowed_origins(server, keyed_server):
     evil = dict(pre, Origin="http://evil.example")
     code, _, h = raw(keyed_server.url + "v1/chat/completions", None, evil, method="OPTIONS")
     assert code == 400 and h.get("access-control-allow-origin") is None
+    # another site's page is refused outright, even with the right key (#29.6: it counts for nobody)
     code, _, h = raw(keyed_server.url + "v1/models", None, {"Origin": "http://evil.example",
                                                           "Authorization": f"Bearer {API_KEY}"})
-    assert code == 200 and h.get("access-control-allow-origin") is None
-    # no --allowed-origin: no CORS headers for anyone
+    assert code == 403 and h.get("access-control-allow-origin") is None
+    code, _, h = raw(keyed_server.url + "v1/models", None, {"Origin": "http://good.example",
+                                                          "Authorization": f"Bearer {API_KEY}"})
+    assert code == 200 and h["access-control-allow-origin"] == "http://good.example"
+    # no --allowed-origin: no CORS headers for anyone, and other origins' pages are refused
     code, _, h = raw(server.url + "v1/models", None, {"Origin": "http://good.example"})
-    assert code == 200 and h.get("access-control-allow-origin") is None
+    assert code == 403 and h.get("access-control-allow-origin") is None
 
 
 def test_over_the_queue_bound_is_429_with_retry_after(keyed_server, model_id, llm):

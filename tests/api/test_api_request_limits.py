@@ -96,3 +96,23 @@ def test_ordinary_requests_still_pass(client, model_id):
     assert out.choices[0].message.content is not None
     out = client.completions.create(model=model_id, prompt=["Hello", "World"], max_tokens=1, temperature=0)
     assert len(out.choices) == 2
+
+
+def test_a_cross_site_page_cannot_get_the_right_key_throttled(llm, model_id):
+    """#29.6: no-cors requests from another site's page with wrong keys used to raise the wait of
+    the address they share with the local user (127.0.0.1); then the right key got 429."""
+    from tests.api.conftest import API_KEY, LiveServer, build_server_app
+    srv = LiveServer(build_server_app(llm, api_keys=[API_KEY]))
+    try:
+        page = {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors"}
+        for i in range(30):
+            code, _, _ = raw(srv.url + "v1/models", None, {**page, "Authorization": f"Bearer wrong-{i}"})
+            assert code == 403
+        for _ in range(5):
+            code, body, _ = raw(srv.url + "v1/models", None, {"Authorization": f"Bearer {API_KEY}"})
+            assert code == 200, body
+        # the throttle itself still works for the address's own wrong keys
+        codes = [raw(srv.url + "v1/models", None, {"Authorization": f"Bearer bad-{i}"})[0] for i in range(6)]
+        assert codes == [401] * 5 + [429]
+    finally:
+        srv.stop()

@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 import app as app_module
 from routes.auth import (Credentials, LoginThrottle, check_hash_format, hash_password, load_credentials,
                          parse_auth_file_text, parse_env_auth, verify_password)
+from routes.hash_budget import HashBudget
 from routes.security import install_security
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,7 +117,9 @@ def test_throttle_backoff_per_user_and_address():
 @pytest.fixture
 def login_app():
     clock = Clock()
-    creds = Credentials({"alice": hash_password("wonderland")}, throttle=LoginThrottle(clock=clock))
+    # share=1: no spacing between hashes (routes/hash_budget.py has its own tests)
+    creds = Credentials({"alice": hash_password("wonderland")}, throttle=LoginThrottle(clock=clock),
+                        budget=HashBudget(share=1.0))
     auth = creds.gradio_auth
     app = fastapi.FastAPI()
     with gr.Blocks() as demo:
