@@ -11,6 +11,12 @@ under --auth, None for the local single user). The app serves it at `/exports/<t
 (routes/exports.py) only to that owner. Exports used to be handed to Gradio as a file, which
 copied them into its own cache and served that copy at `/gradio_api/file=...` to any logged-in
 user who had the URL; `open()` here is the only way to an export's bytes.
+
+Leftovers (#29.10): a root made by the default constructor records its process id (`.owner-pid`).
+`close()` never runs after a `kill -9`, so each new default instance sweeps the roots of the same
+account in the temp folder whose process is gone (or, for roots without the record, that are
+older than max_age_s). Only plain 0700 folders named `paged-chat-exports-*` owned by this account
+are touched; symbolic links and others' folders are left alone.
 """
 from __future__ import annotations
 
@@ -24,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_MAX_AGE_S = 15 * 60     # long enough to click "download", short enough not to pile up
+ROOT_PREFIX = "paged-chat-exports-"
+PID_FILE = ".owner-pid"
 
 
 @dataclass(frozen=True)
@@ -42,7 +50,11 @@ class Export:
 class PrivateExports:
     def __init__(self, root: str | os.PathLike | None = None, max_age_s: float = DEFAULT_MAX_AGE_S):
         if root is None:
-            self.root = Path(tempfile.mkdtemp(prefix="paged-chat-exports-"))   # mkdtemp: 0700
+            sweep_leftover_roots(Path(tempfile.gettempdir()), max_age_s)
+            self.root = Path(tempfile.mkdtemp(prefix=ROOT_PREFIX))   # mkdtemp: 0700
+            fd = os.open(self.root / PID_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(str(os.getpid()))
         else:
             self.root = Path(root)
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -98,6 +110,44 @@ class PrivateExports:
         with self._lock:
             shutil.rmtree(self.root, ignore_errors=True)
             self._by_token.clear()
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:          # someone else's process: alive
+        return True
+    return True
+
+
+def sweep_leftover_roots(tmp: Path, max_age_s: float = DEFAULT_MAX_AGE_S) -> int:
+    """Remove export roots of this account left by processes that are gone; returns how many."""
+    import stat
+    removed, now = 0, time.time()
+    try:
+        entries = list(tmp.iterdir())
+    except OSError:
+        return 0
+    for entry in entries:
+        if not entry.name.startswith(ROOT_PREFIX):
+            continue
+        try:
+            st = entry.lstat()
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) != 0o700:
+                continue
+            try:
+                pid = int((entry / PID_FILE).read_text().strip())
+                stale = pid != os.getpid() and not _process_alive(pid)
+            except (OSError, ValueError):    # no record (an older version): judge by age
+                stale = now - st.st_mtime > max_age_s
+        except OSError:
+            continue
+        if stale:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed += 1
+    return removed
 
 
 def _safe_name(filename: str) -> str:
