@@ -113,6 +113,9 @@ class LoginThrottleMiddleware:
             return await _json(send, 413, {"detail": "login request too large"})
         if body is None:
             return
+        if self.budget is not None and self.budget.full():     # before any parsing: a flood costs little
+            return await _json(send, 429, {"detail": "The server is busy checking other logins. Try again "
+                                                     "in a few seconds."}, [(b"retry-after", b"2")])
         address = (scope.get("client") or ("?", 0))[0]
         try:
             users, passwords = await login_fields(scope, body)
@@ -134,9 +137,6 @@ class LoginThrottleMiddleware:
             wait = max(wait, self.addresses.retry_after("", address))
         if wait > 0:
             return await _too_many(send, wait)
-        if self.budget is not None and self.budget.full():
-            return await _json(send, 429, {"detail": "The server is busy checking other logins. Try again "
-                                                     "in a few seconds."}, [(b"retry-after", b"2")])
 
         async def watch(message):
             if message["type"] == "http.response.start":
