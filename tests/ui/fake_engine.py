@@ -116,7 +116,7 @@ class FakeLLM:
         return list(range(1000 * k, 1000 * k + 9))
 
     def submit_chat(self, messages, params=None, *, session_id=None, request_id=None, previous_ids=None,
-                    cache_salt=None):
+                    cache_salt=None, tenant=None, priority=0):
         with self.lock:
             k = len(self.submitted)
             rid = request_id or f"req-{k}"

@@ -42,6 +42,11 @@ class ChatContext:
         "N/M prompt tokens from cache" cannot confirm another user's text (#12.2)."""
         return f"user:{self.owner(request)}" if self.auth else None
 
+    def tenant(self, request) -> str:
+        """Who the fair scheduler serves this turn for: the logged-in user under --auth, else the
+        one local user (engine/fairness.py)."""
+        return f"user:{self.owner(request)}" if self.auth else "local"
+
     def tab(self, request) -> Tab:
         """The asking tab's state; another user's tab (a stolen session hash) raises
         guard.TabOwnerError before anything is read or changed (#12.10)."""
