@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+import time
 import traceback
 from concurrent.futures import Future
 
@@ -70,6 +71,8 @@ class LLM:
         self._closed = False
         self._load = (0, 0)                          # (running, waiting) after the last step
         self._waiting_ids: tuple[str, ...] = ()      # waiting request ids in admission order, same moment
+        self._tenant_rows: tuple = ((), ())          # (TenantStats rows, FairnessEvents), published by the loop
+        self._tenant_rows_at = 0.0
         self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -88,10 +91,22 @@ class LLM:
                         traceback.print_exc()
                         self._fail_all(f"engine error: {e!r}")
                 self._load = (len(eng.scheduler.running), len(eng.scheduler.waiting))
+                self._publish_tenants()
                 self._waiting_ids = tuple(eng.scheduler.waiting_request_ids()) if eng.scheduler.waiting else ()
             except Exception:             # never let the one engine thread die
                 traceback.print_exc()
         self._close()
+
+    def _publish_tenants(self) -> None:
+        """Every 0.5 s (engine thread): the fair policy's rows and events, for plain reads by the
+        dashboard and /metrics that must not wait for a step to end."""
+        now = time.monotonic()
+        if now - self._tenant_rows_at < 0.5:
+            return
+        self._tenant_rows_at = now
+        pol = self.engine.scheduler.policy
+        if isinstance(pol, ReportsTenants):
+            self._tenant_rows = (tuple(pol.tenant_stats()), tuple(pol.events()))
 
     def _close(self) -> None:
         """The loop is over: end every request and answer every command still queued."""
@@ -388,16 +403,24 @@ class LLM:
         except ValueError:
             return None
 
-    def tenant_stats(self) -> list:
+    def tenant_stats(self, fresh: bool = False) -> list:
         """Per-tenant rows (engine.fairness.TenantStats): counter, running / waiting, tokens, share
-        of the last minute, preemptions suffered, queue time. Empty under FCFS."""
+        of the last minute, preemptions suffered, queue time. Empty under FCFS. By default a plain
+        read of what the engine thread published at most ~0.5 s ago; fresh=True waits for the
+        current step to end and reads the policy itself."""
+        if not fresh:
+            return list(self._tenant_rows[0])
+
         def read(eng):
             pol = eng.scheduler.policy
             return pol.tenant_stats() if isinstance(pol, ReportsTenants) else []
         return self._call("call", read)
 
-    def fairness_events(self) -> list:
+    def fairness_events(self, fresh: bool = False) -> list:
         """Recent scheduler decisions (engine.fairness.FairnessEvent): tenants held back, fair preemptions."""
+        if not fresh:
+            return list(self._tenant_rows[1])
+
         def read(eng):
             pol = eng.scheduler.policy
             return pol.events() if isinstance(pol, ReportsTenants) else []

@@ -111,6 +111,14 @@ def register_routes(app, llm, *, kv_route: bool = True) -> None:
     # /metrics reads only "stats": the compact form spares a per-block build at GPU pool sizes
     compact = {"compact": True} if "compact" in inspect.signature(llm.latest_snapshot).parameters else {}
 
+    from routes.tenant_metrics import tenant_metrics_source
+    tenants = tenant_metrics_source(llm)       # per-tenant tokens and queue time, bounded labels
+    if tenants is not None:
+        extra_metrics = getattr(app.state, "extra_metrics", None)
+        if extra_metrics is None:
+            extra_metrics = app.state.extra_metrics = []
+        extra_metrics.append(tenants)
+
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> PlainTextResponse:
         extra = "".join(f() for f in getattr(app.state, "extra_metrics", ()))    # e.g. the /v1 API's counters
