@@ -9,17 +9,11 @@ key's name, api, local, demo-user-K; never a key itself.
 from __future__ import annotations
 
 import threading
-from typing import Protocol, runtime_checkable
 
-from engine.fairness import TenantStats
+from engine.fairness import ServesTenants, TenantStats
 
 OTHER = "other"
 MAX_LABELS = 16
-
-
-@runtime_checkable
-class TenantSource(Protocol):
-    def tenant_stats(self, fresh: bool = False) -> list[TenantStats]: ...
 
 
 # (metric, type, help, value of a row); summed over the tenants that share a label
@@ -87,7 +81,7 @@ def tenant_prometheus_text(rows: list[TenantStats], labels: TenantLabels) -> str
 
 def tenant_metrics_source(llm, max_labels: int = MAX_LABELS):
     """A callable for app.state.extra_metrics, or None when the engine reports no tenants."""
-    if not isinstance(llm, TenantSource):
+    if not isinstance(llm, ServesTenants):
         return None
     labels = TenantLabels(max_labels)
     return lambda: tenant_prometheus_text(llm.tenant_stats(), labels)
