@@ -20,7 +20,8 @@ sequence may take a slot or blocks from a running one, and what the step cost ea
 - priority classes (lower value first, as vLLM's `priority`) sit on top, with one no-starvation
   rule: while requests of a lower class wait, at least one admission in every `starvation_every`
   goes to the lower class that has waited longest.
-With one tenant and one class it reduces to first-come first-served.
+With one tenant and one class it reduces to first-come first-served, except for the same-step
+cached-prefix tie-break.
 """
 from __future__ import annotations
 

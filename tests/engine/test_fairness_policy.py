@@ -191,7 +191,8 @@ def test_higher_class_never_starves_lower_under_a_constant_stream():
 @given(st.lists(st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(0, 3)), min_size=1, max_size=12),
        st.integers(1, 4), st.sampled_from([6, 12, 64]))
 def test_one_tenant_one_class_is_exactly_fcfs(reqs, max_seqs, blocks):
-    """Same step-by-step schedule (sequence, start, length) and same preemptions as FCFS."""
+    """Same step-by-step schedule (sequence, start, length) and same preemptions as FCFS (prompts
+    share no prefix, so the same-step cached-prefix tie-break never applies)."""
     runs = []
     for policy in ("fcfs", "fair"):
         sim = Sim(policy, num_blocks=blocks, max_num_seqs=max_seqs, budget=32)
@@ -260,3 +261,20 @@ def test_bad_weights_and_bounds_are_refused():
         QueueBounds(max_queued_requests=0)
     with pytest.raises(ValueError):
         FairPolicy({"a": -1})
+
+
+def _tie_break_run(sessions):
+    sim = Sim(max_num_seqs=1, budget=512)
+    shared = list(range(100, 148))                          # three full blocks, cached once run
+    sim.add("t", prompt=shared + [7], max_tokens=1, rid="warm")
+    sim.run()
+    sim.add("t", prompt=list(range(300, 349)), max_tokens=1, rid="r1", session=sessions[0])
+    sim.add("t", prompt=shared + [9, 10], max_tokens=1, rid="r2", session=sessions[1])
+    sim.run()
+    return sim.admissions[1:]
+
+
+def test_same_step_arrivals_longest_cached_prefix_first_but_never_across_one_conversation():
+    assert _tie_break_run((None, None)) == ["r2", "r1"]        # r2 hits 48 cached tokens
+    assert _tie_break_run(("conv", "conv")) == ["r1", "r2"]    # same conversation: turn order kept
+    assert _tie_break_run(("a", "b")) == ["r2", "r1"]
