@@ -16,6 +16,7 @@ import hmac
 import os
 import re
 
+from engine.fairness import KEYLESS_API_TENANT as KEYLESS_TENANT
 from routes.openai_errors import APIError
 
 ENV_KEYS = "PAGED_CHAT_API_KEYS"
@@ -27,7 +28,6 @@ def keys_from_env(environ=None) -> list[str]:
 
 
 _KEY_NAME = re.compile(r"[A-Za-z0-9_.@-]{1,40}")
-KEYLESS_TENANT = "api"          # the fair scheduler's tenant for /v1 calls when no key is required
 
 
 def split_named_key(value: str, index: int) -> tuple[str, str]:

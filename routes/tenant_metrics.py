@@ -3,8 +3,9 @@
 The label set is bounded: the first `max_labels` tenants seen keep their own `tenant` label for
 the life of the process, every later one is summed into tenant="other", so a server with many
 users or keys cannot blow up a Prometheus database, and counters never go backwards (a tenant
-never moves between labels). Names are what the scheduler uses: user:NAME under --auth, the API
-key's name, api, local, demo-user-K; never a key itself.
+never moves between labels). Names are what the scheduler uses: the API key's name, api, local,
+demo-user-K; never a key itself. /metrics needs no login, so logged-in users (user:NAME under
+--auth) are labelled "user-<k>" (numbered as first seen), never by name (docs/SECURITY.md).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import threading
 from engine.fairness import ServesTenants, TenantStats
 
 OTHER = "other"
+USER_PREFIX = "user:"
 MAX_LABELS = 16
 
 
@@ -42,19 +44,24 @@ def _label(v: str) -> str:
 class TenantLabels:
     """First come, first labelled; the rest are "other". Thread-safe."""
 
-    def __init__(self, max_labels: int = MAX_LABELS):
-        self.max_labels = max_labels
-        self._named: dict[str, None] = {}
+    def __init__(self, max_labels: int = MAX_LABELS, anonymous_users: bool = False):
+        self.max_labels, self.anonymous_users = max_labels, anonymous_users
+        self._named: dict[str, str] = {}
+        self._users = 0
         self._lock = threading.Lock()
 
     def __call__(self, tenant: str) -> str:
         with self._lock:
             if tenant in self._named:
-                return tenant
-            if len(self._named) < self.max_labels:
-                self._named[tenant] = None
-                return tenant
-            return OTHER
+                return self._named[tenant]
+            if len(self._named) >= self.max_labels:
+                return OTHER
+            label = tenant
+            if self.anonymous_users and tenant.startswith(USER_PREFIX):
+                self._users += 1
+                label = f"user-{self._users}"
+            self._named[tenant] = label
+            return label
 
 
 def tenant_prometheus_text(rows: list[TenantStats], labels: TenantLabels) -> str:
@@ -79,9 +86,9 @@ def tenant_prometheus_text(rows: list[TenantStats], labels: TenantLabels) -> str
     return "\n".join(lines) + "\n"
 
 
-def tenant_metrics_source(llm, max_labels: int = MAX_LABELS):
+def tenant_metrics_source(llm, max_labels: int = MAX_LABELS, anonymous_users: bool = False):
     """A callable for app.state.extra_metrics, or None when the engine reports no tenants."""
     if not isinstance(llm, ServesTenants):
         return None
-    labels = TenantLabels(max_labels)
+    labels = TenantLabels(max_labels, anonymous_users)
     return lambda: tenant_prometheus_text(llm.tenant_stats(), labels)

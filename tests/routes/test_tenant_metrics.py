@@ -42,3 +42,14 @@ def test_label_set_is_bounded_and_stable():
     again = _samples(tenant_prometheus_text(list(reversed(rows)), labels))    # order changes nothing
     assert {t for (_, t) in again} == tenants
     assert again[("paged_chat_tenant_generation_tokens_total", "t2")] == 2
+
+
+def test_logged_in_users_are_numbered_not_named_when_anonymous():
+    labels = TenantLabels(anonymous_users=True)
+    rows = [_row("user:alice", decode_tokens=5), _row("nightly", decode_tokens=7), _row("user:bob", decode_tokens=1)]
+    text = tenant_prometheus_text(rows, labels)
+    assert "alice" not in text and "bob" not in text
+    s = _samples(text)
+    assert s[("paged_chat_tenant_generation_tokens_total", "user-1")] == 5
+    assert s[("paged_chat_tenant_generation_tokens_total", "user-2")] == 1
+    assert s[("paged_chat_tenant_generation_tokens_total", "nightly")] == 7     # key names are the operator's
