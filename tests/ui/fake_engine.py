@@ -88,6 +88,7 @@ class FakeLLM:
     def __init__(self, words=("Hello", " there", "!"), snapshot=None, pause_s=0.06, info=INFO):
         self.words, self.snap, self.pause_s, self.info = list(words), snapshot, pause_s, info
         self.submitted, self.previous, self.aborted, self.ended, self.closed = [], [], [], [], []
+        self.tenants: list = []             # the tenant each chat turn was submitted for
         self.calls: list[str] = []                   # snapshot reads: "latest" / "exact"
         self.log: list[tuple] = []                   # ("abort", rid) / ("end", sid) / ("close", sid), in order
         self.streams: dict[str, FakeStream] = {}
@@ -121,6 +122,7 @@ class FakeLLM:
             k = len(self.submitted)
             rid = request_id or f"req-{k}"
             self.submitted.append(([dict(m) for m in messages], params, session_id))
+            self.tenants.append(tenant)
             self.previous.append(previous_ids)
             s = self.streams[rid] = FakeStream(self, rid, self.words, getattr(params, "n", 1),
                                                self.prompt_ids_of(k), self.pause_s)
