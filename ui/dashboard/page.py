@@ -30,7 +30,7 @@ from ui.dashboard.scope import scope_snapshot, titles_for
 from ui.dashboard.sampler import StatsSampler
 from ui.dashboard.story import story_html
 from engine.fairness import ServesTenants
-from ui.dashboard.who import event_lines, viewer_tenant, who_html
+from ui.dashboard.who import event_lines, served, viewer_tenant, who_html
 from ui.dashboard.history import (PLOT_STEP_S, SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT, History,
                                   blocks_frame, hit_rate_frame)
 from loadgen.demo_load import MAX_DEMO_USERS, DemoLoad, PromptSource
@@ -112,8 +112,8 @@ class DashboardState:
         events, rows = self.fair_events(), self.tenant_rows()
         with self._lock:
             f = self.feeds.setdefault(scope, EventFeed())
-            extra, f.fair_since = event_lines(events, getattr(f, "fair_since", 0.0), viewer, auth,
-                                              [r.tenant for r in rows])
+            extra, f.fair_since = event_lines(events, f.fair_since, viewer, auth,
+                                              [r.tenant for r in served(rows)])
             return feed_html(f.update(snap, extra))
 
     def tenant_rows(self) -> list:

@@ -5,7 +5,8 @@ fair scheduler's rows (engine/fairness.py TenantStats, published by the engine e
 Names follow the dashboard's privacy rules (ui/dashboard/scope.py): without --auth every tenant
 is shown by name (demo users as "demo user K", "local" as this machine's user, API keys by their
 name); with --auth a viewer sees their own row by name and every other user or key only as
-"another user (k)" / "an API client (k)", numbered in a fixed order.
+"another user (k)" / "an API client (k)" (users and clients numbered separately, in name order),
+and the server's own work (pinning the shared prompt) as "the server".
 """
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ class Namer:
 
     def __init__(self, tenants, viewer: str, auth: bool):
         self.viewer, self.auth = viewer, auth
-        others = sorted(t for t in tenants if t != viewer and not t.startswith("demo-user-"))
-        self._anon = {t: k + 1 for k, t in enumerate(others)}
+        others = sorted(t for t in tenants if t != viewer and not t.startswith("demo-user-") and t != "local")
+        users = [t for t in others if t.startswith(USER_PREFIX)]
+        clients = [t for t in others if not t.startswith(USER_PREFIX)]
+        self._anon = {t: k + 1 for group in (users, clients) for k, t in enumerate(group)}
 
     def __call__(self, tenant: str) -> str:
         if tenant.startswith("demo-user-"):
@@ -33,6 +36,8 @@ class Namer:
         if tenant == self.viewer:
             return f"you ({tenant[len(USER_PREFIX):]})" if tenant.startswith(USER_PREFIX) else "you (this machine)"
         if self.auth:
+            if tenant == "local":
+                return "the server (shared prompts)"
             kind = "another user" if tenant.startswith(USER_PREFIX) else "an API client"
             return f"{kind} ({self._anon.get(tenant, 0)})"
         if tenant == "api":
@@ -42,19 +47,25 @@ class Namer:
         return tenant[len(USER_PREFIX):] if tenant.startswith(USER_PREFIX) else f"API key '{tenant}'"
 
 
+def served(rows) -> list:
+    """The rows worth a line: tenants that run, wait or were ever served (the same set names the
+    feed's tenants, so "another user (2)" is the same person in both)."""
+    return [r for r in rows if r.running or r.waiting or r.prefill_tokens or r.decode_tokens]
+
+
 def who_html(rows, viewer: str, auth: bool, policy: str = "fair") -> str:
     if policy != "fair":
         return ('<div class="kvd"><h4>Who is served</h4><div class="muted">First-come first-served '
                 '(--scheduling-policy fcfs): no per-user accounting.</div></div>')
-    active = [r for r in rows if r.running or r.waiting or r.tokens_last_minute]
+    active = served(rows)
     if not active:
-        return ('<div class="kvd"><h4>Who is served</h4><div class="muted">Nobody has been served in '
-                'the last minute.</div></div>')
-    name = Namer([r.tenant for r in rows], viewer, auth)
+        return ('<div class="kvd"><h4>Who is served</h4><div class="muted">Nobody has been served '
+                'yet.</div></div>')
+    name = Namer([r.tenant for r in active], viewer, auth)
     head = ("<tr><th>who</th><th>running</th><th>waiting</th><th>share of tokens (1 min)</th>"
             "<th>counter</th><th>weight</th><th>preempted</th><th>held back</th><th>mean wait</th></tr>")
     body = []
-    for r in sorted(active, key=lambda r: -r.share_last_minute):
+    for r in sorted(active, key=lambda r: (-r.share_last_minute, -r.counter)):
         wait = f"{r.queue_time_s_total / r.queue_time_count:.2f} s" if r.queue_time_count else "–"
         cur = ' class="cur"' if r.tenant == viewer else ""
         body.append(
