@@ -115,7 +115,7 @@ class SchedulingPolicy(Protocol):
 
     def on_remove(self, seq: Sequence, was_running: bool) -> None: ...
     def order_running(self, running: list[Sequence]) -> list[Sequence]: ...
-    def pick_waiting(self, waiting, cached_len) -> Sequence | None: ...
+    def pick_waiting(self, waiting, cached_len, starvation: bool = True) -> Sequence | None: ...
     def fair_victim(self, cand: Sequence, running: list[Sequence], occ: Occupancy,
                     by_blocks: bool) -> Sequence | None: ...
     def charge(self, batch) -> None: ...
@@ -141,7 +141,7 @@ class FCFSPolicy:
     def on_preempt(self, seq): pass
     def on_remove(self, seq, was_running): pass
     def order_running(self, running): return running
-    def pick_waiting(self, waiting, cached_len): return waiting[0] if waiting else None
+    def pick_waiting(self, waiting, cached_len, starvation=True): return waiting[0] if waiting else None
     def fair_victim(self, cand, running, occ, by_blocks): return None
     def charge(self, batch): pass
 
@@ -260,8 +260,10 @@ class FairPolicy:
         """Most deserving first (stable: admission order within a tenant); the last is the victim."""
         return sorted(running, key=self._key)
 
-    def pick_waiting(self, waiting, cached_len) -> Sequence | None:
-        """The next waiting sequence to admit. cached_len(seq) -> prefix-cache hit length (pure)."""
+    def pick_waiting(self, waiting, cached_len, starvation: bool = True) -> Sequence | None:
+        """The next waiting sequence to admit. cached_len(seq) -> prefix-cache hit length (pure).
+        starvation=False: ignore the no-starvation turn (the scheduler asks so for fair-share
+        preemption, which frees a slot for the top-class candidate only)."""
         self._steps_since_add += 1
         heads: dict[str, Sequence] = {}
         for seq in waiting:
@@ -270,7 +272,7 @@ class FairPolicy:
             return None
         classes = sorted({priority_of(s) for s in heads.values()})
         pool = [s for s in heads.values() if priority_of(s) == classes[0]]
-        if len(classes) > 1 and self._top_streak >= self.starvation_every - 1:
+        if starvation and len(classes) > 1 and self._top_streak >= self.starvation_every - 1:
             lower = [s for s in heads.values() if priority_of(s) > classes[0]]
             pool = [min(lower, key=lambda s: s.request.arrival_time)]   # longest-waiting lower class
         best = min(pool, key=lambda s: (self._tenant(tenant_of(s)).counter,

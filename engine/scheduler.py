@@ -36,6 +36,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.peak_running = 0
         self._preempted: list[Sequence] = []    # preempted since the engine last asked
+        self._reserved: list[Sequence] = []     # waiting sequences a fair preemption freed room for
 
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
@@ -81,9 +82,12 @@ class Scheduler:
         return self.kv.lookup_prefix(seq.token_ids, cache_salt=req.cache_salt,
                                      session_id=req.session_id if seq.index == 0 else None)
 
-    def _occupancy(self) -> Occupancy:
+    def _occupancy(self, reserved=()) -> Occupancy:
+        """Slots and blocks held per tenant; `reserved` (admitted next) count as holding their slots."""
         slots: dict[str, int] = {}
         blocks: dict[str, int] = {}
+        for seq in reserved:
+            slots[tenant_of(seq)] = slots.get(tenant_of(seq), 0) + slots_of(seq)
         for seq in self.running:
             t = tenant_of(seq)
             slots[t] = slots.get(t, 0) + slots_of(seq)
@@ -93,22 +97,25 @@ class Scheduler:
     def _fair_preemptions(self) -> None:
         """A waiting request blocked by slots or blocks may preempt a running sequence of a tenant
         above its fair share (the policy decides; FCFS never does). At most a few per step."""
+        waiting = deque(self.waiting)
         for _ in range(4):
-            if not self.waiting or not self.running:
+            if not waiting or not self.running:
                 return
-            cand = self.policy.pick_waiting(self.waiting, self._cached_len)
+            cand = self.policy.pick_waiting(waiting, self._cached_len, starvation=False)
             if cand is None:
                 return
-            taken = sum(map(slots_of, self.running))
+            taken = sum(map(slots_of, self.running)) + sum(map(slots_of, self._reserved))
             by_slots = taken + slots_of(cand) > self.max_num_seqs
             need = -(-(len(cand.token_ids) - self._cached_len(cand)) // self.kv.block_size)
             by_blocks = not by_slots and need > self.kv.num_free_blocks
             if not (by_slots or by_blocks):
                 return
-            victim = self.policy.fair_victim(cand, self.running, self._occupancy(), by_blocks)
+            victim = self.policy.fair_victim(cand, self.running, self._occupancy(self._reserved), by_blocks)
             if victim is None:
                 return
             self._preempt(victim)
+            self._reserved.append(cand)     # the freed room is cand's, not the victim's back
+            waiting.remove(cand)
 
     def schedule(self) -> list[tuple[Sequence, int, int]]:
         """Return [(seq, first_position, num_new_tokens)] for this step; the manager is updated."""
@@ -148,8 +155,9 @@ class Scheduler:
         if preempted:
             return batch
         taken = sum(map(slots_of, self.running))
+        reserved, self._reserved = [s for s in self._reserved if s.status is SeqStatus.WAITING], []
         while self.waiting and budget > 0 and taken < self.max_num_seqs:
-            seq = self.policy.pick_waiting(self.waiting, self._cached_len)
+            seq = reserved.pop(0) if reserved else self.policy.pick_waiting(self.waiting, self._cached_len)
             req = seq.request
             if self.running and taken + slots_of(seq) > self.max_num_seqs:
                 break                   # alone, an n > max_num_seqs request still runs

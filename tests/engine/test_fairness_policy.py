@@ -278,3 +278,19 @@ def test_same_step_arrivals_longest_cached_prefix_first_but_never_across_one_con
     assert _tie_break_run((None, None)) == ["r2", "r1"]        # r2 hits 48 cached tokens
     assert _tie_break_run(("conv", "conv")) == ["r1", "r2"]    # same conversation: turn order kept
     assert _tie_break_run(("a", "b")) == ["r2", "r1"]
+
+
+def test_no_starvation_turn_does_not_hold_a_below_share_tenant_behind_a_full_house():
+    """The lower class's 1-in-4 turn applies to free slots; a top-class tenant below its fair
+    share still gets a slot at once by fair-share preemption, even on the lower class's turn."""
+    sim = Sim(max_num_seqs=8, budget=512, num_blocks=512)
+    for k in range(16):
+        sim.add("batch", prompt_len=20, max_tokens=300, priority=1, rid=f"b{k}")
+    for _ in range(3):
+        sim.step()
+    for k in range(5):
+        sim.add(f"chat{k}", prompt_len=20, max_tokens=100, priority=0, rid=f"c{k}")
+        arrived = sim.step_no
+        sim.step()
+        assert f"c{k}" in sim.admissions, (k, sim.admissions[-6:])
+        assert sim.first_token_step[f"c{k}"] == arrived + 1
