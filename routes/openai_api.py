@@ -9,15 +9,16 @@ prompt shared with browser chats hits the same prefix-cache blocks.
 
 Queue bound: at most `max_pending` API sequences (n per prompt) in flight, default
 2 x max_num_seqs, and none admitted while the engine already has `max_num_seqs` requests waiting;
-past either bound the call gets 429 with Retry-After. 503 means the engine has shut down.
+past either bound the call gets 429 with Retry-After. Under fair scheduling both bounds count each
+caller (API key = tenant) separately, and the engine's admission bounds (--max-queued-*) answer
+429 + Retry-After too. 503 means the engine has shut down.
 """
 from __future__ import annotations
 
 import asyncio
 import os
-import time
-
 import threading
+import time
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
