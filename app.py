@@ -48,9 +48,25 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="with --auth: a user who may start the Memory tab's demo users (repeatable)")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="extra Host name to answer to (DNS-rebinding guard; loopback names always work)")
-    p.add_argument("--api-key", action="append", default=None, metavar="KEY",
-                   help="require this key (Authorization: Bearer KEY) on the OpenAI API at /v1; repeatable. "
+    p.add_argument("--api-key", action="append", default=None, metavar="[NAME:]KEY",
+                   help="require this key (Authorization: Bearer KEY) on the OpenAI API at /v1; repeatable; "
+                        "NAME (letters, digits, _.@-) is the caller's tenant for fair scheduling. "
                         "Also read from PAGED_CHAT_API_KEYS (comma separated)")
+    fair = p.add_argument_group("fair scheduling (engine/fairness.py, docs/DESIGN.md)")
+    fair.add_argument("--scheduling-policy", choices=["fair", "fcfs"], default="fair",
+                      help="fair (default): per-user virtual token counters + priorities; fcfs: arrival order")
+    fair.add_argument("--tenant-weight", action="append", default=[], metavar="NAME=W",
+                      help="a tenant's share weight (default 1); tenants: user:NAME under --auth, the "
+                           "--api-key name, api (keyless /v1), local, demo-user-K. Repeatable")
+    fair.add_argument("--api-priority", type=int, default=1,
+                      help="priority of /v1 calls that send none (lower first; chat turns are 0). Default 1")
+    fair.add_argument("--max-queued-requests", type=int, default=None,
+                      help="requests that may wait, over all tenants; more get 429 / a busy sentence")
+    fair.add_argument("--max-queued-tokens", type=int, default=None, help="prompt tokens that may wait, overall")
+    fair.add_argument("--tenant-max-queued-requests", type=int, default=None,
+                      help="requests one tenant may have waiting")
+    fair.add_argument("--tenant-max-queued-tokens", type=int, default=None,
+                      help="prompt tokens one tenant may have waiting")
     p.add_argument("--allowed-origin", action="append", default=None, metavar="URL",
                    help="let web pages from this origin call /v1 (CORS); repeatable. Default: none")
     p.add_argument("--backend", default=None, metavar="URL",
@@ -141,14 +157,23 @@ def main(argv=None) -> int:
         return main_remote(args, auth)
 
     from engine import LLM
+    from engine.admission import QueueBounds
+    from engine.fairness import parse_tenant_weights
     from storage import Storage
 
+    try:
+        weights = parse_tenant_weights(args.tenant_weight)
+        bounds = QueueBounds(args.max_queued_requests, args.max_queued_tokens,
+                             args.tenant_max_queued_requests, args.tenant_max_queued_tokens)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
     started = time.time()
     print("Loading the model…", file=sys.stderr)
     llm = LLM(model=args.model, block_size=args.block_size, num_blocks=args.num_blocks,
               kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,
               max_num_seqs=args.max_num_seqs, dtype=args.dtype, quantization=args.quantization,
-              progress=terminal_progress)
+              progress=terminal_progress, scheduling_policy=args.scheduling_policy, tenant_weights=weights,
+              queue_bounds=bounds)
     storage = None
     try:
         storage = Storage(args.db)
@@ -200,7 +225,8 @@ def serve(llm, storage, args, auth) -> None:
     app, demo = build_app(llm, storage, auth=auth, bind_host=args.host, allowed_hosts=args.allowed_host,
                           admins=args.admin, share_hosts=share_hosts,
                           api_options=dict(api_keys=(args.api_key or []) + keys_from_env(),
-                                           allowed_origins=args.allowed_origin),
+                                           allowed_origins=args.allowed_origin,
+                                           default_priority=args.api_priority),
                           engine_routes=not args.backend)
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     url = f"http://{shown_host}:{args.port}/"

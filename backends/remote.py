@@ -119,7 +119,7 @@ class RemoteEngine:
 
     def submit_chat(self, messages: list[dict], params=None, *, session_id: str | None = None,
                     request_id: str | None = None, previous_ids: list[int] | None = None,
-                    cache_salt: str | None = None) -> RemoteStream:
+                    cache_salt: str | None = None, tenant: str | None = None, priority: int = 0) -> RemoteStream:
         """Send the whole conversation; return once the server accepted it (headers received).
         A per-user `cache_salt` (under --auth) is sent as vLLM's `cache_salt` field, which keeps
         one user's prefix-cache hits from revealing another's text on servers that honour it."""

@@ -56,6 +56,7 @@ class EngineConfig:
     load_format: str = "auto"          # "dummy": config + seeded random weights (engine/dummy_weights.py)
     enforce_eager: bool = False        # True: no CUDA graphs for decode (always eager on CPU)
     quantization: str | None = None    # "int8": weight-only int8, per-channel scales (CPU; engine/cpu_linear.py)
+    scheduling_policy: str = "fair"    # "fair": per-tenant VTC + priorities; "fcfs" (engine/fairness.py)
 
     def __post_init__(self):
         if self.block_size not in ALLOWED_BLOCK_SIZES:
@@ -72,6 +73,8 @@ class EngineConfig:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        if self.scheduling_policy not in ("fair", "fcfs"):
+            raise ValueError(f"scheduling_policy must be 'fair' or 'fcfs', got {self.scheduling_policy!r}")
         if self.device is None:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.quantization not in (None, "int8"):

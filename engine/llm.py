@@ -9,10 +9,13 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+import time
 import traceback
 from concurrent.futures import Future
 
 from engine import pin_api
+from engine.admission import AdmissionControl, QueueBounds
+from engine.fairness import LOCAL_TENANT, ReportsTenants
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loader import load_model
@@ -35,13 +38,16 @@ class LLM:
                  dtype: str | None = None, seed: int = 0, attention_backend: str = "auto",
                  enable_prefix_caching: bool = True, progress=None, load_format: str = "auto",
                  enforce_eager: bool = False, hf_overrides: dict | None = None,
-                 max_pin_fraction: float | None = None, quantization: str | None = None):
+                 max_pin_fraction: float | None = None, quantization: str | None = None,
+                 scheduling_policy: str = "fair", tenant_weights: dict[str, float] | None = None,
+                 queue_bounds: QueueBounds | None = None):
         cfg = EngineConfig(model=model, block_size=block_size, num_blocks=num_blocks,
                            kv_cache_gib=kv_cache_gib, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens, device=device, dtype=dtype,
                            seed=seed, attention_backend=attention_backend,
                            enable_prefix_caching=enable_prefix_caching, load_format=load_format,
-                           enforce_eager=enforce_eager, quantization=quantization)
+                           enforce_eager=enforce_eager, quantization=quantization,
+                           scheduling_policy=scheduling_policy)
         if hf_overrides and load_format != "dummy":
             raise ValueError("hf_overrides is only used with load_format='dummy'")
         dummy_kw = dict(seed=seed, device=cfg.device, dtype=cfg.torch_dtype, hf_overrides=hf_overrides) \
@@ -50,7 +56,8 @@ class LLM:
         self.config = cfg
         self.model_source = loaded.source
         self.hf_folder = loaded.hf_folder
-        self.engine = LLMEngine(cfg, loaded)
+        self.engine = LLMEngine(cfg, loaded, tenant_weights)
+        self.admission = AdmissionControl(queue_bounds)   # queued-request bounds (engine/admission.py)
         if max_pin_fraction is not None:            # before the engine thread starts
             self.engine.kv.pins.max_fraction = float(max_pin_fraction)
         self.tokenizer = loaded.tokenizer
@@ -64,6 +71,8 @@ class LLM:
         self._closed = False
         self._load = (0, 0)                          # (running, waiting) after the last step
         self._waiting_ids: tuple[str, ...] = ()      # waiting request ids in admission order, same moment
+        self._tenant_rows: tuple = ((), ())          # (TenantStats rows, FairnessEvents), published by the loop
+        self._tenant_rows_at = 0.0
         self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -82,10 +91,22 @@ class LLM:
                         traceback.print_exc()
                         self._fail_all(f"engine error: {e!r}")
                 self._load = (len(eng.scheduler.running), len(eng.scheduler.waiting))
+                self._publish_tenants()
                 self._waiting_ids = tuple(eng.scheduler.waiting_request_ids()) if eng.scheduler.waiting else ()
             except Exception:             # never let the one engine thread die
                 traceback.print_exc()
         self._close()
+
+    def _publish_tenants(self) -> None:
+        """Every 0.5 s (engine thread): the fair policy's rows and events, for plain reads by the
+        dashboard and /metrics that must not wait for a step to end."""
+        now = time.monotonic()
+        if now - self._tenant_rows_at < 0.5:
+            return
+        self._tenant_rows_at = now
+        pol = self.engine.scheduler.policy
+        if isinstance(pol, ReportsTenants):
+            self._tenant_rows = (tuple(pol.tenant_stats()), tuple(pol.events()))
 
     def _close(self) -> None:
         """The loop is over: end every request and answer every command still queued."""
@@ -165,9 +186,12 @@ class LLM:
         return ids
 
     def submit(self, prompt, params: SamplingParams | None = None, *, session_id: str | None = None,
-               request_id: str | None = None, cache_salt: str | None = None) -> RequestStream:
-        """Queue one request; returns its stream at once. Bad input raises ValueError here."""
-        req, stream = self._prepare(prompt, params, session_id, request_id, cache_salt)
+               request_id: str | None = None, cache_salt: str | None = None, tenant: str | None = None,
+               priority: int = 0) -> RequestStream:
+        """Queue one request; returns its stream at once. Bad input raises ValueError here; over an
+        admission bound, engine.admission.QueueFull. `tenant` (default "local") and `priority`
+        (lower first) feed the fair scheduler (engine/fairness.py)."""
+        req, stream = self._prepare(prompt, params, session_id, request_id, cache_salt, tenant, priority)
         # not waiting for the engine thread: submits from many threads land in the next step
         self._enqueue_add([req])
         return stream
@@ -180,20 +204,26 @@ class LLM:
         for req in reqs:
             self.engine.fail_request_outputs(req, "the engine has been shut down")
 
-    def _prepare(self, prompt, params, session_id=None, request_id=None, cache_salt=None):
+    def _prepare(self, prompt, params, session_id=None, request_id=None, cache_salt=None, tenant=None,
+                 priority: int = 0):
         params = params or SamplingParams()
         ids = self.encode_prompt(prompt)
         rid = request_id or f"req-{next(self._ids)}"
+        tenant = str(tenant) if tenant else LOCAL_TENANT
         with self._live_lock:
             if self._closed:
                 raise RuntimeError("the engine has been shut down")
             if rid in self._live:
                 raise ValueError(f"request id {rid!r} is already in use")
+            self.admission.enter(rid, tenant, len(ids))     # QueueFull: nothing was queued
             self._live.add(rid)
         stream = RequestStream(rid, ids, params.n, self)
         open_outputs = [params.n]
 
+        admission = self.admission
+
         def on_output(delta: RequestOutputDelta) -> None:   # runs in the engine thread
+            admission.leave(rid)                # admitted (first delta) or ended: no longer queued
             if delta.finished:
                 open_outputs[0] -= 1
                 if open_outputs[0] == 0:
@@ -201,12 +231,14 @@ class LLM:
                         self._live.discard(rid)
             stream._put(delta)
 
-        req = Request(rid, ids, params, session_id=session_id, cache_salt=cache_salt, on_output=on_output)
+        req = Request(rid, ids, params, session_id=session_id, cache_salt=cache_salt, on_output=on_output,
+                      tenant=tenant, priority=int(priority))
         return req, stream
 
     def submit_chat(self, messages: list[dict], params: SamplingParams | None = None, *,
                     session_id: str | None = None, request_id: str | None = None,
-                    previous_ids: list[int] | None = None, cache_salt: str | None = None) -> RequestStream:
+                    previous_ids: list[int] | None = None, cache_salt: str | None = None,
+                    tenant: str | None = None, priority: int = 0) -> RequestStream:
         """Chat turn. The previous turn's exact token ids are reused as the prefix: `previous_ids`
         when the caller kept them (e.g. read back from storage after a restart, or the branch being
         continued), else the session's last turn. They are used only if they decode to the start
@@ -218,7 +250,7 @@ class LLM:
         ids = continue_session_prompt(self.tokenizer, messages, previous)
         salt = prompt_salt(self.tokenizer, messages, ids, cache_salt)   # engine/salt_rule.py
         return self.submit({"prompt_token_ids": ids}, params, session_id=session_id, request_id=request_id,
-                           cache_salt=salt)
+                           cache_salt=salt, tenant=tenant, priority=priority)
 
     def abort(self, request_id: str) -> bool:
         return bool(self._call("abort", request_id))
@@ -256,7 +288,16 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
         encoded = [self.encode_prompt(p) for p in prompts]        # validate all before submitting any
-        prepared = [self._prepare({"prompt_token_ids": ids}, p) for ids, p in zip(encoded, params)]
+        prepared = []
+        try:
+            for ids, p in zip(encoded, params):
+                prepared.append(self._prepare({"prompt_token_ids": ids}, p))
+        except BaseException:           # e.g. QueueFull halfway: the rest were never queued
+            for req, _ in prepared:
+                self.admission.leave(req.request_id)
+                with self._live_lock:
+                    self._live.discard(req.request_id)
+            raise
         self._enqueue_add([req for req, _ in prepared])     # one command: one step admits them all
         streams = [stream for _, stream in prepared]
         try:
@@ -361,6 +402,29 @@ class LLM:
             return self._waiting_ids.index(request_id) + 1
         except ValueError:
             return None
+
+    def tenant_stats(self, fresh: bool = False) -> list:
+        """Per-tenant rows (engine.fairness.TenantStats): counter, running / waiting, tokens, share
+        of the last minute, preemptions suffered, queue time. Empty under FCFS. By default a plain
+        read of what the engine thread published at most ~0.5 s ago; fresh=True waits for the
+        current step to end and reads the policy itself."""
+        if not fresh:
+            return list(self._tenant_rows[0])
+
+        def read(eng):
+            pol = eng.scheduler.policy
+            return pol.tenant_stats() if isinstance(pol, ReportsTenants) else []
+        return self._call("call", read)
+
+    def fairness_events(self, fresh: bool = False) -> list:
+        """Recent scheduler decisions (engine.fairness.FairnessEvent): tenants held back, fair preemptions."""
+        if not fresh:
+            return list(self._tenant_rows[1])
+
+        def read(eng):
+            pol = eng.scheduler.policy
+            return pol.events() if isinstance(pol, ReportsTenants) else []
+        return self._call("call", read)
 
     def kv_stats(self):
         """The stats contract, typed (engine/kv_contract.KVStats)."""

@@ -13,6 +13,7 @@ import torch
 from engine.beam_search import route_beam_rows
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
+from engine.fairness import make_policy
 from engine.kv_cache_manager import KVCacheManager
 from engine.kv_contract import KVSnapshot, KVStats
 from engine.loader import LoadedModel
@@ -25,7 +26,7 @@ from engine.sessions import SessionTable
 
 
 class LLMEngine:
-    def __init__(self, cfg: EngineConfig, loaded: LoadedModel):
+    def __init__(self, cfg: EngineConfig, loaded: LoadedModel, tenant_weights: dict[str, float] | None = None):
         self.cfg = cfg
         self.tokenizer = loaded.tokenizer
         self.hf_config = loaded.config
@@ -36,7 +37,8 @@ class LLMEngine:
         self.kv = KVCacheManager(self.runner.num_blocks, cfg.block_size, max_model_len=self.max_model_len,
                                  kv_bytes_per_token=self.runner.kv_bytes_per_token,
                                  enable_prefix_caching=cfg.enable_prefix_caching)
-        self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens,
+                                   make_policy(cfg.scheduling_policy, tenant_weights))
         self.requests: dict[str, Request] = {}
         self.sessions = SessionTable()      # chat sessions: exact ids + life cycle (engine/sessions.py)
         self.eos_ids = self._eos_ids()

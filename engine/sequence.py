@@ -66,6 +66,8 @@ class Request:
     on_output: object = None          # callable(RequestOutputDelta) set by the front
     seqs: list[Sequence] = field(default_factory=list)
     forked: bool = False
+    tenant: str = "local"             # who is served (engine/fairness.py): user, API key name, ...
+    priority: int = 0                 # lower first, as vLLM's; chat turns 0, API calls 1 by default
 
     @property
     def prompt_len(self) -> int:

@@ -122,7 +122,8 @@ class DemoLoad:
                 params = SamplingParams(temperature=self.temperature, max_tokens=self.max_tokens,
                                         seed=self.seed * 1_000_003 + uid * 1009 + turn)
                 try:
-                    stream = self.llm.submit_chat(messages, params, session_id=sid, cache_salt=DEMO_SALT)
+                    stream = self.llm.submit_chat(messages, params, session_id=sid, cache_salt=DEMO_SALT,
+                                                  tenant=f"demo-user-{uid}")
                 except ValueError as e:               # too long for the context: start over
                     self.errors.append(str(e)[:120])
                     turn = self.max_turns

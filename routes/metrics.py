@@ -100,7 +100,7 @@ def model_name_of(llm) -> str:
     return info().name if callable(info) else ""
 
 
-def register_routes(app, llm, *, kv_route: bool = True) -> None:
+def register_routes(app, llm, *, kv_route: bool = True, auth: bool = False) -> None:
     """Add GET /metrics and GET /api/kv to a FastAPI app (call before mounting Gradio at '/').
     kv_route=False: the app registers its viewer-scoped /api/kv itself (routes/kv.py)."""
     from fastapi.responses import JSONResponse, PlainTextResponse
@@ -110,6 +110,14 @@ def register_routes(app, llm, *, kv_route: bool = True) -> None:
     name = model_name_of(llm)
     # /metrics reads only "stats": the compact form spares a per-block build at GPU pool sizes
     compact = {"compact": True} if "compact" in inspect.signature(llm.latest_snapshot).parameters else {}
+
+    from routes.tenant_metrics import tenant_metrics_source
+    tenants = tenant_metrics_source(llm, anonymous_users=auth)   # per-tenant lines, bounded labels
+    if tenants is not None:
+        extra_metrics = getattr(app.state, "extra_metrics", None)
+        if extra_metrics is None:
+            extra_metrics = app.state.extra_metrics = []
+        extra_metrics.append(tenants)
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> PlainTextResponse:

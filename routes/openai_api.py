@@ -10,18 +10,22 @@ system prompt is never salted, so one shared with browser chats hits the same bl
 
 Queue bound: at most `max_pending` API sequences (n per prompt) in flight, default
 2 x max_num_seqs, and none admitted while the engine already has `max_num_seqs` requests waiting;
-past either bound the call gets 429 with Retry-After. 503 means the engine has shut down.
+past either bound the call gets 429 with Retry-After. Under fair scheduling both bounds count each
+caller (API key = tenant) separately, and the engine's admission bounds (--max-queued-*) answer
+429 + Retry-After too. 503 means the engine has shut down.
 """
 from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import Headers
 
+from engine.admission import QueueFull
 from engine.salt_rule import principal_salt, prompt_salt
 from engine.session_prompt import continue_session_prompt
 from routes import openai_schemas as S
@@ -93,9 +97,13 @@ class _KeyCheck:
         await self.app(scope, receive, send)
 
 
+DEFAULT_API_PRIORITY = 1   # chat turns are 0: interactive first unless a call asks (--api-priority)
+
+
 class OpenAIServer:
     def __init__(self, llm, *, model_name: str | None = None, max_pending: int | None = None,
-                 multi_user: bool = False):
+                 multi_user: bool = False, access: ApiAccess | None = None,
+                 default_priority: int = DEFAULT_API_PRIORITY):
         self.llm = llm
         self.salt = principal_salt("api", multi_user=multi_user)     # engine/salt_rule.py (#29.2)
         self.model = model_name or served_model_name(llm)
@@ -107,6 +115,13 @@ class OpenAIServer:
         self.tokenizer = llm.get_tokenizer()
         self.fmt = LogprobFormatter(self.tokenizer)
         self.metrics = ApiMetrics()
+        self.access = access or ApiAccess()
+        self.default_priority = default_priority
+        # fair scheduling: the waiting and in-flight bounds count each tenant (API key) on its own,
+        # so one key that floods /v1 is refused, not every other key with it
+        self.per_tenant = getattr(getattr(llm, "config", None), "scheduling_policy", "fcfs") == "fair"
+        self._tenant_flight: dict[str, int] = {}
+        self._tenant_lock = threading.Lock()
 
     # ---- shared steps ------------------------------------------------------------------------------
     def _check_model(self, name: str) -> None:
@@ -114,24 +129,51 @@ class OpenAIServer:
             raise APIError(404, f"the model '{name}' does not exist; this server serves '{self.model}'",
                            param="model", code="model_not_found")
 
-    def _admit(self, seqs: int) -> None:
+    def _admit(self, seqs: int, tenant: str = "api") -> None:
         try:
             waiting = self.llm.load()[1]
         except RuntimeError as e:
             raise APIError(503, f"the engine is not serving: {e}", code="engine_unavailable") from e
-        if waiting >= self.max_num_seqs or not self.metrics.try_admit(seqs, self.max_pending):
+        if self.per_tenant:
+            waiting = self.llm.admission.queued(tenant)[0]
+            with self._tenant_lock:
+                mine = self._tenant_flight.get(tenant, 0)
+                ok = waiting < self.max_num_seqs and mine + seqs <= self.max_pending
+                if ok:
+                    self._tenant_flight[tenant] = mine + seqs
+            ok = ok and self.metrics.try_admit(seqs, 10**9)
+        else:
+            ok = waiting < self.max_num_seqs and self.metrics.try_admit(seqs, self.max_pending)
+        if not ok:
             raise APIError(429, f"the server is busy ({waiting} requests waiting, bound {self.max_num_seqs}; "
                                 f"API sequences in flight bound {self.max_pending}); retry shortly",
                            code="queue_full", headers={"Retry-After": "1"})
 
-    def _submit(self, prompts: list[list[int]], params_list, cid: str, n: int, messages=None) -> Generation:
+    def release(self, seqs: int, tenant: str, usage: dict | None = None) -> None:
+        """Give back what _admit reserved (once per admitted call)."""
+        if self.per_tenant:
+            with self._tenant_lock:
+                left = self._tenant_flight.get(tenant, 0) - seqs
+                if left > 0:
+                    self._tenant_flight[tenant] = left
+                else:
+                    self._tenant_flight.pop(tenant, None)
+        self.metrics.release(seqs, usage)
+
+    def _submit(self, prompts: list[list[int]], params_list, cid: str, n: int, messages=None,
+                tenant: str = "api", priority: int = DEFAULT_API_PRIORITY) -> Generation:
         subs = []
         try:
             for k, (ids, params) in enumerate(zip(prompts, params_list)):
                 rid = f"{API_PREFIX}{cid}" if len(prompts) == 1 else f"{API_PREFIX}{cid}-{k}"
                 stream = self.llm.submit({"prompt_token_ids": ids}, params, request_id=rid,
-                                         cache_salt=prompt_salt(self.tokenizer, messages, ids, self.salt))
+                                         cache_salt=prompt_salt(self.tokenizer, messages, ids, self.salt),
+                                         tenant=tenant, priority=priority)
                 subs.append(Submitted(stream, len(ids), k * n))
+        except QueueFull as e:              # an admission bound (--max-queued-requests / -tokens)
+            self._abort_subs(subs)
+            raise APIError(429, f"the server is busy: {e}; retry in {e.retry_after_s} s", code="queue_full",
+                           headers={"Retry-After": str(e.retry_after_s)}) from e
         except ValueError as e:
             self._abort_subs(subs)
             raise APIError(400, str(e), code="invalid_value") from e
@@ -150,15 +192,17 @@ class OpenAIServer:
         """Admit, submit, then either stream (render.chunks) or collect and answer (render.final)."""
         params = [to_sampling_params(body, len(ids), self.max_model_len) for ids in prompts]
         seqs = len(prompts) * body.n
-        self._admit(seqs)
+        tenant = self.access.tenant_of(request.headers)
+        priority = body.priority if body.priority is not None else self.default_priority
+        self._admit(seqs, tenant)
         try:
-            gen = self._submit(prompts, params, cid, body.n, messages)
+            gen = self._submit(prompts, params, cid, body.n, messages, tenant, priority)
         except BaseException:
-            self.metrics.release(seqs)
+            self.release(seqs, tenant)
             raise
         if body.stream:
             self.metrics.count(endpoint, 200)
-            ender = _StreamEnd(gen, self.metrics, seqs)
+            ender = _StreamEnd(gen, self, seqs, tenant)
             return _EngineStream(self._stream(gen, body, render, ender), ender, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         watcher = asyncio.create_task(watch_disconnect(request, gen))
@@ -166,12 +210,12 @@ class OpenAIServer:
             await gen.collect()
         except BaseException:
             gen.abort()
-            self.metrics.release(seqs)
+            self.release(seqs, tenant)
             raise
         finally:
             watcher.cancel()
         usage = gen.usage()
-        self.metrics.release(seqs, usage)
+        self.release(seqs, tenant, usage)
         err = gen.error()
         if err:
             status = 503 if "shut down" in err else 500
@@ -229,8 +273,8 @@ class _StreamEnd:
     """Runs once, whichever comes first: the SSE generator ends, or the response ends without the
     generator ever running (client gone before the first chunk): abort what is left, release slots."""
 
-    def __init__(self, gen: Generation, metrics: ApiMetrics, seqs: int):
-        self.gen, self.metrics, self.seqs = gen, metrics, seqs
+    def __init__(self, gen: Generation, srv: "OpenAIServer", seqs: int, tenant: str):
+        self.gen, self.srv, self.seqs, self.tenant = gen, srv, seqs, tenant
         self.usage: dict | None = None
         self._done = False
 
@@ -239,7 +283,7 @@ class _StreamEnd:
             return
         self._done = True
         self.gen.abort()
-        self.metrics.release(self.seqs, self.usage)
+        self.srv.release(self.seqs, self.tenant, self.usage)
 
 
 class _EngineStream(StreamingResponse):
@@ -315,10 +359,14 @@ class _CompletionRender:
 
 def create_openai_app(llm, *, api_keys: list[str] | None = None, require_key: bool = False,
                       allowed_origins: list[str] | None = None, max_pending: int | None = None,
-                      model_name: str | None = None, multi_user: bool = False) -> FastAPI:
+                      model_name: str | None = None, multi_user: bool = False,
+                      default_priority: int = DEFAULT_API_PRIORITY) -> FastAPI:
     """The /v1 sub-application (mount it with `mount_openai_api`, or serve it alone in tests).
-    multi_user: the app has logins (--auth), so API calls get their own cache salt."""
-    srv = OpenAIServer(llm, model_name=model_name, max_pending=max_pending, multi_user=multi_user)
+    multi_user: the app has logins (--auth), so API calls get their own cache salt.
+    api_keys: "KEY" or "NAME:KEY" (the name is the caller's tenant for fair scheduling)."""
+    access = ApiAccess(api_keys, require_key=require_key)
+    srv = OpenAIServer(llm, model_name=model_name, max_pending=max_pending, multi_user=multi_user,
+                       access=access, default_priority=default_priority)
     app = FastAPI(title="Paged Chat OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = srv
     install_error_handlers(app)
@@ -337,8 +385,7 @@ def create_openai_app(llm, *, api_keys: list[str] | None = None, require_key: bo
         return await _counted(srv, "completions", srv.completions(body, request))
 
     app.add_middleware(RequestLimits, server=srv)      # caps before parsing (routes/request_limits.py)
-    app.add_middleware(_KeyCheck, access=ApiAccess(api_keys, require_key=require_key), metrics=srv.metrics,
-                       allowed_origins=allowed_origins)
+    app.add_middleware(_KeyCheck, access=access, metrics=srv.metrics, allowed_origins=allowed_origins)
     add_cors(app, allowed_origins)        # outermost: answers preflights before the key check
     return app
 

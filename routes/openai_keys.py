@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import hmac
 import os
+import re
 
+from engine.fairness import KEYLESS_API_TENANT as KEYLESS_TENANT
 from routes.openai_errors import APIError
 
 ENV_KEYS = "PAGED_CHAT_API_KEYS"
@@ -25,10 +27,36 @@ def keys_from_env(environ=None) -> list[str]:
     return [k.strip() for k in raw.split(",") if k.strip()]
 
 
+_KEY_NAME = re.compile(r"[A-Za-z0-9_.@-]{1,40}")
+
+
+def split_named_key(value: str, index: int) -> tuple[str, str]:
+    """`--api-key name:key` -> (name, key); a plain key is named "api-key-<index>" (1-based), so
+    the scheduler and /metrics never see the secret itself."""
+    name, sep, key = value.partition(":")
+    if sep and key and _KEY_NAME.fullmatch(name):
+        return name, key
+    return f"api-key-{index}", value
+
+
 class ApiAccess:
     def __init__(self, api_keys: list[str] | None = None, *, require_key: bool = False):
-        self.keys = [k for k in (api_keys or []) if k]
+        named = [split_named_key(k, i + 1) for i, k in enumerate(k for k in (api_keys or []) if k)]
+        self.keys = [k for _, k in named]
+        self.key_names = [n for n, _ in named]          # the tenant of each key (engine/fairness.py)
         self.require_key = require_key or bool(self.keys)
+
+    def tenant_of(self, headers) -> str:
+        """Who is calling, for fair scheduling: the matching key's name; "api" when no key is needed.
+        Call after check() passed."""
+        if not self.keys:
+            return KEYLESS_TENANT
+        token = headers.get("authorization", "").partition(" ")[2].strip()
+        found = KEYLESS_TENANT
+        for name, k in zip(self.key_names, self.keys):   # no early exit, as in check()
+            if hmac.compare_digest(token.encode(), k.encode()):
+                found = name
+        return found
 
     def check(self, headers) -> None:
         """headers: any mapping with case-insensitive .get (Starlette's Headers). Raises APIError(401)."""

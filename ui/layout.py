@@ -308,7 +308,7 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
         atexit.register(ctx.exports.close)
     register_export_route(app, ctx.exports, demo=demo, auth=bool(auth))
     if engine_routes:                    # before mounting Gradio at "/", which would shadow them
-        register_routes(app, llm, kv_route=False)
+        register_routes(app, llm, kv_route=False, auth=bool(auth))
         register_kv_route(app, llm, storage=storage, demo=demo, auth=bool(auth))   # viewer-scoped /api/kv
         from routes.openai_api import mount_openai_api
         mount_openai_api(app, llm, require_key=bool(auth), multi_user=bool(auth), **(api_options or {}))

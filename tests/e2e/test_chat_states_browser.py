@@ -85,7 +85,7 @@ def test_queued_position_counts_api_requests_waiting_ahead(launch, browser):  # 
     for t in calls:
         t.join(120)
     seen = page.evaluate("() => window.__statuses")
-    assert any(t.startswith("queued (position 2)") for t in seen), seen
+    assert any("queued as number 2" in t for t in seen), seen
     assert seen[-1] == "finished"
 
 

@@ -47,6 +47,10 @@ def test_bob_sees_nothing_of_alice(launch, chat_api):
             wait_until(lambda: "other chat" in page.inner_text("#kv-story"), 60, what="the anonymous count")
             html = page.inner_html("#kv-dashboard")
             assert conv not in html and "Lisbon" not in html and "alice" not in html
+            wait_until(lambda: "another user (1)" in page.inner_text("#kv-who"), 60, what="alice, anonymous")
+            assert "you (bob)" in page.inner_text("#kv-who")           # "who is served": own row by name
+            metrics = server.get("metrics")                            # open endpoint: users numbered
+            assert "alice" not in metrics and "bob" not in metrics and 'tenant="user-1"' in metrics
             assert "Bob" in page.inner_text("#kv-tables")                 # his own chat, by title
             kv = json.loads(page.evaluate("() => fetch('/api/kv').then(r => r.text())"))
             text = json.dumps(kv)

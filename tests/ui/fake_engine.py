@@ -88,6 +88,7 @@ class FakeLLM:
     def __init__(self, words=("Hello", " there", "!"), snapshot=None, pause_s=0.06, info=INFO):
         self.words, self.snap, self.pause_s, self.info = list(words), snapshot, pause_s, info
         self.submitted, self.previous, self.aborted, self.ended, self.closed = [], [], [], [], []
+        self.tenants: list = []             # the tenant each chat turn was submitted for
         self.calls: list[str] = []                   # snapshot reads: "latest" / "exact"
         self.log: list[tuple] = []                   # ("abort", rid) / ("end", sid) / ("close", sid), in order
         self.streams: dict[str, FakeStream] = {}
@@ -116,11 +117,12 @@ class FakeLLM:
         return list(range(1000 * k, 1000 * k + 9))
 
     def submit_chat(self, messages, params=None, *, session_id=None, request_id=None, previous_ids=None,
-                    cache_salt=None):
+                    cache_salt=None, tenant=None, priority=0):
         with self.lock:
             k = len(self.submitted)
             rid = request_id or f"req-{k}"
             self.submitted.append(([dict(m) for m in messages], params, session_id))
+            self.tenants.append(tenant)
             self.previous.append(previous_ids)
             s = self.streams[rid] = FakeStream(self, rid, self.words, getattr(params, "n", 1),
                                                self.prompt_ids_of(k), self.pause_s)

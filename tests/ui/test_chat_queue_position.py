@@ -36,7 +36,7 @@ def test_queued_position_counts_an_api_request_waiting_ahead(llm):
         assert time.time() < deadline
         time.sleep(0.01)
     assert tabs.queue_position(turn) == 2        # no other chat turn waits, yet it is second
-    assert "queued (position 2)" in states.live_status(states.QUEUED, tabs.queue_position(turn))
+    assert "queued as number 2" in states.live_status(states.QUEUED, tabs.queue_position(turn))
     running.abort()
     for s in (running, api, chat):
         list(s)

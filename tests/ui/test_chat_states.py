@@ -19,7 +19,7 @@ def test_finish_reason_tells_end_of_turn_from_stop_sequence_and_stopped():
 
 
 def test_live_status_words():
-    assert "queued (position 3)" in states.live_status(states.QUEUED, 3)
+    assert states.live_status(states.QUEUED, 3) == "server busy, your message is queued as number 3…"
     assert states.live_status(states.PAUSED) == "paused: memory full, resuming…"
     assert states.live_status(states.GENERATING) == "generating…"
 

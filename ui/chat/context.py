@@ -44,6 +44,11 @@ class ChatContext:
         (send, n > 1, regenerate, edit, beam search) takes it from here (engine/salt_rule.py)."""
         return principal_salt("user", self.owner(request), multi_user=self.auth)
 
+    def tenant(self, request) -> str:
+        """Who the fair scheduler serves this turn for: the logged-in user under --auth, else the
+        one local user (engine/fairness.py)."""
+        return f"user:{self.owner(request)}" if self.auth else "local"
+
     def tab(self, request) -> Tab:
         """The asking tab's state; another user's tab (a stolen session hash) raises
         guard.TabOwnerError before anything is read or changed (#12.10)."""

@@ -97,7 +97,7 @@ async def generate(ctx: ChatContext, request, tab, conv_id: str, user_id: int, k
         async for out in _beam_reply(ctx, request, tab, conv_id, messages, path, user_id, width, kw, first_msg):
             yield out
         return
-    turn = Turn(conv_id, user_id, kw["n"], cache_salt=ctx.cache_salt(request))
+    turn = Turn(conv_id, user_id, kw["n"], cache_salt=ctx.cache_salt(request), tenant=ctx.tenant(request))
     try:
         start_turn(ctx, turn, messages, kw, sibling_of)
     except BaseException:

@@ -21,8 +21,9 @@ PAUSED_TEXT = "memory full, resuming…"
 def live_status(state: str, position: int | None = None) -> str:
     """The status line under the chat while a reply is not finished."""
     if state == QUEUED:
-        where = f" (position {position})" if position else ""
-        return f"queued{where}: waiting for a free slot in the engine…"
+        if position:
+            return f"server busy, your message is queued as number {position}…"
+        return "queued: waiting for a free slot in the engine…"
     if state == PAUSED:
         return f"paused: {PAUSED_TEXT}"
     return "generating…"

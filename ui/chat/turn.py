@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from engine import SamplingParams
+from engine.admission import QueueFull
 from engine.outputs import STATE_PREEMPTED, STATE_RESUMED, STATE_RUNNING
 from storage import NotFoundError
 from ui.chat.tabs import in_daemon_thread
@@ -82,6 +83,7 @@ class Turn:
     status: str | None = None         # final stored status: complete / stopped / error
     version: int = 0                  # bumped on every delta, so followers repaint only on change
     cache_salt: str | None = None     # per-user prefix-cache salt under --auth (#12.2)
+    tenant: str | None = None         # who the fair scheduler serves (engine/fairness.py): the user
     submitted: object = None          # Future of the submit call
     task: asyncio.Task | None = None
     created: float = field(default_factory=time.monotonic)   # queue order among chat turns
@@ -133,11 +135,15 @@ async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
         previous = _previous_ids(st, turn.conv_id, turn.user_id)
         turn.submitted = in_daemon_thread(llm.submit_chat, messages, SamplingParams(**kw),
                                           session_id=turn.conv_id, request_id=turn.rid, previous_ids=previous,
-                                          cache_salt=turn.cache_salt)
+                                          cache_salt=turn.cache_salt, tenant=turn.tenant)
         try:
             stream = await asyncio.wrap_future(turn.submitted)
         except ValueError as e:          # e.g. longer than max_model_len: the engine is untouched
             turn.submitted, turn.refused = None, str(e)
+            return
+        except QueueFull as e:           # over an admission bound (--max-queued-requests ...): say so
+            turn.submitted, turn.refused = None, (f"Server busy, your message was not queued: {e}. "
+                                                  f"Try again in about {e.retry_after_s} s.")
             return
         prompt_ids = getattr(stream, "prompt_ids", None)
         if prompt_ids is not None:       # exact ids of this turn's prompt: a restart rebuilds from them

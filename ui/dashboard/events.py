@@ -75,6 +75,7 @@ class EventFeed:
         self.lines: deque = deque(maxlen=size)
         self._prev: dict | None = None
         self._time = None
+        self.fair_since = 0.0           # the newest scheduler decision already in the feed (who.py)
 
     def update(self, snap: dict, extra: list[str] = ()) -> list[str]:
         if snap.get("time") != self._time:

@@ -29,6 +29,8 @@ from ui.dashboard.grid_payload import grid_payload, with_highlight
 from ui.dashboard.scope import scope_snapshot, titles_for
 from ui.dashboard.sampler import StatsSampler
 from ui.dashboard.story import story_html
+from engine.fairness import ServesTenants
+from ui.dashboard.who import event_lines, served, viewer_tenant, who_html
 from ui.dashboard.history import (PLOT_STEP_S, SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT, History,
                                   blocks_frame, hit_rate_frame)
 from loadgen.demo_load import MAX_DEMO_USERS, DemoLoad, PromptSource
@@ -37,7 +39,7 @@ from ui.dashboard.kv_math import PRESETS, shape_of
 LIVE = "live model"
 FOLDED = ("arith", "whatif")      # in closed-by-default accordions: sent only while open
 OUTPUT_NAMES = ("story", "headline", "grid", "tables", "paged_plot", "contig_plot", "hit_plot", "arith",
-                "whatif", "feed", "selector", "demo")
+                "whatif", "feed", "selector", "demo", "who")
 FAST = tuple(BUS.PANELS)                          # through the one-output bus, every TICK_S
 SLOW = ("paged_plot", "contig_plot", "hit_plot", "selector", "demo")   # through Gradio, every SLOW_TICK_S
 # Tick periods, chosen by measurement (loadgen/bench_dashboard_browser.py, 16 demo users, 3,000
@@ -105,10 +107,24 @@ class DashboardState:
             self.last_render_s = time.perf_counter() - t0
             return self.base
 
-    def feed(self, snap: dict, scope=None) -> str:
+    def feed(self, snap: dict, scope=None, viewer: str = "local", auth: bool = False) -> str:
+        """The event feed, with the fair scheduler's decisions (held back, fair preemptions) in it."""
+        events, rows = self.fair_events(), self.tenant_rows()
         with self._lock:
             f = self.feeds.setdefault(scope, EventFeed())
-            return feed_html(f.update(snap))
+            extra, f.fair_since = event_lines(events, f.fair_since, viewer, auth,
+                                              [r.tenant for r in served(rows)])
+            return feed_html(f.update(snap, extra))
+
+    def tenant_rows(self) -> list:
+        return self.llm.tenant_stats() if isinstance(self.llm, ServesTenants) else []
+
+    def fair_events(self) -> list:
+        return self.llm.fairness_events() if isinstance(self.llm, ServesTenants) else []
+
+    def who(self, viewer: str, auth: bool) -> str:
+        policy = getattr(getattr(self.llm, "config", None), "scheduling_policy", "fair")
+        return who_html(self.tenant_rows(), viewer, auth, policy)
 
     def view(self, snap: dict, selected: str | None, arith_model: str | None, scope=None) -> dict:
         base = self.base_for(snap, scope)
@@ -210,6 +226,7 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
             stop = gr.Button("Stop", size="sm", scale=0, min_width=70, elem_id="kv-demo-stop")
             demo_md = gr.Markdown(state.demo.status(), elem_id="kv-demo-status")
         headline = gr.HTML(**html, elem_id="kv-headline")
+        gr.HTML(**html, elem_id="kv-who")        # "who is served" (ui/dashboard/who.py), via the bus
         feed = gr.HTML(**html, elem_id="kv-feed")
         with gr.Row(equal_height=True):
             selector = gr.Dropdown(choices=[], value=None, label="Highlight a conversation",
@@ -272,8 +289,11 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
         snap, key = scoped(snap, request)
         v = state.view(snap, selected, model, key)
         values = {k: v[k] for k in OUTPUT_NAMES[:9] if k in names}
+        me = viewer_tenant(getattr(request, "username", None), auth)
         if "feed" in names:
-            values["feed"] = state.feed(snap, key[0] if key else None)
+            values["feed"] = state.feed(snap, key[0] if key else None, me, auth)
+        if "who" in names:
+            values["who"] = state.who(me, auth)
         if "selector" in names:
             values["selector"] = tuple(v["choices"]) + _missing_choice(v["choices"], selected, request)
         if "demo" in names:
