@@ -202,7 +202,22 @@ class LLM:
             stream._put(delta)
 
         req = Request(rid, ids, params, session_id=session_id, cache_salt=cache_salt, on_output=on_output)
+        try:
+            self._check_shaping(params)
+            if params.structured is not None:   # compiled here, in the caller's thread, not the step loop
+                req.grammar = self.engine.grammars.matcher(params.structured)
+        except ValueError:
+            with self._live_lock:
+                self._live.discard(rid)
+            raise
         return req, stream
+
+    def _check_shaping(self, params: SamplingParams) -> None:
+        """Token ids in logit_bias must exist in this model's vocabulary (a 400, not a step error)."""
+        vocab = self.engine.vocab_size
+        bad = [t for t in (params.logit_bias or {}) if t >= vocab]
+        if bad:
+            raise ValueError(f"logit_bias: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
 
     def submit_chat(self, messages: list[dict], params: SamplingParams | None = None, *,
                     session_id: str | None = None, request_id: str | None = None,

@@ -31,6 +31,9 @@ class Sequence:
         self.cached_tokens = 0      # prompt tokens served from the prefix cache / session at admission
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
+        self.grammar = None         # engine.structured.state.GrammarState when the request is constrained
+        self.prompt_logprobs: list | None = None    # [None, TokenLogprob, ...] when the request asked
+        self.prompt_logprobs_sent = False
 
     @property
     def prompt_len(self) -> int:
@@ -53,6 +56,7 @@ class RequestOutputDelta:
     error: str | None = None
     metrics: dict = field(default_factory=dict)
     logprobs: list | None = None      # list[TokenLogprob] for token_ids, when the request asked
+    prompt_logprobs: list | None = None   # once, with the first token: [None, TokenLogprob, ...] per prompt token
 
 
 @dataclass
@@ -66,6 +70,7 @@ class Request:
     on_output: object = None          # callable(RequestOutputDelta) set by the front
     seqs: list[Sequence] = field(default_factory=list)
     forked: bool = False
+    grammar: object = None            # a fresh matcher compiled off the step loop (LLM.submit), or None
 
     @property
     def prompt_len(self) -> int:
