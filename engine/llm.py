@@ -212,6 +212,11 @@ class LLM:
             raise
         return req, stream
 
+    def compile_structured(self, spec) -> None:
+        """Compile a StructuredSpec into the engine's grammar cache now, in the caller's thread (a
+        server calls this from a worker thread before submit). ValueError if it is not valid."""
+        self.engine.grammars.matcher(spec)
+
     def _check_shaping(self, params: SamplingParams) -> None:
         """Token ids in logit_bias must exist in this model's vocabulary (a 400, not a step error)."""
         vocab = self.engine.vocab_size

@@ -11,15 +11,16 @@ from engine.chat_tokens import encode_chat, render_chat
 __all__ = ["continue_session_prompt", "render_chat", "shared_system_tokens"]
 
 
-def continue_session_prompt(tokenizer, messages: list[dict], previous_ids: list[int] | None) -> list[int]:
+def continue_session_prompt(tokenizer, messages: list[dict], previous_ids: list[int] | None,
+                            **mode) -> list[int]:
     """Message text is tokenized as plain text: special tokens come only from the template
-    (engine/chat_tokens.py)."""
-    text = render_chat(tokenizer, messages)
+    (engine/chat_tokens.py). `mode`: add_generation_prompt / continue_final_message (render_chat)."""
+    text = render_chat(tokenizer, messages, **mode)
     if previous_ids:
         prev_text = tokenizer.decode(previous_ids, skip_special_tokens=False)
         if prev_text and text.startswith(prev_text):
-            return list(previous_ids) + encode_chat(tokenizer, messages, start_char=len(prev_text))
-    return encode_chat(tokenizer, messages)
+            return list(previous_ids) + encode_chat(tokenizer, messages, start_char=len(prev_text), **mode)
+    return encode_chat(tokenizer, messages, **mode)
 
 
 def shared_system_tokens(tokenizer, messages: list[dict], ids: list[int]) -> int:
