@@ -56,17 +56,23 @@ class ToolPlan:
         schema = opts[0] if len(opts) == 1 else {"anyOf": opts}
         return {**schema, "x-guidance": JSON_OPTIONS}
 
+    def max_calls(self) -> int:
+        """Calls per reply: one, or with parallel_tool_calls one per callable tool. A cap, because
+        a small model that may always add "one more call" often never stops."""
+        return max(1, len(self.callable())) if self.parallel else 1
+
     def spec(self) -> StructuredSpec | None:
         if self.choice == "none":
             return None
         body = "body: %json " + json.dumps(self._body_schema())
-        more = " (\"\\n\" call)*" if self.parallel else ""
+        call = f"{json.dumps(CALL_OPEN)} body {json.dumps(CALL_CLOSE)}"
+        more = ""
+        for _ in range(self.max_calls() - 1):           # ("\n" call ("\n" call)?)? ...
+            more = f' ("\\n" call{more})?'
         if self.choice == "auto":       # lazy: what follows the first marker the model writes
-            more = f' ("\\n" {json.dumps(CALL_OPEN)} body {json.dumps(CALL_CLOSE)})*' if self.parallel else ""
-            lark = f"start: body {json.dumps(CALL_CLOSE)}{more}\n{body}"
+            lark = f"start: body {json.dumps(CALL_CLOSE)}{more}\ncall: {call}\n{body}"
             return StructuredSpec("grammar", lark, trigger=CALL_OPEN)
-        lark = f"start: call{more}\ncall: {json.dumps(CALL_OPEN)} body {json.dumps(CALL_CLOSE)}\n{body}"
-        return StructuredSpec("grammar", lark)
+        return StructuredSpec("grammar", f"start: call{more}\ncall: {call}\n{body}")
 
     def system_text(self) -> str:
         lines = ["You can call these tools (JSON schema of each one's arguments):"]
@@ -161,6 +167,7 @@ class ToolCallParser:
     _buf: str = ""
     _in_call: bool = False
     _named: bool = False
+    _after_call: bool = False           # the newline that separates calls is not content
 
     def _emit_content(self, text, ev):
         if text:
@@ -172,6 +179,11 @@ class ToolCallParser:
         ev: list = []
         while True:
             if not self._in_call:
+                if self._after_call:
+                    self._buf = self._buf.lstrip("\n")
+                    if not self._buf:
+                        return ev
+                    self._after_call = False
                 at = self._buf.find(CALL_OPEN)
                 if at < 0:
                     keep = next((k for k in range(min(len(CALL_OPEN) - 1, len(self._buf)), 0, -1)
@@ -198,8 +210,8 @@ class ToolCallParser:
                 return ev
             inner = self._buf[:end].rstrip()
             self._args(inner[:-1] if inner.endswith("}") else inner, ev)
-            self._buf = self._buf[end + len(CALL_CLOSE):].lstrip("\n")
-            self._in_call = False
+            self._buf = self._buf[end + len(CALL_CLOSE):]
+            self._in_call, self._after_call = False, True
 
     def _args(self, frag: str, ev) -> None:
         if frag:
