@@ -245,7 +245,9 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
     l = logits.float()
     biased = any(p.logit_bias for p in params)
     if biased or (constraint is not None and constraint[0]):
-        if l is logits:
+        # logprobs report the raw logits, and a retried row must not get its bias twice; a mask
+        # alone is idempotent, so it is applied in place (one vocab-wide pass fewer)
+        if l is logits and (biased or any(p.logprobs is not None for p in params)):
             l = l.clone()
         if biased:
             _apply_logit_bias_(l, params)
