@@ -242,6 +242,19 @@ class LLM:
         return self.submit({"prompt_token_ids": ids}, params, session_id=session_id, request_id=request_id,
                            cache_salt=salt)
 
+    def submit_continue(self, token_ids: list[int], params: SamplingParams | None, messages: list[dict], *,
+                        session_id: str | None = None, request_id: str | None = None,
+                        cache_salt: str | None = None) -> RequestStream:
+        """Continue a reply: `token_ids` are its prompt's exact ids + the reply's own ids, so the
+        session's parked blocks are reused and greedy decoding goes on exactly as if the reply had
+        never stopped. `messages` (the conversation before the reply) only places the shared
+        system-prompt boundary of the cache salt, as submit_chat does."""
+        salt = None
+        if cache_salt is not None:
+            salt = SharedPrefixSalt(str(cache_salt), shared_system_tokens(self.tokenizer, messages, token_ids))
+        return self.submit({"prompt_token_ids": list(token_ids)}, params, session_id=session_id,
+                           request_id=request_id, cache_salt=salt)
+
     def abort(self, request_id: str) -> bool:
         return bool(self._call("abort", request_id))
 
