@@ -48,7 +48,7 @@ def _sampling_controls(llm):
         with gr.Row():
             fmt = gr.Dropdown(reply_format.CHOICES, value=reply_format.FREE, label="Reply format (JSON: "
                               "constrained decoding, token by token)", elem_id="reply-format")
-            schema = gr.Textbox(label="JSON schema (for \"JSON matching a schema\")", lines=2, max_lines=10,
+            schema = gr.Textbox("", label="JSON schema (for \"JSON matching a schema\")", lines=2, max_lines=10,
                                 elem_id="reply-schema")
     return [temperature, top_p, top_k, max_tokens, rep, seed, n, decoding, fmt, schema]
 
