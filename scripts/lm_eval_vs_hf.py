@@ -8,7 +8,7 @@ harness's `local-completions` model against its /v1/completions (log-likelihood 
 the same model folder, and prints one table. The tasks are defined in bench/lm_eval_tasks/ with
 local JSONL files (no dataset hub is reachable here): `pc_sums` (multiple choice, log-likelihood)
 and `pc_capitals` (greedy generation, exact match). lm-eval is not a requirement of the project:
-install it in its own environment (`pip install lm-eval`) and point --lm-eval at its CLI.
+install it in its own environment (`pip install "lm-eval[api]"`) and point --lm-eval at its CLI.
 """
 from __future__ import annotations
 
