@@ -312,3 +312,16 @@ def test_continue_final_message_extends_the_assistant_message(client, model_id):
     with pytest.raises(openai.BadRequestError, match="continue_final_message"):
         client.chat.completions.create(model=model_id, messages=q, max_tokens=2,
                                        extra_body={"continue_final_message": True, "add_generation_prompt": False})
+
+
+def test_without_the_grammar_library_structured_requests_are_400_and_others_run(client, model_id, monkeypatch):
+    from engine.structured import compiler
+    monkeypatch.setattr(compiler, "llguidance", None)
+    with pytest.raises(openai.BadRequestError, match="llguidance"):
+        client.chat.completions.create(model=model_id, messages=ASK, max_tokens=5,
+                                       response_format={"type": "json_object"})
+    with pytest.raises(openai.BadRequestError, match="llguidance"):
+        client.chat.completions.create(model=model_id, messages=ASK, max_tokens=5, tools=[WEATHER],
+                                       tool_choice="required")
+    r = client.chat.completions.create(model=model_id, messages=ASK, max_tokens=3)
+    assert r.choices[0].message.content
