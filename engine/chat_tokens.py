@@ -26,14 +26,20 @@ _MARK = "\ue000{}\ue001"            # private-use code points: never produced by
 _MARK_RE = re.compile("\ue000(\\d+)\ue001")
 
 
-def render_chat(tokenizer, messages: list[dict]) -> str:
+def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
+                continue_final_message: bool = False) -> str:
+    """The template's text. `continue_final_message` (with add_generation_prompt False): the text
+    ends inside the last (assistant) message, so the model continues that message (vLLM's field)."""
     if not messages:
         raise ValueError("messages is empty")
     for m in messages:
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") \
                 or not isinstance(m.get("content"), str):
             raise ValueError("each message must be {'role': system|user|assistant, 'content': str}")
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if continue_final_message and (add_generation_prompt or messages[-1]["role"] != "assistant"):
+        raise ValueError("continue_final_message needs add_generation_prompt false and an assistant message last")
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                         continue_final_message=continue_final_message)
 
 
 def _special_strings(tokenizer) -> list[str]:
@@ -41,12 +47,12 @@ def _special_strings(tokenizer) -> list[str]:
     return sorted(set(added) | set(getattr(tokenizer, "all_special_tokens", [])), key=len, reverse=True)
 
 
-def chat_segments(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[str, bool]] | None]:
+def chat_segments(tokenizer, messages: list[dict], **mode) -> tuple[str, list[tuple[str, bool]] | None]:
     """(rendered text, [(text, is_special_token)...] covering it), or segments None when the
-    template rewrites message content (see the module doc)."""
-    text = render_chat(tokenizer, messages)
+    template rewrites message content (see the module doc). `mode`: render_chat's flags."""
+    text = render_chat(tokenizer, messages, **mode)
     marked = [dict(m, content=_MARK.format(i)) for i, m in enumerate(messages)]
-    skeleton = tokenizer.apply_chat_template(marked, tokenize=False, add_generation_prompt=True)
+    skeleton = render_chat(tokenizer, marked, **mode)
     specials = _special_strings(tokenizer)
     split_re = re.compile("(" + "|".join(map(re.escape, specials)) + ")") if specials else None
     segments: list[tuple[str, bool]] = []
@@ -71,9 +77,9 @@ def chat_segments(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[str,
     return text, segments
 
 
-def encode_chat(tokenizer, messages: list[dict], start_char: int = 0) -> list[int]:
+def encode_chat(tokenizer, messages: list[dict], start_char: int = 0, **mode) -> list[int]:
     """Token ids of the rendered chat from character `start_char` on (0: all of it)."""
-    text, segments = chat_segments(tokenizer, messages)
+    text, segments = chat_segments(tokenizer, messages, **mode)
     if segments is None:
         specials = _special_strings(tokenizer)
         for m in messages:

@@ -233,7 +233,27 @@ class LLM:
 
         req = Request(rid, ids, params, session_id=session_id, cache_salt=cache_salt, on_output=on_output,
                       tenant=tenant, priority=int(priority))
+        try:
+            self._check_shaping(params)
+            if params.structured is not None:   # compiled here, in the caller's thread, not the step loop
+                req.grammar = self.engine.grammars.matcher(params.structured)
+        except ValueError:
+            with self._live_lock:
+                self._live.discard(rid)
+            raise
         return req, stream
+
+    def compile_structured(self, spec) -> None:
+        """Compile a StructuredSpec into the engine's grammar cache now, in the caller's thread (a
+        server calls this from a worker thread before submit). ValueError if it is not valid."""
+        self.engine.grammars.matcher(spec)
+
+    def _check_shaping(self, params: SamplingParams) -> None:
+        """Token ids in logit_bias must exist in this model's vocabulary (a 400, not a step error)."""
+        vocab = self.engine.vocab_size
+        bad = [t for t in (params.logit_bias or {}) if t >= vocab]
+        if bad:
+            raise ValueError(f"logit_bias: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
 
     def submit_chat(self, messages: list[dict], params: SamplingParams | None = None, *,
                     session_id: str | None = None, request_id: str | None = None,
@@ -251,6 +271,18 @@ class LLM:
         salt = prompt_salt(self.tokenizer, messages, ids, cache_salt)   # engine/salt_rule.py
         return self.submit({"prompt_token_ids": ids}, params, session_id=session_id, request_id=request_id,
                            cache_salt=salt, tenant=tenant, priority=priority)
+
+    def submit_continue(self, token_ids: list[int], params: SamplingParams | None, messages: list[dict], *,
+                        session_id: str | None = None, request_id: str | None = None,
+                        cache_salt: str | None = None, tenant: str | None = None,
+                        priority: int = 0) -> RequestStream:
+        """Continue a reply: `token_ids` are its prompt's exact ids + the reply's own ids, so the
+        session's parked blocks are reused and greedy decoding goes on exactly as if the reply had
+        never stopped. `messages` (the conversation before the reply) only places the shared
+        system-prompt boundary of the cache salt, as submit_chat does."""
+        salt = prompt_salt(self.tokenizer, messages, list(token_ids), cache_salt)   # engine/salt_rule.py
+        return self.submit({"prompt_token_ids": list(token_ids)}, params, session_id=session_id,
+                           request_id=request_id, cache_salt=salt, tenant=tenant, priority=priority)
 
     def abort(self, request_id: str) -> bool:
         return bool(self._call("abort", request_id))

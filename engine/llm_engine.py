@@ -19,6 +19,10 @@ from engine.kv_contract import KVSnapshot, KVStats
 from engine.loader import LoadedModel
 from engine.model_runner import ModelRunner
 from engine.outputs import STATE_FINISHED, STATE_PREEMPTED, STATE_RESUMED, STATE_RUNNING
+from engine import prompt_logprobs
+from engine.structured.bitmask import fill_masks
+from engine.structured.compiler import GrammarCompiler
+from engine.structured.state import GrammarState
 from engine.sampler import make_generator, sample_batch
 from engine.scheduler import Scheduler
 from engine.sequence import Request, RequestOutputDelta, Sequence, SeqStatus
@@ -48,6 +52,8 @@ class LLMEngine:
         self._broken: set[str] = set()      # requests whose consumer raised: aborted after the step
         self.beam_groups: dict = {}         # request id -> engine.beam_search.BeamGroup (beam search hook)
         self._paused: set[str] = set()      # seq ids preempted and not yet scheduled again
+        self.vocab_size = self.runner.model.embed.shape[0]
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size)   # engine/structured/
 
     def _eos_ids(self) -> set[int]:
         ids = set()
@@ -74,6 +80,11 @@ class LLMEngine:
         self.validate_prompt(req.prompt_ids)
         if req.request_id in self.requests:
             raise ValueError(f"request id {req.request_id!r} is already in use")
+        p = req.params
+        if p.structured is not None and req.grammar is None:   # LLM.submit compiles off the loop
+            req.grammar = self.grammars.matcher(p.structured)
+        if p.prompt_logprobs is not None:       # every prompt position computed (engine/prompt_logprobs.py)
+            req.cache_salt = prompt_logprobs.salt_for(req.request_id)
         self.requests[req.request_id] = req
         if req.session_id is not None:
             self.sessions.begin_turn(req.session_id, req.request_id)
@@ -87,6 +98,8 @@ class LLMEngine:
         seq = Sequence(f"{req.request_id}#{index}", req, index, token_ids, detok, make_generator(seed))
         req.seqs.append(seq)
         if index == 0:
+            if p.structured is not None:
+                seq.grammar = GrammarState.start(p.structured, self.grammars, req.grammar)
             self.scheduler.add(seq)
         return seq
 
@@ -159,9 +172,13 @@ class LLMEngine:
             return
         copies = self.kv.take_pending_copies()
         rows = [r for r, (seq, start, n) in enumerate(batch) if start + n == len(seq.token_ids)]
+        plp = prompt_logprobs.positions(batch)      # (row, offset) pairs: extra logits rows
         # logits stay on the model's device: the sampler runs there; only token ids (and requested
         # logprobs) come back to the host. Prefill chunks need KV even when unsampled.
-        logits = self.runner.run_on_device(batch, self.kv, copies, rows)
+        logits = self.runner.run_on_device(batch, self.kv, copies, rows + [(r, k) for r, k, _, _ in plp])
+        if plp:
+            prompt_logprobs.record(plp, logits[len(rows):])
+            logits = logits[:len(rows)]
         self.steps += 1
         self.prompt_tokens_computed_total += sum(
             max(0, min(start + n, seq.prompt_len) - start) for seq, start, n in batch)
@@ -205,8 +222,14 @@ class LLMEngine:
         params = [s.request.params for s in seqs]
         gens = [s.generator for s in seqs]
         states = [g.get_state() if not p.greedy else None for p, g in zip(params, gens)]
+        masked = [i for i, s in enumerate(seqs) if s.grammar is not None and s.grammar.active]
+        mask = None
         try:
-            res = sample_batch(logits, params, gens, [s.token_ids for s in seqs], [s.prompt_len for s in seqs])
+            # the grammar rows' bitmasks, filled on the CPU (~0.02 ms a row), applied on the device
+            mask = fill_masks([seqs[i].grammar for i in masked], self.vocab_size) if masked else None
+            extra = ((masked, mask),) if masked else ()    # unconstrained batches: the plain call
+            res = sample_batch(logits, params, gens, [s.token_ids for s in seqs], [s.prompt_len for s in seqs],
+                               *extra)
             return list(zip(res.token_ids, res.logprobs))
         except Exception:
             pass
@@ -215,7 +238,12 @@ class LLMEngine:
             if states[i] is not None:
                 gens[i].set_state(states[i])
             try:
-                res = sample_batch(logits[i:i + 1], [params[i]], [gens[i]], [seq.token_ids], [seq.prompt_len])
+                row_mask = None
+                if i in masked:
+                    row_mask = ([0], mask[masked.index(i)][None] if mask is not None
+                                else fill_masks([seq.grammar], self.vocab_size))
+                res = sample_batch(logits[i:i + 1], [params[i]], [gens[i]], [seq.token_ids], [seq.prompt_len],
+                                   *((row_mask,) if row_mask else ()))
                 out.append((res.token_ids[0], res.logprobs[0]))
             except Exception as e:      # noqa: BLE001 - any sampling failure is this row's alone
                 out.append(e)
@@ -241,6 +269,8 @@ class LLMEngine:
                 for i in range(1, req.params.n):
                     child = self._new_sequence(req, i, list(seq.token_ids))
                     child.cached_tokens = seq.cached_tokens
+                    if seq.grammar is not None:         # each fork its own matcher state
+                        child.grammar = seq.grammar.fork()
                     self.kv.fork(seq.seq_id, child.seq_id, child.token_ids)
                     self.scheduler.add_forked(seq, child)
                     out_seqs.append(child)
@@ -256,9 +286,17 @@ class LLMEngine:
         p = seq.request.params
         text = seq.detok.add(tok)
         reason = None
+        g = seq.grammar
+        if g is not None:
+            g.accept(tok, text)
+        if g is not None and g.error is not None and g.matcher is not None and not seq.detok.stopped:
+            self._finish(seq, "error", text, [tok], error=f"structured: {g.error}")
+            return
         if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids):
             reason = "stop"
         elif seq.detok.stopped:
+            reason = "stop"
+        elif g is not None and g.done:          # the grammar is complete: nothing may follow
             reason = "stop"
         elif len(seq.output_ids) >= p.max_tokens or len(seq.token_ids) >= self.max_model_len:
             reason = "length"
@@ -304,8 +342,12 @@ class LLMEngine:
             m["ttft_s"] = seq.first_token_time - req.arrival_time
             span = (seq.last_token_time or now) - seq.first_token_time
             m["tokens_per_s"] = (out_n - 1) / span if out_n > 1 and span > 0 else None
-        self._deliver(req, RequestOutputDelta(req.request_id, seq.index, text, toks, finished, reason, error, m,
-                                              logprobs))
+        delta = RequestOutputDelta(req.request_id, seq.index, text, toks, finished, reason, error, m, logprobs)
+        if req.params.prompt_logprobs is not None and (toks or finished) and not seq.prompt_logprobs_sent:
+            seq.prompt_logprobs_sent = True            # once per sequence, with its first token (children: the parent's)
+            delta.prompt_logprobs = (seq.prompt_logprobs if seq.index == 0 else req.seqs[0].prompt_logprobs) \
+                or [None] * seq.prompt_len
+        self._deliver(req, delta)
 
     # ---- observability -----------------------------------------------------------------------
     def reset_peak_stats(self) -> None:

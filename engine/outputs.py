@@ -30,6 +30,7 @@ class RequestOutput:
     request_id: str
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
+    prompt_logprobs: list[TokenLogprob | None] | None = None    # per prompt token (first: None), if asked
 
 
 # The life-cycle states a stream reports in `RequestOutputDelta.metrics["state"]`. Defined once here

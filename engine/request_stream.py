@@ -75,8 +75,11 @@ class RequestStream:
 def collect(stream: RequestStream, params: SamplingParams) -> RequestOutput:
     """Wait for every delta of `stream` and assemble the finished RequestOutput (the batch API)."""
     outs = [CompletionOutput(index=i) for i in range(params.n)]
+    prompt_lps = None
     for d in stream:
         o = outs[d.index]
+        if d.prompt_logprobs is not None and prompt_lps is None:
+            prompt_lps = d.prompt_logprobs
         o.text += d.text
         o.token_ids.extend(d.token_ids)
         if params.logprobs is not None:
@@ -86,4 +89,4 @@ def collect(stream: RequestStream, params: SamplingParams) -> RequestOutput:
             o.finish_reason, o.metrics = d.finish_reason, d.metrics
             if d.error:
                 raise RuntimeError(d.error)
-    return RequestOutput(stream.request_id, stream.prompt_ids, outs)
+    return RequestOutput(stream.request_id, stream.prompt_ids, outs, prompt_lps)

@@ -25,6 +25,7 @@ import torch
 from engine.outputs import TokenLogprob
 from kernels import cpu_sampling
 from engine.sampling_params import SamplingParams
+from engine.structured.bitmask import apply_bitmask_
 
 NUM_CANDIDATES = 256        # candidates per row before the exactness checks (>= max top_k + 64)
 MASS_MARGIN = 1e-4          # top-p bound must hold with this slack (float sums differ by ulps)
@@ -216,13 +217,42 @@ def _logprobs(logits: torch.Tensor, rows: list[int], ks: list[int], tokens: torc
             for j, (t, c, k) in enumerate(zip(tok, chosen, ks))]
 
 
+def _apply_logit_bias_(l: torch.Tensor, params: list[SamplingParams]) -> None:
+    """In place, one scatter for the whole batch: l[i, t] += params[i].logit_bias[t]."""
+    rows, cols, vals = [], [], []
+    for i, p in enumerate(params):
+        for t, b in (p.logit_bias or {}).items():
+            rows.append(i)
+            cols.append(t)
+            vals.append(b)
+    if max(cols) >= l.shape[1]:
+        raise ValueError(f"logit_bias: token id {max(cols)} is outside the vocabulary (0..{l.shape[1] - 1})")
+    dev = l.device
+    l.index_put_((torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)),
+                 torch.tensor(vals, dtype=l.dtype, device=dev), accumulate=True)
+
+
 @torch.inference_mode()
 def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
-                 histories: list[list[int]], prompt_lens: list[int] | None = None) -> SamplerOutput:
-    """logits: [B, vocab] (any float dtype, any device). histories: prompt + output ids per row."""
+                 histories: list[list[int]], prompt_lens: list[int] | None = None,
+                 constraint: tuple[list[int], torch.Tensor] | None = None) -> SamplerOutput:
+    """logits: [B, vocab] (any float dtype, any device). histories: prompt + output ids per row.
+    constraint: (rows, packed int32 bitmask [len(rows), words]) from engine/structured: those rows
+    may only draw allowed tokens. Logit bias and the mask shape the logits every rule below sees;
+    reported logprobs stay those of the raw logits (see TokenLogprob)."""
     B, V = logits.shape
     raw = logits
     l = logits.float()
+    biased = any(p.logit_bias for p in params)
+    if biased or (constraint is not None and constraint[0]):
+        # logprobs report the raw logits, and a retried row must not get its bias twice; a mask
+        # alone is idempotent, so it is applied in place (one vocab-wide pass fewer)
+        if l is logits and (biased or any(p.logprobs is not None for p in params)):
+            l = l.clone()
+        if biased:
+            _apply_logit_bias_(l, params)
+        if constraint is not None:
+            apply_bitmask_(l, *constraint)
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if len(rows) == B and not any(p.presence_penalty or p.frequency_penalty for p in params):
         # the common chat batch: every row samples, repetition penalty at most. The tempered copy

@@ -10,11 +10,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from engine.structured.spec import StructuredSpec
+
 MIN_TEMPERATURE = 1e-5      # below this (but > 0) logits / T overflows fp32; use 0 for greedy
 MAX_TEMPERATURE = 100.0     # far past any useful value; keeps logits / T finite
 MAX_REPETITION_PENALTY = 100.0
 MAX_N = 128                 # children per request (OpenAI's cap): each one holds KV blocks
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 64, 1000     # every stop string is checked after every token
+MAX_LOGIT_BIAS = 300        # entries (OpenAI's cap); each value in [-100, 100], added to the logit
 
 
 def _is_number(v) -> bool:
@@ -42,6 +45,9 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     skip_special_tokens: bool = True
+    structured: StructuredSpec | None = None     # constrained decoding (engine/structured/)
+    logit_bias: dict[int, float] | None = None   # token id -> added to its logit before sampling
+    prompt_logprobs: int | None = None  # k: each prompt token's logprob + k alternatives (recomputed)
 
     def __post_init__(self):
         def bad(name, why):
@@ -71,6 +77,18 @@ class SamplingParams:
                 bad(name, "must be in [-2, 2]")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= 20):
             bad("logprobs", "must be None or an integer in 0..20")
+        if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs)
+                                                 or not 0 <= self.prompt_logprobs <= 20):
+            bad("prompt_logprobs", "must be None or an integer in 0..20")
+        if self.structured is not None and not isinstance(self.structured, StructuredSpec):
+            bad("structured", "must be a StructuredSpec")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or len(self.logit_bias) > MAX_LOGIT_BIAS:
+                bad("logit_bias", f"must be a dict of at most {MAX_LOGIT_BIAS} token id -> bias entries")
+            for t, b in self.logit_bias.items():
+                if not _is_int(t) or t < 0 or not _is_number(b) or not -100 <= b <= 100:
+                    bad("logit_bias", "must map non-negative token ids to numbers in [-100, 100]")
+            self.logit_bias = {int(t): float(b) for t, b in self.logit_bias.items()} or None
         if self.max_tokens < 1:
             bad("max_tokens", "must be an integer >= 1")
         if self.seed is not None and not _is_int(self.seed):

@@ -31,6 +31,9 @@ class Sequence:
         self.cached_tokens = 0      # prompt tokens served from the prefix cache / session at admission
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
+        self.grammar = None         # engine.structured.state.GrammarState when the request is constrained
+        self.prompt_logprobs: list | None = None    # [None, TokenLogprob, ...] when the request asked
+        self.prompt_logprobs_sent = False
 
     @property
     def prompt_len(self) -> int:
@@ -53,6 +56,7 @@ class RequestOutputDelta:
     error: str | None = None
     metrics: dict = field(default_factory=dict)
     logprobs: list | None = None      # list[TokenLogprob] for token_ids, when the request asked
+    prompt_logprobs: list | None = None   # once, with the first token: [None, TokenLogprob, ...] per prompt token
 
 
 @dataclass
@@ -68,6 +72,7 @@ class Request:
     forked: bool = False
     tenant: str = "local"             # who is served (engine/fairness.py): user, API key name, ...
     priority: int = 0                 # lower first, as vLLM's; chat turns 0, API calls 1 by default
+    grammar: object = None            # a fresh matcher compiled off the step loop (LLM.submit), or None
 
     @property
     def prompt_len(self) -> int:

@@ -11,18 +11,20 @@ from engine.chat_tokens import encode_chat, render_chat, specials_where_template
 __all__ = ["continue_session_prompt", "render_chat", "shared_system_tokens"]
 
 
-def continue_session_prompt(tokenizer, messages: list[dict], previous_ids: list[int] | None) -> list[int]:
+def continue_session_prompt(tokenizer, messages: list[dict], previous_ids: list[int] | None,
+                            **mode) -> list[int]:
     """Message text is tokenized as plain text: special tokens come only from the template
     (engine/chat_tokens.py). Kept ids are trusted only when they decode to the start of the
     rendered conversation and their special tokens sit where the template's do; else the prompt
-    is re-derived from the text (a wrong guess costs cache hits, never a planted turn)."""
-    text = render_chat(tokenizer, messages)
+    is re-derived from the text (a wrong guess costs cache hits, never a planted turn).
+    `mode`: add_generation_prompt / continue_final_message (render_chat)."""
+    text = render_chat(tokenizer, messages, **mode)
     if previous_ids:
         prev_text = tokenizer.decode(previous_ids, skip_special_tokens=False)
         if prev_text and text.startswith(prev_text) \
                 and specials_where_template_puts_them(tokenizer, messages, previous_ids):
-            return list(previous_ids) + encode_chat(tokenizer, messages, start_char=len(prev_text))
-    return encode_chat(tokenizer, messages)
+            return list(previous_ids) + encode_chat(tokenizer, messages, start_char=len(prev_text), **mode)
+    return encode_chat(tokenizer, messages, **mode)
 
 
 def shared_system_tokens(tokenizer, messages: list[dict], ids: list[int]) -> int:

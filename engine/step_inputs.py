@@ -109,7 +109,9 @@ def pack_step(buf: StagingBuffer, batch, kv, copies, sample_rows):
         seq_lens[r] = end
         t += n
         cu[r + 1] = t
-    lay.host(buf, "logits_idx")[:] = [int(cu[r + 1]) - 1 for r in sample_rows]
+    # an int row: its chunk's last token; a (row, offset) pair: that token of the chunk (prompt logprobs)
+    lay.host(buf, "logits_idx")[:] = [int(cu[r + 1]) - 1 if isinstance(r, int) else int(cu[r[0]]) + r[1]
+                                      for r in sample_rows]
     if copies:
         lay.host(buf, "copies")[:] = np.asarray(copies, dtype=np.int64).reshape(-1)
     buf.upload(lay.nbytes)

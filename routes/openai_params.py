@@ -11,14 +11,16 @@ import dataclasses
 
 from engine.sampling_params import SamplingParams
 from routes.openai_errors import APIError
+from routes.openai_structured import logit_bias
 
 
 def _has_field(name: str) -> bool:
     return name in {f.name for f in dataclasses.fields(SamplingParams)}
 
 
-def to_sampling_params(req, prompt_len: int, max_model_len: int) -> SamplingParams:
-    """Build the engine's parameters for one prompt; APIError(400) for anything out of range."""
+def to_sampling_params(req, prompt_len: int, max_model_len: int, structured=None) -> SamplingParams:
+    """Build the engine's parameters for one prompt; APIError(400) for anything out of range.
+    `structured`: the constraint the route derived (response_format, tools), if any."""
     room = max_model_len - prompt_len
     if room < 1:
         raise APIError(400, f"this model's maximum context length is {max_model_len} tokens; the prompt has "
@@ -45,6 +47,15 @@ def to_sampling_params(req, prompt_len: int, max_model_len: int) -> SamplingPara
             raise APIError(400, f"{name} is not supported by this engine yet (only 0 is accepted)", param=name,
                            code="unsupported_parameter")
         kw[name] = value
+    if limit == 0:                      # echo-only scoring: one token is generated and dropped
+        kw["max_tokens"] = 1
+    if structured is not None:
+        kw["structured"] = structured
+    bias = logit_bias(req)
+    if bias:
+        kw["logit_bias"] = bias
+    if getattr(req, "echo", False) and req.num_logprobs() is not None:
+        kw["prompt_logprobs"] = req.num_logprobs()      # /v1/completions echo: the prompt's own logprobs
     k = req.num_logprobs()
     if k is not None:
         if not _has_field("logprobs"):

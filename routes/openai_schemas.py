@@ -25,9 +25,11 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")         # name, tool_call_id ... are ignored
-    role: Literal["system", "developer", "user", "assistant"]
+    model_config = ConfigDict(extra="allow")         # name ... are ignored
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[TextPart], None] = None
+    tool_calls: list[dict] | None = None             # assistant turns that called tools (routes/openai_tools.py)
+    tool_call_id: str | None = None                  # tool turns: which call this result answers
 
     def text(self) -> str:
         if self.content is None:
@@ -71,8 +73,6 @@ class _Common(BaseModel):
             raise ValueError(f"stop: at most {MAX_STOP} sequences")
         if self.top_k == 0:
             raise ValueError("top_k: must be -1 (off) or >= 1")
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported by this server")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")
         return self
@@ -90,16 +90,20 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    tools: list | None = None
+    tools: list | None = None                        # routes/openai_tools.py
     tool_choice: object | None = None
-    response_format: dict | None = None
+    parallel_tool_calls: bool = True
+    response_format: dict | None = None              # routes/openai_structured.py
+    structured_outputs: dict | None = None           # vLLM's extra: {json | regex | choice | grammar | json_object}
+    continue_final_message: bool = False             # vLLM's extras: extend the last assistant message
+    add_generation_prompt: bool = True
 
     @model_validator(mode="after")
     def _check_chat(self):
-        if self.tools:
-            raise ValueError("tools: tool calling is not supported by this server")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise ValueError("response_format: only {'type': 'text'} is supported")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message: requires add_generation_prompt to be false")
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise ValueError("continue_final_message: the last message must be the assistant's")
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs: requires logprobs to be true")
         return self
@@ -119,7 +123,7 @@ class ChatCompletionRequest(_Common):
 
 class CompletionRequest(_Common):
     prompt: Union[str, list[str], list[int], list[list[int]]]
-    max_tokens: int | None = Field(16, ge=1)         # OpenAI's default for legacy completions
+    max_tokens: int | None = Field(16, ge=0)         # OpenAI's default; 0 only with echo (scoring)
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     best_of: int | None = None
@@ -127,12 +131,15 @@ class CompletionRequest(_Common):
 
     @model_validator(mode="after")
     def _check_completion(self):
-        if self.echo:
-            raise ValueError("echo: not supported by this server")
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens: 0 is only allowed with echo (prompt scoring)")
+        if self.max_tokens == 0 and self.stream:
+            raise ValueError("max_tokens: 0 is not supported with stream")
         if self.best_of not in (None, 1, self.n):
             raise ValueError("best_of: only best_of == n is supported")
         if self.suffix:
-            raise ValueError("suffix: not supported by this server")
+            raise ValueError("suffix: fill-in-the-middle is not supported by this server (its model has no "
+                             "infill tokens); send the text before the gap as the prompt")
         if isinstance(self.prompt, list) and not self.prompt:
             raise ValueError("prompt: must not be empty")
         return self

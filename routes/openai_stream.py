@@ -40,6 +40,7 @@ class Choice:
     logprobs: list = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
+    prompt_logprobs: list | None = None     # echo: [None, TokenLogprob, ...] per prompt token
 
 
 @dataclass
@@ -77,6 +78,8 @@ class Generation:
         lp = getattr(d, "logprobs", None)
         if lp:
             c.logprobs.extend(lp)
+        if getattr(d, "prompt_logprobs", None) is not None:
+            c.prompt_logprobs = d.prompt_logprobs
         if d.index == 0 and "cached_tokens" in (d.metrics or {}):
             self.cached[k] = d.metrics["cached_tokens"]
         if d.finished:

@@ -13,7 +13,7 @@ import gradio as gr
 from ui.chat import beam, branches, confirm
 from ui.chat import handlers as chat
 from ui.chat import sidebar as side
-from ui.chat import limits, view
+from ui.chat import limits, reply_format, view
 from ui.chat.context import ChatContext
 from ui.chat.tabs import TabRegistry
 from ui.page_assets import CSS, LIST_REFRESH_MEMORY_TAB_S, LIST_REFRESH_S, PAGE_JS, URL_JS
@@ -45,7 +45,12 @@ def _sampling_controls(llm):
                           elem_id="n-alternatives")
             decoding = gr.Dropdown(beam.CHOICES, value=beam.SAMPLE, label="Decoding (beam search: the k best "
                                    "replies side by side; they share the prompt's blocks)", elem_id="decoding")
-    return [temperature, top_p, top_k, max_tokens, rep, seed, n, decoding]
+        with gr.Row():
+            fmt = gr.Dropdown(reply_format.CHOICES, value=reply_format.FREE, label="Reply format (JSON: "
+                              "constrained decoding, token by token)", elem_id="reply-format")
+            schema = gr.Textbox("", label="JSON schema (for \"JSON matching a schema\")", lines=2, max_lines=10,
+                                elem_id="reply-schema")
+    return [temperature, top_p, top_k, max_tokens, rep, seed, n, decoding, fmt, schema]
 
 
 def build_demo(ctx: ChatContext) -> gr.Blocks:
@@ -100,6 +105,8 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
                 stop_btn = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="stop", visible=False)
             with gr.Row(elem_id="regen-row"):     # shown only when it can act (CSS below)
                 regen_btn = gr.Button("Regenerate", size="sm", elem_id="regenerate")
+                # extends a stopped / cut-off reply in place (ui/chat/handlers.continue_reply)
+                continue_btn = gr.Button("Continue", size="sm", elem_id="continue-reply")
             # `< k/n >` links in messages write "<message id>:<nonce>" here (PAGE_JS), then click
             branch_cmd = gr.Textbox(elem_id="branch-cmd", elem_classes=["offscreen"], show_label=False,
                                     container=False)
@@ -141,27 +148,44 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     stream_opts = dict(concurrency_limit=None, show_progress="minimal")
 
     # Explicit parameters: Gradio maps inputs by position and finds gr.Request by annotation.
-    def settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding):
+    def settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding,
+                 fmt=reply_format.FREE, schema=""):
         kw = limits.sampling(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n)   # validate first
         if beam.beam_width(decoding):
             kw["beam_width"] = beam.beam_width(decoding)
+        structured = reply_format.spec(fmt, schema)
+        if structured is not None:
+            if "beam_width" in kw:
+                raise gr.Error("A JSON reply format needs sampling or greedy decoding, not beam search.",
+                               title="Not accepted")
+            try:                # a schema the grammar library refuses: said now, nothing stored
+                ctx.llm.compile_structured(structured)
+            except ValueError as e:
+                raise gr.Error(f"The reply format is not accepted: {e}", title="Not accepted") from None
+            kw["structured"] = structured
         return kw
 
     async def send(message, temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n,
-                   decoding=beam.SAMPLE, request: gr.Request = None):
-        kw = settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding)
+                   decoding=beam.SAMPLE, fmt=reply_format.FREE, schema="", request: gr.Request = None):
+        kw = settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding, fmt, schema)
         async for out in chat.send(ctx, message, kw, request):
             yield out
 
     async def regenerate(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n,
-                         decoding=beam.SAMPLE, request: gr.Request = None):
-        kw = settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding)
+                         decoding=beam.SAMPLE, fmt=reply_format.FREE, schema="", request: gr.Request = None):
+        kw = settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding, fmt, schema)
         async for out in chat.regenerate(ctx, kw, request):
             yield out
 
-    async def edit(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding,
+    async def continue_reply(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n,
+                             decoding=beam.SAMPLE, fmt=reply_format.FREE, schema="", request: gr.Request = None):
+        kw = settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, beam.SAMPLE)
+        async for out in chat.continue_reply(ctx, kw, request):
+            yield out
+
+    async def edit(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding, fmt, schema,
                    edit_data: gr.EditData, request: gr.Request):
-        kw = settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding)
+        kw = settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding, fmt, schema)
         async for out in chat.edit(ctx, edit_data.index, edit_data.value, kw, request):
             yield out
 
@@ -171,6 +195,7 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
         # a time" (Gradio's default would drop the second trigger silently)
         msg.submit(send, [msg, *sampling], chat_out, api_name=False, trigger_mode="multiple", **stream_opts),
         c["regen_btn"].click(regenerate, sampling, chat_out, api_name="regenerate", **stream_opts),
+        c["continue_btn"].click(continue_reply, sampling, chat_out, api_name="continue_reply", **stream_opts),
         chatbot.edit(edit, sampling, chat_out, api_name=False, **stream_opts),
     ]
     async def stop(request: gr.Request):

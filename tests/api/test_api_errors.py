@@ -58,9 +58,19 @@ def assert_openai_error(status_body, status: int, *words):
     (dict(stop=[str(i) for i in range(40)]), "stop"),
     (dict(top_logprobs=3), "top_logprobs"),
     (dict(top_logprobs=25, logprobs=True), "top_logprobs"),
-    (dict(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
-    (dict(logit_bias={"50": 5}), "logit_bias"),
-    (dict(response_format={"type": "json_object"}), "response_format"),
+    (dict(tools=[{"type": "function", "function": {"name": "not a name!"}}]), "tools"),
+    (dict(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice={"type": "function",
+                                                                              "function": {"name": "g"}}), "tool_choice"),
+    (dict(tool_choice="required"), "tool_choice"),
+    (dict(logit_bias={"fifty": 5}), "logit_bias"),
+    (dict(logit_bias={"50": 500}), "logit_bias"),
+    (dict(logit_bias={"99999999": 5}), "logit_bias"),
+    (dict(response_format={"type": "yaml"}), "response_format"),
+    (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}),
+     "not valid"),
+    (dict(response_format={"type": "json_object"}, structured_outputs={"regex": "a+"}), "one output constraint"),
+    (dict(structured_outputs={"regex": "([a"}), "not valid"),
+    (dict(continue_final_message=True), "continue_final_message"),
     (dict(stream_options={"include_usage": True}), "stream_options"),
     (dict(presence_penalty=3.0), "presence_penalty"),
     (dict(top_k=0), "top_k"),
@@ -99,9 +109,9 @@ def test_bad_completion_prompts_are_400(server, model_id, llm, prompt, word):
 
 
 def test_unsupported_completion_fields_are_400(client, model_id):
-    for kw in (dict(echo=True), dict(best_of=3), dict(suffix="end")):
+    for kw in (dict(best_of=3), dict(suffix="end"), dict(max_tokens=0), dict(echo=True, stream=True)):
         with pytest.raises(openai.BadRequestError):
-            client.completions.create(model=model_id, prompt="Hi", max_tokens=2, **kw)
+            client.completions.create(model=model_id, prompt="Hi", **{"max_tokens": 2, **kw})
 
 
 def test_penalties_pass_through_or_are_rejected_clearly(client, model_id):

@@ -341,6 +341,59 @@ async def regenerate(ctx: ChatContext, kw: dict, request):
         yield out
 
 
+CONTINUE_NOTHING = "Nothing to continue: the last message on screen is not a stored reply."
+CONTINUE_COMPLETE = "This reply is complete (the model ended its turn); there is nothing to continue."
+
+
+async def continue_reply(ctx: ChatContext, kw: dict, request):
+    """Continue: extend the last reply on screen (stopped, or cut by max tokens) in place: same
+    stored message, same branch; the request's prompt is the reply's exact prompt ids + its own
+    ids, so its blocks are reused (ui/chat/turn.py, LLM.submit_continue)."""
+    st, tab = ctx.storage, ctx.tab(request)
+    conv = _current_conversation(ctx, request, tab)
+    path = st.get_messages(conv["id"]) if conv else []
+    last = path[-1] if path else None
+    user = path[-2] if len(path) >= 2 else None
+    if last is None or last["role"] != "assistant" or not last.get("token_ids") or user is None \
+            or not user.get("token_ids"):
+        gr.Info(CONTINUE_NOTHING)
+        yield outputs(status=CONTINUE_NOTHING)
+        return
+    if last["token_ids"][-1] in eos_ids(ctx):
+        gr.Info(CONTINUE_COMPLETE)
+        yield outputs(status=CONTINUE_COMPLETE)
+        return
+    kw = {**kw, "n": 1}
+    kw.pop("beam_width", None)
+    if not ctx.tabs.begin(conv["id"]):
+        _busy_notice()
+        yield outputs()
+        return
+    conv_id = conv["id"]
+    messages = view.engine_messages(st.conversation_system_prompt(conv_id), path[:-1])
+    turn = Turn(conv_id, user["id"], 1, cache_salt=ctx.cache_salt(request), continues=last)
+    try:
+        start_turn(ctx, turn, messages, kw, None)
+    except BaseException:
+        ctx.tabs.end(conv_id)
+        raise
+    try:
+        shown = show(tab, path[:-1], ctx)
+        tab.alt_ids = []
+        yield outputs(None, shown + [{"role": "assistant", "content": view.live_reply(turn.texts[0], True)}],
+                      states.live_status(states.GENERATING), conversation_list(ctx, request, conv_id), [], busy=True)
+        async for out in follow_turn(ctx, request, tab, turn, shown):
+            yield out
+    except (asyncio.CancelledError, GeneratorExit):
+        if tab.conv_id == conv_id:
+            turn.task.cancel()
+        try:
+            await asyncio.wait_for(asyncio.shield(turn.task), 30)
+        except Exception:
+            pass
+        raise
+
+
 async def edit(ctx: ChatContext, index, new_text, kw: dict, request):
     """The user edited a past message in the chat: branch there and resend."""
     st, tab = ctx.storage, ctx.tab(request)

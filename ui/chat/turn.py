@@ -91,10 +91,13 @@ class Turn:
     stored_ids: list = field(default_factory=list)           # stored message id of each alternative
     paused_outputs: set = field(default_factory=set)  # outputs preempted and not producing tokens again yet
     preemptions: int = 0              # how often the engine took this reply's memory (its stream said so)
+    continues: dict | None = None     # Continue: the stored reply this turn extends (same message, same branch)
 
     def __post_init__(self):
         self.texts, self.toks = [""] * self.n, [[] for _ in range(self.n)]
         self.metrics, self.reasons, self.done = [{} for _ in range(self.n)], [None] * self.n, [False] * self.n
+        if self.continues is not None:          # the reply so far is where this turn starts
+            self.texts[0], self.toks[0] = self.continues["content"], list(self.continues["token_ids"])
 
     @property
     def finished(self) -> bool:
@@ -132,10 +135,19 @@ async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
     llm, st = ctx.llm, ctx.storage
     reply = _Reply(st, turn.conv_id, turn.user_id, sibling_of)
     try:
-        previous = _previous_ids(st, turn.conv_id, turn.user_id)
-        turn.submitted = in_daemon_thread(llm.submit_chat, messages, SamplingParams(**kw),
-                                          session_id=turn.conv_id, request_id=turn.rid, previous_ids=previous,
-                                          cache_salt=turn.cache_salt, tenant=turn.tenant)
+        if turn.continues is not None:
+            # Continue: the prompt is the exact ids of the reply's prompt + the reply itself, so
+            # the parked session blocks are reused and the reply grows as if never interrupted
+            reply.id = turn.continues["id"]
+            prompt = st.get_message(turn.user_id)["token_ids"] + list(turn.continues["token_ids"])
+            turn.submitted = in_daemon_thread(llm.submit_continue, prompt, SamplingParams(**kw), messages,
+                                              session_id=turn.conv_id, request_id=turn.rid,
+                                              cache_salt=turn.cache_salt, tenant=turn.tenant)
+        else:
+            previous = _previous_ids(st, turn.conv_id, turn.user_id)
+            turn.submitted = in_daemon_thread(llm.submit_chat, messages, SamplingParams(**kw),
+                                              session_id=turn.conv_id, request_id=turn.rid, previous_ids=previous,
+                                              cache_salt=turn.cache_salt, tenant=turn.tenant)
         try:
             stream = await asyncio.wrap_future(turn.submitted)
         except ValueError as e:          # e.g. longer than max_model_len: the engine is untouched
@@ -146,7 +158,7 @@ async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
                                                   f"Try again in about {e.retry_after_s} s.")
             return
         prompt_ids = getattr(stream, "prompt_ids", None)
-        if prompt_ids is not None:       # exact ids of this turn's prompt: a restart rebuilds from them
+        if prompt_ids is not None and turn.continues is None:   # exact ids of this turn's prompt
             st.update_message(turn.user_id, token_ids=list(prompt_ids))
         async for d in stream:
             i = d.index

@@ -1,0 +1,85 @@
+"""The chat's Continue button and reply format, in real headless Chromium against `python app.py`
+and the real model: a reply cut by max tokens, continued, is still one stored message (same id,
+same branch) whose ids equal an uninterrupted greedy reply of the same total length (Regenerate
+with that many tokens, on the same server), and the continuation reused the reply's blocks; a
+"JSON matching a schema" reply validates against the pasted schema."""
+import json
+
+import jsonschema
+import pytest
+
+from tests.e2e.polling import wait_until as _wait
+from tests.e2e.conftest import read_db
+from tests.e2e.test_chat_branches_browser import _done, _open, _sampling, _send
+from tests.e2e.test_chat_browser import browser  # noqa: F401  (the Chromium fixture)
+
+pytestmark = pytest.mark.slow
+
+
+def _replies(db):
+    return read_db(db, "SELECT m.id, m.parent_id, m.content, m.token_ids, m.status, s.cached_tokens "
+                       "FROM messages m LEFT JOIN reply_stats s ON s.message_id = m.id "
+                       "WHERE m.role = 'assistant' ORDER BY m.id")
+
+
+def _click_and_wait(page, selector):
+    page.locator(selector).click()
+    _wait(lambda: page.locator("#stop").is_visible() or _done(page), timeout=30)
+    _wait(lambda: _done(page), timeout=120)
+
+
+def test_continue_extends_the_same_reply_like_an_uninterrupted_greedy_one(module_server, browser):  # noqa: F811
+    page = _open(browser, module_server.url)
+    page.locator("#new-chat").click()
+    _sampling(page, max_tokens=10, temperature=0)
+    _send(page, "Write a long story about a lighthouse keeper and the sea.")
+    first = _replies(module_server.db)
+    assert len(first) == 1
+    cut = json.loads(first[0]["token_ids"])
+    assert len(cut) == 10                                     # cut by max tokens, not ended by the model
+    _wait(lambda: page.locator("#continue-reply").is_visible(), timeout=10)
+    _click_and_wait(page, "#continue-reply")
+    after = _replies(module_server.db)
+    assert [r["id"] for r in after] == [first[0]["id"]]       # the same message, no new branch
+    ids = json.loads(after[0]["token_ids"])
+    assert ids[:10] == cut and len(ids) == 20
+    assert after[0]["content"].startswith(first[0]["content"])
+    shown = page.locator("#chatbot .message.bot").last.inner_text()
+    assert after[0]["content"][-20:].strip() in shown
+    prompt = read_db(module_server.db, "SELECT token_ids FROM messages WHERE id = ?", (after[0]["parent_id"],))
+    prompt_len = len(json.loads(prompt[0]["token_ids"]))
+    assert after[0]["cached_tokens"] >= (prompt_len + 10) // 16 * 16    # the reply's blocks were reused
+    # an uninterrupted greedy reply of the same total length: the engine as the app builds it
+    # (dtype "auto"), the chat's settings (greedy, repetition penalty 1.1), the stored prompt ids
+    from engine import LLM, SamplingParams
+    ref = LLM(num_blocks=64, max_model_len=512, dtype="auto")
+    try:
+        whole = ref.generate([{"prompt_token_ids": json.loads(prompt[0]["token_ids"])}],
+                             SamplingParams(temperature=0, repetition_penalty=1.1, max_tokens=20))[0]
+    finally:
+        ref.shutdown()
+    assert whole.outputs[0].token_ids == ids
+    page.context.close()
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                           "legs": {"type": "integer", "minimum": 0, "maximum": 8}},
+          "required": ["name", "legs"]}
+
+
+def test_reply_format_json_schema(module_server, browser):  # noqa: F811
+    page = _open(browser, module_server.url)
+    page.locator("#new-chat").click()
+    _sampling(page, max_tokens=60, temperature=0)
+    page.locator("#sampling .label-wrap").first.click()
+    page.locator("#reply-format input").click()
+    page.get_by_role("option", name="JSON matching a schema").click()
+    page.fill("#reply-schema textarea", json.dumps(SCHEMA))
+    page.locator("#reply-schema textarea").blur()
+    page.locator("#sampling .label-wrap").first.click()
+    before = {r["id"] for r in _replies(module_server.db)}
+    _send(page, "Describe an animal.")
+    new = [r for r in _replies(module_server.db) if r["id"] not in before]
+    assert len(new) == 1
+    jsonschema.validate(json.loads(new[0]["content"]), SCHEMA)
+    page.context.close()
