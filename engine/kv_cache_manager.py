@@ -100,7 +100,7 @@ class KVCacheManager:
         self.num_swap_preemptions = 0
         self.tokens_swapped_out = 0
         self.tokens_recomputed_after_preempt = 0  # tokens a preemption dropped (recompute)
-        self.last_tier_load = None                # (seq_id, session_id, tokens loaded, tokens to compute)
+        self.tier_load_events: deque = deque(maxlen=50)   # {seq_id, session_id, tokens_loaded, ...}
 
     # ---- second tier --------------------------------------------------------------------
     def attach_tier(self, tier: KVTier, io, policy: TierPolicy | None = None) -> None:
@@ -367,7 +367,9 @@ class KVCacheManager:
             self.tier.note_loaded(len(datas))
             self.tier_policy.loaded_this_step += len(datas)
             self.tier_loaded_tokens += loaded
-            self.last_tier_load = (seq_id, session_id, loaded, len(token_ids) - cached - loaded)
+            self.tier_load_events.append({"seq_id": seq_id, "session_id": session_id, "tokens_loaded": loaded,
+                                          "tokens_cached": cached, "tokens_computed": len(token_ids) - cached - loaded,
+                                          "kind": self.tier.kind, "time": time.time()})
         self.peak_used_blocks = max(self.peak_used_blocks, self.pool.num_used)  # if n == 0
         return cached + loaded
 

@@ -218,6 +218,19 @@ class PreemptionEvent:
 
 
 @dataclass(frozen=True)
+class TierLoadEvent:
+    """A sequence admitted with blocks loaded from the KV tier instead of computed (v5)."""
+    request_id: str | None
+    seq_id: str | None
+    session_id: str | None
+    tokens_loaded: int            # from the tier (disk or host memory)
+    tokens_cached: int            # already in the pool
+    tokens_computed: int          # prompt tokens left to compute
+    kind: str                     # "disk" or "host"
+    time: float
+
+
+@dataclass(frozen=True)
 class KVSnapshot:
     time: float
     block_size: int
@@ -227,6 +240,7 @@ class KVSnapshot:
     sequences: list = field(default_factory=list)          # [SequenceView]
     preemption_events: list = field(default_factory=list)  # [PreemptionEvent], oldest first
     pins: list = field(default_factory=list)               # [PinView]
+    tier_events: list = field(default_factory=list)        # [TierLoadEvent], oldest first (v5)
 
     @property
     def owners(self) -> dict:
@@ -290,6 +304,7 @@ class KVSnapshot:
         else:
             out["sequences"] = [compact_sequence(dict(vars(s))) for s in self.sequences]
         out["preemption_events"] = [dict(vars(e)) for e in self.preemption_events]
+        out["tier_events"] = [dict(vars(e)) for e in self.tier_events]
         out["pins"] = [dict(vars(p)) for p in self.pins]
         return out
 
@@ -310,4 +325,5 @@ class KVSnapshot:
         return cls(time=d["time"], block_size=d["block_size"], num_blocks=d["num_blocks"],
                    stats=KVStats.from_json(d["stats"]), blocks=blocks, sequences=seqs,
                    preemption_events=[PreemptionEvent(**e) for e in d.get("preemption_events", [])],
-                   pins=[PinView(**p) for p in d.get("pins", [])])
+                   pins=[PinView(**p) for p in d.get("pins", [])],
+                   tier_events=[TierLoadEvent(**e) for e in d.get("tier_events", [])])
