@@ -174,6 +174,9 @@ def main(argv=None) -> int:
         print(f"Model ready in {time.time() - started:.1f} s: {llm.model_source}; KV pool "
               f"{s['total_blocks']} blocks x {s['block_size']} tokens = {s['kv_capacity_tokens']} tokens; "
               f"context {llm.max_model_len}; history in {args.db}", file=sys.stderr)
+        if s.get("tier_kind"):
+            print(f"KV tier: {s['tier_kind']}, {s['tier_capacity_bytes'] / 2**30:.2f} GiB, "
+                  f"{s['tier_restored_blocks']} blocks restored", file=sys.stderr)
         serve(llm, storage, args, auth)
     finally:
         print("Shutting down…", file=sys.stderr)
