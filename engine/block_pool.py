@@ -31,7 +31,7 @@ class Block:
     pool's `cached[block_hash]` entry; token_ids/parent_hash/salt let a lookup verify a hit."""
 
     __slots__ = ("block_id", "ref_count", "block_hash", "token_ids", "parent_hash", "salt",
-                 "filled", "prev", "next")
+                 "filled", "prev", "next", "owner")
 
     def __init__(self, block_id: int):
         self.block_id = block_id
@@ -41,6 +41,7 @@ class Block:
         self.parent_hash: int | None = None
         self.salt = None
         self.filled = 0            # token slots holding valid KV (0 for a free, hashless block)
+        self.owner: str | None = None   # kv_tier.owner_tag of the chat that registered it (private KV)
         self.prev: Block | None = None
         self.next: Block | None = None
 
@@ -100,6 +101,9 @@ class BlockPool:
         self.ref_counts = array("i", bytes(4 * num_blocks))
         self.filled_counts = array("i", bytes(4 * num_blocks))
         self.hashed = array("b", bytes(num_blocks))    # 1 iff the block holds a prefix-cache hash
+        # called with a cached block just before its hash and content are lost to a new owner
+        # (the KV tier's write-back, engine/kv_cache_manager.py); its KV is still intact then
+        self.on_evict = None
 
     # ---- intrusive list primitives -------------------------------------------------------
     def _unlink(self, b: Block) -> None:
@@ -143,6 +147,8 @@ class BlockPool:
                 continue
             self._unlink(b)
             if b.block_hash is not None:
+                if self.on_evict is not None:
+                    self.on_evict(b)
                 self.num_cached_free -= 1
                 self.drop_hash(b)
             b.ref_count = 1
@@ -224,8 +230,20 @@ class BlockPool:
         """Forget b's cached identity (it is being reused or overwritten)."""
         if b.block_hash is not None and self.cached.get(b.block_hash) is b:
             del self.cached[b.block_hash]
-        b.block_hash = b.token_ids = b.parent_hash = b.salt = None
+        b.block_hash = b.token_ids = b.parent_hash = b.salt = b.owner = None
         self.hashed[b.block_id] = 0
+
+    def forget_free(self, b: Block) -> None:
+        """A free cached block loses its content now (its conversation was deleted): it moves to
+        the head of the free list as an empty block, with no write-back."""
+        if b.ref_count != 0 or b.block_hash is None:
+            raise KVCacheError(f"block {b.block_id} is not a free cached block")
+        self._unlink(b)
+        self.num_cached_free -= 1
+        self.drop_hash(b)
+        b.filled = 0
+        self.filled_counts[b.block_id] = 0
+        self._appendleft(b)
 
     def columns(self) -> tuple[array, array, array]:
         """Copies of (ref_counts, filled_counts, hashed): three memcpys, whatever the pool size.

@@ -57,6 +57,8 @@ class EngineConfig:
     enforce_eager: bool = False        # True: no CUDA graphs for decode (always eager on CPU)
     quantization: str | None = None    # "int8": weight-only int8, per-channel scales (CPU; engine/cpu_linear.py)
     scheduling_policy: str = "fair"    # "fair": per-tenant VTC + priorities; "fcfs" (engine/fairness.py)
+    kv_offload_gib: float | str | None = None   # second KV tier (engine/kv_tier_setup.py): None/0 off, "auto"
+    kv_offload_dir: str | None = None  # its folder on CPU (default <cache>/kv-tier)
 
     def __post_init__(self):
         if self.block_size not in ALLOWED_BLOCK_SIZES:

@@ -10,10 +10,18 @@ Reuse: full blocks are hashed as soon as their KV is scheduled (chain hash of pa
 ids and cache_salt, verified on lookup); a parked session keeps its whole table, so the next
 turn of a chat reuses it down to the token, partial last block included.
 With enable_prefix_caching=False nothing is hashed or looked up and park simply frees.
+Second tier (engine/kv_tier.py, optional, `attach_tier`): an evicted cached block is written back
+to it, a lookup that misses the pool continues the hash chain in it and loads those blocks into
+fresh pool blocks, park / pin write their full blocks through (so they survive a restart), and
+preempt swaps a sequence's full blocks out when that is cheaper than recomputing them
+(engine/kv_tier_policy.py decides). Reads and capacity checks happen before any state changes.
 """
 from __future__ import annotations
 
+import hashlib
+import logging
 import time
+from array import array
 from collections import OrderedDict, deque
 
 from engine.block_pool import Block, BlockPool
@@ -22,20 +30,32 @@ from engine.kv_contract import KVSnapshot, KVStats
 from engine.kv_snapshot import take_snapshot
 from engine.pinning import DEFAULT_MAX_PIN_FRACTION, PinTable
 from engine.prefix_salt import SharedPrefixSalt, block_salt, common_prefix
+from engine.kv_tier import BlockIdentity, KVTier, owner_tag
+from engine.kv_tier_policy import TierPolicy
+
+log = logging.getLogger("paged_chat.engine")
 
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 
 
 def hash_block_tokens(parent_hash, token_ids: tuple, salt) -> int:
-    """Chain hash of one full block. Module level so tests can force collisions."""
-    return hash((parent_hash, token_ids, salt))
+    """Chain hash of one full block (64 bits of blake2b over parent hash, token ids and the salt's
+    repr). Stable across processes (Python's hash() of a str salt is not), so the KV tier can key
+    its files by it and find them after a restart. Module level so tests can force collisions."""
+    h = hashlib.blake2b(b"" if parent_hash is None else parent_hash.to_bytes(8, "little", signed=False),
+                        digest_size=8)
+    h.update(array("q", token_ids).tobytes())
+    h.update(repr(salt).encode())
+    return int.from_bytes(h.digest(), "little")
 
 
 class _Seq:
-    __slots__ = ("seq_id", "tokens", "table", "num_computed", "salt", "session_id", "hashes", "ids_cache")
+    __slots__ = ("seq_id", "tokens", "table", "num_computed", "salt", "session_id", "hashes", "ids_cache",
+                 "owner")
 
-    def __init__(self, seq_id, tokens, salt, session_id):
+    def __init__(self, seq_id, tokens, salt, session_id, owner=None):
         self.seq_id, self.tokens, self.salt, self.session_id = seq_id, tokens, salt, session_id
+        self.owner = owner if owner is not None else owner_tag(session_id)   # tier tag of private blocks
         self.table: list[Block] = []
         self.num_computed = 0
         self.hashes: list[int] = []     # chain hash of each full block already hashed
@@ -73,6 +93,72 @@ class KVCacheManager:
         self.peak_used_blocks = 0
         self.preemption_events: deque = deque(maxlen=50)
         self.pins = PinTable(self.pool, block_size, hash_block_tokens, max_fraction=max_pin_fraction)
+        self.tier: KVTier | None = None           # second tier, see attach_tier
+        self.tier_io = None
+        self.tier_policy = TierPolicy()
+        self.tier_loaded_tokens = 0               # prompt tokens served by loads from the tier
+        self.num_swap_preemptions = 0
+        self.tokens_swapped_out = 0
+        self.tokens_recomputed_after_preempt = 0  # tokens a preemption dropped (recompute)
+        self.tier_load_events: deque = deque(maxlen=50)   # {seq_id, session_id, tokens_loaded, ...}
+
+    # ---- second tier --------------------------------------------------------------------
+    def attach_tier(self, tier: KVTier, io, policy: TierPolicy | None = None) -> None:
+        """Put `tier` behind the pool. io: read(block_id) -> bytes, write(block_id, bytes)."""
+        if not self.enable_prefix_caching:
+            raise KVCacheError("a KV tier needs the prefix cache (its keys are the block hashes)")
+        self.tier, self.tier_io = tier, io
+        if policy is not None:
+            self.tier_policy = policy
+        self.pool.on_evict = self._write_back
+
+    def _ident(self, b: Block) -> BlockIdentity:
+        return BlockIdentity.of(b.block_hash, b.parent_hash, b.token_ids, b.salt)
+
+    def _write_back(self, b: Block) -> None:
+        """Pool eviction hook: keep the block's bytes in the tier (never raises into the pool)."""
+        try:
+            ident = self._ident(b)
+            if not self.tier.has(ident):
+                self.tier.put(ident, self.tier_io.read(b.block_id), owner=b.owner, reason="writeback")
+        except Exception:       # the tier is an optimisation: a failure costs a recompute only
+            log.exception("KV tier write-back failed")
+
+    def write_through(self, blocks, reason: str = "park") -> int:
+        """Write the hashed (full, computed) ones of `blocks` to the tier; returns how many are
+        in the tier afterwards."""
+        if self.tier is None:
+            return 0
+        n = 0
+        for b in blocks:
+            if b.block_hash is None:
+                continue
+            ident = self._ident(b)
+            try:
+                ok = self.tier.has(ident) or self.tier.put(ident, self.tier_io.read(b.block_id),
+                                                            owner=b.owner, reason=reason)
+            except Exception:
+                log.exception("KV tier write failed")
+                ok = False
+            n += bool(ok)
+        return n
+
+    def new_step(self) -> None:
+        """The engine starts a step: a fresh per-step budget of tier loads."""
+        self.tier_policy.new_step()
+
+    def forget_session(self, session_id) -> int:
+        """The conversation is deleted: free its parked blocks, drop the free cached blocks it
+        registered as its own from the pool (no write-back) and delete its blocks from the tier.
+        Returns the tier entries deleted."""
+        self.free_session(session_id)
+        tag = owner_tag(session_id)
+        for b in [b for b in self.pool.cached.values() if b.owner == tag]:
+            if b.ref_count == 0:
+                self.pool.forget_free(b)
+            else:                       # still held by a fork of it: no longer its private block
+                b.owner = None
+        return self.tier.delete_owner(session_id) if self.tier is not None else 0
 
     # ---- properties ---------------------------------------------------------------------
     block_size = property(lambda self: self._bs)
@@ -97,9 +183,10 @@ class KVCacheManager:
 
     # ---- prefix lookup ------------------------------------------------------------------
     def _plan(self, token_ids, salt, session_id):
-        """(cached tokens, blocks to reuse, idle session to adopt or None). Pure."""
+        """(cached tokens, blocks to reuse, idle session to adopt or None, identities of the
+        blocks to load from the tier after those). Pure (reads the tier's index, no I/O)."""
         if not self.enable_prefix_caching or len(token_ids) < 2:
-            return 0, [], None
+            return 0, [], None, []
         if not isinstance(token_ids, list):
             token_ids = list(token_ids)
         bs, cached = self._bs, self.pool.cached
@@ -114,16 +201,36 @@ class KVCacheManager:
                 break                                   # miss, or a hash collision
             hits.append(b)
             parent = h
+        loads = self._plan_loads(token_ids, salt, len(hits), parent) if self.tier is not None else []
         sess = self._idle.get(session_id) if session_id is not None else None
         if sess is not None and sess.salt == salt:
             common = common_prefix(sess.tokens, token_ids, len(token_ids) - 1)
-            if common and common >= len(hits) * bs:
-                return common, sess.table[:-(-common // bs)], sess
-        return len(hits) * bs, hits, None
+            if common and common >= (len(hits) + len(loads)) * bs:
+                return common, sess.table[:-(-common // bs)], sess, []
+        return len(hits) * bs, hits, None, loads
+
+    def _plan_loads(self, token_ids, salt, start: int, parent) -> list[BlockIdentity]:
+        """The chain continued in the tier from block `start`, within the step's load budget,
+        or [] when the policy finds loading them slower than computing them."""
+        bs, tier, out = self._bs, self.tier, []
+        limit = min((len(token_ids) - 1) // bs, start + self.tier_policy.load_budget())
+        for i in range(start, limit):
+            toks = tuple(token_ids[i * bs:(i + 1) * bs])
+            bsalt = block_salt(salt, i, bs)
+            h = hash_block_tokens(parent, toks, bsalt)
+            ident = BlockIdentity.of(h, parent, toks, bsalt)
+            if not tier.has(ident):
+                break
+            out.append(ident)
+            parent = h
+        if out and not self.tier_policy.should_load(len(out), bs, tier.load_s_per_block):
+            return []
+        return out
 
     def lookup_prefix(self, token_ids, *, cache_salt=None, session_id=None) -> int:
         """Tokens whose KV add_sequence would reuse right now (no state change)."""
-        return self._plan(token_ids, cache_salt, session_id)[0]
+        cached, _, _, loads = self._plan(token_ids, cache_salt, session_id)
+        return cached + len(loads) * self._bs
 
     # ---- capacity -----------------------------------------------------------------------
     def _needed(self, seq: _Seq, n: int) -> int:
@@ -204,7 +311,10 @@ class KVCacheManager:
             bsalt = block_salt(seq.salt, i, bs)
             h = hash_block_tokens(parent, block_toks, bsalt)
             hashes.append(h)
-            self.pool.register(seq.table[i], h, block_toks, parent, bsalt)
+            b = seq.table[i]
+            if self.pool.register(b, h, block_toks, parent, bsalt) and seq.owner is not None and \
+                    not (bsalt is None and isinstance(seq.salt, SharedPrefixSalt)):
+                b.owner = seq.owner         # the chat's own block (not the shared system prompt)
             parent = h
 
     # ---- sequence lifecycle -------------------------------------------------------------
@@ -216,12 +326,23 @@ class KVCacheManager:
             raise KVCacheError(f"sequence {seq_id!r} already exists")
         if len(token_ids) == 0:
             raise KVCacheError(f"sequence {seq_id!r} has no tokens")
-        cached, prefix, sess = self._plan(token_ids, cache_salt, session_id)
-        n = max(0, min(num_new_tokens, len(token_ids) - cached))
-        self._check_len(seq_id, cached + n)
+        cached, prefix, sess, loads = self._plan(token_ids, cache_salt, session_id)
         seq = _Seq(seq_id, token_ids, cache_salt, session_id)
         seq.table, seq.num_computed = list(prefix), cached
-        need = self._needed(seq, n)
+        datas: list[bytes] = []
+        if loads:       # room for the planned loads first, then the reads (I/O, checksums)
+            end = cached + max(0, min(num_new_tokens, len(token_ids) - cached))
+            self._check_len(seq_id, max(end, cached + len(loads) * self._bs))
+            self._make_room(self._needed(seq, max(end - cached, len(loads) * self._bs)), reserved=prefix)
+            for ident in loads:
+                d = self.tier.get(ident)
+                if d is None:
+                    break                                   # torn or corrupt: dropped, computed instead
+                datas.append(d)
+        loaded = len(datas) * self._bs
+        n = max(0, min(num_new_tokens, len(token_ids) - cached - loaded))
+        self._check_len(seq_id, cached + loaded + n)
+        need = self._needed(seq, loaded + n)
         if sess is not None:
             tail = sess.table[len(prefix):]
             self._make_room(need, keep=sess.session_id, dropping=tail)
@@ -237,10 +358,20 @@ class KVCacheManager:
             seq.hashes = [b.block_hash for b in prefix]
         self._seqs[seq_id] = seq
         self.prefix_cache_queries += len(token_ids)
-        self.prefix_cache_hits += cached
-        self._grow(seq, n)
+        self.prefix_cache_hits += cached + loaded
+        self._grow(seq, loaded + n)
+        if datas:               # the fresh blocks get the tier's bytes before any forward reads them
+            first = len(prefix)
+            for j, d in enumerate(datas):
+                self.tier_io.write(seq.table[first + j].block_id, d)
+            self.tier.note_loaded(len(datas))
+            self.tier_policy.loaded_this_step += len(datas)
+            self.tier_loaded_tokens += loaded
+            self.tier_load_events.append({"seq_id": seq_id, "session_id": session_id, "tokens_loaded": loaded,
+                                          "tokens_cached": cached, "tokens_computed": len(token_ids) - cached - loaded,
+                                          "kind": self.tier.kind, "time": time.time()})
         self.peak_used_blocks = max(self.peak_used_blocks, self.pool.num_used)  # if n == 0
-        return cached
+        return cached + loaded
 
     def allocate_slots(self, seq_id, num_new_tokens: int) -> None:
         """Slots for the next num_new_tokens tokens (copy-on-write of a shared partial block)."""
@@ -256,7 +387,7 @@ class KVCacheManager:
         parent = self._get(parent_id)
         if child_id in self._seqs:
             raise KVCacheError(f"sequence {child_id!r} already exists")
-        child = _Seq(child_id, child_token_ids, parent.salt, None)
+        child = _Seq(child_id, child_token_ids, parent.salt, None, owner=parent.owner)
         child.table, child.num_computed = list(parent.table), parent.num_computed
         child.hashes = list(parent.hashes)
         self.pool.touch(child.table)
@@ -283,13 +414,31 @@ class KVCacheManager:
         seq.hashes = []
 
     def preempt(self, seq_id) -> int:
-        """Free by recompute; returns the tokens whose KV was lost."""
+        """Free the sequence's blocks; returns the tokens whose KV was lost. With a tier, its full
+        blocks are swapped out first when the policy finds that cheaper than recomputing them
+        (they come back through the ordinary lookup on re-admission; blocks shared with forks are
+        one tier entry, so they stay shared). The partial last block is always recomputed."""
         seq = self._get(seq_id)
+        swapped, mode = 0, "recompute"
+        if self.tier is not None:
+            full = [b for b in seq.table if b.block_hash is not None]
+            new = sum(1 for b in full if not self.tier.has(self._ident(b)))
+            if full and self.tier.has_room(new * self.kv_bytes_per_token * self._bs) and \
+                    self.tier_policy.should_swap(new, len(full), self._bs, self.tier.write_s_per_block,
+                                                 self.tier.load_s_per_block):
+                swapped = self.write_through(full, reason="swap") * self._bs
+                mode = "swap" if swapped else mode
         self.free(seq_id)
+        lost = max(0, seq.num_computed - swapped)
         self.num_preemptions += 1
+        self.num_swap_preemptions += mode == "swap"
+        self.tokens_swapped_out += swapped
+        self.tokens_recomputed_after_preempt += lost
+        log.info("preempted %s by %s: %d tokens swapped out, %d to recompute", seq_id, mode, swapped, lost)
         self.preemption_events.append(
-            {"seq_id": seq_id, "tokens_lost": seq.num_computed, "time": time.time()})
-        return seq.num_computed
+            {"seq_id": seq_id, "tokens_lost": lost, "time": time.time(), "mode": mode,
+             "tokens_swapped": swapped})
+        return lost
 
     def park(self, seq_id, session_id) -> None:
         """Keep a finished sequence's blocks as session_id's idle pin (replacing an older one)."""
@@ -299,6 +448,8 @@ class KVCacheManager:
             return
         del self._seqs[seq_id]
         self.free_session(session_id)
+        if self.tier is not None and self.tier_policy.write_through_parked:
+            self.write_through(seq.table, reason="park")    # survives eviction and restarts
         self._idle[session_id] = _Session(session_id, list(seq.tokens[:seq.num_computed]),
                                           seq.table, seq.salt, seq.hashes, seq.ids_cache)
 
@@ -361,7 +512,21 @@ class KVCacheManager:
             num_sequences=len(self._seqs), num_idle_sessions=len(self._idle),
             internal_fragmentation_tokens=used * bs - pool.num_used_tokens, usage=used / pool.num_blocks,
             pinned_blocks=self.pins.num_pinned_blocks, max_pinned_blocks=self.pins.max_blocks,
-            chat_used_blocks=chat_used)
+            chat_used_blocks=chat_used, **self._tier_stats())
+
+    def _tier_stats(self) -> dict:
+        out = dict(swap_preemptions=self.num_swap_preemptions, tokens_swapped_out=self.tokens_swapped_out,
+                   tokens_recomputed_after_preempt=self.tokens_recomputed_after_preempt,
+                   tier_loaded_tokens=self.tier_loaded_tokens)
+        if self.tier is None:
+            return out
+        t = self.tier.stats()
+        return dict(out, tier_kind=t.kind, tier_blocks=t.blocks, tier_bytes=t.bytes,
+                    tier_capacity_bytes=t.capacity_bytes, tier_hits_blocks=t.hits_blocks,
+                    tier_writes_blocks=t.writes_blocks, tier_writebacks_blocks=t.writebacks_blocks,
+                    tier_swapouts_blocks=t.swapouts_blocks, tier_dropped_corrupt=t.dropped_corrupt,
+                    tier_evicted_blocks=t.evicted_blocks, tier_deleted_blocks=t.deleted_blocks,
+                    tier_restored_blocks=t.restored_blocks)
 
     def kv_snapshot(self, request_of=lambda seq_id: None) -> KVSnapshot:
         """Per-block arrays and per-table views (engine/kv_contract.py), taken between two steps;

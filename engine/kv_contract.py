@@ -25,10 +25,12 @@ import numpy as np
 from engine.kv_columns import STATES, BlockArrays, _no_gc, expand_ranges, id_ranges  # noqa: F401 (re-exported)
 
 SCHEMA = "paged-chat.kv"
-VERSION = 4          # 1: the untyped dict before issue 10; 2: this module (adds "schema", "version");
+VERSION = 5          # 1: the untyped dict before issue 10; 2: this module (adds "schema", "version");
                      # 3: block state "pinned", "pins", stats pinned_blocks / max_pinned_blocks;
                      # 4: "block_runs" (run-length block states), to_json(compact=True) without
                      #    "blocks"/"owners"; every v3 field is still produced by default
+                     # 5: the second KV tier (stats tier_*, swap_preemptions, tokens_swapped_out,
+                     #    tokens_recomputed_after_preempt; preemption events "mode", "tokens_swapped")
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,23 @@ class KVStats:
     pinned_blocks: int = 0        # blocks held by the app's pins (also counted in used_blocks)
     max_pinned_blocks: int = 0    # the pin cap, in blocks
     chat_used_blocks: int = 0     # used blocks minus pinned ones no table holds (savings use this)
+    # the second KV tier (engine/kv_tier.py), version 5; tier_kind "" = no tier
+    tier_kind: str = ""           # "disk" (CPU: files) or "host" (CUDA: host memory)
+    tier_blocks: int = 0
+    tier_bytes: int = 0
+    tier_capacity_bytes: int = 0
+    tier_hits_blocks: int = 0     # blocks read back from the tier
+    tier_loaded_tokens: int = 0   # prompt tokens served by tier loads (also in prefix_cache_hits)
+    tier_writes_blocks: int = 0   # write-back + write-through + swap-out
+    tier_writebacks_blocks: int = 0
+    tier_swapouts_blocks: int = 0
+    tier_dropped_corrupt: int = 0
+    tier_evicted_blocks: int = 0
+    tier_deleted_blocks: int = 0
+    tier_restored_blocks: int = 0  # entries found at start-up (warm restart)
+    swap_preemptions: int = 0     # preemptions that swapped out instead of dropping
+    tokens_swapped_out: int = 0
+    tokens_recomputed_after_preempt: int = 0
 
     def __post_init__(self):
         if not self.pinned_blocks:      # no pins: every used block is held by some table
@@ -194,6 +213,21 @@ class PreemptionEvent:
     seq_id: str
     tokens_lost: int              # computed tokens dropped (recomputed on re-admission)
     time: float
+    mode: str = "recompute"       # "swap": full blocks went to the KV tier (version 5)
+    tokens_swapped: int = 0
+
+
+@dataclass(frozen=True)
+class TierLoadEvent:
+    """A sequence admitted with blocks loaded from the KV tier instead of computed (v5)."""
+    request_id: str | None
+    seq_id: str | None
+    session_id: str | None
+    tokens_loaded: int            # from the tier (disk or host memory)
+    tokens_cached: int            # already in the pool
+    tokens_computed: int          # prompt tokens left to compute
+    kind: str                     # "disk" or "host"
+    time: float
 
 
 @dataclass(frozen=True)
@@ -206,6 +240,7 @@ class KVSnapshot:
     sequences: list = field(default_factory=list)          # [SequenceView]
     preemption_events: list = field(default_factory=list)  # [PreemptionEvent], oldest first
     pins: list = field(default_factory=list)               # [PinView]
+    tier_events: list = field(default_factory=list)        # [TierLoadEvent], oldest first (v5)
 
     @property
     def owners(self) -> dict:
@@ -269,6 +304,7 @@ class KVSnapshot:
         else:
             out["sequences"] = [compact_sequence(dict(vars(s))) for s in self.sequences]
         out["preemption_events"] = [dict(vars(e)) for e in self.preemption_events]
+        out["tier_events"] = [dict(vars(e)) for e in self.tier_events]
         out["pins"] = [dict(vars(p)) for p in self.pins]
         return out
 
@@ -289,4 +325,5 @@ class KVSnapshot:
         return cls(time=d["time"], block_size=d["block_size"], num_blocks=d["num_blocks"],
                    stats=KVStats.from_json(d["stats"]), blocks=blocks, sequences=seqs,
                    preemption_events=[PreemptionEvent(**e) for e in d.get("preemption_events", [])],
-                   pins=[PinView(**p) for p in d.get("pins", [])])
+                   pins=[PinView(**p) for p in d.get("pins", [])],
+                   tier_events=[TierLoadEvent(**e) for e in d.get("tier_events", [])])

@@ -14,7 +14,7 @@ import time
 from array import array
 from operator import attrgetter
 
-from engine.kv_contract import BlockArrays, KVSnapshot, LazySequenceViews, PreemptionEvent
+from engine.kv_contract import BlockArrays, KVSnapshot, LazySequenceViews, PreemptionEvent, TierLoadEvent
 
 _block_id = attrgetter("block_id")      # C-level id extraction (map) instead of a Python loop
 
@@ -54,4 +54,5 @@ def take_snapshot(m, request_of) -> KVSnapshot:
         sequences=LazySequenceViews(raw, ref, m.block_size),
         pins=pins,
         preemption_events=[PreemptionEvent(request_id=request_of(e["seq_id"]), **e)
-                           for e in m.preemption_events])
+                           for e in m.preemption_events],
+        tier_events=[TierLoadEvent(request_id=request_of(e["seq_id"]), **e) for e in m.tier_load_events])

@@ -40,14 +40,16 @@ class LLM:
                  enforce_eager: bool = False, hf_overrides: dict | None = None,
                  max_pin_fraction: float | None = None, quantization: str | None = None,
                  scheduling_policy: str = "fair", tenant_weights: dict[str, float] | None = None,
-                 queue_bounds: QueueBounds | None = None):
+                 queue_bounds: QueueBounds | None = None,
+                 kv_offload_gib: float | str | None = None, kv_offload_dir: str | None = None):
         cfg = EngineConfig(model=model, block_size=block_size, num_blocks=num_blocks,
                            kv_cache_gib=kv_cache_gib, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens, device=device, dtype=dtype,
                            seed=seed, attention_backend=attention_backend,
                            enable_prefix_caching=enable_prefix_caching, load_format=load_format,
                            enforce_eager=enforce_eager, quantization=quantization,
-                           scheduling_policy=scheduling_policy)
+                           scheduling_policy=scheduling_policy,
+                           kv_offload_gib=kv_offload_gib, kv_offload_dir=kv_offload_dir)
         if hf_overrides and load_format != "dummy":
             raise ValueError("hf_overrides is only used with load_format='dummy'")
         dummy_kw = dict(seed=seed, device=cfg.device, dtype=cfg.torch_dtype, hf_overrides=hf_overrides) \

@@ -41,6 +41,9 @@ class LLMEngine:
         self.kv = KVCacheManager(self.runner.num_blocks, cfg.block_size, max_model_len=self.max_model_len,
                                  kv_bytes_per_token=self.runner.kv_bytes_per_token,
                                  enable_prefix_caching=cfg.enable_prefix_caching)
+        from engine.kv_tier_setup import build_tier       # second KV tier (off unless asked for)
+        self.tier = build_tier(self.kv, self.runner, loaded.weights, gib=cfg.kv_offload_gib,
+                               folder=cfg.kv_offload_dir, device=cfg.device, dtype=cfg.dtype)
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    make_policy(cfg.scheduling_policy, tenant_weights))
         self.requests: dict[str, Request] = {}
@@ -129,7 +132,9 @@ class LLMEngine:
     def close_session(self, session_id: str) -> bool:
         """Forget a session (conversation deleted): ids dropped, blocks released."""
         self.sessions.close(session_id)
-        return self.kv.free_session(session_id)
+        had = session_id in self.kv.sessions()
+        self.kv.forget_session(session_id)      # its private blocks leave the pool and the KV tier
+        return had
 
     def fail_request_outputs(self, req: Request, message: str) -> None:
         """Close every output of a request that never got into the engine."""
@@ -163,6 +168,7 @@ class LLMEngine:
     def step(self) -> None:
         while self._broken:
             self.abort_request(self._broken.pop())
+        self.kv.new_step()                  # the KV tier's per-step load budget
         batch = self.scheduler.schedule()
         self._signal_preemptions(batch)
         for seq, start, n in batch:
@@ -175,7 +181,10 @@ class LLMEngine:
         plp = prompt_logprobs.positions(batch)      # (row, offset) pairs: extra logits rows
         # logits stay on the model's device: the sampler runs there; only token ids (and requested
         # logprobs) come back to the host. Prefill chunks need KV even when unsampled.
+        t0 = time.perf_counter()
         logits = self.runner.run_on_device(batch, self.kv, copies, rows + [(r, k) for r, k, _, _ in plp])
+        if self.tier is not None and self.runner.device.type == "cpu":   # synchronous: a real cost
+            self.kv.tier_policy.observe_compute(sum(n for _, _, n in batch), time.perf_counter() - t0)
         if plp:
             prompt_logprobs.record(plp, logits[len(rows):])
             logits = logits[:len(rows)]

@@ -39,7 +39,7 @@ def pin_prefix(llm, name: str, token_ids: list[int], *, timeout: float | None = 
     llm._call("call", lambda eng: eng.kv.pins.check_cap(name, full), timeout=timeout)
     for attempt in range(_ATTEMPTS):
         try:
-            return llm._call("call", lambda eng: eng.kv.pins.pin(name, ids), timeout=timeout)
+            return llm._call("call", lambda eng: _pin_and_write_through(eng, name, ids), timeout=timeout)
         except PinMissError:
             if attempt == _ATTEMPTS - 1:
                 raise
@@ -47,6 +47,13 @@ def pin_prefix(llm, name: str, token_ids: list[int], *, timeout: float | None = 
             if out[0].outputs and out[0].outputs[0].finish_reason == "error":
                 raise RuntimeError(f"prefilling the pinned prompt failed: {out[0].outputs[0]}")
     raise AssertionError("unreachable")
+
+
+def _pin_and_write_through(eng, name: str, ids: list[int]) -> PinInfo:
+    """Pin, then write the pinned blocks to the KV tier (if any) so they survive a restart."""
+    info = eng.kv.pins.pin(name, ids)
+    eng.kv.write_through([eng.kv.pool.blocks[i] for i in info.block_ids], reason="pin")
+    return info
 
 
 def unpin(llm, name: str) -> bool:

@@ -35,7 +35,9 @@ class AppServer:
         self.url = f"http://127.0.0.1:{self.port}/"
         cmd = [sys.executable, "app.py", "--port", str(self.port), "--db", str(db), *args]
         full_env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1",
-                    "GRADIO_HEARTBEAT_INTERVAL": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+                    "GRADIO_HEARTBEAT_INTERVAL": "1", "PYTHONUNBUFFERED": "1",
+                    "PAGED_CHAT_KV_OFFLOAD_DIR": str(log.parent / "kv-tier"),   # per test, not ~/.cache
+                    **(env or {})}
         self._log = open(log, "wb")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=full_env)
 

@@ -48,6 +48,7 @@ def reference_json(m) -> dict:
             "blocks": {"state": state, "ref_count": refs, "filled": filled}, "owners": owners,
             "sequences": views,
             "preemption_events": [{"request_id": request_of(e["seq_id"]), **e} for e in m.preemption_events],
+            "tier_events": [{"request_id": request_of(e["seq_id"]), **e} for e in m.tier_load_events],
             "pins": [{"name": i.name, "num_tokens": i.num_tokens, "block_table": list(i.block_ids)}
                      for i in m.pins.infos()]}
 

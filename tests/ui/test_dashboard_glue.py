@@ -84,7 +84,8 @@ def test_build_dashboard_wires_a_non_queuing_timer():
     # the 1 s tick has ONE output (the bus): a message with the changed panels, nothing when unchanged
     fast = demo.fns[fast_dep["id"]].fn
     first = json.loads(fast(None, D.LIVE, None))
-    assert set(first) == {"kv-story", "kv-headline", "kv-grid", "kv-tables", "kv-feed", "kv-arith", "kv-whatif", "kv-who"}
+    assert set(first) == {"kv-story", "kv-headline", "kv-grid", "kv-tables", "kv-feed", "kv-arith", "kv-whatif",
+                          "kv-who", "kv-tier"}
     assert '"runs":' in first["kv-grid"] and "All live block tables" in first["kv-tables"]
     again = fast(None, D.LIVE, None)
     assert isinstance(again, dict) and again.get("__type__") == "update" and len(again) == 1   # gr.skip()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 PANELS = {"story": "kv-story", "headline": "kv-headline", "grid": "kv-grid", "tables": "kv-tables",
-          "feed": "kv-feed", "arith": "kv-arith", "whatif": "kv-whatif", "who": "kv-who"}
+          "feed": "kv-feed", "arith": "kv-arith", "whatif": "kv-whatif", "who": "kv-who", "tier": "kv-tier"}
 BODY = '<div class="kvbody"></div>'            # a panel's html_template: filled by the bus only
 
 TEMPLATE = '<div class="kvbus" style="display:none"></div>'

@@ -50,7 +50,18 @@ def diff_events(prev: dict | None, snap: dict) -> list[str]:
         for e in snap.get("preemption_events", []):
             if (e.get("time"), e.get("seq_id")) not in seen:
                 who = _name(titles[e["request_id"]]) if e.get("request_id") in titles else "a chat"
-                lines.append(f"pool full: preempted {who}, recomputing {e['tokens_lost']:,} tokens")
+                if e.get("mode") == "swap":
+                    lines.append(f"pool full: preempted {who}, swapped {e.get('tokens_swapped', 0):,} tokens "
+                                 f"out to the KV tier, recomputing {e['tokens_lost']:,}")
+                else:
+                    lines.append(f"pool full: preempted {who}, recomputing {e['tokens_lost']:,} tokens")
+        seen = {(e.get("time"), e.get("seq_id")) for e in prev.get("tier_events", [])}
+        for e in snap.get("tier_events", []):
+            if (e.get("time"), e.get("seq_id")) not in seen:
+                who = f"chat {_name(titles[e['request_id']])}" if e.get("request_id") in titles else "a chat"
+                where = "from disk" if e.get("kind") == "disk" else "from host memory"
+                lines.append(f"{who} resumed {where}: {e['tokens_loaded']:,} tokens loaded, "
+                             f"{e.get('tokens_computed', 0):,} computed")
         old_groups, new_groups = _groups(prev), _groups(snap)
         for rid, seqs in new_groups.items():
             k0 = len(old_groups.get(rid, []))

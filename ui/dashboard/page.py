@@ -23,6 +23,7 @@ import gradio as gr
 from ui.dashboard import panels as H
 from ui.dashboard import view as V
 from ui.dashboard.events import EventFeed, feed_html
+from ui.dashboard.tier_panel import TierRates, tier_html
 from ui.dashboard import bus as BUS
 from ui.dashboard import grid_canvas as GC
 from ui.dashboard.grid_payload import grid_payload, with_highlight
@@ -39,7 +40,7 @@ from ui.dashboard.kv_math import PRESETS, shape_of
 LIVE = "live model"
 FOLDED = ("arith", "whatif")      # in closed-by-default accordions: sent only while open
 OUTPUT_NAMES = ("story", "headline", "grid", "tables", "paged_plot", "contig_plot", "hit_plot", "arith",
-                "whatif", "feed", "selector", "demo", "who")
+                "whatif", "feed", "selector", "demo", "who", "tier")
 FAST = tuple(BUS.PANELS)                          # through the one-output bus, every TICK_S
 SLOW = ("paged_plot", "contig_plot", "hit_plot", "selector", "demo")   # through Gradio, every SLOW_TICK_S
 # Tick periods, chosen by measurement (loadgen/bench_dashboard_browser.py, 16 demo users, 3,000
@@ -66,6 +67,7 @@ class DashboardState:
         self._bases: OrderedDict = OrderedDict()    # (snapshot time, viewer scope) -> base render
         self._views: OrderedDict = OrderedDict()
         self.feeds: dict = {}                       # viewer scope -> EventFeed
+        self.tier_rates = TierRates()               # KV-tier panel rates (ui/dashboard/tier_panel.py)
         self._sent: OrderedDict = OrderedDict()     # viewer (session hash) -> digests of what it was sent
         self.ticks = 0                              # ticks served (a /metrics counter: the timer is idle when hidden)
         self.last_render_s = 0.0
@@ -101,6 +103,7 @@ class DashboardState:
                 self._time = snap["time"]
                 self._views.clear()
             self.base = render_base(snap, self.history, self.shape)
+            self.base["tier"] = tier_html(snap["stats"], self.tier_rates.update(snap["time"], snap["stats"]))
             self._bases[(snap["time"], scope)] = self.base
             while len(self._bases) > 32:
                 self._bases.popitem(last=False)
@@ -227,6 +230,7 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
             demo_md = gr.Markdown(state.demo.status(), elem_id="kv-demo-status")
         headline = gr.HTML(**html, elem_id="kv-headline")
         gr.HTML(**html, elem_id="kv-who")        # "who is served" (ui/dashboard/who.py), via the bus
+        gr.HTML(**html, elem_id="kv-tier")          # the KV tier beside the pool (filled by the bus)
         feed = gr.HTML(**html, elem_id="kv-feed")
         with gr.Row(equal_height=True):
             selector = gr.Dropdown(choices=[], value=None, label="Highlight a conversation",
@@ -298,6 +302,8 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
             values["selector"] = tuple(v["choices"]) + _missing_choice(v["choices"], selected, request)
         if "demo" in names:
             values["demo"] = state.demo.status()
+        if "tier" in names:
+            values["tier"] = v["tier"]
         new, out = dict(last), {}
         for name in names:
             if name in FOLDED and shown is not None and name not in shown:

@@ -65,6 +65,9 @@ def scope_snapshot(snap: dict, *, titles: dict, viewer: str | None, own_conv: st
         out["preemption_events"] = [
             e if e.get("request_id") in own_rids else {**e, "request_id": None, "seq_id": None}
             for e in snap.get("preemption_events", [])]
+        out["tier_events"] = [          # another user's load: counted, never named
+            e if e.get("request_id") in own_rids else {**e, "request_id": None, "seq_id": None, "session_id": None}
+            for e in snap.get("tier_events", [])]
         mine_pin = pin_name_for(viewer)
         out["pins"] = [p if p["name"] in (PIN_APP, mine_pin) else {**p, "name": "another user's prompt"}
                        for p in snap.get("pins", [])]
