@@ -78,7 +78,8 @@ class Check:
         reserve = 0 if self.a.smoke else COLD_S["numerics_config"] * 2 + COLD_S["bigpool"]
         limit = max(30.0, self.remaining() - reserve)
         try:
-            r = self.guard.run_child(args, timeout=limit, cwd=REPO)
+            r = self.guard.run_child(args, timeout=limit, cwd=REPO,
+                                     on_start=lambda pid: self.report.note("kernels", child_pid=pid))
             out, rc, timed_out = r.stdout, r.returncode, False
         except subprocess.TimeoutExpired as e:
             out = e.output or ""

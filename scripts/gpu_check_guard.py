@@ -35,11 +35,13 @@ class Guard:
             threading.Thread(target=self._watchdog, args=(hard_deadline_s,), name="gpu-check-watchdog",
                              daemon=True).start()
 
-    def run_child(self, args: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
-        """subprocess.run in its own process group, killed with the check."""
+    def run_child(self, args: list[str], timeout: float, on_start=None, **kw) -> subprocess.CompletedProcess:
+        """subprocess.run in its own process group, killed with the check. on_start(pid)."""
         with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               start_new_session=True, **kw) as p:
             self._child = p
+            if on_start:
+                on_start(p.pid)
             try:
                 out, _ = p.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:

@@ -78,6 +78,13 @@ class Report:
             self.write()
         line(name, TAGS["not_run"], f"not run: {reason}")
 
+    def note(self, name: str, **fields) -> None:
+        """Add fields to a stage's entry while it runs (e.g. its child process id)."""
+        with self._lock:
+            if not self.closed:
+                self.data["stages"].setdefault(name, {}).update(fields)
+                self.write()
+
     def set(self, key: str, value) -> None:
         with self._lock:
             self.data[key] = value
