@@ -1,0 +1,43 @@
+"""The decode launch variants the GPU check chooses between (kernels/triton_attention.py
+DECODE_VARIANTS) and the fp32 prefill tiles: each is checked against the fp64 dense oracle on a
+NaN-poisoned pool, with and without split-K, and the selection is scoped (the check picks one
+from measured GB/s; a test or the check's own `with decode_variant(...)` must not leak it)."""
+import pytest
+import torch
+
+from kernels import triton_attention as ta
+from tests.kernels.test_attention import build_case, check, run_backend
+
+VARIANTS = list(ta.DECODE_VARIANTS)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("splits", [None, 3])
+def test_every_decode_variant_matches_dense(name, splits):
+    # contexts across tile edges of both tile sizes (32 and 64), GQA group 3
+    c = build_case(16, 6, 2, 64, [(0, 1), (30, 1), (63, 1), (64, 1), (130, 1)], torch.float32, seed=4)
+    with ta.decode_variant(name) as v:
+        assert ta.current_decode_variant() is v
+        out = run_backend(c, "triton", num_splits=splits)
+    check(c, out)
+
+
+def test_variant_selection_is_scoped_and_sizes_split_k():
+    before = ta.current_decode_variant()
+    with ta.decode_variant("w4-t32"):
+        # w4-t32 keeps 4 programs per SM at head_dim 64 (vs 2): twice the target, more splits
+        many = ta.choose_num_splits(8, 8, 4096, None, 32, num_sms=132, head_dim=64)
+    with ta.decode_variant("w4-t64"):
+        few = ta.choose_num_splits(8, 8, 4096, None, 32, num_sms=132, head_dim=64)
+    assert many > few
+    assert ta.current_decode_variant() is before
+    with pytest.raises(KeyError):
+        ta.set_decode_variant("no-such-variant")
+
+
+def test_fp32_prefill_tiles_on_gpu_are_the_small_ones():
+    """128 x 64 fp32 spilled ~57 KB/thread and took 12.6 s to compile for sm_90 (docs/BENCHMARKS.md)."""
+    assert ta.prefill_tiles(torch.float32, True, 4) == (64, 32)
+    assert ta.prefill_tiles(torch.bfloat16, True, 4) == (128, 64)
+    assert ta.prefill_tiles(torch.float32, False, 4) == (64, 64)
+    assert ta.prefill_tiles(torch.float32, True, 128) == (128, 32)       # a group wider than the tile
