@@ -5,8 +5,8 @@ rejects (and vice versa); and a lent GPU session is minutes long, so what a cold
 long each compile takes and what it costs in registers / spills / shared memory is measured here
 beforehand. Each variant is compiled into an empty Triton cache (cold) with the ptxas bundled in the
 triton wheel; ptxas -v gives registers and spill bytes. One line per variant; exit 1 on any failure.
-    python scripts/compile_sm90.py                  # everything
-    python scripts/compile_sm90.py --only attention --markdown   # the docs/BENCHMARKS.md table
+    python scripts/compile_sm90.py                  # the fused layer ops (tests/kernels/test_fused.py)
+    python scripts/compile_sm90.py --only all --markdown   # + attention: the docs/BENCHMARKS.md table
 """
 from __future__ import annotations
 
@@ -111,14 +111,14 @@ def compile_one(name, fn, sig, consts, num_warps, target):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=["fused", "attention"], default=None)
+    ap.add_argument("--only", choices=["fused", "attention", "all"], default="fused")
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table at the end")
     a = ap.parse_args()
     target = GPUTarget("cuda", 90, 32)
     todo = []
-    if a.only in (None, "fused"):
+    if a.only in ("all", "fused"):
         todo += list(fused_variants())
-    if a.only in (None, "attention"):
+    if a.only in ("all", "attention"):
         todo += list(attention_variants())
     bad, rows = 0, []
     for name, fn, sig, consts, warps in todo:

@@ -41,3 +41,24 @@ def test_fp32_prefill_tiles_on_gpu_are_the_small_ones():
     assert ta.prefill_tiles(torch.bfloat16, True, 4) == (128, 64)
     assert ta.prefill_tiles(torch.float32, False, 4) == (64, 64)
     assert ta.prefill_tiles(torch.float32, True, 128) == (128, 32)       # a group wider than the tile
+
+
+@pytest.mark.slow
+def test_attention_variants_compile_for_sm90_and_small_fp32_tiles_spill_less():
+    """Ahead-of-time compile for the H200 (the real compiler, no GPU): every decode variant and
+    prefill tile compiles, and the fp32 prefill tile now used spills far less than 128 x 64."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the other tests compile and run these kernels for real")
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "scripts/compile_sm90.py", "--only", "attention"], cwd=root,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = dict(re.findall(r"^ok   (.+?): \d+ regs, spill (\d+)/\d+ B", r.stdout, re.M))
+    assert all(f"decode bf16 d={d} {v} split" in rows for d in (64, 128) for v in VARIANTS)
+    for d in (64, 128):
+        big, small = int(rows[f"prefill fp32 d={d} M=128 N=64"]), int(rows[f"prefill fp32 d={d} M=64 N=32"])
+        assert small * 4 < big, (d, small, big)
