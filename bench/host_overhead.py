@@ -60,14 +60,22 @@ def measure(steps: int, vocab_model: str = "smollm2-135m") -> dict:
     from engine.detokenizer import IncrementalDetokenizer
     from engine.sequence import Request
 
-    llm = LLM(model=vocab_model, load_format="dummy", hf_overrides={"num_hidden_layers": 1}, device="cpu",
-              dtype="float32", num_blocks=256, max_model_len=4096, enable_prefix_caching=False)
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.loader import load_model
+
+    over = {"num_hidden_layers": 1}
+    kw = dict(num_blocks=256, max_model_len=4096, device="cpu", dtype="float32", enable_prefix_caching=False)
+    # direct: an LLMEngine with no front thread, stepped in this thread only
+    cfg = EngineConfig(model=vocab_model, load_format="dummy", **kw)
+    eng = LLMEngine(cfg, load_model(vocab_model, load_format="dummy", seed=0, device="cpu", dtype=cfg.torch_dtype,
+                                    hf_overrides=over))
+    vocab = eng.runner.model.embed.shape[0]
+    _stub_forward(eng.runner.model, vocab)
+    llm = LLM(model=vocab_model, load_format="dummy", hf_overrides=over, **kw)   # the streaming front
+    _stub_forward(llm.engine.runner.model, vocab)
     try:
-        eng = llm.engine
-        vocab = eng.runner.model.embed.shape[0]
-        _stub_forward(eng.runner.model, vocab)
         params = SamplingParams(temperature=0.0, max_tokens=10**6, ignore_eos=True)
-        # direct: drive LLMEngine.step() in this thread (the engine thread is idle: no request there)
         calls = {k: [] for k in PARTS + ("step total",)}
         originals = [(eng.scheduler, "schedule", _wrap(eng.scheduler, "schedule", calls, "scheduler")),
                      (eng.runner.model, "forward", _wrap(eng.runner.model, "forward", calls, "forward stub")),

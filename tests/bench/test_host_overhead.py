@@ -15,22 +15,19 @@ def test_breakdown_has_every_part():
     assert r["vocab"] == 49152
 
 
-def test_no_fork_no_logits_copy_and_fork_still_gathers():
-    from engine import LLM, SamplingParams
+def test_no_fork_means_no_logits_copy():
+    """(n > 1 forks still gather: tests/engine/test_engine_features.py n-children tests.)"""
+    from engine import SamplingParams
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.loader import load_model
     from engine.sequence import Request
-    llm = LLM(model="smollm2-135m", load_format="dummy", hf_overrides={"num_hidden_layers": 1}, device="cpu",
-              dtype="float32", num_blocks=64, max_model_len=256)
-    try:
-        eng = llm.engine
-        a = Request("a", list(range(3, 12)), SamplingParams(temperature=0, max_tokens=4))
-        b = Request("b", list(range(3, 12)), SamplingParams(n=2, temperature=1.0, seed=1, max_tokens=4))
-        eng.add_request(a)
-        eng.add_request(b)
-        seqs = [a.seqs[0], b.seqs[0]]
-        logits = torch.randn(2, 49152)
-        out_seqs, out = eng._fork_after_prefill(seqs[:1], logits[:1])
-        assert out_seqs == seqs[:1] and out.data_ptr() == logits.data_ptr()      # the same storage
-        out_seqs, out = eng._fork_after_prefill(seqs, logits)                      # b forks: 3 rows
-        assert len(out_seqs) == 3 and torch.equal(out, logits[[0, 1, 1]])
-    finally:
-        llm.shutdown()
+    cfg = EngineConfig(model="smollm2-135m", load_format="dummy", num_blocks=64, max_model_len=256, device="cpu",
+                       dtype="float32")
+    eng = LLMEngine(cfg, load_model("smollm2-135m", load_format="dummy", device="cpu", dtype=cfg.torch_dtype,
+                                    hf_overrides={"num_hidden_layers": 1}))   # no front thread
+    a = Request("a", list(range(3, 12)), SamplingParams(temperature=0, max_tokens=4))
+    eng.add_request(a)
+    logits = torch.randn(1, 49152)
+    out_seqs, out = eng._fork_after_prefill([a.seqs[0]], logits)
+    assert out_seqs == [a.seqs[0]] and out is logits
