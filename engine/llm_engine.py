@@ -284,6 +284,8 @@ class LLMEngine:
                     self.scheduler.add_forked(seq, child)
                     out_seqs.append(child)
                     out_rows.append(r)
+        if len(out_rows) == len(seqs):      # nothing forked: no gather (a copy, and on CUDA an upload)
+            return out_seqs, logits
         return out_seqs, logits[out_rows]
 
     def _append(self, seq: Sequence, tok: int, now: float, logprob=None) -> None:

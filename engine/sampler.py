@@ -268,10 +268,13 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
                            for p in params):
         l = l.clone()           # penalties work in place; logprobs need the raw logits
     apply_penalties(l, params, histories, prompt_lens)
+    if not rows:                # all greedy: one argmax, no scatter through an index list (an upload on CUDA)
+        tokens = l.argmax(-1)
+        return SamplerOutput(tokens.tolist(), _all_logprobs(raw, params, tokens))
     tokens = torch.zeros(B, dtype=torch.long, device=l.device)
     if len(rows) < B:           # greedy rows: argmax of the penalised logits
         g = [i for i, p in enumerate(params) if p.greedy]
-        tokens[g] = (l if len(g) == B else l[g]).argmax(-1)
+        tokens[g] = l[g].argmax(-1)
     if rows:
         temp = torch.tensor([params[i].temperature for i in rows], device=l.device, dtype=l.dtype)
         sub = (l if len(rows) == B else l[rows]) / temp[:, None]

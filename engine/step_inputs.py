@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 _NP = {torch.int64: np.int64, torch.int32: np.int32}
+_SIZE = {torch.int64: 8, torch.int32: 4, torch.uint8: 1}    # itemsize without a torch.empty per field
 
 
 class StagingBuffer:
@@ -47,8 +48,7 @@ class StagingBuffer:
         return self.host_np[offset:offset + n * np.dtype(_NP[dtype]).itemsize].view(_NP[dtype])
 
     def dev_view(self, offset: int, n: int, dtype) -> torch.Tensor:
-        size = torch.empty((), dtype=dtype).element_size()
-        return self.dev[offset:offset + n * size].view(dtype)
+        return self.dev[offset:offset + n * _SIZE[dtype]].view(dtype)
 
     def upload(self, nbytes: int) -> None:
         """The one host -> device copy of this step (the first nbytes)."""
@@ -69,7 +69,7 @@ class Layout:
         self.fields, off = {}, 0
         for name, count, dtype in fields:
             self.fields[name] = (off, count, dtype)
-            off = _align(off + count * torch.empty((), dtype=dtype).element_size())
+            off = _align(off + count * _SIZE[dtype])
         self.nbytes = off
 
     def host(self, buf: StagingBuffer, name: str) -> np.ndarray:

@@ -49,8 +49,12 @@ def _decode_splits(model, kv_pool, width: int, splits: int) -> None:
         model.scale, max_seqlen_q=1, num_splits=splits)
 
 
-def effective_splits(width: int, block_size: int, splits: int, tile: int = 64) -> int:
-    """The split count the decode kernel really launches for a requested one (as triton_attention)."""
+def effective_splits(width: int, block_size: int, splits: int, tile: int | None = None) -> int:
+    """The split count the decode kernel really launches for a requested one (as triton_attention;
+    tile: the selected decode variant's K/V tile by default)."""
+    if tile is None:
+        from kernels.triton_attention import current_decode_variant
+        tile = current_decode_variant().tile_n
     ctx = width * block_size
     per = -(-(-(-ctx // splits)) // tile) * tile
     return max(1, -(-ctx // per))

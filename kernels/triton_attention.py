@@ -14,7 +14,10 @@ Shared ideas:
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -192,12 +195,62 @@ def _num_sms(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-DECODE_BLOCKS_PER_SM = 2     # the decode kernel's 255 registers/thread at 4 warps: 2 programs per SM
+@dataclass(frozen=True)
+class DecodeVariant:
+    """A launch shape of _decode_kernel. blocks_d64 / blocks_d128: programs resident per SM at the
+    registers the sm_90 ahead-of-time compile reports for bf16 at head_dim 64 / 128 (65,536
+    registers per SM, docs/BENCHMARKS.md "Triton variants for sm_90"); split-K is sized from it.
+    The GPU check measures each variant's GB/s and picks one (scripts/gpu_check.py)."""
+    num_warps: int
+    tile_n: int
+    blocks_d64: int
+    blocks_d128: int
+
+    def blocks_per_sm(self, head_dim: int) -> int:
+        return self.blocks_d64 if head_dim <= 64 else self.blocks_d128
+
+
+# measured (triton 3.9, bf16): w4-t64 252 / 255 registers -> 2 / 2 programs per SM;
+# w8-t64 128 / 250 -> 2 / 1 (twice the warps per program); w4-t32 126 / 228 -> 4 / 2.
+DECODE_VARIANTS = {"w4-t64": DecodeVariant(4, 64, 2, 2), "w8-t64": DecodeVariant(8, 64, 2, 1),
+                   "w4-t32": DecodeVariant(4, 32, 4, 2)}
+_decode = [DECODE_VARIANTS[os.environ.get("PAGED_CHAT_DECODE_VARIANT", "w4-t64")]]
+
+
+def set_decode_variant(name: str) -> None:
+    """Select the decode launch shape for later calls (and later CUDA-graph captures)."""
+    _decode[0] = DECODE_VARIANTS[name]
+
+
+def current_decode_variant() -> DecodeVariant:
+    return _decode[0]
+
+
+@contextlib.contextmanager
+def decode_variant(name: str):
+    before = _decode[0]
+    set_decode_variant(name)
+    try:
+        yield DECODE_VARIANTS[name]
+    finally:
+        _decode[0] = before
+
+
+def prefill_tiles(cache_dtype: torch.dtype, on_gpu: bool, g_p2: int) -> tuple[int, int]:
+    """(BLOCK_M, TILE_N) of _prefill_kernel. fp32 on the GPU uses 64 x 32: at 128 x 64 its sm_90
+    compile took 12.6 s vs 2.8 s and spilled ~57 KB vs ~1.8 KB per thread (triton 3.9, d=64;
+    fp32 tiles hold twice the registers of bf16). A cold GPU check compiles it several times."""
+    if on_gpu and cache_dtype == torch.float32:
+        return max(64, g_p2), 32
+    return max(128 if on_gpu else 64, g_p2), 64
+
+
+DECODE_BLOCKS_PER_SM = DECODE_VARIANTS["w4-t64"].blocks_d64   # the default variant's residency
 DECODE_MIN_WAVES = 2         # a lone partial wave leaves SMs idle while its tail finishes
 MIN_SPLIT_POSITIONS = 256    # below this the merge and the per-split overhead stop paying off
 
 
-def choose_num_splits(num_seqs, num_kv_heads, max_ctx, device, tile_n, num_sms=None) -> int:
+def choose_num_splits(num_seqs, num_kv_heads, max_ctx, device, tile_n, num_sms=None, head_dim=64) -> int:
     """Split-K for decode from the SM count and the context: enough (seq, kv head, split) programs
     for DECODE_MIN_WAVES full waves of DECODE_BLOCKS_PER_SM programs per SM, but no split shorter
     than MIN_SPLIT_POSITIONS (short contexts are not worth splitting). Batch 64 x 8 KV heads on 132
@@ -206,7 +259,7 @@ def choose_num_splits(num_seqs, num_kv_heads, max_ctx, device, tile_n, num_sms=N
     width, so a bucket's split count is fixed."""
     progs = max(1, num_seqs * num_kv_heads)
     sms = num_sms or _num_sms(device)
-    target = DECODE_MIN_WAVES * DECODE_BLOCKS_PER_SM * sms
+    target = DECODE_MIN_WAVES * _decode[0].blocks_per_sm(head_dim) * sms
     if progs >= target:
         return 1
     want = triton.cdiv(target, progs)
@@ -237,9 +290,10 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
     d_p2 = max(16, triton.next_power_of_2(d))
     cache_args = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0))
     if max_seqlen_q == 1 and num_tokens == num_seqs:  # pure decode: token i is sequence i
-        tile = tile_n or 64
+        variant = _decode[0]
+        tile = tile_n or variant.tile_n
         splits = num_splits or choose_num_splits(num_seqs, kvh, block_tables.shape[1] * bs,
-                                                 query.device, tile)
+                                                 query.device, tile, head_dim=d)
         per_split = triton.cdiv(triton.cdiv(block_tables.shape[1] * bs, splits), tile) * tile
         splits = max(1, triton.cdiv(block_tables.shape[1] * bs, per_split))
         if splits > 1:
@@ -255,7 +309,7 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
             scale_log2, query.stride(0), query.stride(1), *cache_args,
             out.stride(0), out.stride(1), *pstrides, per_split, bs,
             GROUP=group, G_P2=max(16, triton.next_power_of_2(group)), HEAD_DIM=d, D_P2=d_p2,
-            TILE_N=tile, SPLIT=splits > 1, CDT=cdt, PREC=prec, num_warps=4)
+            TILE_N=tile, SPLIT=splits > 1, CDT=cdt, PREC=prec, num_warps=variant.num_warps)
         if splits > 1:
             _merge_kernel[(num_seqs, H)](
                 part_out, part_lse, out, *pstrides, out.stride(0), out.stride(1),
@@ -263,12 +317,12 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
                 num_warps=4)
         return out
     g_p2 = triton.next_power_of_2(group)
-    block_m = max(128 if on_gpu else 64, g_p2)
+    block_m, prefill_tile = prefill_tiles(k_cache.dtype, on_gpu, g_p2)
     block_q = block_m // g_p2
     _prefill_kernel[(triton.cdiv(max_seqlen_q, block_q), num_seqs, kvh)](
         query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, out,
         scale_log2, query.stride(0), query.stride(1), *cache_args,
         out.stride(0), out.stride(1), bs,
         GROUP=group, G_P2=g_p2, BLOCK_M=block_m, BLOCK_Q=block_q, HEAD_DIM=d, D_P2=d_p2,
-        TILE_N=tile_n or 64, CDT=cdt, PREC=prec, num_warps=8 if on_gpu and d > 64 else 4)
+        TILE_N=tile_n or prefill_tile, CDT=cdt, PREC=prec, num_warps=8 if on_gpu and d > 64 else 4)
     return out

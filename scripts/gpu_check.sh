@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The one prepared GPU check (issue #16): one command, <= 8 minutes on an H200, one line per stage
-# and a final verdict; JSON under bench/results/. Needs only the engine's requirements
-# (requirements-engine.txt: torch with CUDA, triton, transformers) - no gradio, no gguf, no model
-# files (random weights from engine/configs/). `--smoke` (or no GPU) runs tiny shapes on CPU with
-# interpreted Triton, as CI does. Extra arguments go to scripts/gpu_check.py.
+# The one prepared GPU check (issues #16, #27): `bash scripts/gpu_check.sh --out "$OUT/gpu-check.json"`.
+# One line per stage, a final verdict, and the JSON rewritten after every stage (default: $OUT/gpu-check.json
+# when $OUT is set, else bench/results/), so a time-out, SIGTERM or crash still leaves what was done.
+# Needs only the engine's requirements (requirements-engine.txt: torch with CUDA, triton, transformers) -
+# no gradio, no gguf, no model files (random weights from engine/configs/). `--smoke` (or no GPU) runs tiny
+# shapes on CPU with interpreted Triton, as CI does. Extra arguments go to scripts/gpu_check.py
+# (--budget-s, default 480; --stages; --hard-limit-s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-}
@@ -17,4 +19,5 @@ fi
 if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   export TRITON_INTERPRET=1        # no GPU: interpreted Triton (must be set before triton is imported)
 fi
-exec timeout 590 "$PY" scripts/gpu_check.py "$@"
+# the check writes its JSON before its own watchdog (budget + 60 s) and on SIGTERM; -k: SIGKILL 10 s later
+exec timeout -k 10 "${GPU_CHECK_TIMEOUT_S:-590}" "$PY" scripts/gpu_check.py "$@"
