@@ -35,13 +35,15 @@ class LLM:
                  dtype: str | None = None, seed: int = 0, attention_backend: str = "auto",
                  enable_prefix_caching: bool = True, progress=None, load_format: str = "auto",
                  enforce_eager: bool = False, hf_overrides: dict | None = None,
-                 max_pin_fraction: float | None = None, quantization: str | None = None):
+                 max_pin_fraction: float | None = None, quantization: str | None = None,
+                 kv_cache_dtype: str = "auto"):
         cfg = EngineConfig(model=model, block_size=block_size, num_blocks=num_blocks,
                            kv_cache_gib=kv_cache_gib, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens, device=device, dtype=dtype,
                            seed=seed, attention_backend=attention_backend,
                            enable_prefix_caching=enable_prefix_caching, load_format=load_format,
-                           enforce_eager=enforce_eager, quantization=quantization)
+                           enforce_eager=enforce_eager, quantization=quantization,
+                           kv_cache_dtype=kv_cache_dtype)
         if hf_overrides and load_format != "dummy":
             raise ValueError("hf_overrides is only used with load_format='dummy'")
         dummy_kw = dict(seed=seed, device=cfg.device, dtype=cfg.torch_dtype, hf_overrides=hf_overrides) \
