@@ -127,3 +127,63 @@ def test_copy_on_write_of_a_quantized_partial_block_copies_scales(dtype):
     deq = kv_quant.dequantize(pool[0, 2, 3])
     torch.testing.assert_close(deq[:5], kv_quant.dequantize(before[0, 2, :5]))
     assert (deq[5] - new[0]).abs().max() <= new.abs().max() / kv_quant.QMAX[dtype] * (16 if dtype != torch.int8 else 0.51)
+
+
+# ---- Triton (the interpreter on CPU): the same oracle, the same poisoned pools ----------------
+def run_triton(c, **kw):
+    from kernels import triton_attention
+    pool = c["pool"]
+    out = torch.full_like(c["query"], float("nan"))
+    triton_attention.paged_attention(c["query"], pool[0, 1], pool[1, 1], c["block_tables"], c["seq_lens"],
+                                     c["cu_seqlens_q"], c["scale"], c["max_seqlen_q"], out=out, **kw)
+    return out
+
+
+@pytest.mark.parametrize("dtype", QDTYPES)
+@pytest.mark.parametrize("seqs,splits", [("decode", 1), ("decode", 3), ("extend", None), ("shared", None)])
+def test_triton_attention_on_quantized_pool(seqs, splits, dtype):
+    """Decode with and without split-K, prefill / chunked prefill after a prefix, a prefix hit."""
+    shape = SEQS[seqs]
+    c, deq = quantize_case(build_case(16, 9, 3, 64, shape[0], torch.float32, share_blocks=shape[1], seed=7),
+                           dtype)
+    out = run_triton(c, **({"num_splits": splits} if splits else {}))
+    assert not out.isnan().any(), "NaN in output: a wrong block/slot was read or a row skipped"
+    torch.testing.assert_close(out.double().cpu(), oracle_on(c, deq).cpu(), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", QDTYPES)
+def test_triton_store_matches_the_torch_store(dtype):
+    shape = (2, 1, 6, 16, 3, 68)
+    pools = [nan_pool(shape, dtype) for _ in range(2)]
+    pools[1].view(torch.uint8).copy_(pools[0].view(torch.uint8))
+    k, v = torch.randn(6, 3, 64), torch.randn(6, 3, 64) * 30
+    k[2] = 0                                       # amax 0: scale 0, codes 0, no NaN
+    slots = torch.tensor([17, -1, 3, 95, 40, 0])
+    reference.store_kv(k, v, pools[0][0, 0], pools[0][1, 0], slots)
+    kernels.store_kv(k, v, pools[1][0, 0], pools[1][1, 0], slots, backend="triton")
+    rows = [p.view(2, 96, 3, 68) for p in pools]          # [K / V, slot, head, row]
+    a, b = (kv_quant.dequantize(r) for r in rows)
+    keep = slots[slots >= 0]
+    torch.testing.assert_close(kv_quant.split(rows[1])[1][:, keep], kv_quant.split(rows[0])[1][:, keep],
+                               rtol=1e-6, atol=0)
+    step = kv_quant.split(rows[0])[1][:, keep][..., None]
+    # both round to nearest even in fp32 first (kernels/triton_store.py): identical codes
+    tol = step * 1e-3                                   # same codes (a tie may differ by a step)
+    assert ((a[:, keep] - b[:, keep]).abs() <= tol).all()
+    untouched = torch.ones(96, dtype=torch.bool)
+    untouched[keep] = False
+    assert b[:, untouched].isnan().all()                  # skipped slot -1 and other rows untouched
+
+
+@pytest.mark.parametrize("dtype", QDTYPES)
+def test_triton_copy_blocks_copies_codes_and_scales(dtype):
+    pool = nan_pool((2, 3, 5, 16, 3, 68), dtype)
+    x = torch.randn(2, 3, 7, 3, 64)
+    for kv in range(2):
+        for layer in range(3):
+            reference.store_kv(x[kv, layer], x[kv, layer], pool[kv, layer], pool[kv, layer], torch.arange(32, 39))
+    before = pool.clone()
+    kernels.copy_blocks(pool, torch.tensor([[2, 4], [0, 1]]), backend="triton")
+    assert torch.equal(pool[:, :, 4].view(torch.uint8), before[:, :, 2].view(torch.uint8))
+    assert torch.equal(pool[:, :, 1].view(torch.uint8), before[:, :, 0].view(torch.uint8))
+    assert torch.equal(pool[:, :, [0, 2, 3]].view(torch.uint8), before[:, :, [0, 2, 3]].view(torch.uint8))
