@@ -25,10 +25,11 @@ import numpy as np
 from engine.kv_columns import STATES, BlockArrays, _no_gc, expand_ranges, id_ranges  # noqa: F401 (re-exported)
 
 SCHEMA = "paged-chat.kv"
-VERSION = 4          # 1: the untyped dict before issue 10; 2: this module (adds "schema", "version");
+VERSION = 5          # 1: the untyped dict before issue 10; 2: this module (adds "schema", "version");
                      # 3: block state "pinned", "pins", stats pinned_blocks / max_pinned_blocks;
                      # 4: "block_runs" (run-length block states), to_json(compact=True) without
-                     #    "blocks"/"owners"; every v3 field is still produced by default
+                     #    "blocks"/"owners"; every v3 field is still produced by default;
+                     # 5: stats kv_cache_dtype / weights_kv_bytes_per_token (quantized KV, issue 22)
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,9 @@ class KVStats:
     pinned_blocks: int = 0        # blocks held by the app's pins (also counted in used_blocks)
     max_pinned_blocks: int = 0    # the pin cap, in blocks
     chat_used_blocks: int = 0     # used blocks minus pinned ones no table holds (savings use this)
+    # the pool's format (kernels/kv_quant.py), version 5
+    kv_cache_dtype: str = ""              # float32 / bfloat16 / float16 / int8 / fp8 ("" = unknown)
+    weights_kv_bytes_per_token: int = 0   # what a token would cost at the weights' dtype (0 = unknown)
 
     def __post_init__(self):
         if not self.pinned_blocks:      # no pins: every used block is held by some table
