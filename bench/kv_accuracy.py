@@ -1,8 +1,8 @@
 """What a KV cache format costs in accuracy, measured against HF transformers in fp32.
 
 Held-out chats (multi-turn, a long system prompt, French / German / Russian / Chinese / Spanish)
-are run through the engine's own model and pool, teacher-forced: the first PREFILL tokens of each
-chat as chunked prefill (CHUNK tokens per step, each chunk attending to the cached chunks before
+are run through the engine's own model and pool, teacher-forced: each chat but its last DECODE
+tokens as chunked prefill (CHUNK tokens per step, each chunk attending to the cached chunks before
 it), then every further token as one batched decode step, so the decode kernel, prefill and
 prefix attention all read the pool in the format under test. At every position the engine's
 next-token distribution is compared with HF fp32's on the same tokens:
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-PREFILL, CHUNK = 96, 40
+DECODE, CHUNK = 48, 128     # the last DECODE tokens of each chat are decode steps; before: prefill chunks
 
 SYSTEM = ("You are Atlas, a careful travel and language assistant for a small agency in Lyon. Answer in the "
           "language of the user's last message. Keep answers short, give prices in euros, never invent "
@@ -90,9 +90,9 @@ def hf_logits(hf_model, seqs) -> list[torch.Tensor]:
 
 
 @torch.inference_mode()
-def engine_logits(runner, seqs, prefill: int = PREFILL, chunk: int = CHUNK) -> list[torch.Tensor]:
+def engine_logits(runner, seqs, decode: int = DECODE, chunk: int = CHUNK) -> list[torch.Tensor]:
     """Teacher-forced next-token logits [len, vocab] per sequence, from runner.model on runner.kv_pool
-    (chunked prefill of the first `prefill` tokens, then batched decode). Blocks are handed out in a
+    (chunked prefill of all but the last `decode` tokens, then batched decode steps). Blocks are handed out in a
     permuted order, so block tables are not contiguous."""
     from engine.models.llama import AttentionMetadata
     model, pool, bs = runner.model, runner.kv_pool, runner.cfg.block_size
@@ -120,11 +120,14 @@ def engine_logits(runner, seqs, prefill: int = PREFILL, chunk: int = CHUNK) -> l
         for (i, a, n), c in zip(rows, cu):
             logits[i].append(out[c:c + n])
 
+    starts = [max(1, len(s) - decode) for s in seqs]
     for i, s in enumerate(seqs):
-        for a in range(0, min(prefill, len(s)), chunk):
-            step([(i, a, min(chunk, prefill - a, len(s) - a))])
-    for t in range(prefill, max(len(s) for s in seqs)):
-        step([(i, t, 1) for i, s in enumerate(seqs) if t < len(s)])
+        for a in range(0, starts[i], chunk):
+            step([(i, a, min(chunk, starts[i] - a))])
+    for t in range(max(len(s) for s in seqs)):
+        rows = [(i, t, 1) for i, s in enumerate(seqs) if starts[i] <= t < len(s)]
+        if rows:
+            step(rows)
     return [torch.cat(parts) for parts in logits]
 
 
