@@ -70,6 +70,38 @@ def decode_speed(kv: str, batch: int, context: int, new_tokens: int, rounds: int
         llm.shutdown()
 
 
+def attention_micro(dtypes, batch: int, context: int, rounds: int = 5, per_round: int = 4) -> list[dict]:
+    """One layer's decode attention alone (the C++ in-place kernel), SmolLM2's shape, shuffled
+    16-token blocks, B x context: median ms per call per pool format, rounds interleaved."""
+    import torch
+    from kernels import cpu_attention, kv_quant, reference
+    H, KVH, D, BS = 9, 3, 64, 16
+    g = torch.Generator().manual_seed(0)
+    per = -(-context // BS)
+    nb = batch * per + 1
+    k, v = torch.randn(nb, BS, KVH, D, generator=g), torch.randn(nb, BS, KVH, D, generator=g)
+    tables = (torch.randperm(nb - 1, generator=g)[: batch * per] + 1).view(batch, per).to(torch.int32)
+    q = torch.randn(batch, H, D, generator=g)
+    lens = torch.full((batch,), context, dtype=torch.int32)
+    cu = torch.arange(batch + 1, dtype=torch.int32)
+    pools = {}
+    for dt in dtypes:
+        pd = kv_quant.pool_dtype(dt, torch.float32)
+        pools[dt] = ((kv_quant.quantize_rows(k, pd), kv_quant.quantize_rows(v, pd)) if kv_quant.is_quantized_dtype(pd)
+                     else (k.to(pd), v.to(pd)))
+    times = {dt: [] for dt in dtypes}
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for dt in dtypes:
+                kc, vc = pools[dt]
+                for _ in range(per_round):
+                    t = time.perf_counter()
+                    reference.paged_attention(q, kc, vc, tables, lens, cu, D ** -0.5, max_seqlen_q=1)
+                    times[dt].append(time.perf_counter() - t)
+    return [{"kv_cache_dtype": dt, "attention_ms_per_layer": 1e3 * statistics.median(times[dt]),
+             "path": cpu_attention.active_path()} for dt in dtypes]
+
+
 def render(cap: list[dict], speed: list[dict]) -> str:
     base = {r["kv_cache_dtype"]: r for r in cap}
     sp = {r["kv_cache_dtype"]: r for r in speed}
@@ -95,7 +127,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--context", type=int, default=1500)
     p.add_argument("--new-tokens", type=int, default=16)
-    p.add_argument("--no-speed", action="store_true")
+    p.add_argument("--no-speed", action="store_true", help="skip the end-to-end decode runs")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     from engine.loader import load_model
@@ -105,13 +137,20 @@ def main(argv=None) -> int:
     dtypes = a.dtypes.split(",")
     load0 = os.getloadavg()
     cap = capacity_rows(loaded.tokenizer, dtypes, c.num_hidden_layers, c.num_key_value_heads, head_dim)
+    micro = attention_micro(dtypes, a.batch, a.context)
     speed = [] if a.no_speed else [decode_speed(d, a.batch, a.context, a.new_tokens) for d in dtypes]
     md = render(cap, speed)
+    b = {r["kv_cache_dtype"]: r["attention_ms_per_layer"] for r in micro}
+    md += ("\n\n| KV cache dtype | decode attention, one layer, B=%d x %d ctx (ms, median) | speed vs bf16 KV |\n|---|---|---|\n"
+           % (a.batch, a.context)) + "\n".join(
+        f"| {r['kv_cache_dtype']} | {r['attention_ms_per_layer']:.2f} | "
+        + (f"{b['bfloat16'] / r['attention_ms_per_layer']:.2f}x" if "bfloat16" in b else "-") + " |"
+        for r in micro) + f"\n\n({micro[0]['path']})"
     print(md)
     print(f"\nload average start {load0}, end {os.getloadavg()}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"capacity": cap, "speed": speed, "loadavg": [load0, os.getloadavg()], "markdown": md}, f,
+            json.dump({"capacity": cap, "speed": speed, "attention_micro": micro, "loadavg": [load0, os.getloadavg()], "markdown": md}, f,
                       indent=1)
     return 0
 

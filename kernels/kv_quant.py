@@ -27,6 +27,10 @@ def is_quantized(cache: torch.Tensor) -> bool:
     return cache.dtype in QMAX
 
 
+def is_quantized_dtype(dtype: torch.dtype) -> bool:
+    return dtype in QMAX
+
+
 def pool_dtype(kv_cache_dtype: str, weights_dtype: torch.dtype) -> torch.dtype:
     """The pool tensor's dtype for a --kv-cache-dtype value ('auto' = the weights' dtype)."""
     if kv_cache_dtype in (None, "auto"):

@@ -1,0 +1,80 @@
+"""What the KV cache format costs, measured against HF transformers fp32 with the real model.
+
+bench/kv_accuracy.py runs held-out chats (multi-turn, a long system prompt, five non-English
+languages; 2,171 positions) teacher-forced through the engine's own model and pool: chunked
+prefill, then batched decode steps (the C++ decode kernel on the quantized rows). At every position
+the engine's next-token distribution is compared with HF fp32's: mean KL(HF || engine), top-1
+agreement. The rule (docs/BENCHMARKS.md, "Quantized KV cache"): int8 KV's mean KL <= 2x the KL of
+the bf16 KV cache it replaces, and top-1 agreement >= RULE_TOP1. A mutant with wrong scales must
+break it, so the test can fail.
+"""
+import pytest
+import torch
+
+from bench import kv_accuracy as acc
+from kernels import kv_quant
+
+pytestmark = pytest.mark.slow
+
+RULE_KL_RATIO = 2.0
+RULE_TOP1 = 0.98
+
+
+@pytest.fixture(scope="module")
+def loaded(model_folder):
+    from engine.loader import load_model
+    return load_model(model_folder)
+
+
+@pytest.fixture(scope="module")
+def chats(loaded, hf_model):
+    seqs = acc.chat_token_ids(loaded.tokenizer)
+    assert sum(len(s) for s in seqs) >= 2000
+    return seqs, acc.hf_logits(hf_model, seqs)
+
+
+@pytest.fixture(scope="module")
+def measured(loaded, chats):
+    """{(weights dtype, kv dtype): Accuracy}, computed once per module (each is a full pass)."""
+    cache = {}
+
+    def get(weights: str, kv: str):
+        if (weights, kv) not in cache:
+            seqs, ref = chats
+            cache[weights, kv] = acc.compare(kv, ref, acc.engine_logits(acc.build_runner(loaded, kv, dtype=weights), seqs))
+        return cache[weights, kv]
+    return get
+
+
+def rule_holds(int8: acc.Accuracy, bf16: acc.Accuracy) -> bool:
+    return int8.mean_kl <= RULE_KL_RATIO * bf16.mean_kl and int8.top1 >= RULE_TOP1
+
+
+def test_float32_kv_is_exact(measured):
+    a = measured("float32", "float32")
+    assert a.positions >= 2000
+    assert a.mean_kl < 1e-8 and a.top1 == 1.0
+
+
+WEIGHTS_FOR_RULE = "bfloat16"    # the app's default here (auto on an avx512_bf16 CPU): bf16 KV today
+
+
+def test_int8_kv_rule_against_bf16_kv(measured):
+    bf16, int8 = measured(WEIGHTS_FOR_RULE, "bfloat16"), measured(WEIGHTS_FOR_RULE, "int8")
+    print("\n" + bf16.row() + "\n" + int8.row())
+    assert rule_holds(int8, bf16), (int8, bf16)
+
+
+def test_wrong_scales_break_the_rule(measured, loaded, chats, monkeypatch):
+    """Mutant: every stored scale off by 2x (codes computed with the right one)."""
+    real = kv_quant.quantize_rows
+
+    def off_by_2x(x, dtype):
+        rows = real(x, dtype)
+        kv_quant.split(rows)[1].mul_(2)
+        return rows
+    monkeypatch.setattr(kv_quant, "quantize_rows", off_by_2x)
+    seqs, ref = chats
+    mutant = acc.compare("int8 (scales x2)", ref,
+                         acc.engine_logits(acc.build_runner(loaded, "int8", dtype=WEIGHTS_FOR_RULE), seqs))
+    assert not rule_holds(mutant, measured(WEIGHTS_FOR_RULE, "bfloat16")), mutant
