@@ -149,6 +149,24 @@ def compare(name: str, ref: list[torch.Tensor], got: list[torch.Tensor]) -> Accu
     return Accuracy(name, r.shape[0], float(kl.mean()), float((r.argmax(-1) == g.argmax(-1)).double().mean()))
 
 
+def greedy_agreement(llm, hf_model, seqs, n: int = 64) -> float:
+    """Mean over chats of the fraction of the first n greedy tokens equal to HF fp32 greedy's, counted
+    up to the first difference (after it the two continue different texts)."""
+    from engine.sampling_params import SamplingParams
+    outs = llm.generate([{"prompt_token_ids": s} for s in seqs],
+                        SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+    fracs = []
+    with torch.inference_mode():
+        for s, o in zip(seqs, outs):
+            x = torch.tensor([s])
+            ref = hf_model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
+                                    eos_token_id=None, pad_token_id=hf_model.config.eos_token_id)[0, len(s):].tolist()
+            got = list(o.outputs[0].token_ids)
+            same = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
+            fracs.append(same / n)
+    return sum(fracs) / len(fracs)
+
+
 def build_runner(loaded, kv_cache_dtype: str, num_blocks: int = 256, dtype: str = "float32"):
     from engine.config import EngineConfig
     from engine.model_runner import ModelRunner

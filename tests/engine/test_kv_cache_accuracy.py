@@ -78,3 +78,23 @@ def test_wrong_scales_break_the_rule(measured, loaded, chats, monkeypatch):
     mutant = acc.compare("int8 (scales x2)", ref,
                          acc.engine_logits(acc.build_runner(loaded, "int8", dtype=WEIGHTS_FOR_RULE), seqs))
     assert not rule_holds(mutant, measured(WEIGHTS_FOR_RULE, "bfloat16")), mutant
+
+
+def test_greedy_float32_kv_is_token_identical_to_hf_and_int8_reports_its_agreement(model_folder, hf_model, chats):
+    """--kv-cache-dtype float32 keeps greedy token-identical to HF over 64 tokens; int8 KV's
+    agreement (first divergence / 64) is measured the same way (docs/BENCHMARKS.md)."""
+    from engine import LLM
+    seqs = chats[0][:2]
+    for kv, expect_exact in (("float32", True), ("int8", False)):
+        llm = LLM(model_folder, dtype="float32", kv_cache_dtype=kv, kv_cache_gib=0.25)
+        try:
+            assert llm.model_info().kv_cache_dtype == kv
+            assert llm.stats()["kv_cache_dtype"] == kv
+            agree = acc.greedy_agreement(llm, hf_model, seqs)
+        finally:
+            llm.shutdown()
+        print(f"\n{kv} KV greedy agreement over 64 tokens: {agree:.3f}")
+        if expect_exact:
+            assert agree == 1.0
+        else:
+            assert 0.0 < agree <= 1.0
