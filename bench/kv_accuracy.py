@@ -237,6 +237,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--kv", default="float32,bfloat16,int8")
     p.add_argument("--study", action="store_true", help="fake-quantized HF: per-token vs per-block scales, Hadamard")
+    p.add_argument("--schemes", default=",".join(STUDY), help="--study: which formats")
+    p.add_argument("--chats", type=int, default=len(CHATS), help="use the first N chats only")
     a = p.parse_args()
     if a.study:
         from transformers import AutoModelForCausalLM
@@ -244,7 +246,7 @@ def main() -> None:
         loaded = load_model(None)
         hf = AutoModelForCausalLM.from_pretrained(loaded.hf_folder, dtype=torch.float32).eval()
         print("| KV format (fake-quantized in HF) | positions | mean KL vs HF fp32 | top-1 agreement |\n|---|---|---|---|")
-        for r in study(hf, chat_token_ids(loaded.tokenizer)):
+        for r in study(hf, chat_token_ids(loaded.tokenizer)[:a.chats], tuple(a.schemes.split(","))):
             print(r.row(), flush=True)
         return
     from transformers import AutoModelForCausalLM
