@@ -8,9 +8,10 @@ the pool is still one tensor, [2, layers, num_blocks, block_size, kv_heads, head
 dtype says the format (int8: symmetric int8 codes; float8_e4m3fn: fp8 e4m3 codes). The last 4
 bytes of each row are the row's scale as an fp32, read through a dtype view of the same memory.
 
-Granularity: one scale per token per KV head (chosen over one per block per head by measurement,
-docs/BENCHMARKS.md "Quantized KV cache"): it needs no re-quantization when a partial block grows,
-a token is written once, and its accuracy was the better one.
+Granularity: one scale per token per KV head, not per block per head: it needs no re-quantization
+when a partial block grows (a token is written once, never rewritten under readers that share the
+block), and a row's own amax is never larger than its block's, so it is never less accurate; a block
+scale would save 5.5% of the bytes (docs/DESIGN.md, "Quantized KV"; bench/kv_accuracy.py --study).
 x ~= code * scale, scale = amax(|x| over head_dim) / QMAX (QMAX = 127 for int8, 448 for e4m3).
 """
 from __future__ import annotations
