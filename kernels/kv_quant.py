@@ -10,7 +10,7 @@ bytes of each row are the row's scale as an fp32, read through a dtype view of t
 
 Granularity: one scale per token per KV head, not per block per head: it needs no re-quantization
 when a partial block grows (a token is written once, never rewritten under readers that share the
-block), and a row's own amax is never larger than its block's, so it is never less accurate; a block
+block), and a row's own amax is never larger than its block's, so its error bound is never larger; a block
 scale would save 5.5% of the bytes (docs/DESIGN.md, "Quantized KV"; bench/kv_accuracy.py --study).
 x ~= code * scale, scale = amax(|x| over head_dim) / QMAX (QMAX = 127 for int8, 448 for e4m3).
 """
