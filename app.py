@@ -158,7 +158,8 @@ def main(argv=None) -> int:
         storage = Storage(args.db)
         s = llm.stats()
         print(f"Model ready in {time.time() - started:.1f} s: {llm.model_source}; KV pool "
-              f"{s['total_blocks']} blocks x {s['block_size']} tokens = {s['kv_capacity_tokens']} tokens; "
+              f"{s['total_blocks']} blocks x {s['block_size']} tokens = {s['kv_capacity_tokens']} tokens "
+              f"({s.get('kv_cache_dtype') or 'auto'}, {s['kv_bytes_per_token']:,} B/token); "
               f"context {llm.max_model_len}; history in {args.db}", file=sys.stderr)
         serve(llm, storage, args, auth)
     finally:
