@@ -14,7 +14,7 @@ import torch
 from bench import kv_accuracy as acc
 from kernels import kv_quant
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]   # each pass ~1 min quiet, ~10 at load 15
 
 RULE_KL_RATIO = 2.0
 RULE_TOP1 = 0.98
