@@ -52,6 +52,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quantization", choices=["int8"], default=None,
                    help="int8: weight-only int8 weights with per-channel scales (CPU, bf16 activations); "
                         "fastest at batch 1, slightly less accurate")
+    p.add_argument("--kv-cache-dtype", choices=["auto", "float32", "bfloat16", "float16", "int8", "fp8"],
+                   default="auto", help="KV pool format (vLLM's flag). auto (default): the weights' dtype; "
+                        "int8: ~1.9x the bf16 tokens in the same memory, any device (accuracy: docs/BENCHMARKS.md); "
+                        "fp8: e4m3, CUDA sm_89+ only")
     p.add_argument("--db", default="data/chat.db", help="SQLite file for the chat history")
     p.add_argument("--trusted-proxy", action="append", default=[], metavar="IP",
                    help="a reverse proxy whose X-Forwarded-For is believed (repeatable); by default none is, "
@@ -189,14 +193,16 @@ def main(argv=None) -> int:
     llm = LLM(model=args.model, block_size=args.block_size, num_blocks=args.num_blocks,
               kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,
               max_num_seqs=args.max_num_seqs, dtype=args.dtype, quantization=args.quantization,
-              progress=terminal_progress, scheduling_policy=args.scheduling_policy, tenant_weights=weights,
+              kv_cache_dtype=args.kv_cache_dtype, progress=terminal_progress,
+              scheduling_policy=args.scheduling_policy, tenant_weights=weights,
               queue_bounds=bounds, kv_offload_gib=args.kv_offload_gib, kv_offload_dir=args.kv_offload_dir)
     storage = None
     try:
         storage = Storage(args.db)
         s = llm.stats()
         print(f"Model ready in {time.time() - started:.1f} s: {llm.model_source}; KV pool "
-              f"{s['total_blocks']} blocks x {s['block_size']} tokens = {s['kv_capacity_tokens']} tokens; "
+              f"{s['total_blocks']} blocks x {s['block_size']} tokens = {s['kv_capacity_tokens']} tokens "
+              f"({s.get('kv_cache_dtype') or 'auto'}, {s['kv_bytes_per_token']:,} B/token); "
               f"context {llm.max_model_len}; history in {args.db}", file=sys.stderr)
         if s.get("tier_kind"):
             print(f"KV tier: {s['tier_kind']}, {s['tier_capacity_bytes'] / 2**30:.2f} GiB, "

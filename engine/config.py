@@ -39,6 +39,22 @@ def resolve_dtype(dtype: str | None, device: str) -> str:
     return dtype
 
 
+def check_kv_cache_dtype(kv_cache_dtype: str, device: str) -> None:
+    """vLLM's --kv-cache-dtype values. fp8 (e4m3) needs a CUDA device of compute capability 8.9+
+    (Ada / Hopper): elsewhere it is refused here, before any memory is allocated."""
+    from kernels.kv_quant import KV_CACHE_DTYPES
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+    if kv_cache_dtype == "fp8":
+        if not device.startswith("cuda"):
+            raise ValueError(f"kv_cache_dtype='fp8' needs a CUDA GPU with fp8 (compute capability 8.9+); "
+                             f"device {device!r} has none: use kv_cache_dtype='int8' (every device)")
+        cap = torch.cuda.get_device_capability(torch.device(device))
+        if cap < (8, 9):
+            raise ValueError(f"kv_cache_dtype='fp8' needs compute capability 8.9+ (Ada/Hopper); {device} is "
+                             f"sm_{cap[0]}{cap[1]}: use kv_cache_dtype='int8'")
+
+
 @dataclass
 class EngineConfig:
     model: str | None = None
@@ -56,6 +72,7 @@ class EngineConfig:
     load_format: str = "auto"          # "dummy": config + seeded random weights (engine/dummy_weights.py)
     enforce_eager: bool = False        # True: no CUDA graphs for decode (always eager on CPU)
     quantization: str | None = None    # "int8": weight-only int8, per-channel scales (CPU; engine/cpu_linear.py)
+    kv_cache_dtype: str = "auto"       # the pool's format (kernels/kv_quant.py); "auto" = the weights' dtype
     scheduling_policy: str = "fair"    # "fair": per-tenant VTC + priorities; "fcfs" (engine/fairness.py)
     kv_offload_gib: float | str | None = None   # second KV tier (engine/kv_tier_setup.py): None/0 off, "auto"
     kv_offload_dir: str | None = None  # its folder on CPU (default <cache>/kv-tier)
@@ -91,6 +108,7 @@ class EngineConfig:
         self.dtype = resolve_dtype(self.dtype, self.device)
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}")
+        check_kv_cache_dtype(self.kv_cache_dtype, self.device)
         if self.max_num_batched_tokens is None:
             # CPU: 512, chosen by measurement (bench/serving.py --budgets 512,2048, chat burst of 16):
             # 2,048 never improved TTFT p50 (1.75 vs 2.29 s fp32; 2.22 vs 3.8 s bf16) and its

@@ -25,11 +25,12 @@ import numpy as np
 from engine.kv_columns import STATES, BlockArrays, _no_gc, expand_ranges, id_ranges  # noqa: F401 (re-exported)
 
 SCHEMA = "paged-chat.kv"
-VERSION = 5          # 1: the untyped dict before issue 10; 2: this module (adds "schema", "version");
+VERSION = 6          # 1: the untyped dict before issue 10; 2: this module (adds "schema", "version");
                      # 3: block state "pinned", "pins", stats pinned_blocks / max_pinned_blocks;
                      # 4: "block_runs" (run-length block states), to_json(compact=True) without
-                     #    "blocks"/"owners"; every v3 field is still produced by default
-                     # 5: the second KV tier (stats tier_*, swap_preemptions, tokens_swapped_out,
+                     #    "blocks"/"owners"; every v3 field is still produced by default;
+                     # 5: stats kv_cache_dtype / weights_kv_bytes_per_token (quantized KV, issue 22)
+                     # 6: the second KV tier (stats tier_*, swap_preemptions, tokens_swapped_out,
                      #    tokens_recomputed_after_preempt; preemption events "mode", "tokens_swapped")
 
 
@@ -69,7 +70,10 @@ class KVStats:
     pinned_blocks: int = 0        # blocks held by the app's pins (also counted in used_blocks)
     max_pinned_blocks: int = 0    # the pin cap, in blocks
     chat_used_blocks: int = 0     # used blocks minus pinned ones no table holds (savings use this)
-    # the second KV tier (engine/kv_tier.py), version 5; tier_kind "" = no tier
+    # the pool's format (kernels/kv_quant.py), version 5
+    kv_cache_dtype: str = ""              # float32 / bfloat16 / float16 / int8 / fp8 ("" = unknown)
+    weights_kv_bytes_per_token: int = 0   # what a token would cost at the weights' dtype (0 = unknown)
+    # the second KV tier (engine/kv_tier.py), version 6; tier_kind "" = no tier
     tier_kind: str = ""           # "disk" (CPU: files) or "host" (CUDA: host memory)
     tier_blocks: int = 0
     tier_bytes: int = 0

@@ -15,6 +15,7 @@ from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.fairness import make_policy
 from engine.kv_cache_manager import KVCacheManager
+from engine.model_info import kv_dtype_name
 from engine.kv_contract import KVSnapshot, KVStats
 from engine.loader import LoadedModel
 from engine.model_runner import ModelRunner
@@ -370,7 +371,9 @@ class LLMEngine:
             self.kv.kv_stats(), running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
             peak_running=self.scheduler.peak_running, generated_tokens_total=self.generated_tokens_total,
             prompt_tokens_computed_total=self.prompt_tokens_computed_total,
-            max_model_len=self.max_model_len, steps=self.steps)
+            max_model_len=self.max_model_len, steps=self.steps,
+            kv_cache_dtype=kv_dtype_name(self.runner.kv_dtype),
+            weights_kv_bytes_per_token=self.runner.weights_kv_bytes_per_token)
 
     def stats(self) -> dict:
         return self.kv_stats().to_json()

@@ -21,14 +21,15 @@ class ModelInfo:
     head_dim: int
     hidden_size: int
     vocab_size: int
-    dtype: str                   # weights and KV cache dtype
+    dtype: str                   # weights' dtype (and the KV cache's, unless kv_cache_dtype says otherwise)
     max_model_len: int           # prompt + reply
     block_size: int              # tokens per KV block
     num_blocks: int              # KV pool size
-    kv_bytes_per_token: int      # 2 x layers x KV heads x head_dim x dtype bytes (the one formula)
+    kv_bytes_per_token: int      # 2 x layers x KV heads x row bytes of the pool (kernels/kv_quant.py)
     max_num_seqs: int
     attention_backend: str       # "torch" or "triton"
     device: str
+    kv_cache_dtype: str = ""     # the pool's format: float32 / bfloat16 / float16 / int8 / fp8 ("" = unknown)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -37,6 +38,12 @@ class ModelInfo:
 def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
     """The one formula: 2 (K and V) x layers x KV heads (not attention heads) x head_dim x bytes."""
     return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
+def kv_dtype_name(dtype) -> str:
+    """torch dtype of the pool -> the --kv-cache-dtype spelling (float8_e4m3fn is 'fp8')."""
+    name = str(dtype).removeprefix("torch.")
+    return "fp8" if name.startswith("float8") else name
 
 
 def model_name(source: str) -> str:
@@ -55,4 +62,5 @@ def build_model_info(source: str, hf_config, cfg, runner) -> ModelInfo:
         hidden_size=int(hf_config.hidden_size), vocab_size=int(hf_config.vocab_size),
         dtype=str(cfg.dtype), max_model_len=int(runner.max_model_len), block_size=int(cfg.block_size),
         num_blocks=int(runner.num_blocks), kv_bytes_per_token=int(runner.kv_bytes_per_token),
-        max_num_seqs=int(cfg.max_num_seqs), attention_backend=str(runner.backend), device=str(cfg.device))
+        max_num_seqs=int(cfg.max_num_seqs), attention_backend=str(runner.backend), device=str(cfg.device),
+        kv_cache_dtype=kv_dtype_name(runner.kv_dtype))

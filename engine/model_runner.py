@@ -12,6 +12,7 @@ import logging
 import torch
 
 import kernels
+from kernels import kv_quant
 from engine.config import EngineConfig, DEFAULT_CPU_KV_CACHE_GIB, DEFAULT_GPU_MEMORY_FRACTION
 from engine.kv_cache_manager import KVCacheManager
 from engine.models.llama import AttentionMetadata, LlamaModel, head_dim_of
@@ -56,15 +57,20 @@ class ModelRunner:
         self.backend = kernels.resolve_backend(cfg.attention_backend, self.device)
         if self.device.type == "cpu":     # which CPU path runs, said once at start-up
             log.info("CPU model path: %s", self.model.cpu_path)
-        self.kv_bytes_per_token = kv_bytes_per_token(hf_config, self.dtype)
+        self.kv_dtype = kv_quant.pool_dtype(cfg.kv_cache_dtype, self.dtype)   # the pool's format
+        m = self.model
+        self.kv_bytes_per_token = kv_quant.bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim,
+                                                           self.kv_dtype)
+        self.weights_kv_bytes_per_token = kv_quant.bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim,
+                                                                   self.dtype)   # for "what it buys"
         self.kv_bytes_per_block = self.kv_bytes_per_token * cfg.block_size
         self.num_blocks = choose_num_blocks(cfg, self.kv_bytes_per_block)
         # one sequence must always fit in the pool on its own, or preemption could never help
         self.max_model_len = min(cfg.max_model_len or max_pos, self.num_blocks * cfg.block_size)
-        m = self.model
-        # one allocation for the whole life of the engine
+        # one allocation for the whole life of the engine; a quantized row carries its scale
         self.kv_pool = torch.zeros(2, m.num_layers, self.num_blocks, cfg.block_size, m.num_kv_heads,
-                                   m.head_dim, dtype=self.dtype, device=self.device)
+                                   kv_quant.row_width(m.head_dim, self.kv_dtype), dtype=self.kv_dtype,
+                                   device=self.device)
         self.staging = StagingBuffer(self.device)     # one pinned buffer, one copy per step
         self.graphs = None                            # DecodeGraphs after warm_up() on CUDA
         self.warmup_stats: dict = {}

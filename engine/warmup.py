@@ -42,7 +42,7 @@ def _prefill(model, kv_pool, width: int, n_tok: int, backend: str) -> None:
 def _decode_splits(model, kv_pool, width: int, splits: int) -> None:
     from kernels import triton_attention
     dev = kv_pool.device
-    q = torch.zeros(1, model.num_heads, model.head_dim, dtype=kv_pool.dtype, device=dev)
+    q = torch.zeros(1, model.num_heads, model.head_dim, dtype=model.cos.dtype, device=dev)
     triton_attention.paged_attention(
         q, kv_pool[0, 0], kv_pool[1, 0], torch.zeros(1, width, dtype=torch.int32, device=dev),
         torch.ones(1, dtype=torch.int32, device=dev), torch.tensor([0, 1], dtype=torch.int32, device=dev),

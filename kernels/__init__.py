@@ -37,7 +37,9 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping, backend=None) -> None:
     at slot_mapping (int64 [num_tokens], slot = block*block_size + offset, -1 = skip)."""
     if resolve_backend(backend, k_cache.device) == "torch":
         return reference.store_kv(key, value, k_cache, v_cache, slot_mapping)
-    from . import triton_store
+    from . import kv_quant, triton_store
+    if kv_quant.is_quantized(k_cache):
+        return triton_store.store_kv_quant(key, value, k_cache, v_cache, slot_mapping)
     return triton_store.store_kv(key, value, k_cache, v_cache, slot_mapping)
 
 

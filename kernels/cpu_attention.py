@@ -12,12 +12,14 @@ import threading
 
 import torch
 
+from kernels import kv_quant
 from kernels.cpu_build import CSRC, build
 
 log = logging.getLogger("paged_chat.kernels")
 SOURCE = CSRC / "cpu_paged_decode.cpp"
 _lock = threading.Lock()
 _state: dict = {}
+_FN = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16", torch.int8: "paged_decode_i8"}
 
 
 def _build() -> ctypes.CDLL | None:
@@ -25,7 +27,7 @@ def _build() -> ctypes.CDLL | None:
     if dll is None:
         return None
     i, f, p = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
-    for name in ("paged_decode_f32", "paged_decode_bf16"):
+    for name in ("paged_decode_f32", "paged_decode_bf16", "paged_decode_i8"):
         fn = getattr(dll, name)
         fn.argtypes = [p, p, p, p, p, p, i, i, i, i, i, i, f, i]
         fn.restype = None
@@ -56,19 +58,20 @@ def active_path() -> str:
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Shapes and dtypes the kernel handles; anything else takes the torch path."""
-    if query.device.type != "cpu" or k_cache.dtype not in (torch.float32, torch.bfloat16):
+    if query.device.type != "cpu" or k_cache.dtype not in _FN:
         return False
     if _lib() is None:
         return False
     g, d, b = _state["limits"]
-    _, bs, kvh, hd = k_cache.shape
+    _, bs, kvh, _ = k_cache.shape
+    hd = kv_quant.head_dim_of(k_cache)
     return (query.shape[1] % kvh == 0 and query.shape[1] // kvh <= g and hd <= d and bs <= b
             and k_cache.is_contiguous())
 
 
 def paged_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out=None) -> torch.Tensor:
-    """query [B, H, d] (one token per sequence); caches [num_blocks, bs, kvh, d] contiguous views
-    of the pool; block_tables int32 [B, W]; seq_lens int32 [B] (>= 1). Returns out [B, H, d]."""
+    """query [B, H, d] (one token per sequence); caches [num_blocks, bs, kvh, row] contiguous views
+    of the pool (row = d, or d codes + a 4-byte scale for int8, kernels/kv_quant.py); block_tables int32 [B, W]; seq_lens int32 [B] (>= 1). Returns out [B, H, d]."""
     lib = _lib()
     B, H, d = query.shape
     _, bs, kvh, _ = k_cache.shape
@@ -76,7 +79,7 @@ def paged_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out=Non
     res = torch.empty(B, H, d, dtype=torch.float32)
     tables = block_tables.to(torch.int32).contiguous()
     lens = seq_lens.to(torch.int32).contiguous()
-    fn = lib.paged_decode_f32 if k_cache.dtype == torch.float32 else lib.paged_decode_bf16
+    fn = getattr(lib, _FN[k_cache.dtype])
     with torch.profiler.record_function("cpu_paged_decode"):    # visible to bench.profile_decode
         fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
            res.data_ptr(), B, H, kvh, d, bs, tables.shape[1], float(scale), torch.get_num_threads())

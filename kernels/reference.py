@@ -14,6 +14,8 @@ import threading
 import torch
 import torch.nn.functional as F
 
+from . import kv_quant
+
 # Decode gathers K and V of a group of sequences into contiguous [n, T, kvh, d] tensors. Gathering
 # the whole batch at once is ~4x slower than needed at B=64 x 2k tokens on the CPU box (200 MB of
 # intermediates per layer thrash the caches), so sequences are processed in chunks whose gathered
@@ -72,6 +74,13 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
         key, value = key[keep], value[keep]
     if slots.numel() == 0:
         return
+    if kv_quant.is_quantized(k_cache):     # whole rows: codes and their scale in one write
+        # (as raw bytes: torch's CPU index ops do not take fp8)
+        k_rows = kv_quant.quantize_rows(key, k_cache.dtype).view(torch.uint8)
+        v_rows = kv_quant.quantize_rows(value, v_cache.dtype).view(torch.uint8)
+        _slots_view(k_cache).view(torch.uint8).index_copy_(0, slots, k_rows)
+        _slots_view(v_cache).view(torch.uint8).index_copy_(0, slots, v_rows)
+        return
     _slots_view(k_cache).index_copy_(0, slots, key.to(k_cache.dtype))
     _slots_view(v_cache).index_copy_(0, slots, value.to(v_cache.dtype))
 
@@ -88,6 +97,21 @@ def copy_blocks(kv_pool: torch.Tensor, src_dst: torch.Tensor) -> None:
     kv_pool[:, :, idx[:, 1]] = kv_pool[:, :, idx[:, 0]]
 
 
+def _gatherable(cache: torch.Tensor) -> torch.Tensor:
+    """fp8 pools are gathered as bytes (torch's CPU index_select has no fp8 kernel)."""
+    return cache.view(torch.uint8) if cache.dtype == torch.float8_e4m3fn else cache
+
+
+def _kv_as(cache: torch.Tensor, query: torch.Tensor) -> torch.dtype | None:
+    """The dtype gathered K/V must be turned into before SDPA, or None when the pool already has
+    the query's dtype (or a float dtype the query is cast to, as before: bf16 pool, bf16 model)."""
+    if kv_quant.is_quantized(cache):
+        return query.dtype if query.dtype != torch.bfloat16 else torch.float32
+    if cache.dtype != query.dtype and cache.element_size() < query.element_size():
+        return query.dtype          # e.g. a bf16 pool under an fp32 model: attend in fp32
+    return None
+
+
 def _decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out):
     """All sequences have one query token: gather per chunk of sequences, one masked SDPA.
 
@@ -101,17 +125,21 @@ def _decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out):
     if USE_CPU_KERNEL and cpu_attention.supports(query, k_cache):
         return cpu_attention.paged_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out)
     B, H, d = query.shape
-    _, bs, kvh, _ = k_cache.shape
+    _, bs, kvh, row = k_cache.shape
     group = H // kvh
-    kv_slots = (_slots_view(k_cache), _slots_view(v_cache))
-    per_token = 2 * kvh * d * k_cache.element_size()
+    kv_slots = (_gatherable(_slots_view(k_cache)), _gatherable(_slots_view(v_cache)))
+    per_token = 2 * kvh * row * k_cache.element_size()
+    lowp = _kv_as(k_cache, query)     # quantized / other-dtype pool: dequantize what is gathered
     plan = _memos.decode.get((block_tables, seq_lens),
                             lambda: _decode_plan(block_tables, seq_lens, bs, per_token, query.device),
                             (bs, per_token, query.device))
     for start, end, tmax, valid, slots in plan:
         n = end - start
-        k = kv_slots[0].index_select(0, slots).view(n, tmax, kvh, d).transpose(1, 2)
-        v = kv_slots[1].index_select(0, slots).view(n, tmax, kvh, d).transpose(1, 2)
+        k = kv_slots[0].index_select(0, slots).view(n, tmax, kvh, row).view(k_cache.dtype)
+        v = kv_slots[1].index_select(0, slots).view(n, tmax, kvh, row).view(k_cache.dtype)
+        if lowp is not None:
+            k, v = kv_quant.dequantize(k, lowp), kv_quant.dequantize(v, lowp)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
         q = query[start:end].reshape(n, kvh, group, d).to(k.dtype)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :], scale=scale)
         out[start:end] = o.reshape(n, H, d).to(out.dtype)
@@ -138,11 +166,15 @@ def _decode_plan(block_tables, seq_lens, bs, per_token, dev):
 
 def _prefill_one(q, k_cache, v_cache, blocks, ctx, scale):
     """One sequence's chunk of q_len queries at positions ctx-q_len .. ctx-1 (causal, GQA)."""
-    _, bs, kvh, d = k_cache.shape
+    _, bs, kvh, row = k_cache.shape
     q_len, H, _ = q.shape
     nblk = (ctx + bs - 1) // bs
-    k = k_cache.index_select(0, blocks[:nblk]).view(nblk * bs, kvh, d)[:ctx].transpose(0, 1)
-    v = v_cache.index_select(0, blocks[:nblk]).view(nblk * bs, kvh, d)[:ctx].transpose(0, 1)
+    k = _gatherable(k_cache).index_select(0, blocks[:nblk]).view(nblk * bs, kvh, row)[:ctx].view(k_cache.dtype)
+    v = _gatherable(v_cache).index_select(0, blocks[:nblk]).view(nblk * bs, kvh, row)[:ctx].view(v_cache.dtype)
+    lowp = _kv_as(k_cache, q)
+    if lowp is not None:      # quantized / other-dtype pool: only this sequence's blocks, dequantized
+        k, v = kv_quant.dequantize(k, lowp), kv_quant.dequantize(v, lowp)
+    k, v = k.transpose(0, 1), v.transpose(0, 1)
     qh = q.transpose(0, 1).to(k.dtype).unsqueeze(0)
     if q_len == ctx:  # no cached prefix: plain causal (SDPA's is_causal is top-left aligned)
         o = F.scaled_dot_product_attention(qh, k[None], v[None], is_causal=True, scale=scale,

@@ -23,14 +23,30 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import kv_quant
+
+
+@triton.jit
+def _load_rows(ptr, s_ptr, rows, offs_d, mask, valid, HEAD_DIM: tl.constexpr, CDT: tl.constexpr,
+               QUANT: tl.constexpr):
+    """A [positions, d] tile of K or V at row offsets `rows`. QUANT (an int8 / fp8 pool, see
+    kernels/kv_quant.py): the row's codes times its fp32 scale, read from the row's last 4 bytes
+    through s_ptr (an fp32 view of the same cache), so the pool is dequantized as it streams."""
+    x = tl.load(ptr + rows[:, None] + offs_d[None, :], mask=mask, other=0.0)
+    if QUANT:
+        sc = tl.load(s_ptr + (rows + HEAD_DIM) // 4, mask=valid, other=0.0)
+        x = x.to(tl.float32) * sc[:, None]
+    return x.to(CDT)
+
 
 @triton.jit
 def _decode_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
     scale_log2, stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt,
     stride_ot, stride_oh, stride_pb, stride_ph, stride_ps, tokens_per_split, block_size,
     GROUP: tl.constexpr, G_P2: tl.constexpr, HEAD_DIM: tl.constexpr, D_P2: tl.constexpr,
     TILE_N: tl.constexpr, SPLIT: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr,
+    QUANT: tl.constexpr = False,
 ):
     """grid = (num_seqs, num_kv_heads, num_splits). Split s covers positions
     [s*tokens_per_split, (s+1)*tokens_per_split) and, with SPLIT, writes its normalised partial
@@ -58,14 +74,14 @@ def _decode_kernel(
         blk = tl.load(bt_row + pos // block_size, mask=valid, other=0).to(tl.int64)
         rows = blk * stride_cb + (pos % block_size) * stride_cs + kvh * stride_ch
         kv_mask = valid[:, None] & (offs_d[None, :] < HEAD_DIM)
-        k = tl.load(k_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(CDT)
+        k = _load_rows(k_ptr, ks_ptr, rows, offs_d, kv_mask, valid, HEAD_DIM, CDT, QUANT)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile has >= 1 valid position
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(CDT)
+        v = _load_rows(v_ptr, vs_ptr, rows, offs_d, kv_mask, valid, HEAD_DIM, CDT, QUANT)
         acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v, input_precision=PREC)
         m_i = m_new
     if SPLIT:
@@ -105,12 +121,12 @@ def _merge_kernel(
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, cu_q_ptr, out_ptr,
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_lens_ptr, cu_q_ptr, out_ptr,
     scale_log2, stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt,
     stride_ot, stride_oh, block_size,
     GROUP: tl.constexpr, G_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, TILE_N: tl.constexpr, CDT: tl.constexpr,
-    PREC: tl.constexpr,
+    PREC: tl.constexpr, QUANT: tl.constexpr = False,
 ):
     """grid = (cdiv(max_seqlen_q, BLOCK_Q), num_seqs, num_kv_heads), BLOCK_Q = BLOCK_M // G_P2.
     Row r of the Q tile is token r // G_P2 of the tile, query head kvh*GROUP + r % G_P2. Keys
@@ -147,13 +163,13 @@ def _prefill_kernel(
             pos = j * TILE_N + offs_n
             blk = tl.load(bt_row + pos // block_size).to(tl.int64)
             rows = blk * stride_cb + (pos % block_size) * stride_cs + kvh * stride_ch
-            k = tl.load(k_ptr + rows[:, None] + offs_d[None, :], mask=d_mask, other=0.0).to(CDT)
+            k = _load_rows(k_ptr, ks_ptr, rows, offs_d, d_mask, offs_n < TILE_N, HEAD_DIM, CDT, QUANT)
             s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_ptr + rows[:, None] + offs_d[None, :], mask=d_mask, other=0.0).to(CDT)
+            v = _load_rows(v_ptr, vs_ptr, rows, offs_d, d_mask, offs_n < TILE_N, HEAD_DIM, CDT, QUANT)
             acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v, input_precision=PREC)
             m_i = m_new
         for t0 in range(n_full * TILE_N, kv_end, TILE_N):  # diagonal tiles: causal mask
@@ -162,7 +178,7 @@ def _prefill_kernel(
             blk = tl.load(bt_row + pos // block_size, mask=valid, other=0).to(tl.int64)
             rows = blk * stride_cb + (pos % block_size) * stride_cs + kvh * stride_ch
             kv_mask = valid[:, None] & d_mask
-            k = tl.load(k_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(CDT)
+            k = _load_rows(k_ptr, ks_ptr, rows, offs_d, kv_mask, valid, HEAD_DIM, CDT, QUANT)
             s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
             # the first diagonal tile starts at or below first_pos: no row is fully masked
             s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
@@ -170,7 +186,7 @@ def _prefill_kernel(
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(CDT)
+            v = _load_rows(v_ptr, vs_ptr, rows, offs_d, kv_mask, valid, HEAD_DIM, CDT, QUANT)
             acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v, input_precision=PREC)
             m_i = m_new
         o = acc / l_i[:, None]
@@ -271,8 +287,9 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
     """See kernels.paged_attention. Extra (tests/bench): out (preallocated), num_splits
     (decode split-K override), tile_n (K/V positions per inner step)."""
     num_tokens, H, d = query.shape
-    _, bs, kvh, _ = k_cache.shape
-    assert H % kvh == 0 and k_cache.shape[3] == d and k_cache.stride() == v_cache.stride()
+    _, bs, kvh, row = k_cache.shape
+    quant = kv_quant.is_quantized(k_cache)
+    assert H % kvh == 0 and kv_quant.head_dim_of(k_cache) == d and k_cache.stride() == v_cache.stride()
     assert query.stride(2) == 1 and k_cache.stride(3) == 1
     if out is None:
         out = torch.empty_like(query)
@@ -284,7 +301,8 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     block_tables = block_tables.contiguous()
     group = H // kvh
-    cdt, prec = _compute_dtype(k_cache)
+    cdt, prec = _compute_dtype(query if quant else k_cache)   # a quantized pool computes in q's dtype
+    scales = (k_cache.view(torch.float32), v_cache.view(torch.float32)) if quant else (k_cache, v_cache)
     on_gpu = query.device.type == "cuda"
     scale_log2 = float(scale) * math.log2(math.e)
     d_p2 = max(16, triton.next_power_of_2(d))
@@ -305,11 +323,11 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
             part_out = part_lse = out
             pstrides = (0, 0, 1)
         _decode_kernel[(num_seqs, kvh, splits)](
-            query, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
+            query, k_cache, v_cache, *scales, block_tables, seq_lens, out, part_out, part_lse,
             scale_log2, query.stride(0), query.stride(1), *cache_args,
             out.stride(0), out.stride(1), *pstrides, per_split, bs,
             GROUP=group, G_P2=max(16, triton.next_power_of_2(group)), HEAD_DIM=d, D_P2=d_p2,
-            TILE_N=tile, SPLIT=splits > 1, CDT=cdt, PREC=prec, num_warps=variant.num_warps)
+            TILE_N=tile, SPLIT=splits > 1, CDT=cdt, PREC=prec, QUANT=quant, num_warps=variant.num_warps)
         if splits > 1:
             _merge_kernel[(num_seqs, H)](
                 part_out, part_lse, out, *pstrides, out.stride(0), out.stride(1),
@@ -317,12 +335,12 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
                 num_warps=4)
         return out
     g_p2 = triton.next_power_of_2(group)
-    block_m, prefill_tile = prefill_tiles(k_cache.dtype, on_gpu, g_p2)
+    block_m, prefill_tile = prefill_tiles(query.dtype if quant else k_cache.dtype, on_gpu, g_p2)
     block_q = block_m // g_p2
     _prefill_kernel[(triton.cdiv(max_seqlen_q, block_q), num_seqs, kvh)](
-        query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, out,
+        query, k_cache, v_cache, *scales, block_tables, seq_lens, cu_seqlens_q, out,
         scale_log2, query.stride(0), query.stride(1), *cache_args,
         out.stride(0), out.stride(1), bs,
         GROUP=group, G_P2=g_p2, BLOCK_M=block_m, BLOCK_Q=block_q, HEAD_DIM=d, D_P2=d_p2,
-        TILE_N=tile_n or prefill_tile, CDT=cdt, PREC=prec, num_warps=8 if on_gpu and d > 64 else 4)
+        TILE_N=tile_n or prefill_tile, CDT=cdt, PREC=prec, QUANT=quant, num_warps=8 if on_gpu and d > 64 else 4)
     return out

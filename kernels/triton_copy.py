@@ -30,6 +30,8 @@ def copy_blocks(kv_pool, src_dst) -> None:
     if n == 0:
         return
     two, num_layers, num_blocks = kv_pool.shape[:3]
+    if kv_pool.element_size() == 1:     # int8 / fp8 pools (codes + scales) move as plain bytes
+        kv_pool = kv_pool.view(torch.uint8)
     pool = kv_pool.view(two * num_layers, num_blocks, -1)  # raises if slabs are not contiguous
     assert pool.stride(2) == 1
     pairs = src_dst.to(device=kv_pool.device, dtype=torch.int64).contiguous()

@@ -45,8 +45,10 @@ _OWN = (
     ("paged_chat_kv_free_tokens", "gauge", "Token slots in free blocks.", "free_tokens"),
     ("paged_chat_kv_internal_fragmentation_tokens", "gauge",
      "Allocated but unfilled token slots (last blocks).", "internal_fragmentation_tokens"),
-    ("paged_chat_kv_bytes_per_token", "gauge", "KV bytes per token (2 x layers x KV heads x head_dim x "
-     "dtype bytes).", "kv_bytes_per_token"),
+    ("paged_chat_kv_bytes_per_token", "gauge", "KV bytes per token in the pool's format (2 x layers x KV "
+     "heads x row bytes; int8/fp8 rows carry a 4-byte scale).", "kv_bytes_per_token"),
+    ("paged_chat_kv_weights_dtype_bytes_per_token", "gauge", "KV bytes per token the weights' dtype would "
+     "take (compare with paged_chat_kv_bytes_per_token).", "weights_kv_bytes_per_token"),
     ("paged_chat_kv_bytes_per_block", "gauge", "KV bytes per block.", "kv_bytes_per_block"),
     ("paged_chat_kv_bytes_total", "gauge", "KV pool size in bytes.", "pool_bytes"),
     ("paged_chat_kv_bytes_used", "gauge", "Bytes of the KV pool in used blocks.", "used_bytes"),
@@ -116,6 +118,10 @@ def prometheus_text(snap: dict, model_name: str = "") -> str:
     for name, kind, help_, key in _OWN:
         if key in extra:
             lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {_num(extra[key])}"]
+    if st.get("kv_cache_dtype"):      # the pool's format as a label (Prometheus' info-metric idiom)
+        lines += ["# HELP paged_chat_kv_cache_dtype_info The KV pool's format (--kv-cache-dtype), as a label.",
+                  "# TYPE paged_chat_kv_cache_dtype_info gauge",
+                  f'paged_chat_kv_cache_dtype_info{{kv_cache_dtype="{_label(st["kv_cache_dtype"])}"}} 1']
     return "\n".join(lines) + "\n"
 
 

@@ -29,13 +29,25 @@ def forward_cpu_fused(model, input_ids, positions, kv_pool, meta, logits_indices
     num_slots = kv_pool.shape[2] * kv_pool.shape[3]
     if T and int(slots.max()) >= num_slots:
         raise ValueError(f"KV slot {int(slots.max())} is beyond the pool ({num_slots} slots)")
+    # a pool of another dtype (int8 / bf16 KV under fp32 weights, ...): RoPE goes into a scratch
+    # [T, 1, kvh, d] "cache" at slots 0..T-1, and kernels.store_kv converts (quantizes) into the pool
+    own_kv = kv_pool.dtype == model.cos.dtype
+    if not own_kv:
+        scratch = torch.empty(2, T, 1, kvh, d, dtype=model.cos.dtype)
+        scratch_slots = torch.arange(T, dtype=torch.int64)
     x = F.embedding(input_ids, model.embed)
     delta = None                                   # what the next norm adds to x first
     for i, L in enumerate(model.layers):
         a = ops.add_rms_norm(x, delta, L["ln1"], model.eps)
         qkv = _linear(L, "qkv", a).contiguous()
         k_cache, v_cache = kv_pool[0, i], kv_pool[1, i]
-        q = ops.rope_store(qkv, h, kvh, d, model.cos, model.sin, positions, slots, k_cache, v_cache)
+        if own_kv:
+            q = ops.rope_store(qkv, h, kvh, d, model.cos, model.sin, positions, slots, k_cache, v_cache)
+        else:
+            q = ops.rope_store(qkv, h, kvh, d, model.cos, model.sin, positions, scratch_slots,
+                               scratch[0], scratch[1])
+            kernels.store_kv(scratch[0, :, 0], scratch[1, :, 0], k_cache, v_cache, meta.slot_mapping,
+                             backend=meta.backend)
         o = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                     meta.cu_seqlens_q, model.scale, max_seqlen_q=meta.max_seqlen_q,
                                     backend=meta.backend)

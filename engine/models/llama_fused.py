@@ -31,10 +31,21 @@ def forward_fused(m, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: 
         return _lm_head(m, add_rms_norm(x[logits_indices], None, m.norm, m.eps))
     residual = x
     a = add_rms_norm(x, None, m.layers[0]["ln1"], m.eps)
+    # a pool of another format (int8 / fp8 KV, kernels/kv_quant.py): RoPE writes a [T, 1, kvh, d]
+    # scratch at slots 0..T-1 and the (quantizing) store_kv kernel moves it into the pool
+    own_kv = kv_pool.dtype == m.cos.dtype
+    if not own_kv:
+        scratch = torch.empty(2, T, 1, kvh, d, dtype=m.cos.dtype, device=x.device)
+        scratch_slots = torch.arange(T, dtype=meta.slot_mapping.dtype, device=x.device)
     for i, L in enumerate(m.layers):
         k_cache, v_cache = kv_pool[0, i], kv_pool[1, i]
         qkv = _linear(L, "qkv", a)
-        q = rope_and_store(qkv, positions, m.cos, m.sin, k_cache, v_cache, meta.slot_mapping, h, kvh)
+        if own_kv:
+            q = rope_and_store(qkv, positions, m.cos, m.sin, k_cache, v_cache, meta.slot_mapping, h, kvh)
+        else:
+            q = rope_and_store(qkv, positions, m.cos, m.sin, scratch[0], scratch[1], scratch_slots, h, kvh)
+            kernels.store_kv(scratch[0, :, 0], scratch[1, :, 0], k_cache, v_cache, meta.slot_mapping,
+                             backend=meta.backend)
         o = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                     meta.cu_seqlens_q, m.scale, max_seqlen_q=meta.max_seqlen_q,
                                     backend=meta.backend)

@@ -5,7 +5,9 @@
 // Here each (sequence, KV head) pair walks its block table and streams K and V straight from the
 // pool with an online softmax, so every byte of K/V is read once from where it lives.
 //
-// Layout (docs/DESIGN.md): cache [num_blocks, block_size, kv_heads, head_dim], contiguous.
+// Layout (docs/DESIGN.md): cache [num_blocks, block_size, kv_heads, row], contiguous; row = head_dim
+// values (fp32 / bf16), or for an int8 pool head_dim int8 codes then the row's fp32 scale (4 bytes,
+// kernels/kv_quant.py): a row is dequantized into registers as it is streamed, never copied out.
 // Query/out: [B, H, D] fp32 contiguous. GQA: query head h uses KV head h / (H / KVH).
 // Parallel over (sequence, KV head) with OpenMP; the process's OpenMP runtime is torch's own
 // (libgomp.so.1 is already loaded by torch when this library is opened).
@@ -26,6 +28,22 @@ inline float load(const uint16_t* p, long i) {
   return f;
 }
 
+// Row traits: how many elements a (token, KV head) row spans and how it becomes D floats.
+template <typename T> struct Row {
+  static constexpr int kExtra = 0;
+  static inline void get(const T* p, float* out, int D) {
+    for (int d = 0; d < D; ++d) out[d] = load(p, d);
+  }
+};
+template <> struct Row<int8_t> {
+  static constexpr int kExtra = 4;       // the fp32 scale after the codes
+  static inline void get(const int8_t* p, float* out, int D) {
+    float scale;
+    std::memcpy(&scale, p + D, sizeof scale);
+#pragma omp simd
+    for (int d = 0; d < D; ++d) out[d] = static_cast<float>(p[d]) * scale;
+  }
+};
 
 // One block of the online softmax for one query head: scores sh[0..n) become exp(score - new max)
 // in place, the running max m and sum l move to the new max, and the output accumulator acc[0..D)
@@ -55,7 +73,7 @@ void decode(const float* q, const T* kc, const T* vc, const int32_t* tables, con
             float* out, int B, int H, int KVH, int D_, int BS, int W, float scale, int nthreads) {
   const int D = DC ? DC : D_;     // a compile-time head_dim lets every 64-wide loop unroll fully
   const int G = H / KVH;
-  const long tok_stride = static_cast<long>(KVH) * D;
+  const long tok_stride = static_cast<long>(KVH) * (D + Row<T>::kExtra);
   const long blk_stride = tok_stride * BS;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(nthreads)
   for (int b = 0; b < B; ++b) {
@@ -74,11 +92,11 @@ void decode(const float* q, const T* kc, const T* vc, const int32_t* tables, con
       const int len = lens[b];
       const int nblk = (len + BS - 1) / BS;
       for (int j = 0; j < nblk; ++j) {
-        const long base = static_cast<long>(tables[static_cast<long>(b) * W + j]) * blk_stride + g * D;
+        const long base = static_cast<long>(tables[static_cast<long>(b) * W + j]) * blk_stride + g * (D + Row<T>::kExtra);
         const int n = std::min(BS, len - j * BS);
         for (int t = 0; t < n; ++t) {
           const long kp = base + t * tok_stride;
-          for (int d = 0; d < D; ++d) kf[d] = load(kc, kp + d);
+          Row<T>::get(kc + kp, kf, D);
           for (int h = 0; h < G; ++h) {
             float dot = 0.f;
             // without this the reduction is a scalar FMA chain (no -ffast-math reassociation)
@@ -90,7 +108,7 @@ void decode(const float* q, const T* kc, const T* vc, const int32_t* tables, con
         for (int h = 0; h < G; ++h) softmax_block(s[h], n, m[h], l[h], acc[h], D);
         for (int t = 0; t < n; ++t) {
           const long vp = base + t * tok_stride;
-          for (int d = 0; d < D; ++d) kf[d] = load(vc, vp + d);
+          Row<T>::get(vc + vp, kf, D);
           for (int h = 0; h < G; ++h) {
             const float p = s[h][t];
             for (int d = 0; d < D; ++d) acc[h][d] += p * kf[d];
@@ -118,7 +136,7 @@ void decode_seq(const float* q, const T* kc, const T* vc, const int32_t* tables,
                 float* out, int B, int H, int KVH, int D_, int BS, int W, float scale, int nthreads) {
   const int D = DC ? DC : D_;
   const int G = H / KVH;
-  const long tok_stride = static_cast<long>(KVH) * D;
+  const long tok_stride = static_cast<long>(KVH) * (D + Row<T>::kExtra);
   const long blk_stride = tok_stride * BS;
   const long blk_bytes = blk_stride * static_cast<long>(sizeof(T));
 #pragma omp parallel num_threads(nthreads)
@@ -150,8 +168,8 @@ void decode_seq(const float* q, const T* kc, const T* vc, const int32_t* tables,
         float kf[kMaxDim];
         for (int t = 0; t < n; ++t) {
           for (int g = 0; g < KVH; ++g) {
-            const long kp = base + t * tok_stride + g * D;
-            for (int d = 0; d < D; ++d) kf[d] = load(kc, kp + d);
+            const long kp = base + t * tok_stride + g * (D + Row<T>::kExtra);
+            Row<T>::get(kc + kp, kf, D);
             for (int hh = 0; hh < G; ++hh) {
               const float* qh = &qv[(g * G + hh) * D];
               float dot = 0.f;
@@ -164,8 +182,8 @@ void decode_seq(const float* q, const T* kc, const T* vc, const int32_t* tables,
         for (int h = 0; h < H; ++h) softmax_block(&s[h * BS], n, m[h], l[h], &acc[h * D], D);
         for (int t = 0; t < n; ++t) {
           for (int g = 0; g < KVH; ++g) {
-            const long vp = base + t * tok_stride + g * D;
-            for (int d = 0; d < D; ++d) kf[d] = load(vc, vp + d);
+            const long vp = base + t * tok_stride + g * (D + Row<T>::kExtra);
+            Row<T>::get(vc + vp, kf, D);
             for (int hh = 0; hh < G; ++hh) {
               const int h = g * G + hh;
               const float p = s[h * BS + t];
@@ -223,6 +241,13 @@ void paged_decode_bf16(const float* q, const uint16_t* kc, const uint16_t* vc, c
                        const int32_t* lens, float* out, int B, int H, int KVH, int D, int BS, int W,
                        float scale, int nthreads) {
   dispatch<uint16_t>(q, kc, vc, tables, lens, out, B, H, KVH, D, BS, W, scale, nthreads);
+}
+
+// int8 pool: rows of D codes + one fp32 scale (D is the head_dim, not the row width)
+void paged_decode_i8(const float* q, const int8_t* kc, const int8_t* vc, const int32_t* tables,
+                     const int32_t* lens, float* out, int B, int H, int KVH, int D, int BS, int W,
+                     float scale, int nthreads) {
+  dispatch<int8_t>(q, kc, vc, tables, lens, out, B, H, KVH, D, BS, W, scale, nthreads);
 }
 
 }

@@ -7,7 +7,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from engine.kv_cache_manager import KVCacheManager
-from engine.kv_contract import KVSnapshot, expand_ranges
+from engine.kv_contract import VERSION, KVSnapshot, expand_ranges
 from engine.snapshot_cache import SharedSnapshot
 from routes.kv import register_kv_route
 from storage.store import Storage
@@ -55,7 +55,7 @@ def client(engine, storage=None):
 def test_compact_carries_what_the_full_form_does():
     c = client(ManagerEngine(manager()))
     full, compact = c.get("/api/kv").json(), c.get("/api/kv?compact=true").json()
-    assert full["version"] >= 4 and "blocks" in full and "owners" in full and "block_runs" in full
+    assert full["version"] == VERSION and "blocks" in full and "owners" in full and "block_runs" in full
     assert compact["compact"] is True and "blocks" not in compact and "owners" not in compact
     assert full["time"] == compact["time"]                       # the same shared snapshot
     a, b = KVSnapshot.from_json(full), KVSnapshot.from_json(compact)

@@ -18,6 +18,14 @@ def test_pool_size_flags_are_mutually_exclusive():
         app.parse_args(["--num-blocks", "512", "--kv-cache-gib", "1"])
 
 
+def test_kv_cache_dtype_flag_defaults_to_auto_and_takes_vllms_values():
+    assert app.parse_args([]).kv_cache_dtype == "auto"
+    for v in ("float32", "bfloat16", "float16", "int8", "fp8"):
+        assert app.parse_args(["--kv-cache-dtype", v]).kv_cache_dtype == v
+    with pytest.raises(SystemExit):
+        app.parse_args(["--kv-cache-dtype", "int4"])
+
+
 def test_auth_pairs():
     assert app.parse_auth(None) is None
     assert app.parse_auth(["alice:pw", "bob:a:b"]) == [("alice", "pw"), ("bob", "a:b")]

@@ -88,3 +88,26 @@ def test_arithmetic_and_whatif_html_show_live_numbers():
                                      (48 * 1024 ** 3, "48.0 GiB"), (360 * 1024 ** 2, "360 MiB")])
 def test_fmt_bytes(n, text):
     assert fmt_bytes(n) == text
+
+
+def test_int8_kv_shape_counts_its_scales_and_says_what_it_buys():
+    """Memory tab, issue 22: an int8 pool's row is head_dim codes + a 4-byte scale, and the panel
+    states the tokens the same bytes hold next to what the weights' dtype would hold."""
+    import re
+    from ui.dashboard.kv_math import ModelShape, shape_of
+    from ui.dashboard.panels import arithmetic_html
+    m = ModelShape("live", 30, 9, 3, 64, "int8", 8192, weights_dtype="bfloat16")
+    assert m.bytes_per_token == 12_240 and m.weights_bytes_per_token == 23_040
+    html = arithmetic_html(m, 12_240, 16, 10_000, None)
+    assert "The engine reports" not in html                    # agrees with the engine's figure
+    text = re.sub("<[^>]+>", "", html)
+    assert "+ 4 B scale" in text and "12,240 B/token" in text
+    assert "160,000 tokens in 1.82 GiB — 1.88× what bfloat16 would hold (85,000 tokens" in text
+    same = ModelShape("live", 30, 9, 3, 64, "bfloat16", 8192)
+    assert "would hold" not in arithmetic_html(same, same.bytes_per_token, 16, 10_000, None)
+
+    class Info:      # engine/model_info.ModelInfo's fields that shape_of reads
+        name, num_layers, num_attention_heads, num_kv_heads, head_dim = "m", 30, 9, 3, 64
+        dtype, kv_cache_dtype, max_model_len = "float32", "int8", 8192
+    s = shape_of(Info)
+    assert s.dtype == "int8" and s.weights_dtype == "float32" and s.bytes_per_token == 12_240

@@ -12,6 +12,7 @@ DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, 
 BATCH_SIZES = (1, 8, 32, 64)
 WHATIF_BLOCK_SIZES = (8, 16, 32, 64)
 BLOCK_TABLE_ENTRY_BYTES = 4      # int32 physical block id per logical block
+QUANT_SCALE_BYTES = 4            # kernels/kv_quant.SCALE_BYTES (not imported: ui stays off kernels)
 
 
 @dataclass(frozen=True)
@@ -21,17 +22,30 @@ class ModelShape:
     heads: int               # attention (query) heads
     kv_heads: int            # key/value heads (== heads without grouped-query attention)
     head_dim: int
-    dtype: str
+    dtype: str               # the KV cache's dtype
     max_len: int
+    weights_dtype: str = ""  # set when the KV cache is stored in another dtype than the weights
 
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
     @property
+    def scale_bytes(self) -> int:
+        """Per (token, KV head) row: an int8 / fp8 cache stores its fp32 scale (kernels/kv_quant.py)."""
+        return QUANT_SCALE_BYTES if self.dtype in ("int8", "fp8", "float8") else 0
+
+    @property
     def bytes_per_token(self) -> int:
-        """2 (K and V) x layers x KV heads x head_dim x dtype bytes."""
-        return kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, self.dtype_bytes)
+        """2 (K and V) x layers x KV heads x (head_dim x dtype bytes + scale bytes)."""
+        return 2 * self.layers * self.kv_heads * (self.head_dim * self.dtype_bytes + self.scale_bytes)
+
+    @property
+    def weights_bytes_per_token(self) -> int:
+        """What the same tokens would cost in the weights' dtype (= bytes_per_token if unset)."""
+        if not self.weights_dtype or self.weights_dtype == self.dtype:
+            return self.bytes_per_token
+        return kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, DTYPE_BYTES[self.weights_dtype])
 
     @property
     def mha_bytes_per_token(self) -> int:
@@ -65,8 +79,9 @@ def shape_from_config(hf_config, dtype: str, max_len: int, name: str = "live mod
 
 def shape_of(info) -> ModelShape:
     """The live model's shape from the engine's public ModelInfo (engine/model_info.py)."""
+    kv = getattr(info, "kv_cache_dtype", "") or info.dtype
     return ModelShape(info.name or "live model", info.num_layers, info.num_attention_heads, info.num_kv_heads,
-                      info.head_dim, info.dtype, info.max_model_len)
+                      info.head_dim, kv, info.max_model_len, weights_dtype=info.dtype if kv != info.dtype else "")
 
 
 def blocks_for(tokens: int, block_size: int) -> int:

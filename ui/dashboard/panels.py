@@ -202,17 +202,33 @@ def _shape_row(m: ModelShape, live: bool) -> str:
             f'<td>{m.max_len:,}</td><td>{fmt_bytes(m.max_len * m.bytes_per_token)}</td></tr>')
 
 
+def kv_dtype_gain_html(m: ModelShape, pool_bytes: int) -> str:
+    """What a KV cache smaller than the weights' dtype buys, in the same bytes: "int8 KV: 11.95 KiB/token,
+    171k tokens in 2 GiB — 1.9x what bfloat16 would hold". Empty when the KV dtype is the weights'."""
+    if not m.weights_dtype or m.weights_dtype == m.dtype:
+        return ""
+    tokens, base = pool_bytes // m.bytes_per_token, pool_bytes // m.weights_bytes_per_token
+    ratio = m.weights_bytes_per_token / m.bytes_per_token
+    return (f'<div data-k="kv_dtype_gain" data-v="{ratio:.4f}"><b>{escape(m.dtype)} KV: '
+            f'{fmt_bytes(m.bytes_per_token)}/token, {tokens:,} tokens in {fmt_bytes(pool_bytes)} — '
+            f'{ratio:.2f}× what {escape(m.weights_dtype)} would hold</b> ({base:,} tokens at '
+            f'{fmt_bytes(m.weights_bytes_per_token)}/token)</div>')
+
+
 def arithmetic_html(live: ModelShape, engine_bpt: int, block_size: int, num_blocks: int,
                     avg_len: float | None, table_model: ModelShape | None = None) -> str:
     m = live
     pool = num_blocks * block_size * m.bytes_per_token
     mismatch = ("" if engine_bpt == m.bytes_per_token else
                 f'<div style="color:#b91c1c">The engine reports {engine_bpt:,} B/token.</div>')
+    row = (f'({m.head_dim} head_dim × {m.dtype_bytes} B ({m.dtype}) + {m.scale_bytes} B scale)'
+           if m.scale_bytes else f'{m.head_dim} head_dim × {m.dtype_bytes} B ({m.dtype})')
     formula = (
         f'<h4>KV bytes per token ({escape(m.name)})</h4>'
-        f'<div><code>2 (K,V) × {m.layers} layers × {m.kv_heads} KV heads × {m.head_dim} head_dim × '
-        f'{m.dtype_bytes} B ({m.dtype}) = <b data-k="bytes_per_token" data-v="{m.bytes_per_token}">'
+        f'<div><code>2 (K,V) × {m.layers} layers × {m.kv_heads} KV heads × {row} = '
+        f'<b data-k="bytes_per_token" data-v="{m.bytes_per_token}">'
         f'{m.bytes_per_token:,} B/token</b></code> ({fmt_bytes(m.bytes_per_token)})</div>'
+        + kv_dtype_gain_html(m, pool) +
         f'<div><code>2 × {m.layers} × {m.heads} attention heads × {m.head_dim} × {m.dtype_bytes} B = '
         f'<span data-k="mha_bytes_per_token" data-v="{m.mha_bytes_per_token}">'
         f'{m.mha_bytes_per_token:,} B/token</span></code> if every attention head kept its own K/V: '
