@@ -15,7 +15,7 @@ from ui.chat import handlers as chat
 from ui.chat import sidebar as side
 from ui.chat import limits, view
 from ui.chat.context import ChatContext
-from ui.chat.tabs import TabRegistry
+from ui.chat.tabs import RELEASE_GRACE_S, TabRegistry
 from ui.page_assets import CSS, LIST_REFRESH_MEMORY_TAB_S, LIST_REFRESH_S, PAGE_JS, URL_JS
 
 from ui.dashboard.page import build_dashboard, wire_memory_tab
@@ -291,7 +291,8 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
     """(FastAPI app serving the page at / plus /metrics, /api/kv and the OpenAI API at /v1, the Blocks
     demo). api_options: api_keys, allowed_origins, ... for routes.openai_api.mount_openai_api.
     engine_routes=False (app.py --backend): no /metrics, /api/kv, /v1 here; the backend serves its own."""
-    ctx = ctx or ChatContext(llm, storage, TabRegistry(llm), auth=bool(auth), admins=frozenset(admins))
+    ctx = ctx or ChatContext(llm, storage, TabRegistry(llm, release_grace_s=RELEASE_GRACE_S), auth=bool(auth),
+                             admins=frozenset(admins))
     if ctx.pins is None and hasattr(llm, "pin_system_prompt"):    # the real engine: pin the shared prompt
         ctx.pins = PromptPins(llm, storage)
         note = ctx.pins.fit_default()

@@ -58,9 +58,10 @@ def on_load(ctx: ChatContext, request):
 
 
 def on_unload(ctx: ChatContext, request) -> None:
-    """The tab closed: its conversation's blocks are released unless another tab shows it."""
+    """The tab closed or reloaded: its conversation's blocks are released unless another tab shows
+    it within the registry's grace (a reload reopens it: it stays a live session)."""
     ctx.tab(request)                         # owner check (#12.10)
-    ctx.tabs.close(request.session_hash)
+    ctx.tabs.close(request.session_hash, grace=True)
 
 
 def new_chat(ctx: ChatContext, request):
