@@ -120,7 +120,8 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
             kv_timer = build_dashboard(
                 ctx.llm, lambda: ctx.storage.get_system_prompt()["text"], storage=ctx.storage,
                 auth=ctx.auth, own_conv=lambda r: ctx.tab(r).conv_id,
-                may_start_demo=lambda r: not ctx.auth or ctx.owner(r) in ctx.admins)
+                may_start_demo=lambda r: not ctx.auth or ctx.owner(r) in ctx.admins,
+                chat_states=ctx.tabs.chat_states)
         # the dashboard's timers run only while its tab is shown; on arrival the sidebar's chat is highlighted
         wire_memory_tab(memory_tab, chat_tab, kv_timer)
         # the chat list refreshes less often while the Memory tab is shown (each refresh is a
