@@ -10,7 +10,7 @@ import atexit
 import fastapi
 import gradio as gr
 
-from ui.chat import beam, branches, confirm
+from ui.chat import beam, branches, confirm, context_meter, summary
 from ui.chat import handlers as chat
 from ui.chat import sidebar as side
 from ui.chat import limits, view
@@ -84,6 +84,10 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
                                              "that keeps its KV blocks between turns.",
                                  buttons=["copy"])
             status = gr.Markdown(" ", elem_id="chat-status")
+            with gr.Row(elem_id="ctx-row"):      # the context meter (ui/chat/context_meter.py), always shown
+                meter = gr.HTML(context_meter.html(None), elem_id="ctx-meter")
+                summary_btn = gr.Button("Start a new chat with a summary", size="sm", visible=False, scale=0,
+                                        min_width=120, elem_id="ctx-summary")
             with gr.Row(visible=False, elem_id="alt-row") as alt_row:
                 alt_mds, pick_btns = [], []
                 for i in range(view.MAX_ALTERNATIVES):
@@ -176,6 +180,27 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     ]
     async def stop(request: gr.Request):
         return await chat.stop(ctx, request)
+
+    def meter_fn(request: gr.Request):
+        m = context_meter.for_tab(ctx, request)
+        return context_meter.html(m), gr.Button(visible=bool(m and m.warn))
+
+    meter_out = [c["meter"], c["summary_btn"]]
+    meter_opts = dict(api_name=False, concurrency_limit=None, show_progress="hidden")
+    for ev in events:                       # after each reply; the list tick refreshes it too
+        ev.then(meter_fn, None, meter_out, **meter_opts)
+    c["timer"].tick(meter_fn, None, meter_out, **meter_opts)
+
+    async def summary_fn(request: gr.Request):
+        try:
+            conv = await summary.new_chat_from_summary(ctx, request)
+        except (ValueError, RuntimeError) as e:           # this request only
+            raise gr.Error(f"No summary: {e}") from None
+        return side.open_conversation(ctx, conv["id"] if conv else None, request)
+
+    c["summary_btn"].click(summary_fn, None, view_out, api_name="new_chat_from_summary",
+                           concurrency_limit=None, show_progress="minimal").then(
+        meter_fn, None, meter_out, **meter_opts)
 
     c["stop_btn"].click(stop, None, [chatbot, status, c["send_btn"], c["stop_btn"]], cancels=events,
                         api_name="stop", concurrency_limit=None, show_progress="hidden")
@@ -314,7 +339,7 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
         register_kv_route(app, llm, storage=storage, demo=demo, auth=bool(auth))   # viewer-scoped /api/kv
         from routes.openai_api import mount_openai_api
         mount_openai_api(app, llm, require_key=bool(auth), **(api_options or {}))
-    app = gr.mount_gradio_app(app, demo, path="/", auth=auth, css=CSS + THEME_CSS, ssr_mode=False,
+    app = gr.mount_gradio_app(app, demo, path="/", auth=auth, css=CSS + THEME_CSS + context_meter.CSS, ssr_mode=False,
                               footer_links=["api", "gradio"])
     if engine_routes:
         from ui.dashboard.page import state_for

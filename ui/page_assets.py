@@ -24,6 +24,26 @@ CSS = """
   #chatbot { height: 58vh !important; }
   #alt-row { flex-direction: column; }
 }
+/* The Memory tab on a phone (issue 26.6): bars get the full width under their labels, tiles two
+   per row, tables scroll inside their panel, the demo strip wraps with buttons in proportion. */
+#kv-dashboard { max-width: 100%; overflow-x: hidden; }
+#kv-dashboard .kvd table { display: block; max-width: 100%; overflow-x: auto; }
+#kv-dashboard .kvd code { white-space: normal; word-break: break-all; }
+@media (max-width: 640px) {
+  #kv-dashboard .kvb-row { grid-template-columns: 1fr auto; row-gap: 1px; }
+  #kv-dashboard .kvb-l { grid-column: 1 / -1; font-size: 12px; }
+  #kv-dashboard .kvb-t { min-width: 0; }
+  #kv-dashboard .kvb-v { font-size: 12px; white-space: nowrap; }
+  #kv-dashboard .kvn { grid-template-columns: repeat(2, minmax(0, 1fr)); }
+  #kv-dashboard .kvn .v { font-size: 15px; overflow-wrap: anywhere; }
+  #kv-dashboard .kvs .kvs-1 { font-size: 16px; }
+  #kv-demo-strip { flex-wrap: wrap !important; gap: 6px !important; }
+  #kv-demo-strip > * { flex: 0 1 auto !important; min-width: 0 !important; }
+  #kv-demo-strip button { min-width: 56px !important; padding: 2px 10px !important; font-size: 13px !important; }
+  #kv-demo-status { flex: 1 1 100% !important; word-break: normal; overflow-wrap: normal; }
+  #kv-dashboard .kvl { gap: 8px; font-size: 12px; }
+  #kv-dashboard .gr-row, #kv-dashboard .row { flex-wrap: wrap; }
+}
 """ + view.BUTTONS_CSS
 
 # The page's script, installed once on load: (1) the `< k/n >` links in messages switch versions
