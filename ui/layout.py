@@ -10,7 +10,7 @@ import atexit
 import fastapi
 import gradio as gr
 
-from ui.chat import beam, branches, confirm, context_meter, summary
+from ui.chat import beam, branches, confirm, context_meter, shortcuts, summary
 from ui.chat import handlers as chat
 from ui.chat import sidebar as side
 from ui.chat import limits, view
@@ -75,11 +75,12 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
                     export_md_btn = gr.Button("Export Markdown", size="sm")
                 export_file = gr.HTML("", elem_id="export-link")
                 import_file = gr.UploadButton("Import JSON…", file_types=[".json"], size="sm")
+        gr.HTML(shortcuts.overlay_html(), elem_id="shortcuts", padding=False)
         with gr.Tab("Chat") as chat_tab:
             info = ctx.llm.model_info()
             gr.Markdown(f"Model **{info.name}** · context {ctx.max_model_len} tokens "
                         f"(prompt + reply) · KV blocks of {info.block_size} tokens", elem_id="model-line")
-            chatbot = gr.Chatbot(height=520, editable="user", label="Chat", elem_id="chatbot",
+            chatbot = gr.Chatbot(height=520, editable="user", label="Chat", show_label=False, elem_id="chatbot",
                                  placeholder="Start a conversation: every open chat is a live engine session "
                                              "that keeps its KV blocks between turns.",
                                  buttons=["copy"])
@@ -112,7 +113,7 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
                 shared_prompt = gr.Textbox(label="Shared system prompt (every new chat starts with it, so "
                                                  "their first blocks are shared)", lines=3)
                 save_prompt_btn = gr.Button("Save for new chats", size="sm")
-                build_prompt_picker(ctx, shared_prompt)      # presets + your own (ui/chat/prompt_picker.py)
+                preset_info = build_prompt_picker(ctx, shared_prompt)   # presets + your own (ui/chat/prompt_picker.py)
                 override = gr.Textbox(label="This conversation's own system prompt (optional override)", lines=2)
                 with gr.Row():
                     override_btn = gr.Button("Use for this conversation", size="sm")
@@ -217,6 +218,7 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
                   api_name=f"pick_alternative_{k + 1}",
                   concurrency_limit=None, show_progress="hidden")
     demo.load(None, None, None, js=PAGE_JS)
+    demo.load(None, None, None, js=shortcuts.JS)      # the `?` overlay's keys (ui/chat/shortcuts.py)
 
     def on_load(request: gr.Request):
         return side.on_load(ctx, request)
@@ -298,12 +300,14 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
                           api_name=False, **quick)
     c["manage"].expand(fill_title, None, c["title"], api_name=False, **quick)   # rename acts on the chat on screen
     c["delete_no"].click(lambda: gr.Group(visible=False), None, c["delete_confirm"], api_name=False, **quick)
-    c["delete_yes"].click(delete, None, view_out + [c["delete_confirm"]], api_name="delete", **quick)
+    c["delete_yes"].click(delete, None, view_out + [c["delete_confirm"]], api_name="delete", **quick).then(
+        lambda: "", None, c["export_file"], api_name=False, **quick)    # no download link of a deleted chat
     c["export_json_btn"].click(export_json, None, c["export_file"], api_name="export_json", **quick)
     c["export_md_btn"].click(export_md, None, c["export_file"], api_name="export_markdown", **quick)
     c["import_file"].upload(import_json, c["import_file"], view_out, api_name="import_json", **quick)
     c["save_prompt_btn"].click(save_prompt, c["shared_prompt"], [c["shared_prompt"], c["prompt_line"]],
-                               api_name="set_shared_prompt", **quick)
+                               api_name="set_shared_prompt", **quick).then(
+        lambda: "", None, c["preset_info"], api_name=False, **quick)   # the "press Save" hint is done
     c["override_btn"].click(use_override, c["override"], [c["override"], c["prompt_line"], conv_list],
                             api_name="set_override", **quick)
     c["reset_btn"].click(reset_override, None, [c["override"], c["prompt_line"], conv_list],
@@ -339,7 +343,7 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
         register_kv_route(app, llm, storage=storage, demo=demo, auth=bool(auth))   # viewer-scoped /api/kv
         from routes.openai_api import mount_openai_api
         mount_openai_api(app, llm, require_key=bool(auth), **(api_options or {}))
-    app = gr.mount_gradio_app(app, demo, path="/", auth=auth, css=CSS + THEME_CSS + context_meter.CSS, ssr_mode=False,
+    app = gr.mount_gradio_app(app, demo, path="/", auth=auth, css=CSS + THEME_CSS + context_meter.CSS + shortcuts.CSS, ssr_mode=False,
                               footer_links=["api", "gradio"])
     if engine_routes:
         from ui.dashboard.page import state_for

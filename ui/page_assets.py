@@ -10,7 +10,11 @@ from ui.chat import view
 CSS = """
 .reply-stats { font-size: 0.78em; opacity: 0.65; }
 .branch-nav { font-size: 0.85em; opacity: 0.8; user-select: none; white-space: nowrap; }
-.branch-nav a { text-decoration: none; padding: 0 0.35em; font-weight: bold; }
+.branch-nav a { text-decoration: none; padding: 0.15em 0.6em; font-weight: bold; font-size: 1.25em;
+  display: inline-block; min-width: 1.6em; text-align: center; border-radius: 6px; }
+.branch-nav a:hover { background: var(--background-fill-secondary, #f3f4f6); }
+#chatbot textarea { width: 100% !important; min-width: min(100%, 640px); }
+#chatbot .message-wrap .edit-container, #chatbot .message.user:has(textarea) { width: 100% !important; max-width: 100% !important; }
 #conv-list .wrap { flex-direction: column; align-items: stretch; gap: 2px; }
 #conv-list label { width: 100%; }
 #chat-status { min-height: 1.4em; font-size: 0.85em; opacity: 0.8; }
@@ -61,6 +65,19 @@ PAGE_JS = """() => {
     box.dispatchEvent(new Event("input", { bubbles: true }));
     setTimeout(() => btn.click(), 30);
   };
+  // A message's Markdown source as far as the page can rebuild it: code blocks keep their fences
+  // (and language), inline code its backticks; no stats line, no arrows, never HTML (issue 26.7).
+  window.__pagedChatMarkdownOf = (msg) => {
+    const body = msg.cloneNode(true);
+    body.querySelectorAll(".reply-stats, .branch-nav, button, svg").forEach((n) => n.remove());
+    body.querySelectorAll("pre").forEach((pre) => {
+      const code = pre.querySelector("code") || pre;
+      const lang = ((code.className || "").match(/language-([\w+-]+)/) || [])[1] || "";
+      pre.replaceWith(document.createTextNode("\n```" + lang + "\n" + code.innerText.replace(/\n$/, "") + "\n```\n"));
+    });
+    body.querySelectorAll("code").forEach((c) => c.replaceWith(document.createTextNode("`" + c.innerText + "`")));
+    return body.innerText.replace(/\n{3,}/g, "\n\n").trim();
+  };
   document.addEventListener("click", (e) => {
     const a = e.target.closest && e.target.closest('a[href*="#branch-"]');
     if (a) {
@@ -76,11 +93,9 @@ PAGE_JS = """() => {
         row = row.previousElementSibling || null;
       }
       const msg = (row || copy.closest(".message-row"))?.querySelector(".message-content");
-      const body = msg ? msg.cloneNode(true) : null;
-      if (!body) { return; }
+      if (!msg) { return; }
       e.preventDefault(); e.stopPropagation();
-      body.querySelectorAll(".reply-stats, .branch-nav, button, svg").forEach((n) => n.remove());
-      const text = body.innerText.trim();
+      const text = window.__pagedChatMarkdownOf(msg);
       window.__lastCopied = text;
       if (navigator.clipboard) { navigator.clipboard.writeText(text).catch(() => {}); }
       return;

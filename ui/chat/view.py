@@ -242,3 +242,9 @@ def prompt_summary(override: str | None, shared_id: int | None, current_shared_i
         return (f"This conversation uses an older shared prompt (#{shared_id}); new chats use "
                 f"#{current_shared_id}.")
     return f"This conversation uses the shared system prompt (#{current_shared_id})."
+
+
+def imported_title(title: str, limit: int = 200) -> str:
+    """An imported chat's title: the original's with "(imported)", so the two differ in the list."""
+    base = (title or "Imported chat").strip()
+    return base if base.endswith("(imported)") else (base[: limit - 11].rstrip() + " (imported)")
