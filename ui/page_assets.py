@@ -72,11 +72,11 @@ PAGE_JS = """() => {
     body.querySelectorAll(".reply-stats, .branch-nav, button, svg").forEach((n) => n.remove());
     body.querySelectorAll("pre").forEach((pre) => {
       const code = pre.querySelector("code") || pre;
-      const lang = ((code.className || "").match(/language-([\w+-]+)/) || [])[1] || "";
-      pre.replaceWith(document.createTextNode("\n```" + lang + "\n" + code.innerText.replace(/\n$/, "") + "\n```\n"));
+      const lang = ((code.className || "").match(/language-([\\w+-]+)/) || [])[1] || "";
+      pre.replaceWith(document.createTextNode("\\n```" + lang + "\\n" + code.innerText.replace(/\\n$/, "") + "\\n```\\n"));
     });
     body.querySelectorAll("code").forEach((c) => c.replaceWith(document.createTextNode("`" + c.innerText + "`")));
-    return body.innerText.replace(/\n{3,}/g, "\n\n").trim();
+    return body.innerText.replace(/\\n{3,}/g, "\\n\\n").trim();
   };
   document.addEventListener("click", (e) => {
     const a = e.target.closest && e.target.closest('a[href*="#branch-"]');
