@@ -43,7 +43,9 @@ CSS = """
   #kv-dashboard .kvs .kvs-1 { font-size: 16px; }
   #kv-demo-strip { flex-wrap: wrap !important; gap: 6px !important; }
   #kv-demo-strip > * { flex: 0 1 auto !important; min-width: 0 !important; }
-  #kv-demo-strip button { min-width: 56px !important; padding: 2px 10px !important; font-size: 13px !important; }
+  #kv-demo-strip { align-items: center !important; }
+  #kv-demo-strip button { min-width: 56px !important; padding: 2px 10px !important; font-size: 13px !important;
+    height: 36px !important; align-self: center !important; }
   #kv-demo-status { flex: 1 1 100% !important; word-break: normal; overflow-wrap: normal; }
   #kv-dashboard .kvl { gap: 8px; font-size: 12px; }
   #kv-dashboard .gr-row, #kv-dashboard .row { flex-wrap: wrap; }
