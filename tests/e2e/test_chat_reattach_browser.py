@@ -134,7 +134,7 @@ def test_close_the_tab_reopen_later_and_the_full_reply_is_there(module_server, b
     context.close()
 
 
-def test_the_context_meter_equals_api_kv_and_the_shortcuts_overlay(module_server, browser):
+def test_the_context_meter_equals_api_kv_and_the_shortcuts_overlay(module_server, browser, screenshot_dir):
     server = module_server
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = _open(context, server.url)
@@ -156,6 +156,14 @@ def test_the_context_meter_equals_api_kv_and_the_shortcuts_overlay(module_server
                 and int(shown["ctx_shared_tokens"]) == sum(b["filled"][i] for i in shared)
                 and int(shown["ctx_own_blocks"]) == len(seq["block_table"]) - len(shared))
     _wait(agree, 20, every=0.5, what="the meter equal to /api/kv")
+    page.screenshot(path=str(screenshot_dir / "chat.png"))
+    for name, url, viewport in (("chat-dark.png", f"?c={conv}&__theme=dark", {"width": 1280, "height": 900}),
+                                ("chat-phone.png", f"?c={conv}", {"width": 390, "height": 844})):
+        shot = browser.new_page(viewport=viewport)
+        shot.goto(server.url + url)
+        _wait(lambda: "tok/s" in _reply(shot) and "Context" in shot.inner_text("#ctx-meter"), 60, what=name)
+        shot.screenshot(path=str(screenshot_dir / name))
+        shot.close()
 
     overlay = page.locator("#shortcuts-overlay")
     assert overlay.is_hidden()
