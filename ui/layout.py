@@ -10,7 +10,7 @@ import atexit
 import fastapi
 import gradio as gr
 
-from ui.chat import beam, branches, confirm, context_meter, shortcuts, summary
+from ui.chat import beam, branches, confirm, context_meter, documents, shortcuts, summary
 from ui.chat import handlers as chat
 from ui.chat import sidebar as side
 from ui.chat import limits, view
@@ -97,7 +97,10 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
                                                    container=True))
                         pick_btns.append(gr.Button("Continue with this one", size="sm", visible=False,
                                                    elem_id=f"pick-{i}"))
+            doc_chips = gr.HTML("", elem_id="doc-chips")       # attached documents (ui/chat/documents.py)
             with gr.Row(elem_id="composer"):
+                attach_btn = gr.UploadButton("📎", file_types=sorted(documents.TEXT_EXTENSIONS), scale=0,
+                                             min_width=44, elem_id="attach")
                 msg = gr.Textbox(label="Message", placeholder="Message (Enter to send, Shift+Enter for a new line)",
                                  show_label=False, scale=8, lines=1, max_lines=8, elem_id="msg", autofocus=True)
                 # one place, one button: Send while idle, Stop (or Esc) while a reply is generated
@@ -156,6 +159,10 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     async def send(message, temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n,
                    decoding=beam.SAMPLE, request: gr.Request = None):
         kw = settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding)
+        tab = ctx.tab(request) if request is not None else None
+        if tab is not None and tab.attachments:       # documents first: chats attaching one share its blocks
+            message = documents.message_text(tab.attachments, view.text_of(message))
+            tab.attachments = []
         async for out in chat.send(ctx, message, kw, request):
             yield out
 
@@ -181,6 +188,27 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     ]
     async def stop(request: gr.Request):
         return await chat.stop(ctx, request)
+
+    def attach(file, request: gr.Request):
+        """A document for the next message, refused (with the numbers) if it cannot fit."""
+        tab = ctx.tab(request)
+        path = getattr(file, "name", None) or (file.get("path") if isinstance(file, dict) else file)
+        tok = ctx.llm.get_tokenizer()
+        try:
+            doc = documents.read_document(path, getattr(file, "orig_name", None) or path,
+                                          lambda t: len(tok.encode(t, add_special_tokens=False)))
+            m = context_meter.for_tab(ctx, request)
+            documents.check_fits(doc, m.tokens if m else 0, ctx.max_model_len, tab.attachments)
+        except (OSError, ValueError) as e:
+            gr.Warning(f"Not attached: {e}")
+            return documents.chips_html(tab.attachments)
+        tab.attachments = tab.attachments + [doc]
+        return documents.chips_html(tab.attachments)
+
+    c["attach_btn"].upload(attach, c["attach_btn"], c["doc_chips"], api_name="attach_document",
+                           concurrency_limit=None, show_progress="hidden")
+    for ev in events[:2]:                    # sent: the chips go (the message now holds them)
+        ev.then(lambda: "", None, c["doc_chips"], api_name=False, show_progress="hidden")
 
     def meter_fn(request: gr.Request):
         m = context_meter.for_tab(ctx, request)
@@ -343,7 +371,7 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
         register_kv_route(app, llm, storage=storage, demo=demo, auth=bool(auth))   # viewer-scoped /api/kv
         from routes.openai_api import mount_openai_api
         mount_openai_api(app, llm, require_key=bool(auth), **(api_options or {}))
-    app = gr.mount_gradio_app(app, demo, path="/", auth=auth, css=CSS + THEME_CSS + context_meter.CSS + shortcuts.CSS, ssr_mode=False,
+    app = gr.mount_gradio_app(app, demo, path="/", auth=auth, css=CSS + THEME_CSS + context_meter.CSS + shortcuts.CSS + documents.CSS, ssr_mode=False,
                               footer_links=["api", "gradio"])
     if engine_routes:
         from ui.dashboard.page import state_for

@@ -76,6 +76,7 @@ class Tab:
     list_sig: tuple = ()                                 # what the conversation list shows
     following: object = None                             # the Turn this tab is painting, if any
     alt_ids: list[int] = field(default_factory=list)     # stored ids of the alternatives on screen
+    attachments: list = field(default_factory=list)      # documents for the next message (ui/chat/documents.py)
 
 
 RELEASE_GRACE_S = 5.0   # the app's: a closed tab's chat keeps its blocks this long ("parked")

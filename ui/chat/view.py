@@ -11,6 +11,7 @@ import math
 import re
 
 from ui.safe_markdown import safe_markdown
+from ui.chat import documents
 from ui.chat.states import finish_text
 
 MAX_ALTERNATIVES = 4
@@ -128,7 +129,7 @@ def display_messages(path: list[dict], versions: dict | None = None, max_model_l
     for m in path:
         if m["role"] not in ("user", "assistant"):
             continue
-        content = rendered(m["content"])
+        content = documents.display(m["content"], rendered) if m["role"] == "user" else rendered(m["content"])
         if m["role"] == "assistant":
             toks = m.get("token_ids") or []
             finish = finish_text(m.get("stats"), m.get("status"), max_model_len,
