@@ -246,3 +246,31 @@ def test_memory_tab_one_vocabulary_and_a_phone(module_server, browser, screensho
     phone.screenshot(path=str(screenshot_dir / "memory-phone.png"), full_page=False)
     phone.close()
     chats.close()
+
+
+def test_a_document_attached_in_two_chats_shares_its_blocks(module_server, browser, tmp_path):
+    server = module_server
+    doc = tmp_path / "keeper.txt"
+    doc.write_text("\n".join(f"Line {i}: the lighthouse keeper logs wind, tide and passing ships." for i in range(12)))
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    convs = []
+    for question in ("When was the wind strongest?", "Which ships passed?"):
+        page = _open(context, server.url)
+        _greedy(page, 2)
+        with page.expect_file_chooser() as chooser:
+            page.click("#attach")
+        chooser.value.set_files(str(doc))
+        _wait(lambda: "keeper.txt" in page.inner_text("#doc-chips"), 30, what="the chip")
+        assert re.search(r"keeper\.txt · [\d,]+ tokens", page.inner_text("#doc-chips"))
+        _send(page, question)
+        _wait(lambda: _finished(page), 120, what="the reply")
+        assert "📄 keeper.txt" in page.locator("#chatbot .message.user").last.inner_text()
+        _wait(lambda: "keeper.txt" not in page.inner_text("#doc-chips"), 30, what="the chip gone")   # sent with it
+        convs.append(_conv_of(page))
+    snap = server.kv()
+    tables = {s["session_id"]: s["block_table"] for s in snap["sequences"] if s["session_id"] in convs}
+    a, b = tables[convs[0]], tables[convs[1]]
+    common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    assert common * snap["block_size"] > 150                       # the document's blocks, not only the prompt's
+    assert all(snap["blocks"]["ref_count"][blk] >= 2 for blk in a[:common])
+    context.close()
