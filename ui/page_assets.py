@@ -25,7 +25,8 @@ CSS = """
 @media (max-width: 640px) {
   #composer { position: sticky; bottom: 0; z-index: 5; background: var(--body-background-fill); }
   #composer #send, #composer #stop { min-width: 64px !important; flex-grow: 0 !important; }
-  #chatbot { height: 58vh !important; }
+  #chatbot { height: 50vh !important; }          /* room for the context meter above the composer */
+  #ctx-row { gap: 4px !important; } #ctx-meter { font-size: 0.9em; }
   #alt-row { flex-direction: column; }
 }
 /* The Memory tab on a phone (issue 26.6): bars get the full width under their labels, tiles two
