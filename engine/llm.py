@@ -479,6 +479,7 @@ class LLM:
         """A snapshot at most ~0.25 s old (longer when its forms are costly: engine/snapshot_cache.py),
         shared by every caller in that window (dashboard ticks of many viewers cost one snapshot,
         one to_json per form). Taken on demand, never periodically by the engine. Read-only.
+        Never waits behind a long step for more than ~0.2 s: then the previous window's is served.
         compact: the v4 compact form (no per-block lists)."""
         return self._snapshots.json(compact)
 

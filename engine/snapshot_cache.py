@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import threading
 import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 
 
 def json_bytes(d: dict) -> bytes:
@@ -36,24 +38,58 @@ class _Period:
 
 
 class SharedSnapshot:
-    """`take()` returns a typed KVSnapshot (it runs on the engine thread; the caller waits)."""
+    """`take()` returns a typed KVSnapshot (it runs on the engine thread between two steps).
 
-    def __init__(self, take, period_s: float, *, cost_factor: float = 4.0, clock=time.monotonic):
+    Readers never wait behind compute (issue 26.7): a take that is due runs on a thread of its own,
+    and a reader waits for it at most `max_wait_s`; if the engine is inside a long step (a cold
+    burst's prefill can take seconds on a CPU) the reader gets the previous window's snapshot,
+    whose own `time` says how old it is. Only the very first snapshot is waited for."""
+
+    def __init__(self, take, period_s: float, *, cost_factor: float = 4.0, clock=time.monotonic,
+                 max_wait_s: float = 0.2):
         self._take, self.period_s, self.cost_factor, self._clock = take, period_s, cost_factor, clock
+        self.max_wait_s = max_wait_s
         self._lock = threading.Lock()
         self._period: _Period | None = None
+        self._pending: Future | None = None   # the take in flight, if any
         self.takes = 0                     # how many snapshots were taken (tests, metrics)
+        self.stale_reads = 0               # reads answered with the previous window (engine busy)
 
     def current(self) -> _Period:
-        """This window's snapshot, taken now if the last one is older than its window_s()."""
+        """This window's snapshot; when it is older than its window_s(), a new one is taken (off
+        the reader's thread) and waited for at most max_wait_s."""
         with self._lock:
             now = self._clock()
             p = self._period
-            if p is None or now - p.taken >= self.window_s(p):
-                # the take's cost is not counted: it is mostly waiting for a step boundary
-                p = self._period = _Period(self._take(), now, 0.0)
-                self.takes += 1
+            if p is not None and now - p.taken < self.window_s(p):
+                return p
+            pending = self._pending
+            if pending is None:
+                pending = self._pending = Future()
+                threading.Thread(target=self._take_into, args=(pending, now), daemon=True,
+                                 name="kv-snapshot-take").start()
+        if p is None:
+            return pending.result()            # nothing older to show: the first one is waited for
+        try:
+            return pending.result(timeout=self.max_wait_s)
+        except FutureTimeout:
+            self.stale_reads += 1
             return p
+
+    def _take_into(self, fut: Future, asked: float) -> None:
+        try:
+            snap = self._take()
+        except BaseException as e:             # e.g. RuntimeError: the engine was shut down
+            with self._lock:
+                self._pending = None
+            fut.set_exception(e)
+            return
+        # the take's cost is not counted: it is mostly waiting for a step boundary
+        p = _Period(snap, asked, 0.0)
+        with self._lock:
+            self._period, self._pending = p, None
+            self.takes += 1
+        fut.set_result(p)
 
     def window_s(self, p: _Period | None = None) -> float:
         """How long a snapshot is shared: period_s, or cost_factor x its build cost if longer."""

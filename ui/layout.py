@@ -10,12 +10,12 @@ import atexit
 import fastapi
 import gradio as gr
 
-from ui.chat import beam, branches, confirm
+from ui.chat import beam, branches, confirm, context_meter, documents, shortcuts, summary
 from ui.chat import handlers as chat
 from ui.chat import sidebar as side
 from ui.chat import limits, reply_format, view
 from ui.chat.context import ChatContext
-from ui.chat.tabs import TabRegistry
+from ui.chat.tabs import RELEASE_GRACE_S, TabRegistry
 from ui.page_assets import CSS, LIST_REFRESH_MEMORY_TAB_S, LIST_REFRESH_S, PAGE_JS, URL_JS
 
 from ui.dashboard.page import build_dashboard, wire_memory_tab
@@ -80,15 +80,20 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
                     export_md_btn = gr.Button("Export Markdown", size="sm")
                 export_file = gr.HTML("", elem_id="export-link")
                 import_file = gr.UploadButton("Import JSON…", file_types=[".json"], size="sm")
+        gr.HTML(shortcuts.overlay_html(), elem_id="shortcuts", padding=False)
         with gr.Tab("Chat") as chat_tab:
             info = ctx.llm.model_info()
             gr.Markdown(f"Model **{info.name}** · context {ctx.max_model_len} tokens "
                         f"(prompt + reply) · KV blocks of {info.block_size} tokens", elem_id="model-line")
-            chatbot = gr.Chatbot(height=520, editable="user", label="Chat", elem_id="chatbot",
+            chatbot = gr.Chatbot(height=520, editable="user", label="Chat", show_label=False, elem_id="chatbot",
                                  placeholder="Start a conversation: every open chat is a live engine session "
                                              "that keeps its KV blocks between turns.",
                                  buttons=["copy"])
             status = gr.Markdown(" ", elem_id="chat-status")
+            with gr.Row(elem_id="ctx-row"):      # the context meter (ui/chat/context_meter.py), always shown
+                meter = gr.HTML(context_meter.html(None), elem_id="ctx-meter")
+                summary_btn = gr.Button("Start a new chat with a summary", size="sm", visible=False, scale=0,
+                                        min_width=120, elem_id="ctx-summary")
             with gr.Row(visible=False, elem_id="alt-row") as alt_row:
                 alt_mds, pick_btns = [], []
                 for i in range(view.MAX_ALTERNATIVES):
@@ -97,7 +102,10 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
                                                    container=True))
                         pick_btns.append(gr.Button("Continue with this one", size="sm", visible=False,
                                                    elem_id=f"pick-{i}"))
+            doc_chips = gr.HTML("", elem_id="doc-chips")       # attached documents (ui/chat/documents.py)
             with gr.Row(elem_id="composer"):
+                attach_btn = gr.UploadButton("📎", file_types=sorted(documents.TEXT_EXTENSIONS), scale=0,
+                                             min_width=44, elem_id="attach")
                 msg = gr.Textbox(label="Message", placeholder="Message (Enter to send, Shift+Enter for a new line)",
                                  show_label=False, scale=8, lines=1, max_lines=8, elem_id="msg", autofocus=True)
                 # one place, one button: Send while idle, Stop (or Esc) while a reply is generated
@@ -115,7 +123,7 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
                 shared_prompt = gr.Textbox(label="Shared system prompt (every new chat starts with it, so "
                                                  "their first blocks are shared)", lines=3)
                 save_prompt_btn = gr.Button("Save for new chats", size="sm")
-                build_prompt_picker(ctx, shared_prompt)      # presets + your own (ui/chat/prompt_picker.py)
+                preset_info = build_prompt_picker(ctx, shared_prompt)   # presets + your own (ui/chat/prompt_picker.py)
                 override = gr.Textbox(label="This conversation's own system prompt (optional override)", lines=2)
                 with gr.Row():
                     override_btn = gr.Button("Use for this conversation", size="sm")
@@ -127,7 +135,8 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
             kv_timer = build_dashboard(
                 ctx.llm, lambda: ctx.storage.get_system_prompt()["text"], storage=ctx.storage,
                 auth=ctx.auth, own_conv=lambda r: ctx.tab(r).conv_id,
-                may_start_demo=lambda r: not ctx.auth or ctx.owner(r) in ctx.admins)
+                may_start_demo=lambda r: not ctx.auth or ctx.owner(r) in ctx.admins,
+                chat_states=ctx.tabs.chat_states)
         # the dashboard's timers run only while its tab is shown; on arrival the sidebar's chat is highlighted
         wire_memory_tab(memory_tab, chat_tab, kv_timer)
         # the chat list refreshes less often while the Memory tab is shown (each refresh is a
@@ -168,6 +177,10 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     async def send(message, temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n,
                    decoding=beam.SAMPLE, fmt=reply_format.FREE, schema="", request: gr.Request = None):
         kw = settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding, fmt, schema)
+        tab = ctx.tab(request) if request is not None else None
+        if tab is not None and tab.attachments:       # documents first: chats attaching one share its blocks
+            message = documents.message_text(tab.attachments, view.text_of(message))
+            tab.attachments = []
         async for out in chat.send(ctx, message, kw, request):
             yield out
 
@@ -201,6 +214,48 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     async def stop(request: gr.Request):
         return await chat.stop(ctx, request)
 
+    def attach(file, request: gr.Request):
+        """A document for the next message, refused (with the numbers) if it cannot fit."""
+        tab = ctx.tab(request)
+        path = getattr(file, "name", None) or (file.get("path") if isinstance(file, dict) else file)
+        tok = ctx.llm.get_tokenizer()
+        try:
+            doc = documents.read_document(path, getattr(file, "orig_name", None) or path,
+                                          lambda t: len(tok.encode(t, add_special_tokens=False)))
+            m = context_meter.for_tab(ctx, request)
+            documents.check_fits(doc, m.tokens if m else 0, ctx.max_model_len, tab.attachments)
+        except (OSError, ValueError) as e:
+            gr.Warning(f"Not attached: {e}")
+            return documents.chips_html(tab.attachments)
+        tab.attachments = tab.attachments + [doc]
+        return documents.chips_html(tab.attachments)
+
+    c["attach_btn"].upload(attach, c["attach_btn"], c["doc_chips"], api_name="attach_document",
+                           concurrency_limit=None, show_progress="hidden")
+    for ev in events[:2]:                    # sent: the chips go (the message now holds them)
+        ev.then(lambda: "", None, c["doc_chips"], api_name=False, show_progress="hidden")
+
+    def meter_fn(request: gr.Request):
+        m = context_meter.for_tab(ctx, request)
+        return context_meter.html(m), gr.Button(visible=bool(m and m.warn))
+
+    meter_out = [c["meter"], c["summary_btn"]]
+    meter_opts = dict(api_name=False, concurrency_limit=None, show_progress="hidden")
+    for ev in events:                       # after each reply; the list tick refreshes it too
+        ev.then(meter_fn, None, meter_out, **meter_opts)
+    c["timer"].tick(meter_fn, None, meter_out, **meter_opts)
+
+    async def summary_fn(request: gr.Request):
+        try:
+            conv = await summary.new_chat_from_summary(ctx, request)
+        except (ValueError, RuntimeError) as e:           # this request only
+            raise gr.Error(f"No summary: {e}") from None
+        return side.open_conversation(ctx, conv["id"] if conv else None, request)
+
+    c["summary_btn"].click(summary_fn, None, view_out, api_name="new_chat_from_summary",
+                           concurrency_limit=None, show_progress="minimal").then(
+        meter_fn, None, meter_out, **meter_opts)
+
     c["stop_btn"].click(stop, None, [chatbot, status, c["send_btn"], c["stop_btn"]], cancels=events,
                         api_name="stop", concurrency_limit=None, show_progress="hidden")
 
@@ -216,6 +271,7 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
                   api_name=f"pick_alternative_{k + 1}",
                   concurrency_limit=None, show_progress="hidden")
     demo.load(None, None, None, js=PAGE_JS)
+    demo.load(None, None, None, js=shortcuts.JS)      # the `?` overlay's keys (ui/chat/shortcuts.py)
 
     def on_load(request: gr.Request):
         return side.on_load(ctx, request)
@@ -297,12 +353,14 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
                           api_name=False, **quick)
     c["manage"].expand(fill_title, None, c["title"], api_name=False, **quick)   # rename acts on the chat on screen
     c["delete_no"].click(lambda: gr.Group(visible=False), None, c["delete_confirm"], api_name=False, **quick)
-    c["delete_yes"].click(delete, None, view_out + [c["delete_confirm"]], api_name="delete", **quick)
+    c["delete_yes"].click(delete, None, view_out + [c["delete_confirm"]], api_name="delete", **quick).then(
+        lambda: "", None, c["export_file"], api_name=False, **quick)    # no download link of a deleted chat
     c["export_json_btn"].click(export_json, None, c["export_file"], api_name="export_json", **quick)
     c["export_md_btn"].click(export_md, None, c["export_file"], api_name="export_markdown", **quick)
     c["import_file"].upload(import_json, c["import_file"], view_out, api_name="import_json", **quick)
     c["save_prompt_btn"].click(save_prompt, c["shared_prompt"], [c["shared_prompt"], c["prompt_line"]],
-                               api_name="set_shared_prompt", **quick)
+                               api_name="set_shared_prompt", **quick).then(
+        lambda: "", None, c["preset_info"], api_name=False, **quick)   # the "press Save" hint is done
     c["override_btn"].click(use_override, c["override"], [c["override"], c["prompt_line"], conv_list],
                             api_name="set_override", **quick)
     c["reset_btn"].click(reset_override, None, [c["override"], c["prompt_line"], conv_list],
@@ -316,7 +374,8 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
     """(FastAPI app serving the page at / plus /metrics, /api/kv and the OpenAI API at /v1, the Blocks
     demo). api_options: api_keys, allowed_origins, ... for routes.openai_api.mount_openai_api.
     engine_routes=False (app.py --backend): no /metrics, /api/kv, /v1 here; the backend serves its own."""
-    ctx = ctx or ChatContext(llm, storage, TabRegistry(llm), auth=bool(auth), admins=frozenset(admins))
+    ctx = ctx or ChatContext(llm, storage, TabRegistry(llm, release_grace_s=RELEASE_GRACE_S), auth=bool(auth),
+                             admins=frozenset(admins))
     if ctx.pins is None and hasattr(llm, "pin_system_prompt"):    # the real engine: pin the shared prompt
         ctx.pins = PromptPins(llm, storage)
         note = ctx.pins.fit_default()
@@ -337,7 +396,8 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
         register_kv_route(app, llm, storage=storage, demo=demo, auth=bool(auth))   # viewer-scoped /api/kv
         from routes.openai_api import mount_openai_api
         mount_openai_api(app, llm, require_key=bool(auth), multi_user=bool(auth), **(api_options or {}))
-    app = gr.mount_gradio_app(app, demo, path="/", auth=auth, css=CSS + THEME_CSS, ssr_mode=False,
+    app = gr.mount_gradio_app(app, demo, path="/", auth=auth,
+                              css=CSS + THEME_CSS + context_meter.CSS + shortcuts.CSS + documents.CSS, ssr_mode=False,
                               footer_links=["api", "gradio"])
     if engine_routes:
         from ui.dashboard.page import state_for

@@ -10,7 +10,11 @@ from ui.chat import view
 CSS = """
 .reply-stats { font-size: 0.78em; opacity: 0.65; }
 .branch-nav { font-size: 0.85em; opacity: 0.8; user-select: none; white-space: nowrap; }
-.branch-nav a { text-decoration: none; padding: 0 0.35em; font-weight: bold; }
+.branch-nav a { text-decoration: none; padding: 0.15em 0.6em; font-weight: bold; font-size: 1.25em;
+  display: inline-block; min-width: 1.6em; text-align: center; border-radius: 6px; }
+.branch-nav a:hover { background: var(--background-fill-secondary, #f3f4f6); }
+#chatbot textarea { width: 100% !important; min-width: min(100%, 640px); }
+#chatbot .message-wrap .edit-container, #chatbot .message.user:has(textarea) { width: 100% !important; max-width: 100% !important; }
 #conv-list .wrap { flex-direction: column; align-items: stretch; gap: 2px; }
 #conv-list label { width: 100%; }
 #chat-status { min-height: 1.4em; font-size: 0.85em; opacity: 0.8; }
@@ -21,8 +25,31 @@ CSS = """
 @media (max-width: 640px) {
   #composer { position: sticky; bottom: 0; z-index: 5; background: var(--body-background-fill); }
   #composer #send, #composer #stop { min-width: 64px !important; flex-grow: 0 !important; }
-  #chatbot { height: 58vh !important; }
+  #chatbot { height: 50vh !important; }          /* room for the context meter above the composer */
+  #ctx-row { gap: 4px !important; } #ctx-meter { font-size: 0.9em; }
   #alt-row { flex-direction: column; }
+}
+/* The Memory tab on a phone (issue 26.6): bars get the full width under their labels, tiles two
+   per row, tables scroll inside their panel, the demo strip wraps with buttons in proportion. */
+#kv-dashboard { max-width: 100%; overflow-x: hidden; }
+#kv-dashboard .kvd table { display: block; max-width: 100%; overflow-x: auto; }
+#kv-dashboard .kvd code { white-space: normal; word-break: break-all; }
+@media (max-width: 640px) {
+  #kv-dashboard .kvb-row { grid-template-columns: 1fr auto; row-gap: 1px; }
+  #kv-dashboard .kvb-l { grid-column: 1 / -1; font-size: 12px; }
+  #kv-dashboard .kvb-t { min-width: 0; }
+  #kv-dashboard .kvb-v { font-size: 12px; white-space: nowrap; }
+  #kv-dashboard .kvn { grid-template-columns: repeat(2, minmax(0, 1fr)); }
+  #kv-dashboard .kvn .v { font-size: 15px; overflow-wrap: anywhere; }
+  #kv-dashboard .kvs .kvs-1 { font-size: 16px; }
+  #kv-demo-strip { flex-wrap: wrap !important; gap: 6px !important; }
+  #kv-demo-strip > * { flex: 0 1 auto !important; min-width: 0 !important; }
+  #kv-demo-strip { align-items: center !important; }
+  #kv-demo-strip button { min-width: 56px !important; padding: 2px 10px !important; font-size: 13px !important;
+    height: 36px !important; align-self: center !important; }
+  #kv-demo-status { flex: 1 1 100% !important; word-break: normal; overflow-wrap: normal; }
+  #kv-dashboard .kvl { gap: 8px; font-size: 12px; }
+  #kv-dashboard .gr-row, #kv-dashboard .row { flex-wrap: wrap; }
 }
 """ + view.BUTTONS_CSS
 
@@ -41,6 +68,19 @@ PAGE_JS = """() => {
     box.dispatchEvent(new Event("input", { bubbles: true }));
     setTimeout(() => btn.click(), 30);
   };
+  // A message's Markdown source as far as the page can rebuild it: code blocks keep their fences
+  // (and language), inline code its backticks; no stats line, no arrows, never HTML (issue 26.7).
+  window.__pagedChatMarkdownOf = (msg) => {
+    const body = msg.cloneNode(true);
+    body.querySelectorAll(".reply-stats, .branch-nav, button, svg").forEach((n) => n.remove());
+    body.querySelectorAll("pre").forEach((pre) => {
+      const code = pre.querySelector("code") || pre;
+      const lang = ((code.className || "").match(/language-([\\w+-]+)/) || [])[1] || "";
+      pre.replaceWith(document.createTextNode("\\n```" + lang + "\\n" + code.innerText.replace(/\\n$/, "") + "\\n```\\n"));
+    });
+    body.querySelectorAll("code").forEach((c) => c.replaceWith(document.createTextNode("`" + c.innerText + "`")));
+    return body.innerText.replace(/\\n{3,}/g, "\\n\\n").trim();
+  };
   document.addEventListener("click", (e) => {
     const a = e.target.closest && e.target.closest('a[href*="#branch-"]');
     if (a) {
@@ -56,11 +96,9 @@ PAGE_JS = """() => {
         row = row.previousElementSibling || null;
       }
       const msg = (row || copy.closest(".message-row"))?.querySelector(".message-content");
-      const body = msg ? msg.cloneNode(true) : null;
-      if (!body) { return; }
+      if (!msg) { return; }
       e.preventDefault(); e.stopPropagation();
-      body.querySelectorAll(".reply-stats, .branch-nav, button, svg").forEach((n) => n.remove());
-      const text = body.innerText.trim();
+      const text = window.__pagedChatMarkdownOf(msg);
       window.__lastCopied = text;
       if (navigator.clipboard) { navigator.clipboard.writeText(text).catch(() => {}); }
       return;

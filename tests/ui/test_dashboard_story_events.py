@@ -74,7 +74,7 @@ def test_event_feed_names_pins_forks_frees_and_sharing():
         s["request_id"] = "beam"
     lines = diff_events(s1, s2)
     assert "beam forked: 3 beams/samples share 21 blocks (copy-on-write on divergence)" in lines
-    assert "block 0 now shared by 4 holders" in lines
+    assert "pinned block 0 now held by 4 holders" in lines      # one vocabulary: pinned, not "shared"
     m.free("beam#2")
     s3 = m.snapshot()
     for s in s3["sequences"]:

@@ -140,7 +140,7 @@ def test_lazy_block_table_reads_like_a_list_of_entries():
     a = next(c for c in V.conversations(snap) if c["key"] == "r1#0" or c["session_id"] == "a")
     t = a["table"]
     assert len(t) == 3 and t[-1] == t[2] == {"logical": 2, "physical": 2, "shared": False, "ref_count": 1,
-                                              "filled": 2}
+                                              "filled": 2, "state": "used"}
     assert [e["physical"] for e in t[:2]] == [0, 1] and list(t) == [t[0], t[1], t[2]]
     with pytest.raises(IndexError):
         t[3]

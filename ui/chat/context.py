@@ -17,6 +17,7 @@ class ChatContext:
     exports: object = None      # storage.exports.PrivateExports, created on the first export
     pins: object = None         # ui/chat/prompt_pins.PromptPins: pinned shared prompts (real engine only)
     admins: frozenset = frozenset()   # under --auth: users who may start demo load (--admin)
+    abandon_s: float | None = None    # idle timeout of a reply no tab shows (None: reattach.ABANDON_S)
 
     def shared_prompt(self, request) -> dict:
         """The shared system prompt new chats of this user start with ({"id", "text"})."""

@@ -5,8 +5,9 @@ worker thread.
 The user message is committed before anything is submitted; the reply itself is a `Turn`
 (ui/chat/turn.py) owned by its conversation, which stores it. Handlers only paint a turn while
 their tab shows its conversation: a click on another chat mid-reply switches the view at once
-and the reply finishes into its own chat. Stop or a closed tab (Gradio cancels the handler) ends
-the reply of the chat on screen.
+and the reply finishes into its own chat. A reload or a closed tab only stops painting: the reply
+keeps generating on the server and a tab that opens the chat again reattaches (`follow`). Stop is
+what ends a reply (and, for a reply nobody watches, the idle timeout of ui/chat/reattach.py).
 """
 from __future__ import annotations
 
@@ -113,14 +114,10 @@ async def generate(ctx: ChatContext, request, tab, conv_id: str, user_id: int, k
         async for out in follow_turn(ctx, request, tab, turn, shown):
             yield out
     except (asyncio.CancelledError, GeneratorExit):
-        # Stop, or the tab closed: Gradio cancels this handler. End the reply if this tab still
-        # shows it (a tab that moved on has already let go), and wait until it is stored.
-        if tab.conv_id == conv_id:
-            turn.task.cancel()           # its finally aborts the request and stores the reply
-        try:
-            await asyncio.wait_for(asyncio.shield(turn.task), 30)
-        except Exception:
-            pass
+        # Gradio cancels this handler on Stop, a reload, a closed tab or a dropped connection. The
+        # reply belongs to the server (ui/chat/reattach.py): only Stop ends it, and Stop's own
+        # handler (stop below) aborts it explicitly. Here the tab merely stops painting; opening the
+        # chat again (any tab of the same user) reattaches through `follow`.
         raise
 
 

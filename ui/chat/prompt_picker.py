@@ -26,8 +26,9 @@ def _text_of(ctx, owner: str, choice: str) -> str | None:
     return None
 
 
-def build_prompt_picker(ctx, shared_prompt: gr.Textbox) -> None:
-    """Create the picker under the shared-prompt box (inside the current Blocks context)."""
+def build_prompt_picker(ctx, shared_prompt: gr.Textbox) -> gr.Markdown:
+    """Create the picker under the shared-prompt box (inside the current Blocks context); returns
+    its hint line, which the app clears once "Save for new chats" has been pressed."""
     with gr.Row():
         picker = gr.Dropdown(choices=list(PRESETS), value=None, label="Presets", scale=2,
                              elem_id="prompt-presets", allow_custom_value=False)
@@ -62,3 +63,4 @@ def build_prompt_picker(ctx, shared_prompt: gr.Textbox) -> None:
     picker.input(on_pick, picker, [shared_prompt, info], **quick)
     save.click(on_save, [name, shared_prompt], [picker, info], **quick)
     picker.focus(on_open, None, picker, **quick)
+    return info

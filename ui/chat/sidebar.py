@@ -58,9 +58,10 @@ def on_load(ctx: ChatContext, request):
 
 
 def on_unload(ctx: ChatContext, request) -> None:
-    """The tab closed: its conversation's blocks are released unless another tab shows it."""
+    """The tab closed or reloaded: its conversation's blocks are released unless another tab shows
+    it within the registry's grace (a reload reopens it: it stays a live session)."""
     ctx.tab(request)                         # owner check (#12.10)
-    ctx.tabs.close(request.session_hash)
+    ctx.tabs.close(request.session_hash, grace=True)
 
 
 def new_chat(ctx: ChatContext, request):
@@ -178,6 +179,9 @@ def import_json(ctx: ChatContext, file, request):
     finally:
         _discard_upload(path)
     conv_id = conv["id"] if isinstance(conv, dict) else conv
+    # a title of its own, so the copy and the original are told apart in the list (issue 26.7)
+    row = ctx.storage.get_conversation(conv_id)
+    ctx.storage.rename_conversation(conv_id, view.imported_title(row["title"]))
     ctx.tabs.open(tab, conv_id)
     gr.Info("Conversation imported.")
     return _conversation_view(ctx, request, tab, ctx.storage.get_conversation(conv_id))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -75,10 +76,21 @@ class Tab:
     list_sig: tuple = ()                                 # what the conversation list shows
     following: object = None                             # the Turn this tab is painting, if any
     alt_ids: list[int] = field(default_factory=list)     # stored ids of the alternatives on screen
+    attachments: list = field(default_factory=list)      # documents for the next message (ui/chat/documents.py)
+
+
+RELEASE_GRACE_S = 5.0   # the app's: a closed tab's chat keeps its blocks this long ("parked")
 
 
 class TabRegistry:
-    def __init__(self, llm):
+    """`release_grace_s`: how long a conversation whose last tab closed (unload) keeps its blocks
+    before they are released. Why: a reload is an unload followed by a load of the same chat; with
+    no grace the reloaded chat lost its blocks and was no longer a live session (issue 26.6). An
+    explicit goodbye (API close_tab) and switching chats release at once."""
+
+    def __init__(self, llm, release_grace_s: float = 0.0):
+        self.release_grace_s = release_grace_s
+        self._parked: dict[str, float] = {}              # conversation id -> release deadline
         self._llm = llm
         self._lock = threading.Lock()
         self._tabs: dict[str, Tab] = {}
@@ -114,18 +126,45 @@ class TabRegistry:
             tab.shown_ids = []
             if conv_id is not None:
                 self._viewers.setdefault(conv_id, set()).add(tab.session_hash)
+                self._parked.pop(conv_id, None)          # reopened in time: it stays live
         if release:
             self.release(release)
 
-    def close(self, session_hash: str) -> None:
-        """The tab closed (demo.unload) or the API client said goodbye."""
+    def close(self, session_hash: str, grace: bool = False) -> None:
+        """The tab closed (demo.unload, grace=True: the chat is parked for release_grace_s first)
+        or the API client said goodbye (released at once)."""
         release = None
         with self._lock:
             tab = self._tabs.pop(session_hash, None)
             if tab is not None and tab.conv_id is not None:
                 release = self._leave(session_hash, tab.conv_id)
+            if release and grace and self.release_grace_s > 0:
+                self._parked[release] = time.monotonic() + self.release_grace_s
+                timer = threading.Timer(self.release_grace_s, self._release_parked, (release,))
+                timer.daemon = True
+                timer.start()
+                release = None
         if release:
             self.release(release)
+
+    def _release_parked(self, conv_id: str) -> None:
+        with self._lock:
+            if conv_id not in self._parked or self._viewers.get(conv_id) or conv_id in self._busy:
+                self._parked.pop(conv_id, None)
+                return
+            del self._parked[conv_id]
+        self.release(conv_id)
+
+    def chat_states(self) -> dict[str, str]:
+        """What each conversation the tabs know of is now: "generating" (a reply runs, watched or
+        not), "open" (a tab shows it; its session keeps its blocks between turns) or "parked" (its
+        last tab closed moments ago; released after release_grace_s unless reopened). Whether an
+        open chat still holds blocks is the engine's to say (the Memory tab reads its snapshot)."""
+        with self._lock:
+            out = {c: "parked" for c in self._parked}
+            out.update({c: "open" for c, v in self._viewers.items() if v})
+            out.update({c: "generating" for c in self._busy})
+            return out
 
     def _leave(self, session_hash: str, conv_id: str) -> str | None:
         viewers = self._viewers.get(conv_id)
@@ -225,6 +264,11 @@ class TabRegistry:
     def open_conversations(self) -> dict[str, int]:
         with self._lock:
             return {c: len(v) for c, v in self._viewers.items()}
+
+    def is_watched(self, conv_id: str) -> bool:
+        """Some tab shows this conversation now (the reply idle timeout counts from when none does)."""
+        with self._lock:
+            return bool(self._viewers.get(conv_id))
 
     def is_busy(self, conv_id: str) -> bool:
         with self._lock:

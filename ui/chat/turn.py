@@ -7,7 +7,8 @@ So a `Turn` runs as its own asyncio task: it submits the request, consumes the e
 stores the reply (created on first text, flushed every couple of seconds, finalised in `finally`)
 and records the prompt's exact token ids on the user message. Handlers only *follow* a turn: they
 paint it while their tab shows its conversation and stop painting the moment the tab shows
-another one. The turn keeps running and ends in its own conversation.
+another one, reloads or closes. The turn keeps running and ends in its own conversation
+(ui/chat/reattach.py: what ends it).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from engine import SamplingParams
 from engine.admission import QueueFull
 from engine.outputs import STATE_PREEMPTED, STATE_RESUMED, STATE_RUNNING
 from storage import NotFoundError
+from ui.chat.reattach import watch_abandoned
 from ui.chat.tabs import in_daemon_thread
 
 FLUSH_S = 2.0          # partial replies reach the database at least this often
@@ -92,6 +94,8 @@ class Turn:
     paused_outputs: set = field(default_factory=set)  # outputs preempted and not producing tokens again yet
     preemptions: int = 0              # how often the engine took this reply's memory (its stream said so)
     continues: dict | None = None     # Continue: the stored reply this turn extends (same message, same branch)
+    abandoned: bool = False           # aborted by the idle timeout: no tab showed it (ui/chat/reattach.py)
+    watchdog: asyncio.Task | None = None
 
     def __post_init__(self):
         self.texts, self.toks = [""] * self.n, [[] for _ in range(self.n)]
@@ -127,7 +131,10 @@ def start_turn(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
     """Run `turn` as a task of the running event loop. The caller has called tabs.begin(conv_id);
     the task always calls tabs.end(conv_id)."""
     ctx.tabs.attach(turn)
-    turn.task = asyncio.get_running_loop().create_task(_run(ctx, turn, messages, kw, sibling_of))
+    loop = asyncio.get_running_loop()
+    turn.task = loop.create_task(_run(ctx, turn, messages, kw, sibling_of))
+    # the reply outlives its page (ui/chat/reattach.py); only a reply nobody watches times out
+    turn.watchdog = loop.create_task(watch_abandoned(ctx, turn, getattr(ctx, "abandon_s", None)))
     return turn
 
 

@@ -11,6 +11,7 @@ import math
 import re
 
 from ui.safe_markdown import safe_markdown
+from ui.chat import documents
 from ui.chat.states import finish_text
 
 MAX_ALTERNATIVES = 4
@@ -128,7 +129,7 @@ def display_messages(path: list[dict], versions: dict | None = None, max_model_l
     for m in path:
         if m["role"] not in ("user", "assistant"):
             continue
-        content = rendered(m["content"])
+        content = documents.display(m["content"], rendered) if m["role"] == "user" else rendered(m["content"])
         if m["role"] == "assistant":
             toks = m.get("token_ids") or []
             finish = finish_text(m.get("stats"), m.get("status"), max_model_len,
@@ -242,3 +243,9 @@ def prompt_summary(override: str | None, shared_id: int | None, current_shared_i
         return (f"This conversation uses an older shared prompt (#{shared_id}); new chats use "
                 f"#{current_shared_id}.")
     return f"This conversation uses the shared system prompt (#{current_shared_id})."
+
+
+def imported_title(title: str, limit: int = 200) -> str:
+    """An imported chat's title: the original's with "(imported)", so the two differ in the list."""
+    base = (title or "Imported chat").strip()
+    return base if base.endswith("(imported)") else (base[: limit - 11].rstrip() + " (imported)")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from ui.dashboard.vocabulary import NAMES, state_of
+
 
 def _name(seq: dict) -> str:
     t = seq.get("title")
@@ -75,7 +77,9 @@ def diff_events(prev: dict | None, snap: dict) -> list[str]:
         b0, r0 = _most_shared(prev)
         b1, r1 = _most_shared(snap)
         if b1 >= 0 and (b1, r1) != (b0, r0):
-            lines.append(f"block {b1} now shared by {r1} holders")
+            # named by its one state (ui/dashboard/vocabulary.py): a pinned block is "pinned", not "shared"
+            state = NAMES[state_of(snap["blocks"]["state"][b1], r1)]
+            lines.append(f"{state} block {b1} now held by {r1} holders")
     return lines
 
 

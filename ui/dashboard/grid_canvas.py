@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 
 from ui.dashboard.view import KIND_NAMES, KINDS
+from ui.dashboard.vocabulary import NAMES as VOC_NAMES
 
 TEMPLATE = ('<div class="kvd kvgc"><div class="kvl"></div><div class="muted kvscale"></div>'
             '<canvas data-painted="0"></canvas></div>')
@@ -25,7 +26,7 @@ TEMPLATE = ('<div class="kvd kvgc"><div class="kvl"></div><div class="muted kvsc
 CSS = ".kvgc canvas { display: block; width: 100%; } .kvl .sel b { outline: 2px solid var(--kv-outline); }"
 
 _NAMES = [KIND_NAMES[k] for k in KINDS]
-_VARS = ["free", "cached", "private", "shared", "pinned"]
+_VARS = [VOC_NAMES[k] for k in KINDS]       # --kv-<name>: one colour per state (ui/dashboard/vocabulary.py)
 
 JS = """
 const NAMES = __NAMES__, VARS = __VARS__, PITCH = 14, CELL = 13, BAND = 16;

@@ -29,7 +29,8 @@ from ui.dashboard import grid_canvas as GC
 from ui.dashboard.grid_payload import grid_payload, with_highlight
 from ui.dashboard.scope import scope_snapshot, titles_for
 from ui.dashboard.sampler import StatsSampler
-from ui.dashboard.story import story_html
+from ui.dashboard import open_chats as OPEN
+from ui.dashboard.story import pin_use, story_html
 from engine.fairness import ServesTenants
 from ui.dashboard.who import event_lines, served, viewer_tenant, who_html
 from ui.dashboard.history import (PLOT_STEP_S, SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT, History,
@@ -58,6 +59,7 @@ class DashboardState:
 
     def __init__(self, llm, system_prompt: PromptSource = None):
         self.llm = llm
+        self.chat_states = None     # () -> {conversation id: state}: the app's tab registry (open_chats.py)
         self.history = History()
         self.demo = DemoLoad(llm, system_prompt)
         self.shape = shape_of(llm.model_info())
@@ -102,7 +104,7 @@ class DashboardState:
                     self.history.add(snap)
                 self._time = snap["time"]
                 self._views.clear()
-            self.base = render_base(snap, self.history, self.shape)
+            self.base = render_base(snap, self.history, self.shape, self.chat_states)
             self.base["tier"] = tier_html(snap["stats"], self.tier_rates.update(snap["time"], snap["stats"]))
             self._bases[(snap["time"], scope)] = self.base
             while len(self._bases) > 32:
@@ -161,15 +163,17 @@ def arith_for(base: dict, shape, model: str | None) -> str:
                              base["avg_len"], table_model)
 
 
-def render_base(snap: dict, history: History, shape) -> dict:
-    """Every panel for one snapshot, with nothing selected."""
+def render_base(snap: dict, history: History, shape, chat_states=None) -> dict:
+    """Every panel for one snapshot, with nothing selected. chat_states: () -> the tab registry's
+    {conversation id: state}, for the open-chats line (None: no line)."""
     st = snap["stats"]
+    open_line = OPEN.line_html(OPEN.count(chat_states(), snap)) if chat_states is not None else ""
     grid = grid_payload(snap)
     convs = V.conversations(snap)
     samples = history.snapshot()
     items = V.headline(snap, history.hit_rate(60.0), history.throughput(5.0))
     base = {"time": snap["time"], "stats": st, "grid_payload": grid, "convs": convs,
-            "avg_len": avg_len(snap), "items": items, "story": story_html(st, snap.get("others")),
+            "avg_len": avg_len(snap), "items": items, "story": story_html(st, snap.get("others"), pin_use(snap), open_line),
             "headline": H.headline_html(items, V.preemption_rows(snap)),
             "grid": with_highlight(grid, ()), "tables": H.tables_html(convs, None, snap["block_size"]),
             # each plot changes once per 10 s bucket, at its own phase: at most one plot per slow (2 s) tick
@@ -205,7 +209,7 @@ def _digest(v) -> int:
 
 def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = TICK_S, slow_tick_s: float = SLOW_TICK_S,
                     storage=None,
-                    auth: bool = False, own_conv=None, may_start_demo=None) -> gr.Timer:
+                    auth: bool = False, own_conv=None, may_start_demo=None, chat_states=None) -> gr.Timer:
     """Create the dashboard components, its timer and the demo-load strip in the current Blocks;
     returns the timer (inactive: the app turns it on only while the Memory tab is shown).
 
@@ -218,6 +222,8 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
     if is_remote(llm):      # app.py --backend URL: only what the server exposes (ui/dashboard/remote.py)
         return build_remote_dashboard(llm, tick_s=tick_s)
     state = state_for(llm, system_prompt)
+    if chat_states is not None:
+        state.chat_states = chat_states
     state.sampler.start()          # charts record every second, page open or not
     html = dict(value="", html_template=BUS.BODY, css_template=H.CSS, js_on_load=None, apply_default_css=True)
     with gr.Column(elem_id="kv-dashboard"):

@@ -10,16 +10,14 @@ from html import escape
 
 from ui.dashboard.story import STORY_CSS
 from ui.dashboard.view import KIND_NAMES, KINDS
+from ui.dashboard.vocabulary import CSS_VAR, NAMES, state_of, theme_vars
 from ui.dashboard.kv_math import PRESETS, ModelShape, batch_table, block_size_whatif, fmt_bytes
 
 # Colours are CSS variables, set per theme by THEME_CSS (global: the app passes it to Gradio with
 # its own CSS, because a component's css_template is scoped and cannot see the `.dark` class).
-COLORS = {"f": "var(--kv-free)", "c": "var(--kv-cached)", "p": "var(--kv-private)", "s": "var(--kv-shared)",
-          "n": "var(--kv-pinned)"}
-LIGHT = {"free": "#e5e7eb", "cached": "#99f6e4", "private": "#60a5fa", "shared": "#f97316",
-         "pinned": "#7c3aed", "contig": "#9ca3af", "track": "#f3f4f6", "outline": "#111827"}
-DARK = {"free": "#374151", "cached": "#115e59", "private": "#2563eb", "shared": "#ea580c",
-        "pinned": "#a78bfa", "contig": "#6b7280", "track": "#1f2937", "outline": "#f9fafb"}
+COLORS = CSS_VAR
+LIGHT = {**theme_vars(dark=False), "contig": "#9ca3af", "track": "#f3f4f6", "outline": "#111827"}
+DARK = {**theme_vars(dark=True), "contig": "#6b7280", "track": "#1f2937", "outline": "#f9fafb"}
 THEME_CSS = (":root { " + " ".join(f"--kv-{k}: {v};" for k, v in LIGHT.items()) + " }\n"
              ".dark { " + " ".join(f"--kv-{k}: {v};" for k, v in DARK.items()) + " }\n")
 BAND_MIN = 24             # a run of at least this many free / cached-free blocks is drawn as one band
@@ -55,12 +53,23 @@ CSS = """
 .kvn .s { font-size: 11px; color: var(--body-text-color-subdued, #6b7280); }
 .kvt { display: flex; flex-wrap: wrap; gap: 3px; margin: 4px 0; }
 .kvt span { border-radius: 3px; padding: 1px 5px; font: 11px monospace; background: #60a5fa; color: #fff; }
-.kvt span.s { background: var(--kv-shared); } .kvt span.last { outline: 2px dashed var(--kv-outline); }
 .kvt span { background: var(--kv-private); }
+.kvt span.s { background: var(--kv-shared); } .kvt span.n { background: var(--kv-pinned); }
+.kvt span.last { outline: 2px dashed var(--kv-outline); }
 .kvd code { font-size: 12px; }
 .kvgrp { margin-bottom: 4px; } .kvgrp h4 { margin: 4px 0 2px; font-size: 12px; text-transform: uppercase;
   letter-spacing: .04em; color: var(--body-text-color-subdued, #6b7280); }
 """ + STORY_CSS
+
+
+def _table_state(e: dict) -> str:
+    """The block-table entry's state code ("n" pinned / "s" shared / "p" private), as in the grid."""
+    return state_of(e.get("state", "used"), e["ref_count"]) if e["ref_count"] else "p"
+
+
+def _table_counts(sel: dict) -> str:
+    codes = [_table_state(e) for e in sel["table"]]
+    return ", ".join(f"{codes.count(c)} {NAMES[c]}" for c in ("n", "s", "p") if codes.count(c))
 
 
 def _swatch(kind: str) -> str:
@@ -78,7 +87,7 @@ def _cells_html(cells, highlight: frozenset) -> list[str]:
             while j < n and cells[j].kind == c.kind and cells[j].first == cells[j].last:
                 j += 1
             if j - i >= BAND_MIN:
-                what = "free" if c.kind == "f" else "cached-free (reusable prefix)"
+                what = NAMES[c.kind]
                 parts.append(f'<i class="band {c.kind}" data-band="{j - i}">{j - i:,} {what} blocks '
                              f'(#{c.first:,}–#{cells[j - 1].last:,})</i>')
                 i = j
@@ -162,7 +171,7 @@ def tables_html(convs: list[dict], selected: str | None, block_size: int, max_ro
         for e in sel["table"]:
             last = e["logical"] == sel["num_blocks"] - 1
             fill = f' {sel["last_block_filled"]}/{block_size}' if last else ""
-            cls = ("s" if e["shared"] else "") + (" last" if last else "")
+            cls = _table_state(e) + (" last" if last else "")
             tip = (f"logical {e['logical']} -> physical {e['physical']} · ref_count {e['ref_count']}"
                    f" · {e['filled']}/{block_size} tokens")
             cells.append(f'<span class="{cls.strip()}" title="{tip}">{e["logical"]}→#{e["physical"]}'
@@ -171,7 +180,7 @@ def tables_html(convs: list[dict], selected: str | None, block_size: int, max_ro
             f'<h4>Block table of {escape(sel["label"])} <span class="muted">({sel["state"]}'
             f'{", " + escape(str(sel["request_id"])) if sel["request_id"] else ""})</span></h4>'
             f'<div class="muted">{sel["num_computed"]:,} tokens with KV in {sel["num_blocks"]} blocks, '
-            f'{sel["shared_blocks"]} shared (orange, ×ref_count); last block '
+            f'{_table_counts(sel)} (×ref_count where 2 or more); last block '
             f'{sel["last_block_filled"]}/{block_size} filled → {sel["frag_tokens"]} slots of internal '
             f'fragmentation</div><div class="kvt">{"".join(cells)}</div>')
     out.append(f'<h4>All live block tables ({len(convs)})</h4><table><tr><th>conversation</th>'
@@ -190,7 +199,7 @@ def tables_html(convs: list[dict], selected: str | None, block_size: int, max_ro
         out.append(f'<div class="muted">… and {len(convs) - max_rows} more</div>')
     if not convs:
         out.append('<div class="muted">No live sequences or sessions.</div>')
-    out.append('<div class="muted">Bold ids are shared blocks.</div></div>')
+    out.append('<div class="muted">Bold ids are shared or pinned blocks (ref_count ≥ 2).</div></div>')
     return "".join(out)
 
 

@@ -78,24 +78,67 @@ def bars_html(n: dict) -> str:
             f'({n["total_blocks"]:,} blocks)</div></div>')
 
 
-def story_html(st: dict, others: dict | None = None) -> str:
-    """others (under --auth): {"chats", "blocks"} of everyone else, shown only as counts."""
+def pin_use(snap: dict) -> dict:
+    """The pinned prompt in the first line: its tokens, how many chats' tables start with it, and
+    its blocks no table holds (the gap between "blocks used" and what the chats hold)."""
+    pins = snap.get("pins") or []
+    if not pins:
+        return {"tokens": 0, "chats": 0, "pin_only": 0}
+    pin = max(pins, key=lambda p: len(p["block_table"]))
+    first = pin["block_table"][0] if pin["block_table"] else None
+    chats = sum(1 for s in snap.get("sequences") or [] if s["block_table"][:1] == [first])
+    held = {b for s in snap.get("sequences") or [] for b in s["block_table"]}
+    pin_only = sum(1 for p in pins for b in p["block_table"] if b not in held)
+    return {"tokens": pin["num_tokens"], "chats": chats, "pin_only": pin_only}
+
+
+def first_line(n: dict, pin: dict | None) -> str:
+    """The headline's short, concrete first line (issue 26.8), e.g. "One 544-token system prompt
+    stored once for 4 chats: sharing saves 102 blocks (36 MiB)"."""
+    bpb = n["bpb"]
+    saved = (f'sharing saves {_n("saved_blocks", n["saved_blocks"], format(n["saved_blocks"], ","))} blocks '
+             f'({fmt_bytes(n["saved_blocks"] * bpb)})')
+    if pin and pin["chats"]:
+        chats = "1 chat" if pin["chats"] == 1 else f'{pin["chats"]:,} chats'
+        return (f'One {_n("pin_tokens", pin["tokens"], format(pin["tokens"], ","))}-token system prompt stored '
+                f'once for {_n("pin_chats", pin["chats"], chats)}: {saved}.')
+    if n["chats"]:
+        return f'{n["chats"]:,} chat{"s" if n["chats"] != 1 else ""} open: {saved}.'
+    return "No chats hold blocks now."
+
+
+def used_line(st: dict, pin: dict | None) -> str:
+    """Blocks used = what the chats hold + the pinned prompt's blocks no chat holds: the same
+    count as the "Blocks used" tile, explained."""
+    if not pin or not pin["pin_only"]:
+        return ""
+    return (f'<div class="muted">Blocks used {st["used_blocks"]:,} = '
+            f'{_n("chat_held_blocks", st["used_blocks"] - pin["pin_only"], format(st["used_blocks"] - pin["pin_only"], ","))}'
+            f' held by chats + {_n("pin_only_blocks", pin["pin_only"], format(pin["pin_only"], ","))} of the pinned '
+            f'prompt that no chat holds now.</div>')
+
+
+def story_html(st: dict, others: dict | None = None, pin: dict | None = None, open_line: str = "") -> str:
+    """others (under --auth): {"chats", "blocks"} of everyone else, shown only as counts.
+    pin: pin_use(snap) for the first line; open_line: ui/dashboard/open_chats.line_html."""
     n = story_numbers(st)
-    extra = ""
+    extra = open_line
     if others and others.get("chats"):
-        extra = (f'<div class="muted" data-k="others_chats" data-v="{others["chats"]}">{others["chats"]:,} '
+        extra += (f'<div class="muted" data-k="others_chats" data-v="{others["chats"]}">{others["chats"]:,} '
                  f'other chat{"s" if others["chats"] != 1 else ""} (other users, demo users, API calls) '
                  f'hold {others["blocks"]:,} blocks; they are counted above but not named.</div>')
-    return f'<div class="kvd kvs"><p class="kvs-s">{story_sentence(n)}</p>{bars_html(n)}{extra}</div>'
+    return (f'<div class="kvd kvs"><p class="kvs-1">{first_line(n, pin)}</p>'
+            f'<p class="kvs-s">{story_sentence(n)}</p>{used_line(st, pin)}{bars_html(n)}{extra}</div>')
 
 
 STORY_CSS = """
-.kvs .kvs-s { font-size: 16px; line-height: 1.45; margin: 2px 0 8px; }
+.kvs .kvs-1 { font-size: 18px; font-weight: 650; line-height: 1.35; margin: 2px 0 4px; }
+.kvs .kvs-s { font-size: 13px; line-height: 1.45; margin: 0 0 8px; opacity: .85; }
 .kvb-row { display: grid; grid-template-columns: 230px 1fr 110px; gap: 8px; align-items: center; margin: 3px 0; }
 .kvb-t { position: relative; height: 16px; background: var(--kv-track, #f3f4f6); border-radius: 3px; }
 .kvb-bar { position: absolute; left: 0; top: 0; bottom: 0; border-radius: 3px; }
-.kvb-u { background: var(--kv-shared, #f97316); } .kvb-p { background: var(--kv-private, #60a5fa); }
-.kvb-c { background: var(--kv-contig, #9ca3af); }
+.kvb-u { background: var(--kv-bar-used, #0f766e); } .kvb-p { background: var(--kv-bar-unshared, #94a3b8); }
+.kvb-c { background: var(--kv-bar-contig, #d4d4d8); }
 .kvb-pool { position: absolute; top: -3px; bottom: -3px; border-left: 2px dashed var(--body-text-color, #111); }
 .kvb-v { font-variant-numeric: tabular-nums; text-align: right; }
 """

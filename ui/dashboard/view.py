@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ui.dashboard.kv_math import blocks_for, fmt_bytes
+from ui.dashboard.vocabulary import CODES as V_CODES, NAMES as V_NAMES, counts as state_counts, state_of
 
 MAX_CELLS = 4096          # more blocks than this: one cell stands for several blocks
-KINDS = ("f", "c", "p", "s", "n")   # free, cached-free, private (ref 1), shared (ref >= 2), pinned
-KIND_NAMES = {"f": "free", "c": "cached-free (reusable prefix)", "p": "private", "s": "shared",
-              "n": "pinned (shared system prompt)"}
+KINDS = V_CODES                 # free, cached, private (ref 1), shared (ref >= 2), pinned: ui/dashboard/vocabulary.py
+KIND_NAMES = V_NAMES
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,7 @@ def _holders(who: list, names: dict, shown: int = 3) -> str:
 
 
 def kind_of(state: str, ref: int) -> str:
-    if state == "pinned":
-        return "n"
-    return "s" if ref >= 2 else "p" if ref == 1 else "c" if state == "cached" else "f"
+    return state_of(state, ref)
 
 
 def grid_model(snap: dict, max_cells: int = MAX_CELLS) -> dict:
@@ -99,10 +97,10 @@ class LazyTable(Sequence):
     when read. Why: the page shows one selected table in full and 10 ids per other row; building
     a dict per entry of every table each tick cost ~100 ms at 350k blocks / 256 conversations."""
 
-    __slots__ = ("ids", "shared", "refs", "filled")
+    __slots__ = ("ids", "shared", "refs", "filled", "states")
 
-    def __init__(self, ids, shared, refs, filled):
-        self.ids, self.shared, self.refs, self.filled = ids, shared, refs, filled
+    def __init__(self, ids, shared, refs, filled, states=None):
+        self.ids, self.shared, self.refs, self.filled, self.states = ids, shared, refs, filled, states
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -113,7 +111,7 @@ class LazyTable(Sequence):
         b = self.ids[j]                                     # IndexError ends iteration
         j = j % len(self.ids)
         return {"logical": j, "physical": b, "shared": bool(self.shared[j]), "ref_count": self.refs[b],
-                "filled": self.filled[b]}
+                "filled": self.filled[b], "state": self.states[b] if self.states is not None else "used"}
 
 
 def conversations(snap: dict) -> list[dict]:
@@ -130,7 +128,7 @@ def conversations(snap: dict) -> list[dict]:
             "num_computed": s["num_computed"], "num_blocks": len(table),
             "shared_blocks": sum(1 for x in s["shared"] if x), "last_block_filled": last_fill,
             "frag_tokens": (bs - last_fill) if table else 0,
-            "table": LazyTable(table, s["shared"], refs, filled),
+            "table": LazyTable(table, s["shared"], refs, filled, snap["blocks"].get("state")),
         })
     out.sort(key=lambda c: (c["state"] != "running", c["key"]))
     return out
@@ -170,6 +168,8 @@ def headline(snap: dict, hit_last_min: float | None = None, tokens_per_s: float 
     used_slots = st["used_blocks"] * bs
     frag = st["internal_fragmentation_tokens"]
     contiguous = sav["contiguous_blocks"]
+    n_state = state_counts(snap) if "blocks" in snap else {
+        "shared": st["shared_blocks"], "pinned": st.get("pinned_blocks", 0)}
 
     def item(key, label, value, text, sub=""):
         return {"key": key, "label": label, "value": value, "text": text, "sub": sub}
@@ -179,15 +179,18 @@ def headline(snap: dict, hit_last_min: float | None = None, tokens_per_s: float 
         item("used_blocks", "Blocks used", st["used_blocks"],
              f"{st['used_blocks']:,} / {st['total_blocks']:,}",
              f"{pct(st['used_blocks'] / st['total_blocks'])} · {fmt_bytes(st['used_blocks'] * bpb)}"
-             f" of {fmt_bytes(st['total_blocks'] * bpb)} · peak {st['peak_used_blocks']:,}"),
+             f" of {fmt_bytes(st['total_blocks'] * bpb)} · peak {st['peak_used_blocks']:,}"
+             + (f" · {st.get('pinned_blocks', 0):,} of them pinned" if st.get("pinned_blocks") else "")),
         item("kv_capacity_tokens", "KV capacity", st["kv_capacity_tokens"],
              f"{st['kv_capacity_tokens']:,} tok", f"{bs} tokens/block · {fmt_bytes(bpb)}/block"),
         item("used_tokens", "Used tokens", st["used_tokens"], f"{st['used_tokens']:,} tok",
              f"{fmt_bytes(st['used_tokens'] * st['kv_bytes_per_token'])} of real KV"),
         item("free_tokens", "Free tokens", free_tok, f"{free_tok:,} tok",
              f"{st['free_blocks']:,} free blocks, {st['cached_blocks']:,} of them cached"),
-        item("shared_blocks", "Shared blocks", st["shared_blocks"], f"{st['shared_blocks']:,}",
-             "ref_count ≥ 2"),
+        item("shared_blocks", "Shared blocks", n_state["shared"], f"{n_state['shared']:,}",
+             "held by 2+ chats, not pinned"),
+        item("pinned_blocks", "Pinned blocks", n_state["pinned"], f"{n_state['pinned']:,}",
+             "the shared system prompt, stored once"),
         item("saved_blocks", "Saved by sharing", sav["saved_blocks"], f"{sav['saved_blocks']:,} blocks",
              f"{fmt_bytes(sav['saved_bytes'])} · Σref {sav['ref_sum']:,} − used {sav['used_blocks']:,}"),
         item("savings_vs_unshared", "vs paging w/o sharing", st["savings_vs_unshared"],

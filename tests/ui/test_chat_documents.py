@@ -1,0 +1,60 @@
+"""Documents attached to a message (ui/chat/documents.py, issue 26.4): what is accepted and refused
+(with the numbers), the stored form the model reads, and the chip the page shows instead of the text."""
+import pytest
+
+from ui.chat import documents as D
+from ui.chat import view
+
+count = lambda text: len(text.split())      # noqa: E731  a word tokenizer, like the fake engine's
+
+
+def test_a_text_file_becomes_a_document_with_its_token_count(tmp_path):
+    f = tmp_path / "notes.md"
+    f.write_text("# Notes\r\nalpha beta gamma\r\n", encoding="utf-8")
+    doc = D.read_document(str(f), "notes.md", count)
+    assert doc == D.Document("notes.md", "# Notes\nalpha beta gamma", 5)
+    html = D.chips_html([doc])
+    assert "notes.md · 5 tokens" in html and 'data-v="5"' in html
+
+
+@pytest.mark.parametrize("name,data,words", [
+    ("scan.pdf", b"%PDF-1.7", "PDF is not supported"),
+    ("photo.png", b"\x89PNG", "only text, Markdown and code"),
+    ("data.txt", b"abc\x00def", "looks binary"),
+    ("latin.txt", "café".encode("latin-1"), "not UTF-8"),
+    ("trick.md", b"x\n</document>\ny", "would end it early"),
+])
+def test_files_that_cannot_be_documents_are_refused_in_plain_words(tmp_path, name, data, words):
+    f = tmp_path / name
+    f.write_bytes(data)
+    with pytest.raises(ValueError, match=words):
+        D.read_document(str(f), name, count)
+
+
+def test_a_file_over_the_size_limit_is_refused_with_its_size(tmp_path):
+    f = tmp_path / "big.txt"
+    f.write_bytes(b"a " * (D.MAX_BYTES // 2 + 1))
+    with pytest.raises(ValueError, match=f"{D.MAX_BYTES + 2:,} bytes"):
+        D.read_document(str(f), "big.txt", count)
+
+
+def test_a_document_too_large_for_the_context_is_refused_with_the_numbers():
+    doc = D.Document("book.txt", "x " * 300, 300)
+    other = D.Document("a.txt", "y", 50)
+    with pytest.raises(ValueError) as e:
+        D.check_fits(doc, 200, 512, [other])
+    assert str(e.value) == ("book.txt has 300 tokens; with this chat's 200 and 50 already attached that is "
+                            "550, and the context holds 512")
+    D.check_fits(doc, 100, 512, [other])       # 450 < 512: fits
+
+
+def test_documents_come_first_in_the_message_and_show_as_chips():
+    docs = [D.Document("a.py", "def f():\n    return 1", 7), D.Document("b.md", "# B", 2)]
+    stored = D.message_text(docs, "What does f return?")
+    assert stored.startswith('<document name="a.py">\ndef f():\n    return 1\n</document>\n\n<document name="b.md">')
+    assert D.split(stored) == ([("a.py", "def f():\n    return 1"), ("b.md", "# B")], "What does f return?")
+    shown, _ = view.display_messages([{"id": 1, "role": "user", "content": stored, "status": "complete"}])
+    text = shown[0]["content"]
+    assert "📄 a.py · 2 lines" in text and "📄 b.md · 1 lines" in text and "What does f return?" in text
+    assert "return 1" not in text                  # the chip, not the document's text
+    assert view.engine_messages(None, [{"role": "user", "content": stored}])[0]["content"] == stored

@@ -1,0 +1,166 @@
+"""Replies belong to the server (ui/chat/reattach.py, issue 26.1): a cancelled handler (reload, closed
+tab, dropped network) does not end the reply; a tab that opens the chat again reattaches and sees
+what was generated meanwhile; only Stop, or the idle timeout of a reply nobody watches, ends it.
+Against the scripted fake engine and a real SQLite store."""
+import asyncio
+
+import pytest
+
+from storage import Storage
+from tests.ui.fake_engine import FakeLLM, request
+from ui.chat import handlers as chat
+from ui.chat import reattach
+from ui.chat import sidebar as side
+from ui.chat.context import ChatContext
+from ui.chat.tabs import TabRegistry
+
+KW = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_tokens": 8, "repetition_penalty": 1.0,
+      "seed": None, "n": 1}
+
+
+@pytest.fixture
+def ctx(tmp_path):
+    llm = FakeLLM(words=["Once", " upon", " a", " time"])
+    st = Storage(tmp_path / "chat.db")
+    st.set_system_prompt("You are a helpful assistant.")
+    c = ChatContext(llm, st, TabRegistry(llm))
+    yield c
+    c.tabs.shutdown()
+    st.close()
+
+
+def settle(ctx):
+    ctx.tabs._jobs.submit(lambda: None).result(timeout=5)
+
+
+async def _start_and_cancel_after(ctx, word: str, session="s1"):
+    """Send from tab `session`, wait until `word` is painted, then gate the engine and cancel the
+    handler as Gradio does on a reload / closed tab. Returns the running turn."""
+    agen = chat.send(ctx, "Story", dict(KW), request(session))
+    seen = []
+
+    async def consume():
+        async for out in agen:
+            seen.append(out)
+            if any(word in str(o) for o in out):
+                ctx.llm.gate.clear()                   # the engine is "slow" from here
+    task = asyncio.create_task(consume())
+    while not any(word in str(o) for o in seen):
+        await asyncio.sleep(0.001)
+    conv = ctx.tab(request(session)).conv_id
+    turn = ctx.tabs.turn(conv)
+    ctx.tabs.close(session, grace=True)              # demo.unload of the reloading tab...
+    task.cancel()                                    # ...and Gradio cancels its handler
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    return conv, turn
+
+
+def test_a_cancelled_handler_does_not_end_the_reply_and_it_is_stored_complete(ctx):
+    async def scenario():
+        conv, turn = await _start_and_cancel_after(ctx, "upon")
+        await asyncio.sleep(0.05)
+        assert not turn.finished                     # still generating on the server
+        ctx.llm.gate.set()
+        await turn.task
+        return conv
+    conv = asyncio.run(scenario())
+    settle(ctx)
+    reply = ctx.storage.get_messages(conv)[-1]
+    assert reply["status"] == "complete" and reply["content"] == "Once upon a time"
+    assert reply["token_ids"] == [100, 101, 102, 103]
+    assert ctx.llm.aborted == []                     # nothing aborted it
+    assert ctx.llm.ended == [conv]                   # nobody shows it any more: released when it ended
+
+
+def test_a_reloaded_tab_reattaches_and_paints_what_was_generated_meanwhile(ctx):
+    async def scenario():
+        conv, turn = await _start_and_cancel_after(ctx, "upon")
+        # the reloaded page is a new Gradio session that opens the chat from its address (/?c=...)
+        new = request("s2")
+        new.query_params = {"c": conv}
+        side.on_load(ctx, new)
+        ctx.llm.gate.set()
+        outs = [out async for out in chat.follow(ctx, new)]
+        return conv, outs
+    conv, outs = asyncio.run(scenario())
+    painted = [str(o[1]) for o in outs if isinstance(o[1], list)]
+    assert any("Once upon" in p for p in painted)    # the text from before the reload
+    assert "Once upon a time" in painted[-1]         # and the end of the reply, live
+    assert ctx.storage.get_messages(conv)[-1]["status"] == "complete"
+
+
+def test_stop_is_what_ends_a_reply(ctx):
+    async def scenario():
+        conv, turn = await _start_and_cancel_after(ctx, "upon")
+        tab = ctx.tab(request("s3"))
+        ctx.tabs.open(tab, conv)
+        stop = asyncio.create_task(chat.stop(ctx, request("s3")))
+        await asyncio.sleep(0.05)
+        ctx.llm.gate.set()
+        await stop
+        return conv
+    conv = asyncio.run(scenario())
+    reply = ctx.storage.get_messages(conv)[-1]
+    assert reply["status"] == "stopped" and reply["content"] == "Once upon"
+    assert len(ctx.llm.aborted) == 1
+
+
+def test_a_reply_nobody_watches_is_aborted_after_the_idle_timeout(ctx):
+    ctx.abandon_s = 0.2
+    orig = reattach.CHECK_S
+    reattach.CHECK_S = 0.02
+    try:
+        async def scenario():
+            conv, turn = await _start_and_cancel_after(ctx, "upon")
+            for _ in range(500):                                      # nobody presses Stop
+                if ctx.llm.aborted:
+                    break
+                await asyncio.sleep(0.01)
+            ctx.llm.gate.set()                                        # the engine takes the abort
+            await asyncio.wait_for(asyncio.shield(turn.task), 5)
+            return conv, turn
+        conv, turn = asyncio.run(scenario())
+    finally:
+        reattach.CHECK_S = orig
+    assert turn.abandoned and len(ctx.llm.aborted) == 1
+    assert ctx.storage.get_messages(conv)[-1]["status"] == "stopped"
+
+
+def test_a_watched_reply_never_times_out(ctx):
+    ctx.abandon_s = 0.05
+
+    async def scenario():
+        turn_box = {}
+        tab = ctx.tab(request("s1"))
+        agen = chat.send(ctx, "Story", dict(KW), request("s1"))
+        ctx.llm.pause_s = 0.1                          # a reply longer than the timeout
+        async for _ in agen:
+            turn_box.setdefault("t", ctx.tabs.turn(tab.conv_id))
+        return tab.conv_id, turn_box["t"]
+    conv, turn = asyncio.run(scenario())
+    assert not turn.abandoned and ctx.llm.aborted == []
+    assert ctx.storage.get_messages(conv)[-1]["status"] == "complete"
+
+
+def test_a_closed_tab_parks_its_chat_and_a_reload_in_time_keeps_it_live(tmp_path):
+    llm = FakeLLM()
+    reg = TabRegistry(llm, release_grace_s=0.3)
+    try:
+        reg.open(reg.get("s1"), "A")
+        reg.close("s1", grace=True)                    # reload: unload first...
+        assert reg.chat_states() == {"A": "parked"}
+        reg.open(reg.get("s2"), "A")                   # ...then the new page opens the same chat
+        assert reg.chat_states() == {"A": "open"}
+        reg.open(reg.get("s3"), "B")
+        reg.close("s3", grace=True)                    # a tab closed for good
+        import time
+        time.sleep(0.5)
+        reg._jobs.submit(lambda: None).result(timeout=5)
+        assert llm.ended == ["B"]                      # B released after the grace, A kept
+        assert reg.chat_states() == {"A": "open"}
+        reg.close("s2")                                # an explicit goodbye releases at once
+        reg._jobs.submit(lambda: None).result(timeout=5)
+        assert llm.ended == ["B", "A"]
+    finally:
+        reg.shutdown()

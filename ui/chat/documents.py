@@ -1,0 +1,112 @@
+"""Documents in the conversation (issue 26.4): text, Markdown and code files attached to a message.
+
+Why placed before the message text, in a fixed wrapper: the engine shares blocks by prefix, so a
+document that two chats attach to their first message right after the same system prompt is the
+same token prefix in both, and its full blocks are prefilled once and shared (refcount 2 on the
+Memory tab), like the system prompt. The wrapper is plain text the model reads
+(`<document name="...">...</document>`); the page shows each one as a chip with its token count.
+
+Refusals come before anything is sent: an unsupported or binary file, a file over MAX_BYTES, or a
+document that would not fit the context beside what the chat already holds (with the numbers).
+PDF is not supported: no well-kept PDF text extractor is installed here.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from html import escape
+
+MAX_BYTES = 256 * 1024
+TEXT_EXTENSIONS = frozenset(
+    ".txt .md .markdown .rst .py .js .ts .tsx .jsx .json .csv .tsv .yaml .yml .toml .ini .cfg .html .css .xml "
+    ".c .h .cc .cpp .hpp .rs .go .java .kt .rb .php .sh .sql .log .tex".split())
+_BLOCK = re.compile(r'<document name="([^"\n]{1,200})">\n(.*?)\n</document>\n\n', re.S)
+
+
+@dataclass(frozen=True)
+class Document:
+    name: str
+    text: str
+    tokens: int
+
+
+def read_document(path: str, name: str | None, count_tokens) -> Document:
+    """A file as a Document; ValueError (a plain sentence) when it cannot be one."""
+    name = os.path.basename(name or path or "document")[:200].replace('"', "'") or "document"
+    ext = os.path.splitext(name)[1].lower()
+    if ext == ".pdf":
+        raise ValueError(f"{name}: PDF is not supported here (attach the text instead)")
+    if ext not in TEXT_EXTENSIONS:
+        raise ValueError(f"{name}: only text, Markdown and code files can be attached")
+    size = os.path.getsize(path)
+    if size > MAX_BYTES:
+        raise ValueError(f"{name} is {size:,} bytes; a document may have at most {MAX_BYTES:,}")
+    with open(path, "rb") as f:
+        raw = f.read()
+    if b"\x00" in raw:
+        raise ValueError(f"{name} looks binary, not text")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{name} is not UTF-8 text") from None
+    text = text.replace("\r\n", "\n").strip("\n")
+    if "</document>" in text:
+        raise ValueError(f"{name} contains the text </document>, which would end it early")
+    return Document(name, text, int(count_tokens(text)))
+
+
+def check_fits(doc: Document, used_tokens: int, max_model_len: int, attached=()) -> None:
+    """Refuse a document that cannot fit the context beside the chat and the other attachments."""
+    total = used_tokens + sum(d.tokens for d in attached) + doc.tokens
+    if total >= max_model_len:
+        raise ValueError(f"{doc.name} has {doc.tokens:,} tokens; with this chat's {used_tokens:,} and "
+                         f"{sum(d.tokens for d in attached):,} already attached that is {total:,}, and the "
+                         f"context holds {max_model_len:,}")
+
+
+def message_text(docs, text: str) -> str:
+    """What is stored and sent: each document in its wrapper, then the user's text."""
+    return "".join(f'<document name="{d.name}">\n{d.text}\n</document>\n\n' for d in docs) + text
+
+
+def split(content: str) -> tuple[list[tuple[str, str]], str]:
+    """(name, text) of the documents at the start of a stored message, and the rest."""
+    docs, pos = [], 0
+    while True:
+        m = _BLOCK.match(content, pos)
+        if m is None:
+            return docs, content[pos:]
+        docs.append((m.group(1), m.group(2)))
+        pos = m.end()
+
+
+def chip(name: str, tokens: int | None = None) -> str:
+    count = f" · {tokens:,} tokens" if tokens is not None else ""
+    return f'<span class="doc-chip" title="attached document">📄 {escape(name)}{count}</span>'
+
+
+def chips_html(docs) -> str:
+    if not docs:
+        return ""
+    total = sum(d.tokens for d in docs)
+    return (f'<div class="doc-chips" data-k="doc_tokens" data-v="{total}">'
+            + "".join(chip(d.name, d.tokens) for d in docs)
+            + ' <span class="doc-note">sent with your next message</span></div>')
+
+
+def display(content: str, render) -> str:
+    """A stored user message for the chat: its documents as chips (name, lines), then the text
+    rendered by `render` (ui/chat/view.rendered: the safe Markdown path)."""
+    docs, rest = split(content)
+    if not docs:
+        return render(content)
+    chips = " ".join(f'<span class="doc-chip">📄 {escape(n)} · {t.count(chr(10)) + 1:,} lines</span>' for n, t in docs)
+    return f"{chips}\n\n{render(rest)}"
+
+
+CSS = """
+.doc-chip { display: inline-block; font-size: 0.85em; border: 1px solid var(--border-color-primary, #d1d5db);
+  border-radius: 999px; padding: 1px 9px; margin: 2px 4px 2px 0; background: var(--background-fill-secondary, #f9fafb); }
+.doc-chips .doc-note { font-size: 0.8em; opacity: .7; }
+"""
