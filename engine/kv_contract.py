@@ -217,13 +217,13 @@ class PreemptionEvent:
     seq_id: str
     tokens_lost: int              # computed tokens dropped (recomputed on re-admission)
     time: float
-    mode: str = "recompute"       # "swap": full blocks went to the KV tier (version 5)
+    mode: str = "recompute"       # "swap": full blocks went to the KV tier (version 6)
     tokens_swapped: int = 0
 
 
 @dataclass(frozen=True)
 class TierLoadEvent:
-    """A sequence admitted with blocks loaded from the KV tier instead of computed (v5)."""
+    """A sequence admitted with blocks loaded from the KV tier instead of computed (v6)."""
     request_id: str | None
     seq_id: str | None
     session_id: str | None
@@ -244,7 +244,7 @@ class KVSnapshot:
     sequences: list = field(default_factory=list)          # [SequenceView]
     preemption_events: list = field(default_factory=list)  # [PreemptionEvent], oldest first
     pins: list = field(default_factory=list)               # [PinView]
-    tier_events: list = field(default_factory=list)        # [TierLoadEvent], oldest first (v5)
+    tier_events: list = field(default_factory=list)        # [TierLoadEvent], oldest first (v6)
 
     @property
     def owners(self) -> dict:

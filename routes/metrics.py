@@ -64,7 +64,7 @@ _OWN = (
     ("paged_chat_prompt_tokens_computed_total", "counter", "Prompt tokens prefilled (cache misses).",
      "prompt_tokens_computed_total"),
     ("paged_chat_engine_steps_total", "counter", "Engine iterations run.", "steps"),
-    # the second KV tier (engine/kv_tier.py; KV contract v5); all 0 without a tier
+    # the second KV tier (engine/kv_tier.py; KV contract v6); all 0 without a tier
     ("paged_chat_kv_tier_blocks", "gauge", "KV blocks held by the second tier (disk or host memory).",
      "tier_blocks"),
     ("paged_chat_kv_tier_bytes", "gauge", "Bytes held by the second KV tier.", "tier_bytes"),
