@@ -95,17 +95,19 @@ class LLM:
                         traceback.print_exc()
                         self._fail_all(f"engine error: {e!r}")
                 self._load = (len(eng.scheduler.running), len(eng.scheduler.waiting))
-                self._publish_tenants()
+                self._publish_tenants(force=not eng.has_unfinished())   # idle next: publish the final rows
                 self._waiting_ids = tuple(eng.scheduler.waiting_request_ids()) if eng.scheduler.waiting else ()
             except Exception:             # never let the one engine thread die
                 traceback.print_exc()
         self._close()
 
-    def _publish_tenants(self) -> None:
+    def _publish_tenants(self, force: bool = False) -> None:
         """Every 0.5 s (engine thread): the fair policy's rows and events, for plain reads by the
-        dashboard and /metrics that must not wait for a step to end."""
+        dashboard and /metrics that must not wait for a step to end. force: the loop is about to
+        block with nothing to do, so these rows are the last ones until new work arrives — publish
+        them now, or a burst that ended within 0.5 s of the last publish would read stale forever."""
         now = time.monotonic()
-        if now - self._tenant_rows_at < 0.5:
+        if not force and now - self._tenant_rows_at < 0.5:
             return
         self._tenant_rows_at = now
         pol = self.engine.scheduler.policy
