@@ -59,12 +59,13 @@ def fused_variants():
 def decode(dt: str, d: int, variant: str, split: bool, group: int = 4):
     v = triton_attention.DECODE_VARIANTS[variant]
     p = "*" + dt
-    sig = {"q_ptr": p, "k_ptr": p, "v_ptr": p, "bt_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": p,
+    sig = {"q_ptr": p, "k_ptr": p, "v_ptr": p, "ks_ptr": "*fp32", "vs_ptr": "*fp32", "bt_ptr": "*i32",
+           "seq_lens_ptr": "*i32", "out_ptr": p,
            "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "scale_log2": "fp32",
            **{s: "i32" for s in ATTN_STRIDES}, "stride_pb": "i32", "stride_ph": "i32", "stride_ps": "i32",
            "tokens_per_split": "i32", "block_size": "i32"}
     consts = {"GROUP": group, "G_P2": 16, "HEAD_DIM": d, "D_P2": d, "TILE_N": v.tile_n, "SPLIT": split,
-              "CDT": TL[dt], "PREC": "ieee" if dt == "fp32" else "tf32"}
+              "CDT": TL[dt], "PREC": "ieee" if dt == "fp32" else "tf32", "QUANT": False}
     sig.update({k: "constexpr" for k in consts})
     return (f"decode {dt} d={d} {variant}{' split' if split else ''}", triton_attention._decode_kernel,
             sig, consts, v.num_warps)
@@ -72,11 +73,12 @@ def decode(dt: str, d: int, variant: str, split: bool, group: int = 4):
 
 def prefill(dt: str, d: int, block_m: int, tile_n: int, group: int = 4):
     p = "*" + dt
-    sig = {"q_ptr": p, "k_ptr": p, "v_ptr": p, "bt_ptr": "*i32", "seq_lens_ptr": "*i32", "cu_q_ptr": "*i32",
+    sig = {"q_ptr": p, "k_ptr": p, "v_ptr": p, "ks_ptr": "*fp32", "vs_ptr": "*fp32", "bt_ptr": "*i32",
+           "seq_lens_ptr": "*i32", "cu_q_ptr": "*i32",
            "out_ptr": p, "scale_log2": "fp32", **{s: "i32" for s in ATTN_STRIDES}, "block_size": "i32"}
     g_p2 = triton.next_power_of_2(group)
     consts = {"GROUP": group, "G_P2": g_p2, "BLOCK_M": block_m, "BLOCK_Q": block_m // g_p2, "HEAD_DIM": d,
-              "D_P2": d, "TILE_N": tile_n, "CDT": TL[dt], "PREC": "ieee" if dt == "fp32" else "tf32"}
+              "D_P2": d, "TILE_N": tile_n, "CDT": TL[dt], "PREC": "ieee" if dt == "fp32" else "tf32", "QUANT": False}
     sig.update({k: "constexpr" for k in consts})
     return (f"prefill {dt} d={d} M={block_m} N={tile_n}", triton_attention._prefill_kernel, sig, consts,
             8 if d > 64 else 4)

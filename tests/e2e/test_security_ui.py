@@ -89,6 +89,9 @@ def test_stolen_session_hash_cannot_stop_read_or_release(server):
     alice.close()
 
 
+REPLY_FREE = ["Free text", ""]     # /send's reply format and schema inputs (ui/chat/reply_format.py)
+
+
 def queue_raw(server, as_client, api_name, data) -> None:
     """Queue a call the way a hand-written client would (raw JSON: NaN and lone surrogates, which
     gradio_client cannot send), with `as_client`'s login and a fresh session hash."""
@@ -114,7 +117,7 @@ def test_bad_sampling_values_are_refused_before_anything_is_stored(server, bad, 
     values.update(bad)
     convs, msgs = count(server, "conversations"), count(server, "messages")
     before = server.log().count("Sampling settings not accepted")
-    queue_raw(server, alice, "/send", [f"hello {field}", *values.values(), "sample"])
+    queue_raw(server, alice, "/send", [f"hello {field}", *values.values(), "sample", *REPLY_FREE])
     wait_until(lambda: server.log().count("Sampling settings not accepted") > before, timeout=30,
                what="the refusal")
     assert f"SamplingParams.{field}" in server.log().split("Sampling settings not accepted")[-1]
@@ -125,7 +128,7 @@ def test_bad_sampling_values_are_refused_before_anything_is_stored(server, bad, 
 def test_lone_surrogates_huge_searches_and_long_titles_get_clear_errors(server):
     alice = client(server, "alice")
     convs, msgs = count(server, "conversations"), count(server, "messages")
-    queue_raw(server, alice, "/send", ["hi \ud800 there", *sampling(4), "sample"])
+    queue_raw(server, alice, "/send", ["hi \ud800 there", *sampling(4), "sample", *REPLY_FREE])
     refused_in_log(server, "The message contains an invalid character (a lone UTF-16 surrogate)")
     assert "search text is too long" in refused(lambda: alice.predict("(" * 50_000, api_name="/search"))
     assert "message is too long" in refused(lambda: alice.predict("x" * 200_001, *sampling(4), api_name="/send"))
