@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import socket
 import threading
 import time
 
@@ -123,7 +124,19 @@ class RemoteStream:
         """Stop reading and hang up; the server sees the disconnect and aborts the request."""
         if not self._aborted.is_set():
             self._aborted.set()
+            self._hang_up()
             self._close_response()
+
+    def _hang_up(self) -> None:
+        """Shut the socket down before closing it. Why: the reader thread sits in recv() on it, and
+        on Linux a close() from another thread neither wakes that recv nor sends the FIN, so the
+        server kept generating until its next chunk came back here; shutdown() does both at once."""
+        try:
+            sock = self._response.extensions["network_stream"].get_extra_info("socket")
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
+        except Exception:                       # no socket (a test transport) or already closed
+            pass
 
     def __iter__(self):
         while True:

@@ -330,10 +330,17 @@ class KVCacheManager:
         seq = _Seq(seq_id, token_ids, cache_salt, session_id)
         seq.table, seq.num_computed = list(prefix), cached
         datas: list[bytes] = []
-        if loads:       # room for the planned loads first, then the reads (I/O, checksums)
-            end = cached + max(0, min(num_new_tokens, len(token_ids) - cached))
-            self._check_len(seq_id, max(end, cached + len(loads) * self._bs))
-            self._make_room(self._needed(seq, max(end - cached, len(loads) * self._bs)), reserved=prefix)
+        if loads:
+            # Room for the worst case (every planned load succeeds) before any read: a load that
+            # fails (torn, corrupt) only shrinks what is needed, so nothing after the reads can
+            # fail and undo them. The same release rule as below (never the session revived).
+            worst = min(len(loads) * self._bs + max(0, num_new_tokens), len(token_ids) - cached)
+            self._check_len(seq_id, cached + worst)
+            if sess is not None:
+                self._make_room(self._needed(seq, worst), keep=sess.session_id,
+                                dropping=sess.table[len(prefix):])
+            else:
+                self._make_room(self._needed(seq, worst), reserved=prefix)
             for ident in loads:
                 d = self.tier.get(ident)
                 if d is None:

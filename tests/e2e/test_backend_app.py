@@ -91,7 +91,8 @@ def test_chat_multi_turn_and_stop_on_a_remote_app(pair, chat_api):
     last = api.wait_for(lambda: [r for r in _rows(api, front.db, conv)[-1:] if r["status"] == "stopped"],
                         timeout=30)[0]
     assert last["content"]
-    snap = backend.wait_kv(lambda s: s["stats"]["running"] == 0 and s["stats"]["used_blocks"] == s["stats"]["pinned_blocks"])
+    snap = backend.wait_kv(lambda s: s["stats"]["running"] == 0 and s["stats"]["used_blocks"] == s["stats"]["pinned_blocks"],
+                           timeout=60)
     assert snap["stats"]["running"] == 0 and snap["stats"]["used_blocks"] == snap["stats"]["pinned_blocks"], snap["sequences"]
     c.close()
 

@@ -28,6 +28,10 @@ def _sampling(page, max_tokens=None, n=None, temperature=None):
             box = page.locator(f"#{elem_id} input[type=number]")
             box.fill(str(value))
             box.press("Enter")
+            # the slider commits the typed number to its state (the range input); on a busy machine
+            # that lands after the next click, so wait for it: a send must carry this value
+            _wait(lambda: float(page.locator(f"#{elem_id} input[type=range]").input_value()) == float(value),
+                  timeout=10)
     page.locator("#sampling .label-wrap").first.click()
 
 
