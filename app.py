@@ -73,7 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="require this key (Authorization: Bearer KEY) on the OpenAI API at /v1; repeatable; "
                         "NAME (letters, digits, _.@-) is the caller's tenant for fair scheduling. "
                         "Also read from PAGED_CHAT_API_KEYS (comma separated)")
-    fair = p.add_argument_group("fair scheduling (engine/fairness.py, docs/DESIGN.md)")
+    fair = p.add_argument_group("fair scheduling (engine/core/fairness.py, docs/DESIGN.md)")
     fair.add_argument("--scheduling-policy", choices=["fair", "fcfs"], default="fair",
                       help="fair (default): per-user virtual token counters + priorities; fcfs: arrival order")
     fair.add_argument("--tenant-weight", action="append", default=[], metavar="NAME=W",
@@ -178,8 +178,8 @@ def main(argv=None) -> int:
         return main_remote(args, auth)
 
     from engine import LLM
-    from engine.admission import QueueBounds
-    from engine.fairness import parse_tenant_weights
+    from engine.core.admission import QueueBounds
+    from engine.core.fairness import parse_tenant_weights
     from storage import Storage
 
     try:

@@ -23,7 +23,7 @@ import uuid
 import httpx
 
 from backends.remote_stream import RemoteStream
-from engine.model_info import ModelInfo
+from engine.exec.model_info import ModelInfo
 
 DEFAULT_MAX_MODEL_LEN = 4096        # when /v1/models does not say (vLLM and app.py do)
 CHARS_PER_TOKEN = 4                 # estimate only: an underestimate lets the server decide

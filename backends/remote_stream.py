@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 
-from engine.sequence import RequestOutputDelta
+from engine.core.sequence import RequestOutputDelta
 from routes.openai_stream import iter_sse_events
 
 _END = object()

@@ -17,7 +17,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine.kv_cache_manager import KVCacheManager  # noqa: E402
+from engine.kv.kv_cache_manager import KVCacheManager  # noqa: E402
 
 BS = 16
 

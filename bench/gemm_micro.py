@@ -2,7 +2,7 @@
 
 The default model's linear shapes ([rows, K] x [K, N]: fused QKV 960x576, o 576x576, fused
 gate/up 3072x576, down 576x1536, LM head 49152x576) in fp32 through MKL (`F.linear`), MKL's
-packed sgemm and oneDNN's packed weight (`mkldnn._linear_pointwise`, what engine/cpu_linear.py
+packed sgemm and oneDNN's packed weight (`mkldnn._linear_pointwise`, what engine/exec/cpu_linear.py
 uses). Prints median ms, GFLOP/s and the max difference from MKL, same process, interleaved.
 Why: a decode step is mostly these GEMMs, and which form is fastest depends on the row count.
 """

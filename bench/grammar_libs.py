@@ -66,7 +66,7 @@ def bench_xgrammar(hf_tok, ids, vocab):
 
 def main(argv=None):
     from transformers import AutoConfig, AutoTokenizer
-    from engine.loader import resolve_hf_folder
+    from engine.exec.loader import resolve_hf_folder
     folder = (argv or sys.argv[1:] or [None])[0] or resolve_hf_folder(None)[1]
     hf_tok = AutoTokenizer.from_pretrained(folder)
     vocab = AutoConfig.from_pretrained(folder).vocab_size

@@ -54,15 +54,15 @@ def _stub_forward(model, vocab):
 
 
 def measure(steps: int, vocab_model: str = "smollm2-135m") -> dict:
-    import engine.llm_engine as le
-    import engine.model_runner as mr
+    import engine.core.llm_engine as le
+    import engine.exec.model_runner as mr
     from engine import LLM, SamplingParams
-    from engine.detokenizer import IncrementalDetokenizer
-    from engine.sequence import Request
+    from engine.text.detokenizer import IncrementalDetokenizer
+    from engine.core.sequence import Request
 
     from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
-    from engine.loader import load_model
+    from engine.core.llm_engine import LLMEngine
+    from engine.exec.loader import load_model
 
     over = {"num_hidden_layers": 1}
     kw = dict(num_blocks=256, max_model_len=4096, device="cpu", dtype="float32", enable_prefix_caching=False)

@@ -94,7 +94,7 @@ def engine_logits(runner, seqs, decode: int = DECODE, chunk: int = CHUNK) -> lis
     """Teacher-forced next-token logits [len, vocab] per sequence, from runner.model on runner.kv_pool
     (chunked prefill of all but the last `decode` tokens, then batched decode steps). Blocks are handed out in a
     permuted order, so block tables are not contiguous."""
-    from engine.models.llama import AttentionMetadata
+    from engine.exec.models.llama import AttentionMetadata
     model, pool, bs = runner.model, runner.kv_pool, runner.cfg.block_size
     need = [-(-len(s) // bs) for s in seqs]
     ids = (torch.randperm(pool.shape[2] - 1, generator=torch.Generator().manual_seed(0)) + 1).tolist()
@@ -152,7 +152,7 @@ def compare(name: str, ref: list[torch.Tensor], got: list[torch.Tensor]) -> Accu
 def greedy_agreement(llm, hf_model, seqs, n: int = 64) -> float:
     """Mean over chats of the fraction of the first n greedy tokens equal to HF fp32 greedy's, counted
     up to the first difference (after it the two continue different texts)."""
-    from engine.sampling_params import SamplingParams
+    from engine.sampling.sampling_params import SamplingParams
     outs = llm.generate([{"prompt_token_ids": s} for s in seqs],
                         SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
     fracs = []
@@ -169,7 +169,7 @@ def greedy_agreement(llm, hf_model, seqs, n: int = 64) -> float:
 
 def build_runner(loaded, kv_cache_dtype: str, num_blocks: int = 256, dtype: str = "float32"):
     from engine.config import EngineConfig
-    from engine.model_runner import ModelRunner
+    from engine.exec.model_runner import ModelRunner
     cfg = EngineConfig(num_blocks=num_blocks, device="cpu", dtype=dtype, kv_cache_dtype=kv_cache_dtype)
     return ModelRunner(cfg, loaded.config, loaded.weights)
 
@@ -242,7 +242,7 @@ def main() -> None:
     a = p.parse_args()
     if a.study:
         from transformers import AutoModelForCausalLM
-        from engine.loader import load_model
+        from engine.exec.loader import load_model
         loaded = load_model(None)
         hf = AutoModelForCausalLM.from_pretrained(loaded.hf_folder, dtype=torch.float32).eval()
         print("| KV format (fake-quantized in HF) | positions | mean KL vs HF fp32 | top-1 agreement |\n|---|---|---|---|")
@@ -250,7 +250,7 @@ def main() -> None:
             print(r.row(), flush=True)
         return
     from transformers import AutoModelForCausalLM
-    from engine.loader import load_model
+    from engine.exec.loader import load_model
     loaded = load_model(None)
     hf = AutoModelForCausalLM.from_pretrained(loaded.hf_folder, dtype=torch.float32).eval()
     seqs = chat_token_ids(loaded.tokenizer)

@@ -45,7 +45,7 @@ def capacity_rows(tokenizer, dtypes, layers, kv_heads, head_dim, block_size=16, 
 
 def decode_speed(kv: str, batch: int, context: int, new_tokens: int, rounds: int = 2) -> dict:
     from engine import LLM
-    from engine.sampling_params import SamplingParams
+    from engine.sampling.sampling_params import SamplingParams
     gib = 1.15 * batch * (context + new_tokens + 32) * 46080 / 2**30     # fp32-sized: every format fits
     llm = LLM(kv_cache_gib=gib, dtype="float32", kv_cache_dtype=kv, max_num_seqs=batch,
               max_model_len=context + new_tokens + 32, progress=lambda f, m: None)
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-speed", action="store_true", help="skip the end-to-end decode runs")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
-    from engine.loader import load_model
+    from engine.exec.loader import load_model
     loaded = load_model(None)
     c = loaded.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads

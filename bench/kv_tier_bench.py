@@ -148,8 +148,8 @@ def main(argv=None) -> int:
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from bench.workloads import user_message
-    from engine.chat_tokens import encode_chat
-    from engine.loader import load_model
+    from engine.text.chat_tokens import encode_chat
+    from engine.exec.loader import load_model
     from engine import SamplingParams  # noqa: F401 (import before timing)
 
     tok = load_model(None, progress=lambda f, m: None).tokenizer

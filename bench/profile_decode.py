@@ -56,10 +56,10 @@ def profile_batch(eng, tok, batch: int, steps: int, seed: int, prompt_len: int =
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    import engine.llm_engine as le
+    import engine.core.llm_engine as le
     from bench.workloads import decode_prompts
-    from engine.sampling_params import SamplingParams
-    from engine.sequence import Request
+    from engine.sampling.sampling_params import SamplingParams
+    from engine.core.sequence import Request
 
     prompts = decode_prompts(tok, batch, prompt_len, seed)
     params = SamplingParams(temperature=0.0, max_tokens=steps * 2 + 8, ignore_eos=True)
@@ -150,8 +150,8 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
-    from engine.loader import load_model
+    from engine.core.llm_engine import LLMEngine
+    from engine.exec.loader import load_model
 
     loaded = load_model(None, progress=lambda f, m: None)
     eng = LLMEngine(EngineConfig(kv_cache_gib=0.5, dtype=args.dtype), loaded)

@@ -1,6 +1,6 @@
 """Sampling cost alone at the real vocabulary: python -m bench.sampler_micro [--batch 32]
 
-Times engine.sampler.sample_batch on [batch, 49,152] fp32 logits of the real model at the end of
+Times engine.sampling.sampler.sample_batch on [batch, 49,152] fp32 logits of the real model at the end of
 the chat workload's prompts, greedy vs the app's default sampling (temperature 0.7,
 top-p 0.95, repetition penalty 1.1 over the prompts), and the old per-row full-sort
 method for comparison. Interleaved rounds, medians: the machine is shared.
@@ -13,8 +13,8 @@ import time
 
 import torch
 
-from engine.sampler import make_generator, sample_batch
-from engine.sampling_params import SamplingParams
+from engine.sampling.sampler import make_generator, sample_batch
+from engine.sampling.sampling_params import SamplingParams
 
 
 def old_full_sort(logits, p, histories):
@@ -39,7 +39,7 @@ def real_logits(B: int):
     each prompt as the row's history: what the sampler really sees."""
     from transformers import AutoModelForCausalLM
     from bench.workloads import chat_workload
-    from engine.loader import load_model
+    from engine.exec.loader import load_model
     loaded = load_model(None, progress=lambda f, m: None)
     hf = AutoModelForCausalLM.from_pretrained(loaded.hf_folder, dtype=torch.float32)
     reqs = chat_workload(loaded.tokenizer, B, 1, 1, seed=0)

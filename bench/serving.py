@@ -214,7 +214,7 @@ def main(argv=None) -> int:
     a.budgets = [int(x) for x in str(a.budgets).split(",") if x]
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from engine.config import resolve_dtype
-    from engine.loader import load_model
+    from engine.exec.loader import load_model
     a.dtype_resolved = resolve_dtype("bfloat16" if a.quantization and a.dtype in (None, "auto") else a.dtype, "cpu")
     a.out = a.out or os.path.join(REPO, "bench", "results", time.strftime("serving-%Y%m%d-%H%M%S.json"))
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)

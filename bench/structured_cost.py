@@ -29,8 +29,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args(argv)
     from engine import LLM, SamplingParams
-    from engine.structured import StructuredSpec
-    from engine.structured.compiler import GrammarCompiler
+    from engine.sampling.structured import StructuredSpec
+    from engine.sampling.structured.compiler import GrammarCompiler
     llm = LLM(dtype=a.dtype, num_blocks=512)
     spec = StructuredSpec("json_schema", SCHEMA)
     tok = llm.get_tokenizer()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from engine.session_prompt import continue_session_prompt
+from engine.text.session_prompt import continue_session_prompt
 
 SYSTEM_PROMPT = (
     "You are Quill, the support assistant of Northwind Outfitters, a small company that sells "

@@ -1,6 +1,6 @@
 """Paged-KV inference engine: `LLM` and `SamplingParams` are the public API.
 
-Imports are lazy so that `import engine.block_pool` (tests, tools) does not load torch models.
+Imports are lazy so that `import engine.kv.block_pool` (tests, tools) does not load torch models.
 """
 import os as _os
 import sys as _sys
@@ -14,7 +14,7 @@ if "torch" not in _sys.modules:
 
 __all__ = ["LLM", "SamplingParams", "RequestStream", "RequestOutput", "CompletionOutput"]
 
-_WHERE = {"LLM": "engine.llm", "RequestStream": "engine.llm", "SamplingParams": "engine.sampling_params",
+_WHERE = {"LLM": "engine.front.llm", "RequestStream": "engine.front.llm", "SamplingParams": "engine.sampling.sampling_params",
           "RequestOutput": "engine.outputs", "CompletionOutput": "engine.outputs"}
 
 

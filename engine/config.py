@@ -1,11 +1,22 @@
 """Engine configuration, validated once, with defaults that suit a 2-core CPU or one GPU."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
-import torch
+# The one list of block sizes every part accepts (the KV manager checks against it too): powers of
+# two the kernels' tiles divide, 8 (tests, tiny pools) to 128 (long contexts on a GPU).
+BLOCK_SIZES = (8, 16, 32, 64, 128)
+ALLOWED_BLOCK_SIZES = BLOCK_SIZES
 
-from engine.kv_cache_manager import BLOCK_SIZES as ALLOWED_BLOCK_SIZES  # the one list of block sizes
+
+def cache_root() -> Path:
+    """Where the app keeps what it derives (dequantized weights, the KV tier's files):
+    $PAGED_CHAT_CACHE, else $XDG_CACHE_HOME/paged-chat, else ~/.cache/paged-chat."""
+    root = os.environ.get("PAGED_CHAT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "paged-chat")
+    return Path(root)
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 DEFAULT_CPU_KV_CACHE_GIB = 2.0      # ~2,900 blocks of 16 tokens for SmolLM2-135M in fp32
@@ -49,6 +60,7 @@ def check_kv_cache_dtype(kv_cache_dtype: str, device: str) -> None:
         if not device.startswith("cuda"):
             raise ValueError(f"kv_cache_dtype='fp8' needs a CUDA GPU with fp8 (compute capability 8.9+); "
                              f"device {device!r} has none: use kv_cache_dtype='int8' (every device)")
+        import torch
         cap = torch.cuda.get_device_capability(torch.device(device))
         if cap < (8, 9):
             raise ValueError(f"kv_cache_dtype='fp8' needs compute capability 8.9+ (Ada/Hopper); {device} is "
@@ -69,15 +81,16 @@ class EngineConfig:
     seed: int = 0
     attention_backend: str = "auto"
     enable_prefix_caching: bool = True
-    load_format: str = "auto"          # "dummy": config + seeded random weights (engine/dummy_weights.py)
+    load_format: str = "auto"          # "dummy": config + seeded random weights (engine/exec/dummy_weights.py)
     enforce_eager: bool = False        # True: no CUDA graphs for decode (always eager on CPU)
-    quantization: str | None = None    # "int8": weight-only int8, per-channel scales (CPU; engine/cpu_linear.py)
+    quantization: str | None = None    # "int8": weight-only int8, per-channel scales (CPU; engine/exec/cpu_linear.py)
     kv_cache_dtype: str = "auto"       # the pool's format (kernels/kv_quant.py); "auto" = the weights' dtype
-    scheduling_policy: str = "fair"    # "fair": per-tenant VTC + priorities; "fcfs" (engine/fairness.py)
-    kv_offload_gib: float | str | None = None   # second KV tier (engine/kv_tier_setup.py): None/0 off, "auto"
+    scheduling_policy: str = "fair"    # "fair": per-tenant VTC + priorities; "fcfs" (engine/core/fairness.py)
+    kv_offload_gib: float | str | None = None   # second KV tier (engine/kv/kv_tier_setup.py): None/0 off, "auto"
     kv_offload_dir: str | None = None  # its folder on CPU (default <cache>/kv-tier)
 
     def __post_init__(self):
+        import torch                   # here, not at module level: the KV manager imports this file
         if self.block_size not in ALLOWED_BLOCK_SIZES:
             raise ValueError(f"block_size must be one of {ALLOWED_BLOCK_SIZES}, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:
@@ -118,5 +131,6 @@ class EngineConfig:
             self.max_num_batched_tokens = 512 if self.device == "cpu" else 8192
 
     @property
-    def torch_dtype(self) -> torch.dtype:
+    def torch_dtype(self) -> "torch.dtype":
+        import torch
         return getattr(torch, self.dtype)

@@ -14,7 +14,7 @@ class ChatEngine(Protocol):
     @property
     def max_model_len(self) -> int: ...
 
-    def model_info(self): ...                                   # engine.model_info.ModelInfo
+    def model_info(self): ...                                   # engine.exec.model_info.ModelInfo
 
     def get_tokenizer(self): ...
 

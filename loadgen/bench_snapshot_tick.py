@@ -45,7 +45,7 @@ def _fill(m, blocks: int, seqs: int):
 
 
 def measure(blocks: int, seqs: int, repeat: int) -> dict:
-    from engine.kv_cache_manager import KVCacheManager
+    from engine.kv.kv_cache_manager import KVCacheManager
     from ui.dashboard import page as D
     m = KVCacheManager(blocks, 16, max_model_len=32768, kv_bytes_per_token=46080)
     _fill(m, blocks, seqs)
@@ -113,7 +113,7 @@ def _wire_bytes(value, comp) -> int:
 def measure_ticks(blocks: int, users: int, ticks: int, seed: int = 0) -> dict:
     """Replay `ticks` one-second ticks of a chat load; bytes sent per tick (see module doc)."""
     import random
-    from engine.kv_cache_manager import KVCacheManager
+    from engine.kv.kv_cache_manager import KVCacheManager
     from ui.dashboard import page as D
     rng = random.Random(seed)
     m = KVCacheManager(blocks, 16, max_model_len=4096, kv_bytes_per_token=46080)

@@ -15,9 +15,9 @@ from typing import Callable
 
 # the app's default shared prompt (a ~550-token assistant policy): demo users attach to its blocks
 from storage.presets import DEFAULT_SYSTEM_PROMPT  # noqa: E402
-from engine.salt_rule import principal_salt  # noqa: E402
+from engine.kv.salt_rule import principal_salt  # noqa: E402
 
-# the simulated users are one principal of their own (engine/salt_rule.py): they share the system
+# the simulated users are one principal of their own (engine/kv/salt_rule.py): they share the system
 # prompt with everyone, their synthetic chats with no real user
 DEMO_SALT = principal_salt("demo", multi_user=True)
 

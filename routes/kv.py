@@ -16,8 +16,8 @@ import threading
 
 from fastapi import Request        # module level: the route's annotation is resolved from here
 
-from engine.kv_contract import compact_json
-from engine.snapshot_cache import json_bytes
+from engine.observe.kv_contract import compact_json
+from engine.observe.snapshot_cache import json_bytes
 from ui.dashboard.scope import scope_snapshot, titles_for
 
 _SCOPED_CACHE_MAX = 64             # viewers x forms kept per snapshot window

@@ -1,5 +1,5 @@
 """GET /metrics (Prometheus text, vLLM metric names where one exists) and GET /api/kv (the KV
-snapshot in its versioned JSON form, engine/kv_contract.py; documented in docs/DESIGN.md).
+snapshot in its versioned JSON form, engine/observe/kv_contract.py; documented in docs/DESIGN.md).
 
 Existing vLLM Grafana dashboards read `vllm:*` with a `model_name` label; our own block and
 sharing gauges are `paged_chat_*`. Both endpoints read `LLM.latest_snapshot()` (one on-demand
@@ -64,7 +64,7 @@ _OWN = (
     ("paged_chat_prompt_tokens_computed_total", "counter", "Prompt tokens prefilled (cache misses).",
      "prompt_tokens_computed_total"),
     ("paged_chat_engine_steps_total", "counter", "Engine iterations run.", "steps"),
-    # the second KV tier (engine/kv_tier.py; KV contract v6); all 0 without a tier
+    # the second KV tier (engine/kv/kv_tier.py; KV contract v6); all 0 without a tier
     ("paged_chat_kv_tier_blocks", "gauge", "KV blocks held by the second tier (disk or host memory).",
      "tier_blocks"),
     ("paged_chat_kv_tier_bytes", "gauge", "Bytes held by the second KV tier.", "tier_bytes"),

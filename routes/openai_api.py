@@ -5,7 +5,7 @@ It is its own small FastAPI app mounted at /v1 next to the Gradio page, so its e
 check and CORS policy apply to /v1 only and cannot change the UI's. It uses only LLM's public
 calls (submit, abort, stats, latest_snapshot, get_tokenizer, encode_prompt). Chat prompts are
 rendered by the same template code as the browser's chats. Their cache salt follows
-engine/salt_rule.py: none without --auth (one local user), `api:...` under --auth; the leading
+engine/kv/salt_rule.py: none without --auth (one local user), `api:...` under --auth; the leading
 system prompt is never salted, so one shared with browser chats hits the same blocks.
 
 Queue bound: at most `max_pending` API sequences (n per prompt) in flight, default
@@ -25,9 +25,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import Headers
 
-from engine.admission import QueueFull
-from engine.salt_rule import principal_salt, prompt_salt
-from engine.session_prompt import continue_session_prompt
+from engine.core.admission import QueueFull
+from engine.kv.salt_rule import principal_salt, prompt_salt
+from engine.text.session_prompt import continue_session_prompt
 from routes import openai_schemas as S
 from routes.openai_errors import APIError, error_body, install_error_handlers
 from routes.auth import LoginThrottle
@@ -107,7 +107,7 @@ class OpenAIServer:
                  multi_user: bool = False, access: ApiAccess | None = None,
                  default_priority: int = DEFAULT_API_PRIORITY):
         self.llm = llm
-        self.salt = principal_salt("api", multi_user=multi_user)     # engine/salt_rule.py (#29.2)
+        self.salt = principal_salt("api", multi_user=multi_user)     # engine/kv/salt_rule.py (#29.2)
         self.model = model_name or served_model_name(llm)
         self.created = int(time.time())
         st = llm.stats()

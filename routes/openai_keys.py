@@ -16,7 +16,7 @@ import hmac
 import os
 import re
 
-from engine.fairness import KEYLESS_API_TENANT as KEYLESS_TENANT
+from engine.core.fairness import KEYLESS_API_TENANT as KEYLESS_TENANT
 from routes.openai_errors import APIError
 
 ENV_KEYS = "PAGED_CHAT_API_KEYS"
@@ -43,7 +43,7 @@ class ApiAccess:
     def __init__(self, api_keys: list[str] | None = None, *, require_key: bool = False):
         named = [split_named_key(k, i + 1) for i, k in enumerate(k for k in (api_keys or []) if k)]
         self.keys = [k for _, k in named]
-        self.key_names = [n for n, _ in named]          # the tenant of each key (engine/fairness.py)
+        self.key_names = [n for n, _ in named]          # the tenant of each key (engine/core/fairness.py)
         self.require_key = require_key or bool(self.keys)
 
     def tenant_of(self, headers) -> str:

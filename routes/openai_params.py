@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.sampling_params import SamplingParams
+from engine.sampling.sampling_params import SamplingParams
 from routes.openai_errors import APIError
 from routes.openai_structured import logit_bias
 

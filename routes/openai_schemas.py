@@ -54,7 +54,7 @@ class _Common(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     stop: Union[str, list[str], None] = None
     seed: int | None = None
-    priority: int | None = Field(None, ge=-1000, le=1000)   # vLLM's: lower first (engine/fairness.py)
+    priority: int | None = Field(None, ge=-1000, le=1000)   # vLLM's: lower first (engine/core/fairness.py)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     stream: bool = False

@@ -45,7 +45,7 @@ class Choice:
 
 @dataclass
 class Submitted:
-    stream: object              # engine.llm.RequestStream
+    stream: object              # engine.front.llm.RequestStream
     prompt_len: int
     first_choice: int           # choice index of this request's sequence 0
 

@@ -6,11 +6,11 @@ Accepted forms (at most one constraint per request, else a 400 naming both):
 - `structured_outputs` (vLLM's extra_body): {"json": schema} | {"regex": str} | {"choice": [str]} |
   {"grammar": lark} | {"json_object": true}; vLLM's older `guided_json` / `guided_regex` /
   `guided_choice` / `guided_grammar` top-level fields map to the same.
-`strict` needs nothing extra: every object is already closed (engine/structured/compiler.py).
+`strict` needs nothing extra: every object is already closed (engine/sampling/structured/compiler.py).
 """
 from __future__ import annotations
 
-from engine.structured import StructuredSpec
+from engine.sampling.structured import StructuredSpec
 from routes.openai_errors import APIError
 
 _SO_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}

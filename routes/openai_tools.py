@@ -4,7 +4,7 @@ model's ChatML has none). The format, documented in docs/DESIGN.md ("Tool calls"
 - The tools are described in a system turn (`tool_system_text`): name, description, JSON schema.
 - The model calls a tool by writing `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`;
   several calls (parallel_tool_calls) follow each other, one per line.
-- Constrained to the tools' schemas (engine/structured): `required` / a named function constrain
+- Constrained to the tools' schemas (engine/sampling/structured): `required` / a named function constrain
   the whole reply to calls; `auto` is lazy: free text is not constrained, and only once the model
   writes `<tool_call>` is what follows held to the schemas (llama.cpp's "lazy grammar" idea).
   `none` describes no tools and parses nothing.
@@ -21,8 +21,8 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
-from engine.structured import StructuredSpec
-from engine.structured.compiler import JSON_OPTIONS, closed_objects
+from engine.sampling.structured import StructuredSpec
+from engine.sampling.structured.compiler import JSON_OPTIONS, closed_objects
 from routes.openai_errors import APIError
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 
-from engine.fairness import ServesTenants, TenantStats
+from engine.core.fairness import ServesTenants, TenantStats
 
 OTHER = "other"
 USER_PREFIX = "user:"
@@ -29,7 +29,7 @@ _SERIES = (
     ("paged_chat_tenant_requests_running", "gauge", "Running sequences of the tenant.", lambda r: r.running),
     ("paged_chat_tenant_requests_waiting", "gauge", "Waiting sequences of the tenant.", lambda r: r.waiting),
     ("paged_chat_tenant_virtual_counter", "gauge",
-     "The tenant's virtual token counter (weighted service received; engine/fairness.py).", lambda r: r.counter),
+     "The tenant's virtual token counter (weighted service received; engine/core/fairness.py).", lambda r: r.counter),
 )
 
 

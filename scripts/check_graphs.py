@@ -1,6 +1,6 @@
 """GPU check stage: CUDA-graph replay vs eager on the same engine and the same batch.
 
-Why: serving decodes through captured graphs (engine/cuda_graphs.py: padded buckets, static
+Why: serving decodes through captured graphs (engine/exec/cuda_graphs.py: padded buckets, static
 inputs copied from one pinned buffer, split-K fixed per bucket); the numerics stage compares the
 engine with HF but cannot tell which of the two paths produced a wrong row. Here one engine
 (random weights) generates greedily twice for the same prompts, first replaying its graphs, then
@@ -16,7 +16,7 @@ import time
 import torch
 
 from engine import LLM, SamplingParams
-from engine import dummy_weights as dw
+from engine.exec import dummy_weights as dw
 
 
 def graphs_vs_eager(device: str, smoke: bool) -> dict:

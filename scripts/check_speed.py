@@ -15,7 +15,7 @@ import time
 import torch
 
 from engine import LLM, SamplingParams
-from engine import dummy_weights as dw
+from engine.exec import dummy_weights as dw
 
 
 def _sync(device):

@@ -75,11 +75,11 @@ atexit.register(_dump)
 
 
 def engines(only: str | None = None) -> dict:
-    """The warm-up of every engine instance the full check builds (shapes of engine/configs/, one
+    """The warm-up of every engine instance the full check builds (shapes of engine/exec/configs/, one
     layer and a 4k vocabulary: neither changes a Triton specialization), with its table width."""
-    from engine import dummy_weights as dw
-    from engine.models.llama import LlamaModel
-    from engine.warmup import warm_up
+    from engine.exec import dummy_weights as dw
+    from engine.exec.models.llama import LlamaModel
+    from engine.exec.warmup import warm_up
     import gpu_check
     plan = [(c, dt, 2048) for dt in ("bfloat16", "float32") for c in gpu_check.CONFIGS]   # numerics
     plan += [("llama-3.2-1b", "bfloat16", 512), ("llama-3.2-1b", "bfloat16", 208)]          # graphs, speed

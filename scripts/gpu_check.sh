@@ -3,7 +3,7 @@
 # One line per stage, a final verdict, and the JSON rewritten after every stage (default: $OUT/gpu-check.json
 # when $OUT is set, else bench/results/), so a time-out, SIGTERM or crash still leaves what was done.
 # Needs only the engine's requirements (requirements-engine.txt: torch with CUDA, triton, transformers) -
-# no gradio, no gguf, no model files (random weights from engine/configs/). `--smoke` (or no GPU) runs tiny
+# no gradio, no gguf, no model files (random weights from engine/exec/configs/). `--smoke` (or no GPU) runs tiny
 # shapes on CPU with interpreted Triton, as CI does. Extra arguments go to scripts/gpu_check.py
 # (--budget-s, default 480; --stages; --hard-limit-s).
 set -euo pipefail

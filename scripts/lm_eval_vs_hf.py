@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=None)
     a = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from engine.loader import resolve_hf_folder
+    from engine.exec.loader import resolve_hf_folder
     folder = resolve_hf_folder(None)[1]
     port = a.port or _free_port()
     tmp = Path(tempfile.mkdtemp(prefix="lm-eval-"))

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine.kv_cache_manager import KVCacheManager  # noqa: E402
+from engine.kv.kv_cache_manager import KVCacheManager  # noqa: E402
 
 
 def measure(num_blocks: int, sessions: int = 64, block_size: int = 16) -> dict:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.kv_cache_manager import KVCacheManager  # noqa: E402
+from engine.kv.kv_cache_manager import KVCacheManager  # noqa: E402
 
 
 def build(blocks: int, seqs: int) -> KVCacheManager:

@@ -68,7 +68,7 @@ def model_folder() -> str:
     reason = deps.bundled_model_skip_reason(_CUDA)
     if reason:
         pytest.skip(reason)
-    from engine.loader import resolve_hf_folder
+    from engine.exec.loader import resolve_hf_folder
     return resolve_hf_folder(None)[1]
 
 

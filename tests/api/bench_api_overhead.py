@@ -56,7 +56,7 @@ def messages(n: int) -> list[list[dict]]:
 
 def run_generate(llm, msgs, max_tokens):
     from engine import SamplingParams
-    from engine.session_prompt import continue_session_prompt
+    from engine.text.session_prompt import continue_session_prompt
     prompts = [{"prompt_token_ids": continue_session_prompt(llm.get_tokenizer(), m, None)} for m in msgs]
     p = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     t0 = time.perf_counter()

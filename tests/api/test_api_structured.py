@@ -315,7 +315,7 @@ def test_continue_final_message_extends_the_assistant_message(client, model_id):
 
 
 def test_without_the_grammar_library_structured_requests_are_400_and_others_run(client, model_id, monkeypatch):
-    from engine.structured import compiler
+    from engine.sampling.structured import compiler
     monkeypatch.setattr(compiler, "llguidance", None)
     with pytest.raises(openai.BadRequestError, match="llguidance"):
         client.chat.completions.create(model=model_id, messages=ASK, max_tokens=5,

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def tenant_llm():
     from engine import LLM
-    from engine.admission import QueueBounds
+    from engine.core.admission import QueueBounds
     m = LLM(num_blocks=256, max_model_len=512, max_num_seqs=2,
             queue_bounds=QueueBounds(tenant_max_queued_requests=1))
     yield m

@@ -47,7 +47,7 @@ def vllm_url(tmp_path_factory):
     if VLLM_URL:
         yield VLLM_URL.rstrip("/")
         return
-    from engine.loader import resolve_hf_folder
+    from engine.exec.loader import resolve_hf_folder
     folder = resolve_hf_folder(None)[1]
     port = free_port()
     log = open(tmp_path_factory.mktemp("vllm") / "vllm.log", "wb")

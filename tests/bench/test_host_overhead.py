@@ -19,9 +19,9 @@ def test_no_fork_means_no_logits_copy():
     """(n > 1 forks still gather: tests/engine/test_engine_features.py n-children tests.)"""
     from engine import SamplingParams
     from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
-    from engine.loader import load_model
-    from engine.sequence import Request
+    from engine.core.llm_engine import LLMEngine
+    from engine.exec.loader import load_model
+    from engine.core.sequence import Request
     cfg = EngineConfig(model="smollm2-135m", load_format="dummy", num_blocks=64, max_model_len=256, device="cpu",
                        dtype="float32")
     eng = LLMEngine(cfg, load_model("smollm2-135m", load_format="dummy", device="cpu", dtype=cfg.torch_dtype,

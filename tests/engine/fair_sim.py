@@ -3,11 +3,11 @@ whose last token was computed "samples" one more token (a fixed id); a sequence 
 max_tokens. What the policy decides is then exactly what the scheduler does with real blocks."""
 from __future__ import annotations
 
-from engine.fairness import make_policy
-from engine.kv_cache_manager import KVCacheManager
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Request, Sequence, SeqStatus
+from engine.core.fairness import make_policy
+from engine.kv.kv_cache_manager import KVCacheManager
+from engine.sampling.sampling_params import SamplingParams
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Request, Sequence, SeqStatus
 
 
 class Sim:

@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from engine import SamplingParams
-from engine.beam_search import BeamSearchParams
-from engine.session_prompt import continue_session_prompt
+from engine.core.beam_search import BeamSearchParams
+from engine.text.session_prompt import continue_session_prompt
 
 CHAT = [{"role": "user", "content": "Give me three tips for writing clean Python code."}]
 
@@ -113,7 +113,7 @@ def test_failed_step_fails_the_search_without_leaks_or_stale_cache(llm):
     ids = _ids(llm)
     params = BeamSearchParams(beam_width=3, max_tokens=12, ignore_eos=True)
     ref = llm.beam_search({"prompt_token_ids": ids}, params)[0]
-    from engine.model_runner import ModelRunner
+    from engine.exec.model_runner import ModelRunner
     real_run = ModelRunner.run_on_device
     calls = {"n": 0}
 

@@ -10,7 +10,7 @@ Measured on the real engine, not derived from the algorithm:
 """
 import math
 
-from engine.beam_search import BeamSearchParams
+from engine.core.beam_search import BeamSearchParams
 
 K, PROMPT_LEN, GEN, BS = 4, 300, 40, 16
 TEXT = " ".join(f"Line {i}: paged attention stores keys and values in fixed-size blocks." for i in range(60))
@@ -21,7 +21,7 @@ def test_k4_300_token_prompt_memory(make_llm, monkeypatch):
     ids = llm.get_tokenizer().encode(TEXT)[:PROMPT_LEN]
     assert len(ids) == PROMPT_LEN
 
-    from engine.kv_cache_manager import KVCacheManager
+    from engine.kv.kv_cache_manager import KVCacheManager
     copies, managers = [], []
     real_take = KVCacheManager.take_pending_copies
 

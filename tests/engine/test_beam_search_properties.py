@@ -10,8 +10,8 @@ from collections import Counter
 
 from hypothesis import event, given, settings, strategies as st
 
-from engine.beam_search import reshape_beams
-from engine.kv_cache_manager import KVCacheManager
+from engine.core.beam_search import reshape_beams
+from engine.kv.kv_cache_manager import KVCacheManager
 
 BS = 8
 

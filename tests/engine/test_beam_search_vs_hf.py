@@ -12,8 +12,8 @@ import functools
 import pytest
 import torch
 
-from engine.beam_search import BeamSearchParams
-from engine.session_prompt import continue_session_prompt
+from engine.core.beam_search import BeamSearchParams
+from engine.text.session_prompt import continue_session_prompt
 
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],

@@ -1,7 +1,7 @@
 """BlockPool: the free list, reference counts and lazy eviction, tested on real objects."""
 import pytest
 
-from engine.block_pool import BlockPool
+from engine.kv.block_pool import BlockPool
 from engine.errors import KVCacheError, NoFreeBlocksError
 
 

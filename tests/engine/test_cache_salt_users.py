@@ -6,7 +6,7 @@ leading system prompt, right and wrong guesses get the same cached count, and th
 blocks are still shared by both users. Real model, real engine.
 """
 from engine import SamplingParams
-from engine.session_prompt import continue_session_prompt, shared_system_tokens
+from engine.text.session_prompt import continue_session_prompt, shared_system_tokens
 
 SYSTEM = ("You are a careful assistant for the accounting team of a mid-sized company. Answer briefly, "
           "cite figures exactly as given, and never invent numbers that were not in the question.")

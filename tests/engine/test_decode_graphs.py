@@ -1,13 +1,13 @@
 """Decode CUDA-graph buckets, checked on CPU: the graph replay is emulated by running the same
-padded forward over the same static buffers (engine/cuda_graphs.py), so what a graph would compute
+padded forward over the same static buffers (engine/exec/cuda_graphs.py), so what a graph would compute
 is checked here — padding to the bucket, fixed-width block tables with stale entries, pad rows that
 must not store K/V — against HF generate on the same random weights. The real capture runs on
 CUDA in scripts/gpu_check.sh."""
 import torch
 
 from engine import LLM, SamplingParams
-from engine import dummy_weights as dw
-from engine.cuda_graphs import DecodeGraphs, bucket_sizes
+from engine.exec import dummy_weights as dw
+from engine.exec.cuda_graphs import DecodeGraphs, bucket_sizes
 
 SMALL = {"num_hidden_layers": 2, "vocab_size": 4096}
 
@@ -21,7 +21,7 @@ def test_bucket_sizes():
 
 def _capture_runners(monkeypatch) -> list:
     """The ModelRunner each LLM builds, caught on the class (no reach into the LLM's internals)."""
-    from engine.model_runner import ModelRunner
+    from engine.exec.model_runner import ModelRunner
     runners, real_init = [], ModelRunner.__init__
 
     def init(self, *a, **kw):

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine import dummy_weights as dw
-from engine.loader import ModelLoadError, load_model
-from engine.models.llama import AttentionMetadata, LlamaModel
+from engine.exec import dummy_weights as dw
+from engine.exec.loader import ModelLoadError, load_model
+from engine.exec.models.llama import AttentionMetadata, LlamaModel
 
 SMALL = {"num_hidden_layers": 2, "vocab_size": 8192}
 

@@ -4,22 +4,22 @@ import asyncio
 import pytest
 
 from engine import SamplingParams
-from engine.sequence import Request
+from engine.core.sequence import Request
 
 CHAT = [{"role": "system", "content": "You are a concise assistant."},
         {"role": "user", "content": "Name three colours of the rainbow."}]
 
 
 def _prompt(llm_or_engine, chat=CHAT):
-    from engine.session_prompt import continue_session_prompt
+    from engine.text.session_prompt import continue_session_prompt
     return continue_session_prompt(llm_or_engine.tokenizer, chat, None)
 
 
 def _engine(num_blocks):
     """A bare synchronous LLMEngine (no thread, no LLM front): the test steps it by hand."""
     from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
-    from engine.loader import load_model
+    from engine.core.llm_engine import LLMEngine
+    from engine.exec.loader import load_model
     return LLMEngine(EngineConfig(num_blocks=num_blocks), load_model(None))
 
 
@@ -136,7 +136,7 @@ def test_generation_stops_at_max_model_len(make_llm):
 
 def test_unknown_model_path_and_architecture(tmp_path):
     from engine import LLM
-    from engine.loader import ModelLoadError
+    from engine.exec.loader import ModelLoadError
     with pytest.raises(ModelLoadError, match="not found"):
         LLM(model=str(tmp_path / "nope"))
     (tmp_path / "config.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}')
@@ -147,7 +147,7 @@ def test_unknown_model_path_and_architecture(tmp_path):
 def test_engine_error_fails_running_requests_without_leaking(make_llm, hf_greedy):
     """Fault injection: one forward raises; its requests end with an error, blocks come back,
     and the engine keeps serving new requests."""
-    from engine.model_runner import ModelRunner
+    from engine.exec.model_runner import ModelRunner
     llm = make_llm(num_blocks=128)
     real_run = ModelRunner.run_on_device
     calls = {"n": 0}

@@ -1,11 +1,11 @@
-"""The fair policy (engine/fairness.py) on the real Scheduler and KVCacheManager, no model:
+"""The fair policy (engine/core/fairness.py) on the real Scheduler and KVCacheManager, no model:
 counters, lift on return, victim choice, fair preemption, priorities with their no-starvation
 rule, and that one tenant in one class is scheduled exactly as first-come first-served."""
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine.admission import AdmissionControl, QueueBounds, QueueFull
-from engine.fairness import FairPolicy, FCFSPolicy, SchedulingPolicy, parse_tenant_weights
+from engine.core.admission import AdmissionControl, QueueBounds, QueueFull
+from engine.core.fairness import FairPolicy, FCFSPolicy, SchedulingPolicy, parse_tenant_weights
 from tests.engine.fair_sim import Sim
 
 

@@ -1,12 +1,12 @@
-"""The CUDA forward loop (fused Triton layer ops, engine/models/llama_fused.py) must agree with the
+"""The CUDA forward loop (fused Triton layer ops, engine/exec/models/llama_fused.py) must agree with the
 eager loop that matches transformers. On CPU the fused ops run in the Triton interpreter.
 A prefill of 37 tokens (across block edges) then a decode step over the cached K/V, 2 layers of
 each GQA shape; fp32 to float rounding, bf16 to a few bf16 ulps of the logits' scale."""
 import pytest
 import torch
 
-from engine import dummy_weights as dw
-from engine.models.llama import AttentionMetadata, LlamaModel
+from engine.exec import dummy_weights as dw
+from engine.exec.models.llama import AttentionMetadata, LlamaModel
 
 SMALL = {"num_hidden_layers": 2, "vocab_size": 4096}
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")   # CPU: interpreted Triton

@@ -19,15 +19,15 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24)
 
 
 def _ids(llm, chat):
-    from engine.session_prompt import continue_session_prompt
+    from engine.text.session_prompt import continue_session_prompt
     return continue_session_prompt(llm.get_tokenizer(), chat, None)
 
 
 def test_one_forward_logits_match_hf(make_llm, hf_model):
-    from engine.models.llama import AttentionMetadata
+    from engine.exec.models.llama import AttentionMetadata
     from engine.config import EngineConfig
-    from engine.loader import load_model
-    from engine.model_runner import ModelRunner
+    from engine.exec.loader import load_model
+    from engine.exec.model_runner import ModelRunner
     loaded = load_model(None)                   # the model alone, outside any engine
     model = ModelRunner(EngineConfig(num_blocks=64), loaded.config, loaded.weights).model
     ids = _ids(make_llm(num_blocks=8), CHATS[1])

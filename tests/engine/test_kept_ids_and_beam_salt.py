@@ -1,6 +1,6 @@
 """Issue #29 items 2-4 on the real tokenizer, engine and SQLite store.
 
-2. Beam search carries the user's cache salt (the chat path's rule, engine/salt_rule.py): a guess
+2. Beam search carries the user's cache salt (the chat path's rule, engine/kv/salt_rule.py): a guess
    of alice's beam-searched text gets the same cached count whether it is right or wrong.
 3. Beam search tokenizes through the safe chat tokenizer: typed role markers stay text.
 4. Kept ids (stored, imported) are trusted as a prompt prefix only when their special tokens sit
@@ -10,9 +10,9 @@ import asyncio
 import json
 
 from engine import SamplingParams
-from engine.chat_tokens import encode_chat
-from engine.salt_rule import principal_salt, prompt_salt
-from engine.session_prompt import continue_session_prompt
+from engine.text.chat_tokens import encode_chat
+from engine.kv.salt_rule import principal_salt, prompt_salt
+from engine.text.session_prompt import continue_session_prompt
 from storage import Storage
 from ui.chat import beam
 from ui.chat.context import ChatContext

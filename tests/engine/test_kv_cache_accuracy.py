@@ -22,7 +22,7 @@ RULE_TOP1 = 0.98
 
 @pytest.fixture(scope="module")
 def loaded(model_folder):
-    from engine.loader import load_model
+    from engine.exec.loader import load_model
     return load_model(model_folder)
 
 

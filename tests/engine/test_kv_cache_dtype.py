@@ -6,7 +6,7 @@ import torch
 
 from engine import LLM
 from engine.config import EngineConfig
-from engine.sampling_params import SamplingParams
+from engine.sampling.sampling_params import SamplingParams
 from kernels import kv_quant
 from routes.metrics import prometheus_text
 

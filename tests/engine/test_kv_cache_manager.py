@@ -4,9 +4,9 @@ import time
 
 import pytest
 
-import engine.kv_cache_manager as kvm
+from engine.kv import block_hash
 from engine.errors import KVCacheError, NoFreeBlocksError
-from engine.kv_cache_manager import KVCacheManager
+from engine.kv.kv_cache_manager import KVCacheManager
 
 BS = 8
 
@@ -111,7 +111,7 @@ def test_reused_evicted_block_loses_hash_and_is_no_longer_a_hit():
     assert m.lookup_prefix(toks(17)) == 16
     add_all(m, "b", toks(17, 100))                  # needs 3 blocks: evicts everything
     assert sorted(m.block_table("b")) == [0, 1, 2]
-    assert m.pool.blocks[0].block_hash != kvm.hash_block_tokens(None, tuple(toks(8)), None)
+    assert m.pool.blocks[0].block_hash != block_hash.hash_block_tokens(None, tuple(toks(8)), None)
     m.free("b")
     assert m.lookup_prefix(toks(17)) == 0
     assert m.lookup_prefix(toks(17, 100)) == 16
@@ -177,7 +177,7 @@ def test_pending_copy_dropped_when_destination_is_freed():
 
 
 def test_hash_collision_is_never_a_hit(monkeypatch):
-    monkeypatch.setattr(kvm, "hash_block_tokens", lambda parent, t, salt: 42)
+    monkeypatch.setattr(block_hash, "hash_block_tokens", lambda parent, t, salt: 42)
     m = mgr()
     add_all(m, "a", toks(24))
     m.free("a")
@@ -187,7 +187,7 @@ def test_hash_collision_is_never_a_hit(monkeypatch):
 
 
 def test_collision_with_other_parent_is_never_a_hit(monkeypatch):
-    monkeypatch.setattr(kvm, "hash_block_tokens", lambda parent, t, salt: hash(t))
+    monkeypatch.setattr(block_hash, "hash_block_tokens", lambda parent, t, salt: hash(t))
     m = mgr()
     a, b = toks(8), toks(8, 40)
     add_all(m, "x", a + b + [1])

@@ -11,7 +11,8 @@ from hypothesis import event, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from engine.errors import KVCacheError, NoFreeBlocksError
-from engine.kv_cache_manager import KVCacheManager, hash_block_tokens
+from engine.kv.block_hash import hash_block_tokens
+from engine.kv.kv_cache_manager import KVCacheManager
 
 settings.register_profile("kv-ci", max_examples=200, stateful_step_count=100, deadline=None)
 settings.register_profile("kv-dev", max_examples=30, stateful_step_count=50, deadline=None)

@@ -1,10 +1,10 @@
-"""The typed KV contract (engine/kv_contract.py) on a real KVCacheManager: versioned JSON that
+"""The typed KV contract (engine/observe/kv_contract.py) on a real KVCacheManager: versioned JSON that
 round-trips, stats that agree with the per-block arrays, sharing savings, and the one preemption
 log carrying victim and tokens lost."""
 import json
 
-from engine.kv_cache_manager import KVCacheManager
-from engine.kv_contract import SCHEMA, VERSION, KVSnapshot, KVStats
+from engine.kv.kv_cache_manager import KVCacheManager
+from engine.observe.kv_contract import SCHEMA, VERSION, KVSnapshot, KVStats
 
 
 def _manager():

@@ -13,8 +13,8 @@ from hypothesis import event, settings, strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 
 from engine.errors import KVCacheError
-from engine.kv_contract import KVSnapshot, compact_json
-from engine.pinning import PinMissError
+from engine.observe.kv_contract import KVSnapshot, compact_json
+from engine.kv.pinning import PinMissError
 from tests.engine.test_kv_cache_properties import BASES, KVMachine
 
 

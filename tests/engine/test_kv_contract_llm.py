@@ -3,7 +3,7 @@ compact form and its JSON bytes agree with an exact snapshot taken between steps
 import json
 
 from engine import SamplingParams
-from engine.kv_contract import KVSnapshot, expand_ranges
+from engine.observe.kv_contract import KVSnapshot, expand_ranges
 
 
 def test_shared_full_compact_and_bytes_agree_with_an_exact_snapshot(make_llm):

@@ -46,7 +46,7 @@ def test_gguf_path_is_dequantized_once_and_cached(model_folder):
     """--model pointing at a .gguf file (here the bundled one) resolves to the shared cached folder."""
     import os
 
-    from engine.loader import default_model_path, resolve_hf_folder
+    from engine.exec.loader import default_model_path, resolve_hf_folder
     gguf = default_model_path()
     source, folder = resolve_hf_folder(gguf)
     assert source == gguf and folder == model_folder

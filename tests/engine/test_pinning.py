@@ -1,10 +1,10 @@
-"""Pinned prefixes in the KV manager (engine/pinning.py): refcounts, eviction, cap, unpin.
+"""Pinned prefixes in the KV manager (engine/kv/pinning.py): refcounts, eviction, cap, unpin.
 Real manager and pool objects only; no model."""
 import pytest
 
 from engine.errors import NoFreeBlocksError
-from engine.kv_cache_manager import KVCacheManager
-from engine.pinning import PinCapError, PinMissError
+from engine.kv.kv_cache_manager import KVCacheManager
+from engine.kv.pinning import PinCapError, PinMissError
 
 BS = 8
 

@@ -1,7 +1,7 @@
 """Pinned system prompts on the real engine: greedy output with a pinned prefix equals HF, chats
 attach to the pinned blocks and compute only their own tokens, and the pin outlives them."""
 from engine import SamplingParams
-from engine.chat_tokens import encode_chat
+from engine.text.chat_tokens import encode_chat
 from storage.presets import DEFAULT_SYSTEM_PROMPT
 
 
@@ -34,7 +34,7 @@ def test_greedy_with_pinned_prefix_matches_hf_and_pin_outlives_chats(make_llm, h
 def test_saving_a_prompt_past_the_cap_or_too_long_is_refused_before_any_prefill(make_llm, tmp_path):
     import pytest
 
-    from engine.pinning import PinCapError
+    from engine.kv.pinning import PinCapError
     from storage import Storage
     from ui.chat.prompt_pins import PromptPins
     llm = make_llm(num_blocks=100, max_model_len=1024)      # cap: 10 blocks; prompt limit: 256 tokens

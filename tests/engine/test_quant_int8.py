@@ -1,4 +1,4 @@
-"""CPU linear forms (engine/cpu_linear.py): packed bf16 is exact, int8 is close enough to HF fp32.
+"""CPU linear forms (engine/exec/cpu_linear.py): packed bf16 is exact, int8 is close enough to HF fp32.
 
 Tolerance rule for int8 (weight-only, per-output-channel symmetric scales, bf16 activations):
 HF's own bf16 forward is the yardstick, as for bf16 (tests/kernels/test_cpu_bf16_model.py). On the
@@ -19,9 +19,9 @@ import torch.nn.functional as F
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
-from engine.cpu_linear import (INT8_KERNEL_MAX_ROWS, DenseLinear, Int8Linear, PackedLinear, make_linear,
+from engine.exec.cpu_linear import (INT8_KERNEL_MAX_ROWS, DenseLinear, Int8Linear, PackedLinear, make_linear,
                                mkldnn_bf16_available, quantize_int8)
-from engine.models.llama import AttentionMetadata
+from engine.exec.models.llama import AttentionMetadata
 
 CHAT = [{"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": "Explain in a few sentences why the sky is blue, and what makes sunsets red."}]
@@ -112,7 +112,7 @@ def _errors(logits, ref, ids):
 
 
 def test_int8_engine_within_tolerance_of_hf(model_folder, hf_model, monkeypatch):
-    from engine.model_runner import ModelRunner
+    from engine.exec.model_runner import ModelRunner
     runners, real_init = [], ModelRunner.__init__
 
     def init(self, *a, **kw):

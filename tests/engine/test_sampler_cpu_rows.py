@@ -11,9 +11,9 @@ import shutil
 import pytest
 import torch
 
-import engine.sampler as sampler
-from engine.sampler import make_generator, sample
-from engine.sampling_params import SamplingParams
+import engine.sampling.sampler as sampler
+from engine.sampling.sampler import make_generator, sample
+from engine.sampling.sampling_params import SamplingParams
 from kernels import cpu_sampling
 from tests.engine.test_sampler_exact import _reference
 

@@ -1,9 +1,9 @@
 """Sampler transformations and the incremental detokenizer, with the real tokenizer."""
 import torch
 
-from engine.detokenizer import IncrementalDetokenizer
-from engine.sampler import apply_penalties, make_generator, sample
-from engine.sampling_params import SamplingParams
+from engine.text.detokenizer import IncrementalDetokenizer
+from engine.sampling.sampler import apply_penalties, make_generator, sample
+from engine.sampling.sampling_params import SamplingParams
 
 
 def test_top_k_top_p_min_p_masks():

@@ -10,9 +10,9 @@ from collections import Counter
 import pytest
 import torch
 
-import engine.sampler as sampler
-from engine.sampler import make_generator, sample, sample_batch
-from engine.sampling_params import SamplingParams
+import engine.sampling.sampler as sampler
+from engine.sampling.sampler import make_generator, sample, sample_batch
+from engine.sampling.sampling_params import SamplingParams
 
 
 def reference_row(row, p: SamplingParams, gen, history, prompt_len):

@@ -6,7 +6,7 @@ the failing one must end with an error, and no block may leak.
 """
 import pytest
 
-import engine.llm_engine as llm_engine_module
+import engine.core.llm_engine as llm_engine_module
 from engine import SamplingParams
 
 PROMPTS = ["The capital of France is", "One, two, three, four,", "def add(a, b):", "Water boils at"]

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from engine.sampling_params import MIN_TEMPERATURE, SamplingParams
+from engine.sampling.sampling_params import MIN_TEMPERATURE, SamplingParams
 
 NAN, INF = float("nan"), float("inf")
 

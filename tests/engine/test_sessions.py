@@ -1,8 +1,8 @@
-"""The engine's session table (engine/sessions.py) with the real model: a session keeps the exact
+"""The engine's session table (engine/core/sessions.py) with the real model: a session keeps the exact
 ids of its last turn; a session opened with stored ids (what the app does after a restart)
 continues token-exactly like the uninterrupted one; release keeps ids, close forgets them."""
 from engine import SamplingParams
-from engine.sessions import SessionTable
+from engine.core.sessions import SessionTable
 
 CHAT = [{"role": "user", "content": "Name three colours."}]
 

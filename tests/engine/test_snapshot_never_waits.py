@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from engine.kv_cache_manager import KVCacheManager
-from engine.snapshot_cache import SharedSnapshot
+from engine.kv.kv_cache_manager import KVCacheManager
+from engine.observe.snapshot_cache import SharedSnapshot
 
 
 def _manager():

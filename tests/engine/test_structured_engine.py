@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from engine.structured import StructuredSpec
+from engine.sampling.structured import StructuredSpec
 
 pytestmark = pytest.mark.slow
 

@@ -6,11 +6,11 @@ import json
 import pytest
 import torch
 
-from engine.sampler import make_generator, sample_batch
-from engine.sampling_params import SamplingParams
-from engine.structured import StructuredSpec, StructuredUnavailable
-from engine.structured import compiler as compiler_mod
-from engine.structured.bitmask import allowed_from_bitmask, apply_bitmask_
+from engine.sampling.sampler import make_generator, sample_batch
+from engine.sampling.sampling_params import SamplingParams
+from engine.sampling.structured import StructuredSpec, StructuredUnavailable
+from engine.sampling.structured import compiler as compiler_mod
+from engine.sampling.structured.bitmask import allowed_from_bitmask, apply_bitmask_
 
 
 def _pack(allowed: torch.Tensor) -> torch.Tensor:

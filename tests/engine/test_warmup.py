@@ -3,9 +3,9 @@ drive every split count a table width allows through the decode kernel and leave
 (On CUDA it also compiles; here only the calls and shapes are checked.)"""
 import torch
 
-from engine import dummy_weights as dw
-from engine.models.llama import LlamaModel
-from engine.warmup import warm_up
+from engine.exec import dummy_weights as dw
+from engine.exec.models.llama import LlamaModel
+from engine.exec.warmup import warm_up
 
 
 def test_warm_up_covers_split_counts_and_widths(monkeypatch):
@@ -25,7 +25,7 @@ def test_warm_up_covers_split_counts_and_widths(monkeypatch):
     pool = torch.zeros(2, 1, 64, 16, 2, 16)
     logs = []
     stats = warm_up(model, pool, "triton", max_blocks_per_seq=40, log=logs.append)
-    from engine.warmup import decode_variant, effective_splits
+    from engine.exec.warmup import decode_variant, effective_splits
     warmed = {decode_variant(w, s) for w, s in seen}
     # every (width, requested split) serving can produce maps to a warmed variant
     for w in range(1, 41):
@@ -38,6 +38,6 @@ def test_warm_up_covers_split_counts_and_widths(monkeypatch):
 
 def test_effective_splits_match_the_kernel_wrapper():
     """effective_splits mirrors triton_attention's rounding of a requested split count."""
-    from engine.warmup import effective_splits
+    from engine.exec.warmup import effective_splits
     assert effective_splits(48, 16, 5) == 4 and effective_splits(48, 16, 12) == 12
     assert effective_splits(512, 16, 64) == 64 and effective_splits(1, 16, 64) == 1

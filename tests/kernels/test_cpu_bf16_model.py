@@ -25,7 +25,7 @@ def test_dtype_auto_follows_cpu_flags():
 
 
 def test_engine_bf16_error_within_twice_hf_bf16(model_folder, hf_model, monkeypatch):
-    from engine.model_runner import ModelRunner
+    from engine.exec.model_runner import ModelRunner
     runners, real_init = [], ModelRunner.__init__
 
     def init(self, *a, **kw):                   # the runner, caught on the class (no reach into the LLM)
@@ -40,7 +40,7 @@ def test_engine_bf16_error_within_twice_hf_bf16(model_folder, hf_model, monkeypa
         model = runners[-1].model
         P = len(out.prompt_token_ids)
         ids = out.prompt_token_ids + out.outputs[0].token_ids
-        from engine.models.llama import AttentionMetadata
+        from engine.exec.models.llama import AttentionMetadata
         T, bs = P, 16
         pool = torch.zeros(2, model.num_layers, 64, bs, model.num_kv_heads, model.head_dim, dtype=torch.bfloat16)
         table = torch.randperm(64)[: (T + bs - 1) // bs]

@@ -1,5 +1,5 @@
 """Fused CPU layer ops (kernels/cpu_layer_ops.py) against the plain torch expressions they replace
-(engine/models/llama.py) and an fp64 reference.
+(engine/exec/models/llama.py) and an fp64 reference.
 
 RoPE + store has no reduction, so it must be bit-identical to apply_rope + store_kv in fp32 and
 bf16. RMSNorm sums in another order (and SiLU's exp is another implementation), so those are
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.models.llama import apply_rope, rms_norm
+from engine.exec.models.llama import apply_rope, rms_norm
 from kernels import cpu_layer_ops as ops
 from kernels import reference
 
@@ -97,8 +97,8 @@ def test_non_contiguous_input_is_a_clear_error():
 
 def test_fused_model_loop_rejects_out_of_range_positions_and_slots():
     """The fused loop checks what the C++ ops would read unchecked; the eager loop would raise too."""
-    from engine.dummy_weights import load_config, random_weights
-    from engine.models.llama import AttentionMetadata, LlamaModel
+    from engine.exec.dummy_weights import load_config, random_weights
+    from engine.exec.models.llama import AttentionMetadata, LlamaModel
     cfg = load_config("smollm2-135m", {"num_hidden_layers": 2})
     model = LlamaModel(cfg, random_weights(cfg), torch.float32, "cpu", max_positions=64)
     pool = torch.zeros(2, 2, 4, 16, model.num_kv_heads, model.head_dim)

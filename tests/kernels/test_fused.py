@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from engine.models.llama import apply_rope, rms_norm
+from engine.exec.models.llama import apply_rope, rms_norm
 from kernels import reference
 from kernels.triton_rounding import round_as
 from tests.kernels.test_attention import DEVICE

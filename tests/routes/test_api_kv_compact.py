@@ -6,9 +6,9 @@ import json
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from engine.kv_cache_manager import KVCacheManager
-from engine.kv_contract import VERSION, KVSnapshot, expand_ranges
-from engine.snapshot_cache import SharedSnapshot
+from engine.kv.kv_cache_manager import KVCacheManager
+from engine.observe.kv_contract import VERSION, KVSnapshot, expand_ranges
+from engine.observe.snapshot_cache import SharedSnapshot
 from routes.kv import register_kv_route
 from storage.store import Storage
 

@@ -2,7 +2,7 @@
 each accepted form maps to the right spec, malformed or ambiguous ones are a 400 naming the field."""
 import pytest
 
-from engine.structured import StructuredSpec
+from engine.sampling.structured import StructuredSpec
 from routes.openai_errors import APIError
 from routes.openai_schemas import ChatCompletionRequest, CompletionRequest
 from routes.openai_structured import logit_bias, structured_spec

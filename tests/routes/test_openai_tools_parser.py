@@ -51,7 +51,7 @@ def _tools():
 
 
 def test_plan_grammar_accepts_the_documented_calls_only(tokenizer):
-    from engine.structured.compiler import GrammarCompiler
+    from engine.sampling.structured.compiler import GrammarCompiler
     comp = GrammarCompiler(tokenizer, len(tokenizer))
 
     def accepts(spec, text):

@@ -13,8 +13,8 @@ import threading
 import time
 import types
 
-from engine.model_info import ModelInfo
-from engine.sequence import RequestOutputDelta
+from engine.exec.model_info import ModelInfo
+from engine.core.sequence import RequestOutputDelta
 
 INFO = ModelInfo(name="SmolLM2-135M-Instruct.Q4_1", source="/models/SmolLM2-135M-Instruct.Q4_1.gguf",
                  architecture="LlamaForCausalLM", num_layers=30, num_attention_heads=9, num_kv_heads=3,

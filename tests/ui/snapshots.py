@@ -1,6 +1,6 @@
 """Snapshots for the dashboard and route tests, without a model.
 
-`busy_snapshot` drives a real KVCacheManager (the contract comes from engine/kv_contract.py).
+`busy_snapshot` drives a real KVCacheManager (the contract comes from engine/observe/kv_contract.py).
 `hand_snapshot` is a worked example whose numbers were computed by hand (the oracle the view tests
 check against; block size 4 is below what the manager accepts, so it cannot come from it).
 `make_snapshot` lays out given block tables at chosen block ids for grid/table layout tests.
@@ -11,8 +11,8 @@ import dataclasses
 import random
 import time
 
-from engine.kv_cache_manager import KVCacheManager
-from engine.kv_contract import KVStats
+from engine.kv.kv_cache_manager import KVCacheManager
+from engine.observe.kv_contract import KVStats
 
 
 def make_snapshot(num_blocks: int, block_size: int, seqs: list[dict], *, cached=(),

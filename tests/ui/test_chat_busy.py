@@ -1,7 +1,7 @@
 """The chat and the fair scheduler: each turn is submitted for its user (tenant), and over an
-admission bound (engine/admission.py, the real AdmissionControl) the chat refuses with a sentence
+admission bound (engine/core/admission.py, the real AdmissionControl) the chat refuses with a sentence
 instead of waiting forever; nothing is left running or busy."""
-from engine.admission import AdmissionControl, QueueBounds
+from engine.core.admission import AdmissionControl, QueueBounds
 from tests.ui.test_chat_flow import KW, collect, ctx, req, run  # noqa: F401 (ctx is a fixture)
 from ui.chat import handlers as chat
 from ui.chat.context import ChatContext

@@ -8,7 +8,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from engine.kv_cache_manager import KVCacheManager
+from engine.kv.kv_cache_manager import KVCacheManager
 from routes.kv import register_kv_route
 from storage import Storage
 from tests.ui.fake_engine import FakeLLM, request

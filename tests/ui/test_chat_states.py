@@ -25,7 +25,7 @@ def test_live_status_words():
 
 
 def test_turn_is_paused_from_the_preempted_event_until_tokens_flow_again():
-    from engine.sequence import RequestOutputDelta
+    from engine.core.sequence import RequestOutputDelta
     from ui.chat.turn import Turn
 
     def delta(state, toks=(), index=0, finished=False):

@@ -86,7 +86,7 @@ def test_sampling_kwargs_map_widget_values():
     assert v.sampling_kwargs(0, 1, 40, 8, 1, -1, 1)["seed"] is None
     assert v.sampling_kwargs(0, 1, 40, 8, 1, "", 1)["top_k"] == 40
     assert v.sampling_kwargs(0, 1, 0, 8, 1, None, 99)["n"] == v.MAX_ALTERNATIVES
-    from engine.sampling_params import SamplingParams
+    from engine.sampling.sampling_params import SamplingParams
     SamplingParams(**v.sampling_kwargs(0.7, 0.95, 0, 256, 1.1, -1, 1))      # accepted by the engine
 
 

@@ -106,7 +106,7 @@ def test_int8_kv_shape_counts_its_scales_and_says_what_it_buys():
     same = ModelShape("live", 30, 9, 3, 64, "bfloat16", 8192)
     assert "would hold" not in arithmetic_html(same, same.bytes_per_token, 16, 10_000, None)
 
-    class Info:      # engine/model_info.ModelInfo's fields that shape_of reads
+    class Info:      # engine/exec/model_info.ModelInfo's fields that shape_of reads
         name, num_layers, num_attention_heads, num_kv_heads, head_dim = "m", 30, 9, 3, 64
         dtype, kv_cache_dtype, max_model_len = "float32", "int8", 8192
     s = shape_of(Info)

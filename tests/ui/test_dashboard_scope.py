@@ -2,7 +2,7 @@
 titles instead of ids, and under --auth none of another user's ids or titles."""
 import json
 
-from engine.kv_cache_manager import KVCacheManager
+from engine.kv.kv_cache_manager import KVCacheManager
 from ui.dashboard.scope import pin_name_for, scope_snapshot
 
 BS = 8

@@ -3,7 +3,7 @@
 import re
 import time
 
-from engine.kv_cache_manager import KVCacheManager
+from engine.kv.kv_cache_manager import KVCacheManager
 from loadgen import demo_load
 from loadgen.demo_load import DemoLoad
 from tests.ui.fake_engine import FakeLLM

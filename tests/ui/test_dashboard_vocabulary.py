@@ -5,7 +5,7 @@ share a pinned system prompt (the case a newcomer saw as "shared blocks 34" besi
 import json
 import re
 
-from engine.kv_cache_manager import KVCacheManager
+from engine.kv.kv_cache_manager import KVCacheManager
 from ui.dashboard import grid_canvas as GC
 from ui.dashboard import open_chats as OPEN
 from ui.dashboard import panels as H

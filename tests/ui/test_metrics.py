@@ -91,7 +91,7 @@ def test_routes_on_a_bare_fastapi_app():
 
 
 def test_model_name_of():
-    from engine.model_info import model_name
+    from engine.exec.model_info import model_name
     assert model_name("/a/b/Model-1B/") == "Model-1B" and model_name("/m/SmolLM2.Q4_1.gguf") == "SmolLM2.Q4_1"
     assert model_name_of(SimpleNamespace(model_info=lambda: SimpleNamespace(name="Model-1B"))) == "Model-1B"
     assert model_name_of(SimpleNamespace()) == ""

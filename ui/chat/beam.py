@@ -1,7 +1,7 @@
 """A chat reply by beam search: the k best continuations shown side by side like n alternatives,
 all k stored as versions of the reply, the first on screen until the user picks another.
 
-Why not a `Turn`: the engine's beam search (engine/beam_search.py, LLM.submit_beam_search) does
+Why not a `Turn`: the engine's beam search (engine/core/beam_search.py, LLM.submit_beam_search) does
 not stream text; it returns the k sequences at once. So this handler submits, waits (showing a
 "searching" state, Stop aborts it), then stores and paints once. The beams share the prompt's
 blocks and fork copy-on-write inside the engine; the UI only sees the result.
@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import re
 
-from engine.beam_search import BeamSearchParams
-from engine.chat_tokens import encode_chat
-from engine.salt_rule import prompt_salt
+from engine.core.beam_search import BeamSearchParams
+from engine.text.chat_tokens import encode_chat
+from engine.kv.salt_rule import prompt_salt
 from ui.chat import view
 from ui.chat.tabs import in_daemon_thread
 

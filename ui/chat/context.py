@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.salt_rule import principal_salt
+from engine.kv.salt_rule import principal_salt
 from ui.chat.guard import check_owner
 from ui.chat.tabs import Tab, TabRegistry
 
@@ -42,12 +42,12 @@ class ChatContext:
     def cache_salt(self, request) -> str | None:
         """With --auth, each user's prefix cache is private past the shared system prompt, so
         "N/M prompt tokens from cache" cannot confirm another user's text (#12.2). Every path
-        (send, n > 1, regenerate, edit, beam search) takes it from here (engine/salt_rule.py)."""
+        (send, n > 1, regenerate, edit, beam search) takes it from here (engine/kv/salt_rule.py)."""
         return principal_salt("user", self.owner(request), multi_user=self.auth)
 
     def tenant(self, request) -> str:
         """Who the fair scheduler serves this turn for: the logged-in user under --auth, else the
-        one local user (engine/fairness.py)."""
+        one local user (engine/core/fairness.py)."""
         return f"user:{self.owner(request)}" if self.auth else "local"
 
     def tab(self, request) -> Tab:

@@ -50,14 +50,9 @@ def outputs(msg=None, chat=None, status=None, radio=None, alts=None, picks=(), b
 
 
 def eos_ids(ctx: ChatContext) -> frozenset:
-    """The end-of-turn token ids (to tell "end of turn" from "stop sequence"), looked up once."""
-    cached = getattr(ctx, "_eos_ids", None)
-    if cached is None:
-        tok = ctx.llm.get_tokenizer()
-        eos = getattr(tok, "eos_token_id", None)
-        cached = frozenset([eos] if isinstance(eos, int) else (eos or ()))
-        ctx._eos_ids = cached
-    return cached
+    """The end-of-turn token ids (to tell "end of turn" from "stop sequence"): the engine's own
+    rule (engine/text/end_of_turn.py), as its model info states it; none for a remote engine."""
+    return frozenset(ctx.llm.model_info().eos_token_ids)
 
 
 def conversation_list(ctx: ChatContext, request, selected: str | None):

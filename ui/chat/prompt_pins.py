@@ -1,7 +1,7 @@
 """Keeps the engine's pinned prompts in step with the shared system prompts in storage.
 
 Why: the shared system prompt is the one thing every new chat has in common, so its KV blocks are
-prefilled once and pinned (engine/pinning.py): never evicted, attached by every new chat with
+prefilled once and pinned (engine/kv/pinning.py): never evicted, attached by every new chat with
 refcount + 1. The app pins its own prompt and every user's own one at start-up, and a prompt
 when it is saved; saving under
 the same pin name replaces (and so unpins) the old one. Under --auth each user's own prompt has

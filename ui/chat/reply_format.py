@@ -1,13 +1,13 @@
 """The chat's "reply format" choice (Sampling settings): free text, any JSON object, or JSON that
 matches a pasted schema. It maps to the engine's StructuredSpec, the same constrained decoding
-path as /v1's response_format (engine/structured/), so a chat reply can be held to a schema too."""
+path as /v1's response_format (engine/sampling/structured/), so a chat reply can be held to a schema too."""
 from __future__ import annotations
 
 import json
 
 import gradio as gr
 
-from engine.structured import StructuredSpec
+from engine.sampling.structured import StructuredSpec
 
 FREE, JSON, SCHEMA = "Free text", "JSON", "JSON matching a schema"
 CHOICES = [FREE, JSON, SCHEMA]

@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from engine import SamplingParams
-from engine.admission import QueueFull
+from engine.core.admission import QueueFull
 from engine.outputs import STATE_PREEMPTED, STATE_RESUMED, STATE_RUNNING
 from storage import NotFoundError
 from ui.chat.reattach import watch_abandoned
@@ -85,7 +85,7 @@ class Turn:
     status: str | None = None         # final stored status: complete / stopped / error
     version: int = 0                  # bumped on every delta, so followers repaint only on change
     cache_salt: str | None = None     # per-user prefix-cache salt under --auth (#12.2)
-    tenant: str | None = None         # who the fair scheduler serves (engine/fairness.py): the user
+    tenant: str | None = None         # who the fair scheduler serves (engine/core/fairness.py): the user
     submitted: object = None          # Future of the submit call
     task: asyncio.Task | None = None
     created: float = field(default_factory=time.monotonic)   # queue order among chat turns

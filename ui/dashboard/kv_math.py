@@ -65,7 +65,7 @@ PRESETS = (
 )
 
 
-from engine.model_info import kv_bytes_per_token  # noqa: E402,F401  (the one formula; re-exported)
+from engine.exec.model_info import kv_bytes_per_token  # noqa: E402,F401  (the one formula; re-exported)
 
 
 def shape_from_config(hf_config, dtype: str, max_len: int, name: str = "live model") -> ModelShape:
@@ -78,7 +78,7 @@ def shape_from_config(hf_config, dtype: str, max_len: int, name: str = "live mod
 
 
 def shape_of(info) -> ModelShape:
-    """The live model's shape from the engine's public ModelInfo (engine/model_info.py)."""
+    """The live model's shape from the engine's public ModelInfo (engine/exec/model_info.py)."""
     kv = getattr(info, "kv_cache_dtype", "") or info.dtype
     return ModelShape(info.name or "live model", info.num_layers, info.num_attention_heads, info.num_kv_heads,
                       info.head_dim, kv, info.max_model_len, weights_dtype=info.dtype if kv != info.dtype else "")

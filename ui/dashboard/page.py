@@ -31,7 +31,7 @@ from ui.dashboard.scope import scope_snapshot, titles_for
 from ui.dashboard.sampler import StatsSampler
 from ui.dashboard import open_chats as OPEN
 from ui.dashboard.story import pin_use, story_html
-from engine.fairness import ServesTenants
+from engine.core.fairness import ServesTenants
 from ui.dashboard.who import event_lines, served, viewer_tenant, who_html
 from ui.dashboard.history import (PLOT_STEP_S, SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT, History,
                                   blocks_frame, hit_rate_frame)

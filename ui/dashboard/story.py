@@ -3,7 +3,7 @@ one scale (paged + shared, paged without sharing, contiguous reservation; the po
 
 Why: a newcomer must get the point in ten seconds. Tiles of equal weight and ratios such as
 "98% vs contiguous max-len" did not land; "they would need 2.8x this whole pool" does.
-Every number comes from the snapshot's stats contract (engine/kv_contract.KVStats), nothing is
+Every number comes from the snapshot's stats contract (engine/observe/kv_contract.KVStats), nothing is
 re-derived from the grid, so the headline equals /api/kv for the same tick (data-k / data-v
 attributes carry the raw values for the browser test).
 """

@@ -1,0 +1,67 @@
+"""What callers may know about the loaded model and engine shape, as one frozen value.
+
+Why: the UI, the bench and the tests used to read `llm.engine.hf_config`, `llm.engine.max_model_len`
+and the runner's attributes directly, which ties them to the engine's internals (and makes a
+remote engine impossible). They read this instead; `LLM.model_info()` builds it once.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str                    # file or folder name, e.g. "SmolLM2-135M-Instruct.Q4_1"
+    source: str                  # where it was loaded from
+    architecture: str            # e.g. "LlamaForCausalLM"
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    dtype: str                   # weights' dtype (and the KV cache's, unless kv_cache_dtype says otherwise)
+    max_model_len: int           # prompt + reply
+    block_size: int              # tokens per KV block
+    num_blocks: int              # KV pool size
+    kv_bytes_per_token: int      # 2 x layers x KV heads x row bytes of the pool (kernels/kv_quant.py)
+    max_num_seqs: int
+    attention_backend: str       # "torch" or "triton"
+    device: str
+    kv_cache_dtype: str = ""     # the pool's format: float32 / bfloat16 / float16 / int8 / fp8 ("" = unknown)
+    eos_token_ids: tuple = ()    # ids that end a reply (engine/text/end_of_turn.py); () = unknown (remote)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """The one formula: 2 (K and V) x layers x KV heads (not attention heads) x head_dim x bytes."""
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
+def kv_dtype_name(dtype) -> str:
+    """torch dtype of the pool -> the --kv-cache-dtype spelling (float8_e4m3fn is 'fp8')."""
+    name = str(dtype).removeprefix("torch.")
+    return "fp8" if name.startswith("float8") else name
+
+
+def model_name(source: str) -> str:
+    base = os.path.basename(str(source or "").rstrip("/"))
+    return base[:-5] if base.endswith(".gguf") else base
+
+
+def build_model_info(source: str, hf_config, cfg, runner, eos_token_ids=()) -> ModelInfo:
+    heads = int(hf_config.num_attention_heads)
+    archs = getattr(hf_config, "architectures", None) or [type(hf_config).__name__]
+    return ModelInfo(
+        name=model_name(source), source=str(source), architecture=str(archs[0]),
+        num_layers=int(hf_config.num_hidden_layers), num_attention_heads=heads,
+        num_kv_heads=int(getattr(hf_config, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads),
+        hidden_size=int(hf_config.hidden_size), vocab_size=int(hf_config.vocab_size),
+        dtype=str(cfg.dtype), max_model_len=int(runner.max_model_len), block_size=int(cfg.block_size),
+        num_blocks=int(runner.num_blocks), kv_bytes_per_token=int(runner.kv_bytes_per_token),
+        max_num_seqs=int(cfg.max_num_seqs), attention_backend=str(runner.backend), device=str(cfg.device),
+        kv_cache_dtype=kv_dtype_name(runner.kv_dtype), eos_token_ids=tuple(sorted(eos_token_ids)))

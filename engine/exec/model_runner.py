@@ -1,0 +1,115 @@
+"""Owns the model and the KV pool; turns a scheduled batch into tensors and runs one forward.
+
+The pool is allocated once here, sized from the memory budget, and never resized. A step's inputs
+go to the device in one copy (engine/exec/step_inputs.py). On CUDA, warm_up() compiles the Triton
+variants and captures decode CUDA graphs per batch bucket (engine/exec/cuda_graphs.py); pure decode
+steps replay a graph unless enforce_eager. The CPU path runs the eager loop, exact fp32.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+import kernels
+from kernels import kv_quant
+from engine.config import EngineConfig, DEFAULT_CPU_KV_CACHE_GIB, DEFAULT_GPU_MEMORY_FRACTION
+from engine.kv.kv_cache_manager import KVCacheManager
+from engine.exec.models.llama import AttentionMetadata, LlamaModel, head_dim_of
+from engine.exec.step_inputs import StagingBuffer, StepSequence, pack_step
+
+log = logging.getLogger("paged_chat.engine")
+GRAPH_MAX_LEN = 8192   # decode graphs cover contexts up to this; longer ones run eagerly
+
+
+from engine.exec.model_info import kv_bytes_per_token as kv_bytes_per_token_of  # noqa: E402
+
+def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+    """2 (K and V) x layers x KV heads x head_dim x dtype bytes — KV heads, not attention heads."""
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return kv_bytes_per_token_of(config.num_hidden_layers, kv_heads, head_dim_of(config), itemsize)
+
+
+def choose_num_blocks(cfg: EngineConfig, bytes_per_block: int) -> int:
+    if cfg.num_blocks is not None:
+        return cfg.num_blocks
+    if cfg.kv_cache_gib is not None:
+        budget = cfg.kv_cache_gib * 2**30
+    elif cfg.device.startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info(torch.device(cfg.device))
+        budget = free * DEFAULT_GPU_MEMORY_FRACTION
+    else:
+        budget = DEFAULT_CPU_KV_CACHE_GIB * 2**30
+    return max(1, int(budget // bytes_per_block))
+
+
+class ModelRunner:
+    def __init__(self, cfg: EngineConfig, hf_config, weights: dict):
+        self.cfg = cfg
+        self.device = torch.device(cfg.device)
+        self.dtype = cfg.torch_dtype
+        max_pos = getattr(hf_config, "max_position_embeddings", 4096)
+        self.model = LlamaModel(hf_config, weights, self.dtype, self.device,
+                                max_positions=max(cfg.max_model_len or 0, max_pos),
+                                quantization=cfg.quantization)
+        self.backend = kernels.resolve_backend(cfg.attention_backend, self.device)
+        if self.device.type == "cpu":     # which CPU path runs, said once at start-up
+            log.info("CPU model path: %s", self.model.cpu_path)
+        self.kv_dtype = kv_quant.pool_dtype(cfg.kv_cache_dtype, self.dtype)   # the pool's format
+        m = self.model
+        self.kv_bytes_per_token = kv_quant.bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim,
+                                                           self.kv_dtype)
+        self.weights_kv_bytes_per_token = kv_quant.bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim,
+                                                                   self.dtype)   # for "what it buys"
+        self.kv_bytes_per_block = self.kv_bytes_per_token * cfg.block_size
+        self.num_blocks = choose_num_blocks(cfg, self.kv_bytes_per_block)
+        # one sequence must always fit in the pool on its own, or preemption could never help
+        self.max_model_len = min(cfg.max_model_len or max_pos, self.num_blocks * cfg.block_size)
+        # one allocation for the whole life of the engine; a quantized row carries its scale
+        self.kv_pool = torch.zeros(2, m.num_layers, self.num_blocks, cfg.block_size, m.num_kv_heads,
+                                   kv_quant.row_width(m.head_dim, self.kv_dtype), dtype=self.kv_dtype,
+                                   device=self.device)
+        self.staging = StagingBuffer(self.device)     # one pinned buffer, one copy per step
+        self.graphs = None                            # DecodeGraphs after warm_up() on CUDA
+        self.warmup_stats: dict = {}
+        self.warm_up()
+
+    def warm_up(self) -> None:
+        """CUDA only: compile every Triton variant, then capture the decode graphs (unless
+        enforce_eager). Progress goes to stderr."""
+        if self.device.type != "cuda":
+            return
+        from engine.exec.warmup import warm_up
+        width = -(-self.max_model_len // self.cfg.block_size)
+        self.warmup_stats = warm_up(self.model, self.kv_pool, self.backend, width)
+        if not self.cfg.enforce_eager and self.backend == "triton":   # the torch reference syncs
+            from engine.exec.cuda_graphs import DecodeGraphs
+            self.graphs = DecodeGraphs(self.model, self.kv_pool, self.cfg.block_size, self.cfg.max_num_seqs,
+                                       min(self.max_model_len, GRAPH_MAX_LEN), self.backend)
+            self.warmup_stats["graph_capture_s"] = self.graphs.capture()
+
+    def run(self, batch: list[tuple[StepSequence, int, int]], kv: KVCacheManager,
+            copies: list[tuple[int, int]], sample_rows: list[int]) -> torch.Tensor:
+        """batch: [(seq, start, n)]; sample_rows: indices into batch that need next-token logits.
+        Returns fp32 logits [len(sample_rows), vocab] on CPU."""
+        return self.run_on_device(batch, kv, copies, sample_rows).cpu()
+
+    def run_on_device(self, batch, kv, copies, sample_rows) -> torch.Tensor:
+        """As run(), but the logits stay on the model's device (for device-side sampling). A graph's
+        logits are a view valid until the next step."""
+        if self.graphs is not None and self.graphs.can_run(batch, sample_rows):
+            if copies:
+                kernels.copy_blocks(self.kv_pool, torch.tensor(copies, dtype=torch.int64, device=self.device),
+                                    backend=self.backend)
+                copies = []
+            logits = self.graphs.run(batch, kv)
+            if logits is not None:
+                return logits
+        ids, pos, slots, tables, seq_lens, cu, logits_idx, copy_t, max_q = pack_step(
+            self.staging, batch, kv, copies, sample_rows)
+        if copy_t is not None:
+            kernels.copy_blocks(self.kv_pool, copy_t, backend=self.backend)
+        meta = AttentionMetadata(slot_mapping=slots, block_tables=tables, seq_lens=seq_lens,
+                                 cu_seqlens_q=cu, max_seqlen_q=max_q, backend=self.backend)
+        return self.model.forward(ids, pos, self.kv_pool, meta, logits_idx)

@@ -1,0 +1,182 @@
+"""Llama-family decoder (llama, mistral, qwen2) over a packed batch of tokens.
+
+Tokens of many sequences — prefill chunks and decode tokens alike — are concatenated into one
+[num_tokens] batch. Every linear layer runs once over the whole batch; only attention needs to
+know where sequences begin and end, and it gets that from `AttentionMetadata` and the block
+tables. New K/V go into the pool through `kernels.store_kv`; attention reads the pool through
+`kernels.paged_attention`. Numerics follow transformers' LlamaForCausalLM so greedy outputs match.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+import kernels
+from engine.exec.cpu_linear import layer_linear as _linear
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor    # int64 [num_tokens]
+    block_tables: torch.Tensor    # int32 [num_seqs, max_blocks]
+    seq_lens: torch.Tensor        # int32 [num_seqs], context incl. this step's tokens
+    cu_seqlens_q: torch.Tensor    # int32 [num_seqs + 1]
+    max_seqlen_q: int
+    backend: str
+
+
+def rope_tables(config, max_positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin for every position, computed exactly as transformers does (incl. scaled RoPE)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    params = getattr(config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        dim = head_dim_of(config)
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        scaling = 1.0
+    elif rope_type == "dynamic":
+        raise ValueError("dynamic NTK RoPE scaling is not supported (its tables change with length)")
+    else:
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+    freqs = torch.arange(max_positions, dtype=torch.int64).float()[:, None] * inv_freq.float()[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * scaling).to(device), (emb.sin() * scaling).to(device)
+
+
+def head_dim_of(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, d]; cos/sin: [T, d]. The rotate-half convention of HF checkpoints."""
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _cat(*ts):
+    return None if ts[0] is None else torch.cat(ts, dim=0).contiguous()
+
+
+class LlamaModel:
+    """Weights held as plain tensors. q/k/v and gate/up are fused into one GEMM each (fewer ops
+    per layer matter at batch 1); each output column is the same dot product as in the unfused
+    GEMM, and the tests check logits and greedy tokens against HF."""
+
+    def __init__(self, config, weights: dict, dtype: torch.dtype, device, max_positions: int,
+                 quantization: str | None = None):
+        self.config = config
+        self.quantization = quantization
+        self.num_layers = config.num_hidden_layers
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = head_dim_of(config)
+        self.eps = config.rms_norm_eps
+        self.scale = self.head_dim ** -0.5
+        self.dtype, self.device = dtype, device
+
+        def w(name):
+            if name not in weights:
+                raise ValueError(f"checkpoint is missing weight {name!r}")
+            return weights[name].to(device=device, dtype=dtype).contiguous()
+
+        def opt(name):
+            return w(name) if name in weights else None
+
+        self.embed = w("model.embed_tokens.weight")
+        tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights
+        self.lm_head = self.embed if tied else w("lm_head.weight")
+        self.norm = w("model.norm.weight")
+        self.layers = []
+        for i in range(self.num_layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            biases = [opt(a + f"{n}_proj.bias") for n in "qkv"]
+            if any(b is not None for b in biases) and any(b is None for b in biases):
+                raise ValueError(f"layer {i}: q/k/v projections must all have a bias or none")
+            self.layers.append({
+                "ln1": w(p + "input_layernorm.weight"),
+                "ln2": w(p + "post_attention_layernorm.weight"),
+                "qkv": _cat(*(w(a + f"{n}_proj.weight") for n in "qkv")), "qkv_b": _cat(*biases),
+                "o": w(a + "o_proj.weight"), "o_b": opt(a + "o_proj.bias"),
+                "gate_up": _cat(w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")),
+                "down": w(p + "mlp.down_proj.weight"),
+            })
+        self.lm_head_linear = None
+        self.linear_kind = "dense"
+        if torch.device(device).type == "cpu":
+            self._prepare_cpu_linears()
+        elif quantization is not None:
+            raise ValueError("quantization='int8' is a CPU option (torch's CPU int8 weight kernel)")
+        self.cos, self.sin = rope_tables(config, max_positions, device)
+        self.cos, self.sin = self.cos.to(dtype), self.sin.to(dtype)
+        # CUDA: the loop with fused Triton layer ops (engine/exec/models/llama_fused.py); CPU: fused
+        # C++ layer ops (engine/exec/models/llama_cpu_fused.py) where they build, else the eager loop
+        self.use_fused = torch.device(device).type == "cuda"
+        self.use_cpu_fused = False
+        if torch.device(device).type == "cpu":
+            from kernels import cpu_layer_ops
+            self.use_cpu_fused = cpu_layer_ops.available(dtype) and self.lm_head_linear is not None
+            self.cpu_path = ("fused C++ layer ops" if self.use_cpu_fused else "eager torch ops") + \
+                f" ({cpu_layer_ops.active_path()}); linears: {self.linear_kind}"
+
+    def _prepare_cpu_linears(self) -> None:
+        """CPU: each layer's GEMM weights become callables from engine/exec/cpu_linear.py (dense fp32,
+        oneDNN-packed bf16, or int8), built once here; biases move into them."""
+        from engine.exec.cpu_linear import describe, make_linear
+        q = self.quantization
+        for L in self.layers:
+            for name in ("qkv", "o", "gate_up", "down"):
+                L[name] = make_linear(L[name], L.pop(name + "_b", None), quantization=q)
+        self.lm_head_linear = make_linear(self.lm_head, None, quantization=q)
+        if self.layers:
+            self.linear_kind = describe(self.layers[0]["qkv"])
+
+    def num_params(self) -> int:
+        n = self.embed.numel() + self.norm.numel() + (0 if self.lm_head is self.embed else self.lm_head.numel())
+        for layer in self.layers:
+            n += sum(t.numel() for t in layer.values() if t is not None)
+        return n
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: torch.Tensor,
+                meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
+        """Run the packed batch; return fp32 logits for the tokens at `logits_indices`."""
+        if self.use_fused:
+            from engine.exec.models.llama_fused import forward_fused
+            return forward_fused(self, input_ids, positions, kv_pool, meta, logits_indices)
+        if self.use_cpu_fused and meta.backend == "torch" and kv_pool.is_contiguous():
+            from engine.exec.models.llama_cpu_fused import forward_cpu_fused
+            return forward_cpu_fused(self, input_ids, positions, kv_pool, meta, logits_indices)
+        T = input_ids.shape[0]
+        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        inter = self.config.intermediate_size
+        cos, sin = self.cos[positions], self.sin[positions]
+        x = F.embedding(input_ids, self.embed)
+        for i, L in enumerate(self.layers):
+            a = rms_norm(x, L["ln1"], self.eps)
+            qkv = _linear(L, "qkv", a).view(T, h + 2 * kvh, d)
+            qk = apply_rope(qkv[:, :h + kvh], cos, sin)        # q and k heads rotated together
+            q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kvh:]
+            k_cache, v_cache = kv_pool[0, i], kv_pool[1, i]
+            kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
+            o = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                        meta.cu_seqlens_q, self.scale, max_seqlen_q=meta.max_seqlen_q,
+                                        backend=meta.backend)
+            x = x + _linear(L, "o", o.reshape(T, h * d))
+            gu = _linear(L, "gate_up", rms_norm(x, L["ln2"], self.eps))
+            x = x + _linear(L, "down", F.silu(gu[:, :inter]) * gu[:, inter:])
+        x = rms_norm(x[logits_indices], self.norm, self.eps)
+        if self.lm_head_linear is not None:
+            return self.lm_head_linear(x).float()
+        return F.linear(x, self.lm_head).float()
