@@ -146,14 +146,14 @@ class LLMEngine:
     def release_session(self, session_id: str) -> bool:
         """Release a session's parked blocks, keeping its ids; a turn still running for it will
         free, not park. False if no blocks were parked."""
-        self.sessions.release(session_id)
-        return self.kv.free_session(session_id)
+        handle = self.sessions.release(session_id)
+        return handle is not None and self.kv.release_parked(handle)
 
     def close_session(self, session_id: str) -> bool:
         """Forget a session (conversation deleted): ids dropped, blocks released."""
         self.sessions.close(session_id)
-        had = session_id in self.kv.sessions()
-        self.kv.forget_session(session_id)      # its private blocks leave the pool and the KV tier
+        had = session_id in self.kv.parked_owners()
+        self.kv.forget_owner(session_id)      # its private blocks leave the pool and the KV tier
         return had
 
     def fail_request_outputs(self, req: Request, message: str) -> None:
@@ -346,13 +346,13 @@ class LLMEngine:
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
         req = seq.request
-        park = False
+        owner = None
         if req.session_id is not None and seq.index == 0:   # the session table decides, and keeps the ids
-            park = self.sessions.finish_turn(req.session_id, req.request_id,
-                                             None if reason == "error" else seq.token_ids)
+            owner = self.sessions.finish_turn(req.session_id, req.request_id,
+                                              None if reason == "error" else seq.token_ids)
         if was_admitted:
-            if park:
-                self.kv.park(seq.seq_id, req.session_id)
+            if owner is not None:
+                self.kv.park(seq.seq_id, owner)
             else:
                 self.kv.free(seq.seq_id)
         self._emit(seq, text + seq.detok.flush(), toks or [], finished=True, reason=reason, error=error,

@@ -7,7 +7,10 @@ cycle; the KV manager only holds the blocks of the sessions this table lets it p
 
 States (derived, never stored twice):
     running   a turn is in flight (its sequence owns the blocks)
-    parked    no turn; the manager holds the session's block table (next turn reuses it at once)
+    parked    no turn; the KV manager holds the session's block table under the owner handle
+              this table gave it (`finish_turn`); the next turn reuses it at once. The manager
+              may release parked blocks under memory pressure (it knows owners, not sessions):
+              the handle then names nothing, and the next turn re-prefills
     released  no turn and no blocks (tab closed, memory pressure): the ids are kept, so the next
               turn rebuilds the same prompt and re-prefills it once
 Operations: open (optionally with ids read back from storage after a restart), begin/finish turn
@@ -26,6 +29,7 @@ class _Session:
     token_ids: list[int]
     turn: str | None = None          # request id of the turn in flight
     keep_blocks: bool = True          # False after release/close during a turn: free, don't park
+    parked_as: str | None = None      # the owner handle its blocks were last parked under
 
 
 class SessionTable:
@@ -48,30 +52,41 @@ class SessionTable:
             s = self._s.get(session_id)
             return list(s.token_ids) if s is not None and s.token_ids else None
 
-    def begin_turn(self, session_id: str, request_id: str) -> None:
+    def begin_turn(self, session_id: str, request_id: str) -> str | None:
+        """A turn starts; returns the owner handle its parked blocks are under (the turn's
+        admission adopts them), or None."""
         with self._lock:
             s = self._s.setdefault(session_id, _Session([]))
             s.turn, s.keep_blocks = request_id, True
+            handle, s.parked_as = s.parked_as, None
+            return handle
 
-    def finish_turn(self, session_id: str, request_id: str, token_ids: list[int] | None) -> bool:
-        """A turn ended (engine thread). Records its ids when given; True if its blocks may be
-        parked for the next turn (False when the session was released or closed meanwhile)."""
+    def finish_turn(self, session_id: str, request_id: str, token_ids: list[int] | None) -> str | None:
+        """A turn ended (engine thread). Records its ids when given; returns the owner handle to
+        park its blocks under for the next turn, or None to free them (the session was released
+        or closed meanwhile, or this is not the turn in flight)."""
         with self._lock:
             s = self._s.get(session_id)
             if s is None or s.turn != request_id:
-                return False
+                return None
             s.turn = None
             if token_ids:
                 s.token_ids = list(token_ids)
-            return s.keep_blocks
+            s.parked_as = session_id if s.keep_blocks else None
+            return s.parked_as
 
-    def release(self, session_id: str) -> None:
-        """Give up the blocks, keep the ids. The caller frees a parked pin; a turn in flight will
-        free its blocks instead of parking them."""
+    def release(self, session_id: str) -> str | None:
+        """Give up the blocks, keep the ids; returns the owner handle the caller frees in the KV
+        manager (None if nothing was parked). A turn in flight will free its blocks instead of
+        parking them."""
         with self._lock:
             s = self._s.get(session_id)
-            if s is not None and s.turn is not None:
+            if s is None:
+                return None
+            if s.turn is not None:
                 s.keep_blocks = False
+            handle, s.parked_as = s.parked_as, None
+            return handle
 
     def close(self, session_id: str) -> bool:
         """Forget the session (conversation deleted); a running turn will free, not park."""

@@ -1,8 +1,14 @@
-"""Paged KV-cache memory manager: block tables, prefix cache, sessions and copy-on-write.
+"""Paged KV-cache memory manager: block tables, prefix cache, parked blocks and copy-on-write.
 
 One engine thread calls it, so there are no locks. Every call that needs blocks checks capacity
-first (releasing idle sessions, least recently parked first) and raises NoFreeBlocksError with no
-state change if that is not enough, so the scheduler can preempt and retry.
+first (releasing parked blocks, least recently parked first); when that is not enough the `try_`
+calls return None / False with no state change (the scheduler then decides to preempt), and the
+plain calls raise NoFreeBlocksError.
+
+Owners, not sessions: between two turns a chat's blocks are parked under an owner id (`park`,
+`release_parked`, `parked_owners`, `forget_owner`); which chat sessions exist, their ids and
+their life cycle belong to the session table (engine/core/sessions.py), which hands its session
+id to the engine as that owner id. The manager keeps no session state beyond the blocks it holds.
 
 Sequences: add_sequence -> allocate_slots* -> free | preempt | park; fork for n > 1 sampling.
 Runner: slot / slots_for / block_table / num_computed, take_pending_copies before each forward.
@@ -50,8 +56,9 @@ class _Seq:
         self.ids_cache = None           # for snapshots, see engine/observe/kv_snapshot.table_ids
 
 
-class _Session:
-    """An idle pin: a finished sequence's blocks and computed tokens, kept for its next turn."""
+class _Parked:
+    """Blocks held for an owner between two turns: a finished sequence's table and computed
+    tokens (the owner id is the session table's session id; `session_id` names it that way)."""
     __slots__ = ("session_id", "tokens", "table", "salt", "hashes", "ids_cache")
 
     def __init__(self, session_id, tokens, table, salt, hashes, ids_cache=None):
@@ -73,7 +80,7 @@ class KVCacheManager:
         self.kv_bytes_per_token = kv_bytes_per_token
         self.enable_prefix_caching = enable_prefix_caching
         self._seqs: dict = {}
-        self._idle: OrderedDict = OrderedDict()     # session_id -> _Session, LRU first
+        self._parked: OrderedDict = OrderedDict()     # owner id -> _Parked, least recently parked first
         self._pending: list[tuple[int, int]] = []
         self._shortfall = (0, 0)                    # (needed, available) of the last allocation that failed
         self.prefix_cache_queries = 0
@@ -136,18 +143,18 @@ class KVCacheManager:
         """The engine starts a step: a fresh per-step budget of tier loads."""
         self.tier_policy.new_step()
 
-    def forget_session(self, session_id) -> int:
-        """The conversation is deleted: free its parked blocks, drop the free cached blocks it
-        registered as its own from the pool (no write-back) and delete its blocks from the tier.
-        Returns the tier entries deleted."""
-        self.free_session(session_id)
-        tag = owner_tag(session_id)
+    def forget_owner(self, owner) -> int:
+        """The owner's conversation is deleted: free its parked blocks, drop the free cached blocks
+        it registered as its own from the pool (no write-back) and delete its blocks from the
+        tier. Returns the tier entries deleted."""
+        self.release_parked(owner)
+        tag = owner_tag(owner)
         for b in [b for b in self.pool.cached.values() if b.owner == tag]:
             if b.ref_count == 0:
                 self.pool.forget_free(b)
             else:                       # still held by a fork of it: no longer its private block
                 b.owner = None
-        return self.tier.delete_owner(session_id) if self.tier is not None else 0
+        return self.tier.delete_owner(owner) if self.tier is not None else 0
 
     # ---- properties ---------------------------------------------------------------------
     block_size = property(lambda self: self._bs)
@@ -157,7 +164,9 @@ class KVCacheManager:
 
     def has_sequence(self, seq_id) -> bool: return seq_id in self._seqs
 
-    def sessions(self) -> list: return list(self._idle)
+    def parked_owners(self) -> list:
+        """Owner ids with parked blocks, least recently parked first."""
+        return list(self._parked)
 
     def _get(self, seq_id) -> _Seq:
         seq = self._seqs.get(seq_id)
@@ -172,7 +181,7 @@ class KVCacheManager:
 
     # ---- prefix lookup ------------------------------------------------------------------
     def _plan(self, token_ids, salt, session_id):
-        """(cached tokens, blocks to reuse, idle session to adopt or None, identities of the
+        """(cached tokens, blocks to reuse, parked blocks to adopt or None, identities of the
         blocks to load from the tier after those). Pure (reads the tier's index, no I/O)."""
         if not self.enable_prefix_caching or len(token_ids) < 2:
             return 0, [], None, []
@@ -188,7 +197,7 @@ class KVCacheManager:
             hits.append(b)
             parent = c.hash
         loads = self._plan_loads(token_ids, salt, len(hits), parent) if self.tier is not None else []
-        sess = self._idle.get(session_id) if session_id is not None else None
+        sess = self._parked.get(session_id) if session_id is not None else None
         if sess is not None and sess.salt == salt:
             common = common_prefix(sess.tokens, token_ids, len(token_ids) - 1)
             if common and common >= (len(hits) + len(loads)) * bs:
@@ -227,7 +236,7 @@ class KVCacheManager:
 
     def _make_room(self, need: int, reserved=(), keep=None, dropping=()) -> bool:
         """Ensure `need` blocks can be popped without evicting `reserved` (about to be revived),
-        counting `dropping` (blocks about to lose one ref); release idle sessions LRU (never
+        counting `dropping` (blocks about to lose one ref); release parked blocks LRU (never
         `keep`) only if required and only when that suffices. False (and no state change) when
         even that is not enough; `_shortfall` then says (needed, available)."""
         pool = self.pool
@@ -236,7 +245,7 @@ class KVCacheManager:
         if need <= avail:
             return True
         reserved, drops, victims = set(reserved), dict.fromkeys(dropping, 1), []
-        for sid, sess in self._idle.items():
+        for sid, sess in self._parked.items():
             if sid == keep:
                 continue
             victims.append(sid)
@@ -250,7 +259,7 @@ class KVCacheManager:
             self._shortfall = (need, avail)
             return False
         for sid in victims:
-            self.free_session(sid)
+            self.release_parked(sid)
         return True
 
     # ---- growing a table ----------------------------------------------------------------
@@ -312,7 +321,7 @@ class KVCacheManager:
                          session_id=None) -> int | None:
         """Admit a sequence: reuse its cached prefix, give num_new_tokens more tokens slots.
         Returns the number of cached tokens, or None when the pool cannot hold it even after
-        releasing idle sessions; then nothing changed (plan before mutate). Misuse (a known id,
+        releasing parked blocks; then nothing changed (plan before mutate). Misuse (a known id,
         no tokens, past max_model_len) raises KVCacheError."""
         if seq_id in self._seqs:
             raise KVCacheError(f"sequence {seq_id!r} already exists")
@@ -346,7 +355,7 @@ class KVCacheManager:
             tail = sess.table[len(prefix):]
             if not self._make_room(need, keep=sess.session_id, dropping=tail):
                 return None                     # (never after loads: their worst case fit)
-            del self._idle[sess.session_id]             # ownership moves to seq: no ref change
+            del self._parked[sess.session_id]             # ownership moves to seq: no ref change
             self.pool.free_blocks(tail[::-1])
             seq.hashes = sess.hashes[:cached // self._bs]
             last = prefix[-1]
@@ -381,7 +390,7 @@ class KVCacheManager:
 
     def try_allocate_slots(self, seq_id, num_new_tokens: int) -> bool:
         """Slots for the next num_new_tokens tokens (copy-on-write of a shared partial block).
-        False when the pool cannot give them even after releasing idle sessions; then nothing
+        False when the pool cannot give them even after releasing parked blocks; then nothing
         changed, and the caller decides what to do (the scheduler preempts)."""
         seq = self._get(seq_id)
         if num_new_tokens < 0:
@@ -450,22 +459,23 @@ class KVCacheManager:
              "tokens_swapped": swapped})
         return lost
 
-    def park(self, seq_id, session_id) -> None:
-        """Keep a finished sequence's blocks as session_id's idle pin (replacing an older one)."""
+    def park(self, seq_id, owner) -> None:
+        """Keep a finished sequence's blocks parked under `owner` for its next turn (replacing
+        what that owner had parked); its next add_sequence(session_id=owner) reuses them."""
         seq = self._get(seq_id)
-        if not self.enable_prefix_caching or session_id is None:
+        if not self.enable_prefix_caching or owner is None:
             self.free(seq_id)
             return
         del self._seqs[seq_id]
-        self.free_session(session_id)
+        self.release_parked(owner)
         if self.tier is not None and self.tier_policy.write_through_parked:
             self.write_through(seq.table, reason="park")    # survives eviction and restarts
-        self._idle[session_id] = _Session(session_id, list(seq.tokens[:seq.num_computed]),
-                                          seq.table, seq.salt, seq.hashes, seq.ids_cache)
+        self._parked[owner] = _Parked(owner, list(seq.tokens[:seq.num_computed]),
+                                      seq.table, seq.salt, seq.hashes, seq.ids_cache)
 
-    def free_session(self, session_id) -> bool:
-        """Release an idle session's blocks; False if there is no such idle session."""
-        sess = self._idle.pop(session_id, None)
+    def release_parked(self, owner) -> bool:
+        """Release the blocks parked under `owner`; False if it has none."""
+        sess = self._parked.pop(owner, None)
         if sess is None:
             return False
         self._release(sess.table)
@@ -504,9 +514,9 @@ class KVCacheManager:
         """Counters for metrics and the dashboard; O(live tables)."""
         pool, bs = self.pool, self._bs
         used = pool.num_used
-        live = len(self._seqs) + len(self._idle)
+        live = len(self._seqs) + len(self._parked)
         logical = (sum(len(s.table) for s in self._seqs.values())
-                   + sum(len(s.table) for s in self._idle.values()))
+                   + sum(len(s.table) for s in self._parked.values()))
         contiguous = live * -(-self.max_model_len // bs)
         chat_used = used - self.pins.num_pin_only_blocks     # what the live tables hold
         return KVStats(
@@ -519,7 +529,7 @@ class KVCacheManager:
             num_preemptions=self.num_preemptions,
             savings_vs_unshared=1 - chat_used / logical if logical else 0.0,
             savings_vs_contiguous=1 - chat_used / contiguous if contiguous else 0.0,
-            num_sequences=len(self._seqs), num_idle_sessions=len(self._idle),
+            num_sequences=len(self._seqs), num_idle_sessions=len(self._parked),
             internal_fragmentation_tokens=used * bs - pool.num_used_tokens, usage=used / pool.num_blocks,
             pinned_blocks=self.pins.num_pinned_blocks, max_pinned_blocks=self.pins.max_blocks,
             chat_used_blocks=chat_used, **self._tier_stats())

@@ -44,7 +44,7 @@ def take_snapshot(m, request_of) -> KVSnapshot:
     raw = [(s.seq_id, s.session_id, "running", len(s.tokens), s.num_computed, table_ids(s),
             request_of(s.seq_id)) for s in m._seqs.values()]
     raw += [(None, s.session_id, "idle_session", len(s.tokens), len(s.tokens), table_ids(s), None)
-            for s in m._idle.values()]
+            for s in m._parked.values()]
     ref, filled, hashed = m.pool.columns()
     pins = m.pins.views()
     pinned = {b for p in pins for b in p.block_table}      # an app pin is its own state (engine/kv/pinning.py)

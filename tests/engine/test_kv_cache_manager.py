@@ -119,7 +119,7 @@ def test_reused_evicted_block_loses_hash_and_is_no_longer_a_hit():
 
 def state(m):
     tables = {s: m.block_table(s) for s in list(m._seqs)}
-    return (refs(m), free_ids(m), dict(m.pool.cached), m.stats(), m.sessions(), tables,
+    return (refs(m), free_ids(m), dict(m.pool.cached), m.stats(), m.parked_owners(), tables,
             [m.num_computed(s) for s in tables])
 
 
@@ -141,7 +141,7 @@ def test_failed_allocation_changes_nothing():
     assert (e.value.needed, e.value.available) == (6, 5)
     assert state(m) == before
     m.allocate_slots("d", 40)                       # 5 fit: the idle session is released
-    assert m.sessions() == [] and m.num_free_blocks == 0
+    assert m.parked_owners() == [] and m.num_free_blocks == 0
 
 
 def test_copy_on_write_exactly_once():
@@ -208,7 +208,7 @@ def test_prefix_caching_disabled():
     m = mgr(enable_prefix_caching=False)
     add_all(m, "a", toks(17))
     m.park("a", "s")
-    assert m.sessions() == [] and m.num_used_blocks == 0
+    assert m.parked_owners() == [] and m.num_used_blocks == 0
     assert m.lookup_prefix(toks(17)) == 0 and m.pool.cached == {}
 
 
@@ -228,12 +228,12 @@ def test_session_park_and_adopt_reuses_to_the_token():
     run_turn(m, "t1", turn1, 9)                     # 13 + 8 computed = 21 tokens, 3 blocks
     table = m.block_table("t1")
     m.park("t1", "chat")
-    assert m.sessions() == ["chat"] and m.num_used_blocks == 3
+    assert m.parked_owners() == ["chat"] and m.num_used_blocks == 3
     turn2 = turn1 + toks(5, 200)                    # prompt includes the uncomputed last token
     assert m.lookup_prefix(turn2) == 16             # blocks only
     assert m.lookup_prefix(turn2, session_id="chat") == 21
     assert run_turn(m, "t2", turn2, 1, session="chat") == 21
-    assert m.block_table("t2")[:3] == table and m.sessions() == []
+    assert m.block_table("t2")[:3] == table and m.parked_owners() == []
     assert refs(m)[:3] == [1, 1, 1]                 # ownership moved, no extra refs
     st = m.stats()
     assert st["prefix_cache_hits"] == 21 and st["logical_blocks"] == st["used_blocks"] == 4
@@ -271,12 +271,12 @@ def test_idle_sessions_released_lru_under_pressure():
     assert m.num_free_blocks == 2
     with pytest.raises(NoFreeBlocksError):          # 9 blocks can never fit: nothing released
         add_all(m, "big", toks(72, 5000))
-    assert m.sessions() == ["s1", "s2", "s3"]
+    assert m.parked_owners() == ["s1", "s2", "s3"]
     add_all(m, "x", toks(25, 7000))                 # 4 blocks: releases s1 only
-    assert m.sessions() == ["s2", "s3"]
+    assert m.parked_owners() == ["s2", "s3"]
     # Reusing s2 (the LRU one) while short of blocks: s3 goes, s2 is adopted, not released.
     assert add_all(m, "y", toks(12, 5000) + toks(20, 9000), session_id="s2") == 12
-    assert m.sessions() == [] and m.block_table("y")[:2] == [2, 3]
+    assert m.parked_owners() == [] and m.block_table("y")[:2] == [2, 3]
 
 
 def test_session_reuse_of_identical_tokens_leaves_one_token():
@@ -324,7 +324,7 @@ def test_misuse_errors_name_the_sequence():
         m.free("a")
     with pytest.raises(KVCacheError):
         m.preempt(12345)
-    assert m.free_session("nope") is False and m.num_used_blocks == 0
+    assert m.release_parked("nope") is False and m.num_used_blocks == 0
 
 
 def test_preempt_counts_and_records():

@@ -37,7 +37,7 @@ class KVMachine(RuleBasedStateMachine):
     def fingerprint(self):
         m = self.m
         return ([b.ref_count for b in m.pool.blocks], [b.block_id for b in m.pool.iter_free()],
-                {h: b.block_id for h, b in m.pool.cached.items()}, m.sessions(),
+                {h: b.block_id for h, b in m.pool.cached.items()}, m.parked_owners(),
                 {s: (m.block_table(s), m.num_computed(s)) for s in m._seqs},
                 list(m._pending), {k: v for k, v in m.stats().items()})
 
@@ -54,7 +54,7 @@ class KVMachine(RuleBasedStateMachine):
 
     def sync_sessions(self):
         """Idle sessions may be released under pressure; mirror that (never invent one)."""
-        live = self.m.sessions()
+        live = self.m.parked_owners()
         assert set(live) <= set(self.idle)
         if len(live) < len(self.idle):
             event("idle session released under pressure")
@@ -157,8 +157,8 @@ class KVMachine(RuleBasedStateMachine):
             pass
 
     @rule(session=st.sampled_from(SESSIONS))
-    def free_session(self, session):
-        assert self.m.free_session(session) == (session in self.idle)
+    def release_parked(self, session):
+        assert self.m.release_parked(session) == (session in self.idle)
         self.idle.pop(session, None)
 
     # ---- invariants ----------------------------------------------------------------------
@@ -166,7 +166,7 @@ class KVMachine(RuleBasedStateMachine):
     def pool_is_consistent(self):
         m, pool = self.m, self.m.pool
         tables = {("seq", s): [pool.blocks[i] for i in m.block_table(s)] for s in self.running}
-        for s, sess in m._idle.items():
+        for s, sess in m._parked.items():
             tables[("session", s)] = sess.table
         holders = [0] * pool.num_blocks
         for table in tables.values():
@@ -194,8 +194,8 @@ class KVMachine(RuleBasedStateMachine):
             nc = m.num_computed(sid)
             assert len(m.block_table(sid)) == -(-nc // BS)
             assert [self.kv[s] for s in m.slots_for(sid, 0, nc)] == toks[:nc]
-        assert m.sessions() == list(self.idle)
-        for s, sess in m._idle.items():
+        assert m.parked_owners() == list(self.idle)
+        for s, sess in m._parked.items():
             slots = [b.block_id * BS + p % BS for p, b in
                      ((p, sess.table[p // BS]) for p in range(len(sess.tokens)))]
             assert [self.kv[x] for x in slots] == sess.tokens == self.idle[s]
@@ -206,10 +206,10 @@ class KVMachine(RuleBasedStateMachine):
         for sid in list(self.running):
             self.m.free(sid)
         for s in list(self.idle):
-            assert self.m.free_session(s)
+            assert self.m.release_parked(s)
         st_ = self.m.stats()
         assert st_["used_blocks"] == 0 and st_["free_blocks"] == self.m.num_blocks
-        assert st_["used_tokens"] == 0 and st_["shared_blocks"] == 0 and not self.m.sessions()
+        assert st_["used_tokens"] == 0 and st_["shared_blocks"] == 0 and not self.m.parked_owners()
 
 
 KVMachine.TestCase.settings = settings.get_profile(os.environ.get("KV_HYPOTHESIS_PROFILE", "kv-ci"))

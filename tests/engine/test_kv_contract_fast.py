@@ -35,7 +35,7 @@ def reference_json(m) -> dict:
     seqs = [(s.seq_id, s.session_id, "running", len(s.tokens), s.num_computed, s.table, request_of(s.seq_id))
             for s in m._seqs.values()]
     seqs += [(None, s.session_id, "idle_session", len(s.tokens), len(s.tokens), s.table, None)
-             for s in m._idle.values()]
+             for s in m._parked.values()]
     owners, views = {}, []
     for seq_id, sid, st_, ntok, nc, table, rid in seqs:
         for b in table:
@@ -100,7 +100,7 @@ class FastSnapshotMachine(KVMachine):
     def pool_is_consistent(self):
         m, pool = self.m, self.m.pool
         holders = [0] * pool.num_blocks
-        tables = [s.table for s in m._seqs.values()] + [s.table for s in m._idle.values()]
+        tables = [s.table for s in m._seqs.values()] + [s.table for s in m._parked.values()]
         tables += [[pool.blocks[i] for i in info.block_ids] for info in m.pins.infos()]
         for table in tables:
             for b in table:

@@ -188,7 +188,7 @@ def test_delete_conversation_removes_its_private_blocks_from_pool_and_disk(tmp_p
     m.park("t1", "conv")                             # write-through: 5 blocks on disk
     names = FileStore(str(tmp_path)).names_on_disk()
     assert len(names) == 5
-    m.forget_session("conv")
+    m.forget_owner("conv")
     left = FileStore(str(tmp_path)).names_on_disk()
     assert len(left) == 2                            # only the shared system prompt's blocks
     assert all(b.owner is None for b in m.pool.cached.values())

@@ -77,7 +77,7 @@ class TierMachine(KVMachine):
 
     @rule(session=st.sampled_from(["s0", "s1", "s2"]))
     def delete_conversation(self, session):
-        self.m.forget_session(session)
+        self.m.forget_owner(session)
         self.idle.pop(session, None)
         from engine.kv.kv_tier import owner_tag
         assert all(o != owner_tag(session) for _, _, o in self.tier.entries())

@@ -33,17 +33,19 @@ def test_a_session_opened_with_stored_ids_continues_like_the_uninterrupted_one(m
 def test_table_states_and_fork():
     t = SessionTable()
     t.open("a", [1, 2, 3])
-    t.begin_turn("a", "r1")
+    assert t.begin_turn("a", "r1") is None                     # nothing parked yet
     assert t.running("a") == "r1"
-    assert t.finish_turn("a", "r1", [1, 2, 3, 4, 5]) is True    # may park
+    assert t.finish_turn("a", "r1", [1, 2, 3, 4, 5]) == "a"    # park under handle "a"
     assert t.token_ids("a") == [1, 2, 3, 4, 5]
     t.fork("a", "b")
     assert t.token_ids("b") == [1, 2, 3, 4, 5]
-    t.begin_turn("a", "r2")
-    t.release("a")                                            # released during the turn: free, keep ids
-    assert t.finish_turn("a", "r2", [1, 2, 3, 4, 5, 6]) is False
+    assert t.begin_turn("a", "r2") == "a"                      # the turn adopts what "a" parked
+    assert t.release("a") is None                              # released during the turn: free, keep ids
+    assert t.finish_turn("a", "r2", [1, 2, 3, 4, 5, 6]) is None
     assert t.token_ids("a") == [1, 2, 3, 4, 5, 6]
     t.begin_turn("b", "r3")
     t.close("b")                                              # deleted during the turn: free, forget
-    assert t.finish_turn("b", "r3", [9]) is False and t.token_ids("b") is None
-    assert t.finish_turn("a", "stale", [7]) is False and t.token_ids("a") == [1, 2, 3, 4, 5, 6]
+    assert t.finish_turn("b", "r3", [9]) is None and t.token_ids("b") is None
+    assert t.finish_turn("a", "stale", [7]) is None and t.token_ids("a") == [1, 2, 3, 4, 5, 6]
+    assert t.begin_turn("a", "r4") is None and t.finish_turn("a", "r4", [1]) == "a"
+    assert t.release("a") == "a" and t.release("a") is None     # the caller frees the parked blocks once

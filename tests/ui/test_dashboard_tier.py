@@ -14,7 +14,7 @@ def _evict_and_reload(tmp_path):
     toks = list(range(100, 141))
     run_turn(m, io, "conv-alice-1#0", toks, session="conv-alice-1")
     m.park("conv-alice-1#0", "conv-alice-1")
-    m.free_session("conv-alice-1")                 # tab closed; blocks are cached, then evicted
+    m.release_parked("conv-alice-1")                 # tab closed; blocks are cached, then evicted
     run_turn(m, io, "other#0", list(range(500, 561)))
     m.free("other#0")
     prev = m.snapshot()
