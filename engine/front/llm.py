@@ -79,10 +79,10 @@ class LLM:
     # ---- published by the engine thread, read plainly by anyone ---------------------------------
     def _publish(self, eng, idle: bool) -> None:
         self._load = (len(eng.scheduler.running), len(eng.scheduler.waiting))
-        self._publish_tenants(force=idle)           # idle next: publish the final rows
+        self._publish_tenants(eng, force=idle)      # idle next: publish the final rows
         self._waiting_ids = tuple(eng.scheduler.waiting_request_ids()) if eng.scheduler.waiting else ()
 
-    def _publish_tenants(self, force: bool = False) -> None:
+    def _publish_tenants(self, eng, force: bool = False) -> None:
         """Every 0.5 s (engine thread): the fair policy's rows and events, for plain reads by the
         dashboard and /metrics that must not wait for a step to end. force: the loop is about to
         block with nothing to do, so these rows are the last ones until new work arrives — publish
@@ -91,7 +91,7 @@ class LLM:
         if not force and now - self._tenant_rows_at < 0.5:
             return
         self._tenant_rows_at = now
-        pol = self.engine.scheduler.policy
+        pol = eng.scheduler.policy
         if isinstance(pol, ReportsTenants):
             self._tenant_rows = (tuple(pol.tenant_stats()), tuple(pol.events()))
 
