@@ -369,22 +369,22 @@ class LLM:
         of the last minute, preemptions suffered, queue time. Empty under FCFS. By default a plain
         read of what the engine thread published at most ~0.5 s ago; fresh=True waits for the
         current step to end and reads the policy itself."""
-        if not fresh:
-            return list(self._tenant_rows[0])
-
-        def read(eng):
-            pol = eng.scheduler.policy
-            return pol.tenant_stats() if isinstance(pol, ReportsTenants) else []
-        return self.run_on_engine(read)
+        return self._policy_rows(0, fresh)
 
     def fairness_events(self, fresh: bool = False) -> list:
         """Recent scheduler decisions (engine.core.fairness.FairnessEvent): tenants held back, fair preemptions."""
+        return self._policy_rows(1, fresh)
+
+    def _policy_rows(self, which: int, fresh: bool) -> list:
+        """The fair policy's rows (0) or events (1): as published, or read on the engine thread."""
         if not fresh:
-            return list(self._tenant_rows[1])
+            return list(self._tenant_rows[which])
 
         def read(eng):
             pol = eng.scheduler.policy
-            return pol.events() if isinstance(pol, ReportsTenants) else []
+            if not isinstance(pol, ReportsTenants):
+                return []
+            return pol.tenant_stats() if which == 0 else pol.events()
         return self.run_on_engine(read)
 
     def kv_stats(self):
