@@ -25,14 +25,26 @@ def _sampling(page, max_tokens=None, n=None, temperature=None):
     page.locator("#sampling .label-wrap").first.click()
     for elem_id, value in (("max-tokens", max_tokens), ("n-alternatives", n), ("temperature", temperature)):
         if value is not None:
-            box = page.locator(f"#{elem_id} input[type=number]")
-            box.fill(str(value))
-            box.press("Enter")
-            # the slider commits the typed number to its state (the range input); on a busy machine
-            # that lands after the next click, so wait for it: a send must carry this value
-            _wait(lambda: float(page.locator(f"#{elem_id} input[type=range]").input_value()) == float(value),
-                  timeout=10)
+            _set_slider(page, elem_id, value)
     page.locator("#sampling .label-wrap").first.click()
+
+
+def _set_slider(page, elem_id: str, value) -> None:
+    """Type `value` into a slider's number box until its range input (the slider's state, what a send
+    carries) holds it. On a busy machine the first commit can be lost while the page is still
+    hydrating (CI saw the range keep its old value for 10 s), so type again rather than wait forever."""
+    box = page.locator(f"#{elem_id} input[type=number]")
+    rng = page.locator(f"#{elem_id} input[type=range]")
+    for _ in range(6):
+        box.fill(str(value))
+        box.press("Enter")
+        box.blur()
+        try:
+            _wait(lambda: float(rng.input_value()) == float(value), timeout=5)
+            return
+        except TimeoutError:
+            print(f"[_set_slider] {elem_id}: typed {value}, box {box.input_value()!r}, range {rng.input_value()!r}; typing again")
+    raise TimeoutError(f"{elem_id}: typed {value}, box {box.input_value()!r}, range {rng.input_value()!r}")
 
 
 def _status(page) -> str:
