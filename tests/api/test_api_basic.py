@@ -117,10 +117,10 @@ def test_content_parts_and_developer_role_are_accepted(client, llm, model_id):
 
 
 def test_sse_parser_reads_our_stream_like_a_remote_backend_would(server, model_id):
-    """routes.openai_stream.iter_sse_events (for the future remote backend) on a raw HTTP stream."""
+    """backends.remote_stream.iter_sse_events (the remote backend reads /v1 streams with it) on a raw HTTP stream."""
     import httpx
 
-    from routes.openai_stream import iter_sse_events
+    from backends.remote_stream import iter_sse_events
     body = {"model": model_id, "messages": HELLO, "temperature": 0, "max_tokens": 8, "stream": True,
             "stream_options": {"include_usage": True}}
     with httpx.stream("POST", server.url + "v1/chat/completions", json=body, timeout=120) as r:

@@ -13,7 +13,7 @@ from tests.ui.fake_engine import INFO, FakeLLM
 from ui.dashboard import page as D
 from tests.ui.snapshots import busy_snapshot
 from ui.dashboard.grid_payload import decode_runs, highlight_ranges
-from loadgen.demo_load import DEFAULT_SYSTEM_PROMPT, DemoLoad
+from ui.dashboard.demo_users import DEFAULT_SYSTEM_PROMPT, DemoLoad
 
 SMOL_CFG = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                            hidden_size=576, head_dim=64)

@@ -27,15 +27,15 @@ from ui.dashboard.tier_panel import TierRates, tier_html
 from ui.dashboard import bus as BUS
 from ui.dashboard import grid_canvas as GC
 from ui.dashboard.grid_payload import grid_payload, with_highlight
-from ui.dashboard.scope import scope_snapshot, titles_for
+from engine.observe.viewer_scope import scope_snapshot, titles_for
 from ui.dashboard.sampler import StatsSampler
 from ui.dashboard import open_chats as OPEN
 from ui.dashboard.story import pin_use, story_html
-from engine.core.fairness import ServesTenants
+from engine.protocol import Configured, ServesTenants
 from ui.dashboard.who import event_lines, served, viewer_tenant, who_html
 from ui.dashboard.history import (PLOT_STEP_S, SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT, History,
                                   blocks_frame, hit_rate_frame)
-from loadgen.demo_load import MAX_DEMO_USERS, DemoLoad, PromptSource
+from ui.dashboard.demo_users import MAX_DEMO_USERS, DemoLoad, PromptSource
 from ui.dashboard.kv_math import PRESETS, shape_of
 
 LIVE = "live model"
@@ -128,7 +128,7 @@ class DashboardState:
         return self.llm.fairness_events() if isinstance(self.llm, ServesTenants) else []
 
     def who(self, viewer: str, auth: bool) -> str:
-        policy = getattr(getattr(self.llm, "config", None), "scheduling_policy", "fair")
+        policy = self.llm.config.scheduling_policy if isinstance(self.llm, Configured) else "fair"
         return who_html(self.tenant_rows(), viewer, auth, policy)
 
     def view(self, snap: dict, selected: str | None, arith_model: str | None, scope=None) -> dict:
@@ -214,9 +214,9 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
     returns the timer (inactive: the app turns it on only while the Memory tab is shown).
 
     system_prompt: the demo users' shared system prompt, a string or a callable returning the
-    app's current one (default: loadgen.demo_load.DEFAULT_SYSTEM_PROMPT).
+    app's current one (default: ui.dashboard.demo_users.DEFAULT_SYSTEM_PROMPT).
     storage / auth / own_conv(request) -> conversation id: what each viewer may see, by title
-    (ui/dashboard/scope.py). may_start_demo(request) -> bool: who may start the demo users.
+    (engine/observe/viewer_scope.py). may_start_demo(request) -> bool: who may start the demo users.
     """
     from ui.dashboard.remote import build_remote_dashboard, is_remote
     if is_remote(llm):      # app.py --backend URL: only what the server exposes (ui/dashboard/remote.py)

@@ -22,7 +22,7 @@ _MONITORS: dict[int, BackendMonitor] = {}
 
 
 def is_remote(llm) -> bool:
-    return getattr(llm, "kind", None) == "remote"
+    return llm.kind == "remote"
 
 
 def monitor_for(llm) -> BackendMonitor:
