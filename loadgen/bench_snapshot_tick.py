@@ -24,6 +24,8 @@ import time
 class _SnapLLM:
     """Just what the dashboard reads from an engine: a snapshot and the model's shape."""
 
+    kind = "local"                       # engine.protocol.ChatEngine.kind: not a remote backend
+
     def __init__(self, snap):
         self.snap = snap
 

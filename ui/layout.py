@@ -1,13 +1,10 @@
-"""The page: sidebar (conversations), Chat tab, Memory tab (dashboard); and the FastAPI app that
-serves it together with /metrics and /api/kv.
+"""The page: sidebar (conversations), Chat tab, Memory tab (dashboard).
 
-`build_app(llm, storage, auth=...)` is all app.py and the tests need.
+`build_demo(ctx)` builds the Gradio Blocks and `page_css()` its style sheet; the server
+(server/assembly.py) mounts them on FastAPI next to /metrics, /api/kv and /v1.
 """
 from __future__ import annotations
 
-import atexit
-
-import fastapi
 import gradio as gr
 
 from ui.chat import beam, branches, confirm, context_meter, documents, shortcuts, summary
@@ -15,17 +12,12 @@ from ui.chat import handlers as chat
 from ui.chat import sidebar as side
 from ui.chat import limits, reply_format, view
 from ui.chat.context import ChatContext
-from ui.chat.tabs import RELEASE_GRACE_S, TabRegistry
 from ui.page_assets import CSS, LIST_REFRESH_MEMORY_TAB_S, LIST_REFRESH_S, PAGE_JS, URL_JS
 
-from ui.dashboard.page import build_dashboard, wire_memory_tab
+from ui.dashboard.page import build_dashboard
+from ui.dashboard.timers import wire_memory_tab
 from ui.dashboard.panels import THEME_CSS
-from routes.exports import register_export_route
-from routes.kv import register_kv_route
 from ui.chat.prompt_picker import build_prompt_picker
-from ui.chat.prompt_pins import PromptPins
-from routes.metrics import register_routes
-from routes.security import install_security
 
 
 def _sampling_controls(llm):
@@ -368,45 +360,6 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     gr.api(close_tab, api_name="close_tab")
 
 
-def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_host: str = "127.0.0.1",
-              allowed_hosts=(), api_options: dict | None = None, engine_routes: bool = True, admins=(),
-              share_hosts: set | None = None):
-    """(FastAPI app serving the page at / plus /metrics, /api/kv and the OpenAI API at /v1, the Blocks
-    demo). api_options: api_keys, allowed_origins, ... for routes.openai_api.mount_openai_api.
-    engine_routes=False (app.py --backend): no /metrics, /api/kv, /v1 here; the backend serves its own."""
-    ctx = ctx or ChatContext(llm, storage, TabRegistry(llm, release_grace_s=RELEASE_GRACE_S), auth=bool(auth),
-                             admins=frozenset(admins))
-    if ctx.pins is None and hasattr(llm, "pin_system_prompt"):    # the real engine: pin the shared prompt
-        ctx.pins = PromptPins(llm, storage)
-        note = ctx.pins.fit_default()
-        if note:
-            print(f"[app] {note}", flush=True)
-        ctx.pins.pin_startup()
-    demo = build_demo(ctx)
-    demo.queue(default_concurrency_limit=None)
-    demo.chat_context = ctx
-    app = fastapi.FastAPI()
-    if ctx.exports is None:              # exports are served by our route, owner-only (#12.12)
-        from storage.exports import PrivateExports
-        ctx.exports = PrivateExports()
-        atexit.register(ctx.exports.close)
-    register_export_route(app, ctx.exports, demo=demo, auth=bool(auth))
-    if engine_routes:                    # before mounting Gradio at "/", which would shadow them
-        register_routes(app, llm, kv_route=False, auth=bool(auth))
-        register_kv_route(app, llm, storage=storage, demo=demo, auth=bool(auth))   # viewer-scoped /api/kv
-        from routes.openai_api import mount_openai_api
-        mount_openai_api(app, llm, require_key=bool(auth), multi_user=bool(auth), **(api_options or {}))
-    app = gr.mount_gradio_app(app, demo, path="/", auth=auth,
-                              css=CSS + THEME_CSS + context_meter.CSS + shortcuts.CSS + documents.CSS, ssr_mode=False,
-                              footer_links=["api", "gradio"])
-    if engine_routes:
-        from ui.dashboard.page import state_for
-        if not hasattr(app.state, "extra_metrics"):
-            app.state.extra_metrics = []
-        app.state.extra_metrics.append(state_for(llm).metrics_text)     # dashboard ticks counter
-    install_security(app, bind_host, allowed_hosts, auth=auth,    # Host check, no /docs, login throttle
-                     share_hosts=share_hosts)
-    if auth:                         # Gradio's /cancel takes any session hash: owner check (#12.10)
-        from ui.chat.cancel_guard import install_cancel_guard
-        install_cancel_guard(app, ctx.tabs)
-    return app, demo
+def page_css() -> str:
+    """The page's style sheet: the chat's, the dashboard's theme, and each widget's own."""
+    return CSS + THEME_CSS + context_meter.CSS + shortcuts.CSS + documents.CSS

@@ -24,7 +24,7 @@ def get(url: str, headers=None):
 @pytest.fixture(scope="module")
 def full_app(llm, tmp_path_factory):
     from storage import Storage
-    from ui import build_app
+    from server import build_app
     st = Storage(tmp_path_factory.mktemp("db") / "chat.db")
     app, _ = build_app(llm, st, api_options=dict(api_keys=["sk-app"], allowed_origins=["http://ok.example"]))
     deadline = time.time() + 120
@@ -62,7 +62,7 @@ def test_gradio_cors_does_not_leak_onto_v1(full_app):
 
 def test_ui_login_without_api_key_closes_the_api(llm, tmp_path):
     from storage import Storage
-    from ui import build_app
+    from server import build_app
     st = Storage(tmp_path / "chat.db")
     app, _ = build_app(llm, st, auth=[("ann", "secret-pw")])
     srv = LiveServer(app)

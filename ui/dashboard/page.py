@@ -29,6 +29,7 @@ from ui.dashboard import grid_canvas as GC
 from ui.dashboard.grid_payload import grid_payload, with_highlight
 from engine.observe.viewer_scope import scope_snapshot, titles_for
 from ui.dashboard.sampler import StatsSampler
+from ui.dashboard.timers import DashboardTimers
 from ui.dashboard import open_chats as OPEN
 from ui.dashboard.story import pin_use, story_html
 from engine.protocol import Configured, ServesTenants
@@ -209,9 +210,9 @@ def _digest(v) -> int:
 
 def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = TICK_S, slow_tick_s: float = SLOW_TICK_S,
                     storage=None,
-                    auth: bool = False, own_conv=None, may_start_demo=None, chat_states=None) -> gr.Timer:
+                    auth: bool = False, own_conv=None, may_start_demo=None, chat_states=None) -> DashboardTimers:
     """Create the dashboard components, its timer and the demo-load strip in the current Blocks;
-    returns the timer (inactive: the app turns it on only while the Memory tab is shown).
+    returns its DashboardTimers (inactive: the app turns them on only while the Memory tab is shown).
 
     system_prompt: the demo users' shared system prompt, a string or a callable returning the
     app's current one (default: ui.dashboard.demo_users.DEFAULT_SYSTEM_PROMPT).
@@ -341,7 +342,6 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
     timer.tick(fast, inputs=[selector, arith_model, opened], outputs=[bus], **quiet)
     slow_timer = gr.Timer(slow_tick_s, active=False)
     slow_timer.tick(slow, inputs=[selector, arith_model], outputs=slow_outputs, **quiet)
-    timer.companions = [slow_timer]     # the app switches both on and off with the Memory tab
 
     def refresh_fn(s, m, shown, request: gr.Request = None):
         return fast(s, m, shown, request, fresh=True)
@@ -379,24 +379,8 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
         own = own_conv(request) if own_conv is not None and request is not None else None
         return gr.update(value=str(own)) if own else gr.skip()
 
-    timer.refresh = refresh         # the app repaints at once when the Memory tab is shown
-    timer.refresh_slow = refresh_all
-    timer.tick_fns = {"fast": fast, "slow": slow, "tick": tick}     # for tests and benchmarks
-    timer.select_own = dict(fn=own_fn, inputs=None, outputs=[selector], show_progress="hidden",
-                            api_visibility="private", concurrency_limit=None)
-    return timer
-
-
-def wire_memory_tab(memory_tab, other_tab, timer) -> None:
-    """Showing the Memory tab starts the dashboard's timers (none run while it is hidden: no
-    requests, no page work), selects the chat open in the sidebar, and repaints at once; showing
-    the other tab stops them. Works for the remote view too (one timer, no selection)."""
-    timers = [timer, *getattr(timer, "companions", [])]
-    quiet = dict(api_visibility="private", show_progress="hidden")
-    shown = memory_tab.select(lambda: [gr.Timer(active=True)] * len(timers), None, timers, **quiet)
-    if hasattr(timer, "select_own"):
-        shown = shown.then(**timer.select_own)
-    shown.then(**timer.refresh)
-    if hasattr(timer, "refresh_slow"):
-        shown.then(**timer.refresh_slow)
-    other_tab.select(lambda: [gr.Timer(active=False)] * len(timers), None, timers, **quiet)
+    # the app switches both timers on and off with the Memory tab and repaints at once when it is shown
+    return DashboardTimers([timer, slow_timer], refresh, refresh_slow=refresh_all,
+                           select_own=dict(fn=own_fn, inputs=None, outputs=[selector], show_progress="hidden",
+                                           api_visibility="private", concurrency_limit=None),
+                           tick_fns={"fast": fast, "slow": slow, "tick": tick})
