@@ -17,11 +17,13 @@ import json
 import statistics
 import time
 
+import pandas as pd
+
 
 def _tick_bytes(values: list) -> int:
     out = 0
     for v in values:
-        if hasattr(v, "to_json"):
+        if isinstance(v, pd.DataFrame):
             out += len(v.to_json(orient="split"))
         elif isinstance(v, dict) and v.get("__type__") == "update" and len(v) == 1:
             out += 24                                   # a skipped output

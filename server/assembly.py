@@ -45,7 +45,7 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
     install_security(app, bind_host, allowed_hosts, auth=auth,    # Host check, no /docs, login throttle
                      share_hosts=share_hosts)
     if auth:                         # Gradio's /cancel takes any session hash: owner check (#12.10)
-        from ui.chat.cancel_guard import install_cancel_guard
+        from routes.cancel_guard import install_cancel_guard
         install_cancel_guard(app, ctx.tabs)
     return app, demo
 

@@ -19,6 +19,7 @@ import zlib
 from collections import OrderedDict
 
 import gradio as gr
+import pandas as pd
 
 from ui.dashboard import panels as H
 from ui.dashboard import view as V
@@ -203,7 +204,7 @@ def state_for(llm, system_prompt: PromptSource = None) -> DashboardState:
 
 
 def _digest(v) -> int:
-    if hasattr(v, "to_csv"):
+    if isinstance(v, pd.DataFrame):
         v = v.to_csv(index=False)
     return zlib.crc32(repr(v).encode())
 
