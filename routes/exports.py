@@ -11,7 +11,6 @@ from __future__ import annotations
 from fastapi import Request        # module level: the route's annotation is resolved from here
 
 from routes.kv import gradio_user
-from storage.exports import export_url  # noqa: F401  (the download path the route answers; the page links it)
 
 MEDIA_TYPES = {".json": "application/json", ".md": "text/markdown; charset=utf-8"}
 

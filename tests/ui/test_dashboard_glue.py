@@ -3,7 +3,6 @@ settings, every block of a 3,000-block pool in the payload, and the simulated us
 lifecycle. (The render's time is a benchmark: `python -m loadgen.bench_snapshot_tick --blocks 3000`.)"""
 import dataclasses
 import json
-import re
 import threading
 import time
 from types import SimpleNamespace
