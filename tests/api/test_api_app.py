@@ -9,6 +9,7 @@ import urllib.request
 import openai
 import pytest
 
+from engine import SamplingParams
 from tests.api.conftest import LiveServer, wait_idle
 
 
@@ -42,8 +43,10 @@ def test_build_app_serves_v1_next_to_the_page_and_metrics(full_app, model_id, ll
     assert get(full_app.url)[0] == 200                                   # the Gradio page still at /
     assert get(full_app.url + "v1/models")[0] == 401                     # keys from api_options
     c = openai.OpenAI(base_url=full_app.url + "v1", api_key="sk-app", max_retries=0)
-    r = c.chat.completions.create(model=model_id, max_tokens=3, messages=[{"role": "user", "content": "Hi"}])
-    assert r.choices[0].message.content is not None
+    hi = [{"role": "user", "content": "Hi"}]
+    r = c.chat.completions.create(model=model_id, max_tokens=3, temperature=0, messages=hi)
+    ref = llm.chat(hi, SamplingParams(temperature=0.0, max_tokens=3))[0].outputs[0]
+    assert r.choices[0].message.content == ref.text and r.usage.completion_tokens == len(ref.token_ids)
     code, text, _ = get(full_app.url + "metrics")
     assert code == 200 and "vllm:kv_cache_usage_perc" in text
     assert 'paged_chat_api_requests_total{endpoint="chat_completions",status="200"} 1' in text
