@@ -14,15 +14,29 @@ first text; cached tokens only when the server reports `prompt_tokens_details.ca
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
 import socket
 import threading
 import time
 
 from engine.core.sequence import RequestOutputDelta
-from routes.openai_stream import iter_sse_events
 
 _END = object()
+
+
+def iter_sse_events(lines):
+    """Client side of routes.openai_stream.sse: the JSON objects of an OpenAI SSE stream, given its
+    text lines; stops at [DONE]. Here, with the backend that reads such streams (the UI on vLLM,
+    SGLang or another app.py), since backends must not import routes."""
+    for line in lines:
+        line = line.strip()
+        if not line.startswith("data:"):
+            continue                        # blank separators, ": keep-alive" comments, event: names
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        yield json.loads(data)
 
 
 class RemoteStream:

@@ -12,7 +12,7 @@ def main():
     llm.latest_snapshot()
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
     def burst(tag, wait):
-        llm._snapshots.max_wait_s = wait
+        llm.set_snapshot_wait(wait)
         prompts = [" ".join(f"{words[(i*7+k) % 12]}{tag}{i}-{k}" for k in range(150)) for i in range(8)]
         streams = [llm.submit(p, SamplingParams(max_tokens=2, temperature=0.0)) for p in prompts]
         rs = [threading.Thread(target=lambda s=s: list(s)) for s in streams]; [r.start() for r in rs]

@@ -24,6 +24,8 @@ import time
 class _SnapLLM:
     """Just what the dashboard reads from an engine: a snapshot and the model's shape."""
 
+    kind = "local"                       # engine.protocol.ChatEngine.kind: not a remote backend
+
     def __init__(self, snap):
         self.snap = snap
 
@@ -95,17 +97,19 @@ def _tick_fns(llm):
 
 def _wire_bytes(value, comp) -> int:
     """Bytes of one output in Gradio's message: gr.skip() is a tiny update, the rest is postprocessed."""
+    from gradio.components import Component
+    from pydantic import BaseModel
     if isinstance(value, dict) and value.get("__type__") == "update":
         rest = {k: v for k, v in value.items() if k != "__type__"}
         if not rest:
             return len(json.dumps(value))
         value = rest.get("value", rest)
-        if not hasattr(comp, "postprocess") or "choices" in rest:
+        if not isinstance(comp, Component) or "choices" in rest:
             return len(json.dumps(rest, default=str))
-    if not hasattr(comp, "postprocess"):
+    if not isinstance(comp, Component):
         return len(json.dumps(value, default=str))
     out = comp.postprocess(value)
-    if hasattr(out, "model_dump"):
+    if isinstance(out, BaseModel):          # Gradio's data models
         out = out.model_dump()
     return len(json.dumps(out, default=str))
 

@@ -4,7 +4,7 @@ what a dashboard tick costs on the wire with them running.
     .venv/bin/python -m loadgen.measure_sharing [--users 16] [--seconds 60] [--num-blocks N]
 
 Starts the real engine with the default model, pins the default shared prompt (as the app does at
-start-up), starts N demo users (loadgen/demo_load.py) and samples the engine's stats every second:
+start-up), starts N demo users (ui/dashboard/demo_users.py) and samples the engine's stats every second:
 "saved by sharing" = 1 - used blocks / blocks paging without sharing would hold
 (KVStats.savings_vs_unshared). Also renders the Memory tab's tick for each sample and reports the
 bytes it would send (only outputs that changed since the previous tick, as the page does).
@@ -17,11 +17,13 @@ import json
 import statistics
 import time
 
+import pandas as pd
+
 
 def _tick_bytes(values: list) -> int:
     out = 0
     for v in values:
-        if hasattr(v, "to_json"):
+        if isinstance(v, pd.DataFrame):
             out += len(v.to_json(orient="split"))
         elif isinstance(v, dict) and v.get("__type__") == "update" and len(v) == 1:
             out += 24                                   # a skipped output
@@ -39,7 +41,7 @@ def main(argv=None) -> dict:
     import gradio as gr
 
     from engine import LLM
-    from loadgen.demo_load import DEFAULT_SYSTEM_PROMPT, DemoLoad
+    from ui.dashboard.demo_users import DEFAULT_SYSTEM_PROMPT, DemoLoad
     from ui.dashboard import page as D
 
     llm = LLM(num_blocks=a.num_blocks)

@@ -8,18 +8,11 @@ answers 404 alike for a wrong token, someone else's export and an expired one.
 """
 from __future__ import annotations
 
-from urllib.parse import quote
-
 from fastapi import Request        # module level: the route's annotation is resolved from here
 
 from routes.kv import gradio_user
 
 MEDIA_TYPES = {".json": "application/json", ".md": "text/markdown; charset=utf-8"}
-
-
-def export_url(token: str, name: str) -> str:
-    """The download path, relative to the page (works under a proxy's sub-path too)."""
-    return f"exports/{token}/{quote(name)}"
 
 
 def register_export_route(app, exports, *, demo=None, auth: bool = False) -> None:

@@ -2,7 +2,7 @@
 
 Why its own route module: /metrics is aggregate and may stay open, but the snapshot names
 conversations and shows their block tables, so under --auth it needs a login and is scoped to
-the caller's own chats (ui/dashboard/scope.py; issue 12 item 9). The login is Gradio's: the same
+the caller's own chats (engine/observe/viewer_scope.py; issue 12 item 9). The login is Gradio's: the same
 access-token cookie the page uses, resolved through the mounted Gradio app's token table.
 
 Cost (issue 13): at GPU pool sizes a full snapshot is ~13 MB of JSON. `?compact=true` serves the
@@ -18,7 +18,8 @@ from fastapi import Request        # module level: the route's annotation is res
 
 from engine.observe.kv_contract import compact_json
 from engine.observe.snapshot_cache import json_bytes
-from ui.dashboard.scope import scope_snapshot, titles_for
+from engine.protocol import ServesSnapshotForms
+from engine.observe.viewer_scope import scope_snapshot, titles_for
 
 _SCOPED_CACHE_MAX = 64             # viewers x forms kept per snapshot window
 
@@ -57,12 +58,11 @@ class _ScopedBodies:
 
 
 def _unscoped_body(llm, fresh: bool, compact: bool) -> bytes:
+    if not isinstance(llm, ServesSnapshotForms):          # an engine without the forms (a remote one)
+        return json_bytes(_maybe_compact(llm.snapshot() if fresh else llm.latest_snapshot(), compact))
     if fresh:
-        return json_bytes(llm.kv_snapshot().to_json(compact=compact) if hasattr(llm, "kv_snapshot")
-                          else _maybe_compact(llm.snapshot(), compact))
-    if hasattr(llm, "latest_snapshot_bytes"):
-        return llm.latest_snapshot_bytes(compact)
-    return json_bytes(_maybe_compact(llm.latest_snapshot(), compact))   # an engine without it (fakes)
+        return json_bytes(llm.kv_snapshot().to_json(compact=compact))
+    return llm.latest_snapshot_bytes(compact)
 
 
 def _maybe_compact(snap: dict, compact: bool) -> dict:

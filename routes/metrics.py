@@ -7,7 +7,8 @@ snapshot shared per 0.25 s by every caller); `/api/kv?fresh=1` asks for an exact
 """
 from __future__ import annotations
 
-from ui.dashboard.view import sharing_savings
+from engine.protocol import ChatEngine, ServesSnapshotForms
+from engine.observe.savings import sharing_savings
 
 # (name, type, help, value from (stats, extra)); vLLM names first
 _VLLM = (
@@ -126,8 +127,7 @@ def prometheus_text(snap: dict, model_name: str = "") -> str:
 
 
 def model_name_of(llm) -> str:
-    info = getattr(llm, "model_info", None)
-    return info().name if callable(info) else ""
+    return llm.model_info().name if isinstance(llm, ChatEngine) else ""
 
 
 def register_routes(app, llm, *, kv_route: bool = True, auth: bool = False) -> None:
@@ -135,11 +135,9 @@ def register_routes(app, llm, *, kv_route: bool = True, auth: bool = False) -> N
     kv_route=False: the app registers its viewer-scoped /api/kv itself (routes/kv.py)."""
     from fastapi.responses import JSONResponse, PlainTextResponse
 
-    import inspect
-
     name = model_name_of(llm)
     # /metrics reads only "stats": the compact form spares a per-block build at GPU pool sizes
-    compact = {"compact": True} if "compact" in inspect.signature(llm.latest_snapshot).parameters else {}
+    compact = {"compact": True} if isinstance(llm, ServesSnapshotForms) else {}
 
     from routes.tenant_metrics import tenant_metrics_source
     tenants = tenant_metrics_source(llm, anonymous_users=auth)   # per-tenant lines, bounded labels

@@ -47,7 +47,7 @@ API_PREFIX = "api-"          # engine request ids of API calls start with this (
 
 def served_model_name(llm) -> str:
     """The model id clients must send: the model file or folder name (as /metrics labels it)."""
-    base = os.path.basename(str(getattr(llm, "model_source", "") or "").rstrip("/"))
+    base = os.path.basename(str(llm.model_source or "").rstrip("/"))
     return (base[:-5] if base.endswith(".gguf") else base) or "default"
 
 
@@ -121,7 +121,7 @@ class OpenAIServer:
         self.default_priority = default_priority
         # fair scheduling: the waiting and in-flight bounds count each tenant (API key) on its own,
         # so one key that floods /v1 is refused, not every other key with it
-        self.per_tenant = getattr(getattr(llm, "config", None), "scheduling_policy", "fcfs") == "fair"
+        self.per_tenant = llm.config.scheduling_policy == "fair"
         self._tenant_flight: dict[str, int] = {}
         self._tenant_lock = threading.Lock()
 

@@ -11,6 +11,7 @@ import dataclasses
 
 from engine.sampling.sampling_params import SamplingParams
 from routes.openai_errors import APIError
+from routes.openai_schemas import ChatCompletionRequest
 from routes.openai_structured import logit_bias
 
 
@@ -24,7 +25,7 @@ def to_sampling_params(req, prompt_len: int, max_model_len: int, structured=None
     room = max_model_len - prompt_len
     if room < 1:
         raise APIError(400, f"this model's maximum context length is {max_model_len} tokens; the prompt has "
-                            f"{prompt_len}", param="messages" if hasattr(req, "messages") else "prompt",
+                            f"{prompt_len}", param="messages" if isinstance(req, ChatCompletionRequest) else "prompt",
                        code="context_length_exceeded")
     limit = req.token_limit()
     if limit is not None and limit > room:

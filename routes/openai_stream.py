@@ -20,19 +20,6 @@ def sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'), ensure_ascii=False)}\n\n"
 
 
-def iter_sse_events(lines):
-    """Client side of `sse`: the JSON objects of an OpenAI SSE stream, given its text lines; stops at
-    [DONE]. For a remote backend (the UI on vLLM / SGLang / another app.py) reading these streams."""
-    for line in lines:
-        line = line.strip()
-        if not line.startswith("data:"):
-            continue                        # blank separators, ": keep-alive" comments, event: names
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
-        yield json.loads(data)
-
-
 @dataclass
 class Choice:
     text: str = ""

@@ -87,9 +87,10 @@ def remove_api_docs(app) -> None:
     the schema of the mounted Gradio app does not even build (it answered 500)."""
     app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in DOCS_PATHS]
     app.docs_url = app.redoc_url = app.openapi_url = None
+    from fastapi import FastAPI
     for route in app.router.routes:             # the mounted Gradio app is a FastAPI app as well
         sub = getattr(route, "app", None)
-        if sub is not app and hasattr(sub, "openapi_url") and hasattr(sub, "router"):
+        if sub is not app and isinstance(sub, FastAPI):
             remove_api_docs(sub)
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import threading
 
-from engine.core.fairness import ServesTenants, TenantStats
+from engine.core.fairness import TenantStats
+from engine.protocol import ServesTenants
 
 OTHER = "other"
 USER_PREFIX = "user:"

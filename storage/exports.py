@@ -28,10 +28,17 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 DEFAULT_MAX_AGE_S = 15 * 60     # long enough to click "download", short enough not to pile up
 ROOT_PREFIX = "paged-chat-exports-"
 PID_FILE = ".owner-pid"
+
+
+def export_url(token: str, name: str) -> str:
+    """The download path of an export, relative to the page (works under a proxy's sub-path too):
+    what the page links (ui/chat/sidebar.py) and the route answers (routes/exports.py)."""
+    return f"exports/{token}/{quote(name)}"
 
 
 @dataclass(frozen=True)

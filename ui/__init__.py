@@ -1,7 +1,4 @@
-"""The Gradio page: chat (ui/chat/, ui/layout.py) and the memory dashboard (ui/dashboard/)."""
-__all__ = ["build_app"]
+"""The Gradio pages: chat (ui/chat/, ui/layout.py) and the memory dashboard (ui/dashboard/).
 
-
-def build_app(*args, **kwargs):
-    from ui.layout import build_app as _build
-    return _build(*args, **kwargs)
+ui/ only builds pages; the server (server/assembly.py) mounts them with the HTTP routes.
+"""

@@ -1,13 +1,10 @@
-"""The page: sidebar (conversations), Chat tab, Memory tab (dashboard); and the FastAPI app that
-serves it together with /metrics and /api/kv.
+"""The page: sidebar (conversations), Chat tab, Memory tab (dashboard).
 
-`build_app(llm, storage, auth=...)` is all app.py and the tests need.
+`build_demo(ctx)` builds the Gradio Blocks and `page_css()` its style sheet; the server
+(server/assembly.py) mounts them on FastAPI next to /metrics, /api/kv and /v1.
 """
 from __future__ import annotations
 
-import atexit
-
-import fastapi
 import gradio as gr
 
 from ui.chat import beam, branches, confirm, context_meter, documents, shortcuts, summary
@@ -15,17 +12,12 @@ from ui.chat import handlers as chat
 from ui.chat import sidebar as side
 from ui.chat import limits, reply_format, view
 from ui.chat.context import ChatContext
-from ui.chat.tabs import RELEASE_GRACE_S, TabRegistry
 from ui.page_assets import CSS, LIST_REFRESH_MEMORY_TAB_S, LIST_REFRESH_S, PAGE_JS, URL_JS
 
-from ui.dashboard.page import build_dashboard, wire_memory_tab
+from ui.dashboard.page import build_dashboard
+from ui.dashboard.timers import wire_memory_tab
 from ui.dashboard.panels import THEME_CSS
-from routes.exports import register_export_route
-from routes.kv import register_kv_route
 from ui.chat.prompt_picker import build_prompt_picker
-from ui.chat.prompt_pins import PromptPins
-from routes.metrics import register_routes
-from routes.security import install_security
 
 
 def _sampling_controls(llm):
@@ -55,108 +47,145 @@ def _sampling_controls(llm):
 
 def build_demo(ctx: ChatContext) -> gr.Blocks:
     with gr.Blocks(title="Paged chat") as demo:
-        with gr.Sidebar(open=True, width=300, elem_id="sidebar"):
-            gr.Markdown("### Conversations")
-            new_btn = gr.Button("+ New chat", variant="primary", size="sm", elem_id="new-chat")
-            with gr.Row():
-                query = gr.Textbox(placeholder="Search chats…", show_label=False,
-                                   container=False, scale=5)
-                refresh_btn = gr.Button("↻", size="sm", scale=1, min_width=40, elem_id="refresh-list")
-            conv_list = gr.Radio(choices=[], value=None, show_label=False, elem_id="conv-list")
-            timer = gr.Timer(LIST_REFRESH_S)
-            open_id = gr.Textbox(visible=False, label="Conversation id")   # API: open any id
-            with gr.Accordion("Rename · delete · export · import", open=False) as manage:
-                title = gr.Textbox(label="Title (of the chat on screen)", max_lines=1, elem_id="chat-title")
-                with gr.Row(elem_id="manage-row"):
-                    rename_btn = gr.Button("Rename", size="sm")
-                    delete_btn = gr.Button("Delete…", variant="stop", size="sm", elem_id="delete")
-                with gr.Group(visible=False, elem_id="delete-confirm") as delete_confirm:
-                    delete_question = gr.Markdown()
-                    with gr.Row():
-                        delete_yes = gr.Button("Yes, delete", variant="stop", size="sm", elem_id="delete-yes")
-                        delete_no = gr.Button("Cancel", size="sm", elem_id="delete-no")
-                with gr.Row(elem_id="export-row"):
-                    export_json_btn = gr.Button("Export JSON", size="sm")
-                    export_md_btn = gr.Button("Export Markdown", size="sm")
-                export_file = gr.HTML("", elem_id="export-link")
-                import_file = gr.UploadButton("Import JSON…", file_types=[".json"], size="sm")
+        c = _sidebar()
         gr.HTML(shortcuts.overlay_html(), elem_id="shortcuts", padding=False)
         with gr.Tab("Chat") as chat_tab:
-            info = ctx.llm.model_info()
-            gr.Markdown(f"Model **{info.name}** · context {ctx.max_model_len} tokens "
-                        f"(prompt + reply) · KV blocks of {info.block_size} tokens", elem_id="model-line")
-            chatbot = gr.Chatbot(height=520, editable="user", label="Chat", show_label=False, elem_id="chatbot",
-                                 placeholder="Start a conversation: every open chat is a live engine session "
-                                             "that keeps its KV blocks between turns.",
-                                 buttons=["copy"])
-            status = gr.Markdown(" ", elem_id="chat-status")
-            with gr.Row(elem_id="ctx-row"):      # the context meter (ui/chat/context_meter.py), always shown
-                meter = gr.HTML(context_meter.html(None), elem_id="ctx-meter")
-                summary_btn = gr.Button("Start a new chat with a summary", size="sm", visible=False, scale=0,
-                                        min_width=120, elem_id="ctx-summary")
-            with gr.Row(visible=False, elem_id="alt-row") as alt_row:
-                alt_mds, pick_btns = [], []
-                for i in range(view.MAX_ALTERNATIVES):
-                    with gr.Column(min_width=160):
-                        alt_mds.append(gr.Markdown(visible=False, elem_id=f"alt-{i}", elem_classes=["alternative"],
-                                                   container=True))
-                        pick_btns.append(gr.Button("Continue with this one", size="sm", visible=False,
-                                                   elem_id=f"pick-{i}"))
-            doc_chips = gr.HTML("", elem_id="doc-chips")       # attached documents (ui/chat/documents.py)
-            with gr.Row(elem_id="composer"):
-                attach_btn = gr.UploadButton("📎", file_types=sorted(documents.TEXT_EXTENSIONS), scale=0,
-                                             min_width=44, elem_id="attach")
-                msg = gr.Textbox(label="Message", placeholder="Message (Enter to send, Shift+Enter for a new line)",
-                                 show_label=False, scale=8, lines=1, max_lines=8, elem_id="msg", autofocus=True)
-                # one place, one button: Send while idle, Stop (or Esc) while a reply is generated
-                send_btn = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id="send")
-                stop_btn = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="stop", visible=False)
-            with gr.Row(elem_id="regen-row"):     # shown only when it can act (CSS below)
-                regen_btn = gr.Button("Regenerate", size="sm", elem_id="regenerate")
-                # extends a stopped / cut-off reply in place (ui/chat/handlers.continue_reply)
-                continue_btn = gr.Button("Continue", size="sm", elem_id="continue-reply")
-            # `< k/n >` links in messages write "<message id>:<nonce>" here (PAGE_JS), then click
-            branch_cmd = gr.Textbox(elem_id="branch-cmd", elem_classes=["offscreen"], show_label=False,
-                                    container=False)
-            branch_go = gr.Button("switch version", elem_id="branch-go", elem_classes=["offscreen"])
-            with gr.Accordion("System prompt", open=False, elem_id="system-prompt"):
-                shared_prompt = gr.Textbox(label="Shared system prompt (every new chat starts with it, so "
-                                                 "their first blocks are shared)", lines=3)
-                save_prompt_btn = gr.Button("Save for new chats", size="sm")
-                preset_info = build_prompt_picker(ctx, shared_prompt)   # presets + your own (ui/chat/prompt_picker.py)
-                override = gr.Textbox(label="This conversation's own system prompt (optional override)", lines=2)
-                with gr.Row():
-                    override_btn = gr.Button("Use for this conversation", size="sm")
-                    reset_btn = gr.Button("Back to the shared prompt", size="sm")
-                prompt_line = gr.Markdown()
-            sampling = _sampling_controls(ctx.llm)
+            c.update(_chat_view(ctx))
+            c.update(_composer())
+            c.update(_system_prompt_box(ctx))
+            c["sampling"] = _sampling_controls(ctx.llm)
         with gr.Tab("Memory") as memory_tab:
             # demo users chat with the current shared prompt, so they share blocks with real chats
-            kv_timer = build_dashboard(
+            dash = build_dashboard(
                 ctx.llm, lambda: ctx.storage.get_system_prompt()["text"], storage=ctx.storage,
                 auth=ctx.auth, own_conv=lambda r: ctx.tab(r).conv_id,
                 may_start_demo=lambda r: not ctx.auth or ctx.owner(r) in ctx.admins,
                 chat_states=ctx.tabs.chat_states)
         # the dashboard's timers run only while its tab is shown; on arrival the sidebar's chat is highlighted
-        wire_memory_tab(memory_tab, chat_tab, kv_timer)
+        wire_memory_tab(memory_tab, chat_tab, dash)
         # the chat list refreshes less often while the Memory tab is shown (each refresh is a
         # Gradio event the page pays for; measured with loadgen/bench_dashboard_browser.py)
         quiet = dict(api_visibility="private", show_progress="hidden")
-        memory_tab.select(lambda: gr.Timer(LIST_REFRESH_MEMORY_TAB_S), None, timer, **quiet)
-        chat_tab.select(lambda: gr.Timer(LIST_REFRESH_S), None, timer, **quiet)
-        _wire(ctx, demo, locals())
+        memory_tab.select(lambda: gr.Timer(LIST_REFRESH_MEMORY_TAB_S), None, c["timer"], **quiet)
+        chat_tab.select(lambda: gr.Timer(LIST_REFRESH_S), None, c["timer"], **quiet)
+        _wire(ctx, demo, c)
     return demo
 
 
-def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
-    chatbot, msg, status, conv_list, alt_row = c["chatbot"], c["msg"], c["status"], c["conv_list"], c["alt_row"]
-    sampling = c["sampling"]
-    chat_out = [msg, chatbot, status, conv_list, alt_row, *c["alt_mds"], *c["pick_btns"],
-                c["send_btn"], c["stop_btn"]]
-    view_out = [chatbot, status, conv_list, c["title"], c["override"], c["prompt_line"], alt_row]
-    stream_opts = dict(concurrency_limit=None, show_progress="minimal")
+def _sidebar() -> dict:
+    """The conversation list, its search and timer, and the rename / delete / export / import box;
+    {local name: component} for the wiring."""
+    with gr.Sidebar(open=True, width=300, elem_id="sidebar"):
+        gr.Markdown("### Conversations")
+        new_btn = gr.Button("+ New chat", variant="primary", size="sm", elem_id="new-chat")
+        with gr.Row():
+            query = gr.Textbox(placeholder="Search chats…", show_label=False,
+                               container=False, scale=5)
+            refresh_btn = gr.Button("↻", size="sm", scale=1, min_width=40, elem_id="refresh-list")
+        conv_list = gr.Radio(choices=[], value=None, show_label=False, elem_id="conv-list")
+        timer = gr.Timer(LIST_REFRESH_S)
+        open_id = gr.Textbox(visible=False, label="Conversation id")   # API: open any id
+        with gr.Accordion("Rename · delete · export · import", open=False) as manage:
+            title = gr.Textbox(label="Title (of the chat on screen)", max_lines=1, elem_id="chat-title")
+            with gr.Row(elem_id="manage-row"):
+                rename_btn = gr.Button("Rename", size="sm")
+                delete_btn = gr.Button("Delete…", variant="stop", size="sm", elem_id="delete")
+            with gr.Group(visible=False, elem_id="delete-confirm") as delete_confirm:
+                delete_question = gr.Markdown()
+                with gr.Row():
+                    delete_yes = gr.Button("Yes, delete", variant="stop", size="sm", elem_id="delete-yes")
+                    delete_no = gr.Button("Cancel", size="sm", elem_id="delete-no")
+            with gr.Row(elem_id="export-row"):
+                export_json_btn = gr.Button("Export JSON", size="sm")
+                export_md_btn = gr.Button("Export Markdown", size="sm")
+            export_file = gr.HTML("", elem_id="export-link")
+            import_file = gr.UploadButton("Import JSON…", file_types=[".json"], size="sm")
+    return dict(locals())
 
-    # Explicit parameters: Gradio maps inputs by position and finds gr.Request by annotation.
+
+def _chat_view(ctx: ChatContext) -> dict:
+    """The model line, the chat, its status line, the context meter and the n alternatives."""
+    info = ctx.llm.model_info()
+    gr.Markdown(f"Model **{info.name}** · context {ctx.max_model_len} tokens "
+                f"(prompt + reply) · KV blocks of {info.block_size} tokens", elem_id="model-line")
+    chatbot = gr.Chatbot(height=520, editable="user", label="Chat", show_label=False, elem_id="chatbot",
+                         placeholder="Start a conversation: every open chat is a live engine session "
+                                     "that keeps its KV blocks between turns.",
+                         buttons=["copy"])
+    status = gr.Markdown(" ", elem_id="chat-status")
+    with gr.Row(elem_id="ctx-row"):      # the context meter (ui/chat/context_meter.py), always shown
+        meter = gr.HTML(context_meter.html(None), elem_id="ctx-meter")
+        summary_btn = gr.Button("Start a new chat with a summary", size="sm", visible=False, scale=0,
+                                min_width=120, elem_id="ctx-summary")
+    with gr.Row(visible=False, elem_id="alt-row") as alt_row:
+        alt_mds, pick_btns = [], []
+        for i in range(view.MAX_ALTERNATIVES):
+            with gr.Column(min_width=160):
+                alt_mds.append(gr.Markdown(visible=False, elem_id=f"alt-{i}", elem_classes=["alternative"],
+                                           container=True))
+                pick_btns.append(gr.Button("Continue with this one", size="sm", visible=False,
+                                           elem_id=f"pick-{i}"))
+    return {k: v for k, v in locals().items() if k not in ("ctx", "info", "i")}
+
+
+def _composer() -> dict:
+    """Attached documents, the message box with Send / Stop, Regenerate / Continue, and the hidden
+    branch switch the `< k/n >` links click."""
+    doc_chips = gr.HTML("", elem_id="doc-chips")       # attached documents (ui/chat/documents.py)
+    with gr.Row(elem_id="composer"):
+        attach_btn = gr.UploadButton("📎", file_types=sorted(documents.TEXT_EXTENSIONS), scale=0,
+                                     min_width=44, elem_id="attach")
+        msg = gr.Textbox(label="Message", placeholder="Message (Enter to send, Shift+Enter for a new line)",
+                         show_label=False, scale=8, lines=1, max_lines=8, elem_id="msg", autofocus=True)
+        # one place, one button: Send while idle, Stop (or Esc) while a reply is generated
+        send_btn = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id="send")
+        stop_btn = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="stop", visible=False)
+    with gr.Row(elem_id="regen-row"):     # shown only when it can act (CSS below)
+        regen_btn = gr.Button("Regenerate", size="sm", elem_id="regenerate")
+        # extends a stopped / cut-off reply in place (ui/chat/handlers.continue_reply)
+        continue_btn = gr.Button("Continue", size="sm", elem_id="continue-reply")
+    # `< k/n >` links in messages write "<message id>:<nonce>" here (PAGE_JS), then click
+    branch_cmd = gr.Textbox(elem_id="branch-cmd", elem_classes=["offscreen"], show_label=False,
+                            container=False)
+    branch_go = gr.Button("switch version", elem_id="branch-go", elem_classes=["offscreen"])
+    return dict(locals())
+
+
+def _system_prompt_box(ctx: ChatContext) -> dict:
+    """The shared system prompt (with presets) and this conversation's own override."""
+    with gr.Accordion("System prompt", open=False, elem_id="system-prompt"):
+        shared_prompt = gr.Textbox(label="Shared system prompt (every new chat starts with it, so "
+                                         "their first blocks are shared)", lines=3)
+        save_prompt_btn = gr.Button("Save for new chats", size="sm")
+        preset_info = build_prompt_picker(ctx, shared_prompt)   # presets + your own (ui/chat/prompt_picker.py)
+        override = gr.Textbox(label="This conversation's own system prompt (optional override)", lines=2)
+        with gr.Row():
+            override_btn = gr.Button("Use for this conversation", size="sm")
+            reset_btn = gr.Button("Back to the shared prompt", size="sm")
+        prompt_line = gr.Markdown()
+    return {k: v for k, v in locals().items() if k != "ctx"}
+
+
+def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
+    """Every event of the page, in groups: replies, attachments, the context meter, summary and
+    stop, branches, the page's scripts, the sidebar's navigation and its management box."""
+    chat_out = [c["msg"], c["chatbot"], c["status"], c["conv_list"], c["alt_row"], *c["alt_mds"],
+                *c["pick_btns"], c["send_btn"], c["stop_btn"]]
+    view_out = [c["chatbot"], c["status"], c["conv_list"], c["title"], c["override"], c["prompt_line"],
+                c["alt_row"]]
+    events = _wire_replies(ctx, c, chat_out)
+    _wire_attachments(ctx, c, events)
+    meter = _wire_meter(ctx, c, events)
+    _wire_summary_and_stop(ctx, c, events, view_out, meter)
+    _wire_branches(ctx, c)
+    demo.load(None, None, None, js=PAGE_JS)
+    demo.load(None, None, None, js=shortcuts.JS)      # the `?` overlay's keys (ui/chat/shortcuts.py)
+    _wire_navigation(ctx, demo, c, chat_out, view_out)
+    _wire_management(ctx, c, view_out)
+
+
+def _settings(ctx: ChatContext):
+    """The sampling controls' values -> the engine's keyword arguments, validated (gr.Error)."""
     def settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding,
                  fmt=reply_format.FREE, schema=""):
         kw = limits.sampling(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n)   # validate first
@@ -173,7 +202,14 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
                 raise gr.Error(f"The reply format is not accepted: {e}", title="Not accepted") from None
             kw["structured"] = structured
         return kw
+    return settings
 
+
+def _wire_replies(ctx: ChatContext, c: dict, chat_out: list) -> list:
+    """Send (button and Enter), Regenerate, Continue and an edit: the events that stream a reply."""
+    settings = _settings(ctx)
+
+    # Explicit parameters: Gradio maps inputs by position and finds gr.Request by annotation.
     async def send(message, temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n,
                    decoding=beam.SAMPLE, fmt=reply_format.FREE, schema="", request: gr.Request = None):
         kw = settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding, fmt, schema)
@@ -202,18 +238,20 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
         async for out in chat.edit(ctx, edit_data.index, edit_data.value, kw, request):
             yield out
 
-    events = [
+    msg, sampling = c["msg"], c["sampling"]
+    stream_opts = dict(concurrency_limit=None, show_progress="minimal")
+    return [
         c["send_btn"].click(send, [msg, *sampling], chat_out, api_name="send", **stream_opts),
         # "multiple": Enter while a reply streams must reach the server, which says "one reply at
         # a time" (Gradio's default would drop the second trigger silently)
         msg.submit(send, [msg, *sampling], chat_out, api_name=False, trigger_mode="multiple", **stream_opts),
         c["regen_btn"].click(regenerate, sampling, chat_out, api_name="regenerate", **stream_opts),
         c["continue_btn"].click(continue_reply, sampling, chat_out, api_name="continue_reply", **stream_opts),
-        chatbot.edit(edit, sampling, chat_out, api_name=False, **stream_opts),
+        c["chatbot"].edit(edit, sampling, chat_out, api_name=False, **stream_opts),
     ]
-    async def stop(request: gr.Request):
-        return await chat.stop(ctx, request)
 
+
+def _wire_attachments(ctx: ChatContext, c: dict, events: list) -> None:
     def attach(file, request: gr.Request):
         """A document for the next message, refused (with the numbers) if it cannot fit."""
         tab = ctx.tab(request)
@@ -235,16 +273,22 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     for ev in events[:2]:                    # sent: the chips go (the message now holds them)
         ev.then(lambda: "", None, c["doc_chips"], api_name=False, show_progress="hidden")
 
+
+def _wire_meter(ctx: ChatContext, c: dict, events: list) -> dict:
+    """The context meter after each reply and on the list's tick; the event to repaint it."""
     def meter_fn(request: gr.Request):
         m = context_meter.for_tab(ctx, request)
         return context_meter.html(m), gr.Button(visible=bool(m and m.warn))
 
-    meter_out = [c["meter"], c["summary_btn"]]
-    meter_opts = dict(api_name=False, concurrency_limit=None, show_progress="hidden")
+    meter = dict(fn=meter_fn, inputs=None, outputs=[c["meter"], c["summary_btn"]], api_name=False,
+                 concurrency_limit=None, show_progress="hidden")
     for ev in events:                       # after each reply; the list tick refreshes it too
-        ev.then(meter_fn, None, meter_out, **meter_opts)
-    c["timer"].tick(meter_fn, None, meter_out, **meter_opts)
+        ev.then(**meter)
+    c["timer"].tick(**meter)
+    return meter
 
+
+def _wire_summary_and_stop(ctx: ChatContext, c: dict, events: list, view_out: list, meter: dict) -> None:
     async def summary_fn(request: gr.Request):
         try:
             conv = await summary.new_chat_from_summary(ctx, request)
@@ -253,26 +297,32 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
         return side.open_conversation(ctx, conv["id"] if conv else None, request)
 
     c["summary_btn"].click(summary_fn, None, view_out, api_name="new_chat_from_summary",
-                           concurrency_limit=None, show_progress="minimal").then(
-        meter_fn, None, meter_out, **meter_opts)
+                           concurrency_limit=None, show_progress="minimal").then(**meter)
 
-    c["stop_btn"].click(stop, None, [chatbot, status, c["send_btn"], c["stop_btn"]], cancels=events,
+    async def stop(request: gr.Request):
+        return await chat.stop(ctx, request)
+
+    c["stop_btn"].click(stop, None, [c["chatbot"], c["status"], c["send_btn"], c["stop_btn"]], cancels=events,
                         api_name="stop", concurrency_limit=None, show_progress="hidden")
 
+
+def _wire_branches(ctx: ChatContext, c: dict) -> None:
+    """`< k/n >` version links and the "Continue with this one" buttons under the alternatives."""
     def switch_branch(command, request: gr.Request):
         return branches.switch(ctx, command, request)
 
-    c["branch_go"].click(switch_branch, c["branch_cmd"], [chatbot, status, conv_list], api_name="switch_branch",
-                         concurrency_limit=None, show_progress="hidden")
+    c["branch_go"].click(switch_branch, c["branch_cmd"], [c["chatbot"], c["status"], c["conv_list"]],
+                         api_name="switch_branch", concurrency_limit=None, show_progress="hidden")
     for k, btn in enumerate(c["pick_btns"]):
         def pick(request: gr.Request, k=k):
             return branches.pick(ctx, k, request)
-        btn.click(pick, None, [chatbot, status, conv_list, *c["alt_mds"], *c["pick_btns"]],
+        btn.click(pick, None, [c["chatbot"], c["status"], c["conv_list"], *c["alt_mds"], *c["pick_btns"]],
                   api_name=f"pick_alternative_{k + 1}",
                   concurrency_limit=None, show_progress="hidden")
-    demo.load(None, None, None, js=PAGE_JS)
-    demo.load(None, None, None, js=shortcuts.JS)      # the `?` overlay's keys (ui/chat/shortcuts.py)
 
+
+def _wire_navigation(ctx: ChatContext, demo: gr.Blocks, c: dict, chat_out: list, view_out: list) -> None:
+    """Page load and unload, new chat, opening a chat (list, address, API), search, the list's tick."""
     def on_load(request: gr.Request):
         return side.on_load(ctx, request)
 
@@ -292,6 +342,32 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     def search(query, request: gr.Request):
         return side.search(ctx, query, request)
 
+    def on_unload(request: gr.Request):
+        side.on_unload(ctx, request)
+
+    quick = dict(concurrency_limit=None, show_progress="hidden")
+    conv_list, chatbot = c["conv_list"], c["chatbot"]
+    demo.load(on_load, None, view_out + [c["shared_prompt"]], api_name=False, **quick).then(
+        follow, None, chat_out, api_name=False, **quick)
+    demo.unload(on_unload)
+    c["new_btn"].click(new_chat, None, view_out, api_name="new_chat", **quick)
+    chatbot.clear(new_chat, None, view_out, api_name=False, **quick)     # the chatbot's own trash icon
+    # A click shows the chosen chat at once, then paints its reply live if one is being generated.
+    conv_list.input(open_conv, conv_list, view_out, api_name=False, **quick).then(
+        follow, None, chat_out, api_name=False, **quick)
+    # The address bar names the open chat (/?c=<id>), so a reload or a shared link reopens it.
+    conv_list.change(None, conv_list, None, js=URL_JS)
+    # Every tab polls: chats created, renamed or continued in the user's other tabs show up.
+    c["timer"].tick(refresh, c["query"], [conv_list, chatbot], api_name=False, **quick)
+    # API clients open a conversation by id (the radio only accepts ids already in its list).
+    c["open_id"].change(open_conv, c["open_id"], view_out, api_name="open_conversation", **quick).then(
+        follow, None, chat_out, api_name=False, **quick)
+    c["query"].change(search, c["query"], conv_list, api_name="search", **quick)
+    c["refresh_btn"].click(search, c["query"], conv_list, api_name=False, **quick)   # chats from other tabs
+
+
+def _wire_management(ctx: ChatContext, c: dict, view_out: list) -> None:
+    """Rename and delete (asked first, naming the chat and what goes with it)."""
     def rename(title, request: gr.Request):
         return side.rename(ctx, title, request)
 
@@ -305,6 +381,20 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     def fill_title(request: gr.Request):
         return confirm.current_title(ctx, request)
 
+    quick = dict(concurrency_limit=None, show_progress="hidden")
+    c["rename_btn"].click(rename, c["title"], c["conv_list"], api_name="rename", **quick)
+    # Delete asks first, naming the chat and what goes with it; only "Yes, delete" deletes.
+    c["delete_btn"].click(ask_delete, None, [c["delete_confirm"], c["delete_question"], c["title"]],
+                          api_name=False, **quick)
+    c["manage"].expand(fill_title, None, c["title"], api_name=False, **quick)   # rename acts on the chat on screen
+    c["delete_no"].click(lambda: gr.Group(visible=False), None, c["delete_confirm"], api_name=False, **quick)
+    c["delete_yes"].click(delete, None, view_out + [c["delete_confirm"]], api_name="delete", **quick).then(
+        lambda: "", None, c["export_file"], api_name=False, **quick)    # no download link of a deleted chat
+    _wire_exports_and_prompts(ctx, c, view_out, quick)
+
+
+def _wire_exports_and_prompts(ctx: ChatContext, c: dict, view_out: list, quick: dict) -> None:
+    """Export (JSON, Markdown), import, the shared prompt and the override, and the close_tab API."""
     def export_json(request: gr.Request):
         return side.export(ctx, "json", request)
 
@@ -326,87 +416,18 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     def close_tab(request: gr.Request) -> str:
         return side.close_tab(ctx, request)
 
-    def on_unload(request: gr.Request):
-        side.on_unload(ctx, request)
-
-    quick = dict(concurrency_limit=None, show_progress="hidden")
-    demo.load(on_load, None, view_out + [c["shared_prompt"]], api_name=False, **quick).then(
-        follow, None, chat_out, api_name=False, **quick)
-    demo.unload(on_unload)
-    c["new_btn"].click(new_chat, None, view_out, api_name="new_chat", **quick)
-    chatbot.clear(new_chat, None, view_out, api_name=False, **quick)     # the chatbot's own trash icon
-    # A click shows the chosen chat at once, then paints its reply live if one is being generated.
-    conv_list.input(open_conv, conv_list, view_out, api_name=False, **quick).then(
-        follow, None, chat_out, api_name=False, **quick)
-    # The address bar names the open chat (/?c=<id>), so a reload or a shared link reopens it.
-    conv_list.change(None, conv_list, None, js=URL_JS)
-    # Every tab polls: chats created, renamed or continued in the user's other tabs show up.
-    c["timer"].tick(refresh, c["query"], [conv_list, chatbot], api_name=False, **quick)
-    # API clients open a conversation by id (the radio only accepts ids already in its list).
-    c["open_id"].change(open_conv, c["open_id"], view_out, api_name="open_conversation", **quick).then(
-        follow, None, chat_out, api_name=False, **quick)
-    c["query"].change(search, c["query"], conv_list, api_name="search", **quick)
-    c["refresh_btn"].click(search, c["query"], conv_list, api_name=False, **quick)   # chats from other tabs
-    c["rename_btn"].click(rename, c["title"], conv_list, api_name="rename", **quick)
-    # Delete asks first, naming the chat and what goes with it; only "Yes, delete" deletes.
-    c["delete_btn"].click(ask_delete, None, [c["delete_confirm"], c["delete_question"], c["title"]],
-                          api_name=False, **quick)
-    c["manage"].expand(fill_title, None, c["title"], api_name=False, **quick)   # rename acts on the chat on screen
-    c["delete_no"].click(lambda: gr.Group(visible=False), None, c["delete_confirm"], api_name=False, **quick)
-    c["delete_yes"].click(delete, None, view_out + [c["delete_confirm"]], api_name="delete", **quick).then(
-        lambda: "", None, c["export_file"], api_name=False, **quick)    # no download link of a deleted chat
+    prompt_out = [c["override"], c["prompt_line"], c["conv_list"]]
     c["export_json_btn"].click(export_json, None, c["export_file"], api_name="export_json", **quick)
     c["export_md_btn"].click(export_md, None, c["export_file"], api_name="export_markdown", **quick)
     c["import_file"].upload(import_json, c["import_file"], view_out, api_name="import_json", **quick)
     c["save_prompt_btn"].click(save_prompt, c["shared_prompt"], [c["shared_prompt"], c["prompt_line"]],
                                api_name="set_shared_prompt", **quick).then(
         lambda: "", None, c["preset_info"], api_name=False, **quick)   # the "press Save" hint is done
-    c["override_btn"].click(use_override, c["override"], [c["override"], c["prompt_line"], conv_list],
-                            api_name="set_override", **quick)
-    c["reset_btn"].click(reset_override, None, [c["override"], c["prompt_line"], conv_list],
-                         api_name="reset_override", **quick)
+    c["override_btn"].click(use_override, c["override"], prompt_out, api_name="set_override", **quick)
+    c["reset_btn"].click(reset_override, None, prompt_out, api_name="reset_override", **quick)
     gr.api(close_tab, api_name="close_tab")
 
 
-def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_host: str = "127.0.0.1",
-              allowed_hosts=(), api_options: dict | None = None, engine_routes: bool = True, admins=(),
-              share_hosts: set | None = None):
-    """(FastAPI app serving the page at / plus /metrics, /api/kv and the OpenAI API at /v1, the Blocks
-    demo). api_options: api_keys, allowed_origins, ... for routes.openai_api.mount_openai_api.
-    engine_routes=False (app.py --backend): no /metrics, /api/kv, /v1 here; the backend serves its own."""
-    ctx = ctx or ChatContext(llm, storage, TabRegistry(llm, release_grace_s=RELEASE_GRACE_S), auth=bool(auth),
-                             admins=frozenset(admins))
-    if ctx.pins is None and hasattr(llm, "pin_system_prompt"):    # the real engine: pin the shared prompt
-        ctx.pins = PromptPins(llm, storage)
-        note = ctx.pins.fit_default()
-        if note:
-            print(f"[app] {note}", flush=True)
-        ctx.pins.pin_startup()
-    demo = build_demo(ctx)
-    demo.queue(default_concurrency_limit=None)
-    demo.chat_context = ctx
-    app = fastapi.FastAPI()
-    if ctx.exports is None:              # exports are served by our route, owner-only (#12.12)
-        from storage.exports import PrivateExports
-        ctx.exports = PrivateExports()
-        atexit.register(ctx.exports.close)
-    register_export_route(app, ctx.exports, demo=demo, auth=bool(auth))
-    if engine_routes:                    # before mounting Gradio at "/", which would shadow them
-        register_routes(app, llm, kv_route=False, auth=bool(auth))
-        register_kv_route(app, llm, storage=storage, demo=demo, auth=bool(auth))   # viewer-scoped /api/kv
-        from routes.openai_api import mount_openai_api
-        mount_openai_api(app, llm, require_key=bool(auth), multi_user=bool(auth), **(api_options or {}))
-    app = gr.mount_gradio_app(app, demo, path="/", auth=auth,
-                              css=CSS + THEME_CSS + context_meter.CSS + shortcuts.CSS + documents.CSS, ssr_mode=False,
-                              footer_links=["api", "gradio"])
-    if engine_routes:
-        from ui.dashboard.page import state_for
-        if not hasattr(app.state, "extra_metrics"):
-            app.state.extra_metrics = []
-        app.state.extra_metrics.append(state_for(llm).metrics_text)     # dashboard ticks counter
-    install_security(app, bind_host, allowed_hosts, auth=auth,    # Host check, no /docs, login throttle
-                     share_hosts=share_hosts)
-    if auth:                         # Gradio's /cancel takes any session hash: owner check (#12.10)
-        from ui.chat.cancel_guard import install_cancel_guard
-        install_cancel_guard(app, ctx.tabs)
-    return app, demo
+def page_css() -> str:
+    """The page's style sheet: the chat's, the dashboard's theme, and each widget's own."""
+    return CSS + THEME_CSS + context_meter.CSS + shortcuts.CSS + documents.CSS

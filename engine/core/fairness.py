@@ -390,13 +390,6 @@ class FairPolicy:
         return list(self._events)
 
 
-@runtime_checkable
-class ServesTenants(Protocol):
-    """An engine front that reports tenants (engine.LLM; a remote backend does not)."""
-    def tenant_stats(self, fresh: bool = False) -> list[TenantStats]: ...
-    def fairness_events(self, fresh: bool = False) -> list[FairnessEvent]: ...
-
-
 def make_policy(name: str, weights: dict[str, float] | None = None, **kw) -> SchedulingPolicy:
     if name == "fcfs":
         return FCFSPolicy()

@@ -31,6 +31,8 @@ _SNAPSHOT_PERIOD_S = 0.25
 
 
 class LLM:
+    kind = "local"                          # engine.protocol.ChatEngine: the engine runs in this process
+
     def __init__(self, model: str | None = None, block_size: int = 16, num_blocks: int | None = None,
                  kv_cache_gib: float | None = None, max_model_len: int | None = None,
                  max_num_seqs: int = 64, max_num_batched_tokens: int | None = None, device: str | None = None,
@@ -411,6 +413,11 @@ class LLM:
     def latest_snapshot_bytes(self, compact: bool = False) -> bytes:
         """latest_snapshot() as JSON bytes, serialized once per window for all viewers (/api/kv)."""
         return self._snapshots.body(compact)
+
+    def set_snapshot_wait(self, max_wait_s: float) -> None:
+        """How long a latest_snapshot* reader may wait for a due snapshot (default 0.2 s; a huge
+        value waits for the engine's step boundary, as before issue 26: loadgen/bench_snapshot_burst.py)."""
+        self._snapshots.max_wait_s = float(max_wait_s)
 
     def shutdown(self) -> None:
         self.engine_thread.stop(timeout=30)

@@ -9,6 +9,7 @@ import urllib.request
 import openai
 import pytest
 
+from engine import SamplingParams
 from tests.api.conftest import LiveServer, wait_idle
 
 
@@ -24,7 +25,7 @@ def get(url: str, headers=None):
 @pytest.fixture(scope="module")
 def full_app(llm, tmp_path_factory):
     from storage import Storage
-    from ui import build_app
+    from server import build_app
     st = Storage(tmp_path_factory.mktemp("db") / "chat.db")
     app, _ = build_app(llm, st, api_options=dict(api_keys=["sk-app"], allowed_origins=["http://ok.example"]))
     deadline = time.time() + 120
@@ -42,8 +43,10 @@ def test_build_app_serves_v1_next_to_the_page_and_metrics(full_app, model_id, ll
     assert get(full_app.url)[0] == 200                                   # the Gradio page still at /
     assert get(full_app.url + "v1/models")[0] == 401                     # keys from api_options
     c = openai.OpenAI(base_url=full_app.url + "v1", api_key="sk-app", max_retries=0)
-    r = c.chat.completions.create(model=model_id, max_tokens=3, messages=[{"role": "user", "content": "Hi"}])
-    assert r.choices[0].message.content is not None
+    hi = [{"role": "user", "content": "Hi"}]
+    r = c.chat.completions.create(model=model_id, max_tokens=3, temperature=0, messages=hi)
+    ref = llm.chat(hi, SamplingParams(temperature=0.0, max_tokens=3))[0].outputs[0]
+    assert r.choices[0].message.content == ref.text and r.usage.completion_tokens == len(ref.token_ids)
     code, text, _ = get(full_app.url + "metrics")
     assert code == 200 and "vllm:kv_cache_usage_perc" in text
     assert 'paged_chat_api_requests_total{endpoint="chat_completions",status="200"} 1' in text
@@ -62,7 +65,7 @@ def test_gradio_cors_does_not_leak_onto_v1(full_app):
 
 def test_ui_login_without_api_key_closes_the_api(llm, tmp_path):
     from storage import Storage
-    from ui import build_app
+    from server import build_app
     st = Storage(tmp_path / "chat.db")
     app, _ = build_app(llm, st, auth=[("ann", "secret-pw")])
     srv = LiveServer(app)

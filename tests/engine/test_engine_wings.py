@@ -10,8 +10,10 @@ its own floor or above. `engine/__init__.py` is the public face (it may name any
 """
 from __future__ import annotations
 
-import ast
 from pathlib import Path
+
+from tests.import_walk import find_cycles, imports_of
+from tests.import_walk import module_name as walk_module_name
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "engine"
@@ -39,27 +41,12 @@ def wing_of(module: str) -> str | None:
 
 def engine_imports(path: Path) -> list[tuple[int, str]]:
     """Every `engine...` module this file imports (`from engine.x import y` also counts engine.x.y
-    when y is a module, e.g. `from engine.exec import dummy_weights`)."""
-    out = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "engine"]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
-                and node.module.split(".")[0] == "engine":
-            out.append((node.lineno, node.module))
-            for a in node.names:
-                sub = f"{node.module}.{a.name}"
-                if (ROOT / (sub.replace(".", "/") + ".py")).exists() or (ROOT / sub.replace(".", "/")).is_dir():
-                    out.append((node.lineno, sub))
-    return out
+    when y is a module, e.g. `from engine.exec import dummy_weights`): the shared walker."""
+    return imports_of(path, ROOT, {"engine"})
 
 
 def module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT).with_suffix("")
-    parts = list(rel.parts)
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join(parts)
+    return walk_module_name(path, ROOT)
 
 
 def violations() -> list[str]:
@@ -85,25 +72,7 @@ def module_cycles() -> list[list[str]]:
     for path in ENGINE.rglob("*.py"):
         me = module_name(path)
         graph[me] = {t for _, t in engine_imports(path) if t != me and wing_of(t) != "face"}
-    cycles, state = [], {}
-
-    def visit(node, stack):
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if nxt not in graph:
-                continue
-            if state.get(nxt) == 1:
-                cycles.append(stack[stack.index(nxt):] + [nxt])
-            elif nxt not in state:
-                visit(nxt, stack)
-        stack.pop()
-        state[node] = 2
-
-    for node in sorted(graph):
-        if node not in state:
-            visit(node, [])
-    return cycles
+    return find_cycles(graph)
 
 
 def test_every_engine_module_lives_in_a_wing():

@@ -35,6 +35,9 @@ class ManagerEngine:
     def latest_snapshot_bytes(self, compact=False):
         return self.shared.body(compact)
 
+    def set_snapshot_wait(self, max_wait_s):
+        self.shared.max_wait_s = max_wait_s
+
 
 def manager(num_blocks=512, chats=("conv-a", "conv-b", "demo-1-2")):
     m = KVCacheManager(num_blocks, BS, max_model_len=4096)

@@ -1,6 +1,7 @@
-"""The one fake engine of the UI tests. It implements engine.protocol.ChatEngine (checked in
-test_fake_engine.py against the real LLM's members), scripts replies word by word, records what
-the UI asked for, and serves a fixed KV snapshot.
+"""The one fake engine of the UI tests. It implements engine.protocol.ChatEngine and every optional
+ability declared there (checked in test_fake_engine.py against the Protocols and the real LLM's
+members), scripts replies word by word, records what the UI asked for, and serves a fixed KV
+snapshot.
 
 Streams work both ways the UI consumes them: `async for` (chat handlers) and plain iteration in a
 thread (the dashboard's simulated users). `gate` (a threading.Event) pauses every stream, so a
@@ -15,6 +16,8 @@ import types
 
 from engine.exec.model_info import ModelInfo
 from engine.core.sequence import RequestOutputDelta
+from engine.observe.kv_contract import compact_json
+from engine.observe.snapshot_cache import json_bytes
 
 INFO = ModelInfo(name="SmolLM2-135M-Instruct.Q4_1", source="/models/SmolLM2-135M-Instruct.Q4_1.gguf",
                  architecture="LlamaForCausalLM", num_layers=30, num_attention_heads=9, num_kv_heads=3,
@@ -82,8 +85,30 @@ class FakeStream:
         self.llm.abort(self.request_id)
 
 
+class FakeSnapshot:
+    """What kv_snapshot() returns: the fixed snapshot, with KVSnapshot's to_json(compact=...)."""
+
+    def __init__(self, snap):
+        self.snap = snap
+
+    def to_json(self, compact: bool = False) -> dict:
+        return compact_json(self.snap) if compact and "block_runs" in self.snap else self.snap
+
+
+class FakeAdmission:
+    """engine.core.admission.AdmissionControl as far as /v1 reads it: nothing queued."""
+
+    def queued(self, tenant=None) -> tuple[int, int]:
+        return (0, 0)
+
+
 class FakeLLM:
-    """Implements engine.protocol.ChatEngine with scripted replies and a fixed snapshot."""
+    """Implements engine.protocol.ChatEngine and its optional abilities with scripted replies and a
+    fixed snapshot."""
+
+    kind = "local"
+    root = "local"
+    admission = FakeAdmission()
 
     def __init__(self, words=("Hello", " there", "!"), snapshot=None, pause_s=0.06, info=INFO):
         self.words, self.snap, self.pause_s, self.info = list(words), snapshot, pause_s, info
@@ -95,6 +120,12 @@ class FakeLLM:
         self.gate = threading.Event()
         self.gate.set()
         self.lock = threading.Lock()
+        self.config = types.SimpleNamespace(block_size=info.block_size, max_num_seqs=info.max_num_seqs,
+                                            scheduling_policy="fair")
+        self.structured: list = []                   # specs compiled (the reply format check)
+        self.pinned: dict[str, list[int]] = {}       # pin name -> token ids
+        self.snapshot_wait_s = 0.2
+        self.shut_down = False
 
     # ---- ChatEngine ---------------------------------------------------------------------------
     @property
@@ -152,12 +183,90 @@ class FakeLLM:
         self.calls.append("exact")
         return self.snap
 
-    def latest_snapshot(self):
+    def latest_snapshot(self, compact=False):
         self.calls.append("latest")
         return self.snap
 
     def load(self):
         return (0, 0)
+
+    @property
+    def model_source(self) -> str:
+        return self.info.source
+
+    @property
+    def model(self) -> str:
+        return self.info.name
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+
+    # ---- optional abilities (engine/protocol.py) ----------------------------------------------
+    def stats(self):                                 # ReportsStats: the snapshot's stats
+        return self.latest_snapshot()["stats"]
+
+    def kv_snapshot(self):                           # ServesSnapshotForms
+        self.calls.append("exact")
+        return FakeSnapshot(self.snap)
+
+    def latest_snapshot_bytes(self, compact=False):
+        return json_bytes(FakeSnapshot(self.latest_snapshot()).to_json(compact))
+
+    def set_snapshot_wait(self, max_wait_s):
+        self.snapshot_wait_s = max_wait_s
+
+    def tenant_stats(self, fresh=False):             # ServesTenants: no tenant rows
+        return []
+
+    def fairness_events(self, fresh=False):
+        return []
+
+    def queue_position(self, request_id):            # ReportsQueuePosition: nothing ever waits
+        return None
+
+    def compile_structured(self, spec):              # ConstrainsOutput: every spec is accepted
+        self.structured.append(spec)
+
+    def submit_continue(self, token_ids, params, messages, *, session_id=None, request_id=None,
+                        cache_salt=None, tenant=None, priority=0):    # ContinuesReplies
+        return self.submit_chat(messages, params, session_id=session_id, request_id=request_id,
+                                previous_ids=list(token_ids), cache_salt=cache_salt, tenant=tenant,
+                                priority=priority)
+
+    def submit_beam_search(self, prompt, params, *, on_step=None, request_id=None, cache_salt=None):
+        raise ValueError("the fake engine has no beam search")        # BeamSearches: refused
+
+    def system_prefix_ids(self, text):               # PinsPrompts
+        return FakeTokenizer().encode(text)
+
+    def check_pin(self, name, num_tokens):
+        if num_tokens > self.info.num_blocks * self.info.block_size // 2:
+            raise ValueError(f"pinning {num_tokens} tokens passes the pin cap")
+
+    def pin_system_prompt(self, name, text):
+        ids = self.system_prefix_ids(text)
+        self.check_pin(name, len(ids))
+        self.pinned[name] = ids
+        return types.SimpleNamespace(name=name, num_tokens=len(ids))
+
+    def pins(self):
+        return [types.SimpleNamespace(name=k, num_tokens=len(v)) for k, v in self.pinned.items()]
+
+    def unpin(self, name):
+        return self.pinned.pop(name, None) is not None
+
+    def encode_prompt(self, prompt):                 # ServesCompletions
+        if isinstance(prompt, dict):
+            return list(prompt["prompt_token_ids"])
+        return FakeTokenizer().encode(prompt) if isinstance(prompt, str) else list(prompt)
+
+    def submit(self, prompt, params=None, *, session_id=None, request_id=None, cache_salt=None,
+               tenant=None, priority=0):
+        return self.submit_chat([{"role": "user", "content": str(prompt)}], params, session_id=session_id,
+                                request_id=request_id, cache_salt=cache_salt, tenant=tenant, priority=priority)
+
+    def metrics_text(self):                          # RemoteBackend: a local engine serves none
+        return None
 
 
 def request(session="s1", username=None):

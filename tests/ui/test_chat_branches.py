@@ -31,7 +31,9 @@ def test_switch_is_refused_while_a_reply_is_generated_and_ignores_junk(ctx):  # 
     assert all(o.__class__.__name__ != "list" for o in out)       # nothing repainted
     ctx.tabs.end(conv)
     assert branches.parse_command("javascript:alert(1)") is None
-    assert branches.switch(ctx, "nonsense", req())[0] is not None
+    skip = {"__type__": "update"}                                  # gr.skip(): nothing changes
+    assert branches.switch(ctx, "nonsense", req()) == (skip, skip, skip)
+    assert branches.switch(ctx, f"{first['id'] + 999}:1", req()) == (skip, skip, skip)   # no such message
 
 
 def test_pick_the_second_alternative_and_continue_with_its_tokens(ctx):  # noqa: F811

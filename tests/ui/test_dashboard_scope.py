@@ -1,9 +1,9 @@
-"""Viewer scoping of KV snapshots (ui/dashboard/scope.py) on snapshots of a real KV manager:
+"""Viewer scoping of KV snapshots (engine/observe/viewer_scope.py) on snapshots of a real KV manager:
 titles instead of ids, and under --auth none of another user's ids or titles."""
 import json
 
 from engine.kv.kv_cache_manager import KVCacheManager
-from ui.dashboard.scope import pin_name_for, scope_snapshot
+from engine.observe.viewer_scope import pin_name_for, scope_snapshot
 
 BS = 8
 

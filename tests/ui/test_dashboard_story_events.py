@@ -4,8 +4,8 @@ import re
 import time
 
 from engine.kv.kv_cache_manager import KVCacheManager
-from loadgen import demo_load
-from loadgen.demo_load import DemoLoad
+from ui.dashboard import demo_users
+from ui.dashboard.demo_users import DemoLoad
 from tests.ui.fake_engine import FakeLLM
 from ui.dashboard.events import EventFeed, diff_events
 from ui.dashboard.story import story_html, story_numbers
@@ -87,8 +87,8 @@ def test_event_feed_names_pins_forks_frees_and_sharing():
 def test_demo_load_is_capped_and_stops_fast():
     llm = FakeLLM(words=[f"w{i} " for i in range(10_000)], pause_s=0.01)
     demo = DemoLoad(llm, "Shared.")
-    assert demo.start(10_000) == demo_load.MAX_DEMO_USERS
-    assert demo.start(5) == demo_load.MAX_DEMO_USERS            # already at the cap: nobody added
+    assert demo.start(10_000) == demo_users.MAX_DEMO_USERS
+    assert demo.start(5) == demo_users.MAX_DEMO_USERS            # already at the cap: nobody added
     t0 = time.time()
-    assert demo.stop() == demo_load.MAX_DEMO_USERS
+    assert demo.stop() == demo_users.MAX_DEMO_USERS
     assert demo.running_users() == 0 and time.time() - t0 < 10

@@ -5,7 +5,7 @@ import json
 
 from tests.engine.test_kv_tier import manager_with_tier, run_turn
 from ui.dashboard.events import diff_events
-from ui.dashboard.scope import scope_snapshot
+from engine.observe.viewer_scope import scope_snapshot
 from ui.dashboard.tier_panel import TierRates, tier_html
 
 

@@ -1,27 +1,96 @@
-"""The UI's one fake and the real engine implement the same declared face (engine/protocol.py):
-a member the UI starts using must be added to the Protocol, the LLM and the fake together."""
+"""The UI's one fake and the real engine implement the same declared faces (engine/protocol.py):
+a member the UI starts using must be added to a Protocol, the LLM and the fake together. Every
+member of every Protocol is checked here, by name and by signature, on both."""
 import inspect
 
+import pytest
+
 from engine import LLM
-from engine.protocol import ChatEngine
+from engine.protocol import ABILITIES, PROTOCOLS, ChatEngine, RemoteBackend, protocol_members
 from tests.ui.fake_engine import FakeLLM
 
-MEMBERS = [m for m in dir(ChatEngine) if not m.startswith("_")]
+MEMBERS = sorted((p.__name__, m) for p in PROTOCOLS for m in protocol_members(p))
 
 
-def test_the_fake_implements_the_protocol():
-    assert isinstance(FakeLLM(), ChatEngine)
-    assert {"submit_chat", "abort", "end_session", "close_session", "snapshot", "latest_snapshot",
-            "model_info", "max_model_len", "count_prompt_tokens", "get_tokenizer"} <= set(MEMBERS)
+def _callable_member(proto, name) -> bool:
+    member = inspect.getattr_static(proto, name, None)
+    return callable(member) and not isinstance(member, property)
 
 
-def test_the_real_llm_has_every_member_with_compatible_signatures():
-    for name in MEMBERS:
-        assert hasattr(LLM, name), f"engine.LLM lacks {name}"
-        proto, real = getattr(ChatEngine, name), getattr(LLM, name)
-        if callable(proto) and not isinstance(proto, property):
-            want = [p for p in inspect.signature(proto).parameters if p != "self"]
-            have = inspect.signature(real).parameters
-            assert all(p in have for p in want), f"LLM.{name} lacks parameters {want}"
-            fake = inspect.signature(getattr(FakeLLM, name)).parameters
-            assert all(p in fake for p in want), f"FakeLLM.{name} lacks parameters {want}"
+def _params(fn) -> dict:
+    return {k: v for k, v in inspect.signature(fn).parameters.items() if k != "self"}
+
+
+def test_every_protocol_is_runtime_checkable_and_the_fake_implements_them_all():
+    fake = FakeLLM()
+    for proto in PROTOCOLS:
+        assert getattr(proto, "_is_runtime_protocol", False), f"{proto.__name__} is not @runtime_checkable"
+        assert isinstance(fake, proto), f"FakeLLM does not implement {proto.__name__}"
+    assert len(MEMBERS) >= 30          # the face is the whole seam, not a handful of calls
+
+
+def test_the_real_llm_implements_every_ability_of_a_local_engine():
+    for proto in (ChatEngine, *ABILITIES):
+        if proto is RemoteBackend:     # where a remote engine is (backends/remote.py), not the LLM's
+            continue
+        for name in protocol_members(proto):
+            assert hasattr(LLM, name) or name in LLM.__init__.__code__.co_names, \
+                f"engine.LLM lacks {proto.__name__}.{name}"
+
+
+@pytest.mark.parametrize("proto_name,name", MEMBERS)
+def test_each_declared_member_has_a_compatible_signature(proto_name, name):
+    proto = next(p for p in PROTOCOLS if p.__name__ == proto_name)
+    impls = [FakeLLM] + ([LLM] if proto is not RemoteBackend else [])
+    for impl in impls:
+        member = inspect.getattr_static(impl, name, None)
+        if not _callable_member(proto, name):            # a property or a data member
+            if member is None:                           # set in __init__ (FakeLLM.config, LLM.admission)
+                assert name in impl.__init__.__code__.co_names, f"{impl.__name__} lacks {name}"
+            continue
+        assert callable(member), f"{impl.__name__}.{name} is not callable"
+        want, have = _params(getattr(proto, name)), _params(getattr(impl, name))
+        missing = [p for p in want if p not in have]
+        assert not missing, f"{impl.__name__}.{name} lacks parameters {missing}"
+        for p, spec in want.items():                    # keyword-only stays keyword-only, defaults stay
+            if spec.kind is inspect.Parameter.KEYWORD_ONLY:
+                assert have[p].kind is inspect.Parameter.KEYWORD_ONLY, f"{impl.__name__}.{name}({p}=...)"
+            if spec.default is not inspect.Parameter.empty:
+                assert have[p].default is not inspect.Parameter.empty, \
+                    f"{impl.__name__}.{name}: {p} needs a default, as the Protocol's"
+
+
+def test_the_fake_answers_each_ability_consistently():
+    snap = {"stats": {"used_blocks": 3}, "time": 1.0}
+    fake = FakeLLM(snapshot=snap)
+    assert fake.kind == "local" and fake.model_source == fake.info.source
+    assert fake.stats() == snap["stats"]
+    assert fake.kv_snapshot().to_json() == snap
+    assert fake.latest_snapshot_bytes() == b'{"stats":{"used_blocks":3},"time":1.0}'
+    fake.set_snapshot_wait(0.5)
+    assert fake.snapshot_wait_s == 0.5
+    assert fake.tenant_stats() == [] and fake.fairness_events() == []
+    assert fake.queue_position("req-0") is None
+    assert fake.config.block_size == fake.info.block_size
+    fake.compile_structured("spec")
+    assert fake.structured == ["spec"]
+    assert fake.system_prefix_ids("a b c") == ["a", "b", "c"]
+    assert fake.pin_system_prompt("shared", "a b").num_tokens == 2
+    assert [p.name for p in fake.pins()] == ["shared"] and fake.unpin("shared") and fake.pins() == []
+    with pytest.raises(ValueError):
+        fake.check_pin("big", 10_000)
+    assert fake.encode_prompt({"prompt_token_ids": [1, 2]}) == [1, 2]
+    assert fake.admission.queued("api") == (0, 0)
+    stream = fake.submit_continue([7, 8], None, [{"role": "user", "content": "hi"}], session_id="s")
+    assert fake.previous[-1] == [7, 8] and fake.submitted[-1][2] == "s" and stream.request_id == "req-0"
+    assert fake.metrics_text() is None
+    fake.shutdown()
+    assert fake.shut_down
+
+
+def test_the_remote_engine_implements_the_chat_face_and_says_where_it_is():
+    from backends.remote import RemoteEngine
+    for proto in (ChatEngine, RemoteBackend):
+        for name in protocol_members(proto):
+            assert hasattr(RemoteEngine, name) or name in RemoteEngine.__init__.__code__.co_names, \
+                f"backends.RemoteEngine lacks {proto.__name__}.{name}"

@@ -93,5 +93,5 @@ def test_routes_on_a_bare_fastapi_app():
 def test_model_name_of():
     from engine.exec.model_info import model_name
     assert model_name("/a/b/Model-1B/") == "Model-1B" and model_name("/m/SmolLM2.Q4_1.gguf") == "SmolLM2.Q4_1"
-    assert model_name_of(SimpleNamespace(model_info=lambda: SimpleNamespace(name="Model-1B"))) == "Model-1B"
-    assert model_name_of(SimpleNamespace()) == ""
+    assert model_name_of(FakeLLM()) == "SmolLM2-135M-Instruct.Q4_1"       # a ChatEngine: its model's name
+    assert model_name_of(SimpleNamespace(model_info=lambda: SimpleNamespace(name="Model-1B"))) == ""   # not one

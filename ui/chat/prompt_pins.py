@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import traceback
 
-from ui.dashboard.scope import pin_name_for
+from engine.observe.viewer_scope import pin_name_for
 
 MAX_PROMPT_SHARE = 0.25          # a shared system prompt may use at most a quarter of the context
 
@@ -33,7 +33,7 @@ class PromptPins:
     def measure(self, text: str) -> tuple[int, int]:
         """(tokens of the prompt's shared prefix, full blocks it would share)."""
         ids = self.llm.system_prefix_ids(text)
-        return len(ids), len(ids) // self.llm.config.block_size
+        return len(ids), len(ids) // self.llm.model_info().block_size
 
     def check(self, owner: str | None, text: str) -> tuple[int, int]:
         """Raise ValueError with a user-facing message if the prompt may not be saved."""
@@ -46,7 +46,7 @@ class PromptPins:
         if ntok > limit:
             raise ValueError(f"That prompt is {ntok:,} tokens; a shared system prompt may use at most "
                              f"{limit:,} ({MAX_PROMPT_SHARE:.0%} of the {self.llm.max_model_len:,}-token context).")
-        self.llm.check_pin(pin_name_for(owner), nblocks * self.llm.config.block_size)
+        self.llm.check_pin(pin_name_for(owner), nblocks * self.llm.model_info().block_size)
         return ntok, nblocks
 
     def fit_default(self) -> str | None:
@@ -112,4 +112,4 @@ class PromptPins:
         except ValueError as e:
             return str(e)
         return (f"{ntok:,} tokens · every new chat shares its {nblocks} full blocks "
-                f"({ntok - nblocks * self.llm.config.block_size} tokens in a partial block are its own)")
+                f"({ntok - nblocks * self.llm.model_info().block_size} tokens in a partial block are its own)")

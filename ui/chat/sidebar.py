@@ -11,7 +11,7 @@ import os
 
 import gradio as gr
 
-from routes.exports import export_url
+from storage.exports import export_url
 from ui.chat import limits, view
 from ui.chat.handlers import conversation_list, show
 from ui.chat.context import ChatContext

@@ -17,6 +17,8 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from engine.protocol import ReportsQueuePosition
+
 
 def in_daemon_thread(fn, *args, **kwargs) -> Future:
     """Run one blocking engine call off the event loop. A daemon thread: a call that can never
@@ -210,10 +212,9 @@ class TabRegistry:
         calls too, not only chat replies): the engine's own answer. Before the engine thread has
         taken the request in, it will join behind everything waiting now. A backend that cannot say
         (a remote server) gets the chat turns submitted before this one that still wait."""
-        ask = getattr(self._llm, "queue_position", None)
-        if ask is not None:
+        if isinstance(self._llm, ReportsQueuePosition):
             try:
-                pos = ask(turn.rid)
+                pos = self._llm.queue_position(turn.rid)
                 return pos if pos is not None else self._llm.load()[1] + 1
             except RuntimeError:        # the engine is shutting down: fall back to what we know
                 pass

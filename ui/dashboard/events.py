@@ -5,7 +5,7 @@ Lisbon', recomputing 160 tokens", "pinned prompt 'shared' (34 blocks)", "beam se
 
 Why by diff: the engine keeps no event log beyond preemptions (and must not grow one per step),
 and a diff of two snapshots a second apart is enough for a human watching. Works on scoped
-snapshots (ui/dashboard/scope.py), so a viewer's feed names only what that viewer may see.
+snapshots (engine/observe/viewer_scope.py), so a viewer's feed names only what that viewer may see.
 """
 from __future__ import annotations
 

@@ -66,6 +66,7 @@ PRESETS = (
 
 
 from engine.exec.model_info import kv_bytes_per_token  # noqa: E402,F401  (the one formula; re-exported)
+from engine.observe.savings import blocks_for  # noqa: E402,F401  (the one ceiling division; re-exported)
 
 
 def shape_from_config(hf_config, dtype: str, max_len: int, name: str = "live model") -> ModelShape:
@@ -82,10 +83,6 @@ def shape_of(info) -> ModelShape:
     kv = getattr(info, "kv_cache_dtype", "") or info.dtype
     return ModelShape(info.name or "live model", info.num_layers, info.num_attention_heads, info.num_kv_heads,
                       info.head_dim, kv, info.max_model_len, weights_dtype=info.dtype if kv != info.dtype else "")
-
-
-def blocks_for(tokens: int, block_size: int) -> int:
-    return -(-int(tokens) // block_size)
 
 
 def batch_table(shape: ModelShape, avg_len: float, block_size: int,

@@ -19,6 +19,7 @@ import zlib
 from collections import OrderedDict
 
 import gradio as gr
+import pandas as pd
 
 from ui.dashboard import panels as H
 from ui.dashboard import view as V
@@ -27,15 +28,16 @@ from ui.dashboard.tier_panel import TierRates, tier_html
 from ui.dashboard import bus as BUS
 from ui.dashboard import grid_canvas as GC
 from ui.dashboard.grid_payload import grid_payload, with_highlight
-from ui.dashboard.scope import scope_snapshot, titles_for
+from engine.observe.viewer_scope import scope_snapshot, titles_for
 from ui.dashboard.sampler import StatsSampler
+from ui.dashboard.timers import DashboardTimers
 from ui.dashboard import open_chats as OPEN
 from ui.dashboard.story import pin_use, story_html
-from engine.core.fairness import ServesTenants
+from engine.protocol import Configured, ServesTenants
 from ui.dashboard.who import event_lines, served, viewer_tenant, who_html
 from ui.dashboard.history import (PLOT_STEP_S, SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT, History,
                                   blocks_frame, hit_rate_frame)
-from loadgen.demo_load import MAX_DEMO_USERS, DemoLoad, PromptSource
+from ui.dashboard.demo_users import MAX_DEMO_USERS, DemoLoad, PromptSource
 from ui.dashboard.kv_math import PRESETS, shape_of
 
 LIVE = "live model"
@@ -128,7 +130,7 @@ class DashboardState:
         return self.llm.fairness_events() if isinstance(self.llm, ServesTenants) else []
 
     def who(self, viewer: str, auth: bool) -> str:
-        policy = getattr(getattr(self.llm, "config", None), "scheduling_policy", "fair")
+        policy = self.llm.config.scheduling_policy if isinstance(self.llm, Configured) else "fair"
         return who_html(self.tenant_rows(), viewer, auth, policy)
 
     def view(self, snap: dict, selected: str | None, arith_model: str | None, scope=None) -> dict:
@@ -202,21 +204,21 @@ def state_for(llm, system_prompt: PromptSource = None) -> DashboardState:
 
 
 def _digest(v) -> int:
-    if hasattr(v, "to_csv"):
+    if isinstance(v, pd.DataFrame):
         v = v.to_csv(index=False)
     return zlib.crc32(repr(v).encode())
 
 
 def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = TICK_S, slow_tick_s: float = SLOW_TICK_S,
                     storage=None,
-                    auth: bool = False, own_conv=None, may_start_demo=None, chat_states=None) -> gr.Timer:
+                    auth: bool = False, own_conv=None, may_start_demo=None, chat_states=None) -> DashboardTimers:
     """Create the dashboard components, its timer and the demo-load strip in the current Blocks;
-    returns the timer (inactive: the app turns it on only while the Memory tab is shown).
+    returns its DashboardTimers (inactive: the app turns them on only while the Memory tab is shown).
 
     system_prompt: the demo users' shared system prompt, a string or a callable returning the
-    app's current one (default: loadgen.demo_load.DEFAULT_SYSTEM_PROMPT).
+    app's current one (default: ui.dashboard.demo_users.DEFAULT_SYSTEM_PROMPT).
     storage / auth / own_conv(request) -> conversation id: what each viewer may see, by title
-    (ui/dashboard/scope.py). may_start_demo(request) -> bool: who may start the demo users.
+    (engine/observe/viewer_scope.py). may_start_demo(request) -> bool: who may start the demo users.
     """
     from ui.dashboard.remote import build_remote_dashboard, is_remote
     if is_remote(llm):      # app.py --backend URL: only what the server exposes (ui/dashboard/remote.py)
@@ -225,19 +227,28 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
     if chat_states is not None:
         state.chat_states = chat_states
     state.sampler.start()          # charts record every second, page open or not
+    c = _components(state)
+    ticks = Ticks(state, storage=storage, auth=auth, own_conv=own_conv)
+    dash = _wire_ticks(ticks, c, tick_s, slow_tick_s)
+    _wire_demo_strip(state, c, may_start_demo)
+    return dash
+
+
+def _components(state: DashboardState) -> dict:
+    """The Memory tab's components, in page order; {name: component} for the wiring."""
     html = dict(value="", html_template=BUS.BODY, css_template=H.CSS, js_on_load=None, apply_default_css=True)
     with gr.Column(elem_id="kv-dashboard"):
-        story = gr.HTML(**html, elem_id="kv-story")
+        gr.HTML(**html, elem_id="kv-story")
         with gr.Row(equal_height=True, elem_id="kv-demo-strip"):
             n_users = gr.Number(16, label="Demo users", precision=0, minimum=1, maximum=MAX_DEMO_USERS,
                                 scale=0, min_width=110, elem_id="kv-demo-n")
             start = gr.Button("Start", size="sm", scale=0, min_width=70, elem_id="kv-demo-start")
             stop = gr.Button("Stop", size="sm", scale=0, min_width=70, elem_id="kv-demo-stop")
             demo_md = gr.Markdown(state.demo.status(), elem_id="kv-demo-status")
-        headline = gr.HTML(**html, elem_id="kv-headline")
+        gr.HTML(**html, elem_id="kv-headline")
         gr.HTML(**html, elem_id="kv-who")        # "who is served" (ui/dashboard/who.py), via the bus
         gr.HTML(**html, elem_id="kv-tier")          # the KV tier beside the pool (filled by the bus)
-        feed = gr.HTML(**html, elem_id="kv-feed")
+        gr.HTML(**html, elem_id="kv-feed")
         with gr.Row(equal_height=True):
             selector = gr.Dropdown(choices=[], value=None, label="Highlight a conversation",
                                    allow_custom_value=True, scale=1, elem_id="kv-select")
@@ -245,71 +256,97 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
                         "its block table below. Hover a cell for block id, ref_count, holders and "
                         "tokens filled.", elem_classes=["kv-hint"])
         bus = gr.HTML("", html_template=BUS.TEMPLATE, js_on_load=BUS.JS, elem_id="kv-bus")
-        grid = gr.HTML("", html_template=GC.TEMPLATE, css_template=H.CSS + GC.CSS, js_on_load=GC.JS,
-                       apply_default_css=True, elem_id="kv-grid")
-        tables = gr.HTML(**html, elem_id="kv-tables")
-        colors = dict(zip(SERIES_BLOCKS, SERIES_COLORS))
-        plot = dict(x="seconds", color="series", x_title="seconds ago", height=250, color_map=colors)
-        with gr.Row():
-            paged_plot = gr.LinePlot(y="blocks", title="Used vs paging without sharing",
-                                     y_title="blocks", elem_id="kv-paged-plot", **plot)
-            contig_plot = gr.LinePlot(y="blocks", title="Used vs contiguous (black: pool size)",
-                                      y_title="blocks", elem_id="kv-contig-plot", **plot)
-            hit_plot = gr.LinePlot(x="seconds", y="hit rate %", color="series", y_lim=[0, 100],
-                                   title="Prefix-cache hit rate", x_title="seconds ago", height=250,
-                                   color_map=dict(zip(SERIES_HIT, ("#60a5fa", "#f97316"))),
-                                   elem_id="kv-hit-plot")
+        gr.HTML("", html_template=GC.TEMPLATE, css_template=H.CSS + GC.CSS, js_on_load=GC.JS,
+                apply_default_css=True, elem_id="kv-grid")
+        gr.HTML(**html, elem_id="kv-tables")
+        plots = _plots()
         with gr.Accordion("KV arithmetic: bytes per token, traditional vs paged", open=False) as arith_acc:
             arith_model = gr.Radio([LIVE] + [p.name for p in PRESETS], value=LIVE,
                                    label="Batch table for", elem_id="kv-arith-model")
-            arith = gr.HTML(**html, elem_id="kv-arith")
+            gr.HTML(**html, elem_id="kv-arith")
         with gr.Accordion("Block-size what-if (live sequences)", open=False) as whatif_acc:
-            whatif = gr.HTML(**html, elem_id="kv-whatif")
+            gr.HTML(**html, elem_id="kv-whatif")
         opened = gr.State(())        # the accordions this viewer has open: closed ones get no bytes
-    slow_outputs = [paged_plot, contig_plot, hit_plot, selector, demo_md]
+    return dict(n_users=n_users, start=start, stop=stop, demo_md=demo_md, selector=selector, bus=bus,
+                arith_acc=arith_acc, arith_model=arith_model, whatif_acc=whatif_acc, opened=opened,
+                slow_outputs=[*plots, selector, demo_md])
 
-    def scoped(snap, request):
+
+def _plots() -> list:
+    """The three history plots (paged, contiguous, hit rate), side by side."""
+    colors = dict(zip(SERIES_BLOCKS, SERIES_COLORS))
+    plot = dict(x="seconds", color="series", x_title="seconds ago", height=250, color_map=colors)
+    with gr.Row():
+        paged_plot = gr.LinePlot(y="blocks", title="Used vs paging without sharing",
+                                 y_title="blocks", elem_id="kv-paged-plot", **plot)
+        contig_plot = gr.LinePlot(y="blocks", title="Used vs contiguous (black: pool size)",
+                                  y_title="blocks", elem_id="kv-contig-plot", **plot)
+        hit_plot = gr.LinePlot(x="seconds", y="hit rate %", color="series", y_lim=[0, 100],
+                               title="Prefix-cache hit rate", x_title="seconds ago", height=250,
+                               color_map=dict(zip(SERIES_HIT, ("#60a5fa", "#f97316"))),
+                               elem_id="kv-hit-plot")
+    return [paged_plot, contig_plot, hit_plot]
+
+
+class Ticks:
+    """The dashboard's tick functions for one engine's state and one app's privacy rules: what
+    each viewer may see (scoped by title, own chats only under --auth) and what changed since
+    that viewer was last sent something."""
+
+    def __init__(self, state: DashboardState, *, storage=None, auth: bool = False, own_conv=None):
+        self.state, self.llm, self.storage, self.auth, self.own_conv = state, state.llm, storage, auth, own_conv
+
+    def _own(self, request):
+        return self.own_conv(request) if self.own_conv is not None and request is not None else None
+
+    def scoped(self, snap, request):
         """The snapshot this viewer may see, and a key for caching its render."""
-        if storage is None and not auth:
+        if self.storage is None and not self.auth:
             return snap, None
-        user = getattr(request, "username", None) if auth else None
-        titles = titles_for(storage, user, auth)
-        own = own_conv(request) if own_conv is not None and request is not None else None
+        user = getattr(request, "username", None) if self.auth else None
+        titles = titles_for(self.storage, user, self.auth)
+        own = self._own(request)
         key = (user, own, zlib.crc32(repr(sorted(titles.items())).encode()))
-        return scope_snapshot(snap, titles=titles, viewer=user, own_conv=own, auth=auth), key
+        return scope_snapshot(snap, titles=titles, viewer=user, own_conv=own, auth=self.auth), key
 
-    def _missing_choice(have, selected, request) -> tuple:
+    def missing_choice(self, have, selected, request) -> tuple:
         """The selected chat when it holds no blocks now (e.g. reopened from the sidebar after its
         session ended): still offered by its title, so the picker never shows a raw id."""
-        if not selected or storage is None or any(k == selected for _, k in have):
+        if not selected or self.storage is None or any(k == selected for _, k in have):
             return ()
-        user = getattr(request, "username", None) if auth else None
-        title = titles_for(storage, user, auth).get(selected)
+        user = getattr(request, "username", None) if self.auth else None
+        title = titles_for(self.storage, user, self.auth).get(selected)
         return ((f"{title} (no blocks now)", selected),) if title else ()
 
-    def tick(selected, model, last, shown=None, request: gr.Request = None, names=OUTPUT_NAMES):
-        """{name: value to send} for the outputs in `names` whose digest differs from `last`
-        (what this viewer was sent), and the new digests. shown: the open accordion panels
-        (None: all); closed ones are not sent."""
-        state.ticks += 1
-        try:
-            snap = llm.latest_snapshot()
-        except RuntimeError as e:                  # engine shut down: keep the last picture
-            return {"demo": f"Engine unavailable: {e}"} if "demo" in names else {}, last
-        snap, key = scoped(snap, request)
+    def values(self, snap, selected, model, request, names) -> dict:
+        """{name: value} of the outputs in `names` for this viewer."""
+        state = self.state
+        snap, key = self.scoped(snap, request)
         v = state.view(snap, selected, model, key)
         values = {k: v[k] for k in OUTPUT_NAMES[:9] if k in names}
-        me = viewer_tenant(getattr(request, "username", None), auth)
+        me = viewer_tenant(getattr(request, "username", None), self.auth)
         if "feed" in names:
-            values["feed"] = state.feed(snap, key[0] if key else None, me, auth)
+            values["feed"] = state.feed(snap, key[0] if key else None, me, self.auth)
         if "who" in names:
-            values["who"] = state.who(me, auth)
+            values["who"] = state.who(me, self.auth)
         if "selector" in names:
-            values["selector"] = tuple(v["choices"]) + _missing_choice(v["choices"], selected, request)
+            values["selector"] = tuple(v["choices"]) + self.missing_choice(v["choices"], selected, request)
         if "demo" in names:
             values["demo"] = state.demo.status()
         if "tier" in names:
             values["tier"] = v["tier"]
+        return values
+
+    def tick(self, selected, model, last, shown=None, request: gr.Request = None, names=OUTPUT_NAMES):
+        """{name: value to send} for the outputs in `names` whose digest differs from `last`
+        (what this viewer was sent), and the new digests. shown: the open accordion panels
+        (None: all); closed ones are not sent."""
+        self.state.ticks += 1
+        try:
+            snap = self.llm.latest_snapshot()
+        except RuntimeError as e:                  # engine shut down: keep the last picture
+            return {"demo": f"Engine unavailable: {e}"} if "demo" in names else {}, last
+        values = self.values(snap, selected, model, request, names)
         new, out = dict(last), {}
         for name in names:
             if name in FOLDED and shown is not None and name not in shown:
@@ -320,42 +357,61 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
                 out[name] = values[name]
         return out, new
 
-    def fast(selected, model, shown, request: gr.Request = None, fresh=False):
+    def fast(self, selected, model, shown, request: gr.Request = None, fresh=False):
         """The fast tick (TICK_S): one bus message with the panels that changed for this viewer."""
         who = getattr(request, "session_hash", None)
-        last = {} if fresh else state.sent_to(who)
-        out, new = tick(selected, model, last, shown, request, FAST)
-        state.sent_to(who, new)
+        last = {} if fresh else self.state.sent_to(who)
+        out, new = self.tick(selected, model, last, shown, request, FAST)
+        self.state.sent_to(who, new)
         return BUS.message(out) if out else gr.skip()
 
-    def slow(selected, model, request: gr.Request = None, fresh=False):
+    def slow(self, selected, model, request: gr.Request = None, fresh=False):
         """The slower tick: plots (new points every few seconds), picker choices, demo status."""
         who = ("slow", getattr(request, "session_hash", None))
-        out, new = tick(selected, model, {} if fresh else state.sent_to(who), None, request, SLOW)
-        state.sent_to(who, new)
+        out, new = self.tick(selected, model, {} if fresh else self.state.sent_to(who), None, request, SLOW)
+        self.state.sent_to(who, new)
         return tuple(gr.update(choices=list(out[n])) if n == "selector" and n in out else
                      out.get(n, gr.skip()) for n in SLOW)
 
+    def refresh_fn(self, s, m, shown, request: gr.Request = None):
+        return self.fast(s, m, shown, request, fresh=True)
+
+    def refresh_slow(self, s, m, request: gr.Request = None):
+        return self.slow(s, m, request, fresh=True)
+
+    def own_fn(self, request: gr.Request = None):
+        """The chat open in this browser tab (the sidebar's pick), highlighted on arrival."""
+        own = self._own(request)
+        return gr.update(value=str(own)) if own else gr.skip()
+
+
+def _wire_ticks(ticks: Ticks, c: dict, tick_s: float, slow_tick_s: float) -> DashboardTimers:
+    """Two inactive timers (fast: the bus; slow: plots, picker, demo status), repaints on a new
+    selection or model, and the accordions' open/closed state."""
     quiet = dict(show_progress="hidden", api_visibility="private", concurrency_limit=None)
+    inputs = [c["selector"], c["arith_model"]]
     timer = gr.Timer(tick_s, active=False)
-    timer.tick(fast, inputs=[selector, arith_model, opened], outputs=[bus], **quiet)
+    timer.tick(ticks.fast, inputs=[*inputs, c["opened"]], outputs=[c["bus"]], **quiet)
     slow_timer = gr.Timer(slow_tick_s, active=False)
-    slow_timer.tick(slow, inputs=[selector, arith_model], outputs=slow_outputs, **quiet)
-    timer.companions = [slow_timer]     # the app switches both on and off with the Memory tab
-
-    def refresh_fn(s, m, shown, request: gr.Request = None):
-        return fast(s, m, shown, request, fresh=True)
-
-    def refresh_slow(s, m, request: gr.Request = None):
-        return slow(s, m, request, fresh=True)
-    refresh = dict(fn=refresh_fn, inputs=[selector, arith_model, opened], outputs=[bus], **quiet)
-    refresh_all = dict(fn=refresh_slow, inputs=[selector, arith_model], outputs=slow_outputs, **quiet)
-    selector.change(**refresh)
-    arith_model.change(**refresh)
-    for acc, name in ((arith_acc, "arith"), (whatif_acc, "whatif")):
+    slow_timer.tick(ticks.slow, inputs=inputs, outputs=c["slow_outputs"], **quiet)
+    refresh = dict(fn=ticks.refresh_fn, inputs=[*inputs, c["opened"]], outputs=[c["bus"]], **quiet)
+    refresh_all = dict(fn=ticks.refresh_slow, inputs=inputs, outputs=c["slow_outputs"], **quiet)
+    c["selector"].change(**refresh)
+    c["arith_model"].change(**refresh)
+    opened = c["opened"]
+    for acc, name in ((c["arith_acc"], "arith"), (c["whatif_acc"], "whatif")):
         acc.expand(lambda o, n=name: tuple(sorted(set(o) | {n})), opened, opened, **quiet).then(**refresh)
         acc.collapse(lambda o, n=name: tuple(x for x in o if x != n), opened, opened, **quiet)
+    # the app switches both timers on and off with the Memory tab and repaints at once when it is shown
+    return DashboardTimers([timer, slow_timer], refresh, refresh_slow=refresh_all,
+                           select_own=dict(fn=ticks.own_fn, inputs=None, outputs=[c["selector"]],
+                                           show_progress="hidden", api_visibility="private",
+                                           concurrency_limit=None),
+                           tick_fns={"fast": ticks.fast, "slow": ticks.slow, "tick": ticks.tick})
 
+
+def _wire_demo_strip(state: DashboardState, c: dict, may_start_demo) -> None:
+    """Start / Stop of the demo users (the local user or an admin only)."""
     def allowed(request) -> bool:
         return may_start_demo is None or bool(may_start_demo(request))
 
@@ -371,32 +427,6 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
             state.demo.stop()
         return state.demo.status()
 
-    start.click(on_start, inputs=[n_users], outputs=[demo_md], concurrency_limit=None,
-                api_visibility="private")
-    stop.click(on_stop, outputs=[demo_md], concurrency_limit=None, api_visibility="private")
-    def own_fn(request: gr.Request = None):
-        """The chat open in this browser tab (the sidebar's pick), highlighted on arrival."""
-        own = own_conv(request) if own_conv is not None and request is not None else None
-        return gr.update(value=str(own)) if own else gr.skip()
-
-    timer.refresh = refresh         # the app repaints at once when the Memory tab is shown
-    timer.refresh_slow = refresh_all
-    timer.tick_fns = {"fast": fast, "slow": slow, "tick": tick}     # for tests and benchmarks
-    timer.select_own = dict(fn=own_fn, inputs=None, outputs=[selector], show_progress="hidden",
-                            api_visibility="private", concurrency_limit=None)
-    return timer
-
-
-def wire_memory_tab(memory_tab, other_tab, timer) -> None:
-    """Showing the Memory tab starts the dashboard's timers (none run while it is hidden: no
-    requests, no page work), selects the chat open in the sidebar, and repaints at once; showing
-    the other tab stops them. Works for the remote view too (one timer, no selection)."""
-    timers = [timer, *getattr(timer, "companions", [])]
-    quiet = dict(api_visibility="private", show_progress="hidden")
-    shown = memory_tab.select(lambda: [gr.Timer(active=True)] * len(timers), None, timers, **quiet)
-    if hasattr(timer, "select_own"):
-        shown = shown.then(**timer.select_own)
-    shown.then(**timer.refresh)
-    if hasattr(timer, "refresh_slow"):
-        shown.then(**timer.refresh_slow)
-    other_tab.select(lambda: [gr.Timer(active=False)] * len(timers), None, timers, **quiet)
+    c["start"].click(on_start, inputs=[c["n_users"]], outputs=[c["demo_md"]], concurrency_limit=None,
+                     api_visibility="private")
+    c["stop"].click(on_stop, outputs=[c["demo_md"]], concurrency_limit=None, api_visibility="private")

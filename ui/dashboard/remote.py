@@ -17,12 +17,13 @@ import pandas as pd
 from backends.monitor import BackendMonitor
 from ui.dashboard import panels as H
 from ui.dashboard import view as V
+from ui.dashboard.timers import DashboardTimers
 
 _MONITORS: dict[int, BackendMonitor] = {}
 
 
 def is_remote(llm) -> bool:
-    return getattr(llm, "kind", None) == "remote"
+    return llm.kind == "remote"
 
 
 def monitor_for(llm) -> BackendMonitor:
@@ -84,7 +85,7 @@ def render(mon: BackendMonitor, engine) -> list:
             long_frame(rows, "tokens/s", {"generated tok/s": "generated", "prompt tok/s": "prompt"})]
 
 
-def build_remote_dashboard(llm, *, tick_s: float = 1.0) -> gr.Timer:
+def build_remote_dashboard(llm, *, tick_s: float = 1.0) -> DashboardTimers:
     """The Memory tab's components and timer for a RemoteEngine, in the current Blocks."""
     mon = monitor_for(llm)
     html = dict(css_template=H.CSS, apply_default_css=True)
@@ -111,5 +112,4 @@ def build_remote_dashboard(llm, *, tick_s: float = 1.0) -> gr.Timer:
     paint = dict(fn=lambda: render(mon, llm), outputs=outputs, concurrency_limit=None,
                  show_progress="hidden", api_visibility="private")
     timer.tick(**paint)
-    timer.refresh = paint
-    return timer
+    return DashboardTimers([timer], paint, tick_fns={"paint": paint["fn"]})

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 
+from engine.protocol import ReportsStats
 from ui.dashboard.history import History, sample_of_stats
 
 INTERVAL_S = 1.0
@@ -20,7 +21,7 @@ INTERVAL_S = 1.0
 
 def read_stats(llm) -> dict:
     """The stats contract: `llm.stats()` where the engine has it, else the latest snapshot's."""
-    if hasattr(llm, "stats"):
+    if isinstance(llm, ReportsStats):
         return llm.stats()
     return llm.latest_snapshot()["stats"]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engine.observe.savings import sharing_savings  # noqa: F401  (V.sharing_savings: the headline's)
 from ui.dashboard.kv_math import blocks_for, fmt_bytes
 from ui.dashboard.vocabulary import CODES as V_CODES, NAMES as V_NAMES, counts as state_counts, state_of
 
@@ -143,19 +144,6 @@ def highlight_blocks(convs: list[dict], key: str | None) -> frozenset:
     if not key:
         return frozenset()
     return frozenset(b for c in convs if c["key"] == key for b in c["table"].ids)
-
-
-def sharing_savings(snap: dict) -> dict:
-    """Blocks saved by sharing, read from the engine's stats contract: logical blocks (every
-    table entry; what an unshared pager allocates) - used blocks. Not recomputed here."""
-    st = snap["stats"]
-    total_refs, used = st["logical_blocks"], st.get("chat_used_blocks", st["used_blocks"])
-    saved = total_refs - used
-    live = st["num_sequences"] + st["num_idle_sessions"]
-    contiguous = live * blocks_for(st["max_model_len"], st["block_size"]) if "max_model_len" in st else None
-    return {"ref_sum": total_refs, "used_blocks": used, "saved_blocks": saved,
-            "saved_bytes": saved * st["kv_bytes_per_block"], "unshared_blocks": st["logical_blocks"],
-            "contiguous_blocks": contiguous}
 
 
 def headline(snap: dict, hit_last_min: float | None = None, tokens_per_s: float | None = None) -> list[dict]:

@@ -2,7 +2,7 @@
 tokens computed in the last minute, its virtual counter and the preemptions it suffered, from the
 fair scheduler's rows (engine/core/fairness.py TenantStats, published by the engine every 0.5 s).
 
-Names follow the dashboard's privacy rules (ui/dashboard/scope.py): without --auth every tenant
+Names follow the dashboard's privacy rules (engine/observe/viewer_scope.py): without --auth every tenant
 is shown by name (demo users as "demo user K", "local" as this machine's user, API keys by their
 name); with --auth a viewer sees their own row by name and every other user or key only as
 "another user (k)" / "an API client (k)" (users and clients numbered separately, in name order),

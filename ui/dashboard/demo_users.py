@@ -1,4 +1,5 @@
-"""Simulated users: N threads chatting multi-turn with one shared system prompt.
+"""Simulated users (the Memory tab's demo load; loadgen/measure_sharing.py uses them too): N threads
+chatting multi-turn with one shared system prompt.
 
 Each user has its own engine session (its blocks stay pinned between turns, the system prompt's
 blocks are shared by all), sends short messages from a fixed list, and samples with its own seeds,

@@ -114,7 +114,8 @@ def gradio_user_of(gradio_app):
 
 def install_cancel_guard(app, tabs) -> None:
     """Put the guard in front of the Gradio app mounted on FastAPI `app` (with --auth only)."""
-    gradio_app = next((r.app for r in app.routes if hasattr(getattr(r, "app", None), "tokens")), None)
+    from gradio.routes import App as GradioApp
+    gradio_app = next((r.app for r in app.routes if isinstance(getattr(r, "app", None), GradioApp)), None)
     if gradio_app is None:
         raise RuntimeError("no mounted Gradio app found to guard")
     app.add_middleware(CancelOwnerGuard, tabs=tabs, user_of=gradio_user_of(gradio_app))

@@ -1,9 +1,11 @@
 """What one viewer may see of a KV snapshot: titles instead of ids, and under --auth only their
 own chats (issue 11 item 5, issue 12 item 9).
 
-Why here and not in the engine: the engine knows sessions, not people or titles; storage knows
-which conversation belongs to whom. The dashboard and /api/kv both pass a snapshot (the
-engine's JSON, paged-chat.kv v3) through `scope_snapshot` before anything reaches a browser.
+Why in engine/observe (the lowest floor that fits): it is a pure function of the snapshot's JSON
+(paged-chat.kv) and a titles dict, with no import of storage or of any page; the dashboard (ui/) and
+/api/kv (routes/) both pass a snapshot through `scope_snapshot` before anything reaches a browser,
+and routes must not import ui. The engine itself never calls it: it knows sessions, not people or
+titles; `titles_for` asks the storage object it is handed (duck-typed, never imported).
 
 Rules:
 - without --auth (`viewer` None): every sequence stays, each titled from storage;

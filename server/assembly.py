@@ -1,0 +1,85 @@
+"""The FastAPI app that serves the page together with /metrics, /api/kv and the OpenAI API.
+
+`build_app(llm, storage, auth=...)` is all app.py and the tests need. Why here and not in ui/:
+the page is one thing the server mounts; security, exports, pins at start-up and the HTTP routes
+are the server's, and routes must not import ui nor ui routes (tests/test_import_graph.py).
+"""
+from __future__ import annotations
+
+import atexit
+
+import fastapi
+import gradio as gr
+
+from engine.protocol import PinsPrompts
+from routes.exports import register_export_route
+from routes.kv import register_kv_route
+from routes.metrics import register_routes
+from routes.security import install_security
+from ui.chat.context import ChatContext
+from ui.chat.prompt_pins import PromptPins
+from ui.chat.tabs import RELEASE_GRACE_S, TabRegistry
+from ui.layout import build_demo, page_css
+
+
+def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_host: str = "127.0.0.1",
+              allowed_hosts=(), api_options: dict | None = None, engine_routes: bool = True, admins=(),
+              share_hosts: set | None = None):
+    """(FastAPI app serving the page at / plus /metrics, /api/kv and the OpenAI API at /v1, the Blocks
+    demo). api_options: api_keys, allowed_origins, ... for routes.openai_api.mount_openai_api.
+    engine_routes=False (app.py --backend): no /metrics, /api/kv, /v1 here; the backend serves its own."""
+    ctx = ctx or ChatContext(llm, storage, TabRegistry(llm, release_grace_s=RELEASE_GRACE_S), auth=bool(auth),
+                             admins=frozenset(admins))
+    pin_shared_prompts(ctx, llm, storage)
+    demo = build_demo(ctx)
+    demo.queue(default_concurrency_limit=None)
+    demo.chat_context = ctx
+    app = fastapi.FastAPI()
+    _serve_exports(app, ctx, demo, auth)
+    if engine_routes:                    # before mounting Gradio at "/", which would shadow them
+        _register_engine_routes(app, llm, storage, demo, auth, api_options)
+    app = gr.mount_gradio_app(app, demo, path="/", auth=auth, css=page_css(), ssr_mode=False,
+                              footer_links=["api", "gradio"])
+    if engine_routes:
+        _count_dashboard_ticks(app, llm)
+    install_security(app, bind_host, allowed_hosts, auth=auth,    # Host check, no /docs, login throttle
+                     share_hosts=share_hosts)
+    if auth:                         # Gradio's /cancel takes any session hash: owner check (#12.10)
+        from routes.cancel_guard import install_cancel_guard
+        install_cancel_guard(app, ctx.tabs)
+    return app, demo
+
+
+def pin_shared_prompts(ctx: ChatContext, llm, storage) -> None:
+    """An engine that pins prefixes (the real one) holds the shared prompt's blocks from start-up."""
+    if ctx.pins is not None or not isinstance(llm, PinsPrompts):
+        return
+    ctx.pins = PromptPins(llm, storage)
+    note = ctx.pins.fit_default()
+    if note:
+        print(f"[app] {note}", flush=True)
+    ctx.pins.pin_startup()
+
+
+def _serve_exports(app, ctx: ChatContext, demo, auth) -> None:
+    if ctx.exports is None:              # exports are served by our route, owner-only (#12.12)
+        from storage.exports import PrivateExports
+        ctx.exports = PrivateExports()
+        atexit.register(ctx.exports.close)
+    register_export_route(app, ctx.exports, demo=demo, auth=bool(auth))
+
+
+def _register_engine_routes(app, llm, storage, demo, auth, api_options: dict | None) -> None:
+    register_routes(app, llm, kv_route=False, auth=bool(auth))
+    register_kv_route(app, llm, storage=storage, demo=demo, auth=bool(auth))   # viewer-scoped /api/kv
+    from routes.openai_api import mount_openai_api
+    mount_openai_api(app, llm, require_key=bool(auth), multi_user=bool(auth), **(api_options or {}))
+
+
+def _count_dashboard_ticks(app, llm) -> None:
+    """/metrics also reports the dashboard's ticks (ui/dashboard/page.DashboardState.metrics_text)."""
+    from ui.dashboard.page import state_for
+    extra = getattr(app.state, "extra_metrics", None)
+    if extra is None:
+        extra = app.state.extra_metrics = []
+    extra.append(state_for(llm).metrics_text)
