@@ -12,6 +12,7 @@ from ui.chat import handlers as chat
 from ui.chat import sidebar as side
 from ui.chat import limits, reply_format, view
 from ui.chat.context import ChatContext
+from engine.protocol import BeamSearches, ConstrainsOutput
 from ui.page_assets import CSS, LIST_REFRESH_MEMORY_TAB_S, LIST_REFRESH_S, PAGE_JS, URL_JS
 
 from ui.dashboard.page import build_dashboard
@@ -184,15 +185,24 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     _wire_management(ctx, c, view_out)
 
 
+NO_BEAM_SEARCH = "Beam search runs only on the built-in engine; this app serves a remote backend (--backend)."
+NO_REPLY_FORMAT = ("A JSON reply format runs only on the built-in engine; this app serves a remote backend "
+                   "(--backend).")
+
+
 def _settings(ctx: ChatContext):
     """The sampling controls' values -> the engine's keyword arguments, validated (gr.Error)."""
     def settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding,
                  fmt=reply_format.FREE, schema=""):
         kw = limits.sampling(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n)   # validate first
         if beam.beam_width(decoding):
+            if not isinstance(ctx.llm, BeamSearches):
+                raise gr.Error(NO_BEAM_SEARCH, title="Not available")
             kw["beam_width"] = beam.beam_width(decoding)
         structured = reply_format.spec(fmt, schema)
         if structured is not None:
+            if not isinstance(ctx.llm, ConstrainsOutput):
+                raise gr.Error(NO_REPLY_FORMAT, title="Not available")
             if "beam_width" in kw:
                 raise gr.Error("A JSON reply format needs sampling or greedy decoding, not beam search.",
                                title="Not accepted")

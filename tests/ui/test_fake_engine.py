@@ -94,3 +94,41 @@ def test_the_remote_engine_implements_the_chat_face_and_says_where_it_is():
         for name in protocol_members(proto):
             assert hasattr(RemoteEngine, name) or name in RemoteEngine.__init__.__code__.co_names, \
                 f"backends.RemoteEngine lacks {proto.__name__}.{name}"
+
+
+def test_a_remote_backend_refuses_beam_search_json_and_continue_with_a_sentence(monkeypatch):
+    """The remote engine has no beam search, grammar or in-place continue: the chat says so in
+    words (gr.Error / a status line) instead of an AttributeError from deep inside a handler."""
+    import asyncio
+
+    import gradio as gr
+
+    from backends.remote import RemoteEngine
+    from ui import layout
+    from ui.chat import beam, handlers, reply_format
+    from ui.chat.context import ChatContext
+
+    remote = RemoteEngine.__new__(RemoteEngine)     # no server needed: only its abilities are asked
+    ctx = ChatContext(llm=remote, storage=None, tabs=None)
+    settings = layout._settings(ctx)
+    base = (0.0, 1.0, 0, 16, 1.0, -1, 1)
+    with pytest.raises(gr.Error, match="Beam search runs only on the built-in engine"):
+        settings(*base, beam.CHOICES[-1])
+    with pytest.raises(gr.Error, match="JSON reply format runs only on the built-in engine"):
+        settings(*base, beam.SAMPLE, reply_format.CHOICES[1], "")
+    assert settings(*base, beam.SAMPLE)["max_tokens"] == 16        # plain sampling still goes through
+
+    class Store:
+        def get_messages(self, conv_id):
+            return [{"role": "user", "id": 1, "token_ids": [1, 2]},
+                    {"role": "assistant", "id": 2, "token_ids": [3, 4]}]
+
+    ctx = ChatContext(llm=remote, storage=Store(), tabs=None)
+    ctx.tab = lambda request: None
+    monkeypatch.setattr(handlers, "_current_conversation", lambda ctx, request, tab: {"id": "c1"})
+
+    async def first():
+        return [out async for out in handlers.continue_reply(ctx, {}, None)]
+
+    outs = asyncio.run(first())
+    assert any(handlers.CONTINUE_UNSUPPORTED in str(o) for o in outs)

@@ -16,6 +16,7 @@ import time
 
 import gradio as gr
 
+from engine.protocol import ContinuesReplies
 from storage import ConversationDeletedError
 from ui.chat.edit_text import typed_text
 from ui.chat import limits, states, view
@@ -335,6 +336,8 @@ async def regenerate(ctx: ChatContext, kw: dict, request):
 
 CONTINUE_NOTHING = "Nothing to continue: the last message on screen is not a stored reply."
 CONTINUE_COMPLETE = "This reply is complete (the model ended its turn); there is nothing to continue."
+CONTINUE_UNSUPPORTED = ("Continue runs only on the built-in engine; this app serves a remote backend (--backend), "
+                        "which cannot extend a stored reply in place.")
 
 
 async def continue_reply(ctx: ChatContext, kw: dict, request):
@@ -350,6 +353,10 @@ async def continue_reply(ctx: ChatContext, kw: dict, request):
             or not user.get("token_ids"):
         gr.Info(CONTINUE_NOTHING)
         yield outputs(status=CONTINUE_NOTHING)
+        return
+    if not isinstance(ctx.llm, ContinuesReplies):
+        gr.Info(CONTINUE_UNSUPPORTED)
+        yield outputs(status=CONTINUE_UNSUPPORTED)
         return
     if last["token_ids"][-1] in eos_ids(ctx):
         gr.Info(CONTINUE_COMPLETE)
