@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.app_zygote import Zygote
 from tests.e2e.polling import wait_until as wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--num-blocks", "512", "--max-model-len", "1024"]
+_ZYGOTE = Zygote()
 
 
 def free_port() -> int:
@@ -39,7 +41,10 @@ class AppServer:
                     "PAGED_CHAT_KV_OFFLOAD_DIR": str(log.parent / "kv-tier"),   # per test, not ~/.cache
                     **(env or {})}
         self._log = open(log, "wb")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=full_env)
+        # forked from a zygote that has the app's modules imported (tests/e2e/app_zygote.py), else a
+        # plain subprocess: either way a separate `app.py` process with this command line
+        self.proc = _ZYGOTE.spawn(cmd[1:], full_env, log) or subprocess.Popen(
+            cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=full_env)
 
     def wait_ready(self, timeout: float = 120) -> "AppServer":
         deadline = time.time() + timeout
