@@ -127,3 +127,14 @@ def test_int8_with_rotation_beats_int8_without_on_the_real_model(model_folder, h
     # measured 2.99e-4 vs 8.55e-4 (2.9x) on this chat; ask for 1.5x
     assert got["int8"].mean_kl * 1.5 < got["int8/none"].mean_kl, got
     assert got["int8"].top1 >= got["int8/none"].top1 - 0.01, got
+
+
+def test_tier_fingerprint_names_the_rotation():
+    """A second-tier block written unrotated must never be loaded into a rotated pool (or back)."""
+    from engine.kv.kv_tier import LAYOUT_VERSION
+    from engine.kv.kv_tier_io import model_fingerprint
+    w = {"w": torch.arange(8, dtype=torch.float32)}
+    pool = torch.zeros(2, 1, 2, 16, 1, 68, dtype=torch.int8)
+    fp = lambda rot: model_fingerprint(w, dtype="float32", kv_pool=pool, block_size=16, kv_rotation=rot)
+    assert fp("hadamard") != fp("none") and fp("none") == fp("none")
+    assert LAYOUT_VERSION >= 2
