@@ -138,3 +138,10 @@ def test_tier_fingerprint_names_the_rotation():
     fp = lambda rot: model_fingerprint(w, dtype="float32", kv_pool=pool, block_size=16, kv_rotation=rot)
     assert fp("hadamard") != fp("none") and fp("none") == fp("none")
     assert LAYOUT_VERSION >= 2
+
+
+def test_engine_config_checks_the_rotation_name():
+    from engine.config import EngineConfig
+    assert EngineConfig(device="cpu").kv_cache_rotation == "auto"
+    with pytest.raises(ValueError):
+        EngineConfig(device="cpu", kv_cache_rotation="random")
