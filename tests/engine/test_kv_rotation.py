@@ -64,13 +64,15 @@ def test_rotated_attention_is_exact_in_float64(d):
     assert (k @ r).abs().amax(-1).mean() < 0.5 * k.abs().amax(-1).mean()
 
 
-def _three_steps(model: LlamaModel, ids: list[int], backend: str, bs: int = 16) -> torch.Tensor:
+def _three_steps(model: LlamaModel, ids: list[int], backend: str, bs: int = 16,
+                 pool_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Prefill of 20 tokens, a chunk of 17 over the cached 20 (across block edges), then one
-    decode step; an fp32 pool in shuffled blocks. Returns the logits of every position."""
+    decode step; a pool (fp32: NaN-filled) in shuffled blocks. Returns the logits of every position."""
     nb = -(-len(ids) // bs) + 2
     dev = model.device
-    pool = torch.full((2, model.num_layers, nb, bs, model.num_kv_heads, model.head_dim), float("nan"),
-                      dtype=torch.float32, device=dev)
+    shape = (2, model.num_layers, nb, bs, model.num_kv_heads, kv_quant.row_width(model.head_dim, pool_dtype))
+    pool = (torch.zeros(shape, dtype=pool_dtype, device=dev) if kv_quant.is_quantized_dtype(pool_dtype)
+            else torch.full(shape, float("nan"), dtype=pool_dtype, device=dev))
     table = torch.arange(1, nb, dtype=torch.int32).flip(0)[None]
     outs = []
     for a, b in ((0, 20), (20, len(ids) - 1), (len(ids) - 1, len(ids))):
@@ -145,3 +147,24 @@ def test_engine_config_checks_the_rotation_name():
     assert EngineConfig(device="cpu").kv_cache_rotation == "auto"
     with pytest.raises(ValueError):
         EngineConfig(device="cpu", kv_cache_rotation="random")
+
+
+def test_every_forward_loop_reads_a_rotated_int8_pool_alike():
+    """The same rotated int8 pool contents through each loop (the quantizing store gets fp32 rotated
+    K/V from each): logits agree with the eager loop's to int8 noise (a code may flip on a tie)."""
+    cfg = dw.load_config("smollm2-135m", {"num_hidden_layers": 2, "vocab_size": 4096})
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    ids = [(7 * i + 3) % cfg.vocab_size for i in range(38)]
+    outs = {}
+    for loop, backend in _loops():
+        if backend == "torch" and dev.type == "cuda":
+            continue
+        model = LlamaModel(cfg, dw.random_weights(cfg, seed=3), torch.float32, dev, max_positions=64)
+        model.use_fused = loop == "triton_fused"
+        model.use_cpu_fused = model.use_cpu_fused and loop == "cpu_fused"
+        model.kv_rotation = kv_quant.hadamard(model.head_dim, device=dev)
+        outs[loop] = _three_steps(model, ids, backend, pool_dtype=torch.int8)
+    ref = outs.get("eager", next(iter(outs.values())))
+    for loop, got in outs.items():
+        err, scale = (ref - got).abs().max().item(), ref.abs().max().item()
+        assert err <= 2e-2 * scale, f"{loop}: {err:.3g} vs eager (scale {scale:.3g})"
