@@ -56,6 +56,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    default="auto", help="KV pool format (vLLM's flag). auto (default): the weights' dtype; "
                         "int8: ~1.9x the bf16 tokens in the same memory, any device (accuracy: docs/BENCHMARKS.md); "
                         "fp8: e4m3, CUDA sm_89+ only")
+    p.add_argument("--kv-cache-rotation", choices=["auto", "hadamard", "none"], default="auto",
+                   help="int8/fp8 KV: rotate K, V (and q, and the attention output back) per head by a fixed "
+                        "Hadamard matrix before quantizing; auto (default): on for int8/fp8 with a power-of-two "
+                        "head_dim (~4x lower KL vs fp32, docs/BENCHMARKS.md); none: off")
     p.add_argument("--db", default="data/chat.db", help="SQLite file for the chat history")
     p.add_argument("--trusted-proxy", action="append", default=[], metavar="IP",
                    help="a reverse proxy whose X-Forwarded-For is believed (repeatable); by default none is, "
@@ -193,7 +197,7 @@ def main(argv=None) -> int:
     llm = LLM(model=args.model, block_size=args.block_size, num_blocks=args.num_blocks,
               kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,
               max_num_seqs=args.max_num_seqs, dtype=args.dtype, quantization=args.quantization,
-              kv_cache_dtype=args.kv_cache_dtype, progress=terminal_progress,
+              kv_cache_dtype=args.kv_cache_dtype, kv_cache_rotation=args.kv_cache_rotation, progress=terminal_progress,
               scheduling_policy=args.scheduling_policy, tenant_weights=weights,
               queue_bounds=bounds, kv_offload_gib=args.kv_offload_gib, kv_offload_dir=args.kv_offload_dir)
     storage = None

@@ -10,8 +10,9 @@ next-token distribution is compared with HF fp32's on the same tokens:
 Greedy agreement (the first 64 generated tokens, engine vs HF greedy) is measured separately
 through LLM.generate.
 
-`python -m bench.kv_accuracy` prints the table for float32 / bfloat16 / int8 KV under fp32 weights
-(and the per-block-scale / Hadamard variants with --variants); tests/engine/test_kv_cache_accuracy.py
+`python -m bench.kv_accuracy` prints the table for float32 / bfloat16 / int8 KV (without and with
+the Hadamard rotation) under fp32 weights (--study: other int8 formats, fake-quantized inside HF);
+tests/engine/test_kv_cache_accuracy.py
 asserts the rule of docs/BENCHMARKS.md with it.
 """
 from __future__ import annotations
@@ -167,10 +168,14 @@ def greedy_agreement(llm, hf_model, seqs, n: int = 64) -> float:
     return sum(fracs) / len(fracs)
 
 
-def build_runner(loaded, kv_cache_dtype: str, num_blocks: int = 256, dtype: str = "float32"):
+def build_runner(loaded, kv_cache_dtype: str, num_blocks: int = 256, dtype: str = "float32",
+                 rotation: str = "auto"):
+    """kv_cache_dtype may name the rotation after a slash: "int8/none", "int8/hadamard"."""
     from engine.config import EngineConfig
     from engine.exec.model_runner import ModelRunner
-    cfg = EngineConfig(num_blocks=num_blocks, device="cpu", dtype=dtype, kv_cache_dtype=kv_cache_dtype)
+    kv_cache_dtype, _, rot = kv_cache_dtype.partition("/")
+    cfg = EngineConfig(num_blocks=num_blocks, device="cpu", dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+                       kv_cache_rotation=rot or rotation)
     return ModelRunner(cfg, loaded.config, loaded.weights)
 
 
@@ -203,15 +208,32 @@ def fake_quant(x: torch.Tensor, scheme: str) -> torch.Tensor:
         xp = torch.nn.functional.pad(x, (0, 0, 0, pad)).view(B, h, -1, 16, d)
         out = _fake_int8(xp, xp.abs().amax((-1, -2), keepdim=True))
         return out.view(B, h, T + pad, d)[:, :, :T]
-    if scheme == "int8/token+hadamard":
+    if scheme == "int8/token+hadamard":               # the first study's: random signs x Sylvester (not symmetric)
         r = hadamard(x.shape[-1]).to(x)
         return fake_quant(x @ r, "int8/token") @ r.T
+    if scheme == "int8/token+rot":                    # the engine's rotation: symmetric H / sqrt(d) (kv_quant)
+        from kernels import kv_quant
+        r = kv_quant.hadamard(x.shape[-1]).to(x)
+        return fake_quant(x @ r, "int8/token") @ r
+    if scheme.startswith("int8/g"):                    # int8/g32f16[+rot]: a scale per G elements, stored
+        # as fp16 ("f16", 2 bytes: g32f16 is the same 68 bytes per row as ours) or fp32 ("f32")
+        base, _, rot = scheme.partition("+")
+        g, sdt = base[len("int8/g"):].split("f")
+        if rot:
+            from kernels import kv_quant
+            r = kv_quant.hadamard(x.shape[-1]).to(x)
+            return fake_quant(x @ r, base) @ r
+        xg = x.unflatten(-1, (-1, int(g)))
+        amax = xg.abs().amax(-1, keepdim=True)
+        amax = amax.to(torch.float16 if sdt == "16" else torch.float32).float()   # the scale's storage
+        return _fake_int8(xg, amax).flatten(-2)
     if scheme == "int8/tensor":                       # the per-tensor mutant
         return _fake_int8(x, x.abs().amax())
     raise ValueError(scheme)
 
 
-STUDY = ("bfloat16", "int8/token", "int8/block", "int8/token+hadamard", "int8/tensor")
+STUDY = ("bfloat16", "int8/token", "int8/block", "int8/token+hadamard", "int8/token+rot", "int8/g32f16",
+         "int8/g32f16+rot", "int8/tensor")
 
 
 @torch.inference_mode()
@@ -235,7 +257,8 @@ def study(hf_model, seqs, schemes=STUDY) -> list[Accuracy]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--kv", default="float32,bfloat16,int8")
+    p.add_argument("--kv", default="float32,bfloat16,int8/none,int8",
+                   help="KV formats; int8 = int8 with its default Hadamard rotation, int8/none = without")
     p.add_argument("--study", action="store_true", help="fake-quantized HF: per-token vs per-block scales, Hadamard")
     p.add_argument("--schemes", default=",".join(STUDY), help="--study: which formats")
     p.add_argument("--chats", type=int, default=len(CHATS), help="use the first N chats only")
@@ -253,7 +276,7 @@ def main() -> None:
     from engine.exec.loader import load_model
     loaded = load_model(None)
     hf = AutoModelForCausalLM.from_pretrained(loaded.hf_folder, dtype=torch.float32).eval()
-    seqs = chat_token_ids(loaded.tokenizer)
+    seqs = chat_token_ids(loaded.tokenizer)[:a.chats]
     ref = hf_logits(hf, seqs)
     print("| KV cache dtype | positions | mean KL vs HF fp32 | top-1 agreement |\n|---|---|---|---|")
     for kv in a.kv.split(","):

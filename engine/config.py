@@ -19,6 +19,7 @@ def cache_root() -> Path:
     return Path(root)
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
+KV_CACHE_ROTATIONS = ("auto", "hadamard", "none")   # kernels/kv_quant.py: rotation_for
 DEFAULT_CPU_KV_CACHE_GIB = 2.0      # ~2,900 blocks of 16 tokens for SmolLM2-135M in fp32
 DEFAULT_GPU_MEMORY_FRACTION = 0.85  # of free device memory after the weights are loaded
 
@@ -85,6 +86,7 @@ class EngineConfig:
     enforce_eager: bool = False        # True: no CUDA graphs for decode (always eager on CPU)
     quantization: str | None = None    # "int8": weight-only int8, per-channel scales (CPU; engine/exec/cpu_linear.py)
     kv_cache_dtype: str = "auto"       # the pool's format (kernels/kv_quant.py); "auto" = the weights' dtype
+    kv_cache_rotation: str = "auto"    # int8/fp8 pools: "auto"/"hadamard" rotate q, k, v per head (kv_quant.hadamard); "none"
     scheduling_policy: str = "fair"    # "fair": per-tenant VTC + priorities; "fcfs" (engine/core/fairness.py)
     kv_offload_gib: float | str | None = None   # second KV tier (engine/kv/kv_tier_setup.py): None/0 off, "auto"
     kv_offload_dir: str | None = None  # its folder on CPU (default <cache>/kv-tier)
@@ -122,6 +124,8 @@ class EngineConfig:
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}")
         check_kv_cache_dtype(self.kv_cache_dtype, self.device)
+        if self.kv_cache_rotation not in KV_CACHE_ROTATIONS:
+            raise ValueError(f"kv_cache_rotation must be one of {KV_CACHE_ROTATIONS}, got {self.kv_cache_rotation!r}")
         if self.max_num_batched_tokens is None:
             # CPU: 512, chosen by measurement (bench/serving.py --budgets 512,2048, chat burst of 16):
             # 2,048 never improved TTFT p50 (1.75 vs 2.29 s fp32; 2.22 vs 3.8 s bf16) and its

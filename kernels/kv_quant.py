@@ -13,6 +13,13 @@ when a partial block grows (a token is written once, never rewritten under reade
 block), and a row's own amax is never larger than its block's, so its error bound is never larger; a block
 scale would save 5.5% of the bytes (docs/DESIGN.md, "Quantized KV"; bench/kv_accuracy.py --study).
 x ~= code * scale, scale = amax(|x| over head_dim) / QMAX (QMAX = 127 for int8, 448 for e4m3).
+
+Rotation (on by default for int8/fp8, `kv_cache_rotation`): the model rotates K (after RoPE), V and
+q per head by a fixed orthonormal symmetric Hadamard matrix R (`hadamard`, R @ R = I) before the
+store and attention, and the attention output back by R after it. q R . k R = q . k and
+softmax(.) (V R) R = softmax(.) V, so attention is unchanged in exact arithmetic, while a row's
+outlier channels are spread over all head_dim codes and its amax shrinks toward the rms: int8's
+per-row step amax/127 gets finer. No kernel knows: only the tensors around them change.
 """
 from __future__ import annotations
 
@@ -97,3 +104,40 @@ def dequantize(rows: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> to
         return rows.to(out_dtype)
     codes, scales = split(rows)
     return (codes.float() * scales[..., None]).to(out_dtype)
+
+
+
+def hadamard(d: int, device=None) -> torch.Tensor | None:
+    """The KV rotation for head_dim d: the Sylvester Hadamard matrix scaled to be orthonormal,
+    H / sqrt(d), fp32 [d, d]; None when d is not a power of two (no rotation then). It is
+    symmetric and its own inverse (R @ R = I), so one matrix rotates q, k, v in and the attention
+    output back out. (A variant with a fixed random diagonal of signs, S H S / sqrt(d), measured
+    the same within noise: bench/kv_accuracy.py --study, docs/BENCHMARKS.md.)"""
+    if d < 1 or d & (d - 1):
+        return None
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < d:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)])
+    return (h / d ** 0.5).to(device=device, dtype=torch.float32)
+
+
+def rotation_for(mode: str, pool: torch.dtype, head_dim: int) -> str:
+    """'hadamard' or 'none': whether a pool of dtype `pool` is written and read rotated.
+    auto: rotate exactly when the pool is quantized and head_dim is a power of two (measured: 4x
+    lower KL for int8, docs/BENCHMARKS.md); hadamard: the same, but an error where it cannot apply;
+    none: never. An unquantized pool is never rotated (it would only cost fp32 exactness)."""
+    if mode in (None, "none"):
+        return "none"
+    ok = pool in QMAX and hadamard(head_dim) is not None
+    if mode == "hadamard" and not ok:
+        raise ValueError(f"kv_cache_rotation='hadamard' needs an int8/fp8 KV cache and a power-of-two "
+                         f"head_dim; got a {pool} pool, head_dim {head_dim}")
+    if mode not in ("auto", "hadamard"):
+        raise ValueError(f"kv_cache_rotation must be auto, hadamard or none, got {mode!r}")
+    return "hadamard" if ok else "none"
+
+
+def rotate(x: torch.Tensor, r: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """x [..., d] @ r in fp32 (r from hadamard()), as out_dtype; contiguous. k and v stay fp32 for
+    the quantizing store (one rounding fewer); q and the attention output go back to the model's dtype."""
+    return (x.float() @ r).to(out_dtype)

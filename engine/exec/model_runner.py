@@ -58,6 +58,9 @@ class ModelRunner:
             log.info("CPU model path: %s", self.model.cpu_path)
         self.kv_dtype = kv_quant.pool_dtype(cfg.kv_cache_dtype, self.dtype)   # the pool's format
         m = self.model
+        # int8/fp8 pools hold K and V rotated per head (kernels/kv_quant.py): 'hadamard' or 'none'
+        self.kv_rotation = kv_quant.rotation_for(cfg.kv_cache_rotation, self.kv_dtype, m.head_dim)
+        m.kv_rotation = kv_quant.hadamard(m.head_dim, device=self.device) if self.kv_rotation == "hadamard" else None
         self.kv_bytes_per_token = kv_quant.bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim,
                                                            self.kv_dtype)
         self.weights_kv_bytes_per_token = kv_quant.bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim,

@@ -40,7 +40,7 @@ class LLM:
                  enable_prefix_caching: bool = True, progress=None, load_format: str = "auto",
                  enforce_eager: bool = False, hf_overrides: dict | None = None,
                  max_pin_fraction: float | None = None, quantization: str | None = None,
-                 kv_cache_dtype: str = "auto",
+                 kv_cache_dtype: str = "auto", kv_cache_rotation: str = "auto",
                  scheduling_policy: str = "fair", tenant_weights: dict[str, float] | None = None,
                  queue_bounds: QueueBounds | None = None,
                  kv_offload_gib: float | str | None = None, kv_offload_dir: str | None = None):
@@ -50,7 +50,7 @@ class LLM:
                            seed=seed, attention_backend=attention_backend,
                            enable_prefix_caching=enable_prefix_caching, load_format=load_format,
                            enforce_eager=enforce_eager, quantization=quantization,
-                           kv_cache_dtype=kv_cache_dtype,
+                           kv_cache_dtype=kv_cache_dtype, kv_cache_rotation=kv_cache_rotation,
                            scheduling_policy=scheduling_policy,
                            kv_offload_gib=kv_offload_gib, kv_offload_dir=kv_offload_dir)
         if hf_overrides and load_format != "dummy":

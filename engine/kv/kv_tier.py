@@ -36,7 +36,8 @@ from typing import Iterator, Protocol, runtime_checkable
 log = logging.getLogger("paged_chat.kv_tier")
 
 MAGIC = b"PCKVT1\n"
-LAYOUT_VERSION = 1        # bump when the slab layout of a block changes (engine KV layout version)
+LAYOUT_VERSION = 2        # bump when the slab layout of a block changes (engine KV layout version)
+                          # 2: int8/fp8 rows may hold Hadamard-rotated K/V (the fingerprint names the rotation)
 _HDR = struct.Struct("<I")
 
 

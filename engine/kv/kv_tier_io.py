@@ -40,12 +40,12 @@ class PoolSlabIO:
 
 
 def model_fingerprint(weights: dict, *, dtype, kv_pool: torch.Tensor, block_size: int,
-                      sample_bytes: int = 1 << 16) -> str:
+                      kv_rotation: str = "none", sample_bytes: int = 1 << 16) -> str:
     """A short hex digest of what the KV depends on. Weights: every tensor's name, shape and
     dtype, and up to `sample_bytes` bytes from its start and end (hashing 0.5-15 GB of weights
     at every start-up would cost seconds; a sample still tells two checkpoints apart)."""
     h = hashlib.blake2b(digest_size=12)
-    h.update(f"layout={LAYOUT_VERSION};dtype={dtype};kv={kv_pool.dtype};bs={block_size};"
+    h.update(f"layout={LAYOUT_VERSION};dtype={dtype};kv={kv_pool.dtype};rot={kv_rotation};bs={block_size};"
              f"slab={tuple(kv_pool[:, :, 0].shape)}".encode())
     for name in sorted(weights):
         t = weights[name]

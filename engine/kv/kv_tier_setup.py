@@ -62,7 +62,8 @@ def build_tier(kv, runner, weights: dict, *, gib, folder: str | None, device: st
     if cap <= 0:
         return None
     io = PoolSlabIO(runner.kv_pool)
-    fp = model_fingerprint(weights, dtype=dtype, kv_pool=runner.kv_pool, block_size=kv.block_size)
+    fp = model_fingerprint(weights, dtype=dtype, kv_pool=runner.kv_pool, block_size=kv.block_size,
+                           kv_rotation=runner.kv_rotation)
     if device.startswith("cuda"):
         store, kind = MemoryStore(), "host"
     else:

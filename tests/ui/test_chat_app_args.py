@@ -26,6 +26,13 @@ def test_kv_cache_dtype_flag_defaults_to_auto_and_takes_vllms_values():
         app.parse_args(["--kv-cache-dtype", "int4"])
 
 
+def test_kv_cache_rotation_flag():
+    assert app.parse_args([]).kv_cache_rotation == "auto"
+    assert app.parse_args(["--kv-cache-rotation", "none"]).kv_cache_rotation == "none"
+    with pytest.raises(SystemExit):
+        app.parse_args(["--kv-cache-rotation", "random"])
+
+
 def test_auth_pairs():
     assert app.parse_auth(None) is None
     assert app.parse_auth(["alice:pw", "bob:a:b"]) == [("alice", "pw"), ("bob", "a:b")]

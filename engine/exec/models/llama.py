@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+from kernels import kv_quant
 from engine.exec.cpu_linear import layer_linear as _linear
 
 
@@ -84,6 +85,9 @@ class LlamaModel:
         self.eps = config.rms_norm_eps
         self.scale = self.head_dim ** -0.5
         self.dtype, self.device = dtype, device
+        # [d, d] fp32 (kernels/kv_quant.hadamard) when the pool is stored rotated (set by ModelRunner
+        # for int8/fp8 KV): q, k, v go in rotated per head, the attention output comes back through it
+        self.kv_rotation: torch.Tensor | None = None
 
         def w(name):
             if name not in weights:
@@ -162,17 +166,22 @@ class LlamaModel:
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         inter = self.config.intermediate_size
         cos, sin = self.cos[positions], self.sin[positions]
+        R = self.kv_rotation
         x = F.embedding(input_ids, self.embed)
         for i, L in enumerate(self.layers):
             a = rms_norm(x, L["ln1"], self.eps)
             qkv = _linear(L, "qkv", a).view(T, h + 2 * kvh, d)
             qk = apply_rope(qkv[:, :h + kvh], cos, sin)        # q and k heads rotated together
             q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kvh:]
+            if R is not None:           # rotated pool: every kernel sees rotated q, k, v (exact: R @ R = I)
+                q, k, v = kv_quant.rotate(q, R, q.dtype), kv_quant.rotate(k, R), kv_quant.rotate(v, R)
             k_cache, v_cache = kv_pool[0, i], kv_pool[1, i]
             kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
             o = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                         meta.cu_seqlens_q, self.scale, max_seqlen_q=meta.max_seqlen_q,
                                         backend=meta.backend)
+            if R is not None:
+                o = kv_quant.rotate(o, R, o.dtype)
             x = x + _linear(L, "o", o.reshape(T, h * d))
             gu = _linear(L, "gate_up", rms_norm(x, L["ln2"], self.eps))
             x = x + _linear(L, "down", F.silu(gu[:, :inter]) * gu[:, inter:])

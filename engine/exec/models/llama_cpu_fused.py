@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import kernels
 from engine.exec.cpu_linear import layer_linear as _linear
-from kernels import cpu_layer_ops as ops
+from kernels import cpu_layer_ops as ops, kv_quant
 
 
 def forward_cpu_fused(model, input_ids, positions, kv_pool, meta, logits_indices) -> torch.Tensor:
@@ -29,9 +29,10 @@ def forward_cpu_fused(model, input_ids, positions, kv_pool, meta, logits_indices
     num_slots = kv_pool.shape[2] * kv_pool.shape[3]
     if T and int(slots.max()) >= num_slots:
         raise ValueError(f"KV slot {int(slots.max())} is beyond the pool ({num_slots} slots)")
-    # a pool of another dtype (int8 / bf16 KV under fp32 weights, ...): RoPE goes into a scratch
-    # [T, 1, kvh, d] "cache" at slots 0..T-1, and kernels.store_kv converts (quantizes) into the pool
-    own_kv = kv_pool.dtype == model.cos.dtype
+    # a pool of another dtype (int8 / bf16 KV under fp32 weights, ...) or a rotated one: RoPE goes
+    # into a scratch [T, 1, kvh, d] "cache" at slots 0..T-1, and kernels.store_kv converts (quantizes)
+    R = model.kv_rotation
+    own_kv = kv_pool.dtype == model.cos.dtype and R is None
     if not own_kv:
         scratch = torch.empty(2, T, 1, kvh, d, dtype=model.cos.dtype)
         scratch_slots = torch.arange(T, dtype=torch.int64)
@@ -46,11 +47,15 @@ def forward_cpu_fused(model, input_ids, positions, kv_pool, meta, logits_indices
         else:
             q = ops.rope_store(qkv, h, kvh, d, model.cos, model.sin, positions, scratch_slots,
                                scratch[0], scratch[1])
-            kernels.store_kv(scratch[0, :, 0], scratch[1, :, 0], k_cache, v_cache, meta.slot_mapping,
-                             backend=meta.backend)
+            k, v = scratch[0, :, 0], scratch[1, :, 0]
+            if R is not None:           # rotated pool (kernels/kv_quant.py): q, k, v per head, exact
+                q, k, v = kv_quant.rotate(q, R, q.dtype), kv_quant.rotate(k, R), kv_quant.rotate(v, R)
+            kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
         o = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                     meta.cu_seqlens_q, model.scale, max_seqlen_q=meta.max_seqlen_q,
                                     backend=meta.backend)
+        if R is not None:
+            o = kv_quant.rotate(o, R, o.dtype)
         a = ops.add_rms_norm(x, _linear(L, "o", o.reshape(T, h * d)).contiguous(), L["ln2"], model.eps)
         gu = _linear(L, "gate_up", a).contiguous()
         delta = _linear(L, "down", ops.silu_mul(gu)).contiguous()

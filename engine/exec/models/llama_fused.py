@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+from kernels import kv_quant
 from engine.exec.cpu_linear import layer_linear as _linear
 from kernels.triton_act import silu_and_mul
 from kernels.triton_norm import add_rms_norm
@@ -31,9 +32,10 @@ def forward_fused(m, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: 
         return _lm_head(m, add_rms_norm(x[logits_indices], None, m.norm, m.eps))
     residual = x
     a = add_rms_norm(x, None, m.layers[0]["ln1"], m.eps)
-    # a pool of another format (int8 / fp8 KV, kernels/kv_quant.py): RoPE writes a [T, 1, kvh, d]
-    # scratch at slots 0..T-1 and the (quantizing) store_kv kernel moves it into the pool
-    own_kv = kv_pool.dtype == m.cos.dtype
+    # a pool of another format (int8 / fp8 KV, kernels/kv_quant.py), or a rotated one: RoPE writes a
+    # [T, 1, kvh, d] scratch at slots 0..T-1 and the (quantizing) store_kv kernel moves it into the pool
+    R = m.kv_rotation
+    own_kv = kv_pool.dtype == m.cos.dtype and R is None
     if not own_kv:
         scratch = torch.empty(2, T, 1, kvh, d, dtype=m.cos.dtype, device=x.device)
         scratch_slots = torch.arange(T, dtype=meta.slot_mapping.dtype, device=x.device)
@@ -44,11 +46,15 @@ def forward_fused(m, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: 
             q = rope_and_store(qkv, positions, m.cos, m.sin, k_cache, v_cache, meta.slot_mapping, h, kvh)
         else:
             q = rope_and_store(qkv, positions, m.cos, m.sin, scratch[0], scratch[1], scratch_slots, h, kvh)
-            kernels.store_kv(scratch[0, :, 0], scratch[1, :, 0], k_cache, v_cache, meta.slot_mapping,
-                             backend=meta.backend)
+            k, v = scratch[0, :, 0], scratch[1, :, 0]
+            if R is not None:           # rotated pool (kernels/kv_quant.py): q, k, v per head, exact
+                q, k, v = kv_quant.rotate(q, R, q.dtype), kv_quant.rotate(k, R), kv_quant.rotate(v, R)
+            kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
         o = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                     meta.cu_seqlens_q, m.scale, max_seqlen_q=meta.max_seqlen_q,
                                     backend=meta.backend)
+        if R is not None:
+            o = kv_quant.rotate(o, R, o.dtype)
         a, residual = add_rms_norm(_linear(L, "o", o.view(T, h * d)), residual, L["ln2"], m.eps)
         down = _linear(L, "down", silu_and_mul(_linear(L, "gate_up", a)))
         nxt = m.layers[i + 1]["ln1"] if i + 1 < len(m.layers) else m.norm
