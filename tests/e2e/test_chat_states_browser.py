@@ -100,6 +100,11 @@ def test_context_full_is_the_finish_reason(launch, browser):  # noqa: F811
     assert "max tokens reached" not in reply
 
 
+def _on_phone_screen(button) -> bool:
+    box = button.bounding_box()
+    return bool(box) and box["y"] >= 0 and box["y"] + box["height"] <= 844 and box["x"] + box["width"] <= 390
+
+
 def test_phone_drawer_closes_after_picking_a_chat_then_send_and_stop(module_server, browser):  # noqa: F811
     desk = _open(browser, module_server.url)
     _sampling(desk, max_tokens=8)
@@ -114,14 +119,13 @@ def test_phone_drawer_closes_after_picking_a_chat_then_send_and_stop(module_serv
     page.locator("#conv-list label", has_text="Phone test chat").first.click()
     _wait(lambda: page.locator(".sidebar.open").count() == 0, timeout=10)   # the drawer closed
     _wait(lambda: "Phone test chat" in " ".join(_rows(page, "user")), timeout=10)
-    send = page.locator("#send")
-    box = send.bounding_box()
-    assert box and box["y"] + box["height"] <= 844 and box["x"] + box["width"] <= 390
+    _wait(lambda: _on_phone_screen(page.locator("#send")), timeout=10, what="Send on screen")
     _sampling(page, max_tokens=300)
     page.fill("#msg textarea", "Write a long story about a ship.")
     page.locator("#send").click()
     _wait(lambda: page.locator("#stop").is_visible(), timeout=30)
-    stop = page.locator("#stop").bounding_box()
-    assert stop["y"] + stop["height"] <= 844 and stop["x"] + stop["width"] <= 390
+    # on screen once the layout settles (the status line and the meter repaint as the reply starts;
+    # one CI run measured Stop 1.6 px low mid-repaint)
+    _wait(lambda: _on_phone_screen(page.locator("#stop")), timeout=10, what="Stop on screen")
     page.locator("#stop").click()
     _wait(lambda: _done(page) and _status(page).strip() == "stopped", timeout=60)
