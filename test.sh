@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Install everything (app + test deps + Debian chromium) into .venv and run the whole test suite.
 # Extra arguments go to pytest, e.g. `bash test.sh -m "not slow"` for the quick inner loop.
+# Two workers (one per core), one test file per worker at a time so module fixtures (an app process,
+# a model) are built once; PYTEST_WORKERS=0 runs serially. App processes fork from a zygote that has
+# the app's modules imported (tests/e2e/app_zygote.py).
 set -euo pipefail
 cd "$(dirname "$0")"
 bash scripts/setup.sh --test
-exec .venv/bin/python -m pytest "$@"
+workers=${PYTEST_WORKERS:-2}
+if [ "$workers" = 0 ]; then exec .venv/bin/python -m pytest "$@"; fi
+exec .venv/bin/python -m pytest -n "$workers" --dist loadfile "$@"

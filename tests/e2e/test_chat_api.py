@@ -138,7 +138,7 @@ def test_turns_reuse_the_session_then_regenerate_alternatives_and_stop(module_se
         module_server.db, "SELECT status, content FROM messages WHERE conversation_id = ? ORDER BY id DESC "
                           "LIMIT 1", (conv,)) if r["status"] == "stopped"], timeout=30)[0]
     assert last["content"]
-    snap = module_server.wait_kv(lambda s: s["stats"]["running"] == 0)
+    snap = module_server.wait_kv(lambda s: s["stats"]["running"] == 0, timeout=60)   # a loaded box
     assert snap["stats"]["running"] == 0
     c.predict(api_name="/close_tab")
     c.close()
