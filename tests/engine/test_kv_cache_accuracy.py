@@ -36,15 +36,24 @@ def chats(loaded, hf_model):
 
 @pytest.fixture(scope="module")
 def measured(loaded, chats):
-    """{(weights dtype, kv dtype): Accuracy}, computed once per module (each is a full pass)."""
+    """measured(weights dtype, kv dtype, n) -> Accuracy over the first n chats (all by default).
+    Each full pass costs ~35 s here, so engine logits are computed once per (weights, kv) and a
+    subset reuses a full pass when there is one: only the rule's measurements need >= 2,000
+    positions; exactness and the rotation's gain show as clearly on the first two chats (~600)."""
     cache = {}
 
-    def get(weights: str, kv: str):
-        if (weights, kv) not in cache:
-            seqs, ref = chats
-            cache[weights, kv] = acc.compare(kv, ref, acc.engine_logits(acc.build_runner(loaded, kv, dtype=weights), seqs))
-        return cache[weights, kv]
+    def get(weights: str, kv: str, n: int | None = None):
+        seqs, ref = chats
+        n = n or len(seqs)
+        full = cache.get((weights, kv, len(seqs)))
+        if full is None and (weights, kv, n) not in cache:
+            cache[weights, kv, n] = acc.engine_logits(acc.build_runner(loaded, kv, dtype=weights), seqs[:n])
+        got = full[:n] if full is not None else cache[weights, kv, n]
+        return acc.compare(kv, ref[:n], got)
     return get
+
+
+FEW = 2     # chats (~600 positions) for the checks that do not need the rule's 2,000 positions
 
 
 def rule_holds(int8: acc.Accuracy, bf16: acc.Accuracy) -> bool:
@@ -52,8 +61,8 @@ def rule_holds(int8: acc.Accuracy, bf16: acc.Accuracy) -> bool:
 
 
 def test_float32_kv_is_exact(measured):
-    a = measured("float32", "float32")
-    assert a.positions >= 2000
+    a = measured("float32", "float32", FEW)
+    assert a.positions >= 500
     assert a.mean_kl < 1e-8 and a.top1 == 1.0
 
 
@@ -71,22 +80,26 @@ def guard_holds(a: acc.Accuracy) -> bool:
 
 def test_int8_kv_accuracy_guard(measured):
     int8 = measured(WEIGHTS, "int8")
+    assert int8.positions >= 2000
     print("\n" + int8.row())
     assert guard_holds(int8), int8
 
 
 def test_int8_kv_without_rotation_guard_and_the_rotation_pays(measured):
-    plain, rotated = measured(WEIGHTS, "int8/none"), measured(WEIGHTS, "int8")
+    plain, rotated = measured(WEIGHTS, "int8/none", FEW), measured(WEIGHTS, "int8", FEW)
     print("\n" + plain.row())
     assert plain.mean_kl <= GUARD_KL_NO_ROT and plain.top1 >= GUARD_TOP1_NO_ROT, plain
     assert rotated.mean_kl * 3 < plain.mean_kl, (rotated, plain)     # measured 4.8x
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22's rule: its KL half is not met. int8 with the Hadamard "
+@pytest.mark.xfail(strict=True, reason="issue 22's rule: its KL half is not met (blocked: below the rate-distortion "
+                   "bound of any 8-bit code, docs/BENCHMARKS.md). int8 with the Hadamard "
                    "rotation (the default) measured mean KL 2.71e-4 = 6.5x bf16 KV's 4.15e-5 (top-1 98.94%, "
                    ">= 98%: that half holds); without the rotation 1.29e-3 = 31x, top-1 97.74% (docs/BENCHMARKS.md)")
 def test_int8_kv_rule_against_bf16_kv(measured):
-    bf16, int8 = measured(WEIGHTS, "bfloat16"), measured(WEIGHTS, "int8")
+    # on the first chats: this documents the blocked half (docs/BENCHMARKS.md has the bound and the
+    # 2,171-position run); the guard above is what protects the full set
+    bf16, int8 = measured(WEIGHTS, "bfloat16", FEW), measured(WEIGHTS, "int8", FEW)
     print("\n" + bf16.row() + "\n" + int8.row())
     assert rule_holds(int8, bf16), (int8, bf16)
 
@@ -99,12 +112,12 @@ def test_wrong_scales_break_the_guard_and_the_rule(measured, loaded, chats, monk
         rows = real(x, dtype)
         kv_quant.split(rows)[1].mul_(2)
         return rows
-    right = measured(WEIGHTS, "int8")            # measured before the patch
+    right = measured(WEIGHTS, "int8", FEW)       # measured before the patch
     monkeypatch.setattr(kv_quant, "quantize_rows", off_by_2x)
-    seqs, ref = chats[0][:2], chats[1][:2]      # two chats (~600 positions): the mutant is far off at once
+    seqs, ref = chats[0][:FEW], chats[1][:FEW]  # two chats (~600 positions): the mutant is far off at once
     mutant = acc.compare("int8 (scales x2)", ref, acc.engine_logits(acc.build_runner(loaded, "int8", dtype=WEIGHTS), seqs))
     print("\n" + mutant.row())
-    assert not guard_holds(mutant) and not rule_holds(mutant, measured(WEIGHTS, "bfloat16")), mutant
+    assert not guard_holds(mutant) and not rule_holds(mutant, measured(WEIGHTS, "bfloat16", FEW)), mutant
     assert mutant.mean_kl > 3 * right.mean_kl, mutant
 
 def test_greedy_float32_kv_is_token_identical_to_hf_and_int8_reports_its_agreement(model_folder, hf_model, chats):
@@ -112,12 +125,13 @@ def test_greedy_float32_kv_is_token_identical_to_hf_and_int8_reports_its_agreeme
     agreement (first divergence / 64) is measured the same way (docs/BENCHMARKS.md)."""
     from engine import LLM
     seqs = chats[0][:2]
+    refs = acc.hf_greedy(hf_model, seqs)
     for kv, expect_exact in (("float32", True), ("int8", False)):
         llm = LLM(model_folder, dtype="float32", kv_cache_dtype=kv, kv_cache_gib=0.25)
         try:
             assert llm.model_info().kv_cache_dtype == kv
             assert llm.stats()["kv_cache_dtype"] == kv
-            agree = acc.greedy_agreement(llm, hf_model, seqs)
+            agree = acc.greedy_agreement(llm, hf_model, seqs, refs=refs)
         finally:
             llm.shutdown()
         print(f"\n{kv} KV greedy agreement over 64 tokens: {agree:.3f}")
