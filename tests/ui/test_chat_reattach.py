@@ -56,6 +56,15 @@ async def _start_and_cancel_after(ctx, word: str, session="s1"):
     return conv, turn
 
 
+async def _aborted(ctx):
+    """Until the engine got Stop's abort (a fixed sleep let a loaded box release the gate first,
+    and one more word arrived before the abort)."""
+    for _ in range(500):
+        if ctx.llm.aborted:
+            return
+        await asyncio.sleep(0.01)
+
+
 def test_a_cancelled_handler_does_not_end_the_reply_and_it_is_stored_complete(ctx):
     async def scenario():
         conv, turn = await _start_and_cancel_after(ctx, "upon")
@@ -96,7 +105,7 @@ def test_stop_is_what_ends_a_reply(ctx):
         tab = ctx.tab(request("s3"))
         ctx.tabs.open(tab, conv)
         stop = asyncio.create_task(chat.stop(ctx, request("s3")))
-        await asyncio.sleep(0.05)
+        await _aborted(ctx)
         ctx.llm.gate.set()
         await stop
         return conv
@@ -164,3 +173,98 @@ def test_a_closed_tab_parks_its_chat_and_a_reload_in_time_keeps_it_live(tmp_path
         assert llm.ended == ["B", "A"]
     finally:
         reg.shutdown()
+
+
+# ---- Continue: a continued reply belongs to the server like any other -----------------------------
+
+async def _continue_and_cancel_after(ctx, word: str, session="s1"):
+    """Store a finished reply "Once upon a time", then Continue it from tab `session` with three more
+    words; once `word` is painted, gate the engine and cancel the handler as a reload does.
+    Returns the conversation id and the running turn."""
+    async for _ in chat.send(ctx, "Story", dict(KW), request(session)):
+        pass
+    ctx.llm.words = [" and", " then", " more"]
+    agen = chat.continue_reply(ctx, dict(KW), request(session))
+    seen = []
+
+    async def consume():
+        async for out in agen:
+            seen.append(out)
+            if any(word in str(o) for o in out):
+                ctx.llm.gate.clear()
+    task = asyncio.create_task(consume())
+    while not any(word in str(o) for o in seen):
+        await asyncio.sleep(0.001)
+    conv = ctx.tab(request(session)).conv_id
+    turn = ctx.tabs.turn(conv)
+    assert turn.continues is not None
+    ctx.tabs.close(session, grace=True)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    return conv, turn
+
+
+def test_a_continued_reply_outlives_its_reloaded_page_and_is_stored_complete(ctx):
+    async def scenario():
+        conv, turn = await _continue_and_cancel_after(ctx, "and")
+        await asyncio.sleep(0.05)
+        assert not turn.finished                     # the cancel did not end it
+        ctx.llm.gate.set()
+        await asyncio.wait_for(asyncio.shield(turn.task), 5)
+        return conv
+    conv = asyncio.run(scenario())
+    settle(ctx)
+    replies = [m for m in ctx.storage.get_messages(conv) if m["role"] == "assistant"]
+    assert len(replies) == 1                         # extended in place, not a second reply
+    assert replies[0]["status"] == "complete" and replies[0]["content"] == "Once upon a time and then more"
+    assert replies[0]["token_ids"] == [100, 101, 102, 103, 100, 101, 102]
+    assert ctx.llm.aborted == []
+
+
+def test_a_reloaded_tab_reattaches_to_a_continued_reply(ctx):
+    async def scenario():
+        conv, turn = await _continue_and_cancel_after(ctx, "and")
+        new = request("s2")
+        new.query_params = {"c": conv}
+        side.on_load(ctx, new)
+        ctx.llm.gate.set()
+        return conv, [out async for out in chat.follow(ctx, new)]
+    conv, outs = asyncio.run(scenario())
+    painted = [str(o[1]) for o in outs if isinstance(o[1], list)]
+    assert any("Once upon a time and" in p for p in painted)        # the reply so far, then...
+    assert "Once upon a time and then more" in painted[-1]           # ...its end, live
+    assert ctx.storage.get_messages(conv)[-1]["status"] == "complete"
+
+
+def test_stop_ends_a_continued_reply_whose_page_reloaded(ctx):
+    async def scenario():
+        conv, turn = await _continue_and_cancel_after(ctx, "and")
+        ctx.tabs.open(ctx.tab(request("s3")), conv)
+        stop = asyncio.create_task(chat.stop(ctx, request("s3")))
+        await _aborted(ctx)
+        ctx.llm.gate.set()
+        await stop
+        return conv
+    conv = asyncio.run(scenario())
+    reply = ctx.storage.get_messages(conv)[-1]
+    assert reply["status"] == "stopped" and reply["content"] == "Once upon a time and"
+    assert len(ctx.llm.aborted) == 1
+
+
+def test_an_abandoned_continued_reply_times_out(ctx, monkeypatch):
+    ctx.abandon_s = 0.2
+    monkeypatch.setattr(reattach, "CHECK_S", 0.02)
+
+    async def scenario():
+        conv, turn = await _continue_and_cancel_after(ctx, "and")
+        for _ in range(500):
+            if ctx.llm.aborted:
+                break
+            await asyncio.sleep(0.01)
+        ctx.llm.gate.set()
+        await asyncio.wait_for(asyncio.shield(turn.task), 5)
+        return conv, turn
+    conv, turn = asyncio.run(scenario())
+    assert turn.abandoned and len(ctx.llm.aborted) == 1
+    assert ctx.storage.get_messages(conv)[-1]["status"] == "stopped"

@@ -384,12 +384,8 @@ async def continue_reply(ctx: ChatContext, kw: dict, request):
         async for out in follow_turn(ctx, request, tab, turn, shown):
             yield out
     except (asyncio.CancelledError, GeneratorExit):
-        if tab.conv_id == conv_id:
-            turn.task.cancel()
-        try:
-            await asyncio.wait_for(asyncio.shield(turn.task), 30)
-        except Exception:
-            pass
+        # As in `generate`: a continued reply belongs to the server too. A reload or a closed tab
+        # only stops painting it; Stop (and the idle timeout) ends it; `follow` reattaches.
         raise
 
 
@@ -440,7 +436,7 @@ async def edit(ctx: ChatContext, index, new_text, kw: dict, request):
 async def stop(ctx: ChatContext, request):
     """Stop: abort the reply generating in the conversation on screen (queued or running), wait
     for it to be stored, then show the stored branch. The browser also cancels this tab's handler
-    (cancels=...), which aborts too; whichever comes first, the result is the same."""
+    (cancels=...); that only stops its painting: this abort is what ends the reply."""
     tab = ctx.tab(request)
     turn = ctx.tabs.turn(tab.conv_id)
     if turn is not None:
