@@ -1,7 +1,8 @@
 """The chat people expect, in real headless Chromium against the real model (issue #11 items 1-4):
 edit then browse back to the old branch and continue on it; regenerate then `< 1/2 >`; n=2, pick
 the second and continue (the next prompt holds its tokens); Enter while busy; copy gives plain
-text; delete asks first; Esc stops; the model line. One app for the module (small pool)."""
+text; delete asks first; Esc stops; the model line; beam search side by side, and a search that
+outlives a reload (issue 26.1). One app for the module (small pool)."""
 import time
 from pathlib import Path
 
@@ -196,3 +197,32 @@ def test_beam_search_option_shows_k_beams_side_by_side_and_one_can_be_picked(mod
     _wait(lambda: "alternative 3" in _status(page), timeout=20)
     shown = _rows(page, "bot")[-1]
     assert replies[2]["content"].split()[0] in shown and "3/3" in shown
+
+
+def test_a_beam_search_outlives_a_reload_and_the_reloaded_page_shows_its_beams(module_server, browser):  # noqa: F811
+    """Issue 26.1: a beam search belongs to the server like a reply (ui/chat/beam.BeamTurn). Reload
+    while it searches: the reloaded page says it is searching, then shows the beams, all stored."""
+    from tests.e2e.conftest import read_db
+    page = _open(browser, module_server.url)
+    page.locator("#new-chat").click()
+    _sampling(page, max_tokens=400, temperature=0)           # a search long enough to reload during it
+    page.locator("#sampling .label-wrap").first.click()
+    page.locator("#decoding input").click()
+    page.locator("#decoding input").fill("width 2")
+    page.locator("#decoding input").press("Enter")
+    page.locator("#sampling .label-wrap").first.click()
+    page.fill("#msg textarea", "Write a long story about a lighthouse keeper and the sea.")
+    page.keyboard.press("Enter")
+    _wait(lambda: "searching" in _status(page) and "c=" in page.url, timeout=30, what="the search started")
+    conv = page.url.split("c=")[1].split("&")[0]
+    page.reload()
+    page.wait_for_selector("#msg textarea")
+    _wait(lambda: "searching" in _status(page) and page.locator("#stop").is_visible(), timeout=30,
+          what="the reloaded page showing the search still running")
+    _wait(lambda: page.locator("#pick-1").is_visible(), timeout=240, what="the beams")
+    assert "Beam 2" in page.locator("#alt-1").inner_text() and _status(page).strip() == "finished"
+    rows = read_db(module_server.db, "SELECT parent_id, content FROM messages WHERE conversation_id = ? "
+                                     "AND role = 'assistant'", (conv,))
+    assert len(rows) == 2 and len({r["parent_id"] for r in rows}) == 1    # both beams, versions of one reply
+    assert rows[0]["content"].split()[0] in _rows(page, "bot")[-1]
+    page.context.close()

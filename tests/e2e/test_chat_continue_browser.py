@@ -1,9 +1,11 @@
 """The chat's Continue button and reply format, in real headless Chromium against `python app.py`
 and the real model: a reply cut by max tokens, continued, is still one stored message (same id,
 same branch) whose ids equal an uninterrupted greedy reply of the same total length (Regenerate
-with that many tokens, on the same server), and the continuation reused the reply's blocks; a
+with that many tokens, on the same server), and the continuation reused the reply's blocks; a page
+reloaded mid-continue reattaches and the whole continuation is stored (issue 26.1); a
 "JSON matching a schema" reply validates against the pasted schema."""
 import json
+import re
 
 import jsonschema
 import pytest
@@ -49,16 +51,68 @@ def test_continue_extends_the_same_reply_like_an_uninterrupted_greedy_one(module
     prompt = read_db(module_server.db, "SELECT token_ids FROM messages WHERE id = ?", (after[0]["parent_id"],))
     prompt_len = len(json.loads(prompt[0]["token_ids"]))
     assert after[0]["cached_tokens"] >= (prompt_len + 10) // 16 * 16    # the reply's blocks were reused
-    # an uninterrupted greedy reply of the same total length: the engine as the app builds it
-    # (dtype "auto"), the chat's settings (greedy, repetition penalty 1.1), the stored prompt ids
+    assert _greedy_ids(json.loads(prompt[0]["token_ids"]), 20) == ids    # as if never interrupted
+    page.context.close()
+
+
+def _greedy_ids(prompt_ids: list[int], max_tokens: int) -> list[int]:
+    """An uninterrupted greedy reply: the engine as the app builds it (dtype "auto"), the chat's
+    settings (greedy, repetition penalty 1.1), the stored prompt ids."""
     from engine import LLM, SamplingParams
     ref = LLM(num_blocks=64, max_model_len=512, dtype="auto")
     try:
-        whole = ref.generate([{"prompt_token_ids": json.loads(prompt[0]["token_ids"])}],
-                             SamplingParams(temperature=0, repetition_penalty=1.1, max_tokens=20))[0]
+        whole = ref.generate([{"prompt_token_ids": prompt_ids}],
+                             SamplingParams(temperature=0, repetition_penalty=1.1, max_tokens=max_tokens))[0]
     finally:
         ref.shutdown()
-    assert whole.outputs[0].token_ids == ids
+    return whole.outputs[0].token_ids
+
+
+def _reply_of(db, conv):
+    rows = read_db(db, "SELECT id, parent_id, content, token_ids, status FROM messages "
+                       "WHERE conversation_id = ? AND role = 'assistant' ORDER BY id", (conv,))
+    return rows
+
+
+def test_reload_mid_continue_keeps_streaming_and_stores_the_whole_greedy_reply(module_server, browser):  # noqa: F811
+    """Issue 26.1: a continued reply belongs to the server like any other. Reload the page while
+    Continue is generating: the reloaded page reattaches and keeps painting it, and the stored reply
+    is the whole continuation, equal to one uninterrupted greedy reply of the same length."""
+    db = module_server.db
+    page = _open(browser, module_server.url)
+    page.locator("#new-chat").click()
+    _sampling(page, max_tokens=10, temperature=0)
+    _send(page, "Write a long story about a dragon who learns to bake bread in a small village.")
+    conv = re.search(r"[?&]c=([^&]+)", page.url).group(1)
+    first = _reply_of(db, conv)
+    assert len(first) == 1 and len(json.loads(first[0]["token_ids"])) == 10
+    cut = json.loads(first[0]["token_ids"])
+    _sampling(page, max_tokens=300)
+    _wait(lambda: page.locator("#continue-reply").is_visible(), timeout=10)
+    page.locator("#continue-reply").click()
+    # mid-continue: the stored reply (flushed every ~2 s while it streams) has grown
+    _wait(lambda: len(_reply_of(db, conv)[0]["content"]) > len(first[0]["content"]) + 20, timeout=120)
+    page.reload()
+    page.wait_for_selector("#msg textarea")
+    live = set()
+
+    def ended():
+        """The reply's ids are stored (only at its end: before, the row keeps the first 10) and the
+        page shows Send again; meanwhile, what the reloaded page painted while Stop was up."""
+        if page.locator("#stop").is_visible():
+            live.add(page.locator("#chatbot .message.bot").last.inner_text())
+        return len(json.loads(_reply_of(db, conv)[0]["token_ids"])) > 10 and page.locator("#send").is_visible()
+    _wait(ended, timeout=240, every=0.1, what="the continued reply stored")
+    after = _reply_of(db, conv)
+    assert [r["id"] for r in after] == [first[0]["id"]]  # still the one reply, continued in place
+    assert after[0]["status"] == "complete"              # not "stopped" by the reload
+    assert len(live) >= 2, live                          # the reloaded page painted it as it grew
+    _wait(lambda: _done(page), timeout=30, what="the page's final paint")
+    ids = json.loads(after[0]["token_ids"])
+    assert ids[:10] == cut and len(ids) > 10 + 10
+    assert after[0]["content"][-20:].strip() in page.locator("#chatbot .message.bot").last.inner_text()
+    prompt = read_db(db, "SELECT token_ids FROM messages WHERE id = ?", (after[0]["parent_id"],))
+    assert _greedy_ids(json.loads(prompt[0]["token_ids"]), 10 + 300) == ids
     page.context.close()
 
 

@@ -2,19 +2,28 @@
 all k stored as versions of the reply, the first on screen until the user picks another.
 
 Why not a `Turn`: the engine's beam search (engine/core/beam_search.py, LLM.submit_beam_search) does
-not stream text; it returns the k sequences at once. So this handler submits, waits (showing a
-"searching" state, Stop aborts it), then stores and paints once. The beams share the prompt's
-blocks and fork copy-on-write inside the engine; the UI only sees the result.
+not stream text; it returns the k sequences at once. So a search is a `BeamTurn`: one wait (the page
+shows "searching"), then store and paint once. It belongs to the server like a Turn (issue 26.1,
+ui/chat/reattach.py): it runs as its own task, a reload or a closed tab only stops the painting, a
+tab that opens the chat again shows "searching" and then the beams, and Stop (or the idle timeout)
+aborts it in the engine by its request id. The beams share the prompt's blocks and fork
+copy-on-write inside the engine; the UI only sees the result.
 """
 from __future__ import annotations
 
 import asyncio
 import re
+import time
+import uuid
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 
 from engine.core.beam_search import BeamSearchParams
 from engine.text.chat_tokens import encode_chat
 from engine.kv.salt_rule import prompt_salt
+from storage import NotFoundError
 from ui.chat import view
+from ui.chat.reattach import watch_abandoned
 from ui.chat.tabs import in_daemon_thread
 
 _WIDTH = re.compile(r"beam search \(width (\d+)\)")
@@ -58,20 +67,88 @@ def beam_markdown(k: int, seq, chosen: bool) -> str:
                                      chosen=chosen) + f"\n\n*{line}*"
 
 
-async def run(ctx, messages: list[dict], conv_id: str, user_id: int, width: int, max_tokens: int,
-              cache_salt: str | None = None):
-    """Search, store, and return (stored ids, markdown per beam). The caller holds
-    tabs.begin(conv_id) and ends it; a cancel (Stop) aborts the search in the engine.
-    cache_salt: the user's (ChatContext.cache_salt), like every other turn (#29.2)."""
-    ids = await asyncio.to_thread(prompt_ids, ctx.llm, messages)
-    salt = prompt_salt(ctx.llm.get_tokenizer(), messages, ids, cache_salt)
+@dataclass(eq=False)
+class BeamTurn:
+    """One beam search in a conversation, owned by it (TabRegistry.turn(conv_id)) like a Turn and
+    read the same way by Stop, the idle timeout and the tabs that follow it."""
+    conv_id: str
+    user_id: int
+    width: int
+    rid: str = field(default_factory=lambda: f"beam-{uuid.uuid4().hex[:12]}")
+    cache_salt: str | None = None
+    submitted: Future | None = None   # tokenize + submit, off the loop; an abort waits for it
+    task: asyncio.Task | None = None
+    watchdog: asyncio.Task | None = None
+    stored: list = field(default_factory=list)    # stored ids of the beams, best first
+    alts: list = field(default_factory=list)      # markdown of each beam
+    error: str | None = None          # refused or failed: nothing stored
+    lost: bool = False                # the conversation was deleted meanwhile
+    stopping: bool = False            # Stop or the idle timeout asked the engine to end it
+    abandoned: bool = False           # aborted by the idle timeout (ui/chat/reattach.py)
+    admitted: bool = True             # a search reports no queue place: never counted as waiting
+    created: float = field(default_factory=time.monotonic)
+
+    @property
+    def finished(self) -> bool:
+        return self.task is not None and self.task.done()
+
+    @property
+    def label(self) -> str:
+        return f"beam search (width {self.width}): searching…"
+
+
+def start(ctx, bt: BeamTurn, messages: list[dict], max_tokens: int) -> BeamTurn:
+    """Run `bt` as a task of the running event loop. The caller has called tabs.begin(conv_id);
+    the task always calls tabs.end(conv_id). The submit call starts here, before the task runs,
+    so a Stop at any moment has a request to abort."""
+    ctx.tabs.attach(bt)
+    bt.submitted = submit(ctx.llm, messages, bt.width, max_tokens, bt.cache_salt, bt.rid)
+    loop = asyncio.get_running_loop()
+    bt.task = loop.create_task(_run(ctx, bt))
+    bt.watchdog = loop.create_task(watch_abandoned(ctx, bt, getattr(ctx, "abandon_s", None)))
+    return bt
+
+
+async def _run(ctx, bt: BeamTurn) -> None:
+    try:
+        bt.stored, bt.alts = await finish(ctx, bt.submitted, bt.conv_id, bt.user_id)
+    except (ValueError, RuntimeError) as e:     # refused by the engine, failed, or aborted
+        if not bt.stopping:                     # an abort that was asked for is no error
+            bt.error = str(e)
+    except NotFoundError:                       # deleted in another window meanwhile
+        bt.lost = True
+    finally:
+        ctx.tabs.end(bt.conv_id, None, bt.submitted, bt)
+
+
+def _submit(llm, messages: list[dict], width: int, max_tokens: int, cache_salt, request_id):
+    ids = prompt_ids(llm, messages)
+    salt = prompt_salt(llm.get_tokenizer(), messages, ids, cache_salt)
     params = BeamSearchParams(beam_width=width, max_tokens=max_tokens)
-    handle = await asyncio.wrap_future(in_daemon_thread(
-        ctx.llm.submit_beam_search, {"prompt_token_ids": ids}, params, cache_salt=salt))
+    return ids, llm.submit_beam_search({"prompt_token_ids": ids}, params, request_id=request_id, cache_salt=salt)
+
+
+def submit(llm, messages: list[dict], width: int, max_tokens: int, cache_salt: str | None = None,
+           request_id: str | None = None) -> Future:
+    """Tokenize and submit on a thread of its own: a Future of (prompt ids, search handle).
+    cache_salt: the user's (ChatContext.cache_salt), like every other turn (#29.2)."""
+    return in_daemon_thread(_submit, llm, messages, width, max_tokens, cache_salt, request_id)
+
+
+async def finish(ctx, submitted: Future, conv_id: str, user_id: int):
+    """Wait for the search, store it, and return (stored ids, markdown per beam). A cancelled wait
+    aborts the search in the engine; a search that failed or was aborted has already ended there."""
+    ids, handle = await asyncio.wrap_future(submitted)
     try:
         out = await handle
-    except BaseException:
+    except asyncio.CancelledError:      # the waiter went away (shutdown): the search must not run on
         in_daemon_thread(handle.abort)
         raise
     stored = store(ctx.storage, user_id, conv_id, ids, out)
     return stored, [beam_markdown(k, s, k == 0) for k, s in enumerate(out.sequences)]
+
+
+async def run(ctx, messages: list[dict], conv_id: str, user_id: int, width: int, max_tokens: int,
+              cache_salt: str | None = None):
+    """Search and store, awaited in place (no tab registry: what the engine's tests drive)."""
+    return await finish(ctx, submit(ctx.llm, messages, width, max_tokens, cache_salt), conv_id, user_id)

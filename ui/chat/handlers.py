@@ -3,11 +3,12 @@ the chat a tab opens) and the 2 s refresh tick. Async generators, so a waiting s
 worker thread.
 
 The user message is committed before anything is submitted; the reply itself is a `Turn`
-(ui/chat/turn.py) owned by its conversation, which stores it. Handlers only paint a turn while
-their tab shows its conversation: a click on another chat mid-reply switches the view at once
-and the reply finishes into its own chat. A reload or a closed tab only stops painting: the reply
-keeps generating on the server and a tab that opens the chat again reattaches (`follow`). Stop is
-what ends a reply (and, for a reply nobody watches, the idle timeout of ui/chat/reattach.py).
+(ui/chat/turn.py; a beam search: a `BeamTurn`, ui/chat/beam.py) owned by its conversation, which
+stores it. Handlers only paint a turn while their tab shows its conversation: a click on another
+chat mid-reply switches the view at once and the reply finishes into its own chat. A reload or a
+closed tab only stops painting: the reply keeps generating on the server and a tab that opens the
+chat again reattaches (`follow`). Stop is what ends a reply (and, for a reply nobody watches, the
+idle timeout of ui/chat/reattach.py).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import gradio as gr
 from engine.protocol import ContinuesReplies
 from storage import ConversationDeletedError
 from ui.chat.edit_text import typed_text
-from ui.chat import limits, states, view
+from ui.chat import beam, limits, states, view
 from ui.chat.context import ChatContext
 from ui.chat.turn import Turn, abort_turn, start_turn
 
@@ -118,30 +119,57 @@ async def generate(ctx: ChatContext, request, tab, conv_id: str, user_id: int, k
 
 
 async def _beam_reply(ctx, request, tab, conv_id, messages, path, user_id, width, kw, first_msg):
-    """Beam search instead of sampling (ui/chat/beam.py): one wait, then k beams side by side."""
-    from ui.chat import beam
+    """Beam search instead of sampling (ui/chat/beam.py): a BeamTurn owned by the conversation like
+    a Turn; this tab paints "searching", then the k beams side by side."""
+    bt = beam.BeamTurn(conv_id, user_id, width, cache_salt=ctx.cache_salt(request))
     try:
-        shown = show(tab, path, ctx)
-        tab.alt_ids = []
-        searching = f"beam search (width {width}): searching…"
-        yield outputs(first_msg, shown + [{"role": "assistant", "content": f"*{searching}*"}], searching,
-                      conversation_list(ctx, request, conv_id), [], busy=True)
-        try:
-            stored, alts = await beam.run(ctx, messages, conv_id, user_id, width, kw["max_tokens"],
-                                           cache_salt=ctx.cache_salt(request))
-        except (ValueError, RuntimeError) as e:        # refused or failed: this request only
-            yield outputs(chat=shown + [{"role": "assistant", "content": view.error_notice(str(e))}],
-                          status=view.error_notice(str(e)), busy=False)
-            return
-        tab.alt_ids = stored
-        if tab.conv_id != conv_id:
-            yield _current_view(ctx, request, tab)
-            return
-        yield outputs(chat=show(tab, ctx.storage.get_messages(conv_id), ctx), status="finished",
-                      radio=conversation_list(ctx, request, conv_id), alts=alts, picks=range(1, len(stored)),
-                      busy=False)
-    finally:
+        beam.start(ctx, bt, messages, kw["max_tokens"])
+    except BaseException:
         ctx.tabs.end(conv_id)
+        raise
+    shown = show(tab, path, ctx)
+    tab.alt_ids = []
+    yield outputs(first_msg, radio=conversation_list(ctx, request, conv_id), alts=[])
+    async for out in follow_beam(ctx, request, tab, bt, shown):
+        yield out
+
+
+async def follow_beam(ctx: ChatContext, request, tab, bt: beam.BeamTurn, shown: list[dict]):
+    """Paint a beam search into this tab: "searching" until it ends (a search streams nothing),
+    then the k beams, or why there are none. Stops painting the moment the tab shows another chat."""
+    tab.following = bt
+    try:
+        yield outputs(chat=shown + [{"role": "assistant", "content": f"*{bt.label}*"}], status=bt.label,
+                      busy=True)
+        while not bt.finished:
+            if tab.conv_id != bt.conv_id:
+                yield _current_view(ctx, request, tab)
+                return
+            await asyncio.sleep(YIELD_S)
+        await bt.task
+    finally:
+        if tab.following is bt:
+            tab.following = None
+    if tab.conv_id != bt.conv_id:
+        yield _current_view(ctx, request, tab)
+        return
+    if bt.lost:
+        yield outputs(chat=shown + [{"role": "assistant", "content": view.deleted_notice()}],
+                      status=view.deleted_notice(), radio=conversation_list(ctx, request, None), alts=[],
+                      busy=False)
+        return
+    if bt.error is not None:           # refused or failed: this search only
+        notice = view.error_notice(bt.error)
+        yield outputs(chat=shown + [{"role": "assistant", "content": notice}], status=notice, alts=[], busy=False)
+        return
+    if not bt.stored:                  # stopped: a search keeps nothing of its unfinished beams
+        yield outputs(chat=show(tab, ctx.storage.get_messages(bt.conv_id), ctx), status="stopped", alts=[],
+                      busy=False)
+        return
+    tab.alt_ids = list(bt.stored)
+    yield outputs(chat=show(tab, ctx.storage.get_messages(bt.conv_id), ctx), status="finished",
+                  radio=conversation_list(ctx, request, bt.conv_id), alts=bt.alts,
+                  picks=range(1, len(bt.stored)), busy=False)
 
 
 async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[dict]):
@@ -224,14 +252,16 @@ def _current_view(ctx: ChatContext, request, tab) -> tuple:
 
 async def follow(ctx: ChatContext, request):
     """After a tab opens a conversation: if a reply is being generated in it (started in this tab
-    earlier, or in another tab), paint it live here too."""
+    earlier, or in another tab), paint it live here too; a beam search paints "searching", then
+    its beams."""
     tab = ctx.tab(request)
     turn = ctx.tabs.turn(tab.conv_id)
     if turn is None or turn.finished or tab.following is turn:
         yield outputs()
         return
     path = view.path_until(ctx.storage.get_messages(turn.conv_id, through=turn.user_id), turn.user_id)
-    async for out in follow_turn(ctx, request, tab, turn, show(tab, path, ctx)):
+    painter = follow_beam if isinstance(turn, beam.BeamTurn) else follow_turn
+    async for out in painter(ctx, request, tab, turn, show(tab, path, ctx)):
         yield out
 
 
@@ -384,12 +414,8 @@ async def continue_reply(ctx: ChatContext, kw: dict, request):
         async for out in follow_turn(ctx, request, tab, turn, shown):
             yield out
     except (asyncio.CancelledError, GeneratorExit):
-        if tab.conv_id == conv_id:
-            turn.task.cancel()
-        try:
-            await asyncio.wait_for(asyncio.shield(turn.task), 30)
-        except Exception:
-            pass
+        # As in `generate`: a continued reply belongs to the server too. A reload or a closed tab
+        # only stops painting it; Stop (and the idle timeout) ends it; `follow` reattaches.
         raise
 
 
@@ -440,7 +466,7 @@ async def edit(ctx: ChatContext, index, new_text, kw: dict, request):
 async def stop(ctx: ChatContext, request):
     """Stop: abort the reply generating in the conversation on screen (queued or running), wait
     for it to be stored, then show the stored branch. The browser also cancels this tab's handler
-    (cancels=...), which aborts too; whichever comes first, the result is the same."""
+    (cancels=...); that only stops its painting: this abort is what ends the reply."""
     tab = ctx.tab(request)
     turn = ctx.tabs.turn(tab.conv_id)
     if turn is not None:

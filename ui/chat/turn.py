@@ -95,6 +95,7 @@ class Turn:
     preemptions: int = 0              # how often the engine took this reply's memory (its stream said so)
     continues: dict | None = None     # Continue: the stored reply this turn extends (same message, same branch)
     abandoned: bool = False           # aborted by the idle timeout: no tab showed it (ui/chat/reattach.py)
+    stopping: bool = False            # Stop or the idle timeout asked the engine to end it
     watchdog: asyncio.Task | None = None
 
     def __post_init__(self):
@@ -228,6 +229,8 @@ def _previous_ids(st, conv_id: str, user_id: int) -> list[int] | None:
 
 
 def abort_turn(ctx, turn: Turn) -> None:
-    """Stop generating (queued or running); the task then stores the reply as stopped."""
+    """Stop generating (queued or running); the task then stores the reply as stopped. `turn` is a
+    Turn or a beam search (ui/chat/beam.BeamTurn): both end by their request id."""
     if not turn.finished:
+        turn.stopping = True
         ctx.tabs.abort(turn.rid, turn.submitted)
