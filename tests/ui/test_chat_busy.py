@@ -18,6 +18,13 @@ def test_turns_are_submitted_for_the_logged_in_user(ctx):  # noqa: F811
     assert ctx.llm.tenants == ["user:alice"]
 
 
+def test_a_continued_reply_is_submitted_for_the_logged_in_user(ctx):  # noqa: F811
+    auth_ctx = ChatContext(ctx.llm, ctx.storage, ctx.tabs, auth=True)
+    run(collect(chat.send(auth_ctx, "Story", dict(KW), req(username="alice"))))
+    run(collect(chat.continue_reply(auth_ctx, dict(KW), req(username="alice"))))
+    assert ctx.llm.tenants == ["user:alice", "user:alice"]
+
+
 def test_over_the_bound_the_chat_says_busy_in_a_sentence(ctx):  # noqa: F811
     adm = AdmissionControl(QueueBounds(tenant_max_queued_requests=1))
     adm.enter("someone-else-queued-first", "local", 10)

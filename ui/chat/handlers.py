@@ -400,7 +400,8 @@ async def continue_reply(ctx: ChatContext, kw: dict, request):
         return
     conv_id = conv["id"]
     messages = view.engine_messages(st.conversation_system_prompt(conv_id), path[:-1])
-    turn = Turn(conv_id, user["id"], 1, cache_salt=ctx.cache_salt(request), continues=last)
+    turn = Turn(conv_id, user["id"], 1, cache_salt=ctx.cache_salt(request), continues=last,
+                tenant=ctx.tenant(request))
     try:
         start_turn(ctx, turn, messages, kw, None)
     except BaseException:
