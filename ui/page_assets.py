@@ -15,6 +15,10 @@ CSS = """
 .branch-nav a:hover { background: var(--background-fill-secondary, #f3f4f6); }
 #chatbot textarea { width: 100% !important; min-width: min(100%, 640px); }
 #chatbot .message-wrap .edit-container, #chatbot .message.user:has(textarea) { width: 100% !important; max-width: 100% !important; }
+/* a message being edited: its row (and the boxes inside it) take the chat's width, up to Gradio's
+   row max-width; otherwise the row keeps the width of the short message and the box is ~200 px */
+#chatbot .message-row:has(textarea), #chatbot .message-row:has(textarea) .role,
+#chatbot .message-row:has(textarea) .message { width: 100% !important; }
 #conv-list .wrap { flex-direction: column; align-items: stretch; gap: 2px; }
 #conv-list label { width: 100%; }
 #chat-status { min-height: 1.4em; font-size: 0.85em; opacity: 0.8; }

@@ -83,3 +83,78 @@ def test_copy_gives_the_replys_markdown_source(server, browser):  # noqa: F811
     _wait(lambda: page.evaluate("window.__lastCopied || ''") != "", 5, what="the shortcut's copy")
     assert page.evaluate("window.__lastCopied") == MARKDOWN
     page.context.close()
+
+
+# Labels of the chatbot's frame ("Chat") that lie over its scrolling area: messages scroll under
+# them (Gradio's floating block label covered the first line of whatever was scrolled to the top).
+# The whole area, not the messages there now: what lies under the label depends on the scroll.
+_LABEL_OVER_SCROLL_AREA = """() => {
+  const chat = document.querySelector('#chatbot');
+  const box = (e) => e.getBoundingClientRect();
+  const meets = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+  const scroller = [...chat.querySelectorAll('*')].find((e) => e.scrollHeight > e.clientHeight + 50
+    && getComputedStyle(e).overflowY !== 'visible');
+  const labels = [...chat.querySelectorAll('*')].filter((e) => !e.closest('.message-row, .message')
+    && (e.innerText || '').trim() === 'Chat' && box(e).width > 0);
+  return labels.filter((l) => meets(box(l), box(scroller))).map((l) => l.outerHTML.slice(0, 80));
+}"""
+
+
+def test_arrows_edit_box_and_no_label_over_a_scrolled_message(server, browser):  # noqa: F811
+    app, convs = server
+    page = _open(browser, app.url + f"?c={convs['long']}")
+    _wait(lambda: _bot_rows(page) == LONG_CHAT, 60, what="the long chat")
+    arrow = page.locator("#chatbot .branch-nav a").first       # ‹ of ‹ 2/2 ›
+    _wait(lambda: arrow.is_visible(), 20, what="the version arrows")
+    assert "2/2" in page.locator("#chatbot .branch-nav").first.inner_text()
+    hit = arrow.bounding_box()
+    assert hit["width"] >= 24 and hit["height"] >= 24, hit   # a finger's (and a mouse's) target
+    # no "Chat" label of the chatbot lies over the area its messages scroll through
+    assert page.evaluate(_LABEL_OVER_SCROLL_AREA) == []
+    # the edit box of a past message takes most of the chat's width
+    user = page.locator("#chatbot .message.user").nth(2)
+    user.scroll_into_view_if_needed()
+    user.hover()
+    page.locator("#chatbot button[title='Edit'], #chatbot button[aria-label='Edit']").nth(2).click()
+    edit = page.locator("#chatbot textarea").first
+    _wait(lambda: edit.is_visible(), 10, what="the edit box")
+    width, chat = edit.bounding_box()["width"], page.locator("#chatbot").bounding_box()["width"]
+    assert width >= 0.6 * chat, (width, chat)
+    page.context.close()
+
+
+def test_save_hint_export_link_import_title(server, browser, tmp_path):  # noqa: F811
+    app, convs = server
+    page = _open(browser, app.url + f"?c={convs['markdown']}")
+    _wait(lambda: _bot_rows(page) == 1, 60, what="the chat")
+    # a preset's hint asks for "Save for new chats" until it is pressed
+    page.locator("#system-prompt .label-wrap").first.click()
+    page.locator("#prompt-presets input").click()
+    page.locator("li[role=option]").first.click()
+    hint = page.locator("#prompt-preset-info")
+    _wait(lambda: "Save for new chats" in hint.inner_text(), 20, what="the hint")
+    page.get_by_role("button", name="Save for new chats").click()
+    _wait(lambda: "Save for new chats" not in hint.inner_text(), 20, what="the hint cleared")
+    # an imported chat is told apart from the one it was exported from
+    export = {"format": "llm-chat-conversation", "version": 1, "conversation": {"title": "Markdown reply"},
+              "messages": [{"id": 1, "parent_id": None, "role": "user", "content": "Show me a plan with code."},
+                           {"id": 2, "parent_id": 1, "role": "assistant", "content": MARKDOWN}]}
+    path = tmp_path / "markdown.json"
+    path.write_text(json.dumps(export))
+    page.locator("#sidebar .label-wrap", has_text="Rename").click()
+    with page.expect_file_chooser() as chooser:
+        page.get_by_role("button", name="Import JSON…").click()
+    chooser.value.set_files(str(path))
+    titles = page.locator("#conv-list")
+    _wait(lambda: "Markdown reply (imported)" in titles.inner_text(), 30, what="the imported chat")
+    labels = [t.strip() for t in page.locator("#conv-list label").all_inner_texts()]
+    assert "Markdown reply" in labels and "Markdown reply (imported)" in labels, labels
+    # the imported chat is on screen: export it, delete it, and its download link goes with it
+    link = page.locator("#export-link a")
+    page.get_by_role("button", name="Export JSON").click()
+    _wait(lambda: link.count() >= 1, 20, what="the download link")
+    page.locator("#delete").click()
+    page.locator("#delete-yes").click()
+    _wait(lambda: "Markdown reply (imported)" not in titles.inner_text(), 20, what="the chat deleted")
+    _wait(lambda: link.count() == 0, 10, what="the download link gone")
+    page.context.close()
