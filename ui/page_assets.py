@@ -38,6 +38,8 @@ CSS = """
 #kv-dashboard { max-width: 100%; overflow-x: hidden; }
 #kv-dashboard .kvd table { display: block; max-width: 100%; overflow-x: auto; }
 #kv-dashboard .kvd code { white-space: normal; word-break: break-all; }
+/* Start / Stop as buttons, not as tall as the number box's whole block (equal_height stretches them) */
+#kv-demo-strip button { height: 36px !important; align-self: center !important; }
 @media (max-width: 640px) {
   #kv-dashboard .kvb-row { grid-template-columns: 1fr auto; row-gap: 1px; }
   #kv-dashboard .kvb-l { grid-column: 1 / -1; font-size: 12px; }
