@@ -46,6 +46,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kv-offload-dir", default=None, metavar="DIR",
                    help="folder of the disk KV tier (default: <cache>/kv-tier; 0700, files 0600)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="sequences decoded together; more wait")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
+                   help="tokens one engine step may compute (prefill chunks + decodes); default 512 on "
+                        "CPU, 8192 on CUDA")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="weights and KV dtype. auto (default): bfloat16 on CUDA or on a CPU with "
                         "AVX512-BF16/AMX (~2.4x faster decode, no longer bit-matches HF fp32), else float32")
@@ -196,7 +199,8 @@ def main(argv=None) -> int:
     print("Loading the model…", file=sys.stderr)
     llm = LLM(model=args.model, block_size=args.block_size, num_blocks=args.num_blocks,
               kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,
-              max_num_seqs=args.max_num_seqs, dtype=args.dtype, quantization=args.quantization,
+              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+              dtype=args.dtype, quantization=args.quantization,
               kv_cache_dtype=args.kv_cache_dtype, kv_cache_rotation=args.kv_cache_rotation, progress=terminal_progress,
               scheduling_policy=args.scheduling_policy, tenant_weights=weights,
               queue_bounds=bounds, kv_offload_gib=args.kv_offload_gib, kv_offload_dir=args.kv_offload_dir)

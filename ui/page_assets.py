@@ -15,6 +15,10 @@ CSS = """
 .branch-nav a:hover { background: var(--background-fill-secondary, #f3f4f6); }
 #chatbot textarea { width: 100% !important; min-width: min(100%, 640px); }
 #chatbot .message-wrap .edit-container, #chatbot .message.user:has(textarea) { width: 100% !important; max-width: 100% !important; }
+/* a message being edited: its row (and the boxes inside it) take the chat's width, up to Gradio's
+   row max-width; otherwise the row keeps the width of the short message and the box is ~200 px */
+#chatbot .message-row:has(textarea), #chatbot .message-row:has(textarea) .role,
+#chatbot .message-row:has(textarea) .message { width: 100% !important; }
 #conv-list .wrap { flex-direction: column; align-items: stretch; gap: 2px; }
 #conv-list label { width: 100%; }
 #chat-status { min-height: 1.4em; font-size: 0.85em; opacity: 0.8; }
@@ -34,6 +38,8 @@ CSS = """
 #kv-dashboard { max-width: 100%; overflow-x: hidden; }
 #kv-dashboard .kvd table { display: block; max-width: 100%; overflow-x: auto; }
 #kv-dashboard .kvd code { white-space: normal; word-break: break-all; }
+/* Start / Stop as buttons, not as tall as the number box's whole block (equal_height stretches them) */
+#kv-demo-strip button { height: 36px !important; align-self: center !important; }
 @media (max-width: 640px) {
   #kv-dashboard .kvb-row { grid-template-columns: 1fr auto; row-gap: 1px; }
   #kv-dashboard .kvb-l { grid-column: 1 / -1; font-size: 12px; }
@@ -55,8 +61,10 @@ CSS = """
 
 # The page's script, installed once on load: (1) the `< k/n >` links in messages switch versions
 # through a hidden textbox + button (Gradio cannot bind events to HTML inside a message);
-# (2) Esc stops the reply and Enter sends an edited message (Shift+Enter: new line); (3) the chatbot's copy buttons copy the reply's text only (no stats
-# line, no arrows, never HTML); (4) on a phone the sidebar drawer closes once a chat is picked.
+# (2) Esc stops the reply and Enter sends an edited message (Shift+Enter: new line); (3) the
+# chatbot's copy buttons copy the reply's stored Markdown (no stats line, no arrows, never HTML;
+# Gradio's own copy would copy our footer's HTML too); (4) on a phone the sidebar drawer closes
+# once a chat is picked.
 PAGE_JS = """() => {
   if (window.__pagedChat) { return; }
   window.__pagedChat = true;
@@ -68,11 +76,20 @@ PAGE_JS = """() => {
     box.dispatchEvent(new Event("input", { bubbles: true }));
     setTimeout(() => btn.click(), 30);
   };
-  // A message's Markdown source as far as the page can rebuild it: code blocks keep their fences
-  // (and language), inline code its backticks; no stats line, no arrows, never HTML (issue 26.7).
+  // A message's Markdown source: a stored reply carries it exactly (ui/chat/view.source_mark,
+  // base64 of UTF-8); a reply still streaming is rebuilt from the page as far as it can be: code
+  // blocks keep their fences (and language), inline code its backticks; no stats line, no arrows,
+  // never HTML (issue 26.7).
   window.__pagedChatMarkdownOf = (msg) => {
+    const src = msg.querySelector(".md-src[title]");
+    if (src) {
+      try {
+        const bytes = Uint8Array.from(atob(src.getAttribute("title")), (c) => c.charCodeAt(0));
+        return new TextDecoder().decode(bytes);
+      } catch (err) { /* a damaged mark: rebuild from the page below */ }
+    }
     const body = msg.cloneNode(true);
-    body.querySelectorAll(".reply-stats, .branch-nav, button, svg").forEach((n) => n.remove());
+    body.querySelectorAll(".reply-stats, .md-src, .branch-nav, button, svg").forEach((n) => n.remove());
     body.querySelectorAll("pre").forEach((pre) => {
       const code = pre.querySelector("code") || pre;
       const lang = ((code.className || "").match(/language-([\\w+-]+)/) || [])[1] || "";

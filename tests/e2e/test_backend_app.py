@@ -120,8 +120,9 @@ def test_browser_chat_and_the_remote_memory_view(pair, screenshot_dir):
             assert "vllm" in head and "kv-cache usage" in head      # app.py exports vLLM's names
             assert "what this page cannot see" in head
             assert "another app.py" in page.inner_text("#kv-remote-grid-note")
-            wait_until(lambda: page.locator("#kv-remote-pct svg, #kv-remote-pct canvas").count() > 0, 30,
-                       what="the KV usage timeline")
+            for plot in ("#kv-remote-pct", "#kv-remote-reqs", "#kv-remote-tps"):   # the last two with a y_lim update
+                wait_until(lambda: page.locator(f"{plot} svg, {plot} canvas").count() > 0, 30,
+                           what=f"the timeline {plot}")
             page.screenshot(path=str(screenshot_dir / "dashboard_remote.png"), full_page=True)
             assert not errors, errors
         finally:

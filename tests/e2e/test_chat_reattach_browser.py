@@ -230,22 +230,64 @@ def test_memory_tab_one_vocabulary_and_a_phone(module_server, browser, screensho
     widths = phone.eval_on_selector_all("#kv-story .kvb-t", "els => els.map(e => e.getBoundingClientRect().width)")
     assert len(widths) == 3 and all(w > 100 for w in widths), widths       # the bars' tracks are visible
     bars = phone.eval_on_selector_all("#kv-story .kvb-bar", "els => els.map(e => e.getBoundingClientRect().width)")
-    assert bars[0] > 0 and bars[1] > 0, bars
+    assert all(b > 0 for b in bars), bars                   # two chats hold blocks: every bar shows
     overflow = phone.evaluate("document.scrollingElement.scrollWidth - window.innerWidth")
     assert overflow <= 0, f"the Memory tab is {overflow} px wider than the phone"
-    # nothing runs off the right edge, except inside a panel that scrolls (a wide block table)
-    wide = phone.evaluate("""() => {
-        const clipped = (e) => { for (let a = e.parentElement; a && a.id !== 'kv-dashboard'; a = a.parentElement) {
-            const o = getComputedStyle(a).overflowX; if (o === 'auto' || o === 'scroll' || o === 'hidden') { return true; } }
-          return false; };
-        return [...document.querySelectorAll('#kv-dashboard *')].filter(e => {
-          const r = e.getBoundingClientRect();
-          return r.width > 0 && r.height > 0 && r.right > window.innerWidth + 1 && !clipped(e);
-        }).map(e => `${e.tagName}.${e.className}#${e.id}:${Math.round(e.getBoundingClientRect().right)}`); }""")
-    assert wide == [], f"elements of the Memory tab run off the right edge: {wide[:8]}"
+    misfits = phone_misfits(phone)
+    assert misfits == [], misfits
     phone.screenshot(path=str(screenshot_dir / "memory-phone.png"), full_page=False)
+    # the check can fail: without the page's Memory-tab CSS (ui/page_assets.py) it finds misfits
+    assert phone.evaluate(_DROP_MEMORY_CSS) > 0
+    _wait(lambda: phone_misfits(phone), 10, what="misfits without the phone CSS")
     phone.close()
     chats.close()
+
+
+# Every visible element of the Memory tab whose right edge is past the viewport, except inside a
+# table that scrolls sideways on purpose (a wide block table). Why no other exemption: #kv-dashboard
+# clips its overflow (overflow-x: hidden), so a page-level scroll width says nothing, and an element
+# cut off by a clipping box is exactly what a phone user cannot read.
+_PAST_THE_EDGE = """() => {
+  const inScrollingTable = (e) => {
+    for (let a = e.parentElement; a; a = a.parentElement) {
+      const o = getComputedStyle(a).overflowX;
+      if (a.tagName === 'TABLE' && (o === 'auto' || o === 'scroll')) { return true; }
+    }
+    return false;
+  };
+  return [...document.querySelectorAll('#kv-dashboard, #kv-dashboard *')].filter((e) => {
+    const r = e.getBoundingClientRect();
+    return r.width > 0 && r.height > 0 && getComputedStyle(e).visibility !== 'hidden'
+      && r.right > window.innerWidth + 1 && !inScrollingTable(e);
+  }).map((e) => `${e.tagName}.${e.className}#${e.id}: right ${Math.round(e.getBoundingClientRect().right)}`);
+}"""
+_DROP_MEMORY_CSS = """() => {
+  let n = 0;
+  for (const sheet of document.styleSheets) {
+    let rules;
+    try { rules = sheet.cssRules; } catch (e) { continue; }
+    for (let i = rules.length - 1; i >= 0; i--) {
+      if (/#kv-dashboard|#kv-demo/.test(rules[i].cssText)) { sheet.deleteRule(i); n++; }
+    }
+  }
+  return n;
+}"""
+_BOX = """(sel) => { const e = document.querySelector(sel); const r = e.getBoundingClientRect(); const cs = getComputedStyle(e);
+  return {width: r.width, height: r.height, line: parseFloat(cs.lineHeight) || 1.2 * parseFloat(cs.fontSize)}; }"""
+
+
+def phone_misfits(phone) -> list[str]:
+    """What does not fit the Memory tab on a phone: elements past the right edge, a demo status
+    squeezed into a column (one syllable per line), Start/Stop buttons taller than two lines."""
+    bad = [f"past the right edge: {w}" for w in phone.evaluate(_PAST_THE_EDGE)[:8]]
+    status = phone.evaluate(_BOX, "#kv-demo-status")
+    if status["width"] < 120:
+        bad.append(f"the demo status is {status['width']:.0f} px wide")
+    for sel in ("#kv-demo-start", "#kv-demo-stop"):
+        b = phone.evaluate(_BOX, sel)
+        if b["height"] > 2 * b["line"]:
+            bad.append(f"{sel} is {b['height']:.0f} px tall (a line is {b['line']:.0f} px)")
+    return bad
 
 
 def test_a_document_attached_in_two_chats_shares_its_blocks(module_server, browser, tmp_path):

@@ -26,6 +26,11 @@ def test_kv_cache_dtype_flag_defaults_to_auto_and_takes_vllms_values():
         app.parse_args(["--kv-cache-dtype", "int4"])
 
 
+def test_max_num_batched_tokens_flag_defaults_to_the_engines_choice():
+    assert app.parse_args([]).max_num_batched_tokens is None       # engine/config.py: 512 CPU, 8192 CUDA
+    assert app.parse_args(["--max-num-batched-tokens", "8192"]).max_num_batched_tokens == 8192
+
+
 def test_kv_cache_rotation_flag():
     assert app.parse_args([]).kv_cache_rotation == "auto"
     assert app.parse_args(["--kv-cache-rotation", "none"]).kv_cache_rotation == "none"

@@ -107,3 +107,18 @@ def test_alternative_markdown_labels_the_one_on_screen():
     assert "shown in the conversation" not in v.alternative_markdown(0, "x", None)
     assert "Beam 2" in v.alternative_markdown(1, "y", None, label="Beam")
     assert "Alternative 2" in a1 and "queued" in a1
+
+
+def test_stored_replies_carry_their_markdown_source_for_copying_and_user_rows_do_not():
+    import base64
+    import re
+    source = "**Bold** & <tag>\n\n```py\nx = 1\n```\n\n- item"
+    path = [msg(1, "user", "Hi"), msg(2, "assistant", source, stats={"output_tokens": 9}),
+            msg(3, "user", "Again"), msg(4, "assistant", source)]             # the second without stats
+    shown, _ = v.display_messages(path)
+    for row in (shown[1], shown[3]):
+        titles = re.findall(r'<span class="md-src" hidden title="([A-Za-z0-9+/=]*)"></span>', row["content"])
+        assert len(titles) == 1 and base64.b64decode(titles[0]).decode() == source
+    assert shown[1]["content"].split("\n\n<span")[0].startswith("**Bold**")
+    assert "md-src" not in shown[0]["content"] + shown[2]["content"]     # a user row is what the edit box shows
+    assert "md-src" not in v.live_reply("partial", True, {"output_tokens": 1})   # not on streamed repaints

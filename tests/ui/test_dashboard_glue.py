@@ -176,3 +176,18 @@ def test_bus_message_names_the_panels_by_element_id():
     msg = json.loads(bus.message({"story": "<b>s</b>", "grid": '{"n":1}'}))
     assert msg == {"kv-story": "<b>s</b>", "kv-grid": '{"n":1}'}
     assert set(bus.PANELS) == set(D.FAST) and set(D.FAST) | set(D.SLOW) == set(D.OUTPUT_NAMES)
+
+
+def test_block_plots_get_a_y_axis_above_their_highest_point():
+    # Gradio's LinePlot ends its y axis at the data's maximum: that line would lie on the plot's
+    # edge, half clipped. The slow tick sends each block plot with a y_lim above its highest point.
+    from ui.dashboard.history import Sample
+    state = D.DashboardState(SnapLLM(busy_snapshot(t=5000.0)))
+    for k in range(8):                # samples over 80 s: several complete 10 s buckets
+        state.history.add_sample(Sample(4920.0 + 10 * k, 0, 0, 0, 100 + k, 200 + k, 1000 + k, 1024))
+    slow = D.Ticks(state).slow(None, D.LIVE, fresh=True)
+    for name in D.BLOCK_PLOTS:
+        update = slow[D.SLOW.index(name)]
+        top = update["value"]["blocks"].max()
+        assert top >= 200, (name, top)
+        assert update["y_lim"][0] == 0 and update["y_lim"][1] >= top * 1.05, (name, update["y_lim"], top)

@@ -155,3 +155,17 @@ def test_flat_stretches_cost_two_rows_and_gaps_keep_their_neighbours():
     changed_a = {n for n in range(1, 10) if a[n] != a[n - 1]}
     changed_b = {n for n in range(1, 10) if b[n] != b[n - 1]}
     assert changed_a and changed_b and not changed_a & changed_b
+
+
+def test_y_limits_leave_headroom_above_the_highest_point():
+    import pandas as pd
+    from ui.dashboard.history import HEADROOM, y_limits
+
+    def lim(values):
+        return y_limits(pd.DataFrame({"blocks": pd.Series(values, dtype="float64")}), "blocks")
+    for values in ([1024.0], [4096.0, 3000.0], [530.0, float("nan")], [99.0], [7.0]):
+        low, top = lim(values)
+        assert low == 0 and top >= max(v for v in values if v == v) * (1 + HEADROOM)
+        assert top == float(f"{top:.2g}")                      # two significant digits: stable
+    assert lim([]) == [0.0, 10.0] and lim([0.0]) == [0.0, 10.0]
+    assert lim([1024.0]) == lim([1050.0])                     # unchanged while the data stays under it

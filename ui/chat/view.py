@@ -6,6 +6,7 @@ arguments; conversation rows -> sidebar choices.
 """
 from __future__ import annotations
 
+import base64
 import html
 import math
 import re
@@ -100,13 +101,32 @@ def rendered(text: str) -> str:
     return safe_markdown(close_fences(text))
 
 
-def with_footer(text: str, stats: dict | None, status: str | None = None, finish: str | None = None) -> str:
+def with_footer(text: str, stats: dict | None, status: str | None = None, finish: str | None = None,
+                source: bool = False) -> str:
     """Reply text (made safe) plus its stats line, small and muted (display only; never sent to
-    the model)."""
+    the model). source: also carry the text's Markdown for copying (source_mark), in the footer's
+    paragraph so it adds no empty one."""
     line = stats_line(stats, status, finish)
+    mark = source_mark(text) if source else ""
     if not line:
-        return rendered(text)
-    return f'{rendered(text)}\n\n<span class="{STATS_CLASS}">{html.escape(line)}</span>'
+        return rendered(text) + (f"\n\n{mark}" if mark else "")
+    return f'{rendered(text)}\n\n<span class="{STATS_CLASS}">{html.escape(line)}</span>{mark}'
+
+
+SOURCE_CLASS = "md-src"
+
+
+def source_mark(text: str) -> str:
+    """An empty span carrying a reply's stored Markdown (base64 of its UTF-8) for the page's copy
+    button and Ctrl+Shift+C (ui/page_assets.py). Why: the page shows rendered HTML, and text
+    rebuilt from it loses what rendering dropped (`**`, list markers, a fence's exact form), so a
+    copy would not be the reply. Base64 keeps the attribute free of quotes, `<`, `&` and newlines,
+    which Markdown and the HTML sanitizer could otherwise read. The attribute is `title` because
+    the chatbot's sanitizer keeps it (it drops data-*); `hidden` keeps the span out of the
+    accessibility tree. Written on stored replies only (not on every streamed repaint, where it
+    would double the bytes sent per token)."""
+    data = base64.b64encode(text.encode("utf-8")).decode("ascii")
+    return f'<span class="{SOURCE_CLASS}" hidden title="{data}"></span>'
 
 
 BRANCH_HREF = "#branch-"
@@ -134,7 +154,7 @@ def display_messages(path: list[dict], versions: dict | None = None, max_model_l
             toks = m.get("token_ids") or []
             finish = finish_text(m.get("stats"), m.get("status"), max_model_len,
                                  toks[-1] if toks else None, eos_ids)
-            content = with_footer(m["content"], m.get("stats"), m.get("status"), finish)
+            content = with_footer(m["content"], m.get("stats"), m.get("status"), finish, source=True)
         if versions and m["id"] in versions:
             content += branch_nav(m["id"], versions[m["id"]])
         shown.append({"role": m["role"], "content": content})

@@ -13,6 +13,7 @@ the chart draws as a gap rather than a straight line across it.
 """
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from typing import NamedTuple
@@ -186,6 +187,24 @@ def plot_points(samples, window_s: float = PLOT_WINDOW_S, step_s: float | None =
             pts.append((float((b - 1 - (current - 1)) * step_s), None))
         pts.append((float((b - (current - 1)) * step_s), last_of[b]))
     return pts
+
+
+HEADROOM = 0.08            # above a plot's highest point, so its line is drawn inside the plot
+
+
+def y_limits(frame: pd.DataFrame, column: str, floor: float = 10.0) -> list[float]:
+    """[0, top] for a plot's y axis: top is the highest point plus HEADROOM, rounded up to two
+    significant digits (at least `floor`).
+
+    Why: Gradio's LinePlot gives Vega-Lite a y scale with `zero: false` and no `nice`, so the axis
+    ends exactly at the data's highest point and that line lies on the plot's top edge, half of
+    its stroke clipped away (the pool-size and contiguous lines sit there for minutes). Rounded, so
+    the limit changes only when the data outgrows it rather than on every point."""
+    values = pd.to_numeric(frame[column], errors="coerce").dropna() if len(frame) else pd.Series([], dtype=float)
+    top = max(float(values.max()) if len(values) else 0.0, 0.0) * (1 + HEADROOM)
+    top = max(top, floor)
+    step = 10 ** (math.floor(math.log10(top)) - 1)          # two significant digits
+    return [0.0, float(math.ceil(top / step - 1e-9) * step)]
 
 
 def blocks_frame(samples, window_s: float = PLOT_WINDOW_S, series=SERIES_BLOCKS,

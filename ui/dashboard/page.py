@@ -35,8 +35,8 @@ from ui.dashboard import open_chats as OPEN
 from ui.dashboard.story import pin_use, story_html
 from engine.protocol import Configured, ServesTenants
 from ui.dashboard.who import event_lines, served, viewer_tenant, who_html
-from ui.dashboard.history import (PLOT_STEP_S, SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT, History,
-                                  blocks_frame, hit_rate_frame)
+from ui.dashboard.history import (HEADROOM, PLOT_STEP_S, SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT, History,
+                                  blocks_frame, hit_rate_frame, y_limits)
 from ui.dashboard.demo_users import MAX_DEMO_USERS, DemoLoad, PromptSource
 from ui.dashboard.kv_math import PRESETS, shape_of
 
@@ -46,6 +46,7 @@ OUTPUT_NAMES = ("story", "headline", "grid", "tables", "paged_plot", "contig_plo
                 "whatif", "feed", "selector", "demo", "who", "tier")
 FAST = tuple(BUS.PANELS)                          # through the one-output bus, every TICK_S
 SLOW = ("paged_plot", "contig_plot", "hit_plot", "selector", "demo")   # through Gradio, every SLOW_TICK_S
+BLOCK_PLOTS = ("paged_plot", "contig_plot")       # their y axis follows the data (history.y_limits)
 # Tick periods, chosen by measurement (loadgen/bench_dashboard_browser.py, 16 demo users, 3,000
 # blocks, Chromium on 2 cores): every Gradio event costs the page's main thread more than the
 # panels it carries. At 1 s / 2 s the page's main thread used ~15% CPU with the Memory tab shown,
@@ -279,9 +280,13 @@ def _plots() -> list:
     with gr.Row():
         paged_plot = gr.LinePlot(y="blocks", title="Used vs paging without sharing",
                                  y_title="blocks", elem_id="kv-paged-plot", **plot)
+        # the title names the black line: a third legend entry does not fit a third of the width
+        # and was cut off at the plot's right edge
         contig_plot = gr.LinePlot(y="blocks", title="Used vs contiguous (black: pool size)",
-                                  y_title="blocks", elem_id="kv-contig-plot", **plot)
-        hit_plot = gr.LinePlot(x="seconds", y="hit rate %", color="series", y_lim=[0, 100],
+                                  y_title="blocks", elem_id="kv-contig-plot",
+                                  colors_in_legend=list(CONTIG_SERIES[:2]), **plot)
+        # headroom above 100%, so a hit rate of 100% is drawn inside the plot, not on its edge
+        hit_plot = gr.LinePlot(x="seconds", y="hit rate %", color="series", y_lim=[0, 100 * (1 + HEADROOM)],
                                title="Prefix-cache hit rate", x_title="seconds ago", height=250,
                                color_map=dict(zip(SERIES_HIT, ("#60a5fa", "#f97316"))),
                                elem_id="kv-hit-plot")
@@ -371,6 +376,7 @@ class Ticks:
         out, new = self.tick(selected, model, {} if fresh else self.state.sent_to(who), None, request, SLOW)
         self.state.sent_to(who, new)
         return tuple(gr.update(choices=list(out[n])) if n == "selector" and n in out else
+                     gr.update(value=out[n], y_lim=y_limits(out[n], "blocks")) if n in BLOCK_PLOTS and n in out else
                      out.get(n, gr.skip()) for n in SLOW)
 
     def refresh_fn(self, s, m, shown, request: gr.Request = None):

@@ -17,6 +17,7 @@ import pandas as pd
 from backends.monitor import BackendMonitor
 from ui.dashboard import panels as H
 from ui.dashboard import view as V
+from ui.dashboard.history import HEADROOM, y_limits
 from ui.dashboard.timers import DashboardTimers
 
 _MONITORS: dict[int, BackendMonitor] = {}
@@ -80,9 +81,16 @@ def render(mon: BackendMonitor, engine) -> list:
         grid_note = f"No block grid: {mon.kv_error or 'the backend exposes no /api/kv'}."
     return [headline(mon, engine), grid_note, grid, tables,
             long_frame(rows, "percent", {"kv usage %": "KV usage", "hit rate %": "prefix-cache hit rate"}),
-            long_frame(rows, "requests", {"running": "running", "waiting": "waiting",
-                                          "preemptions": "preemptions (total)"}),
-            long_frame(rows, "tokens/s", {"generated tok/s": "generated", "prompt tok/s": "prompt"})]
+            _with_headroom(long_frame(rows, "requests", {"running": "running", "waiting": "waiting",
+                                                         "preemptions": "preemptions (total)"}), "requests"),
+            _with_headroom(long_frame(rows, "tokens/s", {"generated tok/s": "generated", "prompt tok/s": "prompt"}),
+                           "tokens/s")]
+
+
+def _with_headroom(frame, column: str):
+    """The plot's data with a y axis above its highest point (history.y_limits: Gradio's own axis
+    ends at the maximum, where the top line lies on the plot's edge)."""
+    return gr.update(value=frame, y_lim=y_limits(frame, column))
 
 
 def build_remote_dashboard(llm, *, tick_s: float = 1.0) -> DashboardTimers:
@@ -94,7 +102,7 @@ def build_remote_dashboard(llm, *, tick_s: float = 1.0) -> DashboardTimers:
                     "model and its KV cache live there. Below is what that server exposes, every second.")
         head = gr.HTML(**html, elem_id="kv-remote-head")
         with gr.Row():
-            pct = gr.LinePlot(x="seconds", y="percent", color="series", y_lim=[0, 100], height=250,
+            pct = gr.LinePlot(x="seconds", y="percent", color="series", y_lim=[0, 100 * (1 + HEADROOM)], height=250,
                               title="KV usage and prefix-cache hit rate", x_title="seconds ago",
                               elem_id="kv-remote-pct")
             reqs = gr.LinePlot(x="seconds", y="requests", color="series", height=250,
