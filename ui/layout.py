@@ -134,7 +134,7 @@ def _composer() -> dict:
     branch switch the `< k/n >` links click."""
     doc_chips = gr.HTML("", elem_id="doc-chips")       # attached documents (ui/chat/documents.py)
     with gr.Row(elem_id="composer"):
-        attach_btn = gr.UploadButton("📎", file_types=sorted(documents.TEXT_EXTENSIONS), scale=0,
+        attach_btn = gr.UploadButton("📎", file_types=sorted(documents.TEXT_EXTENSIONS | {".pdf"}), scale=0,
                                      min_width=44, elem_id="attach")
         msg = gr.Textbox(label="Message", placeholder="Message (Enter to send, Shift+Enter for a new line)",
                          show_label=False, scale=8, lines=1, max_lines=8, elem_id="msg", autofocus=True)

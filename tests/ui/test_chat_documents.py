@@ -18,7 +18,7 @@ def test_a_text_file_becomes_a_document_with_its_token_count(tmp_path):
 
 
 @pytest.mark.parametrize("name,data,words", [
-    ("scan.pdf", b"%PDF-1.7", "PDF is not supported"),
+    ("broken.pdf", b"%PDF-1.7\nnot a pdf at all", "could not be read as a PDF"),
     ("photo.png", b"\x89PNG", "only text, Markdown and code"),
     ("data.txt", b"abc\x00def", "looks binary"),
     ("latin.txt", "café".encode("latin-1"), "not UTF-8"),
@@ -58,3 +58,49 @@ def test_documents_come_first_in_the_message_and_show_as_chips():
     assert "📄 a.py · 2 lines" in text and "📄 b.md · 1 lines" in text and "What does f return?" in text
     assert "return 1" not in text                  # the chip, not the document's text
     assert view.engine_messages(None, [{"role": "user", "content": stored}])[0]["content"] == stored
+
+
+def _pdf(pages: list[str]) -> bytes:
+    """A minimal PDF written by hand (one Helvetica text line per page, a correct xref table), so
+    the test needs no PDF writer: what pypdf reads back is what a real PDF's text layer gives."""
+    n = len(pages)
+    objs = ["<< /Type /Catalog /Pages 2 0 R >>",
+            "<< /Type /Pages /Kids [" + " ".join(f"{4 + 2 * i} 0 R" for i in range(n)) + f"] /Count {n} >>",
+            "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
+    for i, text in enumerate(pages):
+        stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET" if text else ""
+        objs.append(f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents {5 + 2 * i} 0 R "
+                    "/Resources << /Font << /F1 3 0 R >> >> >>")
+        objs.append(f"<< /Length {len(stream)} >>\nstream\n{stream}\nendstream")
+    out, offsets = b"%PDF-1.4\n", []
+    for k, body in enumerate(objs, 1):
+        offsets.append(len(out))
+        out += f"{k} 0 obj\n{body}\nendobj\n".encode("latin-1")
+    xref = len(out)
+    out += f"xref\n0 {len(objs) + 1}\n0000000000 65535 f \n".encode()
+    out += b"".join(f"{o:010d} 00000 n \n".encode() for o in offsets)
+    out += f"trailer\n<< /Size {len(objs) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
+    return out
+
+
+def test_a_pdf_attaches_its_text_layer_page_by_page(tmp_path):
+    f = tmp_path / "paper.pdf"
+    f.write_bytes(_pdf(["Paged attention stores KV in blocks", "Blocks are shared by refcount"]))
+    doc = D.read_document(str(f), "paper.pdf", count)
+    assert doc.text == "Paged attention stores KV in blocks\n\nBlocks are shared by refcount"
+    assert doc.tokens == 11 and doc.name == "paper.pdf"
+
+
+def test_a_pdf_without_text_or_over_the_limits_is_refused_in_plain_words(tmp_path, monkeypatch):
+    blank = tmp_path / "scan.pdf"
+    blank.write_bytes(_pdf(["", ""]))
+    with pytest.raises(ValueError, match="no text layer"):
+        D.read_document(str(blank), "scan.pdf", count)
+    many = tmp_path / "long.pdf"
+    many.write_bytes(_pdf(["page"] * 4))
+    monkeypatch.setattr(D, "MAX_PDF_PAGES", 3)
+    with pytest.raises(ValueError, match="has 4 pages; a PDF may have at most 3"):
+        D.read_document(str(many), "long.pdf", count)
+    monkeypatch.setattr(D, "MAX_PDF_BYTES", 100)
+    with pytest.raises(ValueError, match="a PDF may have at most 100"):
+        D.read_document(str(many), "long.pdf", count)

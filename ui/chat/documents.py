@@ -8,7 +8,9 @@ Memory tab), like the system prompt. The wrapper is plain text the model reads
 
 Refusals come before anything is sent: an unsupported or binary file, a file over MAX_BYTES, or a
 document that would not fit the context beside what the chat already holds (with the numbers).
-PDF is not supported: no well-kept PDF text extractor is installed here.
+PDF: the text layer is extracted with pypdf (pure Python, maintained; requirements.txt), page by
+page, up to MAX_PDF_PAGES and MAX_PDF_BYTES; a scanned PDF without a text layer is refused (no OCR).
+Without pypdf installed, a PDF is refused with a sentence saying so.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 from html import escape
 
 MAX_BYTES = 256 * 1024
+MAX_PDF_BYTES = 16 * 1024 * 1024      # a PDF's file; its extracted text is held to MAX_BYTES like any text
+MAX_PDF_PAGES = 300
 TEXT_EXTENSIONS = frozenset(
     ".txt .md .markdown .rst .py .js .ts .tsx .jsx .json .csv .tsv .yaml .yml .toml .ini .cfg .html .css .xml "
     ".c .h .cc .cpp .hpp .rs .go .java .kt .rb .php .sh .sql .log .tex".split())
@@ -36,7 +40,16 @@ def read_document(path: str, name: str | None, count_tokens) -> Document:
     name = os.path.basename(name or path or "document")[:200].replace('"', "'") or "document"
     ext = os.path.splitext(name)[1].lower()
     if ext == ".pdf":
-        raise ValueError(f"{name}: PDF is not supported here (attach the text instead)")
+        text = _pdf_text(path, name)
+    else:
+        text = _plain_text(path, name, ext)
+    text = text.replace("\r\n", "\n").strip("\n")
+    if "</document>" in text:
+        raise ValueError(f"{name} contains the text </document>, which would end it early")
+    return Document(name, text, int(count_tokens(text)))
+
+
+def _plain_text(path: str, name: str, ext: str) -> str:
     if ext not in TEXT_EXTENSIONS:
         raise ValueError(f"{name}: only text, Markdown and code files can be attached")
     size = os.path.getsize(path)
@@ -47,13 +60,47 @@ def read_document(path: str, name: str | None, count_tokens) -> Document:
     if b"\x00" in raw:
         raise ValueError(f"{name} looks binary, not text")
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ValueError(f"{name} is not UTF-8 text") from None
-    text = text.replace("\r\n", "\n").strip("\n")
-    if "</document>" in text:
-        raise ValueError(f"{name} contains the text </document>, which would end it early")
-    return Document(name, text, int(count_tokens(text)))
+
+
+class _Refused(ValueError):
+    """A refusal of ours, raised inside the pypdf block and passed through as it is."""
+
+
+def _pdf_text(path: str, name: str) -> str:
+    """The PDF's text layer, pages joined by blank lines. Any parse failure is the file's fault and
+    is reported as such (pypdf raises its own errors on malformed or encrypted files)."""
+    size = os.path.getsize(path)
+    if size > MAX_PDF_BYTES:
+        raise ValueError(f"{name} is {size:,} bytes; a PDF may have at most {MAX_PDF_BYTES:,}")
+    try:
+        import pypdf
+    except ImportError:
+        raise ValueError(f"{name}: PDF needs the pypdf package, which is not installed here "
+                         "(attach the text instead)") from None
+    try:
+        reader = pypdf.PdfReader(path)
+        if reader.is_encrypted:
+            raise _Refused(f"{name} is an encrypted PDF")
+        if len(reader.pages) > MAX_PDF_PAGES:
+            raise _Refused(f"{name} has {len(reader.pages):,} pages; a PDF may have at most {MAX_PDF_PAGES}")
+        parts, total = [], 0
+        for page in reader.pages:
+            t = (page.extract_text() or "").strip()
+            total += len(t.encode("utf-8"))
+            if total > MAX_BYTES:
+                raise _Refused(f"{name}'s text is over {MAX_BYTES:,} bytes, the most a document may have")
+            parts.append(t)
+    except _Refused:
+        raise
+    except Exception as e:                # malformed, truncated, unsupported: this file only
+        raise _Refused(f"{name} could not be read as a PDF ({type(e).__name__})") from None
+    text = "\n\n".join(p for p in parts if p)
+    if not text.strip():
+        raise ValueError(f"{name} has no text layer (a scanned PDF?); only PDFs with text can be attached")
+    return text
 
 
 def check_fits(doc: Document, used_tokens: int, max_model_len: int, attached=()) -> None:
