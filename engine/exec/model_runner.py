@@ -79,13 +79,9 @@ class ModelRunner:
         self.warm_up()
 
     def warm_up(self) -> None:
-        """CUDA: compile every Triton variant, then capture the decode graphs (unless
-        enforce_eager). Progress goes to stderr. CPU: three small forwards so the first request
-        does not pay the process's first-call costs (engine/exec/warmup.warm_up_cpu)."""
+        """CUDA only: compile every Triton variant, then capture the decode graphs (unless
+        enforce_eager). Progress goes to stderr."""
         if self.device.type != "cuda":
-            if self.device.type == "cpu" and self.backend != "triton":   # not the (slow) interpreter
-                from engine.exec.warmup import warm_up_cpu
-                self.warmup_stats = warm_up_cpu(self.model, self.kv_pool, self.backend)
             return
         from engine.exec.warmup import warm_up
         width = -(-self.max_model_len // self.cfg.block_size)

@@ -1,5 +1,4 @@
-"""Start-up warm-up: on CUDA compile every Triton specialization serving can hit, before serving;
-on CPU pay the first-call costs once (warm_up_cpu).
+"""Start-up warm-up on CUDA: compile every Triton specialization serving can hit, before serving.
 
 Why: Triton compiles a kernel the first time it sees a new combination of constexprs and argument
 specializations (ints equal to 1 or divisible by 16, 16-byte aligned pointers). In eager decode
@@ -26,39 +25,18 @@ def _log(msg: str) -> None:
     print(f"[warm-up] {msg}", file=sys.stderr, flush=True)
 
 
-def _prefill(model, kv_pool, width: int, n_tok: int, backend: str, start: int = 0) -> None:
-    """One forward of tokens [start, start + n_tok) of a sequence whose table is blocks 0..width-1
-    (start > 0: the chunked-prefill / prefix-hit path, n_tok == 1: decode)."""
+def _prefill(model, kv_pool, width: int, n_tok: int, backend: str) -> None:
     dev = kv_pool.device
     bs = kv_pool.shape[3]
-    n_tok = max(1, min(n_tok, width * bs - start))
-    end = start + n_tok
+    n_tok = max(1, min(n_tok, width * bs))
     meta = AttentionMetadata(
-        slot_mapping=torch.arange(start, end, device=dev), block_tables=torch.arange(width, dtype=torch.int32,
-                                                                                     device=dev)[None],
-        seq_lens=torch.tensor([end], dtype=torch.int32, device=dev),
+        slot_mapping=torch.arange(n_tok, device=dev), block_tables=torch.arange(width, dtype=torch.int32,
+                                                                                 device=dev)[None],
+        seq_lens=torch.tensor([n_tok], dtype=torch.int32, device=dev),
         cu_seqlens_q=torch.tensor([0, n_tok], dtype=torch.int32, device=dev), max_seqlen_q=n_tok,
         backend=backend)
-    model.forward(torch.zeros(n_tok, dtype=torch.int64, device=dev), torch.arange(start, end, device=dev),
+    model.forward(torch.zeros(n_tok, dtype=torch.int64, device=dev), torch.arange(n_tok, device=dev),
                   kv_pool, meta, torch.tensor([n_tok - 1], device=dev))
-
-
-def warm_up_cpu(model, kv_pool: torch.Tensor, backend: str) -> dict:
-    """On CPU nothing compiles, but a process's first forward still pays once: loading the C++
-    kernels' shared libraries, oneDNN/BLAS picking kernels for new shapes, torch's lazy dispatch
-    set-up. Measured here: a 6-token prefill on a fresh engine's first request took ~4x its later
-    cost, which is what made the first turn after a restart slow (issue 23). Three small forwards
-    (a prefill from position 0, a chunk after a cached prefix, one decode token) pay it at start-up,
-    before any request. Blocks 0-1 are written with throwaway rows that nothing reads: they hold
-    no cached content and are overwritten when first handed out."""
-    t0 = time.perf_counter()
-    width = min(2, kv_pool.shape[2])
-    bs = kv_pool.shape[3]
-    with torch.inference_mode():
-        _prefill(model, kv_pool, width, bs + 4, backend)                    # prompt from position 0
-        _prefill(model, kv_pool, width, 6, backend, start=bs + 4)           # a chunk after a prefix
-        _prefill(model, kv_pool, width, 1, backend, start=bs + 10)          # a decode step
-    return {"seconds": time.perf_counter() - t0, "launches": 3}
 
 
 def _decode_splits(model, kv_pool, width: int, splits: int) -> None:

@@ -102,19 +102,3 @@ def test_dummy_config_paths_and_errors(tmp_path):
     with pytest.raises(ModelLoadError, match="unsupported architecture"):
         load_model(str(folder), load_format="dummy")
 
-
-def test_cpu_warm_up_runs_before_serving_and_leaves_no_trace():
-    """The CPU start-up warm-up (engine/exec/warmup.warm_up_cpu) runs three forwards on pool blocks
-    directly: nothing may show in the manager (no block held or cached, no tokens counted), and the
-    first request must not find anything of it in the prefix cache."""
-    llm = LLM(model="llama-3.2-1b", load_format="dummy", hf_overrides=SMALL, num_blocks=64, seed=5, device="cpu")
-    try:
-        assert llm.engine.runner.warmup_stats["launches"] == 3
-        st = llm.stats()
-        assert st["free_blocks"] == st["total_blocks"] and st["cached_blocks"] == 0
-        assert st["prompt_tokens_computed_total"] == 0 and st["generated_tokens_total"] == 0
-        # the warm-up fed token 0 at positions 0..; a prompt of zeros would hit its rows if they were cached
-        out = llm.generate({"prompt_token_ids": [0] * 40}, SamplingParams(temperature=0, max_tokens=2))[0]
-        assert out.outputs[0].metrics["cached_tokens"] == 0
-    finally:
-        llm.shutdown()
