@@ -67,6 +67,17 @@ def _body(page) -> str:
 
 
 
+_RECORD_REPLIES = """() => {
+  window.__replies = [];
+  const note = () => {
+    const bots = document.querySelectorAll('#chatbot .message.bot');
+    const t = bots.length ? bots[bots.length - 1].innerText.trim() : '';
+    if (window.__replies[window.__replies.length - 1] !== t) window.__replies.push(t);
+  };
+  new MutationObserver(note).observe(document.body, {subtree: true, childList: true, characterData: true});
+}"""
+
+
 def _finished(page) -> bool:
     """The status line under the chat says "finished"; the stats line is under the reply."""
     status = page.locator("#chat-status").inner_text()
@@ -92,9 +103,12 @@ def test_chat_in_the_browser_stop_second_tab_and_close(launch, browser, chat_api
     _set_number(page, "max-tokens", 80)
 
     # 1. A streamed reply: several different partial texts, then the final one with its stats.
+    # The page records every text its last reply shows (a MutationObserver, so a slow poll from
+    # here on a loaded machine cannot miss the partial texts; CI once saw only the final one).
+    page.evaluate(_RECORD_REPLIES)
     _send(page, "Write a Python function that adds two numbers.")
-    seen = set()
-    _wait(lambda: seen.add(_body(page)) or _finished(page), every=0.03)
+    _wait(lambda: _finished(page), every=0.1)
+    seen = set(page.evaluate("() => window.__replies"))
     assert len({s for s in seen if s and "queued" not in s}) >= 3, seen      # it streamed
     assert "prompt tokens from cache" in _reply(page)
     _no_error_badge(page)

@@ -31,7 +31,16 @@ def test_regenerate_only_when_there_is_a_reply_to_regenerate(module_server, brow
     _wait(lambda: page.locator("#stop").is_visible() and page.locator("#chatbot .message.bot").count(), timeout=60)
     assert not _regen(page)                                  # a reply is being generated: Stop, not Regenerate
     page.locator("#stop").click()
-    _wait(lambda: _done(page), timeout=60)
+    # What this test is about is Regenerate, not Stop (tests/e2e/test_chat_browser.py checks Stop):
+    # if the click did not reach the page on a loaded machine (CI once waited 60 s for a 300-token
+    # reply to finish), click once more rather than wait for the whole reply
+    try:
+        _wait(lambda: _done(page), timeout=20)
+    except TimeoutError:
+        print(f"\nafter Stop: status {_status(page)!r}, Stop visible {page.locator('#stop').is_visible()}")
+        if page.locator("#stop").is_visible():
+            page.locator("#stop").click()
+        _wait(lambda: _done(page), timeout=60)
     _wait(lambda: _regen(page), timeout=10)                  # a reply on screen: it can be regenerated
     page.locator("#new-chat").click()
     _wait(lambda: not _regen(page), timeout=10)              # a new chat: gone again

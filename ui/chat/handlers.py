@@ -176,7 +176,7 @@ async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[di
     """Paint a running turn into this tab until it ends, or until the tab shows another chat."""
     tab.following = turn
     try:
-        last, state = -1, None
+        last, state, first = -1, None, True
         while not turn.finished:
             if tab.conv_id != turn.conv_id:
                 # The user opened another chat: stop painting. A paint of this reply may have
@@ -193,8 +193,11 @@ async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[di
                                        state=None if state == states.live_status(states.GENERATING) else state)
                 alts = [view.alternative_markdown(k, turn.texts[k], turn.metrics[k] if turn.texts[k] else None,
                                                   turn.admitted) for k in range(turn.n)] if turn.n > 1 else None
+                # Stop replaces Send once, on the first paint: re-sending the same button update with
+                # every token only re-renders the button a person is about to click
                 yield outputs(chat=shown + [{"role": "assistant", "content": live}], status=state, alts=alts,
-                              busy=True)
+                              busy=True if first else None)
+                first = False
             await asyncio.sleep(YIELD_S)
         await turn.task
     finally:
