@@ -38,27 +38,32 @@ def settle(ctx):
     ctx.tabs._jobs.submit(lambda: None).result(timeout=5)
 
 
-async def _start_and_cancel_after(ctx, word: str, session="s1"):
-    """Send from tab `session`, wait until `word` is painted, then gate the engine and cancel the
-    handler as Gradio does on a reload / closed tab. Returns the running turn."""
-    agen = chat.send(ctx, "Story", dict(KW), request(session))
+async def _reload_once_painted(ctx, agen, word: str, session: str, gate: bool = True):
+    """Run handler `agen` of tab `session` until `word` is painted (then gate the engine: it is
+    "slow" from here, unless gate=False), then close the tab and cancel the handler as Gradio does
+    on a reload / closed tab. Returns the conversation and its running job (Turn or BeamTurn)."""
     seen = []
 
     async def consume():
         async for out in agen:
             seen.append(out)
-            if any(word in str(o) for o in out):
-                ctx.llm.gate.clear()                   # the engine is "slow" from here
+            if gate and any(word in str(o) for o in out):
+                ctx.llm.gate.clear()
     task = asyncio.create_task(consume())
     while not any(word in str(o) for o in seen):
         await asyncio.sleep(0.001)
     conv = ctx.tab(request(session)).conv_id
-    turn = ctx.tabs.turn(conv)
+    job = ctx.tabs.turn(conv)
     ctx.tabs.close(session, grace=True)              # demo.unload of the reloading tab...
     task.cancel()                                    # ...and Gradio cancels its handler
     with pytest.raises(asyncio.CancelledError):
         await task
-    return conv, turn
+    return conv, job
+
+
+async def _start_and_cancel_after(ctx, word: str, session="s1"):
+    """Send from tab `session`, reload it once `word` is painted. Returns the running turn."""
+    return await _reload_once_painted(ctx, chat.send(ctx, "Story", dict(KW), request(session)), word, session)
 
 
 async def _aborted(ctx):
@@ -104,19 +109,27 @@ def test_a_reloaded_tab_reattaches_and_paints_what_was_generated_meanwhile(ctx):
     assert ctx.storage.get_messages(conv)[-1]["status"] == "complete"
 
 
-def test_stop_is_what_ends_a_reply(ctx):
+async def _stop_from_another_tab(ctx, conv, session="s3"):
+    """Press Stop in a tab that opened the chat, let the gated engine go once the abort arrived."""
+    ctx.tabs.open(ctx.tab(request(session)), conv)
+    stop = asyncio.create_task(chat.stop(ctx, request(session)))
+    await _aborted(ctx)
+    ctx.llm.gate.set()
+    await stop
+
+
+@pytest.mark.parametrize("start,word,stored", [("reply", "upon", "Once upon"),
+                                               ("continued", "and", "Once upon a time and")])
+def test_stop_is_what_ends_a_reply_even_after_its_page_reloaded(ctx, start, word, stored):
+    """A reply (or a continued one) whose handler was cancelled by a reload ends only by Stop."""
     async def scenario():
-        conv, turn = await _start_and_cancel_after(ctx, "upon")
-        tab = ctx.tab(request("s3"))
-        ctx.tabs.open(tab, conv)
-        stop = asyncio.create_task(chat.stop(ctx, request("s3")))
-        await _aborted(ctx)
-        ctx.llm.gate.set()
-        await stop
+        begin = _start_and_cancel_after if start == "reply" else _continue_and_cancel_after
+        conv, turn = await begin(ctx, word)
+        await _stop_from_another_tab(ctx, conv)
         return conv
     conv = asyncio.run(scenario())
     reply = ctx.storage.get_messages(conv)[-1]
-    assert reply["status"] == "stopped" and reply["content"] == "Once upon"
+    assert reply["status"] == "stopped" and reply["content"] == stored
     assert len(ctx.llm.aborted) == 1
 
 
@@ -189,24 +202,9 @@ async def _continue_and_cancel_after(ctx, word: str, session="s1"):
     async for _ in chat.send(ctx, "Story", dict(KW), request(session)):
         pass
     ctx.llm.words = [" and", " then", " more"]
-    agen = chat.continue_reply(ctx, dict(KW), request(session))
-    seen = []
-
-    async def consume():
-        async for out in agen:
-            seen.append(out)
-            if any(word in str(o) for o in out):
-                ctx.llm.gate.clear()
-    task = asyncio.create_task(consume())
-    while not any(word in str(o) for o in seen):
-        await asyncio.sleep(0.001)
-    conv = ctx.tab(request(session)).conv_id
-    turn = ctx.tabs.turn(conv)
+    conv, turn = await _reload_once_painted(ctx, chat.continue_reply(ctx, dict(KW), request(session)), word,
+                                            session)
     assert turn.continues is not None
-    ctx.tabs.close(session, grace=True)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
     return conv, turn
 
 
@@ -240,21 +238,6 @@ def test_a_reloaded_tab_reattaches_to_a_continued_reply(ctx):
     assert any("Once upon a time and" in p for p in painted)        # the reply so far, then...
     assert "Once upon a time and then more" in painted[-1]           # ...its end, live
     assert ctx.storage.get_messages(conv)[-1]["status"] == "complete"
-
-
-def test_stop_ends_a_continued_reply_whose_page_reloaded(ctx):
-    async def scenario():
-        conv, turn = await _continue_and_cancel_after(ctx, "and")
-        ctx.tabs.open(ctx.tab(request("s3")), conv)
-        stop = asyncio.create_task(chat.stop(ctx, request("s3")))
-        await _aborted(ctx)
-        ctx.llm.gate.set()
-        await stop
-        return conv
-    conv = asyncio.run(scenario())
-    reply = ctx.storage.get_messages(conv)[-1]
-    assert reply["status"] == "stopped" and reply["content"] == "Once upon a time and"
-    assert len(ctx.llm.aborted) == 1
 
 
 def test_an_abandoned_continued_reply_times_out(ctx, monkeypatch):
@@ -337,21 +320,8 @@ async def _search_and_cancel(ctx, session="s1"):
     says "searching", cancel the handler as a reload does. Returns the conversation and the search."""
     ctx.llm.gate.clear()
     agen = chat.send(ctx, "Story", {**KW, "beam_width": 2}, request(session))
-    seen = []
-
-    async def consume():
-        async for out in agen:
-            seen.append(out)
-    task = asyncio.create_task(consume())
-    while not any("searching" in str(o) for o in seen):
-        await asyncio.sleep(0.001)
-    conv = ctx.tab(request(session)).conv_id
-    bt = ctx.tabs.turn(conv)
+    conv, bt = await _reload_once_painted(ctx, agen, "searching", session, gate=False)
     assert isinstance(bt, beam.BeamTurn)
-    ctx.tabs.close(session, grace=True)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
     return conv, bt
 
 
