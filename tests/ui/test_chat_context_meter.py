@@ -10,12 +10,10 @@ from fastapi.testclient import TestClient
 
 from engine.kv.kv_cache_manager import KVCacheManager
 from routes.kv import register_kv_route
-from storage import Storage
 from tests.ui.fake_engine import FakeLLM, request
+from tests.ui.test_chat_flow import chat_context
 from ui.chat import context_meter as CM
 from ui.chat import summary
-from ui.chat.context import ChatContext
-from ui.chat.tabs import TabRegistry
 
 BS = 16
 
@@ -72,13 +70,8 @@ def test_a_pinned_prompt_counts_as_shared_even_for_one_chat():
 
 @pytest.fixture
 def ctx(tmp_path):
-    llm = FakeLLM(words=["A", " short", " summary."])
-    st = Storage(tmp_path / "chat.db")
-    st.set_system_prompt("You are a helpful assistant.")
-    c = ChatContext(llm, st, TabRegistry(llm))
-    yield c
-    c.tabs.shutdown()
-    st.close()
+    with chat_context(FakeLLM(words=["A", " short", " summary."]), tmp_path) as c:
+        yield c
 
 
 def test_a_released_chat_is_measured_from_its_stored_ids(ctx):

@@ -1,6 +1,7 @@
 """The streaming handlers (ui/chat/handlers.py) against a scripted fake engine and a real SQLite store:
 commit order, stored reply and stats, Stop/cancel, bad input, busy conversations, branches."""
 import asyncio
+from contextlib import contextmanager
 
 import pytest
 
@@ -15,15 +16,24 @@ KW = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_tokens": 8, "repetitio
       "seed": None, "n": 1}
 
 
+@contextmanager
+def chat_context(llm, folder):
+    """A ChatContext over `llm` and a real SQLite store in `folder`, closed afterwards. The system
+    prompt is short: the fake's context is 40 words (the real default is a ~550-token policy)."""
+    st = Storage(folder / "chat.db")
+    st.set_system_prompt("You are a helpful assistant.")
+    c = ChatContext(llm, st, TabRegistry(llm))
+    try:
+        yield c
+    finally:
+        c.tabs.shutdown()
+        st.close()
+
+
 @pytest.fixture
 def ctx(tmp_path):
-    llm = FakeLLM()
-    st = Storage(tmp_path / "chat.db")
-    st.set_system_prompt("You are a helpful assistant.")   # the fake's context is 40 words; the
-    c = ChatContext(llm, st, TabRegistry(llm))              # real default is a ~550-token policy
-    yield c
-    c.tabs.shutdown()
-    st.close()
+    with chat_context(FakeLLM(), tmp_path) as c:
+        yield c
 
 
 def req(session="s1", username=None):

@@ -10,13 +10,12 @@ from concurrent.futures import Future
 
 import pytest
 
-from storage import Storage
 from tests.ui.fake_engine import FakeLLM, request
+from tests.ui.test_chat_flow import chat_context
 from ui.chat import beam
 from ui.chat import handlers as chat
 from ui.chat import reattach
 from ui.chat import sidebar as side
-from ui.chat.context import ChatContext
 from ui.chat.tabs import TabRegistry
 
 KW = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_tokens": 8, "repetition_penalty": 1.0,
@@ -25,13 +24,8 @@ KW = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_tokens": 8, "repetitio
 
 @pytest.fixture
 def ctx(tmp_path):
-    llm = FakeLLM(words=["Once", " upon", " a", " time"])
-    st = Storage(tmp_path / "chat.db")
-    st.set_system_prompt("You are a helpful assistant.")
-    c = ChatContext(llm, st, TabRegistry(llm))
-    yield c
-    c.tabs.shutdown()
-    st.close()
+    with chat_context(FakeLLM(words=["Once", " upon", " a", " time"]), tmp_path) as c:
+        yield c
 
 
 def settle(ctx):
@@ -306,13 +300,8 @@ class BeamFake(FakeLLM):
 @pytest.fixture
 def beam_ctx(tmp_path, monkeypatch):
     monkeypatch.setattr(beam, "prompt_ids", lambda llm, messages: [1, 2, 3])   # no chat template in the fake
-    llm = BeamFake()
-    st = Storage(tmp_path / "chat.db")
-    st.set_system_prompt("You are a helpful assistant.")
-    c = ChatContext(llm, st, TabRegistry(llm))
-    yield c
-    c.tabs.shutdown()
-    st.close()
+    with chat_context(BeamFake(), tmp_path) as c:
+        yield c
 
 
 async def _search_and_cancel(ctx, session="s1"):

@@ -105,7 +105,7 @@ def start(ctx, bt: BeamTurn, messages: list[dict], max_tokens: int) -> BeamTurn:
     bt.submitted = submit(ctx.llm, messages, bt.width, max_tokens, bt.cache_salt, bt.rid)
     loop = asyncio.get_running_loop()
     bt.task = loop.create_task(_run(ctx, bt))
-    bt.watchdog = loop.create_task(watch_abandoned(ctx, bt, getattr(ctx, "abandon_s", None)))
+    bt.watchdog = loop.create_task(watch_abandoned(ctx, bt, ctx.abandon_s))
     return bt
 
 

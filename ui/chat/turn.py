@@ -135,7 +135,7 @@ def start_turn(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
     loop = asyncio.get_running_loop()
     turn.task = loop.create_task(_run(ctx, turn, messages, kw, sibling_of))
     # the reply outlives its page (ui/chat/reattach.py); only a reply nobody watches times out
-    turn.watchdog = loop.create_task(watch_abandoned(ctx, turn, getattr(ctx, "abandon_s", None)))
+    turn.watchdog = loop.create_task(watch_abandoned(ctx, turn, ctx.abandon_s))
     return turn
 
 
