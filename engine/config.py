@@ -90,6 +90,8 @@ class EngineConfig:
     scheduling_policy: str = "fair"    # "fair": per-tenant VTC + priorities; "fcfs" (engine/core/fairness.py)
     kv_offload_gib: float | str | None = None   # second KV tier (engine/kv/kv_tier_setup.py): None/0 off, "auto"
     kv_offload_dir: str | None = None  # its folder on CPU (default <cache>/kv-tier)
+    speculative: str | None = None     # "ngram" / "suffix": drafts from the conversation (engine/core/speculation.py)
+    num_speculative_tokens: int = 5    # the longest draft; the adaptive rule picks 0..this per request and step
 
     def __post_init__(self):
         import torch                   # here, not at module level: the KV manager imports this file
@@ -109,6 +111,10 @@ class EngineConfig:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         if self.scheduling_policy not in ("fair", "fcfs"):
             raise ValueError(f"scheduling_policy must be 'fair' or 'fcfs', got {self.scheduling_policy!r}")
+        if self.speculative not in (None, "ngram", "suffix"):
+            raise ValueError(f"speculative must be 'ngram', 'suffix' or None, got {self.speculative!r}")
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise ValueError(f"num_speculative_tokens must be in 1..16, got {self.num_speculative_tokens}")
         if self.device is None:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.quantization not in (None, "int8"):

@@ -28,6 +28,7 @@ from engine.sampling.sampler import make_generator, sample_batch
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Request, RequestOutputDelta, Sequence, SeqStatus
 from engine.core.sessions import SessionTable
+from engine.core.speculation import Speculator
 from engine.text.end_of_turn import end_of_turn_ids
 
 
@@ -59,6 +60,7 @@ class LLMEngine:
         self._paused: set[str] = set()      # seq ids preempted and not yet scheduled again
         self.vocab_size = self.runner.model.embed.shape[0]
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size)   # engine/sampling/structured/
+        self.spec = Speculator(cfg.speculative, cfg.num_speculative_tokens) if cfg.speculative else None
 
     # ---- requests -------------------------------------------------------------------------
     def validate_prompt(self, prompt_ids: list[int]) -> None:
@@ -189,6 +191,8 @@ class LLMEngine:
         while self._broken:
             self.abort_request(self._broken.pop())
         self.kv.new_step()                  # the KV tier's per-step load budget
+        if self.spec is not None:           # drafts first: the scheduler sizes their steps
+            self.spec.propose(self.scheduler.running, self)
         batch = self.scheduler.schedule()
         self._signal_preemptions(batch)
         for seq, start, n in batch:
@@ -197,35 +201,80 @@ class LLMEngine:
         if not batch:
             return
         copies = self.kv.take_pending_copies()
-        rows = [r for r, (seq, start, n) in enumerate(batch) if start + n == len(seq.token_ids)]
+        # rows that sample: a chunk reaching the end of its tokens, or past it into a draft
+        rows = [r for r, (seq, start, n) in enumerate(batch) if start + n >= len(seq.token_ids)]
+        # a speculative row scores every position of its chunk: k + 1 logits rows
+        want = [r if batch[r][1] + batch[r][2] == len(batch[r][0].token_ids) else (r, j)
+                for r in rows for j in range(batch[r][1] + batch[r][2] - len(batch[r][0].token_ids) + 1)]
         plp = prompt_logprobs.positions(batch)      # (row, offset) pairs: extra logits rows
         # logits stay on the model's device: the sampler runs there; only token ids (and requested
         # logprobs) come back to the host. Prefill chunks need KV even when unsampled.
         t0 = time.perf_counter()
-        logits = self.runner.run_on_device(batch, self.kv, copies, rows + [(r, k) for r, k, _, _ in plp])
+        if self.spec is not None:
+            self.spec.step_started(batch)
+        logits = self.runner.run_on_device(batch, self.kv, copies, want + [(r, k) for r, k, _, _ in plp])
         if self.tier is not None and self.runner.device.type == "cpu":   # synchronous: a real cost
             self.kv.tier_policy.observe_compute(sum(n for _, _, n in batch), time.perf_counter() - t0)
         if plp:
-            prompt_logprobs.record(plp, logits[len(rows):])
-            logits = logits[:len(rows)]
+            prompt_logprobs.record(plp, logits[len(want):])
+            logits = logits[:len(want)]
         self.steps += 1
         self.prompt_tokens_computed_total += sum(
             max(0, min(start + n, seq.prompt_len) - start) for seq, start, n in batch)
         if not rows:
             return
-        seqs = [batch[r][0] for r in rows]
+        seqs = [batch[r if isinstance(r, int) else r[0]][0] for r in want]
         if self.drivers:                    # driven requests' rows go to their driver, not the sampler
             seqs, logits = self._route_driven_rows(seqs, logits)
         seqs, logits = self._fork_after_prefill(seqs, logits)
-        sampled = self._sample_isolated(seqs, logits)
-        now = time.time()
-        for seq, res in zip(seqs, sampled):
-            if isinstance(res, Exception):
-                self._fail_sampling(seq, res)
-            elif seq.status is not SeqStatus.FINISHED:      # a failed sibling may have ended it
-                self._append(seq, res[0], now, res[1])
+        if self.spec is None:
+            sampled = self._sample_isolated(seqs, logits)
+            now = time.time()
+            for seq, res in zip(seqs, sampled):
+                if isinstance(res, Exception):
+                    self._fail_sampling(seq, res)
+                elif seq.status is not SeqStatus.FINISHED:      # a failed sibling may have ended it
+                    self._append(seq, res[0], now, res[1])
+        else:
+            self._sample_speculative(seqs, logits)
+            self.spec.step_finished()
         while self._broken:
             self.abort_request(self._broken.pop())
+
+    def _sample_speculative(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        """As the plain path, with a drafting sequence's k + 1 consecutive rows verified together
+        (engine/core/speculation.py): one sampler call for the whole batch."""
+        groups, hist, states = [], [], {}
+        i = 0
+        while i < len(seqs):
+            seq = seqs[i]
+            k = len(seq.draft)
+            groups.append((seq, i, k))
+            if k:
+                hist += self.spec.histories(seq, k)
+                if not seq.request.params.greedy:
+                    states[seq.seq_id] = seq.generator.get_state()
+            else:
+                hist.append(seq.token_ids)
+            i += k + 1
+        sampled = self._sample_isolated(seqs, logits, hist)
+        now = time.time()
+        for seq, i, k in groups:
+            res = sampled[i:i + k + 1]
+            err = next((r for r in res if isinstance(r, Exception)), None)
+            if err is not None:
+                self._fail_sampling(seq, err)
+                continue
+            if seq.status is SeqStatus.FINISHED:            # a failed sibling may have ended it
+                continue
+            if k:
+                res = self.spec.accept(seq, res, states.get(seq.seq_id), self.kv)
+            if seq.spec is not None:
+                seq.spec.steps += 1
+            for tok, lp in res:
+                self._append(seq, tok, now, lp)
+                if seq.status is SeqStatus.FINISHED:
+                    break
 
     def _signal_preemptions(self, batch) -> None:
         """Tell a preempted request's own stream that it is paused (state "preempted"), and once it
@@ -241,24 +290,26 @@ class LLMEngine:
                     self._paused.discard(seq.seq_id)
                     self._emit(seq, "", [], state=STATE_RESUMED)
 
-    def _sample_isolated(self, seqs: list[Sequence], logits: torch.Tensor) -> list:
+    def _sample_isolated(self, seqs: list[Sequence], logits: torch.Tensor, histories=None) -> list:
         """Sample the batch in one call; if that raises, retry row by row so only the rows that
         fail get an exception (returned in place of their result) and every other row its
         (token, logprob-or-None).
 
         Random state is restored before the retry, so a seeded row draws exactly what it would
-        have drawn had no other row failed."""
+        have drawn had no other row failed. histories: per row, when not the rows' token lists
+        (a speculative sequence has one row per scored position, all with its generator)."""
         params = [s.request.params for s in seqs]
         gens = [s.generator for s in seqs]
-        states = [g.get_state() if not p.greedy else None for p, g in zip(params, gens)]
+        hist = histories if histories is not None else [s.token_ids for s in seqs]
+        states = [g.get_state() if not p.greedy and (i == 0 or gens[i - 1] is not g) else None
+                  for i, (p, g) in enumerate(zip(params, gens))]
         masked = [i for i, s in enumerate(seqs) if s.grammar is not None and s.grammar.active]
         mask = None
         try:
             # the grammar rows' bitmasks, filled on the CPU (~0.02 ms a row), applied on the device
             mask = fill_masks([seqs[i].grammar for i in masked], self.vocab_size) if masked else None
             extra = ((masked, mask),) if masked else ()    # unconstrained batches: the plain call
-            res = sample_batch(logits, params, gens, [s.token_ids for s in seqs], [s.prompt_len for s in seqs],
-                               *extra)
+            res = sample_batch(logits, params, gens, hist, [s.prompt_len for s in seqs], *extra)
             return list(zip(res.token_ids, res.logprobs))
         except Exception:
             pass
@@ -271,7 +322,7 @@ class LLMEngine:
                 if i in masked:
                     row_mask = ([0], mask[masked.index(i)][None] if mask is not None
                                 else fill_masks([seq.grammar], self.vocab_size))
-                res = sample_batch(logits[i:i + 1], [params[i]], [gens[i]], [seq.token_ids], [seq.prompt_len],
+                res = sample_batch(logits[i:i + 1], [params[i]], [gens[i]], [hist[i]], [seq.prompt_len],
                                    *((row_mask,) if row_mask else ()))
                 out.append((res.token_ids[0], res.logprobs[0]))
             except Exception as e:      # noqa: BLE001 - any sampling failure is this row's alone
@@ -350,6 +401,8 @@ class LLMEngine:
         if req.session_id is not None and seq.index == 0:   # the session table decides, and keeps the ids
             owner = self.sessions.finish_turn(req.session_id, req.request_id,
                                               None if reason == "error" else seq.token_ids)
+        if self.spec is not None:
+            self.spec.finished(seq)
         if was_admitted:
             if owner is not None:
                 self.kv.park(seq.seq_id, owner)
@@ -374,6 +427,8 @@ class LLMEngine:
             m["ttft_s"] = seq.first_token_time - req.arrival_time
             span = (seq.last_token_time or now) - seq.first_token_time
             m["tokens_per_s"] = (out_n - 1) / span if out_n > 1 and span > 0 else None
+        if self.spec is not None:           # "17 accepted from drafts (2.1 tokens/step)"
+            m.update(self.spec.metrics(seq))
         delta = RequestOutputDelta(req.request_id, seq.index, text, toks, finished, reason, error, m, logprobs)
         if req.params.prompt_logprobs is not None and (toks or finished) and not seq.prompt_logprobs_sent:
             seq.prompt_logprobs_sent = True            # once per sequence, with its first token (children: the parent's)
@@ -393,7 +448,10 @@ class LLMEngine:
             prompt_tokens_computed_total=self.prompt_tokens_computed_total,
             max_model_len=self.max_model_len, steps=self.steps,
             kv_cache_dtype=kv_dtype_name(self.runner.kv_dtype),
-            weights_kv_bytes_per_token=self.runner.weights_kv_bytes_per_token)
+            weights_kv_bytes_per_token=self.runner.weights_kv_bytes_per_token,
+            **({} if self.spec is None else dict(spec_num_drafts=self.spec.num_drafts,
+                                                 spec_draft_tokens=self.spec.draft_tokens,
+                                                 spec_accepted_tokens=self.spec.accepted_tokens)))
 
     def stats(self) -> dict:
         return self.kv_stats().to_json()

@@ -62,6 +62,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.kv.preempt(seq.seq_id)          # the manager counts it and logs the victim and tokens lost
+        seq.draft = []
         self.running.remove(seq)
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
@@ -142,6 +143,15 @@ class Scheduler:
             seq = self.running[i]
             start = self.kv.num_computed(seq.seq_id)     # the manager owns this count
             n = min(len(seq.token_ids) - start, budget)
+            if seq.draft:       # speculative: the last token + its draft, if budget and pool allow
+                k = min(len(seq.draft), budget - 1) if len(seq.token_ids) - start == 1 else 0
+                if k > 0 and self.kv.try_allocate_slots(seq.seq_id, 1 + k):
+                    del seq.draft[k:]
+                    batch.append((seq, start, 1 + k))
+                    budget -= 1 + k
+                    i += 1
+                    continue
+                seq.draft = []          # no room for the draft: the plain step below
             # No room is an answer, not an error: preempt (newest, or under the fair policy the
             # newest of the tenant furthest ahead) until this sequence fits or was the victim.
             while not self.kv.try_allocate_slots(seq.seq_id, n):

@@ -34,6 +34,8 @@ class Sequence:
         self.grammar = None         # engine.sampling.structured.state.GrammarState when the request is constrained
         self.prompt_logprobs: list | None = None    # [None, TokenLogprob, ...] when the request asked
         self.prompt_logprobs_sent = False
+        self.draft: list[int] = []  # speculative tokens scored this step, never in token_ids (engine/core/speculation.py)
+        self.spec = None            # engine.core.speculation.SpecState once the sequence has drafted
 
     @property
     def prompt_len(self) -> int:

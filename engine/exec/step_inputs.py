@@ -26,9 +26,11 @@ _SIZE = {torch.int64: 8, torch.int32: 4, torch.uint8: 1}    # itemsize without a
 class StepSequence(Protocol):
     """What a forward step reads of a sequence: its id (the KV manager's key for its block table
     and slots) and its token ids. The engine's `Sequence` (engine/core) is one; the runner names
-    this instead so the execution wing never imports the request core above it."""
+    this instead so the execution wing never imports the request core above it. `draft`: tokens
+    scored past the real ones in a speculative step (a step's end may run into them)."""
     seq_id: object
     token_ids: list[int]
+    draft: list[int]
 
 
 class StagingBuffer:
@@ -113,7 +115,8 @@ def pack_step(buf: StagingBuffer, batch, kv, copies, sample_rows):
     t = 0
     for r, ((seq, start, n), table) in enumerate(zip(batch, tables)):
         end = start + n
-        ids[t:t + n] = seq.token_ids[start:end]
+        toks = seq.token_ids
+        ids[t:t + n] = toks[start:end] if end <= len(toks) else toks[start:] + seq.draft[:end - len(toks)]
         pos[t:t + n] = np.arange(start, end)
         slots[t:t + n] = kv.slots_for(seq.seq_id, start, end)
         tab[r, :len(table)] = table

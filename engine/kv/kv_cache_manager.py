@@ -97,6 +97,8 @@ class KVCacheManager:
         self.tokens_swapped_out = 0
         self.tokens_recomputed_after_preempt = 0  # tokens a preemption dropped (recompute)
         self.tier_load_events: deque = deque(maxlen=50)   # {seq_id, session_id, tokens_loaded, ...}
+        self.spec_rollbacks = 0                   # speculative steps that gave slots back (rollback)
+        self.spec_rolled_back_slots = 0           # slots of rejected draft tokens given back
 
     # ---- second tier --------------------------------------------------------------------
     def attach_tier(self, tier: KVTier, io, policy: TierPolicy | None = None) -> None:
@@ -401,6 +403,36 @@ class KVCacheManager:
         self._grow(seq, num_new_tokens)
         return True
 
+    def rollback(self, seq_id, num_computed: int) -> int:
+        """Speculative decoding: keep the KV of the first `num_computed` positions and give back the
+        slots past them (rejected draft tokens). Returns the slots rolled back.
+
+        Why it is safe: the verification step gave the draft positions slots through `_grow`, which
+        copies a shared partial block before writing and never hashes past the sequence's real
+        tokens (drafts are not in them), so every block touched by a draft is private and unhashed;
+        blocks wholly past `num_computed` go back to the pool, and the partial last block that stays
+        is the sequence's own. Full blocks of accepted drafts are hashed once their tokens are in
+        the token list (the next `_grow`, or `park`)."""
+        seq = self._get(seq_id)
+        nc, bs = seq.num_computed, self._bs
+        if not len(seq.hashes) * bs <= num_computed <= nc:
+            raise KVCacheError(f"sequence {seq_id!r}: cannot roll back to {num_computed} "
+                               f"(computed {nc}, hashed up to {len(seq.hashes) * bs})")
+        if num_computed == nc:
+            return 0
+        keep = -(-num_computed // bs)
+        dropped = seq.table[keep:]
+        if any(b.ref_count != 1 or b.block_hash is not None for b in dropped):
+            raise KVCacheError(f"sequence {seq_id!r}: a rolled-back block is shared or cached")
+        del seq.table[keep:]
+        self._release(dropped)
+        if keep:
+            self.pool.set_filled(seq.table[-1], num_computed - (keep - 1) * bs)
+        seq.num_computed = num_computed
+        self.spec_rolled_back_slots += nc - num_computed
+        self.spec_rollbacks += 1
+        return nc - num_computed
+
     def fork(self, parent_id, child_id, child_token_ids) -> None:
         """Child shares all of the parent's blocks (n > 1 sampling); CoW happens on write."""
         parent = self._get(parent_id)
@@ -466,6 +498,7 @@ class KVCacheManager:
         if not self.enable_prefix_caching or owner is None:
             self.free(seq_id)
             return
+        self._hash_full(seq)        # full blocks a last speculative step completed
         del self._seqs[seq_id]
         self.release_parked(owner)
         if self.tier is not None and self.tier_policy.write_through_parked:
@@ -537,7 +570,8 @@ class KVCacheManager:
     def _tier_stats(self) -> dict:
         out = dict(swap_preemptions=self.num_swap_preemptions, tokens_swapped_out=self.tokens_swapped_out,
                    tokens_recomputed_after_preempt=self.tokens_recomputed_after_preempt,
-                   tier_loaded_tokens=self.tier_loaded_tokens)
+                   tier_loaded_tokens=self.tier_loaded_tokens, spec_rollbacks=self.spec_rollbacks,
+                   spec_rolled_back_slots=self.spec_rolled_back_slots)
         if self.tier is None:
             return out
         t = self.tier.stats()

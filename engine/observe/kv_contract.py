@@ -25,13 +25,14 @@ import numpy as np
 from engine.observe.kv_columns import STATES, BlockArrays, _no_gc, expand_ranges, id_ranges  # noqa: F401 (re-exported)
 
 SCHEMA = "paged-chat.kv"
-VERSION = 6          # 1: the untyped dict before issue 10; 2: this module (adds "schema", "version");
+VERSION = 7          # 1: the untyped dict before issue 10; 2: this module (adds "schema", "version");
                      # 3: block state "pinned", "pins", stats pinned_blocks / max_pinned_blocks;
                      # 4: "block_runs" (run-length block states), to_json(compact=True) without
                      #    "blocks"/"owners"; every v3 field is still produced by default;
                      # 5: stats kv_cache_dtype / weights_kv_bytes_per_token (quantized KV, issue 22)
                      # 6: the second KV tier (stats tier_*, swap_preemptions, tokens_swapped_out,
                      #    tokens_recomputed_after_preempt; preemption events "mode", "tokens_swapped")
+                     # 7: speculative decoding counters (stats spec_*)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,12 @@ class KVStats:
     swap_preemptions: int = 0     # preemptions that swapped out instead of dropping
     tokens_swapped_out: int = 0
     tokens_recomputed_after_preempt: int = 0
+    # speculative decoding (engine/sampling/speculative/), version 7; all 0 with it off
+    spec_num_drafts: int = 0          # verification steps (one per sequence that had a draft)
+    spec_draft_tokens: int = 0        # draft tokens scored
+    spec_accepted_tokens: int = 0     # draft tokens accepted (each one a step saved)
+    spec_rollbacks: int = 0           # verification steps that gave rejected slots back
+    spec_rolled_back_slots: int = 0   # slots of rejected draft tokens returned to the pool
 
     def __post_init__(self):
         if not self.pinned_blocks:      # no pins: every used block is held by some table

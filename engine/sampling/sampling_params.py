@@ -48,6 +48,7 @@ class SamplingParams:
     structured: StructuredSpec | None = None     # constrained decoding (engine/sampling/structured/)
     logit_bias: dict[int, float] | None = None   # token id -> added to its logit before sampling
     prompt_logprobs: int | None = None  # k: each prompt token's logprob + k alternatives (recomputed)
+    speculative: bool = True            # False: never draft for this request (engine --speculative)
 
     def __post_init__(self):
         def bad(name, why):
@@ -93,8 +94,8 @@ class SamplingParams:
             bad("max_tokens", "must be an integer >= 1")
         if self.seed is not None and not _is_int(self.seed):
             bad("seed", "must be an integer or None")
-        if not isinstance(self.ignore_eos, bool) or not isinstance(self.skip_special_tokens, bool):
-            raise ValueError("SamplingParams.ignore_eos and skip_special_tokens must be booleans")
+        if not all(isinstance(v, bool) for v in (self.ignore_eos, self.skip_special_tokens, self.speculative)):
+            raise ValueError("SamplingParams.ignore_eos, skip_special_tokens and speculative must be booleans")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if self.stop is not None and not isinstance(self.stop, (list, tuple)):

@@ -127,6 +127,46 @@ class KVMachine(RuleBasedStateMachine):
             self.write(sid, nc, nc + n)
 
     @precondition(lambda self: self.running)
+    @rule(data=st.data(), draft=st.lists(st.integers(0, 3), min_size=1, max_size=12), bonus=st.integers(0, 3))
+    def speculate(self, data, draft, bonus):
+        """A speculative step (engine/core/speculation.py): slots for the last token and k drafts,
+        all "written", then a random number accepted and the rest rolled back. The drafts never
+        enter the token list before they are accepted, as in the engine (which drafts only at
+        num_computed == len - 1; here any uncomputed tail may precede the draft)."""
+        ready = sorted(s for s, t in self.running.items() if self.m.num_computed(s) < len(t))
+        if not ready:
+            return
+        sid = data.draw(st.sampled_from(ready))
+        toks = self.running[sid]
+        nc, k = self.m.num_computed(sid), len(draft)
+        u = len(toks) - nc                  # real tokens scored before the draft
+        if nc + u + k > MAX_LEN:
+            return
+        ok, _ = self.try_op(lambda: self.m.allocate_slots(sid, u + k))
+        if not ok:
+            return
+        self.sync_sessions()
+        copies = self.m.take_pending_copies()
+        for src, dst in copies:
+            self.kv[dst * BS:(dst + 1) * BS] = self.kv[src * BS:(src + 1) * BS]
+        scored = toks[nc:] + draft
+        for pos, slot in zip(range(nc, nc + u + k), self.m.slots_for(sid, nc, nc + u + k)):
+            self.kv[slot] = scored[pos - nc]
+        a = data.draw(st.integers(0, k))
+        event(f"speculative: {'all' if a == k else 'some' if a else 'none'} accepted")
+        assert self.m.rollback(sid, nc + u + a) == k - a
+        toks.extend(draft[:a] + [bonus])
+        assert self.m.num_computed(sid) == len(toks) - 1
+        for bad in (nc, len(toks) + 1):     # into hashed blocks / past what was computed: refused
+            if bad < len(self.m._seqs[sid].hashes) * BS or bad > self.m.num_computed(sid):
+                before = self.fingerprint()
+                try:
+                    self.m.rollback(sid, bad)
+                    raise AssertionError("a rollback outside (hashed, computed] must raise")
+                except KVCacheError:
+                    assert self.fingerprint() == before
+
+    @precondition(lambda self: self.running)
     @rule(data=st.data())
     def fork(self, data):
         parent = data.draw(st.sampled_from(sorted(self.running)))
@@ -193,12 +233,15 @@ class KVMachine(RuleBasedStateMachine):
         for sid, toks in self.running.items():
             nc = m.num_computed(sid)
             assert len(m.block_table(sid)) == -(-nc // BS)
+            if nc:          # the last block's fill is what was computed (a rollback resets it)
+                assert m.pool.blocks[m.block_table(sid)[-1]].filled == nc - (-(-nc // BS) - 1) * BS
             assert [self.kv[s] for s in m.slots_for(sid, 0, nc)] == toks[:nc]
         assert m.parked_owners() == list(self.idle)
         for s, sess in m._parked.items():
             slots = [b.block_id * BS + p % BS for p, b in
                      ((p, sess.table[p // BS]) for p in range(len(sess.tokens)))]
             assert [self.kv[x] for x in slots] == sess.tokens == self.idle[s]
+            assert len(sess.hashes) == len(sess.tokens) // BS, "a parked full block is not in the prefix cache"
 
     def teardown(self):
         if not hasattr(self, "m"):
