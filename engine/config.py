@@ -92,6 +92,7 @@ class EngineConfig:
     kv_offload_dir: str | None = None  # its folder on CPU (default <cache>/kv-tier)
     speculative: str | None = None     # "ngram" / "suffix": drafts from the conversation (engine/core/speculation.py)
     num_speculative_tokens: int = 5    # the longest draft; the adaptive rule picks 0..this per request and step
+    speculative_adaptive: bool = True  # False: always draft the longest the proposer finds (tests, benches)
 
     def __post_init__(self):
         import torch                   # here, not at module level: the KV manager imports this file

@@ -60,7 +60,8 @@ class LLMEngine:
         self._paused: set[str] = set()      # seq ids preempted and not yet scheduled again
         self.vocab_size = self.runner.model.embed.shape[0]
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size)   # engine/sampling/structured/
-        self.spec = Speculator(cfg.speculative, cfg.num_speculative_tokens) if cfg.speculative else None
+        self.spec = Speculator(cfg.speculative, cfg.num_speculative_tokens, cfg.speculative_adaptive) \
+            if cfg.speculative else None
 
     # ---- requests -------------------------------------------------------------------------
     def validate_prompt(self, prompt_ids: list[int]) -> None:

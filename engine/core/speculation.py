@@ -37,6 +37,16 @@ from engine.sampling.speculative.ngram import NgramIndex, SuffixHistory
 SUFFIX_PROMPT_TAIL = 512        # prompt tokens kept with a finished reply in the suffix history
 
 
+def accepted_prefix(draft: list[int], sampled: list[int]) -> int:
+    """How many draft tokens stand: while the token sampled at a draft's position (from the
+    target distribution given everything before it) equals the draft, the draft is accepted.
+    With a deterministic draft this is exact rejection sampling (see the module docstring)."""
+    a = 0
+    while a < len(draft) and sampled[a] == draft[a]:
+        a += 1
+    return a
+
+
 class SpecState:
     """One sequence's speculation: its n-gram index, acceptance, and a pending shadow check."""
     __slots__ = ("index", "acceptance", "shadow", "steps")
@@ -49,8 +59,8 @@ class SpecState:
 
 
 class Speculator:
-    def __init__(self, mode: str, max_k: int):
-        self.mode, self.max_k = mode, max_k
+    def __init__(self, mode: str, max_k: int, adaptive: bool = True):
+        self.mode, self.max_k, self.adaptive = mode, max_k, adaptive
         self.cost = StepCost()
         self.history = SuffixHistory() if mode == "suffix" else None
         self.num_drafts = self.draft_tokens = self.accepted_tokens = 0
@@ -86,7 +96,7 @@ class Speculator:
                 st.shadow = None
             p = seq.request.params
             room = min(self.max_k, engine.max_model_len - len(toks), p.max_tokens - len(seq.output_ids) - 1)
-            k = draft_length(st.acceptance.p, a, b, B, B, room) if room > 0 else 0
+            k = 0 if room <= 0 else draft_length(st.acceptance.p, a, b, B, B, room) if self.adaptive else room
             draft = st.index.propose(toks, max(k, 1))
             if not draft and self.history is not None:
                 draft = self.history.propose(seq.request.tenant, toks[-st.index.max_n:], max(k, 1))
@@ -118,9 +128,7 @@ class Speculator:
         drafts + one sampled token); rolls the rejected slots back and rewinds the generator."""
         draft = seq.draft
         k = len(draft)
-        a = 0
-        while a < k and results[a][0] == draft[a]:
-            a += 1
+        a = accepted_prefix(draft, [t for t, _ in results])
         kv.rollback(seq.seq_id, len(seq.token_ids) + a)
         if gen_state is not None:            # one uniform per emitted token, as without drafts
             seq.generator.set_state(gen_state)
@@ -134,7 +142,8 @@ class Speculator:
         for j in range(a):
             self.accepted_per_pos[j] += 1
         seq.draft = []
-        return results[:a + 1]
+        # the accepted drafts are what the KV holds at their positions, then the first sample past them
+        return [(draft[j], results[j][1]) for j in range(a)] + [results[a]]
 
     def finished(self, seq) -> None:
         """A finished reply joins its tenant's suffix history (suffix mode)."""
