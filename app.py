@@ -63,6 +63,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="int8/fp8 KV: rotate K, V (and q, and the attention output back) per head by a fixed "
                         "Hadamard matrix before quantizing; auto (default): on for int8/fp8 with a power-of-two "
                         "head_dim (~4x lower KL vs fp32, docs/BENCHMARKS.md); none: off")
+    p.add_argument("--speculative", choices=["ngram", "suffix", "off"], default="off",
+                   help="speculative decoding: draft the next tokens from the conversation itself and verify "
+                        "them in one step (exact for greedy, same distribution when sampling). ngram: prompt "
+                        "lookup over this chat; suffix: also the user's recent replies. It backs off by itself "
+                        "where it would not pay (low acceptance, large batches). Default off")
+    p.add_argument("--num-speculative-tokens", type=int, default=5, metavar="K",
+                   help="the longest draft (1..16, default 5); the adaptive rule picks 0..K per request and step")
     p.add_argument("--db", default="data/chat.db", help="SQLite file for the chat history")
     p.add_argument("--trusted-proxy", action="append", default=[], metavar="IP",
                    help="a reverse proxy whose X-Forwarded-For is believed (repeatable); by default none is, "
@@ -203,7 +210,9 @@ def main(argv=None) -> int:
               dtype=args.dtype, quantization=args.quantization,
               kv_cache_dtype=args.kv_cache_dtype, kv_cache_rotation=args.kv_cache_rotation, progress=terminal_progress,
               scheduling_policy=args.scheduling_policy, tenant_weights=weights,
-              queue_bounds=bounds, kv_offload_gib=args.kv_offload_gib, kv_offload_dir=args.kv_offload_dir)
+              queue_bounds=bounds, kv_offload_gib=args.kv_offload_gib, kv_offload_dir=args.kv_offload_dir,
+              speculative=None if args.speculative == "off" else args.speculative,
+              num_speculative_tokens=args.num_speculative_tokens)
     storage = None
     try:
         storage = Storage(args.db)

@@ -26,6 +26,13 @@ _VLLM = (
      lambda s, x: s["waiting"]),
     ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
      lambda s, x: s.get("generated_tokens_total", 0)),
+    # speculative decoding (engine/core/speculation.py); 0 with --speculative off
+    ("vllm:spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.",
+     lambda s, x: s.get("spec_num_drafts", 0)),
+    ("vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.",
+     lambda s, x: s.get("spec_draft_tokens", 0)),
+    ("vllm:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.",
+     lambda s, x: s.get("spec_accepted_tokens", 0)),
 )
 _OWN = (
     ("paged_chat_kv_blocks_total", "gauge", "Physical KV blocks in the pool.", "total_blocks"),
@@ -65,6 +72,10 @@ _OWN = (
     ("paged_chat_prompt_tokens_computed_total", "counter", "Prompt tokens prefilled (cache misses).",
      "prompt_tokens_computed_total"),
     ("paged_chat_engine_steps_total", "counter", "Engine iterations run.", "steps"),
+    ("paged_chat_spec_rollbacks_total", "counter",
+     "Speculative steps that gave the slots of rejected draft tokens back to the pool.", "spec_rollbacks"),
+    ("paged_chat_spec_rolled_back_slots_total", "counter", "KV slots of rejected draft tokens rolled back.",
+     "spec_rolled_back_slots"),
     # the second KV tier (engine/kv/kv_tier.py; KV contract v6); all 0 without a tier
     ("paged_chat_kv_tier_blocks", "gauge", "KV blocks held by the second tier (disk or host memory).",
      "tier_blocks"),

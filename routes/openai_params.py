@@ -48,6 +48,8 @@ def to_sampling_params(req, prompt_len: int, max_model_len: int, structured=None
             raise APIError(400, f"{name} is not supported by this engine yet (only 0 is accepted)", param=name,
                            code="unsupported_parameter")
         kw[name] = value
+    if req.speculative is False:        # the engine's --speculative, off for this request
+        kw["speculative"] = False
     if limit == 0:                      # echo-only scoring: one token is generated and dropped
         kw["max_tokens"] = 1
     if structured is not None:

@@ -65,6 +65,7 @@ class _Common(BaseModel):
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0)
     ignore_eos: bool = False
+    speculative: bool | None = None     # ours: False opts this request out of --speculative drafting
 
     @model_validator(mode="after")
     def _check_common(self):

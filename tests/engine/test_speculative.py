@@ -42,8 +42,12 @@ def _tokens(outs):
 
 def test_greedy_with_drafts_equals_greedy_without_and_hf(make_llm, hf_greedy):
     params = SamplingParams(temperature=0, max_tokens=48)
+    from ui.dashboard.events import diff_events
     on = make_llm(speculative="ngram", speculative_adaptive=False)
+    before = on.snapshot()
     outs = [on.chat(c, params)[0] for c in CHATS[:2]]     # one at a time: batch 1
+    feed = diff_events(before, on.snapshot())               # the Memory tab's "what just happened"
+    assert any(x.startswith("speculative decoding: ") and "rolled back" in x for x in feed), feed
     for out in outs:
         assert out.outputs[0].token_ids == hf_greedy(out.prompt_token_ids, 48)
     s = on.stats()

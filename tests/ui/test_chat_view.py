@@ -43,6 +43,9 @@ def test_stats_line_formats_tokens_ttft_speed_and_cache():
     assert v.stats_line({"prompt_tokens": 330, "cached_tokens": 312, "cached_blocks": 19}) == \
         "reused 312 of 330 prompt tokens from cache (19 shared blocks)"
     assert v.stats_line(None) == "" and v.stats_line({}, "error") == "error"
+    spec = {"output_tokens": 42, "spec_accepted_tokens": 17, "decode_steps": 25, "ttft_s": 0.2}
+    assert v.stats_line(spec) == "42 tokens · 17 accepted from drafts (1.7 tokens/step) · TTFT 200 ms"
+    assert v.stats_line({"output_tokens": 5, "spec_accepted_tokens": 0, "decode_steps": 4}) == "5 tokens"
 
 
 def test_footer_is_escaped_and_closes_an_open_code_fence():

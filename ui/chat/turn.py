@@ -25,7 +25,8 @@ from ui.chat.reattach import watch_abandoned
 from ui.chat.tabs import in_daemon_thread
 
 FLUSH_S = 2.0          # partial replies reach the database at least this often
-STAT_KEYS = ("prompt_tokens", "cached_tokens", "cached_blocks", "output_tokens", "ttft_s", "tokens_per_s")
+STAT_KEYS = ("prompt_tokens", "cached_tokens", "cached_blocks", "output_tokens", "ttft_s", "tokens_per_s",
+             "spec_accepted_tokens", "decode_steps")       # the last two with --speculative
 
 
 def reply_stats(metrics: dict, finish_reason: str | None) -> dict:

@@ -62,13 +62,17 @@ def _fmt_s(seconds: float) -> str:
 
 
 def stats_line(stats: dict | None, status: str | None = None, finish: str | None = None) -> str:
-    """One line under a reply: tokens, time to first token, tokens/s, prompt tokens from cache,
+    """One line under a reply: tokens (and, with speculative decoding, how many came from accepted
+    drafts and the tokens per decoding step), time to first token, tokens/s, prompt tokens from cache,
     and why it ended (`finish`, from states.finish_text; derived from the stats when not given)."""
     stats = stats or {}
     parts = []
     if stats.get("output_tokens") is not None:
         n = stats["output_tokens"]
         parts.append(f"{n} token{'s' if n != 1 else ''}")
+        acc, steps = stats.get("spec_accepted_tokens"), stats.get("decode_steps")
+        if acc and steps:       # speculative decoding: tokens that came from checked guesses
+            parts.append(f"{acc} accepted from drafts ({(steps + acc) / steps:.1f} tokens/step)")
     if stats.get("ttft_s") is not None:
         parts.append(f"TTFT {_fmt_s(stats['ttft_s'])}")
     tps = stats.get("tokens_per_s")

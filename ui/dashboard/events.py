@@ -1,7 +1,8 @@
 """The Memory tab's live event feed: what just happened, in words, found by comparing one
 snapshot with the one before ("block 0 now shared by 16 chats", "pool full: preempted 'Trip to
 Lisbon', recomputing 160 tokens", "pinned prompt 'shared' (34 blocks)", "beam search req-7 forked:
-4 beams share 19 prompt blocks").
+4 beams share 19 prompt blocks", "speculative decoding: 40 drafted tokens accepted, 12 rejected ones
+rolled back").
 
 Why by diff: the engine keeps no event log beyond preemptions (and must not grow one per step),
 and a diff of two snapshots a second apart is enough for a human watching. Works on scoped
@@ -36,6 +37,16 @@ def _most_shared(snap: dict) -> tuple[int, int]:
     return (refs.index(top), top) if top >= 2 else (-1, top)
 
 
+def _speculation(before: dict, after: dict) -> str | None:
+    """Speculative decoding since the last tick, summed (a line per step would flood the feed)."""
+    acc = after.get("spec_accepted_tokens", 0) - before.get("spec_accepted_tokens", 0)
+    back = after.get("spec_rolled_back_slots", 0) - before.get("spec_rolled_back_slots", 0)
+    if acc <= 0 and back <= 0:
+        return None
+    return (f"speculative decoding: {acc:,} drafted tokens accepted, {back:,} rejected ones rolled back "
+            f"(their slots went back to the pool)")
+
+
 def diff_events(prev: dict | None, snap: dict) -> list[str]:
     """Lines for what changed from prev to snap (oldest first)."""
     lines: list[str] = []
@@ -64,6 +75,9 @@ def diff_events(prev: dict | None, snap: dict) -> list[str]:
                 where = "from disk" if e.get("kind") == "disk" else "from host memory"
                 lines.append(f"{who} resumed {where}: {e['tokens_loaded']:,} tokens loaded, "
                              f"{e.get('tokens_computed', 0):,} computed")
+        line = _speculation(prev.get("stats") or {}, snap.get("stats") or {})
+        if line:
+            lines.append(line)
         old_groups, new_groups = _groups(prev), _groups(snap)
         for rid, seqs in new_groups.items():
             k0 = len(old_groups.get(rid, []))
