@@ -3,6 +3,7 @@
    python -m bench --kv-dtypes [bench/kv_dtypes.py options]   (fp32 / bf16 / int8 KV: capacity, decode)
    python -m bench --fairness [bench/fairness.py options]              (fair scheduling vs FCFS)
    python -m bench --tier [bench/kv_tier_bench.py options]   (the KV tier on vs off, issue 23)
+   python -m bench --speculative [bench/speculative_bench.py options]   (speculation on / off, llama.cpp)
 
 Runs the engine and its HF transformers baselines side by side on the same token ids, measures the
 machine's own limits in the same run, prints a Markdown report and writes JSON + Markdown under
@@ -43,6 +44,10 @@ def main(argv=None) -> int:
     if "--fairness" in rest:        # fair scheduling vs FCFS (issue 24): bench/fairness.py
         from bench import fairness
         return fairness.main([x for x in rest if x != "--fairness"])
+
+    if "--speculative" in rest:     # speculative decoding on vs off, llama.cpp (issue 28): bench/speculative_bench.py
+        from bench import speculative_bench
+        return speculative_bench.main([x for x in rest if x != "--speculative"])
 
     if "--tier" in rest:            # the second KV tier, on vs off (issue 23): bench/kv_tier_bench.py
         from bench import kv_tier_bench

@@ -187,6 +187,22 @@ def _prefill_one(q, k_cache, v_cache, blocks, ctx, scale):
     return o[0].transpose(0, 1)
 
 
+# A batch whose chunks are all this short (decode rows + speculative verification rows of k + 1
+# tokens) runs as a decode of one query row per token: query j of a chunk is a decode query whose
+# context ends at its own position, over its sequence's block table. One kernel call for the batch
+# instead of a Python loop of masked SDPAs per chunk, and each row attends exactly as a plain decode
+# step would at that position.
+MULTI_DECODE_MAX_Q = 16
+
+
+def _multi_decode(query, k_cache, v_cache, block_tables, lens, q_lens, scale, out):
+    rows = torch.tensor(q_lens, device=block_tables.device)
+    tables = block_tables.repeat_interleave(rows, dim=0)
+    ends = [ctx - n + 1 + j for ctx, n in zip(lens, q_lens) for j in range(n)]
+    return _decode(query, k_cache, v_cache, tables, torch.tensor(ends, dtype=torch.int32, device=block_tables.device),
+                   scale, out)
+
+
 def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
                     max_seqlen_q=None, out=None):
     """out[num_tokens, H, d]. Decode batches take the batched path; otherwise the q_len==1
@@ -203,6 +219,8 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
     cu = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()
     q_lens = [cu[i + 1] - cu[i] for i in range(len(lens))]
+    if max_seqlen_q <= MULTI_DECODE_MAX_Q and all(n > 0 for n in q_lens):
+        return _multi_decode(query, k_cache, v_cache, block_tables, lens, q_lens, scale, out)
     dec = [i for i, n in enumerate(q_lens) if n == 1]
     if len(dec) > 1:
         rows = torch.tensor([cu[i] for i in dec], device=query.device)

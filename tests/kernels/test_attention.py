@@ -151,6 +151,18 @@ def test_extend(case, backend):
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("case", [(16, 64, 9, 3, torch.float32), (32, 128, 8, 2, torch.float16)], ids=_id)
+def test_speculative_verification_rows(case, backend):
+    """Speculative decoding's step: decode rows mixed with k + 1-token rows over long paged
+    contexts, chunks starting anywhere in a block (the torch backend runs them as one multi-row
+    decode, reference.MULTI_DECODE_MAX_Q)."""
+    bs, d, H, kvh, dtype = case
+    seqs = [(bs * 3 + 5, 1), (bs * 2 - 1, 6), (40, 2), (bs * 4, 16), (7, 1), (bs * 5 + 2, 9)]
+    c = build_case(bs, H, kvh, d, seqs, dtype, seed=3)
+    check(c, run_backend(c, backend))
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("decode", [True, False])
 def test_shared_prefix_blocks(decode, backend):
     """Two sequences whose block tables start with the same 3 physical blocks."""
