@@ -13,7 +13,7 @@ import threading
 import torch
 
 from kernels import kv_quant
-from kernels.cpu_build import CSRC, build
+from kernels.cpu_build import CSRC, build, profiled
 
 log = logging.getLogger("paged_chat.kernels")
 SOURCE = CSRC / "cpu_paged_decode.cpp"
@@ -80,7 +80,7 @@ def paged_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out=Non
     tables = block_tables.to(torch.int32).contiguous()
     lens = seq_lens.to(torch.int32).contiguous()
     fn = getattr(lib, _FN[k_cache.dtype])
-    with torch.profiler.record_function("cpu_paged_decode"):    # visible to bench.profile_decode
+    with profiled("cpu_paged_decode"):    # visible to bench.profile_decode
         fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
            res.data_ptr(), B, H, kvh, d, bs, tables.shape[1], float(scale), torch.get_num_threads())
     if out is None:

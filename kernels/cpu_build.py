@@ -13,6 +13,7 @@ PAGED_CHAT_CPU_KERNEL=0 disables every compiled kernel.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -59,3 +60,16 @@ def build(source: Path, flags: tuple[str, ...] = ("-ffp-contract=fast",)) -> tup
             return None, f"build failed: {res.stderr.strip()[:500]}"
         os.replace(tmp, lib)        # atomic: concurrent builders never see a half-written file
     return ctypes.CDLL(str(lib)), f"C++/OpenMP kernel {lib.name}"
+
+
+_NO_LABEL = contextlib.nullcontext()
+
+
+def profiled(name: str):
+    """A label for torch's profiler (bench.profile_decode sorts the C++ kernels' time by it), or
+    nothing when no profiler runs: `record_function` costs ~5 us even then, and a batch-1 decode
+    step makes ~150 of these calls."""
+    import torch
+    if getattr(torch.autograd.profiler, "_is_profiler_enabled", True):
+        return torch.profiler.record_function(name)
+    return _NO_LABEL

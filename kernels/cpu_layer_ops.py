@@ -17,7 +17,7 @@ import threading
 
 import torch
 
-from kernels.cpu_build import CSRC, build
+from kernels.cpu_build import CSRC, build, profiled
 
 log = logging.getLogger("paged_chat.kernels")
 _lock = threading.Lock()
@@ -76,7 +76,7 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
     _check(x, weight, *(() if delta is None else (delta,)))
     T, D = x.shape
     out = torch.empty_like(x) if out is None else out
-    with torch.profiler.record_function("cpu_fused_add_rms_norm"):   # visible to bench.profile_decode
+    with profiled("cpu_fused_add_rms_norm"):   # visible to bench.profile_decode
         getattr(_lib(), f"add_rms_norm_{_SUFFIX[x.dtype]}")(
             x.data_ptr(), _ptr(delta), weight.data_ptr(), out.data_ptr(), T, D, eps, torch.get_num_threads())
     return out
@@ -93,7 +93,7 @@ def rope_store(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: i
         raise ValueError("positions and slot_mapping must be int64")
     T = qkv.shape[0]
     q = torch.empty(T, num_heads, head_dim, dtype=qkv.dtype)
-    with torch.profiler.record_function("cpu_fused_rope_store"):
+    with profiled("cpu_fused_rope_store"):
         getattr(_lib(), f"rope_store_{_SUFFIX[qkv.dtype]}")(
             qkv.data_ptr(), T, num_heads, num_kv_heads, head_dim, cos.data_ptr(), sin.data_ptr(),
             positions.data_ptr(), slot_mapping.data_ptr(), q.data_ptr(), k_cache.data_ptr(),
@@ -106,7 +106,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     _check(gate_up)
     T, I2 = gate_up.shape
     out = torch.empty(T, I2 // 2, dtype=gate_up.dtype)
-    with torch.profiler.record_function("cpu_fused_silu_mul"):
+    with profiled("cpu_fused_silu_mul"):
         getattr(_lib(), f"silu_mul_{_SUFFIX[gate_up.dtype]}")(
             gate_up.data_ptr(), out.data_ptr(), T, I2 // 2, torch.get_num_threads())
     return out

@@ -14,7 +14,7 @@ import threading
 
 import torch
 
-from kernels.cpu_build import CSRC, build
+from kernels.cpu_build import CSRC, build, profiled
 
 log = logging.getLogger("paged_chat.kernels")
 _lock = threading.Lock()
@@ -59,7 +59,7 @@ def row_stats(logits: torch.Tensor, k: int):
     vals = torch.empty(R, k, dtype=torch.float32)
     idx = torch.empty(R, k, dtype=torch.int64)
     lse = torch.empty(R, dtype=torch.float32)
-    with torch.profiler.record_function("cpu_sampler_row_stats"):
+    with profiled("cpu_sampler_row_stats"):
         lib.sampler_row_stats(logits.data_ptr(), R, V, k, vals.data_ptr(), idx.data_ptr(),
                               lse.data_ptr(), torch.get_num_threads())
     return vals, idx, lse
