@@ -76,7 +76,8 @@ def paged_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out=Non
     B, H, d = query.shape
     _, bs, kvh, _ = k_cache.shape
     q = query.to(torch.float32).contiguous()
-    res = torch.empty(B, H, d, dtype=torch.float32)
+    direct = out is not None and out.dtype == torch.float32 and out.is_contiguous()    # no copy back
+    res = out if direct else torch.empty(B, H, d, dtype=torch.float32)
     tables = block_tables.to(torch.int32).contiguous()
     lens = seq_lens.to(torch.int32).contiguous()
     fn = getattr(lib, _FN[k_cache.dtype])
@@ -85,5 +86,6 @@ def paged_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out=Non
            res.data_ptr(), B, H, kvh, d, bs, tables.shape[1], float(scale), torch.get_num_threads())
     if out is None:
         return res.to(query.dtype)
-    out.copy_(res)
+    if not direct:
+        out.copy_(res)
     return out

@@ -6,6 +6,7 @@ detokenize -> stream deltas -> free or park finished sequences.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 
 import torch
@@ -30,6 +31,8 @@ from engine.core.sequence import Request, RequestOutputDelta, Sequence, SeqStatu
 from engine.core.sessions import SessionTable
 from engine.core.speculation import Speculator
 from engine.text.end_of_turn import end_of_turn_ids
+
+log = logging.getLogger("paged_chat.engine")
 
 
 class LLMEngine:
@@ -193,7 +196,12 @@ class LLMEngine:
             self.abort_request(self._broken.pop())
         self.kv.new_step()                  # the KV tier's per-step load budget
         if self.spec is not None:           # drafts first: the scheduler sizes their steps
-            self.spec.propose(self.scheduler.running, self)
+            try:
+                self.spec.propose(self.scheduler.running, self)
+            except Exception:               # an optimisation must not fail the batch: plain steps
+                log.exception("speculative drafting failed; this step runs without drafts")
+                for seq in self.scheduler.running:
+                    seq.draft = []
         batch = self.scheduler.schedule()
         self._signal_preemptions(batch)
         for seq, start, n in batch:
@@ -269,7 +277,11 @@ class LLMEngine:
             if seq.status is SeqStatus.FINISHED:            # a failed sibling may have ended it
                 continue
             if k:
-                res = self.spec.accept(seq, res, states.get(seq.seq_id), self.kv)
+                try:
+                    res = self.spec.accept(seq, res, states.get(seq.seq_id), self.kv)
+                except Exception as e:      # noqa: BLE001 - this request's alone; its blocks are freed
+                    self._fail_sampling(seq, e)
+                    continue
             if seq.spec is not None:
                 seq.spec.steps += 1
             for tok, lp in res:

@@ -198,3 +198,39 @@ def test_acceptance_rule_with_the_real_sampler_preserves_the_distribution():
             expect = p.double() * len(got)
             chi = float(((counts - expect) ** 2 / expect).sum())
             assert chi < CHI2_DF5_P001, (draft, counts, expect)
+
+
+def test_a_failing_proposer_or_verifier_costs_only_drafts_or_that_request(make_llm, monkeypatch):
+    """Fault injection into the real engine: drafting that raises leaves plain steps (every reply
+    still right); a verification that raises ends its own request only, blocks freed."""
+    from engine.core import speculation
+    params = SamplingParams(temperature=0, max_tokens=24)
+    llm = make_llm(speculative="ngram", speculative_adaptive=False)
+    want = [o.outputs[0].token_ids for o in llm.chat(CHATS[:2], params)]
+
+    def broken(*a, **k):
+        raise RuntimeError("proposer bug")
+    monkeypatch.setattr(speculation.NgramIndex, "propose", broken)
+    assert [o.outputs[0].token_ids for o in llm.chat(CHATS[:2], params)] == want
+    monkeypatch.undo()
+
+    calls = {"n": 0}
+    real_accept = speculation.Speculator.accept
+
+    def accept_once_broken(self, seq, *a):
+        calls["n"] += 1
+        if seq.request.prompt_ids == outs_ids[0] and calls["n"] > 1:
+            raise RuntimeError("verifier bug")
+        return real_accept(self, seq, *a)
+    from engine.text.session_prompt import continue_session_prompt
+    outs_ids = [continue_session_prompt(llm.get_tokenizer(), CHATS[0], None)]
+    monkeypatch.setattr(speculation.Speculator, "accept", accept_once_broken)
+    streams = [llm.submit({"prompt_token_ids": ids}, params) for ids in
+               outs_ids + [continue_session_prompt(llm.get_tokenizer(), CHATS[1], None)]]
+    finals = []
+    for s in streams:
+        deltas = list(s)
+        finals.append(([t for d in deltas for t in d.token_ids], deltas[-1]))
+    assert finals[0][1].finish_reason == "error" and "verifier bug" in finals[0][1].error
+    assert finals[1][1].error is None and finals[1][0] == want[1]
+    assert llm.stats()["used_blocks"] == 0
