@@ -114,7 +114,7 @@ class ContinuesReplies(Protocol):
 @runtime_checkable
 class BeamSearches(Protocol):
     def submit_beam_search(self, prompt, params, *, on_step=None, request_id: str | None = None,
-                           cache_salt: str | None = None): ...
+                           cache_salt: str | None = None, tenant: str | None = None, priority: int = 0): ...
 
 
 @runtime_checkable

@@ -25,6 +25,7 @@ import torch
 
 from engine.text.detokenizer import IncrementalDetokenizer
 from engine.sampling.sampling_params import SamplingParams
+from engine.core.fairness import LOCAL_TENANT
 from engine.core.sequence import Request, Sequence, SeqStatus
 
 
@@ -144,6 +145,12 @@ class BeamGroup:
         self.generated = 0
         self._next_index = 1
         self.stats = {"steps": 0, "forks": 0, "frees": 0, "partial_block_divergences": 0, "stalls": 0}
+        self.on_started = None      # called once when its first step ran or it ended (admission's "leave")
+
+    def _started(self) -> None:
+        cb, self.on_started = self.on_started, None
+        if cb is not None:
+            cb()
 
     # ---- engine-thread entry points ----------------------------------------------------------
     def start(self, engine) -> None:
@@ -163,6 +170,7 @@ class BeamGroup:
         missing sibling (preempted, or not scheduled for lack of token budget) may need exactly
         those blocks to catch up; holding them could stall the pool forever. Their full blocks
         stay in the prefix cache, so continuing later recomputes little more than the tail."""
+        self._started()
         for s, row in zip(seqs, logits):
             self.rows[s.seq_id] = row.clone()       # a CUDA graph's logits are reused next step
         if any(b.seq.seq_id not in self.rows for b in self.beams):
@@ -342,10 +350,14 @@ class BeamSearchHandle:
 
 
 def submit_beam_searches(llm, prompts: list, params: BeamSearchParams, on_step=None,
-                         request_ids: list | None = None, cache_salt=None) -> list[BeamSearchHandle]:
+                         request_ids: list | None = None, cache_salt=None, tenant: str | None = None,
+                         priority: int = 0) -> list[BeamSearchHandle]:
     """Encode (raising ValueError on bad input before anything is queued), then admit all in one
     engine command so they share the next step. cache_salt: every search's prefix-cache salt
-    (engine/kv/salt_rule.py; a search must not skip the user's salt, #29.2)."""
+    (engine/kv/salt_rule.py; a search must not skip the user's salt, #29.2). tenant / priority:
+    as for LLM.submit: the fair scheduler serves the search as that user's, and it counts against
+    that user's queue bounds (engine/core/admission.py) until its first step: QueueFull, with
+    nothing queued, when a bound would be passed."""
     if not isinstance(params, BeamSearchParams):
         raise ValueError("params must be a BeamSearchParams")
     encoded = [llm.encode_prompt(p) for p in prompts]
@@ -357,9 +369,23 @@ def submit_beam_searches(llm, prompts: list, params: BeamSearchParams, on_step=N
         # n = k so that the scheduler reserves k of max_num_seqs at admission (the group forks into
         # k beams after the prompt); the group's rows never reach the engine's own n > 1 fork
         req = Request(rid, ids, SamplingParams(n=params.beam_width, temperature=0, max_tokens=max_new,
-                                               ignore_eos=True), cache_salt=cache_salt)
+                                               ignore_eos=True), cache_salt=cache_salt,
+                      tenant=str(tenant) if tenant else LOCAL_TENANT, priority=int(priority))
         group = BeamGroup(req, params, set(info.eos_token_ids), max_new, llm.get_tokenizer(), info.block_size, on_step)
         handles.append(BeamSearchHandle(llm, group))
+    entered = []
+    try:
+        for h in handles:
+            llm.admission.enter(h.request_id, h._group.req.tenant, len(h.prompt_token_ids))
+            entered.append(h.request_id)
+    except Exception:
+        for rid in entered:
+            llm.admission.leave(rid)
+        raise
+    for h in handles:
+        leave = (lambda rid: lambda *_: llm.admission.leave(rid))(h.request_id)
+        h._group.on_started = leave
+        h.future.add_done_callback(leave)       # ended before its first step (aborted, refused)
     groups = [h._group for h in handles]
 
     def admit(e) -> None:

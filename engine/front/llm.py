@@ -298,13 +298,15 @@ class LLM:
             raise
 
     def submit_beam_search(self, prompt, params, *, on_step=None, request_id: str | None = None,
-                           cache_salt=None):
+                           cache_salt=None, tenant: str | None = None, priority: int = 0):
         """One search, not waited for: a BeamSearchHandle (result() / await / abort()); on_step gets a
         BeamStepEvent per step in the engine thread (forks, frees, current beams) for live views.
-        cache_salt: as for submit (engine/kv/salt_rule.prompt_salt gives a chat's)."""
+        cache_salt, tenant, priority: as for submit (engine/kv/salt_rule.prompt_salt gives a chat's
+        salt); the search counts against the tenant's queue bounds (QueueFull) until it starts."""
         from engine.core.beam_search import submit_beam_searches
         return submit_beam_searches(self, [prompt], params, on_step,
-                                    [request_id] if request_id else None, cache_salt=cache_salt)[0]
+                                    [request_id] if request_id else None, cache_salt=cache_salt,
+                                    tenant=tenant, priority=priority)[0]
 
     # ---- public face: what the UI, the bench and the tests may read --------------------------------
     def get_tokenizer(self):

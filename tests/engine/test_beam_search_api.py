@@ -158,3 +158,26 @@ def test_a_search_reserves_its_width_of_max_num_seqs(make_llm):
     assert sum(len(d.token_ids) for d in other) == 48
     assert len(h.result(timeout=300).sequences) == 4
     assert small.stats()["peak_running"] == 4
+
+
+def test_a_search_is_its_tenants_and_counts_against_its_queue_bound(make_llm):
+    """A beam search is scheduled as its submitter's (tenant, priority) and waits in that tenant's
+    admission count like any request: over --tenant-max-queued-requests it is refused (QueueFull,
+    nothing queued), and once it ran the count is free again."""
+    from engine.core.admission import QueueBounds, QueueFull
+    llm = make_llm(num_blocks=256, max_num_seqs=1, queue_bounds=QueueBounds(tenant_max_queued_requests=1))
+    busy = llm.submit({"prompt_token_ids": _ids(llm)}, SamplingParams(max_tokens=400, ignore_eos=True),
+                      tenant="carol")
+    next(iter(busy))                                    # carol holds the only slot: searches wait
+    params = BeamSearchParams(beam_width=2, max_tokens=4)
+    first = llm.submit_beam_search({"prompt_token_ids": _ids(llm)}, params, tenant="alice", priority=2)
+    assert first._group.req.tenant == "alice" and first._group.req.priority == 2
+    with pytest.raises(QueueFull):
+        llm.submit_beam_search({"prompt_token_ids": _ids(llm)}, params, tenant="alice")
+    with pytest.raises(QueueFull):                       # ordinary requests share the same count
+        llm.submit({"prompt_token_ids": _ids(llm)}, SamplingParams(max_tokens=2), tenant="alice")
+    other = llm.submit_beam_search({"prompt_token_ids": _ids(llm)}, params, tenant="bob")   # bob's own bound
+    assert llm.abort(busy.request_id)
+    assert len(first.result(timeout=300).sequences) == 2 and len(other.result(timeout=300).sequences) == 2
+    again = llm.submit_beam_search({"prompt_token_ids": _ids(llm)}, params, tenant="alice")
+    assert len(again.result(timeout=300).sequences) == 2

@@ -233,7 +233,8 @@ class FakeLLM:
                                 previous_ids=list(token_ids), cache_salt=cache_salt, tenant=tenant,
                                 priority=priority)
 
-    def submit_beam_search(self, prompt, params, *, on_step=None, request_id=None, cache_salt=None):
+    def submit_beam_search(self, prompt, params, *, on_step=None, request_id=None, cache_salt=None, tenant=None,
+                           priority=0):
         raise ValueError("the fake engine has no beam search")        # BeamSearches: refused
 
     def system_prefix_ids(self, text):               # PinsPrompts

@@ -285,8 +285,10 @@ class BeamFake(FakeLLM):
         super().__init__(**kw)
         self.searches: dict[str, _Search] = {}
 
-    def submit_beam_search(self, prompt, params, *, on_step=None, request_id=None, cache_salt=None):
+    def submit_beam_search(self, prompt, params, *, on_step=None, request_id=None, cache_salt=None, tenant=None,
+                           priority=0):
         s = self.searches[request_id] = _Search(self, request_id, params.beam_width)
+        s.tenant = tenant
         return s
 
     def abort(self, request_id):
@@ -327,6 +329,7 @@ def test_a_beam_search_outlives_its_reloaded_page_and_is_stored(beam_ctx):
     conv, bt = asyncio.run(scenario())
     settle(ctx)
     assert ctx.llm.aborted == [] and len(bt.stored) == 2
+    assert ctx.llm.searches[bt.rid].tenant == bt.tenant == "local"     # scheduled as the chat's user
     shown = ctx.storage.get_messages(conv)
     assert [m["role"] for m in shown] == ["user", "assistant"] and shown[-1]["content"] == "Beam text 0"
     assert shown[-1]["token_ids"] == [200, 300] and shown[-1]["id"] == bt.stored[0]

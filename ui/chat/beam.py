@@ -76,6 +76,7 @@ class BeamTurn:
     width: int
     rid: str = field(default_factory=lambda: f"beam-{uuid.uuid4().hex[:12]}")
     cache_salt: str | None = None
+    tenant: str | None = None         # who the fair scheduler serves and whose queue bounds count it
     submitted: Future | None = None   # tokenize + submit, off the loop; an abort waits for it
     task: asyncio.Task | None = None
     watchdog: asyncio.Task | None = None
@@ -102,7 +103,7 @@ def start(ctx, bt: BeamTurn, messages: list[dict], max_tokens: int) -> BeamTurn:
     the task always calls tabs.end(conv_id). The submit call starts here, before the task runs,
     so a Stop at any moment has a request to abort."""
     ctx.tabs.attach(bt)
-    bt.submitted = submit(ctx.llm, messages, bt.width, max_tokens, bt.cache_salt, bt.rid)
+    bt.submitted = submit(ctx.llm, messages, bt.width, max_tokens, bt.cache_salt, bt.rid, bt.tenant)
     loop = asyncio.get_running_loop()
     bt.task = loop.create_task(_run(ctx, bt))
     bt.watchdog = loop.create_task(watch_abandoned(ctx, bt, ctx.abandon_s))
@@ -121,18 +122,20 @@ async def _run(ctx, bt: BeamTurn) -> None:
         ctx.tabs.end(bt.conv_id, None, bt.submitted, bt)
 
 
-def _submit(llm, messages: list[dict], width: int, max_tokens: int, cache_salt, request_id):
+def _submit(llm, messages: list[dict], width: int, max_tokens: int, cache_salt, request_id, tenant):
     ids = prompt_ids(llm, messages)
     salt = prompt_salt(llm.get_tokenizer(), messages, ids, cache_salt)
     params = BeamSearchParams(beam_width=width, max_tokens=max_tokens)
-    return ids, llm.submit_beam_search({"prompt_token_ids": ids}, params, request_id=request_id, cache_salt=salt)
+    return ids, llm.submit_beam_search({"prompt_token_ids": ids}, params, request_id=request_id, cache_salt=salt,
+                                       tenant=tenant)
 
 
 def submit(llm, messages: list[dict], width: int, max_tokens: int, cache_salt: str | None = None,
-           request_id: str | None = None) -> Future:
+           request_id: str | None = None, tenant: str | None = None) -> Future:
     """Tokenize and submit on a thread of its own: a Future of (prompt ids, search handle).
-    cache_salt: the user's (ChatContext.cache_salt), like every other turn (#29.2)."""
-    return in_daemon_thread(_submit, llm, messages, width, max_tokens, cache_salt, request_id)
+    cache_salt: the user's (ChatContext.cache_salt), like every other turn (#29.2); tenant: the
+    user's (ChatContext.tenant), so the search is scheduled and bounded as theirs."""
+    return in_daemon_thread(_submit, llm, messages, width, max_tokens, cache_salt, request_id, tenant)
 
 
 async def finish(ctx, submitted: Future, conv_id: str, user_id: int):

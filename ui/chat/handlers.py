@@ -121,7 +121,7 @@ async def generate(ctx: ChatContext, request, tab, conv_id: str, user_id: int, k
 async def _beam_reply(ctx, request, tab, conv_id, messages, path, user_id, width, kw, first_msg):
     """Beam search instead of sampling (ui/chat/beam.py): a BeamTurn owned by the conversation like
     a Turn; this tab paints "searching", then the k beams side by side."""
-    bt = beam.BeamTurn(conv_id, user_id, width, cache_salt=ctx.cache_salt(request))
+    bt = beam.BeamTurn(conv_id, user_id, width, cache_salt=ctx.cache_salt(request), tenant=ctx.tenant(request))
     try:
         beam.start(ctx, bt, messages, kw["max_tokens"])
     except BaseException:
