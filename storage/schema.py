@@ -12,7 +12,8 @@ from .presets import DEFAULT_SYSTEM_PROMPT  # noqa: E402,F401  (a real ~550-toke
 NEW_CHAT_TITLE = "New chat"
 ROLES = ("system", "user", "assistant")
 STATUSES = ("complete", "stopped", "error")
-INT_STATS = ("prompt_tokens", "cached_tokens", "output_tokens", "cached_blocks")
+INT_STATS = ("prompt_tokens", "cached_tokens", "output_tokens", "cached_blocks", "spec_accepted_tokens",
+             "decode_steps")
 FLOAT_STATS = ("ttft_s", "tokens_per_s")
 STAT_FIELDS = INT_STATS + FLOAT_STATS + ("finish_reason",)
 
@@ -94,6 +95,13 @@ def m005_active_branch(db):
             conversation_id TEXT PRIMARY KEY REFERENCES conversations(id) ON DELETE CASCADE,
             message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE)"""
     )
+
+
+@MIGRATIONS()
+def m006_reply_speculative(db):
+    # speculative decoding (--speculative): "17 accepted from drafts (1.7 tokens/step)"
+    db.execute("ALTER TABLE reply_stats ADD COLUMN spec_accepted_tokens INTEGER")
+    db.execute("ALTER TABLE reply_stats ADD COLUMN decode_steps INTEGER")
 
 
 def check_choice(name, value, choices):
