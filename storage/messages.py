@@ -24,6 +24,9 @@ from .schema import NEW_CHAT_TITLE, ROLES, STAT_FIELDS, STATUSES
 
 _UNSET = object()
 _TITLE_CHARS = 40
+# added later (m004: cached_blocks; m006: the speculative decoding pair): left out when unset, so
+# an older reply's stats read as they always did
+_OPTIONAL_STATS = ("cached_blocks", "spec_accepted_tokens", "decode_steps")
 _STATS_SELECT = ", ".join(f"s.{f} AS stat_{f}" for f in STAT_FIELDS)
 
 
@@ -56,8 +59,9 @@ class MessagesMixin:
         )
         for row in rows:
             stats = {f: row.pop(f"stat_{f}") for f in STAT_FIELDS}
-            if stats.get("cached_blocks") is None:      # added in m004: absent on older replies
-                stats.pop("cached_blocks", None)
+            for f in _OPTIONAL_STATS:                   # absent on replies that never had them
+                if stats.get(f) is None:
+                    stats.pop(f, None)
             row["stats"] = stats if row.pop("has_stats") is not None else None
             row["token_ids"] = json.loads(row["token_ids"]) if row["token_ids"] else None
         return rows
