@@ -18,6 +18,22 @@ from tests.e2e.test_chat_browser import browser  # noqa: F401  (the Chromium fix
 pytestmark = pytest.mark.slow
 
 
+# Installed before the reload: every text of the last reply the page paints while Stop is shown.
+_RECORD_LIVE = """(() => {
+  window.__live = [];
+  const note = () => {
+    const stop = document.querySelector('#stop');
+    if (!stop || stop.offsetParent === null) return;
+    const bots = document.querySelectorAll('#chatbot .message.bot');
+    const t = bots.length ? bots[bots.length - 1].innerText.trim() : '';
+    if (t && window.__live[window.__live.length - 1] !== t) window.__live.push(t);
+  };
+  const start = () => new MutationObserver(note).observe(document.body,
+      {subtree: true, childList: true, characterData: true, attributes: true});
+  if (document.body) start(); else document.addEventListener('DOMContentLoaded', start);
+})();"""
+
+
 def _replies(db):
     return read_db(db, "SELECT m.id, m.parent_id, m.content, m.token_ids, m.status, s.cached_tokens "
                        "FROM messages m LEFT JOIN reply_stats s ON s.message_id = m.id "
@@ -91,18 +107,17 @@ def test_reload_mid_continue_keeps_streaming_and_stores_the_whole_greedy_reply(m
     _wait(lambda: page.locator("#continue-reply").is_visible(), timeout=10)
     page.locator("#continue-reply").click()
     # mid-continue: the stored reply (flushed every ~2 s while it streams) has grown
-    _wait(lambda: len(_reply_of(db, conv)[0]["content"]) > len(first[0]["content"]) + 20, timeout=120)
+    _wait(lambda: len(_reply_of(db, conv)[0]["content"]) > len(first[0]["content"]), timeout=120)
+    page.add_init_script(_RECORD_LIVE)      # records in the page: no polling window to miss
     page.reload()
     page.wait_for_selector("#msg textarea")
-    live = set()
 
     def ended():
         """The reply's ids are stored (only at its end: before, the row keeps the first 10) and the
-        page shows Send again; meanwhile, what the reloaded page painted while Stop was up."""
-        if page.locator("#stop").is_visible():
-            live.add(page.locator("#chatbot .message.bot").last.inner_text())
+        page shows Send again."""
         return len(json.loads(_reply_of(db, conv)[0]["token_ids"])) > 10 and page.locator("#send").is_visible()
     _wait(ended, timeout=240, every=0.1, what="the continued reply stored")
+    live = set(page.evaluate("() => window.__live || []"))     # painted while Stop was up
     after = _reply_of(db, conv)
     assert [r["id"] for r in after] == [first[0]["id"]]  # still the one reply, continued in place
     assert after[0]["status"] == "complete"              # not "stopped" by the reload
