@@ -177,7 +177,7 @@ def _wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     events = _wire_replies(ctx, c, chat_out)
     _wire_attachments(ctx, c, events)
     meter = _wire_meter(ctx, c, events)
-    _wire_summary_and_stop(ctx, c, events, view_out, meter)
+    _wire_summary_and_stop(ctx, c, view_out, meter)
     _wire_branches(ctx, c)
     demo.load(None, None, None, js=PAGE_JS)
     demo.load(None, None, None, js=shortcuts.JS)      # the `?` overlay's keys (ui/chat/shortcuts.py)
@@ -298,7 +298,7 @@ def _wire_meter(ctx: ChatContext, c: dict, events: list) -> dict:
     return meter
 
 
-def _wire_summary_and_stop(ctx: ChatContext, c: dict, events: list, view_out: list, meter: dict) -> None:
+def _wire_summary_and_stop(ctx: ChatContext, c: dict, view_out: list, meter: dict) -> None:
     async def summary_fn(request: gr.Request):
         try:
             conv = await summary.new_chat_from_summary(ctx, request)
@@ -312,7 +312,8 @@ def _wire_summary_and_stop(ctx: ChatContext, c: dict, events: list, view_out: li
     async def stop(request: gr.Request):
         return await chat.stop(ctx, request)
 
-    c["stop_btn"].click(stop, None, [c["chatbot"], c["status"], c["send_btn"], c["stop_btn"]], cancels=events,
+    # no cancels=events: the reply's own handler paints "stopped" and ends (chat.stop says why)
+    c["stop_btn"].click(stop, None, [c["chatbot"], c["status"], c["send_btn"], c["stop_btn"]],
                         api_name="stop", concurrency_limit=None, show_progress="hidden")
 
 

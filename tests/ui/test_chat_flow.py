@@ -134,6 +134,28 @@ def test_stop_button_aborts_in_the_engine_and_shows_the_stored_partial_reply(ctx
     assert ctx.llm.ended == []                               # the tab still shows it
 
 
+def test_stop_that_arrives_before_the_turn_starts_still_ends_the_reply(ctx):
+    """An API client's /stop can reach the server while the chat is already busy but its reply's
+    turn is not registered yet: the turn that appears is aborted too (it used to generate on)."""
+    async def scenario():
+        run_first = await collect(chat.send(ctx, "Hi", dict(KW), req()))
+        conv = ctx.storage.list_conversations()[0]["id"]
+        ctx.llm.words = ["Once", " upon", " a", " time"] * 4
+        assert ctx.tabs.begin(conv)                          # what send does before start_turn
+        stop = asyncio.create_task(chat.stop(ctx, req()))
+        await asyncio.sleep(0.2)                             # stop is waiting on the busy chat
+        user = ctx.storage.add_message(conv, "user", "Story", owner=None)
+        outs = await collect(chat.generate(ctx, req(), ctx.tab(req()), conv, user["id"], dict(KW, max_tokens=16)))
+        return run_first, outs, await stop, conv
+    _, outs, (shown, line, send_btn, stop_btn), conv = run(scenario())
+    settle(ctx)
+    assert "stopped" in line and prop(send_btn, "visible")
+    assert len(ctx.llm.aborted) == 1                         # the second reply's request
+    story = [m for m in ctx.storage.get_messages(conv) if m["role"] == "user"][-1]
+    replies = [m for m in ctx.storage.get_messages(conv) if m.get("parent_id") == story["id"]]
+    assert all(m["status"] == "stopped" for m in replies), replies   # never the whole 16 words
+
+
 def test_a_conversation_generating_in_another_tab_is_busy(ctx):
     run(collect(chat.send(ctx, "Hi", dict(KW), req("s1"))))
     conv = ctx.storage.list_conversations()[0]["id"]

@@ -111,7 +111,7 @@ async def generate(ctx: ChatContext, request, tab, conv_id: str, user_id: int, k
         async for out in follow_turn(ctx, request, tab, turn, shown):
             yield out
     except (asyncio.CancelledError, GeneratorExit):
-        # Gradio cancels this handler on Stop, a reload, a closed tab or a dropped connection. The
+        # Gradio cancels this handler on a reload, a closed tab or a dropped connection. The
         # reply belongs to the server (ui/chat/reattach.py): only Stop ends it, and Stop's own
         # handler (stop below) aborts it explicitly. Here the tab merely stops painting; opening the
         # chat again (any tab of the same user) reattaches through `follow`.
@@ -469,14 +469,23 @@ async def edit(ctx: ChatContext, index, new_text, kw: dict, request):
 
 async def stop(ctx: ChatContext, request):
     """Stop: abort the reply generating in the conversation on screen (queued or running), wait
-    for it to be stored, then show the stored branch. The browser also cancels this tab's handler
-    (cancels=...); that only stops its painting: this abort is what ends the reply."""
+    for it to be stored, then show the stored branch.
+
+    A Stop pressed the moment after Send can arrive before the send handler has started its turn
+    (the chat is already busy, the turn not yet registered): so while the chat stays busy, any turn
+    that appears is aborted too. The send handler is not cancelled by the browser: it paints the
+    stopped reply itself and ends (a Gradio cancel that raced the handler's start left "Error"
+    badges on its outputs in a CI run, over a reply that had stopped fine)."""
     tab = ctx.tab(request)
-    turn = ctx.tabs.turn(tab.conv_id)
-    if turn is not None:
-        abort_turn(ctx, turn)
-    deadline = time.monotonic() + 5
-    while tab.conv_id is not None and ctx.tabs.is_busy(tab.conv_id) and time.monotonic() < deadline:
+    conv_id = tab.conv_id
+    deadline, aborted = time.monotonic() + 5, None
+    while conv_id is not None and time.monotonic() < deadline:
+        turn = ctx.tabs.turn(conv_id)
+        if turn is not None and turn is not aborted:
+            abort_turn(ctx, turn)
+            aborted = turn
+        if not ctx.tabs.is_busy(conv_id):
+            break
         await asyncio.sleep(0.05)
     if tab.conv_id is None:
         return gr.skip(), " ", gr.Button(visible=True), gr.Button(visible=False)
