@@ -145,7 +145,17 @@ def test_stop_that_arrives_before_the_turn_starts_still_ends_the_reply(ctx):
         stop = asyncio.create_task(chat.stop(ctx, req()))
         await asyncio.sleep(0.2)                             # stop is waiting on the busy chat
         user = ctx.storage.add_message(conv, "user", "Story", owner=None)
+        ctx.llm.gate.clear()             # the stream waits until Stop has aborted it, however slow the machine
+
+        async def open_gate_once_aborted():      # or after 10 s: a Stop that missed the turn fails below
+            for _ in range(1000):
+                if ctx.llm.aborted:
+                    break
+                await asyncio.sleep(0.01)
+            ctx.llm.gate.set()
+        opener = asyncio.create_task(open_gate_once_aborted())
         outs = await collect(chat.generate(ctx, req(), ctx.tab(req()), conv, user["id"], dict(KW, max_tokens=16)))
+        await opener
         return run_first, outs, await stop, conv
     _, outs, (shown, line, send_btn, stop_btn), conv = run(scenario())
     settle(ctx)
