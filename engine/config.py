@@ -93,6 +93,7 @@ class EngineConfig:
     speculative: str | None = None     # "ngram" / "suffix": drafts from the conversation (engine/core/speculation.py)
     num_speculative_tokens: int = 5    # the longest draft; the adaptive rule picks 0..this per request and step
     speculative_adaptive: bool = True  # False: always draft the longest the proposer finds (tests, benches)
+    lean_step: str = "auto"            # CPU, one sequence decoding: the whole step in one C++ call (kernels/cpu_lean_step.py)
 
     def __post_init__(self):
         import torch                   # here, not at module level: the KV manager imports this file
@@ -112,6 +113,8 @@ class EngineConfig:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         if self.scheduling_policy not in ("fair", "fcfs"):
             raise ValueError(f"scheduling_policy must be 'fair' or 'fcfs', got {self.scheduling_policy!r}")
+        if self.lean_step not in ("auto", "on", "off"):
+            raise ValueError(f"lean_step must be 'auto', 'on' or 'off', got {self.lean_step!r}")
         if self.speculative not in (None, "ngram", "suffix"):
             raise ValueError(f"speculative must be 'ngram', 'suffix' or None, got {self.speculative!r}")
         if not 1 <= self.num_speculative_tokens <= 16:

@@ -65,6 +65,51 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+LEAN_STEP_MODES = ("auto", "on", "off")
+LEAN_AUTO_MAX_EXTRA_BYTES = 3 * 2**29   # "auto" keeps a second, plain weight copy only up to 1.5 GiB
+
+
+def make_lean_step(model, plain: list[dict], mode: str):
+    """(LeanStep or None, bytes of weights it adds, a phrase for the start-up log). The lean step
+    reads plain row-major weights: int8 codes and a dense linear's weight are shared with the
+    loop's linears; oneDNN-packed ones are not readable, so it keeps the plain tensors, a second
+    copy of every layer weight ("auto" only when that copy is small; "on" always)."""
+    from engine.exec.cpu_linear import DenseLinear, Int8Linear
+    from kernels import cpu_lean_step
+    if mode == "off":
+        return None, 0, "loop (lean step off)"
+    int8 = model.quantization == "int8"
+    if not cpu_lean_step.available(model.dtype, int8):
+        return None, 0, f"loop (lean step: {cpu_lean_step.active_path()})"
+    layers, extra = [], 0
+    for L, P in zip(model.layers, plain):
+        d = {"ln1": L["ln1"], "ln2": L["ln2"]}
+        for name in ("qkv", "o", "gate_up", "down"):
+            lin = L[name]
+            if isinstance(lin, Int8Linear):
+                d[name], d[name + "_s"] = lin.q, lin.scale.float()
+                if lin.bias is not None:
+                    d[name + "_b"] = lin.bias
+            else:
+                d[name], d[name + "_b"] = P[name], P[name + "_b"]
+                if not isinstance(lin, DenseLinear):
+                    extra += P[name].numel() * P[name].element_size()
+        layers.append(d)
+    if mode == "auto" and extra > LEAN_AUTO_MAX_EXTRA_BYTES:
+        return None, 0, f"loop (lean step would copy {extra / 2**30:.1f} GiB of weights; --lean-step on to allow)"
+    head = model.lm_head_linear
+    lm_head, lm_scale = (head.q, head.scale.float()) if isinstance(head, Int8Linear) else (model.lm_head, None)
+    try:
+        lean = cpu_lean_step.LeanStep(
+            layers=layers, embed=model.embed, norm=model.norm, lm_head=lm_head, lm_scale=lm_scale,
+            cos=model.cos, sin=model.sin, num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
+            head_dim=model.head_dim, intermediate=model.config.intermediate_size, eps=model.eps,
+            dtype=model.dtype)
+    except ValueError as e:
+        return None, 0, f"loop ({e})"
+    return lean, extra, f"lean C++ step (+{extra / 2**20:.0f} MiB plain weights)"
+
+
 def _cat(*ts):
     return None if ts[0] is None else torch.cat(ts, dim=0).contiguous()
 
@@ -75,7 +120,9 @@ class LlamaModel:
     GEMM, and the tests check logits and greedy tokens against HF."""
 
     def __init__(self, config, weights: dict, dtype: torch.dtype, device, max_positions: int,
-                 quantization: str | None = None):
+                 quantization: str | None = None, lean_step: str = "auto"):
+        if lean_step not in LEAN_STEP_MODES:
+            raise ValueError(f"lean_step must be one of {LEAN_STEP_MODES}, got {lean_step!r}")
         self.config = config
         self.quantization = quantization
         self.num_layers = config.num_hidden_layers
@@ -118,12 +165,15 @@ class LlamaModel:
             })
         self.lm_head_linear = None
         self.linear_kind = "dense"
-        if torch.device(device).type == "cpu":
-            self._prepare_cpu_linears()
-        elif quantization is not None:
-            raise ValueError("quantization='int8' is a CPU option (torch's CPU int8 weight kernel)")
+        self.lean = None            # kernels/cpu_lean_step.LeanStep: batch-1 decode in one C++ call
+        self.lean_extra_bytes = 0   # the plain weight copy it holds beside the packed one
         self.cos, self.sin = rope_tables(config, max_positions, device)
         self.cos, self.sin = self.cos.to(dtype), self.sin.to(dtype)
+        if torch.device(device).type == "cpu":
+            plain = self._prepare_cpu_linears()
+            self.lean, self.lean_extra_bytes, lean_why = make_lean_step(self, plain, lean_step)
+        elif quantization is not None:
+            raise ValueError("quantization='int8' is a CPU option (torch's CPU int8 weight kernel)")
         # CUDA: the loop with fused Triton layer ops (engine/exec/models/llama_fused.py); CPU: fused
         # C++ layer ops (engine/exec/models/llama_cpu_fused.py) where they build, else the eager loop
         self.use_fused = torch.device(device).type == "cuda"
@@ -132,19 +182,25 @@ class LlamaModel:
             from kernels import cpu_layer_ops
             self.use_cpu_fused = cpu_layer_ops.available(dtype) and self.lm_head_linear is not None
             self.cpu_path = ("fused C++ layer ops" if self.use_cpu_fused else "eager torch ops") + \
-                f" ({cpu_layer_ops.active_path()}); linears: {self.linear_kind}"
+                f" ({cpu_layer_ops.active_path()}); linears: {self.linear_kind}; one-sequence decode: {lean_why}"
 
-    def _prepare_cpu_linears(self) -> None:
+    def _prepare_cpu_linears(self) -> list[dict]:
         """CPU: each layer's GEMM weights become callables from engine/exec/cpu_linear.py (dense fp32,
-        oneDNN-packed bf16, or int8), built once here; biases move into them."""
+        oneDNN-packed bf16, or int8), built once here; biases move into them. Returns the plain
+        per-layer tensors (weights and biases) they were made from, for the lean step to keep or drop."""
         from engine.exec.cpu_linear import describe, make_linear
         q = self.quantization
+        plain = []
         for L in self.layers:
+            plain.append({})
             for name in ("qkv", "o", "gate_up", "down"):
-                L[name] = make_linear(L[name], L.pop(name + "_b", None), quantization=q)
+                bias = L.pop(name + "_b", None)
+                plain[-1][name], plain[-1][name + "_b"] = L[name], bias
+                L[name] = make_linear(L[name], bias, quantization=q)
         self.lm_head_linear = make_linear(self.lm_head, None, quantization=q)
         if self.layers:
             self.linear_kind = describe(self.layers[0]["qkv"])
+        return plain
 
     def num_params(self) -> int:
         n = self.embed.numel() + self.norm.numel() + (0 if self.lm_head is self.embed else self.lm_head.numel())
@@ -156,6 +212,10 @@ class LlamaModel:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: torch.Tensor,
                 meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
         """Run the packed batch; return fp32 logits for the tokens at `logits_indices`."""
+        if (self.lean is not None and input_ids.shape[0] == 1 and logits_indices.shape[0] == 1
+                and meta.backend == "torch" and self.kv_rotation is None and self.lean.can_run(kv_pool)):
+            return self.lean(int(input_ids[0]), int(positions[0]), int(meta.slot_mapping[0]),
+                             meta.block_tables[0], int(meta.seq_lens[0]), kv_pool, self.scale)
         if self.use_fused:
             from engine.exec.models.llama_fused import forward_fused
             return forward_fused(self, input_ids, positions, kv_pool, meta, logits_indices)

@@ -1,0 +1,137 @@
+"""A whole decode step of one sequence in one C++ call (kernels/csrc/cpu_lean_step.cpp, ctypes).
+
+Why: one person chatting is the common case of a local server, and there a CPU decode step was
+bound by per-call overhead, not by memory: ~300 Python -> C++ hops per token and oneDNN GEMMs
+built for many rows. `LeanStep` holds the model's weights as plain row-major pointers (one table
+built once) and runs embedding, every layer, the final norm and the LM head in C++, writing the
+logits of the one new token. It serves only the shape it was made for — one sequence, one new token,
+a pool in the weights' dtype, no rotation — and the model falls back to its loop for everything else.
+
+`available(dtype, weight)` is False without a compiler, for other dtypes, or with
+PAGED_CHAT_CPU_KERNEL=0 / PAGED_CHAT_LEAN_STEP=0.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+
+import torch
+
+from kernels.cpu_build import CSRC, build, profiled
+
+log = logging.getLogger("paged_chat.kernels")
+_lock = threading.Lock()
+_state: dict = {}
+# (activation dtype, weights int8?) -> exported function
+_FN = {(torch.float32, False): "lean_step_f32", (torch.bfloat16, False): "lean_step_bf16",
+       (torch.float32, True): "lean_step_f32_i8", (torch.bfloat16, True): "lean_step_bf16_i8"}
+MAX_GROUP, MAX_DIM, MAX_BLOCK = 16, 256, 128   # paged_decode.h's kMaxGroup / kMaxDim / kMaxBlock
+LAYER_KEYS = ("ln1", "qkv", "qkv_b", "o", "o_b", "ln2", "gate_up", "down",
+              "qkv_s", "o_s", "gate_up_s", "down_s")     # the C++ pointer table's order
+
+
+def _lib():
+    if "lib" not in _state:
+        with _lock:
+            if "lib" not in _state:
+                if os.environ.get("PAGED_CHAT_LEAN_STEP", "1") == "0":
+                    dll, why = None, "disabled by PAGED_CHAT_LEAN_STEP=0"
+                else:
+                    try:
+                        dll, why = build(CSRC / "cpu_lean_step.cpp", ("-ffp-contract=off",))
+                        if dll is not None:
+                            _declare(dll)
+                    except Exception as e:      # never let the fast path break the engine
+                        dll, why = None, f"build failed: {e}"
+                _state["lib"], _state["why"] = dll, why
+                log.info("CPU lean decode step: %s", active_path())
+    return _state["lib"]
+
+
+def _declare(dll) -> None:
+    p, i, L, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
+    for name in _FN.values():
+        fn = getattr(dll, name)
+        fn.argtypes = [p, i, i, i, i, i, i, p, L, p, p, p, L, p, p, L, L, p, L, i, p, i, i, f, f, p, i]
+        fn.restype = None
+    if dll.lean_step_ptrs_per_layer() != len(LAYER_KEYS):
+        raise RuntimeError("cpu_lean_step.cpp and LAYER_KEYS disagree on the pointer table")
+
+
+def active_path() -> str:
+    lib = _lib()
+    return ("cpp: " if lib is not None else "off: ") + _state["why"]
+
+
+def available(dtype: torch.dtype, int8_weights: bool = False) -> bool:
+    return (dtype, int8_weights) in _FN and _lib() is not None
+
+
+class LeanStep:
+    """The model's weights as one pointer table for the C++ step. `layers`: per layer a dict with
+    LAYER_KEYS' tensors (plain [N, K] weights in `dtype`, or int8 codes with fp32 scales under the
+    `_s` keys; absent biases as None). The tensors are held here, so the pointers stay valid."""
+
+    def __init__(self, *, layers: list[dict], embed: torch.Tensor, norm: torch.Tensor,
+                 lm_head: torch.Tensor, lm_scale: torch.Tensor | None, cos: torch.Tensor,
+                 sin: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
+                 intermediate: int, eps: float, dtype: torch.dtype):
+        int8 = lm_scale is not None
+        if not available(dtype, int8):
+            raise ValueError(f"no lean CPU step for {dtype} ({'int8' if int8 else 'plain'} weights): {active_path()}")
+        if num_heads % num_kv_heads or num_heads // num_kv_heads > MAX_GROUP or head_dim > MAX_DIM:
+            raise ValueError(f"no lean CPU step for {num_heads} heads over {num_kv_heads} KV heads of {head_dim}")
+        self._fn = getattr(_lib(), _FN[(dtype, int8)])
+        self.dtype, self.int8 = dtype, int8
+        self._keep = [embed, norm, lm_head, lm_scale, cos, sin]
+        ptrs = torch.zeros(len(layers), len(LAYER_KEYS), dtype=torch.int64)
+        for i, L in enumerate(layers):
+            for j, key in enumerate(LAYER_KEYS):
+                t = L.get(key)
+                if t is None:
+                    continue
+                want = torch.float32 if key.endswith("_s") else (torch.int8 if int8 and key in
+                                                                  ("qkv", "o", "gate_up", "down") else dtype)
+                if t.dtype != want or not t.is_contiguous() or t.device.type != "cpu":
+                    raise ValueError(f"layer {i} {key}: need a contiguous CPU {want} tensor, got {t.dtype}")
+                self._keep.append(t)
+                ptrs[i, j] = t.data_ptr()
+        self.ptrs = ptrs
+        self.num_layers, self.hidden = len(layers), embed.shape[1]
+        self.h, self.kvh, self.d, self.inter = num_heads, num_kv_heads, head_dim, intermediate
+        self.vocab, self.eps = lm_head.shape[0], float(eps)
+        self.embed, self.norm, self.lm_head, self.lm_scale = embed, norm, lm_head, lm_scale
+        self.cos, self.sin = cos, sin
+
+    def can_run(self, kv_pool: torch.Tensor) -> bool:
+        """The pool is one this step can read: the weights' dtype (not int8/fp8 rows), contiguous,
+        blocks the attention kernel takes (paged_decode.h: block <= 128 tokens)."""
+        return (kv_pool.dtype == self.dtype and kv_pool.is_contiguous() and kv_pool.dim() == 6
+                and kv_pool.shape[1] == self.num_layers and kv_pool.shape[3] <= MAX_BLOCK
+                and kv_pool.shape[5] == self.d)
+
+    def __call__(self, token: int, pos: int, slot: int, table: torch.Tensor, seq_len: int,
+                 kv_pool: torch.Tensor, scale: float) -> torch.Tensor:
+        """Logits [1, vocab] fp32 of the token `token` at `pos`, its K/V written into `slot`;
+        `table`: the sequence's block table, int32 [W] contiguous; `seq_len` includes this token."""
+        if not 0 <= pos < self.cos.shape[0]:
+            raise ValueError(f"position {pos} is beyond the RoPE table ({self.cos.shape[0]})")
+        nb, bs = kv_pool.shape[2], kv_pool.shape[3]
+        if not 0 <= slot < nb * bs:
+            raise ValueError(f"KV slot {slot} is beyond the pool ({nb * bs} slots)")
+        if not 0 <= token < self.embed.shape[0]:
+            raise ValueError(f"token id {token} is outside the vocabulary ({self.embed.shape[0]})")
+        W = table.shape[0]
+        if seq_len < 1 or -(-seq_len // bs) > W or table.dtype != torch.int32 or not table.is_contiguous():
+            raise ValueError("block table does not cover the sequence")
+        logits = torch.empty(1, self.vocab, dtype=torch.float32)
+        with profiled("cpu_lean_step"):
+            self._fn(self.ptrs.data_ptr(), self.num_layers, self.hidden, self.h, self.kvh, self.d, self.inter,
+                     self.embed.data_ptr(), token, self.norm.data_ptr(), self.lm_head.data_ptr(),
+                     None if self.lm_scale is None else self.lm_scale.data_ptr(), self.vocab,
+                     self.cos.data_ptr(), self.sin.data_ptr(), pos, slot, kv_pool.data_ptr(), nb, bs,
+                     table.data_ptr(), W, seq_len, self.eps, float(scale), logits.data_ptr(),
+                     torch.get_num_threads())
+        return logits

@@ -1,0 +1,114 @@
+"""The lean one-sequence CPU decode step (kernels/cpu_lean_step.py) against the model's loop.
+
+Same dummy weights, same prompt: a prefill through the loop, then four decode steps, once with the
+lean step and once without. Logits must agree to float rounding (fp32) or a few bf16 / int8 steps
+(its matrix-vector products sum in another order than oneDNN), the greedy token must be the same,
+and the K/V it wrote into the pool must be the loop's. Families with and without q/k/v biases and
+with GQA groups of 3 and 4. The real model's greedy equality with HF runs on this step too
+(tests/engine/test_generation_vs_hf.py: one sequence decoding takes it by default).
+"""
+import pytest
+import torch
+
+from engine.exec import dummy_weights as dw
+from engine.exec.models.llama import AttentionMetadata, LlamaModel
+from kernels import cpu_lean_step
+
+SMALL = {"num_hidden_layers": 2, "vocab_size": 4096}
+pytestmark = pytest.mark.skipif(not cpu_lean_step.available(torch.float32),
+                                reason=f"no C++ compiler: {cpu_lean_step.active_path()}")
+
+
+def run_steps(model: LlamaModel, ids: list[int], decode: int, bs: int = 16):
+    """Prefill ids[:-decode] in one step, then one token per step; returns (logits per step, pool)."""
+    nb = -(-(len(ids) + 1) // bs) + 1
+    pool = torch.full((2, model.num_layers, nb, bs, model.num_kv_heads, model.head_dim), float("nan"),
+                      dtype=model.dtype)
+    table = torch.arange(1, nb, dtype=torch.int32).flip(0)[None]     # block 0 never used, order scrambled
+    slots = lambda a, b: torch.tensor([int(table[0, p // bs]) * bs + p % bs for p in range(a, b)])
+    T = len(ids)
+    chunks = [(0, ids[:T - decode])] + [(p, ids[p:p + 1]) for p in range(T - decode, T)]
+    outs = []
+    for start, toks in chunks:
+        n, end = len(toks), start + len(toks)
+        meta = AttentionMetadata(slot_mapping=slots(start, end), block_tables=table,
+                                 seq_lens=torch.tensor([end], dtype=torch.int32),
+                                 cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32),
+                                 max_seqlen_q=n, backend="torch")
+        outs.append(model.forward(torch.tensor(toks), torch.arange(start, end), pool, meta,
+                                  torch.tensor([n - 1])))
+    return outs, pool
+
+
+CASES = [("smollm2-135m", torch.float32, None), ("qwen2.5-0.5b", torch.float32, None),
+         ("smollm2-135m", torch.bfloat16, None), ("llama-3.2-1b", torch.float32, None),
+         ("smollm2-135m", torch.bfloat16, "int8"), ("qwen2.5-0.5b", torch.float32, "int8")]
+
+
+@pytest.mark.parametrize("name,dtype,quant", CASES)
+def test_lean_step_matches_the_loop(name, dtype, quant):
+    cfg = dw.load_config(name, SMALL)
+    w = dw.random_weights(cfg, seed=3)
+    ids = [(7 * i + 3) % cfg.vocab_size for i in range(41)]     # 37 prefilled across block edges, 4 decoded
+    loop = LlamaModel(cfg, dict(w), dtype, "cpu", max_positions=64, quantization=quant, lean_step="off")
+    lean = LlamaModel(cfg, dict(w), dtype, "cpu", max_positions=64, quantization=quant, lean_step="on")
+    assert loop.lean is None and lean.lean is not None, lean.cpu_path
+    want, want_pool = run_steps(loop, ids, 4)
+    got, got_pool = run_steps(lean, ids, 4)
+    assert torch.equal(got[0], want[0])          # the prefill ran the same loop in both
+    eps = torch.finfo(dtype).eps * (1 if quant is None else 4)
+    for step, (g, e) in enumerate(zip(got[1:], want[1:])):
+        assert g.shape == e.shape == (1, cfg.vocab_size) and g.dtype == torch.float32
+        scale = e.abs().max().item()
+        tol = (2e-5 if dtype == torch.float32 and quant is None else 8 * eps) * scale
+        err = (g - e).abs().max().item()
+        assert err <= tol, f"step {step}: max logit difference {err:.3g} > {tol:.3g} (scale {scale:.3g})"
+        assert torch.equal(g.argmax(-1), e.argmax(-1))
+    written = ~want_pool.isnan()
+    assert torch.equal(written, ~got_pool.isnan())   # the same slots, and nothing else
+    kv_tol = 1e-5 if dtype == torch.float32 and quant is None else 8 * eps
+    torch.testing.assert_close(got_pool[written].float(), want_pool[written].float(), atol=kv_tol, rtol=kv_tol)
+
+
+def test_lean_step_is_only_taken_where_it_applies(monkeypatch):
+    """One token of one sequence: the lean step; a prefill, or a pool of another dtype: the loop."""
+    cfg = dw.load_config("smollm2-135m", SMALL)
+    lean = LlamaModel(cfg, dw.random_weights(cfg, seed=4), torch.float32, "cpu", max_positions=64,
+                      lean_step="on")
+    positions = []
+    real = cpu_lean_step.LeanStep.__call__
+    monkeypatch.setattr(cpu_lean_step.LeanStep, "__call__",
+                        lambda self, token, pos, *a: positions.append(pos) or real(self, token, pos, *a))
+    run_steps(lean, list(range(20)), 2)
+    assert positions == [18, 19]                   # the two one-token steps, not the prefill
+    assert lean.lean.can_run(torch.zeros(2, 2, 4, 16, 3, 64))
+    assert not lean.lean.can_run(torch.zeros(2, 2, 4, 16, 3, 64, dtype=torch.bfloat16))
+    assert not lean.lean.can_run(torch.zeros(2, 2, 4, 16, 3, 68, dtype=torch.int8))
+
+
+def test_auto_keeps_no_second_copy_of_big_packed_weights(monkeypatch):
+    from engine.exec.models import llama
+    cfg = dw.load_config("smollm2-135m", SMALL)
+    w = dw.random_weights(cfg, seed=5)
+    monkeypatch.setattr(llama, "LEAN_AUTO_MAX_EXTRA_BYTES", 1000)
+    m = LlamaModel(cfg, dict(w), torch.float32, "cpu", max_positions=64, lean_step="auto")
+    assert m.lean is None and "--lean-step on" in m.cpu_path
+    m = LlamaModel(cfg, dict(w), torch.bfloat16, "cpu", max_positions=64, quantization="int8", lean_step="auto")
+    assert m.lean is not None and m.lean_extra_bytes == 0      # int8 codes are shared, not copied
+
+
+def test_bad_inputs_are_clear_errors():
+    cfg = dw.load_config("smollm2-135m", SMALL)
+    m = LlamaModel(cfg, dw.random_weights(cfg, seed=6), torch.float32, "cpu", max_positions=64, lean_step="on")
+    pool = torch.zeros(2, 2, 4, 16, 3, 64)
+    table = torch.tensor([1, 2], dtype=torch.int32)
+    with pytest.raises(ValueError, match="RoPE table"):
+        m.lean(1, 64, 0, table, 65, pool, m.scale)
+    with pytest.raises(ValueError, match="beyond the pool"):
+        m.lean(1, 3, 64, table, 4, pool, m.scale)
+    with pytest.raises(ValueError, match="vocabulary"):
+        m.lean(cfg.vocab_size, 3, 3, table, 4, pool, m.scale)
+    with pytest.raises(ValueError, match="block table"):
+        m.lean(1, 40, 3, table, 41, pool, m.scale)
+    with pytest.raises(ValueError, match="lean_step"):
+        LlamaModel(cfg, dw.random_weights(cfg, seed=6), torch.float32, "cpu", max_positions=64, lean_step="yes")
