@@ -75,6 +75,8 @@ def parse(argv):
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--batches", default="8,32")
     p.add_argument("--num-speculative-tokens", type=int, default=5)
+    p.add_argument("--no-loop", action="store_true",
+                   help="skip the third single-stream engine: the per-layer loop (lean step off, no speculation)")
     p.add_argument("--llama-server", default=None, help="path of llama.cpp's llama-server (optional peer)")
     p.add_argument("--llama-gguf", action="append", default=[], metavar="FILE",
                    help="GGUF file(s) for the llama.cpp peer (e.g. an F32 and the Q4_1 one); repeatable")
@@ -84,10 +86,11 @@ def parse(argv):
     return p.parse_args(argv)
 
 
-def _engine(args, spec):
+def _engine(args, spec, lean_step="auto"):
     from engine import LLM
     return LLM(device="cpu", num_blocks=2048, dtype=args.dtype, quantization=args.quantization,
-               max_num_seqs=64, speculative=spec, num_speculative_tokens=args.num_speculative_tokens)
+               max_num_seqs=64, speculative=spec, num_speculative_tokens=args.num_speculative_tokens,
+               lean_step=lean_step)
 
 
 def _one(llm, chat, max_tokens):
@@ -117,12 +120,17 @@ def single_stream(args, engines, kinds) -> dict:
                          "accepted_from_drafts": sum(r["accepted"] for r in rs),
                          "tokens_per_step": round(sum(r["tokens"] - 1 for r in rs) /
                                                   max(1, sum(r["steps"] or (r["tokens"] - 1) for r in rs)), 2)}
-        names = list(rows)
+        names = [n for n in rows if n != "loop"]
         res["_ids"] = [r["ids"] for r in rows[names[0]]]
         res["identical_tokens"] = all(rows[names[0]][i]["ids"] == rows[n][i]["ids"]
                                       for n in names[1:] for i in range(len(chats)))
         if res[names[0]]["decode_tok_s"] and res.get("ngram", {}).get("decode_tok_s"):
             res["on_over_off"] = round(res["ngram"]["decode_tok_s"] / res[names[0]]["decode_tok_s"], 3)
+        if "loop" in rows:      # the lean one-sequence step against the per-layer loop it replaces
+            res["loop_identical_tokens"] = all(rows["loop"][i]["ids"] == rows["off"][i]["ids"]
+                                               for i in range(len(chats)))
+            if res["loop"]["decode_tok_s"] and res["off"]["decode_tok_s"]:
+                res["off_over_loop"] = round(res["off"]["decode_tok_s"] / res["loop"]["decode_tok_s"], 3)
         out[kind] = res
         print(f"single stream {kind}: {json.dumps({k: v for k, v in res.items() if k != '_ids'})}", file=sys.stderr)
     return out
@@ -224,14 +232,18 @@ def vllm_cpu(args, kinds, engine_ids: dict) -> dict:
 
 def report(out: dict) -> str:
     lines = [f"# Speculative decoding, single stream and batched ({out['started']}, commit {out.get('commit')})",
-             "", f"`{out['command']}`; load at start {out['load_start']}; dtype {out['dtype']}", "",
-             "| task | engine off tok/s | engine on tok/s | on/off | tokens/step (on) | accepted (on) | same tokens |"
+             "", f"`{out['command']}`; load at start {out['load_start']}; dtype {out['dtype']}; "
+             f"quantization {out.get('quantization')}", "", f"CPU path: {out.get('lean_step')}", "",
+             "| task | engine loop tok/s (lean step off) | engine off tok/s | off/loop | engine on tok/s | on/off "
+             "| tokens/step (on) | accepted (on) | same tokens (loop, off, on) |"
              + "".join(f" llama.cpp {os.path.basename(g)} tok/s |" for g in out.get("llama_cpp", {}))
              + (" vLLM-CPU tok/s |" if "vllm_cpu" in out else ""),
-             "|---|---|---|---|---|---|---|" + "---|" * (len(out.get("llama_cpp", {})) + ("vllm_cpu" in out))]
+             "|---|---|---|---|---|---|---|---|---|" + "---|" * (len(out.get("llama_cpp", {})) + ("vllm_cpu" in out))]
     for kind, r in out["single_stream"].items():
-        row = (f"| {kind} | {r['off']['decode_tok_s']} | {r['ngram']['decode_tok_s']} | {r.get('on_over_off')} | "
-               f"{r['ngram']['tokens_per_step']} | {r['ngram']['accepted_from_drafts']} | {r['identical_tokens']} |")
+        same = r["identical_tokens"] and r.get("loop_identical_tokens", True)
+        row = (f"| {kind} | {r.get('loop', {}).get('decode_tok_s')} | {r['off']['decode_tok_s']} | "
+               f"{r.get('off_over_loop')} | {r['ngram']['decode_tok_s']} | {r.get('on_over_off')} | "
+               f"{r['ngram']['tokens_per_step']} | {r['ngram']['accepted_from_drafts']} | {same} |")
         row += "".join(f" {v.get(kind, {}).get('decode_tok_s')} |" for v in out.get("llama_cpp", {}).values())
         if "vllm_cpu" in out:
             row += f" {out['vllm_cpu'].get(kind, {}).get('decode_tok_s')} |"
@@ -261,9 +273,14 @@ def main(argv=None) -> int:
     except OSError:
         pass
     engines = {"off": _engine(args, None), "ngram": _engine(args, "ngram")}
-    for llm in engines.values():                       # warm both (first-call allocations)
+    if not args.no_loop:
+        engines["loop"] = _engine(args, None, lean_step="off")
+    out["lean_step"] = engines["off"].model_info().compute_path
+    for llm in engines.values():                       # warm them all (first-call allocations)
         _one(llm, kinds["chat"][0], 8)
     out["single_stream"] = single_stream(args, engines, kinds)
+    if "loop" in engines:
+        engines.pop("loop").shutdown()
     out["batched"] = {int(b): batched(args, engines, kinds, int(b)) for b in args.batches.split(",") if b}
     for llm in engines.values():
         llm.shutdown()

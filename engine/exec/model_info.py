@@ -31,6 +31,8 @@ class ModelInfo:
     device: str
     kv_cache_dtype: str = ""     # the pool's format: float32 / bfloat16 / float16 / int8 / fp8 ("" = unknown)
     eos_token_ids: tuple = ()    # ids that end a reply (engine/text/end_of_turn.py); () = unknown (remote)
+    compute_path: str = ""       # CPU: which loop, linears and one-sequence step run (engine/exec/models/llama.py)
+    lean_step_bytes: int = 0     # CPU: the plain weight copy the lean one-sequence step keeps (0 = none)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -64,4 +66,5 @@ def build_model_info(source: str, hf_config, cfg, runner, eos_token_ids=()) -> M
         dtype=str(cfg.dtype), max_model_len=int(runner.max_model_len), block_size=int(cfg.block_size),
         num_blocks=int(runner.num_blocks), kv_bytes_per_token=int(runner.kv_bytes_per_token),
         max_num_seqs=int(cfg.max_num_seqs), attention_backend=str(runner.backend), device=str(cfg.device),
-        kv_cache_dtype=kv_dtype_name(runner.kv_dtype), eos_token_ids=tuple(sorted(eos_token_ids)))
+        kv_cache_dtype=kv_dtype_name(runner.kv_dtype), eos_token_ids=tuple(sorted(eos_token_ids)),
+        compute_path=str(runner.model.cpu_path), lean_step_bytes=int(runner.model.lean_extra_bytes))

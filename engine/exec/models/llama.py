@@ -167,6 +167,7 @@ class LlamaModel:
         self.linear_kind = "dense"
         self.lean = None            # kernels/cpu_lean_step.LeanStep: batch-1 decode in one C++ call
         self.lean_extra_bytes = 0   # the plain weight copy it holds beside the packed one
+        self.cpu_path = ""          # CPU: which loop, linears and one-sequence step run (start-up log, ModelInfo)
         self.cos, self.sin = rope_tables(config, max_positions, device)
         self.cos, self.sin = self.cos.to(dtype), self.sin.to(dtype)
         if torch.device(device).type == "cpu":
