@@ -28,6 +28,9 @@ _state: dict = {}
 _FN = {(torch.float32, False): "lean_step_f32", (torch.bfloat16, False): "lean_step_bf16",
        (torch.float32, True): "lean_step_f32_i8", (torch.bfloat16, True): "lean_step_bf16_i8"}
 MAX_GROUP, MAX_DIM, MAX_BLOCK = 16, 256, 128   # paged_decode.h's kMaxGroup / kMaxDim / kMaxBlock
+_ERRORS = {1: "token id outside the vocabulary", 2: "position beyond the RoPE table",
+           3: "KV slot beyond the pool", 4: "block table does not cover the sequence (or names a block beyond the pool)",
+           5: "logits row outside the step's tokens", 6: "token count outside 1..max_tokens or above the context"}
 LAYER_KEYS = ("ln1", "qkv", "qkv_b", "o", "o_b", "ln2", "gate_up", "down",
               "qkv_s", "o_s", "gate_up_s", "down_s")     # the C++ pointer table's order
 
@@ -54,10 +57,11 @@ def _declare(dll) -> None:
     p, i, L, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
     for name in _FN.values():
         fn = getattr(dll, name)
-        fn.argtypes = [p, i, i, i, i, i, i, p, L, p, p, p, L, p, p, L, L, p, L, i, p, i, i, f, f, p, i]
-        fn.restype = None
+        fn.argtypes = [p, i, i, i, i, i, i, p, L, p, p, p, i, p, i, p, p, p, L, p, p, L, p, L, i, p, i, i, f, f, p, i]
+        fn.restype = ctypes.c_int
     if dll.lean_step_ptrs_per_layer() != len(LAYER_KEYS):
         raise RuntimeError("cpu_lean_step.cpp and LAYER_KEYS disagree on the pointer table")
+    _state["max_tokens"] = int(dll.lean_step_max_tokens())
 
 
 def active_path() -> str:
@@ -112,26 +116,37 @@ class LeanStep:
                 and kv_pool.shape[1] == self.num_layers and kv_pool.shape[3] <= MAX_BLOCK
                 and kv_pool.shape[5] == self.d)
 
-    def __call__(self, token: int, pos: int, slot: int, table: torch.Tensor, seq_len: int,
-                 kv_pool: torch.Tensor, scale: float) -> torch.Tensor:
-        """Logits [1, vocab] fp32 of the token `token` at `pos`, its K/V written into `slot`;
-        `table`: the sequence's block table, int32 [W] contiguous; `seq_len` includes this token."""
-        if not 0 <= pos < self.cos.shape[0]:
-            raise ValueError(f"position {pos} is beyond the RoPE table ({self.cos.shape[0]})")
+    @property
+    def max_tokens(self) -> int:
+        """Tokens one call scores: one, or one plus a speculative draft (kernels/csrc: kMaxTokens)."""
+        return _state["max_tokens"]
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, table: torch.Tensor,
+                 seq_len: int, kv_pool: torch.Tensor, scale: float, rows: torch.Tensor) -> torch.Tensor:
+        """Logits [len(rows), vocab] fp32 of the given rows of T new tokens of one sequence.
+        tokens, positions, slots, rows: int64 [T] / [R], contiguous; the tokens are the sequence's
+        last T (positions seq_len - T .. seq_len - 1), their K/V go into `slots`; `table`: the
+        sequence's block table, int32 [W] contiguous. Out-of-range inputs raise ValueError before
+        anything is written."""
+        for name, t in (("tokens", tokens), ("positions", positions), ("slots", slots), ("rows", rows)):
+            if t.dtype != torch.int64 or not t.is_contiguous():
+                raise ValueError(f"{name} must be a contiguous int64 tensor")
+        if table.dtype != torch.int32 or not table.is_contiguous():
+            raise ValueError("block table must be a contiguous int32 tensor")
+        T, R = tokens.shape[0], rows.shape[0]
+        if positions.shape[0] != T or slots.shape[0] != T:
+            raise ValueError("tokens, positions and slots must have one entry per token")
         nb, bs = kv_pool.shape[2], kv_pool.shape[3]
-        if not 0 <= slot < nb * bs:
-            raise ValueError(f"KV slot {slot} is beyond the pool ({nb * bs} slots)")
-        if not 0 <= token < self.embed.shape[0]:
-            raise ValueError(f"token id {token} is outside the vocabulary ({self.embed.shape[0]})")
-        W = table.shape[0]
-        if seq_len < 1 or -(-seq_len // bs) > W or table.dtype != torch.int32 or not table.is_contiguous():
-            raise ValueError("block table does not cover the sequence")
-        logits = torch.empty(1, self.vocab, dtype=torch.float32)
+        logits = torch.empty(R, self.vocab, dtype=torch.float32)
         with profiled("cpu_lean_step"):
-            self._fn(self.ptrs.data_ptr(), self.num_layers, self.hidden, self.h, self.kvh, self.d, self.inter,
-                     self.embed.data_ptr(), token, self.norm.data_ptr(), self.lm_head.data_ptr(),
-                     None if self.lm_scale is None else self.lm_scale.data_ptr(), self.vocab,
-                     self.cos.data_ptr(), self.sin.data_ptr(), pos, slot, kv_pool.data_ptr(), nb, bs,
-                     table.data_ptr(), W, seq_len, self.eps, float(scale), logits.data_ptr(),
-                     torch.get_num_threads())
+            err = self._fn(self.ptrs.data_ptr(), self.num_layers, self.hidden, self.h, self.kvh, self.d, self.inter,
+                           self.embed.data_ptr(), self.embed.shape[0], tokens.data_ptr(), positions.data_ptr(),
+                           slots.data_ptr(), T, rows.data_ptr(), R, self.norm.data_ptr(), self.lm_head.data_ptr(),
+                           None if self.lm_scale is None else self.lm_scale.data_ptr(), self.vocab,
+                           self.cos.data_ptr(), self.sin.data_ptr(), self.cos.shape[0], kv_pool.data_ptr(), nb,
+                           bs, table.data_ptr(), table.shape[0], int(seq_len), self.eps, float(scale),
+                           logits.data_ptr(), torch.get_num_threads())
+        if err:
+            raise ValueError(_ERRORS.get(err, f"lean step input error {err}") + f" (tokens {T}, context {seq_len}, "
+                             f"pool {nb} x {bs} slots, RoPE table {self.cos.shape[0]}, vocabulary {self.embed.shape[0]})")
         return logits

@@ -1,23 +1,27 @@
-// One decode step of one sequence (one new token) through the whole decoder in a single call.
+// One step of one sequence — one new token, or a speculative step's few — through the whole
+// decoder in a single call: embedding, every layer, final norm, LM head.
 //
 // Why: at batch 1 the fused Python loop (engine/exec/models/llama_cpu_fused.py) still makes ~10
 // calls per layer (300 per token for the default model), each a Python -> C++ hop, and its GEMMs
 // go through oneDNN, whose packed kernels are built for many rows and read one row's weights at
-// ~20-24 GB/s here. This file runs embedding -> 30 layers -> final norm -> LM head without leaving
-// C++: the small ops are the same templates as the fused loop (layer_ops.h), attention is the same
-// paged decode kernel (paged_decode.h), and each linear is a matrix-vector product that streams
-// its weight rows once, in the order they lie in memory, split across threads by rows.
+// ~20-24 GB/s here. This file never leaves C++ during the step: the small ops are the fused loop's
+// own templates (layer_ops.h), attention is the paged decode kernel's per-head code (paged_decode.h),
+// and each linear streams its weight rows once (with software prefetch) against the step's 1..17
+// activation rows.
 //
 // Numerics: the small ops and attention round exactly as the fused loop does (this file is built
-// with -ffp-contract=off like cpu_layer_ops.cpp). The matrix-vector products sum each dot product
-// in fp32 in another order than oneDNN (a few ulps); the tests check greedy tokens against HF and
-// logits against the fused loop. Weights: plain row-major [N, K] in the activation dtype (fp32 or
-// bf16), or int8 codes with one scale per output row (engine/exec/cpu_linear.py's Int8Linear:
-// y = dtype(sum(x * q) * scale), as torch's _weight_int8pack_mm computes it).
+// with -ffp-contract=off like cpu_layer_ops.cpp). The matrix products sum each dot product in fp32
+// in another order than oneDNN (a few ulps); the tests check greedy tokens against HF and logits
+// against the loop. They are batch-invariant: a row's result does not depend on how many rows the
+// step has, so a speculative step's logits are bit-identical to the one-token steps'. Weights:
+// plain row-major [N, K] in the activation dtype (fp32 or bf16), or int8 codes with one scale per
+// output row (engine/exec/cpu_linear.py's Int8Linear: y = dtype(dot * scale), then + bias).
 //
 // Per layer, the pointer table holds (int64, 0 = absent):
 //   ln1, qkv, qkv_bias, o, o_bias, ln2, gate_up, down, qkv_scale, o_scale, gate_up_scale, down_scale
 // KV pool: [2, L, num_blocks, block_size, KVH, D] contiguous in the activation dtype.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -71,43 +75,122 @@ class SpinBarrier {
   std::atomic<int> gen_{0};
 };
 
-// y[n] = dtype(dot(W[n, :], x) (* scale[n]) (+ bias[n])) for rows n in [r0, r1); x already fp32.
-// Four rows at a time share each load of x; a thread's rows are contiguous, so it streams its
-// share of the weight once, front to back.
-template <typename K, typename W>
-void gemv(const W* w, const float* x, const typename K::T* bias, const float* scale,
-          typename K::T* y, long r0, long r1, long Kd) {
-  for (long n0 = r0; n0 < r1; n0 += 4) {
-    const int rows = static_cast<int>(std::min(4L, r1 - n0));
-    float s[4] = {0.f, 0.f, 0.f, 0.f};
-    if (rows == 4) {
-      const W *w0 = w + n0 * Kd, *w1 = w0 + Kd, *w2 = w1 + Kd, *w3 = w2 + Kd;
-      float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-      for (long k = 0; k < Kd; ++k) {
-        const float xv = x[k];
-        s0 += Weight<W>::ld(w0, k) * xv;
-        s1 += Weight<W>::ld(w1, k) * xv;
-        s2 += Weight<W>::ld(w2, k) * xv;
-        s3 += Weight<W>::ld(w3, k) * xv;
-      }
-      s[0] = s0; s[1] = s1; s[2] = s2; s[3] = s3;
-    } else {
-      for (int r = 0; r < rows; ++r) {
-        const W* wr = w + (n0 + r) * Kd;
-        float acc = 0.f;
-#pragma omp simd reduction(+ : acc)
-        for (long k = 0; k < Kd; ++k) acc += Weight<W>::ld(wr, k) * x[k];
-        s[r] = acc;
-      }
+constexpr long kPrefetchBytes = 10000;   // how far ahead the weight prefetch runs (5-20 KB measured alike)
+
+// Weight rows as 16 fp32 lanes (GCC vector extensions: one code path for AVX-512, AVX2 or SSE).
+typedef float v16f __attribute__((vector_size(64)));
+typedef uint16_t v16u16 __attribute__((vector_size(32)));
+typedef uint32_t v16u32 __attribute__((vector_size(64)));
+typedef int8_t v16i8 __attribute__((vector_size(16)));
+
+#if defined(__AVX512F__)
+// AVX-512: one load and one or two conversions (GCC 12 scalarizes the generic int8 conversion)
+inline v16f vload(const float* p) { return _mm512_loadu_ps(p); }
+inline v16f vload(const uint16_t* p) {        // bf16 -> fp32: the 16 bits become the high half
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+inline v16f vload(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+#else
+inline v16f vload(const float* p) { v16f v; std::memcpy(&v, p, sizeof v); return v; }
+inline v16f vload(const uint16_t* p) {
+  v16u16 h; std::memcpy(&h, p, sizeof h);
+  v16u32 w = __builtin_convertvector(h, v16u32) << 16;
+  v16f v; std::memcpy(&v, &w, sizeof v); return v;
+}
+inline v16f vload(const int8_t* p) { v16i8 c; std::memcpy(&c, p, sizeof c); return __builtin_convertvector(c, v16f); }
+#endif
+
+inline float hsum(v16f v) {                   // a fixed tree: the same order for every call
+#if defined(__AVX512F__)
+  return _mm512_reduce_add_ps(v);
+#else
+  float l[16];
+  std::memcpy(l, &v, sizeof l);
+  for (int w = 8; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) l[i] += l[i + w];
+  return l[0];
+#endif
+}
+
+// Four weight rows against MS activation rows: 4 x MS accumulators of 16 lanes, in registers
+// (locals, copied out once at the end).
+template <typename W, int MS>
+inline void tile4(const W* w, long Kd, long K16, const float* X, v16f (&out)[4][4], const W* pf) {
+  v16f acc[4][MS];
+  for (int r = 0; r < 4; ++r)
+    for (int m = 0; m < MS; ++m) acc[r][m] = v16f{};
+  const W *w0 = w, *w1 = w + Kd, *w2 = w + 2 * Kd, *w3 = w + 3 * Kd;
+  for (long k = 0; k < K16; k += 16) {
+    const v16f a0 = vload(w0 + k), a1 = vload(w1 + k), a2 = vload(w2 + k), a3 = vload(w3 + k);
+    if (pf != nullptr && (k * sizeof(W)) % 64 == 0) {
+      for (int r = 0; r < 4; ++r) __builtin_prefetch(pf + r * Kd + k, 0, 0);
     }
-    for (int r = 0; r < rows; ++r) {
-      float v = s[r];
-      if (scale != nullptr) v = K::rnd(v * scale[n0 + r]);   // int8: the product rounds first
-      if (bias != nullptr) v += K::ld(bias, n0 + r);            // F.linear adds it before rounding
-      K::st(y, n0 + r, v);
+#pragma GCC unroll 4
+    for (int m = 0; m < MS; ++m) {
+      const v16f xv = vload(X + m * Kd + k);
+      acc[0][m] += a0 * xv;
+      acc[1][m] += a1 * xv;
+      acc[2][m] += a2 * xv;
+      acc[3][m] += a3 * xv;
     }
   }
+  for (int r = 0; r < 4; ++r)
+    for (int m = 0; m < MS; ++m) out[r][m] = acc[r][m];
+}
+
+// One weight row against one activation row: the same lane arithmetic as tile4 (tail rows).
+template <typename W>
+inline v16f dot1(const W* w, const float* x, long K16) {
+  v16f acc = v16f{};
+  for (long k = 0; k < K16; k += 16) acc += vload(w + k) * vload(x + k);
+  return acc;
+}
+
+// Y[m, n] = dtype(dot(W[n, :], X[m, :]) (* scale[n]) (+ bias[n])) for rows n in [r0, r1) and the M
+// activation rows of X ([M, Kd] fp32; Y rows ldy apart). Batch-invariant: each dot product is 16
+// lanes summed in k order, then the same tree and tail, whatever M is and wherever the row falls,
+// so a token's logits in a k+1-token speculative step are bit-identical to the one-token step's.
+// Weights are read once per call: four rows (<= 24 KB) stay in L1 while the activation rows pass.
+template <typename K, typename W>
+void gemm(const W* w, const float* X, int M, const typename K::T* bias, const float* scale,
+          typename K::T* Y, long ldy, long r0, long r1, long Kd) {
+  const long K16 = Kd - Kd % 16;
+  auto finish = [&](long n, int m, v16f acc) {
+    const W* wr = w + n * Kd;
+    const float* xr = X + m * Kd;
+    float v = hsum(acc);
+    for (long k = K16; k < Kd; ++k) v += Weight<W>::ld(wr, k) * xr[k];
+    if (scale != nullptr) v = K::rnd(v * scale[n]);   // int8: the product rounds first
+    if (bias != nullptr) v += K::ld(bias, n);            // F.linear adds it before rounding
+    K::st(Y + m * ldy, n, v);
+  };
+  long n0 = r0;
+  // software prefetch ~10 KB ahead (whole tiles), spread over the tile's k loop: with only the
+  // hardware prefetcher the weight loads waited on memory (int8: 9.3 -> 4.7 ms a step, measured)
+  const long tile_bytes = 4 * Kd * static_cast<long>(sizeof(W));
+  const long ahead_rows = 4 * std::max(1L, kPrefetchBytes / tile_bytes);
+  for (; n0 + 4 <= r1; n0 += 4) {
+    const W* w4 = w + n0 * Kd;
+    const W* pf = n0 + 4 + ahead_rows <= r1 ? w4 + ahead_rows * Kd : nullptr;
+    for (int m0 = 0; m0 < M; m0 += 4) {
+      const int ms = std::min(4, M - m0);
+      const float* X4 = X + m0 * Kd;
+      v16f acc[4][4];
+      switch (ms) {
+        case 4: tile4<W, 4>(w4, Kd, K16, X4, acc, m0 ? nullptr : pf); break;
+        case 3: tile4<W, 3>(w4, Kd, K16, X4, acc, m0 ? nullptr : pf); break;
+        case 2: tile4<W, 2>(w4, Kd, K16, X4, acc, m0 ? nullptr : pf); break;
+        default: tile4<W, 1>(w4, Kd, K16, X4, acc, m0 ? nullptr : pf);
+      }
+      for (int r = 0; r < 4; ++r)
+        for (int m = 0; m < ms; ++m) finish(n0 + r, m0 + m, acc[r][m]);
+    }
+  }
+  for (; n0 < r1; ++n0)
+    for (int m = 0; m < M; ++m) finish(n0, m, dot1(w + n0 * Kd, X + m * Kd, K16));
 }
 
 template <typename K>
@@ -116,96 +199,116 @@ void to_f32(const typename K::T* a, float* out, long n) {
 }
 
 inline long part(long n, int tid, int nt) { return n * tid / nt; }   // thread tid's share: [part(tid), part(tid+1))
+inline long part4(long n, int tid, int nt) {                          // the same, cut at multiples of 4 rows
+  return tid >= nt ? n : (n / 4) * tid / nt * 4;
+}
 
+constexpr int kMaxTokens = 17;     // one token plus a speculative draft of up to 16 (EngineConfig's limit)
+
+// The step's inputs and the buffers its threads share. Each thread keeps its own copy of the
+// residual stream x and of the normed activations (cheap to recompute, so no barrier for them).
 template <typename K, typename W>
 struct Step {
   using T = typename K::T;
-  const int64_t* ptrs; int L, Dm, H, KVH, D, I; const T* embed; long token; const T* norm; const W* lm_head;
-  const float* lm_scale; long V; const T* cos; const T* sin; long pos, slot; T* pool; long num_blocks;
-  int BS; const int32_t* table; int seq_len; float eps, scale; float* logits; int nt;
-  // shared between the threads
+  const int64_t* ptrs; int L, Dm, H, KVH, D, I; const T* embed; const int64_t* tokens; const int64_t* positions;
+  const int64_t* slots; int nT; const int64_t* rows; int R; const T* norm; const W* lm_head; const float* lm_scale;
+  long V; const T* cos; const T* sin; T* pool; long num_blocks; int BS; const int32_t* table; int seq_len;
+  float eps, scale; float* logits; int nt;
   std::vector<T> qkv, q, delta, gu, act, lg;
   std::vector<float> qf, of;
 
   void init() {
-    qkv.resize(static_cast<long>(H + 2 * KVH) * D); q.resize(static_cast<long>(H) * D); delta.resize(Dm);
-    gu.resize(2L * I); act.resize(I); lg.resize(V); qf.resize(static_cast<long>(H) * D);
-    of.resize(static_cast<long>(H) * D);
+    const long hd = static_cast<long>(H) * D;
+    qkv.resize(nT * static_cast<long>(H + 2 * KVH) * D); q.resize(nT * hd); delta.resize(nT * static_cast<long>(Dm));
+    gu.resize(nT * 2L * I); act.resize(nT * static_cast<long>(I)); lg.resize(R * V);
+    qf.resize(nT * hd); of.resize(nT * hd);
   }
 
-  template <typename WW>
   void lin(const int64_t* p, int wi, int bi, int si, const float* xf, T* y, long N, long Kd, int tid) {
-    gemv<K, WW>(reinterpret_cast<const WW*>(p[wi]), xf, bi >= 0 ? reinterpret_cast<const T*>(p[bi]) : nullptr,
-                si >= 0 && p[si] ? reinterpret_cast<const float*>(p[si]) : nullptr, y, part(N, tid, nt),
-                part(N, tid + 1, nt), Kd);
+    gemm<K, W>(reinterpret_cast<const W*>(p[wi]), xf, nT, bi >= 0 ? reinterpret_cast<const T*>(p[bi]) : nullptr,
+               p[si] ? reinterpret_cast<const float*>(p[si]) : nullptr, y, N, part4(N, tid, nt),
+               part4(N, tid + 1, nt), Kd);
+  }
+
+  void attention(const float* qt, const T* kc, const T* vc, int len, float* ot, int tid) {
+    const int G = H / KVH;
+    const int h0 = static_cast<int>(part(H, tid, nt)), h1 = static_cast<int>(part(H, tid + 1, nt));
+    for (int g = h0 / G; g * G < h1; ++g) {       // query heads split; a KV group's heads stay together
+      const int lo = std::max(h0, g * G) - g * G, hi = std::min(h1, (g + 1) * G) - g * G;
+      if (lo >= hi) continue;
+      if (D == 64) {
+        paged_decode::decode_group<T, 64>(qt, kc, vc, table, len, ot, H, KVH, D, BS, scale, g, lo, hi);
+      } else if (D == 128) {
+        paged_decode::decode_group<T, 128>(qt, kc, vc, table, len, ot, H, KVH, D, BS, scale, g, lo, hi);
+      } else {
+        paged_decode::decode_group<T, 0>(qt, kc, vc, table, len, ot, H, KVH, D, BS, scale, g, lo, hi);
+      }
+    }
   }
 
   void run(int tid, SpinBarrier& bar) {
     const long qkv_n = static_cast<long>(H + 2 * KVH) * D, hd = static_cast<long>(H) * D;
     const long slab = num_blocks * BS * KVH * static_cast<long>(D);     // one layer's K (or V)
-    std::vector<T> x(Dm), a(Dm);                                        // every thread's own copy
-    std::vector<float> xf(std::max<long>({static_cast<long>(Dm), static_cast<long>(I), hd}));
-    std::memcpy(x.data(), embed + token * Dm, sizeof(T) * Dm);
-    const int64_t p_pos = pos, p_slot = slot;
-    const int G = H / KVH;
+    std::vector<T> x(nT * static_cast<long>(Dm)), a(nT * static_cast<long>(Dm));
+    std::vector<float> xf(nT * std::max<long>({static_cast<long>(Dm), static_cast<long>(I), hd}));
+    for (int t = 0; t < nT; ++t) std::memcpy(&x[t * static_cast<long>(Dm)], embed + tokens[t] * Dm, sizeof(T) * Dm);
+    const long j0 = part4(I, tid, nt), j1 = part4(I, tid + 1, nt);   // this thread's gate/up rows
     for (int i = 0; i < L; ++i) {
       const int64_t* p = ptrs + static_cast<long>(i) * kPtrs;
       T* kc = pool + static_cast<long>(i) * slab;
       T* vc = pool + static_cast<long>(L + i) * slab;
       layer_ops::add_rms_norm<K>(x.data(), i ? delta.data() : nullptr, reinterpret_cast<const T*>(p[LN1]),
-                                 a.data(), 1, Dm, eps, 1);
-      to_f32<K>(a.data(), xf.data(), Dm);
-      lin<W>(p, QKV, QKV_B, QKV_S, xf.data(), qkv.data(), qkv_n, Dm, tid);
+                                 a.data(), nT, Dm, eps, 1);
+      to_f32<K>(a.data(), xf.data(), nT * static_cast<long>(Dm));
+      lin(p, QKV, QKV_B, QKV_S, xf.data(), qkv.data(), qkv_n, Dm, tid);
       bar.wait();
       if (tid == 0) {
-        layer_ops::rope_store<K>(qkv.data(), 1, H, KVH, D, cos, sin, &p_pos, &p_slot, q.data(), kc, vc, 1);
-        to_f32<K>(q.data(), qf.data(), hd);
+        layer_ops::rope_store<K>(qkv.data(), nT, H, KVH, D, cos, sin, positions, slots, q.data(), kc, vc, 1);
+        to_f32<K>(q.data(), qf.data(), nT * hd);
       }
       bar.wait();
-      // attention: query heads split across threads; heads of one KV group stay together
-      const int h0 = static_cast<int>(part(H, tid, nt)), h1 = static_cast<int>(part(H, tid + 1, nt));
-      for (int g = h0 / G; g * G < h1; ++g) {
-        const int lo = std::max(h0, g * G) - g * G, hi = std::min(h1, (g + 1) * G) - g * G;
-        if (lo < hi) {
-          if (D == 64) {
-            paged_decode::decode_group<T, 64>(qf.data(), kc, vc, table, seq_len, of.data(), H, KVH, D, BS, scale, g, lo, hi);
-          } else if (D == 128) {
-            paged_decode::decode_group<T, 128>(qf.data(), kc, vc, table, seq_len, of.data(), H, KVH, D, BS, scale, g, lo, hi);
-          } else {
-            paged_decode::decode_group<T, 0>(qf.data(), kc, vc, table, seq_len, of.data(), H, KVH, D, BS, scale, g, lo, hi);
-          }
+      for (int t = 0; t < nT; ++t)           // causal: token t sees the context up to itself
+        attention(&qf[t * hd], kc, vc, seq_len - nT + t + 1, &of[t * hd], tid);
+      bar.wait();
+      for (long j = 0; j < nT * hd; ++j) xf[j] = K::rnd(of[j]);     // the loop's attention output in dtype
+      lin(p, O, O_B, O_S, xf.data(), delta.data(), Dm, hd, tid);
+      bar.wait();
+      layer_ops::add_rms_norm<K>(x.data(), delta.data(), reinterpret_cast<const T*>(p[LN2]), a.data(), nT, Dm,
+                                 eps, 1);
+      to_f32<K>(a.data(), xf.data(), nT * static_cast<long>(Dm));
+      // gate rows j and up rows I + j on the same thread, so it can finish silu(gate) * up alone
+      const W* wgu = reinterpret_cast<const W*>(p[GATE_UP]);
+      const float* sgu = p[GATE_UP_S] ? reinterpret_cast<const float*>(p[GATE_UP_S]) : nullptr;
+      gemm<K, W>(wgu, xf.data(), nT, nullptr, sgu, gu.data(), 2L * I, j0, j1, Dm);
+      gemm<K, W>(wgu, xf.data(), nT, nullptr, sgu, gu.data(), 2L * I, I + j0, I + j1, Dm);
+      for (int t = 0; t < nT; ++t) {
+        const T* g = &gu[t * 2L * I];
+        for (long j = j0; j < j1; ++j) {     // layer_ops::silu_mul's arithmetic, on this thread's rows
+          const float gv = K::ld(g, j);
+          const float sv = gv / (1.0f + fast_exp(-gv));
+          K::st(&act[t * static_cast<long>(I)], j, K::rnd(sv) * K::ld(g, I + j));
         }
       }
       bar.wait();
-      for (long j = 0; j < hd; ++j) xf[j] = K::rnd(of[j]);     // the loop's attention output in dtype
-      lin<W>(p, O, O_B, O_S, xf.data(), delta.data(), Dm, hd, tid);
-      bar.wait();
-      layer_ops::add_rms_norm<K>(x.data(), delta.data(), reinterpret_cast<const T*>(p[LN2]), a.data(), 1, Dm,
-                                 eps, 1);
-      to_f32<K>(a.data(), xf.data(), Dm);
-      // gate rows j and up rows I + j on the same thread, so it can finish silu(gate) * up alone
-      const long j0 = part(I, tid, nt), j1 = part(I, tid + 1, nt);
-      const W* wgu = reinterpret_cast<const W*>(p[GATE_UP]);
-      const float* sgu = p[GATE_UP_S] ? reinterpret_cast<const float*>(p[GATE_UP_S]) : nullptr;
-      gemv<K, W>(wgu, xf.data(), nullptr, sgu, gu.data(), j0, j1, Dm);
-      gemv<K, W>(wgu, xf.data(), nullptr, sgu, gu.data(), I + j0, I + j1, Dm);
-      for (long j = j0; j < j1; ++j) {        // layer_ops::silu_mul's arithmetic, on this thread's rows
-        const float g = K::ld(gu.data(), j);
-        const float s = g / (1.0f + fast_exp(-g));
-        K::st(act.data(), j, K::rnd(s) * K::ld(gu.data(), I + j));
-      }
-      bar.wait();
-      to_f32<K>(act.data(), xf.data(), I);
-      lin<W>(p, DOWN, -1, DOWN_S, xf.data(), delta.data(), Dm, I, tid);
+      to_f32<K>(act.data(), xf.data(), nT * static_cast<long>(I));
+      lin(p, DOWN, -1, DOWN_S, xf.data(), delta.data(), Dm, I, tid);
       bar.wait();
     }
-    if (L > 0) for (int j = 0; j < Dm; ++j) K::st(x.data(), j, K::ld(x.data(), j) + K::ld(delta.data(), j));
-    layer_ops::add_rms_norm<K>(x.data(), nullptr, norm, a.data(), 1, Dm, eps, 1);
-    to_f32<K>(a.data(), xf.data(), Dm);
-    // the LM head's logits, dtype-rounded like the loop's lm_head_linear(x).float()
-    const long v0 = part(V, tid, nt), v1 = part(V, tid + 1, nt);
-    gemv<K, W>(lm_head, xf.data(), nullptr, lm_scale, lg.data(), v0, v1, Dm);
-    for (long v = v0; v < v1; ++v) logits[v] = K::ld(lg.data(), v);
+    // the rows whose logits are wanted: x += delta, final norm, LM head (dtype-rounded like the
+    // loop's lm_head_linear(x).float())
+    for (int r = 0; r < R; ++r) {
+      T* xr = &x[rows[r] * Dm];
+      if (L > 0) {
+        const T* dr = &delta[rows[r] * Dm];
+        for (int j = 0; j < Dm; ++j) K::st(xr, j, K::ld(xr, j) + K::ld(dr, j));
+      }
+      layer_ops::add_rms_norm<K>(xr, nullptr, norm, &a[r * static_cast<long>(Dm)], 1, Dm, eps, 1);
+    }
+    to_f32<K>(a.data(), xf.data(), R * static_cast<long>(Dm));
+    const long v0 = part4(V, tid, nt), v1 = part4(V, tid + 1, nt);
+    gemm<K, W>(lm_head, xf.data(), R, nullptr, lm_scale, lg.data(), V, v0, v1, Dm);
+    for (int r = 0; r < R; ++r)
+      for (long v = v0; v < v1; ++v) logits[r * V + v] = K::ld(&lg[r * V], v);
   }
 };
 
@@ -224,20 +327,36 @@ void step(Step<K, W>& st) {
 extern "C" {
 
 int lean_step_ptrs_per_layer() { return kPtrs; }
+int lean_step_max_tokens() { return kMaxTokens; }
 
-#define LEAN_STEP(NAME, K, W)                                                                        \
-  void NAME(const int64_t* ptrs, int L, int Dm, int H, int KVH, int D, int I, const void* embed,        \
-            long token, const void* norm, const void* lm_head, const float* lm_scale, long V,           \
-            const void* cos, const void* sin, long pos, long slot, void* pool, long num_blocks, int BS, \
-            const int32_t* table, int W_, int seq_len, float eps, float scale, float* logits, int n) { \
-    using T = K::T;                                                                                    \
-    (void)W_;                                                                                          \
-    Step<K, W> st{ptrs, L, Dm, H, KVH, D, I, static_cast<const T*>(embed), token,                     \
-                  static_cast<const T*>(norm), static_cast<const W*>(lm_head), lm_scale, V,            \
-                  static_cast<const T*>(cos), static_cast<const T*>(sin), pos, slot,                   \
-                  static_cast<T*>(pool), num_blocks, BS, table, seq_len, eps, scale, logits,           \
-                  std::max(1, n)};                                                                     \
-    step<K, W>(st);                                                                                    \
+// 0 on success; otherwise which input is out of range (checked before anything is written):
+// 1 token id, 2 position (RoPE table of P rows), 3 KV slot, 4 block table (too short, or a block
+// beyond the pool), 5 logits row, 6 token count (1..kMaxTokens, <= seq_len)
+#define LEAN_STEP(NAME, K, W)                                                                            \
+  int NAME(const int64_t* ptrs, int L, int Dm, int H, int KVH, int D, int I, const void* embed, long vocab,  \
+           const int64_t* tokens, const int64_t* positions, const int64_t* slots, int nT,                   \
+           const int64_t* rows, int R, const void* norm, const void* lm_head, const float* lm_scale, long V, \
+           const void* cos, const void* sin, long P, void* pool, long num_blocks, int BS,                   \
+           const int32_t* table, int W_, int seq_len, float eps, float scale, float* logits, int n) {      \
+    using T = K::T;                                                                                        \
+    if (nT < 1 || nT > kMaxTokens || nT > seq_len) return 6;                                               \
+    for (int t = 0; t < nT; ++t) {                                                                         \
+      if (tokens[t] < 0 || tokens[t] >= vocab) return 1;                                                   \
+      if (positions[t] < 0 || positions[t] >= P) return 2;                                                 \
+      if (slots[t] < 0 || slots[t] >= num_blocks * BS) return 3;                                           \
+    }                                                                                                      \
+    const long nblk = (static_cast<long>(seq_len) + BS - 1) / BS;                                         \
+    if (nblk > W_) return 4;                                                                               \
+    for (long j = 0; j < nblk; ++j)                                                                        \
+      if (table[j] < 0 || table[j] >= num_blocks) return 4;                                                \
+    for (int r = 0; r < R; ++r)                                                                            \
+      if (rows[r] < 0 || rows[r] >= nT) return 5;                                                          \
+    Step<K, W> st{ptrs, L, Dm, H, KVH, D, I, static_cast<const T*>(embed), tokens, positions, slots, nT,    \
+                  rows, R, static_cast<const T*>(norm), static_cast<const W*>(lm_head), lm_scale, V,       \
+                  static_cast<const T*>(cos), static_cast<const T*>(sin), static_cast<T*>(pool),           \
+                  num_blocks, BS, table, seq_len, eps, scale, logits, std::max(1, n)};                     \
+    step<K, W>(st);                                                                                        \
+    return 0;                                                                                              \
   }
 
 LEAN_STEP(lean_step_f32, layer_ops::F32, float)

@@ -1,7 +1,8 @@
-"""The lean one-sequence CPU decode step (kernels/cpu_lean_step.py) against the model's loop.
+"""The lean one-sequence CPU step (kernels/cpu_lean_step.py) against the model's loop.
 
-Same dummy weights, same prompt: a prefill through the loop, then four decode steps, once with the
-lean step and once without. Logits must agree to float rounding (fp32) or a few bf16 / int8 steps
+Same dummy weights, same prompt: a prefill through the loop, a 5-token step (a speculative
+verification: every row's logits), then four one-token steps, once with the lean step and once
+without. Logits must agree to float rounding (fp32) or a few bf16 / int8 steps
 (its matrix-vector products sum in another order than oneDNN), the greedy token must be the same,
 and the K/V it wrote into the pool must be the loop's. Families with and without q/k/v biases and
 with GQA groups of 3 and 4. The real model's greedy equality with HF runs on this step too
@@ -19,15 +20,18 @@ pytestmark = pytest.mark.skipif(not cpu_lean_step.available(torch.float32),
                                 reason=f"no C++ compiler: {cpu_lean_step.active_path()}")
 
 
-def run_steps(model: LlamaModel, ids: list[int], decode: int, bs: int = 16):
-    """Prefill ids[:-decode] in one step, then one token per step; returns (logits per step, pool)."""
+def run_steps(model: LlamaModel, ids: list[int], decode: int, bs: int = 16, chunk: int = 0):
+    """Prefill ids[:-decode - chunk] in one step, then `chunk` tokens in one step (all their logits),
+    then one token per step; returns (logits per step, pool)."""
     nb = -(-(len(ids) + 1) // bs) + 1
     pool = torch.full((2, model.num_layers, nb, bs, model.num_kv_heads, model.head_dim), float("nan"),
                       dtype=model.dtype)
     table = torch.arange(1, nb, dtype=torch.int32).flip(0)[None]     # block 0 never used, order scrambled
     slots = lambda a, b: torch.tensor([int(table[0, p // bs]) * bs + p % bs for p in range(a, b)])
     T = len(ids)
-    chunks = [(0, ids[:T - decode])] + [(p, ids[p:p + 1]) for p in range(T - decode, T)]
+    first = T - decode - chunk
+    chunks = [(0, ids[:first])] + ([(first, ids[first:first + chunk])] if chunk else []) + \
+        [(p, ids[p:p + 1]) for p in range(T - decode, T)]
     outs = []
     for start, toks in chunks:
         n, end = len(toks), start + len(toks)
@@ -35,8 +39,8 @@ def run_steps(model: LlamaModel, ids: list[int], decode: int, bs: int = 16):
                                  seq_lens=torch.tensor([end], dtype=torch.int32),
                                  cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32),
                                  max_seqlen_q=n, backend="torch")
-        outs.append(model.forward(torch.tensor(toks), torch.arange(start, end), pool, meta,
-                                  torch.tensor([n - 1])))
+        rows = torch.arange(n) if chunk and start == first else torch.tensor([n - 1])
+        outs.append(model.forward(torch.tensor(toks), torch.arange(start, end), pool, meta, rows))
     return outs, pool
 
 
@@ -49,16 +53,16 @@ CASES = [("smollm2-135m", torch.float32, None), ("qwen2.5-0.5b", torch.float32, 
 def test_lean_step_matches_the_loop(name, dtype, quant):
     cfg = dw.load_config(name, SMALL)
     w = dw.random_weights(cfg, seed=3)
-    ids = [(7 * i + 3) % cfg.vocab_size for i in range(41)]     # 37 prefilled across block edges, 4 decoded
+    ids = [(7 * i + 3) % cfg.vocab_size for i in range(46)]     # 37 prefilled across block edges, 5 + 4
     loop = LlamaModel(cfg, dict(w), dtype, "cpu", max_positions=64, quantization=quant, lean_step="off")
     lean = LlamaModel(cfg, dict(w), dtype, "cpu", max_positions=64, quantization=quant, lean_step="on")
     assert loop.lean is None and lean.lean is not None, lean.cpu_path
-    want, want_pool = run_steps(loop, ids, 4)
-    got, got_pool = run_steps(lean, ids, 4)
+    want, want_pool = run_steps(loop, ids, 4, chunk=5)
+    got, got_pool = run_steps(lean, ids, 4, chunk=5)
     assert torch.equal(got[0], want[0])          # the prefill ran the same loop in both
     eps = torch.finfo(dtype).eps * (1 if quant is None else 4)
     for step, (g, e) in enumerate(zip(got[1:], want[1:])):
-        assert g.shape == e.shape == (1, cfg.vocab_size) and g.dtype == torch.float32
+        assert g.shape == e.shape == (5 if step == 0 else 1, cfg.vocab_size) and g.dtype == torch.float32
         scale = e.abs().max().item()
         tol = (2e-5 if dtype == torch.float32 and quant is None else 8 * eps) * scale
         err = (g - e).abs().max().item()
@@ -70,17 +74,33 @@ def test_lean_step_matches_the_loop(name, dtype, quant):
     torch.testing.assert_close(got_pool[written].float(), want_pool[written].float(), atol=kv_tol, rtol=kv_tol)
 
 
+@pytest.mark.parametrize("dtype,quant", [(torch.float32, None), (torch.bfloat16, None), (torch.bfloat16, "int8")])
+def test_a_multi_token_step_is_bit_identical_to_one_token_steps(dtype, quant):
+    """Batch invariance: a speculative step's k+1 rows get the logits (and K/V) the one-token steps
+    would have given, bit for bit, so greedy with speculation equals greedy without it exactly."""
+    cfg = dw.load_config("qwen2.5-0.5b", SMALL)          # with q/k/v biases
+    m = LlamaModel(cfg, dw.random_weights(cfg, seed=7), dtype, "cpu", max_positions=64, quantization=quant,
+                   lean_step="on")
+    ids = [(13 * i + 1) % cfg.vocab_size for i in range(40)]
+    multi, multi_pool = run_steps(m, ids, 0, chunk=6)
+    single, single_pool = run_steps(m, ids, 6)
+    assert torch.equal(multi[1], torch.cat(single[1:]))
+    assert torch.equal(multi_pool.nan_to_num(7.0), single_pool.nan_to_num(7.0))
+
+
 def test_lean_step_is_only_taken_where_it_applies(monkeypatch):
-    """One token of one sequence: the lean step; a prefill, or a pool of another dtype: the loop."""
+    """One sequence and at most max_tokens tokens: the lean step; a longer prefill, or a pool of
+    another dtype: the loop."""
     cfg = dw.load_config("smollm2-135m", SMALL)
     lean = LlamaModel(cfg, dw.random_weights(cfg, seed=4), torch.float32, "cpu", max_positions=64,
                       lean_step="on")
-    positions = []
+    sizes = []
     real = cpu_lean_step.LeanStep.__call__
     monkeypatch.setattr(cpu_lean_step.LeanStep, "__call__",
-                        lambda self, token, pos, *a: positions.append(pos) or real(self, token, pos, *a))
-    run_steps(lean, list(range(20)), 2)
-    assert positions == [18, 19]                   # the two one-token steps, not the prefill
+                        lambda self, tokens, *a: sizes.append(len(tokens)) or real(self, tokens, *a))
+    run_steps(lean, list(range(30)), 2, chunk=3)
+    assert sizes == [3, 1, 1]                   # not the 25-token prefill
+    assert lean.lean.max_tokens == 17
     assert lean.lean.can_run(torch.zeros(2, 2, 4, 16, 3, 64))
     assert not lean.lean.can_run(torch.zeros(2, 2, 4, 16, 3, 64, dtype=torch.bfloat16))
     assert not lean.lean.can_run(torch.zeros(2, 2, 4, 16, 3, 68, dtype=torch.int8))
@@ -100,15 +120,23 @@ def test_auto_keeps_no_second_copy_of_big_packed_weights(monkeypatch):
 def test_bad_inputs_are_clear_errors():
     cfg = dw.load_config("smollm2-135m", SMALL)
     m = LlamaModel(cfg, dw.random_weights(cfg, seed=6), torch.float32, "cpu", max_positions=64, lean_step="on")
-    pool = torch.zeros(2, 2, 4, 16, 3, 64)
+    pool = torch.full((2, 2, 4, 16, 3, 64), 5.0)
     table = torch.tensor([1, 2], dtype=torch.int32)
-    with pytest.raises(ValueError, match="RoPE table"):
-        m.lean(1, 64, 0, table, 65, pool, m.scale)
-    with pytest.raises(ValueError, match="beyond the pool"):
-        m.lean(1, 3, 64, table, 4, pool, m.scale)
-    with pytest.raises(ValueError, match="vocabulary"):
-        m.lean(cfg.vocab_size, 3, 3, table, 4, pool, m.scale)
-    with pytest.raises(ValueError, match="block table"):
-        m.lean(1, 40, 3, table, 41, pool, m.scale)
+    i64 = lambda *v: torch.tensor(v, dtype=torch.int64)
+
+    def call(tok=1, pos=3, slot=3, seq_len=4, rows=(0,), tab=table):
+        return m.lean(i64(tok), i64(pos), i64(slot), tab, seq_len, pool, m.scale, i64(*rows))
+    assert call().shape == (1, cfg.vocab_size)
+    for kw, match in [({"pos": 64}, "RoPE table"), ({"slot": 64}, "beyond the pool"),
+                      ({"tok": cfg.vocab_size}, "vocabulary"), ({"tok": -1}, "vocabulary"),
+                      ({"seq_len": 40, "pos": 39}, "block table"),
+                      ({"tab": torch.tensor([1, 9], dtype=torch.int32), "seq_len": 20}, "block table"),
+                      ({"rows": (1,)}, "logits row"), ({"seq_len": 0}, "token count")]:
+        before = pool.clone()
+        with pytest.raises(ValueError, match=match):
+            call(**kw)
+        assert torch.equal(pool, before)            # nothing was written
+    with pytest.raises(ValueError, match="int64"):
+        m.lean(torch.tensor([1], dtype=torch.int32), i64(3), i64(3), table, 4, pool, m.scale, i64(0))
     with pytest.raises(ValueError, match="lean_step"):
         LlamaModel(cfg, dw.random_weights(cfg, seed=6), torch.float32, "cpu", max_positions=64, lean_step="yes")

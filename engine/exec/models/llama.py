@@ -213,10 +213,11 @@ class LlamaModel:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: torch.Tensor,
                 meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
         """Run the packed batch; return fp32 logits for the tokens at `logits_indices`."""
-        if (self.lean is not None and input_ids.shape[0] == 1 and logits_indices.shape[0] == 1
-                and meta.backend == "torch" and self.kv_rotation is None and self.lean.can_run(kv_pool)):
-            return self.lean(int(input_ids[0]), int(positions[0]), int(meta.slot_mapping[0]),
-                             meta.block_tables[0], int(meta.seq_lens[0]), kv_pool, self.scale)
+        if (self.lean is not None and meta.block_tables.shape[0] == 1 and meta.backend == "torch"
+                and input_ids.shape[0] <= self.lean.max_tokens and self.kv_rotation is None
+                and self.lean.can_run(kv_pool)):      # one sequence, a token or a speculative step's few
+            return self.lean(input_ids, positions, meta.slot_mapping, meta.block_tables[0], int(meta.seq_lens[0]),
+                             kv_pool, self.scale, logits_indices)
         if self.use_fused:
             from engine.exec.models.llama_fused import forward_fused
             return forward_fused(self, input_ids, positions, kv_pool, meta, logits_indices)
