@@ -56,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="int8: weight-only int8 weights with per-channel scales (CPU, bf16 activations); "
                         "fastest at batch 1, slightly less accurate")
     p.add_argument("--lean-step", choices=["auto", "on", "off"], default="auto",
-                   help="CPU, one conversation decoding: run the whole step in one C++ call (~1.6x tokens/s "
+                   help="CPU, one conversation decoding: run the whole step in one C++ call (1.5-2.3x tokens/s "
                         "at fp32 here). It reads plain weights, so fp32/bf16 keep a second copy of the layer "
                         "weights (+405 MiB fp32 for the default model; int8: none). auto (default): on when "
                         "that copy is under 1.5 GiB; off: the per-layer loop only")
