@@ -35,6 +35,10 @@ LAYER_KEYS = ("ln1", "qkv", "qkv_b", "o", "o_b", "ln2", "gate_up", "down",
               "qkv_s", "o_s", "gate_up_s", "down_s")     # the C++ pointer table's order
 
 
+class LeanStepFailed(RuntimeError):
+    """The step could not start (memory or threads refused); nothing was written, the loop can run."""
+
+
 def _lib():
     if "lib" not in _state:
         with _lock:
@@ -146,6 +150,8 @@ class LeanStep:
                            self.cos.data_ptr(), self.sin.data_ptr(), self.cos.shape[0], kv_pool.data_ptr(), nb,
                            bs, table.data_ptr(), table.shape[0], int(seq_len), self.eps, float(scale),
                            logits.data_ptr(), torch.get_num_threads())
+        if err == 7:
+            raise LeanStepFailed("the lean step could not get memory or threads (nothing was written)")
         if err:
             raise ValueError(_ERRORS.get(err, f"lean step input error {err}") + f" (tokens {T}, context {seq_len}, "
                              f"pool {nb} x {bs} slots, RoPE table {self.cos.shape[0]}, vocabulary {self.embed.shape[0]})")

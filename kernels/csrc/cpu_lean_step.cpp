@@ -216,9 +216,14 @@ struct Step {
   float eps, scale; float* logits; int nt;
   std::vector<T> qkv, q, delta, gu, act, lg;
   std::vector<float> qf, of;
+  std::vector<std::vector<T>> own_x, own_a;      // per thread: the residual stream and its norm
+  std::vector<std::vector<float>> own_xf;        // per thread: the fp32 activations of a product
 
-  void init() {
+  void init() {               // every allocation of the step, before any thread starts
     const long hd = static_cast<long>(H) * D;
+    own_x.assign(nt, std::vector<T>(nT * static_cast<long>(Dm)));
+    own_a.assign(nt, std::vector<T>(nT * static_cast<long>(Dm)));
+    own_xf.assign(nt, std::vector<float>(nT * std::max<long>({static_cast<long>(Dm), static_cast<long>(I), hd})));
     qkv.resize(nT * static_cast<long>(H + 2 * KVH) * D); q.resize(nT * hd); delta.resize(nT * static_cast<long>(Dm));
     gu.resize(nT * 2L * I); act.resize(nT * static_cast<long>(I)); lg.resize(R * V);
     qf.resize(nT * hd); of.resize(nT * hd);
@@ -249,8 +254,9 @@ struct Step {
   void run(int tid, SpinBarrier& bar) {
     const long qkv_n = static_cast<long>(H + 2 * KVH) * D, hd = static_cast<long>(H) * D;
     const long slab = num_blocks * BS * KVH * static_cast<long>(D);     // one layer's K (or V)
-    std::vector<T> x(nT * static_cast<long>(Dm)), a(nT * static_cast<long>(Dm));
-    std::vector<float> xf(nT * std::max<long>({static_cast<long>(Dm), static_cast<long>(I), hd}));
+    std::vector<T>& x = own_x[tid];
+    std::vector<T>& a = own_a[tid];
+    std::vector<float>& xf = own_xf[tid];
     for (int t = 0; t < nT; ++t) std::memcpy(&x[t * static_cast<long>(Dm)], embed + tokens[t] * Dm, sizeof(T) * Dm);
     const long j0 = part4(I, tid, nt), j1 = part4(I, tid + 1, nt);   // this thread's gate/up rows
     for (int i = 0; i < L; ++i) {
@@ -313,13 +319,30 @@ struct Step {
 };
 
 template <typename K, typename W>
-void step(Step<K, W>& st) {
-  st.init();
-  SpinBarrier bar(st.nt);
+bool step(Step<K, W>& st) {
+  // nothing may throw once a thread runs (an exception there would end the process), so the
+  // buffers are allocated and every worker is started, parked, before any of them computes;
+  // if memory or a thread is refused, the parked ones are released and nothing was written
+  std::atomic<int> go{0};     // 0: wait, 1: run, -1: give up
   std::vector<std::thread> workers;
-  for (int t = 1; t < st.nt; ++t) workers.emplace_back([&st, &bar, t] { st.run(t, bar); });
+  SpinBarrier bar(st.nt);
+  try {
+    st.init();
+    workers.reserve(st.nt);
+    for (int t = 1; t < st.nt; ++t)
+      workers.emplace_back([&st, &bar, &go, t] {
+        while (go.load(std::memory_order_acquire) == 0) std::this_thread::yield();
+        if (go.load(std::memory_order_acquire) == 1) st.run(t, bar);
+      });
+  } catch (...) {
+    go.store(-1, std::memory_order_release);
+    for (auto& w : workers) w.join();
+    return false;
+  }
+  go.store(1, std::memory_order_release);
   st.run(0, bar);
   for (auto& w : workers) w.join();
+  return true;
 }
 
 }  // namespace
@@ -331,7 +354,8 @@ int lean_step_max_tokens() { return kMaxTokens; }
 
 // 0 on success; otherwise which input is out of range (checked before anything is written):
 // 1 token id, 2 position (RoPE table of P rows), 3 KV slot, 4 block table (too short, or a block
-// beyond the pool), 5 logits row, 6 token count (1..kMaxTokens, <= seq_len)
+// beyond the pool), 5 logits row, 6 token count (1..kMaxTokens, <= seq_len); 7: no memory or
+// threads for the step (nothing written)
 #define LEAN_STEP(NAME, K, W)                                                                            \
   int NAME(const int64_t* ptrs, int L, int Dm, int H, int KVH, int D, int I, const void* embed, long vocab,  \
            const int64_t* tokens, const int64_t* positions, const int64_t* slots, int nT,                   \
@@ -355,8 +379,7 @@ int lean_step_max_tokens() { return kMaxTokens; }
                   rows, R, static_cast<const T*>(norm), static_cast<const W*>(lm_head), lm_scale, V,       \
                   static_cast<const T*>(cos), static_cast<const T*>(sin), static_cast<T*>(pool),           \
                   num_blocks, BS, table, seq_len, eps, scale, logits, std::max(1, n)};                     \
-    step<K, W>(st);                                                                                        \
-    return 0;                                                                                              \
+    return step<K, W>(st) ? 0 : 7;                                                                         \
   }
 
 LEAN_STEP(lean_step_f32, layer_ops::F32, float)

@@ -140,3 +140,21 @@ def test_bad_inputs_are_clear_errors():
         m.lean(torch.tensor([1], dtype=torch.int32), i64(3), i64(3), table, 4, pool, m.scale, i64(0))
     with pytest.raises(ValueError, match="lean_step"):
         LlamaModel(cfg, dw.random_weights(cfg, seed=6), torch.float32, "cpu", max_positions=64, lean_step="yes")
+
+
+def test_a_step_that_cannot_start_falls_back_to_the_loop(monkeypatch):
+    """Memory or threads refused (C++ returns before writing anything): the model turns the lean step
+    off and the loop serves that step, with the loop's logits."""
+    cfg = dw.load_config("smollm2-135m", SMALL)
+    w = dw.random_weights(cfg, seed=8)
+    lean = LlamaModel(cfg, dict(w), torch.float32, "cpu", max_positions=64, lean_step="on")
+    loop = LlamaModel(cfg, dict(w), torch.float32, "cpu", max_positions=64, lean_step="off")
+
+    def refuse(self, *a):
+        raise cpu_lean_step.LeanStepFailed("no threads")
+    monkeypatch.setattr(cpu_lean_step.LeanStep, "__call__", refuse)
+    got, _ = run_steps(lean, list(range(24)), 2)
+    want, _ = run_steps(loop, list(range(24)), 2)
+    assert lean.lean is None
+    for g, e in zip(got, want):
+        assert torch.equal(g, e)

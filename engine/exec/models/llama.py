@@ -8,6 +8,7 @@ tables. New K/V go into the pool through `kernels.store_kv`; attention reads the
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +17,8 @@ import torch.nn.functional as F
 import kernels
 from kernels import kv_quant
 from engine.exec.cpu_linear import layer_linear as _linear
+
+log = logging.getLogger("paged_chat.engine")
 
 
 @dataclass
@@ -216,8 +219,13 @@ class LlamaModel:
         if (self.lean is not None and meta.block_tables.shape[0] == 1 and meta.backend == "torch"
                 and input_ids.shape[0] <= self.lean.max_tokens and self.kv_rotation is None
                 and self.lean.can_run(kv_pool)):      # one sequence, a token or a speculative step's few
-            return self.lean(input_ids, positions, meta.slot_mapping, meta.block_tables[0], int(meta.seq_lens[0]),
-                             kv_pool, self.scale, logits_indices)
+            from kernels.cpu_lean_step import LeanStepFailed
+            try:
+                return self.lean(input_ids, positions, meta.slot_mapping, meta.block_tables[0],
+                                 int(meta.seq_lens[0]), kv_pool, self.scale, logits_indices)
+            except LeanStepFailed as e:        # the loop below serves this step and every later one
+                log.warning("lean CPU step off: %s", e)
+                self.lean = None
         if self.use_fused:
             from engine.exec.models.llama_fused import forward_fused
             return forward_fused(self, input_ids, positions, kv_pool, meta, logits_indices)
