@@ -27,6 +27,7 @@ _state: dict = {}
 # (activation dtype, weights int8?) -> exported function
 _FN = {(torch.float32, False): "lean_step_f32", (torch.bfloat16, False): "lean_step_bf16",
        (torch.float32, True): "lean_step_f32_i8", (torch.bfloat16, True): "lean_step_bf16_i8"}
+BATCH_MAX_TOKENS = 8          # several sequences: the lean step up to this many tokens (see LeanStep.takes)
 MAX_GROUP, MAX_DIM, MAX_BLOCK = 16, 256, 128   # paged_decode.h's kMaxGroup / kMaxDim / kMaxBlock
 _ERRORS = {1: "token id outside the vocabulary", 2: "position beyond the RoPE table",
            3: "KV slot beyond the pool", 4: "block table does not cover the sequence (or names a block beyond the pool)",
@@ -61,7 +62,7 @@ def _declare(dll) -> None:
     p, i, L, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
     for name in _FN.values():
         fn = getattr(dll, name)
-        fn.argtypes = [p, i, i, i, i, i, i, p, L, p, p, p, i, p, i, p, p, p, L, p, p, L, p, L, i, p, i, i, f, f, p, i]
+        fn.argtypes = [p, i, i, i, i, i, i, p, L, p, p, p, i, p, i, p, p, p, L, p, p, L, p, L, i, p, i, i, p, p, f, f, p, i]
         fn.restype = ctypes.c_int
     if dll.lean_step_ptrs_per_layer() != len(LAYER_KEYS):
         raise RuntimeError("cpu_lean_step.cpp and LAYER_KEYS disagree on the pointer table")
@@ -120,26 +121,39 @@ class LeanStep:
                 and kv_pool.shape[1] == self.num_layers and kv_pool.shape[3] <= MAX_BLOCK
                 and kv_pool.shape[5] == self.d)
 
+    def takes(self, num_tokens: int, num_seqs: int) -> bool:
+        """Whether a step of this shape is the lean step's: one sequence's token or speculative step
+        (up to max_tokens: a verification costs about one token's step and its logits are
+        bit-identical to one-token steps'), or a decode batch of up to BATCH_MAX_TOKENS tokens (more,
+        and oneDNN's packed GEMMs win: measured ms/step lean vs loop, fp32, 16-token contexts,
+        `python -m bench.profile_decode --batches 1,2,4,8,16`: 17.0/40.0 at 1, 18.1/32.5 at 4,
+        30.5/32.9 at 8, 48.6/39.2 at 16)."""
+        return num_tokens <= (self.max_tokens if num_seqs == 1 else BATCH_MAX_TOKENS)
+
     @property
     def max_tokens(self) -> int:
         """Tokens one call scores: one, or one plus a speculative draft (kernels/csrc: kMaxTokens)."""
         return _state["max_tokens"]
 
-    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, table: torch.Tensor,
-                 seq_len: int, kv_pool: torch.Tensor, scale: float, rows: torch.Tensor) -> torch.Tensor:
-        """Logits [len(rows), vocab] fp32 of the given rows of T new tokens of one sequence.
-        tokens, positions, slots, rows: int64 [T] / [R], contiguous; the tokens are the sequence's
-        last T (positions seq_len - T .. seq_len - 1), their K/V go into `slots`; `table`: the
-        sequence's block table, int32 [W] contiguous. Out-of-range inputs raise ValueError before
-        anything is written."""
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor,
+                 seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, kv_pool: torch.Tensor, scale: float,
+                 rows: torch.Tensor) -> torch.Tensor:
+        """Logits [len(rows), vocab] fp32 of the given rows of one step's T new tokens (T <=
+        max_tokens), packed over sequences as AttentionMetadata packs them: tokens, positions,
+        slots int64 [T]; tables int32 [S, W]; seq_lens int32 [S] (context incl. this step's
+        tokens); cu_seqlens_q int32 [S + 1]; rows int64 [R]. Their K/V go into `slots`.
+        Out-of-range inputs raise ValueError before anything is written."""
         for name, t in (("tokens", tokens), ("positions", positions), ("slots", slots), ("rows", rows)):
             if t.dtype != torch.int64 or not t.is_contiguous():
                 raise ValueError(f"{name} must be a contiguous int64 tensor")
-        if table.dtype != torch.int32 or not table.is_contiguous():
-            raise ValueError("block table must be a contiguous int32 tensor")
-        T, R = tokens.shape[0], rows.shape[0]
+        for name, t in (("block tables", tables), ("seq_lens", seq_lens), ("cu_seqlens_q", cu_seqlens_q)):
+            if t.dtype != torch.int32 or not t.is_contiguous():
+                raise ValueError(f"{name} must be a contiguous int32 tensor")
+        T, R, S = tokens.shape[0], rows.shape[0], seq_lens.shape[0]
         if positions.shape[0] != T or slots.shape[0] != T:
             raise ValueError("tokens, positions and slots must have one entry per token")
+        if tables.dim() != 2 or tables.shape[0] != S or cu_seqlens_q.shape[0] != S + 1:
+            raise ValueError("block tables, seq_lens and cu_seqlens_q must describe the same sequences")
         nb, bs = kv_pool.shape[2], kv_pool.shape[3]
         logits = torch.empty(R, self.vocab, dtype=torch.float32)
         with profiled("cpu_lean_step"):
@@ -148,11 +162,11 @@ class LeanStep:
                            slots.data_ptr(), T, rows.data_ptr(), R, self.norm.data_ptr(), self.lm_head.data_ptr(),
                            None if self.lm_scale is None else self.lm_scale.data_ptr(), self.vocab,
                            self.cos.data_ptr(), self.sin.data_ptr(), self.cos.shape[0], kv_pool.data_ptr(), nb,
-                           bs, table.data_ptr(), table.shape[0], int(seq_len), self.eps, float(scale),
-                           logits.data_ptr(), torch.get_num_threads())
+                           bs, tables.data_ptr(), tables.shape[1], S, seq_lens.data_ptr(), cu_seqlens_q.data_ptr(),
+                           self.eps, float(scale), logits.data_ptr(), torch.get_num_threads())
         if err == 7:
             raise LeanStepFailed("the lean step could not get memory or threads (nothing was written)")
         if err:
-            raise ValueError(_ERRORS.get(err, f"lean step input error {err}") + f" (tokens {T}, context {seq_len}, "
+            raise ValueError(_ERRORS.get(err, f"lean step input error {err}") + f" (tokens {T}, sequences {S}, "
                              f"pool {nb} x {bs} slots, RoPE table {self.cos.shape[0]}, vocabulary {self.embed.shape[0]})")
         return logits

@@ -132,6 +132,16 @@ inline v16f vload(const uint16_t* p) {
 inline v16f vload(const int8_t* p) { v16i8 c; std::memcpy(&c, p, sizeof c); return __builtin_convertvector(c, v16f); }
 #endif
 
+// a * b + c: one fused multiply-add where the CPU has it (this file is built without implicit
+// contraction, for the small ops' sake; both product paths below use this one, so they agree)
+inline v16f madd(v16f a, v16f b, v16f c) {
+#if defined(__AVX512F__)
+  return _mm512_fmadd_ps(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
 inline float hsum(v16f v) {                   // a fixed tree: the same order for every call
 #if defined(__AVX512F__)
   return _mm512_reduce_add_ps(v);
@@ -160,10 +170,10 @@ inline void tile4(const W* w, long Kd, long K16, const float* X, v16f (&out)[4][
 #pragma GCC unroll 4
     for (int m = 0; m < MS; ++m) {
       const v16f xv = vload(X + m * Kd + k);
-      acc[0][m] += a0 * xv;
-      acc[1][m] += a1 * xv;
-      acc[2][m] += a2 * xv;
-      acc[3][m] += a3 * xv;
+      acc[0][m] = madd(a0, xv, acc[0][m]);
+      acc[1][m] = madd(a1, xv, acc[1][m]);
+      acc[2][m] = madd(a2, xv, acc[2][m]);
+      acc[3][m] = madd(a3, xv, acc[3][m]);
     }
   }
   for (int r = 0; r < 4; ++r)
@@ -174,7 +184,7 @@ inline void tile4(const W* w, long Kd, long K16, const float* X, v16f (&out)[4][
 template <typename W>
 inline v16f dot1(const W* w, const float* x, long K16) {
   v16f acc = v16f{};
-  for (long k = 0; k < K16; k += 16) acc += vload(w + k) * vload(x + k);
+  for (long k = 0; k < K16; k += 16) acc = madd(vload(w + k), vload(x + k), acc);
   return acc;
 }
 
@@ -241,7 +251,8 @@ struct Step {
   using T = typename K::T;
   const int64_t* ptrs; int L, Dm, H, KVH, D, I; const T* embed; const int64_t* tokens; const int64_t* positions;
   const int64_t* slots; int nT; const int64_t* rows; int R; const T* norm; const W* lm_head; const float* lm_scale;
-  long V; const T* cos; const T* sin; T* pool; long num_blocks; int BS; const int32_t* table; int seq_len;
+  long V; const T* cos; const T* sin; T* pool; long num_blocks; int BS; const int32_t* tables; int W_;
+  const int32_t* tok_seq; const int32_t* tok_len;     // per token: its sequence (table row) and context
   float eps, scale; float* logits; int nt;
   std::vector<T> qkv, q, delta, gu, act, lg;
   std::vector<float> qf, of;
@@ -264,7 +275,7 @@ struct Step {
                part4(N, tid + 1, nt), Kd);
   }
 
-  void attention(const float* qt, const T* kc, const T* vc, int len, float* ot, int tid) {
+  void attention(const float* qt, const T* kc, const T* vc, const int32_t* table, int len, float* ot, int tid) {
     const int G = H / KVH;
     const int h0 = static_cast<int>(part(H, tid, nt)), h1 = static_cast<int>(part(H, tid + 1, nt));
     for (int g = h0 / G; g * G < h1; ++g) {       // query heads split; a KV group's heads stay together
@@ -302,8 +313,8 @@ struct Step {
         to_f32<K>(q.data(), qf.data(), nT * hd);
       }
       bar.wait();
-      for (int t = 0; t < nT; ++t)           // causal: token t sees the context up to itself
-        attention(&qf[t * hd], kc, vc, seq_len - nT + t + 1, &of[t * hd], tid);
+      for (int t = 0; t < nT; ++t)           // causal: token t sees its sequence up to itself
+        attention(&qf[t * hd], kc, vc, tables + static_cast<long>(tok_seq[t]) * W_, tok_len[t], &of[t * hd], tid);
       bar.wait();
       for (long j = 0; j < nT * hd; ++j) xf[j] = K::rnd(of[j]);     // the loop's attention output in dtype
       lin(p, O, O_B, O_S, xf.data(), delta.data(), Dm, hd, tid);
@@ -383,31 +394,46 @@ int lean_step_max_tokens() { return kMaxTokens; }
 
 // 0 on success; otherwise which input is out of range (checked before anything is written):
 // 1 token id, 2 position (RoPE table of P rows), 3 KV slot, 4 block table (too short, or a block
-// beyond the pool), 5 logits row, 6 token count (1..kMaxTokens, <= seq_len); 7: no memory or
-// threads for the step (nothing written)
+// beyond the pool), 5 logits row, 6 token count (1..kMaxTokens) or sequence layout (cu_seqlens_q
+// not rising from 0 to the token count, a sequence with more new tokens than context); 7: no
+// memory or threads for the step (nothing written).
+// S sequences: tables [S, W_], seq_lens [S] (context incl. this step's tokens), cu [S + 1] (query
+// token offsets), as AttentionMetadata holds them.
 #define LEAN_STEP(NAME, K, W)                                                                            \
   int NAME(const int64_t* ptrs, int L, int Dm, int H, int KVH, int D, int I, const void* embed, long vocab,  \
            const int64_t* tokens, const int64_t* positions, const int64_t* slots, int nT,                   \
            const int64_t* rows, int R, const void* norm, const void* lm_head, const float* lm_scale, long V, \
            const void* cos, const void* sin, long P, void* pool, long num_blocks, int BS,                   \
-           const int32_t* table, int W_, int seq_len, float eps, float scale, float* logits, int n) {      \
+           const int32_t* tables, int W_, int S, const int32_t* seq_lens, const int32_t* cu, float eps,    \
+           float scale, float* logits, int n) {                                                            \
     using T = K::T;                                                                                        \
-    if (nT < 1 || nT > kMaxTokens || nT > seq_len) return 6;                                               \
+    if (nT < 1 || nT > kMaxTokens || S < 1 || cu[0] != 0 || cu[S] != nT) return 6;                         \
+    int32_t tok_seq[kMaxTokens], tok_len[kMaxTokens];                                                      \
+    for (int s = 0; s < S; ++s) {                                                                          \
+      const int q = cu[s + 1] - cu[s];                                                                     \
+      if (q < 0 || q > seq_lens[s]) return 6;                                                              \
+      const long nblk = (static_cast<long>(seq_lens[s]) + BS - 1) / BS;                                   \
+      if (nblk > W_) return 4;                                                                             \
+      for (long j = 0; j < nblk; ++j) {                                                                    \
+        const int32_t b = tables[static_cast<long>(s) * W_ + j];                                           \
+        if (b < 0 || b >= num_blocks) return 4;                                                            \
+      }                                                                                                    \
+      for (int t = cu[s]; t < cu[s + 1]; ++t) {                                                            \
+        tok_seq[t] = s;                                                                                    \
+        tok_len[t] = seq_lens[s] - q + (t - cu[s]) + 1;                                                    \
+      }                                                                                                    \
+    }                                                                                                      \
     for (int t = 0; t < nT; ++t) {                                                                         \
       if (tokens[t] < 0 || tokens[t] >= vocab) return 1;                                                   \
       if (positions[t] < 0 || positions[t] >= P) return 2;                                                 \
       if (slots[t] < 0 || slots[t] >= num_blocks * BS) return 3;                                           \
     }                                                                                                      \
-    const long nblk = (static_cast<long>(seq_len) + BS - 1) / BS;                                         \
-    if (nblk > W_) return 4;                                                                               \
-    for (long j = 0; j < nblk; ++j)                                                                        \
-      if (table[j] < 0 || table[j] >= num_blocks) return 4;                                                \
     for (int r = 0; r < R; ++r)                                                                            \
       if (rows[r] < 0 || rows[r] >= nT) return 5;                                                          \
     Step<K, W> st{ptrs, L, Dm, H, KVH, D, I, static_cast<const T*>(embed), tokens, positions, slots, nT,    \
                   rows, R, static_cast<const T*>(norm), static_cast<const W*>(lm_head), lm_scale, V,       \
                   static_cast<const T*>(cos), static_cast<const T*>(sin), static_cast<T*>(pool),           \
-                  num_blocks, BS, table, seq_len, eps, scale, logits, std::max(1, n)};                     \
+                  num_blocks, BS, tables, W_, tok_seq, tok_len, eps, scale, logits, std::max(1, n)};       \
     return step<K, W>(st) ? 0 : 7;                                                                         \
   }
 

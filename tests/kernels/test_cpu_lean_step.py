@@ -88,9 +88,58 @@ def test_a_multi_token_step_is_bit_identical_to_one_token_steps(dtype, quant):
     assert torch.equal(multi_pool.nan_to_num(7.0), single_pool.nan_to_num(7.0))
 
 
+def _batch_step(model, seqs, pool, bs=16):
+    """One decode step of several sequences: seqs = [(ids, table)]; each decodes ids[-1] at len(ids) - 1."""
+    toks = [ids[-1] for ids, _ in seqs]
+    pos = [len(ids) - 1 for ids, _ in seqs]
+    slots = [int(tab[p // bs]) * bs + p % bs for (ids, tab), p in zip(seqs, pos)]
+    W = max(len(tab) for _, tab in seqs)
+    tables = torch.zeros(len(seqs), W, dtype=torch.int32)
+    for r, (_, tab) in enumerate(seqs):
+        tables[r, :len(tab)] = torch.tensor(tab, dtype=torch.int32)
+    meta = AttentionMetadata(slot_mapping=torch.tensor(slots), block_tables=tables,
+                             seq_lens=torch.tensor([p + 1 for p in pos], dtype=torch.int32),
+                             cu_seqlens_q=torch.arange(len(seqs) + 1, dtype=torch.int32), max_seqlen_q=1,
+                             backend="torch")
+    return model.forward(torch.tensor(toks), torch.tensor(pos), pool, meta, torch.arange(len(seqs)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_small_batch_decodes_like_the_loop_and_like_each_sequence_alone(dtype):
+    """Three sequences of different lengths decoding in one lean step: close to the loop's logits
+    (same argmax in fp32), and bit-identical to each sequence's own one-sequence step."""
+    cfg = dw.load_config("smollm2-135m", SMALL)
+    w = dw.random_weights(cfg, seed=9)
+    lean = LlamaModel(cfg, dict(w), dtype, "cpu", max_positions=64, lean_step="on")
+    loop = LlamaModel(cfg, dict(w), dtype, "cpu", max_positions=64, lean_step="off")
+    seqs = [([(5 * i + 2 + s) % cfg.vocab_size for i in n], tab)
+            for s, (n, tab) in enumerate([(range(20), [3, 1]), (range(7), [5]), (range(33), [2, 6, 4])])]
+
+    def fresh_pool(model):        # every prefix but the last token cached by the loop, identically
+        pool = torch.zeros(2, model.num_layers, 8, 16, model.num_kv_heads, model.head_dim, dtype=dtype)
+        for ids, tab in seqs:
+            n = len(ids) - 1
+            meta = AttentionMetadata(slot_mapping=torch.tensor([tab[p // 16] * 16 + p % 16 for p in range(n)]),
+                                     block_tables=torch.tensor([tab], dtype=torch.int32),
+                                     seq_lens=torch.tensor([n], dtype=torch.int32),
+                                     cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32), max_seqlen_q=n,
+                                     backend="torch")
+            loop.forward(torch.tensor(ids[:-1]), torch.arange(n), pool, meta, torch.tensor([n - 1]))
+        return pool
+    together = _batch_step(lean, seqs, fresh_pool(lean))
+    want = _batch_step(loop, seqs, fresh_pool(loop))
+    pool = fresh_pool(lean)
+    alone = torch.cat([_batch_step(lean, [sq], pool) for sq in seqs])
+    assert torch.equal(together, alone)
+    scale = want.abs().max().item()
+    tol = (2e-5 if dtype == torch.float32 else 8 * torch.finfo(dtype).eps) * scale
+    assert (together - want).abs().max().item() <= tol
+    if dtype == torch.float32:
+        assert torch.equal(together.argmax(-1), want.argmax(-1))
+
+
 def test_lean_step_is_only_taken_where_it_applies(monkeypatch):
-    """One sequence and at most max_tokens tokens: the lean step; a longer prefill, or a pool of
-    another dtype: the loop."""
+    """At most max_tokens tokens: the lean step; a longer prefill, or a pool of another dtype: the loop."""
     cfg = dw.load_config("smollm2-135m", SMALL)
     lean = LlamaModel(cfg, dw.random_weights(cfg, seed=4), torch.float32, "cpu", max_positions=64,
                       lean_step="on")
@@ -101,6 +150,8 @@ def test_lean_step_is_only_taken_where_it_applies(monkeypatch):
     run_steps(lean, list(range(30)), 2, chunk=3)
     assert sizes == [3, 1, 1]                   # not the 25-token prefill
     assert lean.lean.max_tokens == 17
+    assert lean.lean.takes(17, 1) and not lean.lean.takes(18, 1)        # one sequence: a draft of 16
+    assert lean.lean.takes(8, 8) and not lean.lean.takes(9, 9)          # a batch: oneDNN wins above 8
     assert lean.lean.can_run(torch.zeros(2, 2, 4, 16, 3, 64))
     assert not lean.lean.can_run(torch.zeros(2, 2, 4, 16, 3, 64, dtype=torch.bfloat16))
     assert not lean.lean.can_run(torch.zeros(2, 2, 4, 16, 3, 68, dtype=torch.int8))
@@ -121,23 +172,27 @@ def test_bad_inputs_are_clear_errors():
     cfg = dw.load_config("smollm2-135m", SMALL)
     m = LlamaModel(cfg, dw.random_weights(cfg, seed=6), torch.float32, "cpu", max_positions=64, lean_step="on")
     pool = torch.full((2, 2, 4, 16, 3, 64), 5.0)
-    table = torch.tensor([1, 2], dtype=torch.int32)
+    table = torch.tensor([[1, 2]], dtype=torch.int32)
     i64 = lambda *v: torch.tensor(v, dtype=torch.int64)
+    i32 = lambda *v: torch.tensor(v, dtype=torch.int32)
 
-    def call(tok=1, pos=3, slot=3, seq_len=4, rows=(0,), tab=table):
-        return m.lean(i64(tok), i64(pos), i64(slot), tab, seq_len, pool, m.scale, i64(*rows))
+    def call(tok=1, pos=3, slot=3, seq_len=4, rows=(0,), tab=table, cu=(0, 1)):
+        return m.lean(i64(tok), i64(pos), i64(slot), tab, i32(seq_len), i32(*cu), pool, m.scale, i64(*rows))
     assert call().shape == (1, cfg.vocab_size)
     for kw, match in [({"pos": 64}, "RoPE table"), ({"slot": 64}, "beyond the pool"),
                       ({"tok": cfg.vocab_size}, "vocabulary"), ({"tok": -1}, "vocabulary"),
                       ({"seq_len": 40, "pos": 39}, "block table"),
-                      ({"tab": torch.tensor([1, 9], dtype=torch.int32), "seq_len": 20}, "block table"),
-                      ({"rows": (1,)}, "logits row"), ({"seq_len": 0}, "token count")]:
+                      ({"tab": torch.tensor([[1, 9]], dtype=torch.int32), "seq_len": 20}, "block table"),
+                      ({"rows": (1,)}, "logits row"), ({"seq_len": 0}, "token count"),
+                      ({"cu": (0, 2)}, "token count"), ({"cu": (1, 1)}, "token count")]:
         before = pool.clone()
         with pytest.raises(ValueError, match=match):
             call(**kw)
         assert torch.equal(pool, before)            # nothing was written
     with pytest.raises(ValueError, match="int64"):
-        m.lean(torch.tensor([1], dtype=torch.int32), i64(3), i64(3), table, 4, pool, m.scale, i64(0))
+        m.lean(i32(1), i64(3), i64(3), table, i32(4), i32(0, 1), pool, m.scale, i64(0))
+    with pytest.raises(ValueError, match="same sequences"):
+        m.lean(i64(1), i64(3), i64(3), table, i32(4, 4), i32(0, 1, 1), pool, m.scale, i64(0))
     with pytest.raises(ValueError, match="lean_step"):
         LlamaModel(cfg, dw.random_weights(cfg, seed=6), torch.float32, "cpu", max_positions=64, lean_step="yes")
 

@@ -216,13 +216,14 @@ class LlamaModel:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: torch.Tensor,
                 meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
         """Run the packed batch; return fp32 logits for the tokens at `logits_indices`."""
-        if (self.lean is not None and meta.block_tables.shape[0] == 1 and meta.backend == "torch"
-                and input_ids.shape[0] <= self.lean.max_tokens and self.kv_rotation is None
-                and self.lean.can_run(kv_pool)):      # one sequence, a token or a speculative step's few
+        if (self.lean is not None and meta.backend == "torch"
+                and self.lean.takes(input_ids.shape[0], meta.seq_lens.shape[0])
+                and self.kv_rotation is None and self.lean.can_run(kv_pool)):
+            # a few tokens (one chat's, a speculative step's, a small batch's decode): weights read once
             from kernels.cpu_lean_step import LeanStepFailed
             try:
-                return self.lean(input_ids, positions, meta.slot_mapping, meta.block_tables[0],
-                                 int(meta.seq_lens[0]), kv_pool, self.scale, logits_indices)
+                return self.lean(input_ids, positions, meta.slot_mapping, meta.block_tables, meta.seq_lens,
+                                 meta.cu_seqlens_q, kv_pool, self.scale, logits_indices)
             except LeanStepFailed as e:        # the loop below serves this step and every later one
                 log.warning("lean CPU step off: %s", e)
                 self.lean = None
