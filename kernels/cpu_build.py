@@ -62,6 +62,49 @@ def build(source: Path, flags: tuple[str, ...] = ("-ffp-contract=fast",)) -> tup
     return ctypes.CDLL(str(lib)), f"C++/OpenMP kernel {lib.name}"
 
 
+class LazyLibrary:
+    """One kernel library, built and loaded on first use, once per process (thread-safe).
+    `declare(dll)` sets its ctypes signatures; `disable_env`=0 turns it off. Never raises: a
+    failed build or declare leaves `lib` None and says why (the caller keeps its fallback)."""
+
+    def __init__(self, source: Path, flags: tuple[str, ...], *, disable_env: str | None = None,
+                 declare=None, label: str = ""):
+        import threading
+        self.source, self.flags, self.disable_env, self.declare = source, flags, disable_env, declare
+        self.label = label or source.stem
+        self._lock = threading.Lock()
+        self._done = False
+        self._lib: ctypes.CDLL | None = None
+        self.why = ""
+
+    @property
+    def lib(self) -> ctypes.CDLL | None:
+        if not self._done:
+            with self._lock:
+                if not self._done:
+                    self._load()
+                    self._done = True
+        return self._lib
+
+    def _load(self) -> None:
+        import logging
+        if self.disable_env and os.environ.get(self.disable_env, "1") == "0":
+            self.why = f"disabled by {self.disable_env}=0"
+        else:
+            try:
+                dll, self.why = build(self.source, self.flags)
+                if dll is not None and self.declare is not None:
+                    self.declare(dll)
+                self._lib = dll
+            except Exception as e:      # never let the fast path break the engine
+                self._lib, self.why = None, f"build failed: {e}"
+        logging.getLogger("paged_chat.kernels").info(      # not active_path(): it would take the lock again
+            "%s: %s%s", self.label, "cpp: " if self._lib is not None else "off: ", self.why)
+
+    def active_path(self) -> str:
+        return ("cpp: " if self.lib is not None else "off: ") + self.why
+
+
 _NO_LABEL = contextlib.nullcontext()
 
 

@@ -11,36 +11,12 @@ PAGED_CHAT_CPU_KERNEL=0 / PAGED_CHAT_CPU_FUSED=0; the model then runs its torch 
 from __future__ import annotations
 
 import ctypes
-import logging
-import os
-import threading
 
 import torch
 
-from kernels.cpu_build import CSRC, build, profiled
+from kernels.cpu_build import CSRC, LazyLibrary, profiled
 
-log = logging.getLogger("paged_chat.kernels")
-_lock = threading.Lock()
-_state: dict = {}
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
-
-
-def _lib():
-    if "lib" not in _state:
-        with _lock:
-            if "lib" not in _state:
-                if os.environ.get("PAGED_CHAT_CPU_FUSED", "1") == "0":
-                    dll, why = None, "disabled by PAGED_CHAT_CPU_FUSED=0"
-                else:
-                    try:
-                        dll, why = build(CSRC / "cpu_layer_ops.cpp", ("-ffp-contract=off",))
-                        if dll is not None:
-                            _declare(dll)
-                    except Exception as e:      # never let the fast path break the engine
-                        dll, why = None, f"build failed: {e}"
-                _state["lib"], _state["why"] = dll, why
-                log.info("CPU fused layer ops: %s", active_path())
-    return _state["lib"]
 
 
 def _declare(dll) -> None:
@@ -51,9 +27,16 @@ def _declare(dll) -> None:
         getattr(dll, f"silu_mul_{sfx}").argtypes = [p, p, L, L, i]
 
 
+_LIB = LazyLibrary(CSRC / "cpu_layer_ops.cpp", ("-ffp-contract=off",), disable_env="PAGED_CHAT_CPU_FUSED",
+                   declare=_declare, label="CPU fused layer ops")
+
+
+def _lib():
+    return _LIB.lib
+
+
 def active_path() -> str:
-    lib = _lib()
-    return ("cpp: " if lib is not None else "torch ops: ") + _state["why"]
+    return _LIB.active_path()
 
 
 def available(dtype: torch.dtype) -> bool:

@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
-import threading
 
 import torch
 
-from kernels.cpu_build import CSRC, build, profiled
+from kernels.cpu_build import CSRC, LazyLibrary, profiled
 
 log = logging.getLogger("paged_chat.kernels")
-_lock = threading.Lock()
-_state: dict = {}
+_MAX_TOKENS: list[int] = []     # kernels/csrc's kMaxTokens, read when the library loads
 # (activation dtype, weights int8?) -> exported function
 _FN = {(torch.float32, False): "lean_step_f32", (torch.bfloat16, False): "lean_step_bf16",
        (torch.float32, True): "lean_step_f32_i8", (torch.bfloat16, True): "lean_step_bf16_i8"}
@@ -40,24 +37,6 @@ class LeanStepFailed(RuntimeError):
     """The step could not start (memory or threads refused); nothing was written, the loop can run."""
 
 
-def _lib():
-    if "lib" not in _state:
-        with _lock:
-            if "lib" not in _state:
-                if os.environ.get("PAGED_CHAT_LEAN_STEP", "1") == "0":
-                    dll, why = None, "disabled by PAGED_CHAT_LEAN_STEP=0"
-                else:
-                    try:
-                        dll, why = build(CSRC / "cpu_lean_step.cpp", ("-ffp-contract=off",))
-                        if dll is not None:
-                            _declare(dll)
-                    except Exception as e:      # never let the fast path break the engine
-                        dll, why = None, f"build failed: {e}"
-                _state["lib"], _state["why"] = dll, why
-                log.info("CPU lean decode step: %s", active_path())
-    return _state["lib"]
-
-
 def _declare(dll) -> None:
     p, i, L, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
     for name in _FN.values():
@@ -66,12 +45,19 @@ def _declare(dll) -> None:
         fn.restype = ctypes.c_int
     if dll.lean_step_ptrs_per_layer() != len(LAYER_KEYS):
         raise RuntimeError("cpu_lean_step.cpp and LAYER_KEYS disagree on the pointer table")
-    _state["max_tokens"] = int(dll.lean_step_max_tokens())
+    _MAX_TOKENS.append(int(dll.lean_step_max_tokens()))
+
+
+_LIB = LazyLibrary(CSRC / "cpu_lean_step.cpp", ("-ffp-contract=off",), disable_env="PAGED_CHAT_LEAN_STEP",
+                   declare=_declare, label="CPU lean step")
+
+
+def _lib():
+    return _LIB.lib
 
 
 def active_path() -> str:
-    lib = _lib()
-    return ("cpp: " if lib is not None else "off: ") + _state["why"]
+    return _LIB.active_path()
 
 
 def available(dtype: torch.dtype, int8_weights: bool = False) -> bool:
@@ -133,7 +119,7 @@ class LeanStep:
     @property
     def max_tokens(self) -> int:
         """Tokens one call scores: one, or one plus a speculative draft (kernels/csrc: kMaxTokens)."""
-        return _state["max_tokens"]
+        return _MAX_TOKENS[0]
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor,
                  seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, kv_pool: torch.Tensor, scale: float,

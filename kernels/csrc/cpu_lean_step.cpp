@@ -393,7 +393,7 @@ int lean_step_ptrs_per_layer() { return kPtrs; }
 int lean_step_max_tokens() { return kMaxTokens; }
 
 // 0 on success; otherwise which input is out of range (checked before anything is written):
-// 1 token id, 2 position (RoPE table of P rows), 3 KV slot, 4 block table (too short, or a block
+// 1 token id, 2 position (RoPE table of P rows), 3 KV slot (-1 = store nothing: a padded row), 4 block table (too short, or a block
 // beyond the pool), 5 logits row, 6 token count (1..kMaxTokens) or sequence layout (cu_seqlens_q
 // not rising from 0 to the token count, a sequence with more new tokens than context); 7: no
 // memory or threads for the step (nothing written).
@@ -426,7 +426,7 @@ int lean_step_max_tokens() { return kMaxTokens; }
     for (int t = 0; t < nT; ++t) {                                                                         \
       if (tokens[t] < 0 || tokens[t] >= vocab) return 1;                                                   \
       if (positions[t] < 0 || positions[t] >= P) return 2;                                                 \
-      if (slots[t] < 0 || slots[t] >= num_blocks * BS) return 3;                                           \
+      if (slots[t] < -1 || slots[t] >= num_blocks * BS) return 3;   /* -1: a pad row, nothing stored */ \
     }                                                                                                      \
     for (int r = 0; r < R; ++r)                                                                            \
       if (rows[r] < 0 || rows[r] >= nT) return 5;                                                          \

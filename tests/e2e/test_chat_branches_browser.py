@@ -57,10 +57,14 @@ def _done(page) -> bool:
 
 
 def _send(page, text):
+    """Send and wait for the whole reply. The previous turn's "finished" is still on the page when
+    Enter is pressed, so first wait for this turn's question to show (a fast reply can be over
+    before the Stop button is ever seen), then for a reply row beside it and the status."""
+    asked = len(_rows(page, "user"))
     page.fill("#msg textarea", text)
     page.keyboard.press("Enter")
-    _wait(lambda: page.locator("#stop").is_visible() or _done(page), timeout=30)
-    _wait(lambda: _done(page), timeout=120)
+    _wait(lambda: len(_rows(page, "user")) > asked, timeout=30)
+    _wait(lambda: _done(page) and len(_rows(page, "bot")) >= len(_rows(page, "user")), timeout=120)
 
 
 def _rows(page, role):

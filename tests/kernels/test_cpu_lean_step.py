@@ -179,7 +179,10 @@ def test_bad_inputs_are_clear_errors():
     def call(tok=1, pos=3, slot=3, seq_len=4, rows=(0,), tab=table, cu=(0, 1)):
         return m.lean(i64(tok), i64(pos), i64(slot), tab, i32(seq_len), i32(*cu), pool, m.scale, i64(*rows))
     assert call().shape == (1, cfg.vocab_size)
-    for kw, match in [({"pos": 64}, "RoPE table"), ({"slot": 64}, "beyond the pool"),
+    before = pool.clone()
+    assert call(slot=-1).shape == (1, cfg.vocab_size)       # a padded row (decode graphs): stores nothing
+    assert torch.equal(pool, before)
+    for kw, match in [({"pos": 64}, "RoPE table"), ({"slot": 64}, "beyond the pool"), ({"slot": -2}, "beyond the pool"),
                       ({"tok": cfg.vocab_size}, "vocabulary"), ({"tok": -1}, "vocabulary"),
                       ({"seq_len": 40, "pos": 39}, "block table"),
                       ({"tab": torch.tensor([[1, 9]], dtype=torch.int32), "seq_len": 20}, "block table"),
@@ -213,3 +216,16 @@ def test_a_step_that_cannot_start_falls_back_to_the_loop(monkeypatch):
     assert lean.lean is None
     for g, e in zip(got, want):
         assert torch.equal(g, e)
+
+
+def test_first_use_in_a_fresh_process_loads_or_declines_without_hanging():
+    """The library loads lazily under a lock; first use must answer (on, and off by env), not wait
+    on its own lock (a log line once re-entered it)."""
+    import os
+    import subprocess
+    import sys
+    code = "from kernels import cpu_lean_step as c; import torch; print(c.available(torch.float32), c.active_path())"
+    for env, want in (("1", "True cpp:"), ("0", "False off: disabled")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "PAGED_CHAT_LEAN_STEP": env})
+        assert out.stdout.startswith(want), out.stdout + out.stderr
