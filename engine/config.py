@@ -93,7 +93,7 @@ class EngineConfig:
     speculative: str | None = None     # "ngram" / "suffix": drafts from the conversation (engine/core/speculation.py)
     num_speculative_tokens: int = 5    # the longest draft; the adaptive rule picks 0..this per request and step
     speculative_adaptive: bool = True  # False: always draft the longest the proposer finds (tests, benches)
-    lean_step: str = "auto"            # CPU, one sequence decoding: the whole step in one C++ call (kernels/cpu_lean_step.py)
+    lean_step: str = "auto"            # CPU, one chat or a few tokens: the whole step in one C++ call (kernels/cpu_lean_step.py)
 
     def __post_init__(self):
         import torch                   # here, not at module level: the KV manager imports this file

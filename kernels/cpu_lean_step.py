@@ -1,25 +1,21 @@
-"""A whole decode step of one sequence in one C++ call (kernels/csrc/cpu_lean_step.cpp, ctypes).
+"""A whole model step for a few tokens in one C++ call (kernels/csrc/cpu_lean_step.cpp, ctypes).
 
 Why: one person chatting is the common case of a local server, and there a CPU decode step was
 bound by per-call overhead, not by memory: ~300 Python -> C++ hops per token and oneDNN GEMMs
 built for many rows. `LeanStep` holds the model's weights as plain row-major pointers (one table
-built once) and runs embedding, every layer, the final norm and the LM head in C++, writing the
-logits of the one new token. It serves only the shape it was made for — one sequence, one new token,
-a pool in the weights' dtype, no rotation — and the model falls back to its loop for everything else.
-
-`available(dtype, weight)` is False without a compiler, for other dtypes, or with
-PAGED_CHAT_CPU_KERNEL=0 / PAGED_CHAT_LEAN_STEP=0.
+built once) and runs embedding, every layer, the final norm and the LM head in C++. It serves the
+shapes `LeanStep.takes` names — one sequence's token or speculative step (<= 17 tokens), or a
+small decode batch (<= 8 tokens) — over a pool in the weights' dtype without rotation; the model
+runs its loop for everything else.
 """
 from __future__ import annotations
 
 import ctypes
-import logging
 
 import torch
 
 from kernels.cpu_build import CSRC, LazyLibrary, profiled
 
-log = logging.getLogger("paged_chat.kernels")
 _MAX_TOKENS: list[int] = []     # kernels/csrc's kMaxTokens, read when the library loads
 # (activation dtype, weights int8?) -> exported function
 _FN = {(torch.float32, False): "lean_step_f32", (torch.bfloat16, False): "lean_step_bf16",

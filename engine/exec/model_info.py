@@ -31,8 +31,8 @@ class ModelInfo:
     device: str
     kv_cache_dtype: str = ""     # the pool's format: float32 / bfloat16 / float16 / int8 / fp8 ("" = unknown)
     eos_token_ids: tuple = ()    # ids that end a reply (engine/text/end_of_turn.py); () = unknown (remote)
-    compute_path: str = ""       # CPU: which loop, linears and one-sequence step run (engine/exec/models/llama.py)
-    lean_step_bytes: int = 0     # CPU: the plain weight copy the lean one-sequence step keeps (0 = none)
+    compute_path: str = ""       # CPU: which loop, linears and lean step run (engine/exec/models/llama.py)
+    lean_step_bytes: int = 0     # CPU: the plain weight copy the lean step keeps (0 = none)
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -168,9 +168,9 @@ class LlamaModel:
             })
         self.lm_head_linear = None
         self.linear_kind = "dense"
-        self.lean = None            # kernels/cpu_lean_step.LeanStep: batch-1 decode in one C++ call
+        self.lean = None            # kernels/cpu_lean_step.LeanStep: a few tokens' step in one C++ call
         self.lean_extra_bytes = 0   # the plain weight copy it holds beside the packed one
-        self.cpu_path = ""          # CPU: which loop, linears and one-sequence step run (start-up log, ModelInfo)
+        self.cpu_path = ""          # CPU: which loop, linears and lean step run (start-up log, ModelInfo)
         self.cos, self.sin = rope_tables(config, max_positions, device)
         self.cos, self.sin = self.cos.to(dtype), self.sin.to(dtype)
         if torch.device(device).type == "cpu":
@@ -186,7 +186,7 @@ class LlamaModel:
             from kernels import cpu_layer_ops
             self.use_cpu_fused = cpu_layer_ops.available(dtype) and self.lm_head_linear is not None
             self.cpu_path = ("fused C++ layer ops" if self.use_cpu_fused else "eager torch ops") + \
-                f" ({cpu_layer_ops.active_path()}); linears: {self.linear_kind}; one-sequence decode: {lean_why}"
+                f" ({cpu_layer_ops.active_path()}); linears: {self.linear_kind}; few-token steps: {lean_why}"
 
     def _prepare_cpu_linears(self) -> list[dict]:
         """CPU: each layer's GEMM weights become callables from engine/exec/cpu_linear.py (dense fp32,
