@@ -20,15 +20,6 @@
 // Per layer, the pointer table holds (int64, 0 = absent):
 //   ln1, qkv, qkv_bias, o, o_bias, ln2, gate_up, down, qkv_scale, o_scale, gate_up_scale, down_scale
 // KV pool: [2, L, num_blocks, block_size, KVH, D] contiguous in the activation dtype.
-#include <immintrin.h>
-#if defined(__linux__)
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
-#include <chrono>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -37,200 +28,17 @@
 #include <vector>
 
 #include "layer_ops.h"
+#include "lean_gemm.h"
 #include "paged_decode.h"
+#include "spin_barrier.h"
 
 namespace {
 
+using lean::SpinBarrier;
+using lean::gemm;
+
 constexpr int kPtrs = 12;
 enum { LN1, QKV, QKV_B, O, O_B, LN2, GATE_UP, DOWN, QKV_S, O_S, GATE_UP_S, DOWN_S };
-
-template <typename W> struct Weight;
-template <> struct Weight<float> {
-  static inline float ld(const float* p, long i) { return p[i]; }
-};
-template <> struct Weight<uint16_t> {
-  static inline float ld(const uint16_t* p, long i) { return layer_ops::BF16::ld(p, i); }
-};
-template <> struct Weight<int8_t> {
-  static inline float ld(const int8_t* p, long i) { return static_cast<float>(p[i]); }
-};
-
-// Threads: the step makes its own (std::thread, once per call) and keeps them together with a
-// barrier between phases. Not OpenMP: a step has ~180 phases, and libgomp lets an idle worker spin
-// only ~1,000 rounds when the process has more OpenMP threads than cores (the engine thread's team
-// beside the main thread's), so every phase paid a futex wake-up (measured: 20-25 ms per fp32 step
-// instead of ~15 ms). This barrier spins up to kSpinNs, which covers a phase's imbalance on an idle
-// machine, then sleeps on a futex, so a busy machine (other processes, a second engine) does not
-// lose a core to a waiting thread.
-constexpr long kSpinNs = 50000;
-
-class SpinBarrier {
- public:
-  explicit SpinBarrier(int n) : n_(n) {}
-  void wait() {
-    if (n_ == 1) return;
-    const int gen = gen_.load(std::memory_order_seq_cst);
-    if (count_.fetch_add(1, std::memory_order_acq_rel) == n_ - 1) {
-      count_.store(0, std::memory_order_relaxed);
-      gen_.fetch_add(1, std::memory_order_seq_cst);
-      if (sleepers_.load(std::memory_order_seq_cst) > 0) wake();
-      return;
-    }
-    const auto start = std::chrono::steady_clock::now();
-    for (int spins = 1; gen_.load(std::memory_order_acquire) == gen; ++spins) {
-      if (spins % 64 == 0 && std::chrono::steady_clock::now() - start > std::chrono::nanoseconds(kSpinNs)) {
-        sleepers_.fetch_add(1, std::memory_order_seq_cst);
-        while (gen_.load(std::memory_order_seq_cst) == gen) sleep(gen);
-        sleepers_.fetch_sub(1, std::memory_order_seq_cst);
-        return;
-      }
-      _mm_pause();
-    }
-  }
-
- private:
-#if defined(__linux__)
-  void sleep(int gen) {
-    syscall(SYS_futex, reinterpret_cast<int*>(&gen_), FUTEX_WAIT_PRIVATE, gen, nullptr, nullptr, 0);
-  }
-  void wake() { syscall(SYS_futex, reinterpret_cast<int*>(&gen_), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0); }
-#else
-  void sleep(int) { std::this_thread::yield(); }
-  void wake() {}
-#endif
-  const int n_;
-  std::atomic<int> count_{0};
-  std::atomic<int> gen_{0};
-  std::atomic<int> sleepers_{0};
-};
-
-constexpr long kPrefetchBytes = 10000;   // how far ahead the weight prefetch runs (5-20 KB measured alike)
-
-// Weight rows as 16 fp32 lanes (GCC vector extensions: one code path for AVX-512, AVX2 or SSE).
-typedef float v16f __attribute__((vector_size(64)));
-typedef uint16_t v16u16 __attribute__((vector_size(32)));
-typedef uint32_t v16u32 __attribute__((vector_size(64)));
-typedef int8_t v16i8 __attribute__((vector_size(16)));
-
-#if defined(__AVX512F__)
-// AVX-512: one load and one or two conversions (GCC 12 scalarizes the generic int8 conversion)
-inline v16f vload(const float* p) { return _mm512_loadu_ps(p); }
-inline v16f vload(const uint16_t* p) {        // bf16 -> fp32: the 16 bits become the high half
-  return _mm512_castsi512_ps(_mm512_slli_epi32(
-      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-}
-inline v16f vload(const int8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-#else
-inline v16f vload(const float* p) { v16f v; std::memcpy(&v, p, sizeof v); return v; }
-inline v16f vload(const uint16_t* p) {
-  v16u16 h; std::memcpy(&h, p, sizeof h);
-  v16u32 w = __builtin_convertvector(h, v16u32) << 16;
-  v16f v; std::memcpy(&v, &w, sizeof v); return v;
-}
-inline v16f vload(const int8_t* p) { v16i8 c; std::memcpy(&c, p, sizeof c); return __builtin_convertvector(c, v16f); }
-#endif
-
-// a * b + c: one fused multiply-add where the CPU has it (this file is built without implicit
-// contraction, for the small ops' sake; both product paths below use this one, so they agree)
-inline v16f madd(v16f a, v16f b, v16f c) {
-#if defined(__AVX512F__)
-  return _mm512_fmadd_ps(a, b, c);
-#else
-  return a * b + c;
-#endif
-}
-
-inline float hsum(v16f v) {                   // a fixed tree: the same order for every call
-#if defined(__AVX512F__)
-  return _mm512_reduce_add_ps(v);
-#else
-  float l[16];
-  std::memcpy(l, &v, sizeof l);
-  for (int w = 8; w >= 1; w /= 2)
-    for (int i = 0; i < w; ++i) l[i] += l[i + w];
-  return l[0];
-#endif
-}
-
-// Four weight rows against MS activation rows: 4 x MS accumulators of 16 lanes, in registers
-// (locals, copied out once at the end).
-template <typename W, int MS>
-inline void tile4(const W* w, long Kd, long K16, const float* X, v16f (&out)[4][4], const W* pf) {
-  v16f acc[4][MS];
-  for (int r = 0; r < 4; ++r)
-    for (int m = 0; m < MS; ++m) acc[r][m] = v16f{};
-  const W *w0 = w, *w1 = w + Kd, *w2 = w + 2 * Kd, *w3 = w + 3 * Kd;
-  for (long k = 0; k < K16; k += 16) {
-    const v16f a0 = vload(w0 + k), a1 = vload(w1 + k), a2 = vload(w2 + k), a3 = vload(w3 + k);
-    if (pf != nullptr && (k * sizeof(W)) % 64 == 0) {
-      for (int r = 0; r < 4; ++r) __builtin_prefetch(pf + r * Kd + k, 0, 0);
-    }
-#pragma GCC unroll 4
-    for (int m = 0; m < MS; ++m) {
-      const v16f xv = vload(X + m * Kd + k);
-      acc[0][m] = madd(a0, xv, acc[0][m]);
-      acc[1][m] = madd(a1, xv, acc[1][m]);
-      acc[2][m] = madd(a2, xv, acc[2][m]);
-      acc[3][m] = madd(a3, xv, acc[3][m]);
-    }
-  }
-  for (int r = 0; r < 4; ++r)
-    for (int m = 0; m < MS; ++m) out[r][m] = acc[r][m];
-}
-
-// One weight row against one activation row: the same lane arithmetic as tile4 (tail rows).
-template <typename W>
-inline v16f dot1(const W* w, const float* x, long K16) {
-  v16f acc = v16f{};
-  for (long k = 0; k < K16; k += 16) acc = madd(vload(w + k), vload(x + k), acc);
-  return acc;
-}
-
-// Y[m, n] = dtype(dot(W[n, :], X[m, :]) (* scale[n]) (+ bias[n])) for rows n in [r0, r1) and the M
-// activation rows of X ([M, Kd] fp32; Y rows ldy apart). Batch-invariant: each dot product is 16
-// lanes summed in k order, then the same tree and tail, whatever M is and wherever the row falls,
-// so a token's logits in a k+1-token speculative step are bit-identical to the one-token step's.
-// Weights are read once per call: four rows (<= 24 KB) stay in L1 while the activation rows pass.
-template <typename K, typename W>
-void gemm(const W* w, const float* X, int M, const typename K::T* bias, const float* scale,
-          typename K::T* Y, long ldy, long r0, long r1, long Kd) {
-  const long K16 = Kd - Kd % 16;
-  auto finish = [&](long n, int m, v16f acc) {
-    const W* wr = w + n * Kd;
-    const float* xr = X + m * Kd;
-    float v = hsum(acc);
-    for (long k = K16; k < Kd; ++k) v += Weight<W>::ld(wr, k) * xr[k];
-    if (scale != nullptr) v = K::rnd(v * scale[n]);   // int8: the product rounds first
-    if (bias != nullptr) v += K::ld(bias, n);            // F.linear adds it before rounding
-    K::st(Y + m * ldy, n, v);
-  };
-  long n0 = r0;
-  // software prefetch ~10 KB ahead (whole tiles), spread over the tile's k loop: with only the
-  // hardware prefetcher the weight loads waited on memory (int8: 9.3 -> 4.7 ms a step, measured)
-  const long tile_bytes = 4 * Kd * static_cast<long>(sizeof(W));
-  const long ahead_rows = 4 * std::max(1L, kPrefetchBytes / tile_bytes);
-  for (; n0 + 4 <= r1; n0 += 4) {
-    const W* w4 = w + n0 * Kd;
-    const W* pf = n0 + 4 + ahead_rows <= r1 ? w4 + ahead_rows * Kd : nullptr;
-    for (int m0 = 0; m0 < M; m0 += 4) {
-      const int ms = std::min(4, M - m0);
-      const float* X4 = X + m0 * Kd;
-      v16f acc[4][4];
-      switch (ms) {
-        case 4: tile4<W, 4>(w4, Kd, K16, X4, acc, m0 ? nullptr : pf); break;
-        case 3: tile4<W, 3>(w4, Kd, K16, X4, acc, m0 ? nullptr : pf); break;
-        case 2: tile4<W, 2>(w4, Kd, K16, X4, acc, m0 ? nullptr : pf); break;
-        default: tile4<W, 1>(w4, Kd, K16, X4, acc, m0 ? nullptr : pf);
-      }
-      for (int r = 0; r < 4; ++r)
-        for (int m = 0; m < ms; ++m) finish(n0 + r, m0 + m, acc[r][m]);
-    }
-  }
-  for (; n0 < r1; ++n0)
-    for (int m = 0; m < M; ++m) finish(n0, m, dot1(w + n0 * Kd, X + m * Kd, K16));
-}
 
 template <typename K>
 void to_f32(const typename K::T* a, float* out, long n) {
