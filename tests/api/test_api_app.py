@@ -77,6 +77,25 @@ def test_ui_login_without_api_key_closes_the_api(llm, tmp_path):
         st.close()
 
 
+def test_the_idle_page_queue_polls_at_most_every_10_ms(llm, tmp_path):
+    """Gradio's queue looks for work every 1 ms by default (~8% of a core with nobody connected);
+    the server slows both of its polls (server/assembly.py)."""
+    from storage import Storage
+    from server import assembly
+    st = Storage(tmp_path / "chat.db")
+    try:
+        _, demo = assembly.build_app(llm, st)
+        assert demo._queue.sleep_when_free >= assembly.QUEUE_POLL_S == 0.01
+        assert demo._queue.progress_update_sleep_when_free >= assembly.PROGRESS_POLL_S
+    finally:
+        deadline = time.time() + 120
+        while not llm.pins() and time.time() < deadline:     # the shared prompt is pinned in the background
+            time.sleep(0.2)
+        for pin in llm.pins():
+            llm.unpin(pin.name)
+        st.close()
+
+
 def test_app_flags_parse_keys_and_origins(monkeypatch):
     import app
     from routes.openai_keys import keys_from_env
