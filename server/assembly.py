@@ -53,7 +53,7 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
 
 # Gradio's event queue polls for work every 1 ms and for progress every 10 ms on Linux, even with no
 # page open: ~8% of a core while the app sits idle (measured, 2-core box). Every 10 ms / 50 ms is
-# invisible next to a model step and brings the idle app under 1%.
+# invisible next to a model step and brings the idle app to ~2.5%.
 QUEUE_POLL_S, PROGRESS_POLL_S = 0.01, 0.05
 
 

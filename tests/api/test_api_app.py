@@ -22,20 +22,28 @@ def get(url: str, headers=None):
         return e.code, e.read().decode(), e.headers
 
 
+def _wait_for_pins(llm, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while not llm.pins() and time.time() < deadline:     # build_app pins the shared prompt in the background
+        time.sleep(0.2)
+
+
+def _unpin_all(llm) -> None:
+    for pin in llm.pins():                  # the session's engine is shared with the other API tests
+        llm.unpin(pin.name)
+
+
 @pytest.fixture(scope="module")
 def full_app(llm, tmp_path_factory):
     from storage import Storage
     from server import build_app
     st = Storage(tmp_path_factory.mktemp("db") / "chat.db")
     app, _ = build_app(llm, st, api_options=dict(api_keys=["sk-app"], allowed_origins=["http://ok.example"]))
-    deadline = time.time() + 120
-    while not llm.pins() and time.time() < deadline:     # build_app pins the shared prompt in the background
-        time.sleep(0.2)
+    _wait_for_pins(llm)
     srv = LiveServer(app)
     yield srv
     srv.stop()
-    for pin in llm.pins():                  # the session's engine is shared with the other API tests
-        llm.unpin(pin.name)
+    _unpin_all(llm)
     st.close()
 
 
@@ -88,11 +96,8 @@ def test_the_idle_page_queue_polls_at_most_every_10_ms(llm, tmp_path):
         assert demo._queue.sleep_when_free >= assembly.QUEUE_POLL_S == 0.01
         assert demo._queue.progress_update_sleep_when_free >= assembly.PROGRESS_POLL_S
     finally:
-        deadline = time.time() + 120
-        while not llm.pins() and time.time() < deadline:     # the shared prompt is pinned in the background
-            time.sleep(0.2)
-        for pin in llm.pins():
-            llm.unpin(pin.name)
+        _wait_for_pins(llm)
+        _unpin_all(llm)
         st.close()
 
 

@@ -9,6 +9,9 @@ import os
 import pytest
 import torch
 
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 KERNEL_TEST_THREADS = 2
 
 
@@ -18,6 +21,3 @@ def _parallel_kernels():
     torch.set_num_threads(max(before, KERNEL_TEST_THREADS))
     yield
     torch.set_num_threads(before)
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
