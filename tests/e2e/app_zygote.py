@@ -28,9 +28,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# What `python app.py` imports before it serves (measured: ~10 s of a ~15 s start on 2 cores).
+# What `python app.py` imports before it serves (measured: ~10 s of a ~15 s start on 2 cores). The
+# transformers modules are imported lazily, at the first AutoConfig / AutoTokenizer call: left out,
+# every forked app spent ~1.3 s of its ~2.2 s start importing them (torch.distributed, sympy, ...).
 PRELOAD = ("torch", "gradio", "transformers", "uvicorn", "sqlite_utils", "engine", "engine.front.llm",
            "server.assembly", "ui.layout", "routes.openai_api", "storage")
+LAZY_PRELOAD = ("transformers.models.llama.configuration_llama", "transformers.models.auto.tokenization_auto",
+                "transformers.tokenization_utils_tokenizers")      # names of transformers 5; skipped if absent
 # Variables read when a module is imported: a spawn that changes them gets a plain subprocess.
 IMPORT_TIME_ENV = ("TRITON_INTERPRET", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
                    "GRADIO_ANALYTICS_ENABLED", "HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "OMP_WAIT_POLICY")
@@ -83,6 +87,11 @@ def serve() -> None:
     os.dup2(2, 1)                    # stray prints of imported modules must not corrupt the protocol
     for name in PRELOAD:
         __import__(name)
+    for name in LAZY_PRELOAD:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
     threads = _threads()
     out.write(json.dumps({"ready": threads == 1, "threads": threads}) + "\n")
     if threads != 1:
