@@ -144,6 +144,25 @@ def test_unknown_model_path_and_architecture(tmp_path):
         LLM(model=str(tmp_path))
 
 
+def test_engines_of_one_process_share_a_tokenizer_until_its_files_change(model_folder, tmp_path):
+    """engine/exec/loader.py reads a folder's tokenizer once per process; a changed file reads anew."""
+    import json
+    import os
+    import shutil
+    from engine.exec.loader import load_model
+    folder = tmp_path / "m"
+    shutil.copytree(model_folder, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    os.symlink(os.path.join(model_folder, "model.safetensors"), folder / "model.safetensors")
+    first, second = load_model(str(folder)), load_model(str(folder))
+    assert second.tokenizer is first.tokenizer
+    assert second.weights is not first.weights               # weights are the engine's own
+    cfg = folder / "tokenizer_config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "model_max_length": 4096}))
+    third = load_model(str(folder))
+    assert third.tokenizer is not first.tokenizer and third.tokenizer.model_max_length == 4096
+    assert third.tokenizer.encode("Hello, world") == first.tokenizer.encode("Hello, world")
+
+
 def test_engine_error_fails_running_requests_without_leaking(make_llm, hf_greedy):
     """Fault injection: one forward raises; its requests end with an error, blocks come back,
     and the engine keeps serving new requests."""
