@@ -20,6 +20,8 @@ from ui.chat.context import ChatContext
 from ui.chat.prompt_pins import PromptPins
 from ui.chat.tabs import RELEASE_GRACE_S, TabRegistry
 from ui.layout import build_demo, page_css
+from ui.page_assets import HEAD
+from server.page_head import HeadFirst
 
 
 def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_host: str = "127.0.0.1",
@@ -43,6 +45,7 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
                               footer_links=["api", "gradio"])
     if engine_routes:
         _count_dashboard_ticks(app, llm)
+    app.add_middleware(HeadFirst, script=HEAD)     # ui/page_assets.HEAD, before Gradio's scripts
     install_security(app, bind_host, allowed_hosts, auth=auth,    # Host check, no /docs, login throttle
                      share_hosts=share_hosts)
     if auth:                         # Gradio's /cancel takes any session hash: owner check (#12.10)

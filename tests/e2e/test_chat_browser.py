@@ -238,3 +238,32 @@ def test_editing_a_message_with_markup_stores_what_was_typed(module_server, brow
     rows = read_db(module_server.db, "SELECT content FROM messages WHERE role = 'user' ORDER BY id DESC LIMIT 1")
     assert rows[0]["content"] == "What does <div> do? In one line."
     context.close()
+
+
+# Counts the animation frames Gradio's status tracker asks the browser for itself. Installed before
+# any page script, so the page's own wrapper (ui/page_assets.HEAD) wraps this one: what reaches it
+# from the tracker went around that wrapper.
+_COUNT_TRACKER_FRAMES = """(() => {
+  const raf = window.requestAnimationFrame.bind(window);
+  window.__trackerFrames = 0;
+  window.requestAnimationFrame = (cb) => {
+    if ((new Error().stack || "").includes("/statustracker")) { window.__trackerFrames += 1; }
+    return raf(cb);
+  };
+})()"""
+
+
+def test_an_idle_tab_asks_for_no_status_tracker_frames(module_server, browser):
+    """Gradio's page-wide loading tracker leaves a 60-frames-a-second loop behind it (~14% of a core
+    per open tab, measured); the page's first script spaces those frames out as timeouts. The page
+    served at / starts its <head> with that script, and an idle tab asks for no such frame."""
+    from ui.page_assets import HEAD
+    assert module_server.get("/").split("<head>", 1)[1].startswith(HEAD)
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.add_init_script(_COUNT_TRACKER_FRAMES)
+    page = _open(context, module_server.url)
+    page.wait_for_timeout(1500)                     # the chat list's timer ticks in between
+    assert page.evaluate("() => window.__trackerFrames") == 0
+    # the elapsed-time counter still runs while an event is pending: its frames come as timeouts
+    assert "setTimeout" in page.evaluate("() => window.requestAnimationFrame.toString()")
+    context.close()
