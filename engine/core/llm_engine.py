@@ -42,7 +42,7 @@ class LLMEngine:
         self.hf_config = loaded.config
         torch.manual_seed(cfg.seed)
         self._seed_rng = make_generator(cfg.seed)
-        self.runner = ModelRunner(cfg, loaded.config, loaded.weights)
+        self.runner = ModelRunner(cfg, loaded.config, loaded.weights, loaded.weights_key)
         self.max_model_len = self.runner.max_model_len
         self.kv = KVCacheManager(self.runner.num_blocks, cfg.block_size, max_model_len=self.max_model_len,
                                  kv_bytes_per_token=self.runner.kv_bytes_per_token,

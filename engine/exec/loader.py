@@ -36,6 +36,8 @@ class LoadedModel:
     tokenizer: object
     source: str               # what the user asked for (path), for display
     hf_folder: str            # a plain HF folder holding config, safetensors and tokenizer
+    weights_key: tuple | None = None   # names these weights (folder + weight files' stat) for sharing
+                                       # their prepared form (engine/exec/models/llama_weights.py)
 
 
 def default_model_path() -> str:
@@ -147,6 +149,13 @@ LOAD_FORMATS = ("auto", "dummy")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
 
 
+def _weights_stamp(folder: str) -> tuple:
+    """The folder's weight files, with size and mtime."""
+    with os.scandir(folder) as it:
+        return tuple(sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in it
+                            if e.is_file() and e.name.endswith(_WEIGHT_SUFFIXES)))
+
+
 def _tokenizer_stamp(folder: str) -> tuple:
     """What the tokenizer is read from: the folder's non-weight files, with size and mtime."""
     with os.scandir(folder) as it:
@@ -209,4 +218,5 @@ def load_model(model: str | None = None, progress=None, *, load_format: str = "a
     report(0.6, "reading weights")
     weights = {k: v.float() if v.is_floating_point() else v for k, v in _read_weights(folder).items()}
     report(1.0, f"loaded {source}")
-    return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, source=source, hf_folder=folder)
+    return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, source=source, hf_folder=folder,
+                       weights_key=(os.path.realpath(folder), _weights_stamp(folder)))

@@ -45,14 +45,14 @@ def choose_num_blocks(cfg: EngineConfig, bytes_per_block: int) -> int:
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig, hf_config, weights: dict):
+    def __init__(self, cfg: EngineConfig, hf_config, weights: dict, weights_key: tuple | None = None):
         self.cfg = cfg
         self.device = torch.device(cfg.device)
         self.dtype = cfg.torch_dtype
         max_pos = getattr(hf_config, "max_position_embeddings", 4096)
         self.model = LlamaModel(hf_config, weights, self.dtype, self.device,
                                 max_positions=max(cfg.max_model_len or 0, max_pos),
-                                quantization=cfg.quantization, lean_step=cfg.lean_step)
+                                quantization=cfg.quantization, lean_step=cfg.lean_step, weights_key=weights_key)
         self.backend = kernels.resolve_backend(cfg.attention_backend, self.device)
         if self.device.type == "cpu":     # which CPU path runs, said once at start-up
             log.info("CPU model path: %s", self.model.cpu_path)

@@ -163,6 +163,23 @@ def test_engines_of_one_process_share_a_tokenizer_until_its_files_change(model_f
     assert third.tokenizer.encode("Hello, world") == first.tokenizer.encode("Hello, world")
 
 
+def test_engines_of_one_checkpoint_share_prepared_weights_not_state(make_llm, hf_greedy):
+    """engine/exec/models/llama_weights.py: a second engine of the same checkpoint and form reuses
+    the packed linears (no second reorder); its layer dicts, lean step and pool are its own, and
+    another form (int8) is prepared anew. Both engines still answer exactly as HF."""
+    a, b = make_llm(num_blocks=64), make_llm(num_blocks=64)
+    ma, mb = a.engine.runner.model, b.engine.runner.model
+    assert ma.layers[0]["qkv"] is mb.layers[0]["qkv"] and ma.lm_head_linear is mb.lm_head_linear
+    assert ma.layers is not mb.layers and ma.layers[0] is not mb.layers[0]
+    assert ma.lean is not mb.lean and a.engine.runner.kv_pool is not b.engine.runner.kv_pool
+    ids = _prompt(a)[:24]
+    for llm in (a, b):
+        out = llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=8))[0]
+        assert out.outputs[0].token_ids == hf_greedy(ids, 8)
+    c = make_llm(num_blocks=64, quantization="int8")
+    assert c.engine.runner.model.layers[0]["qkv"] is not ma.layers[0]["qkv"]
+
+
 def test_engine_error_fails_running_requests_without_leaking(make_llm, hf_greedy):
     """Fault injection: one forward raises; its requests end with an error, blocks come back,
     and the engine keeps serving new requests."""

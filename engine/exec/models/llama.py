@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import kernels
 from kernels import kv_quant
 from engine.exec.cpu_linear import layer_linear as _linear
+from engine.exec.models.llama_weights import prepared_weights
 
 log = logging.getLogger("paged_chat.engine")
 
@@ -72,7 +73,7 @@ LEAN_STEP_MODES = ("auto", "on", "off")
 LEAN_AUTO_MAX_EXTRA_BYTES = 3 * 2**29   # "auto" keeps a second, plain weight copy only up to 1.5 GiB
 
 
-def make_lean_step(model, plain: list[dict], mode: str):
+def make_lean_step(model, plain: list[dict] | None, mode: str, plain_bytes: int = 0):
     """(LeanStep or None, bytes of weights it adds, a phrase for the start-up log). The lean step
     reads plain row-major weights: int8 codes and a dense linear's weight are shared with the
     loop's linears; oneDNN-packed ones are not readable, so it keeps the plain tensors, a second
@@ -84,6 +85,9 @@ def make_lean_step(model, plain: list[dict], mode: str):
     int8 = model.quantization == "int8"
     if not cpu_lean_step.available(model.dtype, int8):
         return None, 0, f"loop (lean step: {cpu_lean_step.active_path()})"
+    if plain is None:          # a shared prepared model that did not keep its plain copy (too big)
+        return None, 0, (f"loop (lean step would copy {plain_bytes / 2**30:.1f} GiB of weights; "
+                         "--lean-step on to allow)")
     layers, extra = [], 0
     for L, P in zip(model.layers, plain):
         d = {"ln1": L["ln1"], "ln2": L["ln2"]}
@@ -113,17 +117,15 @@ def make_lean_step(model, plain: list[dict], mode: str):
     return lean, extra, f"lean C++ step (+{extra / 2**20:.0f} MiB plain weights)"
 
 
-def _cat(*ts):
-    return None if ts[0] is None else torch.cat(ts, dim=0).contiguous()
-
-
 class LlamaModel:
     """Weights held as plain tensors. q/k/v and gate/up are fused into one GEMM each (fewer ops
     per layer matter at batch 1); each output column is the same dot product as in the unfused
     GEMM, and the tests check logits and greedy tokens against HF."""
 
     def __init__(self, config, weights: dict, dtype: torch.dtype, device, max_positions: int,
-                 quantization: str | None = None, lean_step: str = "auto"):
+                 quantization: str | None = None, lean_step: str = "auto", weights_key: tuple | None = None):
+        """weights_key: the loader's name for these weights (LoadedModel.weights_key), under which
+        their prepared form is shared; None prepares them for this model alone."""
         if lean_step not in LEAN_STEP_MODES:
             raise ValueError(f"lean_step must be one of {LEAN_STEP_MODES}, got {lean_step!r}")
         self.config = config
@@ -139,45 +141,24 @@ class LlamaModel:
         # for int8/fp8 KV): q, k, v go in rotated per head, the attention output comes back through it
         self.kv_rotation: torch.Tensor | None = None
 
-        def w(name):
-            if name not in weights:
-                raise ValueError(f"checkpoint is missing weight {name!r}")
-            return weights[name].to(device=device, dtype=dtype).contiguous()
-
-        def opt(name):
-            return w(name) if name in weights else None
-
-        self.embed = w("model.embed_tokens.weight")
-        tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights
-        self.lm_head = self.embed if tied else w("lm_head.weight")
-        self.norm = w("model.norm.weight")
-        self.layers = []
-        for i in range(self.num_layers):
-            p = f"model.layers.{i}."
-            a = p + "self_attn."
-            biases = [opt(a + f"{n}_proj.bias") for n in "qkv"]
-            if any(b is not None for b in biases) and any(b is None for b in biases):
-                raise ValueError(f"layer {i}: q/k/v projections must all have a bias or none")
-            self.layers.append({
-                "ln1": w(p + "input_layernorm.weight"),
-                "ln2": w(p + "post_attention_layernorm.weight"),
-                "qkv": _cat(*(w(a + f"{n}_proj.weight") for n in "qkv")), "qkv_b": _cat(*biases),
-                "o": w(a + "o_proj.weight"), "o_b": opt(a + "o_proj.bias"),
-                "gate_up": _cat(w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")),
-                "down": w(p + "mlp.down_proj.weight"),
-            })
-        self.lm_head_linear = None
-        self.linear_kind = "dense"
+        # fused, on the device, CPU linears packed: shared with this process's other engines of the
+        # same checkpoint (engine/exec/models/llama_weights.py); the layer dicts are this model's own
+        prep = prepared_weights(config, weights, dtype, device, quantization, weights_key,
+                                keep_plain_upto=LEAN_AUTO_MAX_EXTRA_BYTES)
+        if lean_step == "on" and prep.layers and not prep.plain:      # its plain copy was not kept
+            prep = prepared_weights(config, weights, dtype, device, quantization)
+        self.embed, self.lm_head, self.norm = prep.embed, prep.lm_head, prep.norm
+        self.layers = [dict(L) for L in prep.layers]
+        self.lm_head_linear, self.linear_kind = prep.lm_head_linear, prep.linear_kind
         self.lean = None            # kernels/cpu_lean_step.LeanStep: a few tokens' step in one C++ call
         self.lean_extra_bytes = 0   # the plain weight copy it holds beside the packed one
         self.cpu_path = ""          # CPU: which loop, linears and lean step run (start-up log, ModelInfo)
         self.cos, self.sin = rope_tables(config, max_positions, device)
         self.cos, self.sin = self.cos.to(dtype), self.sin.to(dtype)
         if torch.device(device).type == "cpu":
-            plain = self._prepare_cpu_linears()
-            self.lean, self.lean_extra_bytes, lean_why = make_lean_step(self, plain, lean_step)
-        elif quantization is not None:
-            raise ValueError("quantization='int8' is a CPU option (torch's CPU int8 weight kernel)")
+            plain = list(prep.plain) if prep.plain or not prep.layers else None
+            self.lean, self.lean_extra_bytes, lean_why = make_lean_step(self, plain, lean_step,
+                                                                        prep.plain_extra_bytes)
         # CUDA: the loop with fused Triton layer ops (engine/exec/models/llama_fused.py); CPU: fused
         # C++ layer ops (engine/exec/models/llama_cpu_fused.py) where they build, else the eager loop
         self.use_fused = torch.device(device).type == "cuda"
@@ -187,24 +168,6 @@ class LlamaModel:
             self.use_cpu_fused = cpu_layer_ops.available(dtype) and self.lm_head_linear is not None
             self.cpu_path = ("fused C++ layer ops" if self.use_cpu_fused else "eager torch ops") + \
                 f" ({cpu_layer_ops.active_path()}); linears: {self.linear_kind}; few-token steps: {lean_why}"
-
-    def _prepare_cpu_linears(self) -> list[dict]:
-        """CPU: each layer's GEMM weights become callables from engine/exec/cpu_linear.py (dense fp32,
-        oneDNN-packed bf16, or int8), built once here; biases move into them. Returns the plain
-        per-layer tensors (weights and biases) they were made from, for the lean step to keep or drop."""
-        from engine.exec.cpu_linear import describe, make_linear
-        q = self.quantization
-        plain = []
-        for L in self.layers:
-            plain.append({})
-            for name in ("qkv", "o", "gate_up", "down"):
-                bias = L.pop(name + "_b", None)
-                plain[-1][name], plain[-1][name + "_b"] = L[name], bias
-                L[name] = make_linear(L[name], bias, quantization=q)
-        self.lm_head_linear = make_linear(self.lm_head, None, quantization=q)
-        if self.layers:
-            self.linear_kind = describe(self.layers[0]["qkv"])
-        return plain
 
     def num_params(self) -> int:
         n = self.embed.numel() + self.norm.numel() + (0 if self.lm_head is self.embed else self.lm_head.numel())

@@ -1,0 +1,113 @@
+"""A Llama checkpoint's weights in the form the forward pass runs them, and one copy per process.
+
+Preparing means: every tensor in the model's dtype on its device; q/k/v and gate/up fused into one
+matrix each; on CPU, each layer's GEMM weight made a callable from engine/exec/cpu_linear.py (dense,
+oneDNN-packed or int8, biases inside). Packing is a reorder of every weight, ~0.5 s of CPU for the
+135M default model and proportionally more for bigger ones, paid again by every engine a process
+builds (the benchmarks and the tests build hundreds).
+
+Why sharing is safe: what is prepared is never written afterwards. The linears are read-only
+callables (two engines may call one at once from their own threads), and each engine gets its own
+list of layer dicts; whatever an engine changes per instance (its lean step, its KV rotation, its
+rope tables) lives on its LlamaModel, not here. Only weights the loader read from a folder are shared
+(`key`: the folder and its weight files' sizes and times; a changed file prepares anew); random or
+hand-made weights are prepared for the one model that asked. One entry is kept: a process serves
+one model, and the entry is what its engine would hold anyway.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, replace
+
+import torch
+
+LINEAR_NAMES = ("qkv", "o", "gate_up", "down")
+
+
+@dataclass(frozen=True)
+class PreparedWeights:
+    embed: torch.Tensor
+    lm_head: torch.Tensor
+    norm: torch.Tensor
+    layers: tuple            # per layer: {"ln1", "ln2", "qkv", "o", "gate_up", "down"[, "*_b" on CUDA]}
+    lm_head_linear: object   # CPU: a cpu_linear callable; CUDA: None
+    linear_kind: str         # cpu_linear.describe() of the layers' linears ("dense" on CUDA)
+    plain: tuple             # CPU: per layer, the plain tensors the linears were made from (lean step);
+                             # () in a shared entry whose plain copy was too big to keep
+    plain_extra_bytes: int   # what keeping `plain` costs beside the linears (packed ones only)
+
+
+_lock = threading.Lock()
+_shared: dict = {}           # at most one entry: (key, dtype, device, quantization, packed) -> PreparedWeights
+
+
+def prepared_weights(config, weights: dict, dtype: torch.dtype, device, quantization: str | None,
+                     key: tuple | None = None, keep_plain_upto: int = 0) -> PreparedWeights:
+    """The prepared form of `weights`: shared with earlier engines of this process when `key`
+    (see the module docstring) and the form asked for are the same. A shared entry keeps the plain
+    copy only up to `keep_plain_upto` bytes (what a lean step on "auto" would keep); unshared
+    ones keep it for the caller to use or drop."""
+    if key is None:
+        return _prepare(config, weights, dtype, device, quantization)
+    from engine.exec.cpu_linear import packed_fp32_enabled
+    full = (key, str(dtype), str(torch.device(device)), quantization, packed_fp32_enabled())
+    with _lock:
+        if full not in _shared:
+            _shared.clear()                     # drop the previous model before building the next
+            prep = _prepare(config, weights, dtype, device, quantization)
+            if prep.plain_extra_bytes > keep_plain_upto:
+                prep = replace(prep, plain=())
+            _shared[full] = prep
+        return _shared[full]
+
+
+def _cat(*ts):
+    return None if ts[0] is None else torch.cat(ts, dim=0).contiguous()
+
+
+def _prepare(config, weights: dict, dtype, device, quantization) -> PreparedWeights:
+    def w(name):
+        if name not in weights:
+            raise ValueError(f"checkpoint is missing weight {name!r}")
+        return weights[name].to(device=device, dtype=dtype).contiguous()
+
+    def opt(name):
+        return w(name) if name in weights else None
+
+    embed = w("model.embed_tokens.weight")
+    tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights
+    lm_head = embed if tied else w("lm_head.weight")
+    layers = []
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        biases = [opt(a + f"{n}_proj.bias") for n in "qkv"]
+        if any(b is not None for b in biases) and any(b is None for b in biases):
+            raise ValueError(f"layer {i}: q/k/v projections must all have a bias or none")
+        layers.append({
+            "ln1": w(p + "input_layernorm.weight"),
+            "ln2": w(p + "post_attention_layernorm.weight"),
+            "qkv": _cat(*(w(a + f"{n}_proj.weight") for n in "qkv")), "qkv_b": _cat(*biases),
+            "o": w(a + "o_proj.weight"), "o_b": opt(a + "o_proj.bias"),
+            "gate_up": _cat(w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")),
+            "down": w(p + "mlp.down_proj.weight"),
+        })
+    if torch.device(device).type != "cpu":
+        if quantization is not None:
+            raise ValueError("quantization='int8' is a CPU option (torch's CPU int8 weight kernel)")
+        return PreparedWeights(embed, lm_head, w("model.norm.weight"), tuple(layers), None, "dense", (), 0)
+    # CPU: each layer's GEMM weights become callables (dense fp32, oneDNN-packed, or int8), biases
+    # inside them; the plain tensors they were made from are kept for the lean step to keep or drop
+    from engine.exec.cpu_linear import PackedLinear, describe, make_linear
+    plain, extra = [], 0
+    for L in layers:
+        plain.append({})
+        for name in LINEAR_NAMES:
+            bias = L.pop(name + "_b", None)
+            plain[-1][name], plain[-1][name + "_b"] = L[name], bias
+            L[name] = make_linear(L[name], bias, quantization=quantization)
+            if isinstance(L[name], PackedLinear):          # dense and int8 linears share the tensors
+                extra += plain[-1][name].numel() * plain[-1][name].element_size()
+    head = make_linear(lm_head, None, quantization=quantization)
+    kind = describe(layers[0]["qkv"]) if layers else "dense"
+    return PreparedWeights(embed, lm_head, w("model.norm.weight"), tuple(layers), head, kind, tuple(plain), extra)
