@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.polling import wait_until as _wait
-from tests.e2e.test_chat_browser import browser  # noqa: F401  (the Chromium fixture)
+from tests.e2e.test_chat_browser import _chromium, browser  # noqa: F401  (the Chromium fixtures)
 
 pytestmark = pytest.mark.slow
 

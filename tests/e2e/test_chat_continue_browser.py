@@ -13,7 +13,7 @@ import pytest
 from tests.e2e.polling import wait_until as _wait
 from tests.e2e.conftest import read_db
 from tests.e2e.test_chat_branches_browser import _done, _open, _sampling, _send
-from tests.e2e.test_chat_browser import browser  # noqa: F401  (the Chromium fixture)
+from tests.e2e.test_chat_browser import _chromium, browser  # noqa: F401  (the Chromium fixtures)
 
 pytestmark = pytest.mark.slow
 

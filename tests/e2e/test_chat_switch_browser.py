@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tests.e2e.polling import wait_until as _wait
-from tests.e2e.test_chat_browser import _finished, _open, _send, _set_number, browser  # noqa: F401
+from tests.e2e.test_chat_browser import _chromium, _finished, _open, _send, _set_number, browser  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
