@@ -1,6 +1,7 @@
 """The chat app through its API (gradio_client) against a real app process: concurrent clients
 sharing the system prompt's KV blocks, release on close, queueing, bad input, Stop, branches."""
 import threading
+import json
 import time
 
 import pytest
@@ -129,17 +130,21 @@ def test_turns_reuse_the_session_then_regenerate_alternatives_and_stop(module_se
     rows = api.read_db(module_server.db, "SELECT role FROM messages WHERE conversation_id = ?", (conv,))
     assert [r["role"] for r in rows].count("assistant") == 4      # both alternatives stored (versions of the reply)
 
-    # Stop mid-reply: the partial reply is kept as "stopped" and the request is aborted.
-    job = c.submit("Tell me a very long story about bread.", *api.sampling(max_tokens=400), api_name="/send")
+    # Stop mid-reply (the tab's Stop, /stop): the request is aborted and the partial reply stays
+    # stored as "stopped". (Not the client's cancel: that only stops painting, the reply belongs to
+    # the server, ui/chat/reattach.py. A streamed reply's row is "stopped" until it completes, so
+    # the status is read once the engine is idle. The prompt's greedy reply runs to max_tokens.)
+    c.predict(api_name="/new_chat")          # a fresh chat: a greedy reply that runs to max_tokens
+    job = c.submit("Write a long story about a baker called Sam.", *api.sampling(max_tokens=400),
+                   api_name="/send")
     api.wait_for(lambda: api.streaming_text(job))
-    time.sleep(0.5)
-    job.cancel()
-    last = api.wait_for(lambda: [r for r in api.read_db(
-        module_server.db, "SELECT status, content FROM messages WHERE conversation_id = ? ORDER BY id DESC "
-                          "LIMIT 1", (conv,)) if r["status"] == "stopped"], timeout=30)[0]
-    assert last["content"]
+    c.predict(api_name="/stop")
     snap = module_server.wait_kv(lambda s: s["stats"]["running"] == 0, timeout=60)   # a loaded box
     assert snap["stats"]["running"] == 0
+    last = api.read_db(module_server.db, "SELECT status, content, token_ids FROM messages WHERE role = 'assistant' "
+                                         "ORDER BY id DESC LIMIT 1")[0]
+    assert last["status"] == "stopped" and last["content"]
+    assert len(json.loads(last["token_ids"])) < 400                 # cut short, not run to max_tokens
     c.predict(api_name="/close_tab")
     c.close()
     st = module_server.wait_kv(lambda s: s["stats"]["used_blocks"] == s["stats"]["pinned_blocks"])["stats"]
