@@ -149,18 +149,12 @@ LOAD_FORMATS = ("auto", "dummy")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
 
 
-def _weights_stamp(folder: str) -> tuple:
-    """The folder's weight files, with size and mtime."""
+def _stamp(folder: str, weights: bool) -> tuple:
+    """The folder's weight files (weights=True) or its other files, with size and mtime: what a
+    cached form of them (the tokenizer here, prepared weights in llama_weights.py) depends on."""
     with os.scandir(folder) as it:
         return tuple(sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in it
-                            if e.is_file() and e.name.endswith(_WEIGHT_SUFFIXES)))
-
-
-def _tokenizer_stamp(folder: str) -> tuple:
-    """What the tokenizer is read from: the folder's non-weight files, with size and mtime."""
-    with os.scandir(folder) as it:
-        return tuple(sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in it
-                            if e.is_file() and not e.name.endswith(_WEIGHT_SUFFIXES)))
+                            if e.is_file() and e.name.endswith(_WEIGHT_SUFFIXES) == weights))
 
 
 @functools.lru_cache(maxsize=4)
@@ -214,9 +208,9 @@ def load_model(model: str | None = None, progress=None, *, load_format: str = "a
     except Exception as e:
         raise ModelLoadError(f"cannot read config in {folder}: {e}") from e
     check_architecture(config)
-    tokenizer = _tokenizer(folder, _tokenizer_stamp(folder))
+    tokenizer = _tokenizer(folder, _stamp(folder, weights=False))
     report(0.6, "reading weights")
     weights = {k: v.float() if v.is_floating_point() else v for k, v in _read_weights(folder).items()}
     report(1.0, f"loaded {source}")
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, source=source, hf_folder=folder,
-                       weights_key=(os.path.realpath(folder), _weights_stamp(folder)))
+                       weights_key=(os.path.realpath(folder), _stamp(folder, weights=True)))

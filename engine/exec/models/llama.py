@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import kernels
 from kernels import kv_quant
 from engine.exec.cpu_linear import layer_linear as _linear
-from engine.exec.models.llama_weights import prepared_weights
+from engine.exec.models.llama_weights import LINEAR_NAMES, prepared_weights
 
 log = logging.getLogger("paged_chat.engine")
 
@@ -91,7 +91,7 @@ def make_lean_step(model, plain: list[dict] | None, mode: str, plain_bytes: int 
     layers, extra = [], 0
     for L, P in zip(model.layers, plain):
         d = {"ln1": L["ln1"], "ln2": L["ln2"]}
-        for name in ("qkv", "o", "gate_up", "down"):
+        for name in LINEAR_NAMES:
             lin = L[name]
             if isinstance(lin, Int8Linear):
                 d[name], d[name + "_s"] = lin.q, lin.scale.float()
