@@ -27,6 +27,7 @@ _ERRORS = {1: "token id outside the vocabulary", 2: "position beyond the RoPE ta
            5: "logits row outside the step's tokens", 6: "token count outside 1..max_tokens or above the context"}
 LAYER_KEYS = ("ln1", "qkv", "qkv_b", "o", "o_b", "ln2", "gate_up", "down",
               "qkv_s", "o_s", "gate_up_s", "down_s")     # the C++ pointer table's order
+LINEAR_KEYS = ("qkv", "o", "gate_up", "down")
 
 
 class LeanStepFailed(RuntimeError):
@@ -37,7 +38,7 @@ def _declare(dll) -> None:
     p, i, L, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
     for name in _FN.values():
         fn = getattr(dll, name)
-        fn.argtypes = [p, i, i, i, i, i, i, p, L, p, p, p, i, p, i, p, p, p, L, p, p, L, p, L, i, p, i, i, p, p, f, f, p, i]
+        fn.argtypes = [p, i, i, i, i, i, i, p, L, p, p, p, i, p, i, p, p, p, L, p, p, L, p, L, i, p, i, i, p, p, f, f, p, i, i]
         fn.restype = ctypes.c_int
     if dll.lean_step_ptrs_per_layer() != len(LAYER_KEYS):
         raise RuntimeError("cpu_lean_step.cpp and LAYER_KEYS disagree on the pointer table")
@@ -60,15 +61,32 @@ def available(dtype: torch.dtype, int8_weights: bool = False) -> bool:
     return (dtype, int8_weights) in _FN and _lib() is not None
 
 
+def can_tile(weight: torch.Tensor, row_groups: int = 1) -> bool:
+    """Whether `tile_rows` takes this [N, K] weight: K a multiple of 16 and N of 4 (of 4 per group:
+    gate/up is two groups, each thread's rows of both halves must start a tile)."""
+    return (weight.dim() == 2 and weight.dtype in (torch.float32, torch.bfloat16)
+            and weight.shape[1] % 16 == 0 and weight.shape[0] % (4 * row_groups) == 0)
+
+
+def tile_rows(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] row-major -> the lean step's tiled layout [N / 4, K / 16, 4, 16]: four rows' 16-column
+    chunks side by side, so the C++ product reads each tile as one sequential stream (see
+    kernels/csrc/lean_gemm.h: ~1.4x the single-thread bandwidth of four row streams). Same values,
+    same arithmetic: the step's results are bit-identical in both layouts."""
+    n, k = weight.shape
+    return weight.reshape(n // 4, 4, k // 16, 16).transpose(1, 2).contiguous()
+
+
 class LeanStep:
     """The model's weights as one pointer table for the C++ step. `layers`: per layer a dict with
     LAYER_KEYS' tensors (plain [N, K] weights in `dtype`, or int8 codes with fp32 scales under the
-    `_s` keys; absent biases as None). The tensors are held here, so the pointers stay valid."""
+    `_s` keys; absent biases as None). `tiled`: the four layer linears are in `tile_rows`' layout
+    instead (plain weights only, every layer). The tensors are held here, so the pointers stay valid."""
 
     def __init__(self, *, layers: list[dict], embed: torch.Tensor, norm: torch.Tensor,
                  lm_head: torch.Tensor, lm_scale: torch.Tensor | None, cos: torch.Tensor,
                  sin: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
-                 intermediate: int, eps: float, dtype: torch.dtype):
+                 intermediate: int, eps: float, dtype: torch.dtype, tiled: bool = False):
         int8 = lm_scale is not None
         if not available(dtype, int8):
             raise ValueError(f"no lean CPU step for {dtype} ({'int8' if int8 else 'plain'} weights): {active_path()}")
@@ -87,9 +105,16 @@ class LeanStep:
                                                                   ("qkv", "o", "gate_up", "down") else dtype)
                 if t.dtype != want or not t.is_contiguous() or t.device.type != "cpu":
                     raise ValueError(f"layer {i} {key}: need a contiguous CPU {want} tensor, got {t.dtype}")
+                if key in LINEAR_KEYS and t.dim() != (4 if tiled else 2):
+                    raise ValueError(f"layer {i} {key}: need a {'tiled' if tiled else 'plain [N, K]'} weight, "
+                                     f"got shape {tuple(t.shape)}")
                 self._keep.append(t)
                 ptrs[i, j] = t.data_ptr()
-        self.ptrs = ptrs
+        if tiled and (int8 or intermediate % 4 or embed.shape[1] % 16 or (num_heads * head_dim) % 16
+                      or intermediate % 16):
+            raise ValueError("the tiled layout needs plain weights, hidden sizes in multiples of 16 "
+                             "and an intermediate size in multiples of 4")
+        self.ptrs, self.tiled = ptrs, tiled
         self.num_layers, self.hidden = len(layers), embed.shape[1]
         self.h, self.kvh, self.d, self.inter = num_heads, num_kv_heads, head_dim, intermediate
         self.vocab, self.eps = lm_head.shape[0], float(eps)
@@ -145,7 +170,7 @@ class LeanStep:
                            None if self.lm_scale is None else self.lm_scale.data_ptr(), self.vocab,
                            self.cos.data_ptr(), self.sin.data_ptr(), self.cos.shape[0], kv_pool.data_ptr(), nb,
                            bs, tables.data_ptr(), tables.shape[1], S, seq_lens.data_ptr(), cu_seqlens_q.data_ptr(),
-                           self.eps, float(scale), logits.data_ptr(), torch.get_num_threads())
+                           self.eps, float(scale), logits.data_ptr(), torch.get_num_threads(), int(self.tiled))
         if err == 7:
             raise LeanStepFailed("the lean step could not get memory or threads (nothing was written)")
         if err:

@@ -62,6 +62,7 @@ struct Step {
   long V; const T* cos; const T* sin; T* pool; long num_blocks; int BS; const int32_t* tables; int W_;
   const int32_t* tok_seq; const int32_t* tok_len;     // per token: its sequence (table row) and context
   float eps, scale; float* logits; int nt;
+  bool tiled;              // the layer linears are in lean_gemm.h's tiled layout (the LM head never)
   std::vector<T> qkv, q, delta, gu, act, lg;
   std::vector<float> qf, of;
   std::vector<std::vector<T>> own_x, own_a;      // per thread: the residual stream and its norm
@@ -80,7 +81,7 @@ struct Step {
   void lin(const int64_t* p, int wi, int bi, int si, const float* xf, T* y, long N, long Kd, int tid) {
     gemm<K, W>(reinterpret_cast<const W*>(p[wi]), xf, nT, bi >= 0 ? reinterpret_cast<const T*>(p[bi]) : nullptr,
                p[si] ? reinterpret_cast<const float*>(p[si]) : nullptr, y, N, part4(N, tid, nt),
-               part4(N, tid + 1, nt), Kd);
+               part4(N, tid + 1, nt), Kd, tiled);
   }
 
   void attention(const float* qt, const T* kc, const T* vc, const int32_t* table, int len, float* ot, int tid) {
@@ -133,8 +134,8 @@ struct Step {
       // gate rows j and up rows I + j on the same thread, so it can finish silu(gate) * up alone
       const W* wgu = reinterpret_cast<const W*>(p[GATE_UP]);
       const float* sgu = p[GATE_UP_S] ? reinterpret_cast<const float*>(p[GATE_UP_S]) : nullptr;
-      gemm<K, W>(wgu, xf.data(), nT, nullptr, sgu, gu.data(), 2L * I, j0, j1, Dm);
-      gemm<K, W>(wgu, xf.data(), nT, nullptr, sgu, gu.data(), 2L * I, I + j0, I + j1, Dm);
+      gemm<K, W>(wgu, xf.data(), nT, nullptr, sgu, gu.data(), 2L * I, j0, j1, Dm, tiled);
+      gemm<K, W>(wgu, xf.data(), nT, nullptr, sgu, gu.data(), 2L * I, I + j0, I + j1, Dm, tiled);
       for (int t = 0; t < nT; ++t) {
         const T* g = &gu[t * 2L * I];
         for (long j = j0; j < j1; ++j) {     // layer_ops::silu_mul's arithmetic, on this thread's rows
@@ -213,7 +214,7 @@ int lean_step_max_tokens() { return kMaxTokens; }
            const int64_t* rows, int R, const void* norm, const void* lm_head, const float* lm_scale, long V, \
            const void* cos, const void* sin, long P, void* pool, long num_blocks, int BS,                   \
            const int32_t* tables, int W_, int S, const int32_t* seq_lens, const int32_t* cu, float eps,    \
-           float scale, float* logits, int n) {                                                            \
+           float scale, float* logits, int n, int tiled) {                                                 \
     using T = K::T;                                                                                        \
     if (nT < 1 || nT > kMaxTokens || S < 1 || cu[0] != 0 || cu[S] != nT) return 6;                         \
     int32_t tok_seq[kMaxTokens], tok_len[kMaxTokens];                                                      \
@@ -241,7 +242,8 @@ int lean_step_max_tokens() { return kMaxTokens; }
     Step<K, W> st{ptrs, L, Dm, H, KVH, D, I, static_cast<const T*>(embed), tokens, positions, slots, nT,    \
                   rows, R, static_cast<const T*>(norm), static_cast<const W*>(lm_head), lm_scale, V,       \
                   static_cast<const T*>(cos), static_cast<const T*>(sin), static_cast<T*>(pool),           \
-                  num_blocks, BS, tables, W_, tok_seq, tok_len, eps, scale, logits, std::max(1, n)};       \
+                  num_blocks, BS, tables, W_, tok_seq, tok_len, eps, scale, logits, std::max(1, n),        \
+                  tiled != 0};                                                                             \
     return step<K, W>(st) ? 0 : 7;                                                                         \
   }
 

@@ -138,6 +138,52 @@ def test_a_small_batch_decodes_like_the_loop_and_like_each_sequence_alone(dtype)
         assert torch.equal(together.argmax(-1), want.argmax(-1))
 
 
+def _untile(t: torch.Tensor) -> torch.Tensor:
+    a, b, four, sixteen = t.shape
+    return t.transpose(1, 2).reshape(a * four, b * sixteen).contiguous()
+
+
+@pytest.mark.parametrize("name,dtype", [("smollm2-135m", torch.float32), ("qwen2.5-0.5b", torch.bfloat16)])
+def test_the_tiled_layout_is_bit_identical_to_row_major(name, dtype):
+    """The layer weights in tile_rows' layout (what a model with packed linears keeps for the lean
+    step) give the same logits and K/V as the row-major ones, bit for bit: the C++ product reads
+    them in another order but does the same arithmetic."""
+    from engine.exec.models.llama import make_lean_step
+    from engine.exec.models.llama_weights import LINEAR_NAMES, _prepare
+    cfg = dw.load_config(name, SMALL)
+    w = dw.random_weights(cfg, seed=9)
+    m = LlamaModel(cfg, dict(w), dtype, "cpu", max_positions=64, lean_step="on")
+    rows = [{k: (_untile(v) if v is not None and v.dim() == 4 else v) for k, v in P.items()}
+            for P in _prepare(cfg, dict(w), dtype, "cpu", None).plain]
+    tiles = [{k: (cpu_lean_step.tile_rows(v) if k in LINEAR_NAMES else v) for k, v in P.items()} for P in rows]
+    assert all(cpu_lean_step.tile_rows(_untile(t["qkv"])).equal(t["qkv"]) for t in tiles)
+    ids = [(11 * i + 5) % cfg.vocab_size for i in range(41)]
+    results = []
+    for plain in (rows, tiles):
+        m.lean, _, why = make_lean_step(m, plain, "on")
+        assert m.lean is not None and m.lean.tiled == (plain is tiles), why
+        results.append(run_steps(m, ids, 5, chunk=4))
+    (a, a_pool), (b, b_pool) = results
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert torch.equal(a_pool.nan_to_num(7.0), b_pool.nan_to_num(7.0))
+
+
+def test_the_tiled_layout_takes_only_shapes_it_can_hold():
+    assert cpu_lean_step.can_tile(torch.zeros(8, 32)) and cpu_lean_step.can_tile(torch.zeros(8, 32), 2)
+    assert not cpu_lean_step.can_tile(torch.zeros(6, 32), 2)        # gate/up: each half a multiple of 4
+    assert not cpu_lean_step.can_tile(torch.zeros(8, 24))           # columns: a multiple of 16
+    assert not cpu_lean_step.can_tile(torch.zeros(8, 32, dtype=torch.int8))
+    cfg = dw.load_config("smollm2-135m", SMALL)
+    m = LlamaModel(cfg, dw.random_weights(cfg, seed=4), torch.float32, "cpu", max_positions=64, lean_step="on")
+    layers = [{k: torch.zeros(4, 4) for k in ("qkv", "o", "gate_up", "down")} | {"ln1": L["ln1"], "ln2": L["ln2"]}
+              for L in m.layers]
+    with pytest.raises(ValueError, match="tiled"):
+        cpu_lean_step.LeanStep(layers=layers, embed=m.embed, norm=m.norm, lm_head=m.lm_head, lm_scale=None,
+                               cos=m.cos, sin=m.sin, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
+                               head_dim=m.head_dim, intermediate=cfg.intermediate_size, eps=m.eps,
+                               dtype=torch.float32, tiled=True)
+
+
 def test_lean_step_is_only_taken_where_it_applies(monkeypatch):
     """At most max_tokens tokens: the lean step; a longer prefill, or a pool of another dtype: the loop."""
     cfg = dw.load_config("smollm2-135m", SMALL)
