@@ -74,3 +74,22 @@ def test_start_up_re_pins_every_users_own_prompt_newest_first_within_the_cap(mak
     assert "carol's shared prompt is not pinned" in capsys.readouterr().out
     for name in names:
         assert llm.unpin(name)
+
+
+def test_a_prompt_shorter_than_a_block_pins_nothing_and_releases_the_old_pin(make_llm, tmp_path):
+    """A 13-token system prompt has no full block to share: saving it is no error (no traceback,
+    nothing in `errors`), and the previous prompt's pinned blocks are released, not held for a
+    prompt no chat uses any more."""
+    from storage import Storage
+    from ui.chat.prompt_pins import PromptPins
+    llm = make_llm(num_blocks=100, max_model_len=1024)
+    pins = PromptPins(llm, Storage(tmp_path / "chat.db"))
+    pins.pin(None, "Be brief. " * 20)
+    assert llm.stats()["pinned_blocks"] > 0
+    short = "Be brief."
+    ntok, nblocks = pins.measure(short)
+    assert nblocks == 0 and 0 < ntok < 16
+    pins.pin_async(None, short).join(timeout=60)
+    assert pins.errors == []
+    assert llm.pins() == [] and llm.stats()["pinned_blocks"] == 0 == llm.stats()["used_blocks"]
+    assert "shorter than one 16-token block: nothing to pin" in pins.events[-1]

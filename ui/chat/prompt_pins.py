@@ -64,11 +64,23 @@ class PromptPins:
                 f"{self.llm.max_model_len}-token context; using a short one instead")
 
     def pin(self, owner: str | None, text: str) -> None:
-        """Pin `text` for `owner` (None/'': the app's prompt), synchronously."""
-        info = self.llm.pin_system_prompt(pin_name_for(owner), text)
+        """Pin `text` for `owner` (None/'': the app's prompt), synchronously. A prompt shorter than
+        one block has no full block to share (each chat keeps it in its own partial block): nothing
+        is pinned, and an earlier, longer prompt's pin of that name is released, not left behind."""
+        name, who = pin_name_for(owner), (f"{owner}'s prompt" if owner else "the shared prompt")
+        ntok, nblocks = self.measure(text)
+        if nblocks == 0:
+            self.llm.unpin(name)
+            bs = self.llm.model_info().block_size
+            self._event(f"{who} is {ntok} tokens, shorter than one {bs}-token block: nothing to pin "
+                        f"(each chat keeps it in its own partial block)")
+            return
+        info = self.llm.pin_system_prompt(name, text)
+        self._event(f"pinned {who} ({info.num_blocks} blocks, {info.num_tokens} tokens)")
+
+    def _event(self, text: str) -> None:
         with self._lock:
-            who = f"{owner}'s prompt" if owner else "the shared prompt"
-            self.events.append(f"pinned {who} ({info.num_blocks} blocks, {info.num_tokens} tokens)")
+            self.events.append(text)
             del self.events[:-20]
 
     def pin_async(self, owner: str | None, text: str) -> threading.Thread:
