@@ -25,7 +25,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[2])
     p.add_argument("--workload", choices=("chat", "multiturn", "decode", "all"), default="all")
     p.add_argument("--sessions", type=int, default=None, help="chat sessions (default 32; quick 4)")
-    p.add_argument("--quick", action="store_true", help="tiny sizes, one repetition (smoke test)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, a short system prompt, one repetition (smoke test)")
     p.add_argument("--json", default=None, help="output JSON path (Markdown written next to it)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     p.add_argument("--seed", type=int, default=0)

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from bench import engine_runner as er
 from bench import hf_runner as hr
 from bench.metrics import combine, ratio, summarize, token_match
-from bench.workloads import chat_workload, common_prefix_len, decode_prompts, multiturn_workload
+from bench.workloads import (SHORT_SYSTEM_PROMPT, SYSTEM_PROMPT, chat_workload, common_prefix_len, decode_prompts,
+                             multiturn_workload)
 
 
 @dataclass
@@ -30,13 +31,14 @@ class Sizes:
     decode_prompt_len: int = 16
     decode_max_tokens: int = 32
     decode_engine_reps: int = 2
+    system_prompt: str = SYSTEM_PROMPT      # the chat and multiturn workloads' shared prompt (~300 tokens)
 
     @classmethod
     def quick(cls, sessions: int | None = None) -> "Sizes":
         return cls(sessions=sessions or 4, out_min=4, out_max=12, engine_reps=1, hf_static_reps=1,
                    hf_seq_subsample=2, hf_cb_subsample=2, hf_cb_deadline_s=90.0, mt_conversations=2,
                    mt_turns=2, mt_max_tokens=6, decode_batches=(1, 4), decode_max_tokens=8,
-                   decode_engine_reps=1)
+                   decode_engine_reps=1, system_prompt=SHORT_SYSTEM_PROMPT)
 
 
 class Ctx:
@@ -79,7 +81,7 @@ def chat_steps(sizes: Sizes, skip: set) -> int:
 
 def run_chat(ctx: Ctx) -> dict:
     s = ctx.sizes
-    reqs = chat_workload(ctx.tok, s.sessions, s.out_min, s.out_max, ctx.seed)
+    reqs = chat_workload(ctx.tok, s.sessions, s.out_min, s.out_max, ctx.seed, s.system_prompt)
     prompts, ks = [r.prompt_ids for r in reqs], [r.max_tokens for r in reqs]
     engine_rows, static_rows, first_engine, first_static = [], [], None, None
     for rep in range(max(s.engine_reps, s.hf_static_reps)):   # interleaved: E, H, E, H, E
@@ -141,7 +143,7 @@ def multiturn_steps(sizes: Sizes) -> int:
 
 def run_multiturn(ctx: Ctx) -> dict:
     s, llm = ctx.sizes, ctx.llm
-    convs = multiturn_workload(s.mt_conversations, s.mt_turns, ctx.seed)
+    convs = multiturn_workload(s.mt_conversations, s.mt_turns, ctx.seed, s.system_prompt)
     turns = []
     for c, conv in enumerate(convs):
         sid = f"mt-{ctx.seed}-{os.getpid()}-{c}"

@@ -32,6 +32,10 @@ SYSTEM_PROMPT = (
     "conversation to a human colleague during office hours, Monday to Friday, nine to six."
 )
 
+# --quick's: the prompt's first three sentences (~55 tokens, 3 full blocks: the shared prefix still
+# hits), so the smoke test's prefills, HF's above all, cost a fraction of the full prompt's
+SHORT_SYSTEM_PROMPT = SYSTEM_PROMPT[:SYSTEM_PROMPT.index(", and lists are used only")] + "."
+
 _QUESTIONS = [
     "Can I return a {item} that I bought {when}?",
     "How warm is the {item} really, and would it work for {trip}?",
@@ -79,21 +83,22 @@ def user_message(rng: random.Random) -> str:
     return " ".join([q] + extra) if rng.random() < 0.5 else " ".join(extra + [q])
 
 
-def chat_workload(tokenizer, n: int, out_min: int, out_max: int, seed: int) -> list[ChatRequest]:
+def chat_workload(tokenizer, n: int, out_min: int, out_max: int, seed: int,
+                  system_prompt: str = SYSTEM_PROMPT) -> list[ChatRequest]:
     rng = random.Random(seed)
     reqs = []
     for _ in range(n):
-        msgs = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user_message(rng)}]
+        msgs = [{"role": "system", "content": system_prompt}, {"role": "user", "content": user_message(rng)}]
         reqs.append(ChatRequest(continue_session_prompt(tokenizer, msgs, None), rng.randint(out_min, out_max)))
     return reqs
 
 
-def multiturn_workload(n_conv: int, n_turns: int, seed: int) -> list[Conversation]:
+def multiturn_workload(n_conv: int, n_turns: int, seed: int, system_prompt: str = SYSTEM_PROMPT) -> list[Conversation]:
     rng = random.Random(seed + 1)
     convs = []
     for _ in range(n_conv):
         convs.append(Conversation([user_message(rng) for _ in range(n_turns)],
-                                  [{"role": "system", "content": SYSTEM_PROMPT}]))
+                                  [{"role": "system", "content": system_prompt}]))
     return convs
 
 
