@@ -153,6 +153,8 @@ def test_the_tiled_layout_is_bit_identical_to_row_major(name, dtype):
     cfg = dw.load_config(name, SMALL)
     w = dw.random_weights(cfg, seed=9)
     m = LlamaModel(cfg, dict(w), dtype, "cpu", max_positions=64, lean_step="on")
+    from engine.exec.cpu_linear import PackedLinear
+    assert m.lean.tiled == isinstance(m.layers[0]["qkv"], PackedLinear)     # the default keeps it tiled
     rows = [{k: (_untile(v) if v is not None and v.dim() == 4 else v) for k, v in P.items()}
             for P in _prepare(cfg, dict(w), dtype, "cpu", None).plain]
     tiles = [{k: (cpu_lean_step.tile_rows(v) if k in LINEAR_NAMES else v) for k, v in P.items()} for P in rows]
@@ -166,6 +168,21 @@ def test_the_tiled_layout_is_bit_identical_to_row_major(name, dtype):
     (a, a_pool), (b, b_pool) = results
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert torch.equal(a_pool.nan_to_num(7.0), b_pool.nan_to_num(7.0))
+
+
+def test_a_copy_over_the_auto_limit_is_not_tiled(monkeypatch):
+    """Tiling is done only where "auto" keeps the copy: past the limit ("on" keeps it anyway) the
+    copy stays row-major, and the step still runs and matches the loop."""
+    from engine.exec.models import llama
+    monkeypatch.setattr(llama, "LEAN_AUTO_MAX_EXTRA_BYTES", 1000)
+    cfg = dw.load_config("smollm2-135m", SMALL)
+    w = dw.random_weights(cfg, seed=8)
+    on = LlamaModel(cfg, dict(w), torch.float32, "cpu", max_positions=64, lean_step="on")
+    loop = LlamaModel(cfg, dict(w), torch.float32, "cpu", max_positions=64, lean_step="off")
+    assert on.lean is not None and not on.lean.tiled
+    ids = [(5 * i + 2) % cfg.vocab_size for i in range(30)]
+    got, want = run_steps(on, ids, 3)[0], run_steps(loop, ids, 3)[0]
+    assert all(torch.equal(g.argmax(-1), e.argmax(-1)) for g, e in zip(got, want))
 
 
 def test_the_tiled_layout_takes_only_shapes_it_can_hold():

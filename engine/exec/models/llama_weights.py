@@ -50,13 +50,13 @@ def prepared_weights(config, weights: dict, dtype: torch.dtype, device, quantiza
     copy only up to `keep_plain_upto` bytes (what a lean step on "auto" would keep); unshared
     ones keep it for the caller to use or drop."""
     if key is None:
-        return _prepare(config, weights, dtype, device, quantization)
+        return _prepare(config, weights, dtype, device, quantization, keep_plain_upto)
     from engine.exec.cpu_linear import packed_fp32_enabled
     full = (key, str(dtype), str(torch.device(device)), quantization, packed_fp32_enabled())
     with _lock:
         if full not in _shared:
             _shared.clear()                     # drop the previous model before building the next
-            prep = _prepare(config, weights, dtype, device, quantization)
+            prep = _prepare(config, weights, dtype, device, quantization, keep_plain_upto)
             if prep.plain_extra_bytes > keep_plain_upto:
                 prep = replace(prep, plain=())
             _shared[full] = prep
@@ -67,7 +67,10 @@ def _cat(*ts):
     return None if ts[0] is None else torch.cat(ts, dim=0).contiguous()
 
 
-def _prepare(config, weights: dict, dtype, device, quantization) -> PreparedWeights:
+def _prepare(config, weights: dict, dtype, device, quantization, tile_upto: int = 0) -> PreparedWeights:
+    """`tile_upto`: the packed linears' plain copy is tiled only up to this many bytes (where a lean
+    step on "auto" would keep it): tiling a copy that is then dropped would be wasted time, and the
+    tiled tensors are new memory while the checkpoint's own tensors are still held."""
     def w(name):
         if name not in weights:
             raise ValueError(f"checkpoint is missing weight {name!r}")
@@ -113,9 +116,12 @@ def _prepare(config, weights: dict, dtype, device, quantization) -> PreparedWeig
             plain[-1][name], plain[-1][name + "_b"] = L[name], bias
             L[name] = make_linear(L[name], bias, quantization=quantization)
             if isinstance(L[name], PackedLinear):          # dense and int8 linears share the tensors
-                if tile:
-                    plain[-1][name] = tile_rows(plain[-1][name])
                 extra += plain[-1][name].numel() * plain[-1][name].element_size()
+    if tile and 0 < extra <= tile_upto:
+        for L, P in zip(layers, plain):
+            for name in LINEAR_NAMES:
+                if isinstance(L[name], PackedLinear):
+                    P[name] = tile_rows(P[name])
     head = make_linear(lm_head, None, quantization=quantization)
     kind = describe(layers[0]["qkv"]) if layers else "dense"
     return PreparedWeights(embed, lm_head, w("model.norm.weight"), tuple(layers), head, kind, tuple(plain), extra)
