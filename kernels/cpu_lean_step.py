@@ -101,8 +101,8 @@ class LeanStep:
                 t = L.get(key)
                 if t is None:
                     continue
-                want = torch.float32 if key.endswith("_s") else (torch.int8 if int8 and key in
-                                                                  ("qkv", "o", "gate_up", "down") else dtype)
+                want = torch.float32 if key.endswith("_s") else (torch.int8 if int8 and key in LINEAR_KEYS
+                                                                  else dtype)
                 if t.dtype != want or not t.is_contiguous() or t.device.type != "cpu":
                     raise ValueError(f"layer {i} {key}: need a contiguous CPU {want} tensor, got {t.dtype}")
                 if key in LINEAR_KEYS and t.dim() != (4 if tiled else 2):
@@ -110,10 +110,9 @@ class LeanStep:
                                      f"got shape {tuple(t.shape)}")
                 self._keep.append(t)
                 ptrs[i, j] = t.data_ptr()
-        if tiled and (int8 or intermediate % 4 or embed.shape[1] % 16 or (num_heads * head_dim) % 16
-                      or intermediate % 16):
-            raise ValueError("the tiled layout needs plain weights, hidden sizes in multiples of 16 "
-                             "and an intermediate size in multiples of 4")
+        if tiled and (int8 or embed.shape[1] % 16 or (num_heads * head_dim) % 16 or intermediate % 16):
+            raise ValueError("the tiled layout needs plain weights and hidden, attention and "
+                             "intermediate sizes in multiples of 16")
         self.ptrs, self.tiled = ptrs, tiled
         self.num_layers, self.hidden = len(layers), embed.shape[1]
         self.h, self.kvh, self.d, self.inter = num_heads, num_kv_heads, head_dim, intermediate

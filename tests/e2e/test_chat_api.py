@@ -1,7 +1,7 @@
 """The chat app through its API (gradio_client) against a real app process: concurrent clients
 sharing the system prompt's KV blocks, release on close, queueing, bad input, Stop, branches."""
-import threading
 import json
+import threading
 import time
 
 import pytest

@@ -102,10 +102,9 @@ def make_lean_step(model, plain: list[dict] | None, mode: str, plain_bytes: int 
                 if not isinstance(lin, DenseLinear):
                     extra += P[name].numel() * P[name].element_size()
         layers.append(d)
-    # packed linears' copies may be in the tiled layout (llama_weights._prepare): all or none
-    dims = {d[name].dim() for d in layers for name in LINEAR_NAMES if d[name].dtype != torch.int8}
-    if len(dims) > 1:
-        return None, 0, "loop (lean step: layer weights in mixed layouts)"
+    # packed linears' copies may be in the tiled layout (llama_weights._prepare: all or none;
+    # LeanStep refuses a mix)
+    tiled = any(d[name].dim() == 4 for d in layers for name in LINEAR_NAMES)
     if mode == "auto" and extra > LEAN_AUTO_MAX_EXTRA_BYTES:
         return None, 0, f"loop (lean step would copy {extra / 2**30:.1f} GiB of weights; --lean-step on to allow)"
     head = model.lm_head_linear
@@ -115,7 +114,7 @@ def make_lean_step(model, plain: list[dict] | None, mode: str, plain_bytes: int 
             layers=layers, embed=model.embed, norm=model.norm, lm_head=lm_head, lm_scale=lm_scale,
             cos=model.cos, sin=model.sin, num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
             head_dim=model.head_dim, intermediate=model.config.intermediate_size, eps=model.eps,
-            dtype=model.dtype, tiled=dims == {4})
+            dtype=model.dtype, tiled=tiled)
     except ValueError as e:
         return None, 0, f"loop ({e})"
     return lean, extra, f"lean C++ step (+{extra / 2**20:.0f} MiB {'tiled' if lean.tiled else 'plain'} weights)"
