@@ -1,4 +1,4 @@
-"""The page's own CSS and scripts, and the chat list's refresh periods (ui/layout.py uses them).
+"""The page's own CSS and scripts, and the chat list's refresh periods (ui/layout.py and ui/events.py use them).
 
 Why a module: they are long strings that change for look-and-feel reasons, apart from the wiring
 in ui/layout.py, which stays readable in one sitting without them.

@@ -104,13 +104,13 @@ def test_a_remote_backend_refuses_beam_search_json_and_continue_with_a_sentence(
     import gradio as gr
 
     from backends.remote import RemoteEngine
-    from ui import layout
+    from ui import events
     from ui.chat import beam, handlers, reply_format
     from ui.chat.context import ChatContext
 
     remote = RemoteEngine.__new__(RemoteEngine)     # no server needed: only its abilities are asked
     ctx = ChatContext(llm=remote, storage=None, tabs=None)
-    settings = layout._settings(ctx)
+    settings = events._settings(ctx)
     base = (0.0, 1.0, 0, 16, 1.0, -1, 1)
     with pytest.raises(gr.Error, match="Beam search runs only on the built-in engine"):
         settings(*base, beam.CHOICES[-1])

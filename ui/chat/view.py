@@ -138,7 +138,7 @@ BRANCH_HREF = "#branch-"
 
 def branch_nav(message_id: int, versions: list[int]) -> str:
     """`< 2/3 >` under a message with several versions: two links the page's script turns into a
-    branch switch (ui/layout.py); a link at either end is left out rather than doing nothing."""
+    branch switch (ui/events.py); a link at either end is left out rather than doing nothing."""
     pos = versions.index(message_id)
     prev = f"[‹]({BRANCH_HREF}{versions[pos - 1]})" if pos > 0 else "‹"
     nxt = f"[›]({BRANCH_HREF}{versions[pos + 1]})" if pos + 1 < len(versions) else "›"
