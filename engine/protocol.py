@@ -12,7 +12,7 @@ Why Protocols: the UI must not reach into the engine (`llm.engine.*`, private ca
 exactly what it may use keeps the seam narrow enough for a remote engine.
 
 Annotations are strings (no import above the base floor): TenantStats / FairnessEvent live in
-engine/core/fairness.py, ModelInfo in engine/exec/model_info.py, KVSnapshot in engine/observe/.
+engine/core/tenancy.py, ModelInfo in engine/exec/model_info.py, KVSnapshot in engine/observe/.
 """
 from __future__ import annotations
 
@@ -81,9 +81,9 @@ class ServesSnapshotForms(Protocol):
 @runtime_checkable
 class ServesTenants(Protocol):
     """Per-tenant rows and fairness events (engine.LLM; a remote backend has none)."""
-    def tenant_stats(self, fresh: bool = False) -> list: ...     # [engine.core.fairness.TenantStats]
+    def tenant_stats(self, fresh: bool = False) -> list: ...     # [engine.core.tenancy.TenantStats]
 
-    def fairness_events(self, fresh: bool = False) -> list: ...  # [engine.core.fairness.FairnessEvent]
+    def fairness_events(self, fresh: bool = False) -> list: ...  # [engine.core.tenancy.FairnessEvent]
 
 
 @runtime_checkable

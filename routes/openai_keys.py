@@ -16,7 +16,7 @@ import hmac
 import os
 import re
 
-from engine.core.fairness import KEYLESS_API_TENANT as KEYLESS_TENANT
+from engine.core.tenancy import KEYLESS_API_TENANT as KEYLESS_TENANT
 from routes.openai_errors import APIError
 
 ENV_KEYS = "PAGED_CHAT_API_KEYS"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 
-from engine.core.fairness import TenantStats
+from engine.core.tenancy import TenantStats
 from engine.protocol import ServesTenants
 
 OTHER = "other"

@@ -25,7 +25,7 @@ import torch
 
 from engine.text.detokenizer import IncrementalDetokenizer
 from engine.sampling.sampling_params import SamplingParams
-from engine.core.fairness import LOCAL_TENANT
+from engine.core.tenancy import LOCAL_TENANT
 from engine.core.sequence import Request, Sequence, SeqStatus
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from engine.core.fairness import FCFSPolicy, Occupancy, SchedulingPolicy, slots_of, tenant_of
+from engine.core.tenancy import FCFSPolicy, Occupancy, SchedulingPolicy, slots_of, tenant_of
 from engine.kv.kv_cache_manager import KVCacheManager
 from engine.core.sequence import Sequence, SeqStatus
 

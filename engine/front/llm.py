@@ -13,7 +13,7 @@ import time
 
 from engine.front import pin_api
 from engine.core.admission import AdmissionControl, QueueBounds
-from engine.core.fairness import LOCAL_TENANT, ReportsTenants
+from engine.core.tenancy import LOCAL_TENANT, ReportsTenants
 from engine.config import EngineConfig
 from engine.core.llm_engine import LLMEngine
 from engine.exec.loader import load_model
@@ -373,14 +373,14 @@ class LLM:
             return None
 
     def tenant_stats(self, fresh: bool = False) -> list:
-        """Per-tenant rows (engine.core.fairness.TenantStats): counter, running / waiting, tokens, share
+        """Per-tenant rows (engine.core.tenancy.TenantStats): counter, running / waiting, tokens, share
         of the last minute, preemptions suffered, queue time. Empty under FCFS. By default a plain
         read of what the engine thread published at most ~0.5 s ago; fresh=True waits for the
         current step to end and reads the policy itself."""
         return self._policy_rows(0, fresh)
 
     def fairness_events(self, fresh: bool = False) -> list:
-        """Recent scheduler decisions (engine.core.fairness.FairnessEvent): tenants held back, fair preemptions."""
+        """Recent scheduler decisions (engine.core.tenancy.FairnessEvent): tenants held back, fair preemptions."""
         return self._policy_rows(1, fresh)
 
     def _policy_rows(self, which: int, fresh: bool) -> list:

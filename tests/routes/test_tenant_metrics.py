@@ -2,7 +2,7 @@
 stays bounded (first 16 tenants by name, the rest summed into "other")."""
 import pytest
 
-from engine.core.fairness import TenantStats
+from engine.core.tenancy import TenantStats
 from routes.tenant_metrics import OTHER, TenantLabels, tenant_prometheus_text
 
 parser = pytest.importorskip("prometheus_client.parser")

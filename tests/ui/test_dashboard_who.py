@@ -1,7 +1,7 @@
 """The "who is served" panel's names: by name without --auth, only the viewer by name with it."""
-from engine.core.fairness import TenantStats
+from engine.core.tenancy import TenantStats
 from ui.dashboard.who import Namer, event_lines, who_html
-from engine.core.fairness import FairnessEvent
+from engine.core.tenancy import FairnessEvent
 
 
 def _row(name, **kw):

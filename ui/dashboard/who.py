@@ -1,6 +1,6 @@
 """The Memory tab's "who is served" panel: per tenant, what runs and waits, its share of the
 tokens computed in the last minute, its virtual counter and the preemptions it suffered, from the
-fair scheduler's rows (engine/core/fairness.py TenantStats, published by the engine every 0.5 s).
+fair scheduler's rows (engine/core/tenancy.py TenantStats, published by the engine every 0.5 s).
 
 Names follow the dashboard's privacy rules (engine/observe/viewer_scope.py): without --auth every tenant
 is shown by name (demo users as "demo user K", "local" as this machine's user, API keys by their
