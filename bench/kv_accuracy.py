@@ -125,10 +125,8 @@ def engine_logits(runner, seqs, decode: int = DECODE, chunk: int = CHUNK) -> lis
     for i, s in enumerate(seqs):
         for a in range(0, starts[i], chunk):
             step([(i, a, min(chunk, starts[i] - a))])
-    for t in range(max(len(s) for s in seqs)):
-        rows = [(i, t, 1) for i, s in enumerate(seqs) if starts[i] <= t < len(s)]
-        if rows:
-            step(rows)
+    for j in range(max(len(s) - a for s, a in zip(seqs, starts))):     # the sequences' j-th decode tokens together
+        step([(i, a + j, 1) for i, (s, a) in enumerate(zip(seqs, starts)) if a + j < len(s)])
     return [torch.cat(parts) for parts in logits]
 
 
