@@ -4,6 +4,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 # The one list of block sizes every part accepts (the KV manager checks against it too): powers of
 # two the kernels' tiles divide, 8 (tests, tiny pools) to 128 (long contexts on a GPU).

@@ -8,7 +8,6 @@ very same tensors (`hf_model_with_weights`) to serve as the numerical reference.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch

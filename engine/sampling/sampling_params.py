@@ -8,7 +8,7 @@ least MIN_TEMPERATURE; booleans are not accepted where numbers are meant.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.sampling.structured.spec import StructuredSpec
 

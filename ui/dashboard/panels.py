@@ -162,7 +162,7 @@ def tables_html(convs: list[dict], selected: str | None, block_size: int, max_ro
     out = ['<div class="kvd">']
     sel = next((c for c in convs if c["key"] == selected), None)
     if sel is None and selected:
-        out.append(f'<div class="muted">That conversation holds no blocks now (finished or closed).</div>')
+        out.append('<div class="muted">That conversation holds no blocks now (finished or closed).</div>')
     elif sel is None:
         out.append('<div class="muted">Pick a conversation above to see its block table and '
                    'highlight its blocks in the grid.</div>')
