@@ -5,8 +5,9 @@ bound by per-call overhead, not by memory: ~300 Python -> C++ hops per token and
 built for many rows. `LeanStep` holds the model's weights as plain row-major pointers (one table
 built once) and runs embedding, every layer, the final norm and the LM head in C++. It serves the
 shapes `LeanStep.takes` names — one sequence's token or speculative step (<= 17 tokens), or a
-small decode batch (<= 8 tokens) — over a pool in the weights' dtype without rotation; the model
-runs its loop for everything else.
+small decode batch (<= 8 tokens) — over a pool in the weights' dtype, or an int8 pool (rotated or
+not: the step quantizes k and v on store as the loop does); the model runs its loop for everything
+else (fp8 pools, many tokens).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import ctypes
 
 import torch
 
+from kernels import kv_quant
 from kernels.cpu_build import CSRC, LazyLibrary, profiled
 
 _MAX_TOKENS: list[int] = []     # kernels/csrc's kMaxTokens, read when the library loads
@@ -38,7 +40,8 @@ def _declare(dll) -> None:
     p, i, L, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
     for name in _FN.values():
         fn = getattr(dll, name)
-        fn.argtypes = [p, i, i, i, i, i, i, p, L, p, p, p, i, p, i, p, p, p, L, p, p, L, p, L, i, p, i, i, p, p, f, f, p, i, i]
+        fn.argtypes = [p, i, i, i, i, i, i, p, L, p, p, p, i, p, i, p, p, p, L, p, p, L, p, L, i, p, i, i, p, p, f, f, p, i, i,
+                       i, p]
         fn.restype = ctypes.c_int
     if dll.lean_step_ptrs_per_layer() != len(LAYER_KEYS):
         raise RuntimeError("cpu_lean_step.cpp and LAYER_KEYS disagree on the pointer table")
@@ -120,12 +123,18 @@ class LeanStep:
         self.embed, self.norm, self.lm_head, self.lm_scale = embed, norm, lm_head, lm_scale
         self.cos, self.sin = cos, sin
 
-    def can_run(self, kv_pool: torch.Tensor) -> bool:
-        """The pool is one this step can read: the weights' dtype (not int8/fp8 rows), contiguous,
-        blocks the attention kernel takes (paged_decode.h: block <= 128 tokens)."""
-        return (kv_pool.dtype == self.dtype and kv_pool.is_contiguous() and kv_pool.dim() == 6
-                and kv_pool.shape[1] == self.num_layers and kv_pool.shape[3] <= MAX_BLOCK
-                and kv_pool.shape[5] == self.d)
+    def can_run(self, kv_pool: torch.Tensor, rotation: torch.Tensor | None = None) -> bool:
+        """The pool is one this step can read and write: contiguous, blocks the attention kernel
+        takes (paged_decode.h: block <= 128 tokens), and either in the weights' dtype, unrotated, or
+        int8 rows (kernels/kv_quant.py), rotated by `rotation` ([d, d] fp32) or not. fp8 rows: no."""
+        if not (kv_pool.is_contiguous() and kv_pool.dim() == 6 and kv_pool.shape[1] == self.num_layers
+                and kv_pool.shape[3] <= MAX_BLOCK):
+            return False
+        if kv_pool.dtype == torch.int8:
+            return kv_pool.shape[5] == self.d + kv_quant.SCALE_BYTES and (
+                rotation is None or (rotation.dtype == torch.float32 and rotation.is_contiguous()
+                                     and tuple(rotation.shape) == (self.d, self.d)))
+        return kv_pool.dtype == self.dtype and rotation is None and kv_pool.shape[5] == self.d
 
     def takes(self, num_tokens: int, num_seqs: int) -> bool:
         """Whether a step of this shape is the lean step's: one sequence's token or speculative step
@@ -143,11 +152,12 @@ class LeanStep:
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor,
                  seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, kv_pool: torch.Tensor, scale: float,
-                 rows: torch.Tensor) -> torch.Tensor:
+                 rows: torch.Tensor, rotation: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [len(rows), vocab] fp32 of the given rows of one step's T new tokens (T <=
         max_tokens), packed over sequences as AttentionMetadata packs them: tokens, positions,
         slots int64 [T]; tables int32 [S, W]; seq_lens int32 [S] (context incl. this step's
-        tokens); cu_seqlens_q int32 [S + 1]; rows int64 [R]. Their K/V go into `slots`.
+        tokens); cu_seqlens_q int32 [S + 1]; rows int64 [R]. Their K/V go into `slots`. The pool
+        and `rotation` must pass can_run (an int8 pool is written quantized).
         Out-of-range inputs raise ValueError before anything is written."""
         for name, t in (("tokens", tokens), ("positions", positions), ("slots", slots), ("rows", rows)):
             if t.dtype != torch.int64 or not t.is_contiguous():
@@ -160,6 +170,9 @@ class LeanStep:
             raise ValueError("tokens, positions and slots must have one entry per token")
         if tables.dim() != 2 or tables.shape[0] != S or cu_seqlens_q.shape[0] != S + 1:
             raise ValueError("block tables, seq_lens and cu_seqlens_q must describe the same sequences")
+        if not self.can_run(kv_pool, rotation):
+            raise ValueError(f"the lean step cannot use this pool ({kv_pool.dtype}, shape {tuple(kv_pool.shape)}) "
+                             f"{'with' if rotation is not None else 'without'} that rotation")
         nb, bs = kv_pool.shape[2], kv_pool.shape[3]
         logits = torch.empty(R, self.vocab, dtype=torch.float32)
         with profiled("cpu_lean_step"):
@@ -169,7 +182,8 @@ class LeanStep:
                            None if self.lm_scale is None else self.lm_scale.data_ptr(), self.vocab,
                            self.cos.data_ptr(), self.sin.data_ptr(), self.cos.shape[0], kv_pool.data_ptr(), nb,
                            bs, tables.data_ptr(), tables.shape[1], S, seq_lens.data_ptr(), cu_seqlens_q.data_ptr(),
-                           self.eps, float(scale), logits.data_ptr(), torch.get_num_threads(), int(self.tiled))
+                           self.eps, float(scale), logits.data_ptr(), torch.get_num_threads(), int(self.tiled),
+                           int(kv_pool.dtype == torch.int8), None if rotation is None else rotation.data_ptr())
         if err == 7:
             raise LeanStepFailed("the lean step could not get memory or threads (nothing was written)")
         if err:

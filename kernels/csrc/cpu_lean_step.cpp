@@ -19,7 +19,15 @@
 //
 // Per layer, the pointer table holds (int64, 0 = absent):
 //   ln1, qkv, qkv_bias, o, o_bias, ln2, gate_up, down, qkv_scale, o_scale, gate_up_scale, down_scale
-// KV pool: [2, L, num_blocks, block_size, KVH, D] contiguous in the activation dtype.
+// KV pool: [2, L, num_blocks, block_size, KVH, D] contiguous in the activation dtype, or an int8
+// pool [2, L, num_blocks, block_size, KVH, D + 4] (kernels/kv_quant.py: D codes, then the row's fp32
+// scale), optionally stored rotated by R [D, D] fp32 (symmetric, R R = I). For int8 the step does
+// what the loop does around its kernels (engine/exec/models/llama_cpu_fused.py): RoPE into a scratch
+// row in dtype, k and v times R in fp32, quantized as kv_quant.quantize_rows quantizes (scale =
+// amax / 127, codes = round-half-even(x * (1 / scale)) clamped to +-127); q times R rounded to dtype;
+// the attention output (in dtype) times R, rounded to dtype. The products with R sum in index order,
+// where torch's matmul may not: a code can differ from the loop's by one step where x * (1 / scale)
+// falls within an ulp of a half.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -63,7 +71,11 @@ struct Step {
   const int32_t* tok_seq; const int32_t* tok_len;     // per token: its sequence (table row) and context
   float eps, scale; float* logits; int nt;
   bool tiled;              // the layer linears are in lean_gemm.h's tiled layout (the LM head never)
+  bool q8;                 // the pool holds int8 rows (codes + scale), not dtype values
+  const float* rot;        // the pool's rotation R [D, D], or null
   std::vector<T> qkv, q, delta, gu, act, lg;
+  std::vector<T> ks, vs;                  // int8 pool: this step's k and v rows after RoPE, in dtype
+  std::vector<int64_t> scratch_slots;     // int8 pool: token t's row in ks / vs (-1: a pad row)
   std::vector<float> qf, of;
   std::vector<std::vector<T>> own_x, own_a;      // per thread: the residual stream and its norm
   std::vector<std::vector<float>> own_xf;        // per thread: the fp32 activations of a product
@@ -76,6 +88,48 @@ struct Step {
     qkv.resize(nT * static_cast<long>(H + 2 * KVH) * D); q.resize(nT * hd); delta.resize(nT * static_cast<long>(Dm));
     gu.resize(nT * 2L * I); act.resize(nT * static_cast<long>(I)); lg.resize(R * V);
     qf.resize(nT * hd); of.resize(nT * hd);
+    if (q8) {
+      ks.resize(nT * static_cast<long>(KVH) * D); vs.resize(ks.size());
+      scratch_slots.resize(nT);
+      for (int t = 0; t < nT; ++t) scratch_slots[t] = slots[t] < 0 ? -1 : t;
+    }
+  }
+
+  // x [D] times R, in fp32, the sum in index order (the pool's rotation; x may alias nothing)
+  void times_r(const float* x, float* out) const {
+    for (int j = 0; j < D; ++j) out[j] = 0.f;
+    for (int i = 0; i < D; ++i) {
+      const float xi = x[i];
+      const float* r = rot + static_cast<long>(i) * D;
+      for (int j = 0; j < D; ++j) out[j] += xi * r[j];
+    }
+  }
+
+  // rows [n, D] in place: dtype(row times R) (q before attention, the output after it)
+  void rotate_rows(float* rows, long n) const {
+    float tmp[paged_decode::kMaxDim];
+    for (long r = 0; r < n; ++r) {
+      float* x = rows + r * D;
+      times_r(x, tmp);
+      for (int j = 0; j < D; ++j) x[j] = K::rnd(tmp[j]);
+    }
+  }
+
+  // one k or v row (dtype) -> the int8 pool row at dst: rotated, then kv_quant.quantize_rows' code
+  void store_q8(const T* x, int8_t* dst) const {
+    float f[paged_decode::kMaxDim], g[paged_decode::kMaxDim];
+    for (int d = 0; d < D; ++d) f[d] = K::ld(x, d);
+    const float* v = f;
+    if (rot != nullptr) { times_r(f, g); v = g; }
+    float amax = 0.f;
+    for (int d = 0; d < D; ++d) amax = std::max(amax, std::fabs(v[d]));
+    const float sc = amax / 127.0f;
+    const float inv = sc > 0.f ? 1.0f / sc : 0.f;
+    for (int d = 0; d < D; ++d) {
+      const float c = std::nearbyint(v[d] * inv);         // half to even, as torch.round
+      dst[d] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, c)));
+    }
+    std::memcpy(dst + D, &sc, sizeof sc);
   }
 
   void lin(const int64_t* p, int wi, int bi, int si, const float* xf, T* y, long N, long Kd, int tid) {
@@ -84,18 +138,19 @@ struct Step {
                part4(N, tid + 1, nt), Kd, tiled);
   }
 
-  void attention(const float* qt, const T* kc, const T* vc, const int32_t* table, int len, float* ot, int tid) {
+  template <typename P>
+  void attention(const float* qt, const P* kc, const P* vc, const int32_t* table, int len, float* ot, int tid) {
     const int G = H / KVH;
     const int h0 = static_cast<int>(part(H, tid, nt)), h1 = static_cast<int>(part(H, tid + 1, nt));
     for (int g = h0 / G; g * G < h1; ++g) {       // query heads split; a KV group's heads stay together
       const int lo = std::max(h0, g * G) - g * G, hi = std::min(h1, (g + 1) * G) - g * G;
       if (lo >= hi) continue;
       if (D == 64) {
-        paged_decode::decode_group<T, 64>(qt, kc, vc, table, len, ot, H, KVH, D, BS, scale, g, lo, hi);
+        paged_decode::decode_group<P, 64>(qt, kc, vc, table, len, ot, H, KVH, D, BS, scale, g, lo, hi);
       } else if (D == 128) {
-        paged_decode::decode_group<T, 128>(qt, kc, vc, table, len, ot, H, KVH, D, BS, scale, g, lo, hi);
+        paged_decode::decode_group<P, 128>(qt, kc, vc, table, len, ot, H, KVH, D, BS, scale, g, lo, hi);
       } else {
-        paged_decode::decode_group<T, 0>(qt, kc, vc, table, len, ot, H, KVH, D, BS, scale, g, lo, hi);
+        paged_decode::decode_group<P, 0>(qt, kc, vc, table, len, ot, H, KVH, D, BS, scale, g, lo, hi);
       }
     }
   }
@@ -103,6 +158,8 @@ struct Step {
   void run(int tid, SpinBarrier& bar) {
     const long qkv_n = static_cast<long>(H + 2 * KVH) * D, hd = static_cast<long>(H) * D;
     const long slab = num_blocks * BS * KVH * static_cast<long>(D);     // one layer's K (or V)
+    const long row8 = D + 4, slab8 = num_blocks * BS * KVH * row8;      // the same, int8 rows (bytes)
+    int8_t* pool8 = reinterpret_cast<int8_t*>(pool);
     std::vector<T>& x = own_x[tid];
     std::vector<T>& a = own_a[tid];
     std::vector<float>& xf = own_xf[tid];
@@ -110,22 +167,42 @@ struct Step {
     const long j0 = part4(I, tid, nt), j1 = part4(I, tid + 1, nt);   // this thread's gate/up rows
     for (int i = 0; i < L; ++i) {
       const int64_t* p = ptrs + static_cast<long>(i) * kPtrs;
-      T* kc = pool + static_cast<long>(i) * slab;
-      T* vc = pool + static_cast<long>(L + i) * slab;
+      T* kc = q8 ? nullptr : pool + static_cast<long>(i) * slab;
+      T* vc = q8 ? nullptr : pool + static_cast<long>(L + i) * slab;
+      int8_t* kc8 = q8 ? pool8 + static_cast<long>(i) * slab8 : nullptr;
+      int8_t* vc8 = q8 ? pool8 + static_cast<long>(L + i) * slab8 : nullptr;
       layer_ops::add_rms_norm<K>(x.data(), i ? delta.data() : nullptr, reinterpret_cast<const T*>(p[LN1]),
                                  a.data(), nT, Dm, eps, 1);
       to_f32<K>(a.data(), xf.data(), nT * static_cast<long>(Dm));
       lin(p, QKV, QKV_B, QKV_S, xf.data(), qkv.data(), qkv_n, Dm, tid);
       bar.wait();
       if (tid == 0) {
-        layer_ops::rope_store<K>(qkv.data(), nT, H, KVH, D, cos, sin, positions, slots, q.data(), kc, vc, 1);
+        if (!q8) {
+          layer_ops::rope_store<K>(qkv.data(), nT, H, KVH, D, cos, sin, positions, slots, q.data(), kc, vc, 1);
+        } else {
+          layer_ops::rope_store<K>(qkv.data(), nT, H, KVH, D, cos, sin, positions, scratch_slots.data(), q.data(),
+                                   ks.data(), vs.data(), 1);
+          for (int t = 0; t < nT; ++t) {
+            if (slots[t] < 0) continue;
+            for (int h = 0; h < KVH; ++h) {
+              const long src = (static_cast<long>(t) * KVH + h) * D, dst = (slots[t] * KVH + h) * row8;
+              store_q8(&ks[src], kc8 + dst);
+              store_q8(&vs[src], vc8 + dst);
+            }
+          }
+        }
         to_f32<K>(q.data(), qf.data(), nT * hd);
+        if (rot != nullptr) rotate_rows(qf.data(), static_cast<long>(nT) * H);
       }
       bar.wait();
-      for (int t = 0; t < nT; ++t)           // causal: token t sees its sequence up to itself
-        attention(&qf[t * hd], kc, vc, tables + static_cast<long>(tok_seq[t]) * W_, tok_len[t], &of[t * hd], tid);
+      for (int t = 0; t < nT; ++t) {         // causal: token t sees its sequence up to itself
+        const int32_t* table = tables + static_cast<long>(tok_seq[t]) * W_;
+        if (q8) attention<int8_t>(&qf[t * hd], kc8, vc8, table, tok_len[t], &of[t * hd], tid);
+        else attention<T>(&qf[t * hd], kc, vc, table, tok_len[t], &of[t * hd], tid);
+      }
       bar.wait();
       for (long j = 0; j < nT * hd; ++j) xf[j] = K::rnd(of[j]);     // the loop's attention output in dtype
+      if (rot != nullptr) rotate_rows(xf.data(), static_cast<long>(nT) * H);   // each thread its own copy
       lin(p, O, O_B, O_S, xf.data(), delta.data(), Dm, hd, tid);
       bar.wait();
       layer_ops::add_rms_norm<K>(x.data(), delta.data(), reinterpret_cast<const T*>(p[LN2]), a.data(), nT, Dm,
@@ -214,7 +291,7 @@ int lean_step_max_tokens() { return kMaxTokens; }
            const int64_t* rows, int R, const void* norm, const void* lm_head, const float* lm_scale, long V, \
            const void* cos, const void* sin, long P, void* pool, long num_blocks, int BS,                   \
            const int32_t* tables, int W_, int S, const int32_t* seq_lens, const int32_t* cu, float eps,    \
-           float scale, float* logits, int n, int tiled) {                                                 \
+           float scale, float* logits, int n, int tiled, int q8, const float* rot) {                       \
     using T = K::T;                                                                                        \
     if (nT < 1 || nT > kMaxTokens || S < 1 || cu[0] != 0 || cu[S] != nT) return 6;                         \
     int32_t tok_seq[kMaxTokens], tok_len[kMaxTokens];                                                      \
@@ -243,7 +320,7 @@ int lean_step_max_tokens() { return kMaxTokens; }
                   rows, R, static_cast<const T*>(norm), static_cast<const W*>(lm_head), lm_scale, V,       \
                   static_cast<const T*>(cos), static_cast<const T*>(sin), static_cast<T*>(pool),           \
                   num_blocks, BS, tables, W_, tok_seq, tok_len, eps, scale, logits, std::max(1, n),        \
-                  tiled != 0};                                                                             \
+                  tiled != 0, q8 != 0, rot};                                                               \
     return step<K, W>(st) ? 0 : 7;                                                                         \
   }
 

@@ -13,19 +13,21 @@ import torch
 
 from engine.exec import dummy_weights as dw
 from engine.exec.models.llama import AttentionMetadata, LlamaModel
-from kernels import cpu_lean_step
+from kernels import cpu_lean_step, kv_quant
 
 SMALL = {"num_hidden_layers": 2, "vocab_size": 4096}
 pytestmark = pytest.mark.skipif(not cpu_lean_step.available(torch.float32),
                                 reason=f"no C++ compiler: {cpu_lean_step.active_path()}")
 
 
-def run_steps(model: LlamaModel, ids: list[int], decode: int, bs: int = 16, chunk: int = 0):
+def run_steps(model: LlamaModel, ids: list[int], decode: int, bs: int = 16, chunk: int = 0, int8: bool = False):
     """Prefill ids[:-decode - chunk] in one step, then `chunk` tokens in one step (all their logits),
-    then one token per step; returns (logits per step, pool)."""
+    then one token per step; returns (logits per step, pool). int8: an int8 pool (kernels/kv_quant.py
+    rows), zeros where nothing was written."""
     nb = -(-(len(ids) + 1) // bs) + 1
-    pool = torch.full((2, model.num_layers, nb, bs, model.num_kv_heads, model.head_dim), float("nan"),
-                      dtype=model.dtype)
+    shape = (2, model.num_layers, nb, bs, model.num_kv_heads, model.head_dim)
+    pool = (torch.zeros(*shape[:-1], kv_quant.row_width(model.head_dim, torch.int8), dtype=torch.int8) if int8
+            else torch.full(shape, float("nan"), dtype=model.dtype))
     table = torch.arange(1, nb, dtype=torch.int32).flip(0)[None]     # block 0 never used, order scrambled
     slots = lambda a, b: torch.tensor([int(table[0, p // bs]) * bs + p % bs for p in range(a, b)])
     T = len(ids)
@@ -86,6 +88,41 @@ def test_a_multi_token_step_is_bit_identical_to_one_token_steps(dtype, quant):
     single, single_pool = run_steps(m, ids, 6)
     assert torch.equal(multi[1], torch.cat(single[1:]))
     assert torch.equal(multi_pool.nan_to_num(7.0), single_pool.nan_to_num(7.0))
+
+
+@pytest.mark.parametrize("dtype,rotated", [(torch.float32, True), (torch.float32, False), (torch.bfloat16, True)])
+def test_an_int8_pool_is_written_and_read_like_the_loop(dtype, rotated, monkeypatch):
+    """--kv-cache-dtype int8 (rotated by the Hadamard R by default): the step quantizes each new k/v
+    row on store and reads int8 rows, as the loop's store_kv and decode kernel do. Its products sum
+    in another order than oneDNN's and torch's matmul, so a code may round the other way where a
+    value sits within an ulp of a half: codes within one step, scales to rounding, logits close."""
+    cfg = dw.load_config("smollm2-135m", SMALL)
+    w = dw.random_weights(cfg, seed=5)
+    ids = [(11 * i + 5) % cfg.vocab_size for i in range(46)]
+    runs, calls = [], []
+    real = cpu_lean_step.LeanStep.__call__
+    monkeypatch.setattr(cpu_lean_step.LeanStep, "__call__",
+                        lambda self, tokens, *a: calls.append(len(tokens)) or real(self, tokens, *a))
+    for mode in ("off", "on"):
+        m = LlamaModel(cfg, dict(w), dtype, "cpu", max_positions=64, lean_step=mode)
+        m.kv_rotation = kv_quant.hadamard(m.head_dim) if rotated else None   # as ModelRunner sets it
+        runs.append(run_steps(m, ids, 4, chunk=5, int8=True))
+    (want, want_pool), (got, got_pool) = runs
+    assert calls == [5, 1, 1, 1, 1]             # the lean step ran (the loop's model took none)
+    assert torch.equal(got[0], want[0])         # the prefill ran the same loop in both
+    codes_w, scales_w = kv_quant.split(want_pool)
+    codes_g, scales_g = kv_quant.split(got_pool)
+    written = scales_w != 0
+    assert torch.equal(written, scales_g != 0) and int(written.sum()) == 2 * cfg.num_hidden_layers * 46 * 3
+    assert int((codes_g.int() - codes_w.int()).abs().max()) <= 1
+    assert float((codes_g != codes_w).float().mean()) < 0.002
+    # the step's k/v differ from the loop's by rounding, carried through the layers: 2e-4 measured;
+    # one code step is 1/127 of the scale, a row stored unrotated is off by tens of percent
+    torch.testing.assert_close(scales_g, scales_w, rtol=1e-3, atol=0)
+    for step, (g, e) in enumerate(zip(got[1:], want[1:])):
+        err, scale = (g - e).abs().max().item(), e.abs().max().item()
+        assert err <= 0.02 * scale, f"step {step}: max logit difference {err:.3g} (scale {scale:.3g})"
+        assert torch.equal(g.argmax(-1), e.argmax(-1))
 
 
 def _batch_step(model, seqs, pool, bs=16):
@@ -217,7 +254,11 @@ def test_lean_step_is_only_taken_where_it_applies(monkeypatch):
     assert lean.lean.takes(8, 8) and not lean.lean.takes(9, 9)          # a batch: oneDNN wins above 8
     assert lean.lean.can_run(torch.zeros(2, 2, 4, 16, 3, 64))
     assert not lean.lean.can_run(torch.zeros(2, 2, 4, 16, 3, 64, dtype=torch.bfloat16))
-    assert not lean.lean.can_run(torch.zeros(2, 2, 4, 16, 3, 68, dtype=torch.int8))
+    assert lean.lean.can_run(torch.zeros(2, 2, 4, 16, 3, 68, dtype=torch.int8))          # int8 rows
+    assert lean.lean.can_run(torch.zeros(2, 2, 4, 16, 3, 68, dtype=torch.int8), kv_quant.hadamard(64))
+    assert not lean.lean.can_run(torch.zeros(2, 2, 4, 16, 3, 68, dtype=torch.float8_e4m3fn))   # fp8: the loop
+    assert not lean.lean.can_run(torch.zeros(2, 2, 4, 16, 3, 64), kv_quant.hadamard(64))   # never stored rotated
+    assert not lean.lean.can_run(torch.zeros(2, 2, 4, 16, 3, 68, dtype=torch.int8), kv_quant.hadamard(32))
 
 
 def test_auto_keeps_no_second_copy_of_big_packed_weights(monkeypatch):

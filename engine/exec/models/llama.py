@@ -184,12 +184,12 @@ class LlamaModel:
         """Run the packed batch; return fp32 logits for the tokens at `logits_indices`."""
         if (self.lean is not None and meta.backend == "torch"
                 and self.lean.takes(input_ids.shape[0], meta.seq_lens.shape[0])
-                and self.kv_rotation is None and self.lean.can_run(kv_pool)):
+                and self.lean.can_run(kv_pool, self.kv_rotation)):
             # a few tokens (one chat's, a speculative step's, a small batch's decode): weights read once
             from kernels.cpu_lean_step import LeanStepFailed
             try:
                 return self.lean(input_ids, positions, meta.slot_mapping, meta.block_tables, meta.seq_lens,
-                                 meta.cu_seqlens_q, kv_pool, self.scale, logits_indices)
+                                 meta.cu_seqlens_q, kv_pool, self.scale, logits_indices, self.kv_rotation)
             except LeanStepFailed as e:        # the loop below serves this step and every later one
                 log.warning("lean CPU step off: %s", e)
                 self.lean = None
