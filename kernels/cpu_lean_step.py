@@ -5,7 +5,7 @@ bound by per-call overhead, not by memory: ~300 Python -> C++ hops per token and
 built for many rows. `LeanStep` holds the model's weights as plain row-major pointers (one table
 built once) and runs embedding, every layer, the final norm and the LM head in C++. It serves the
 shapes `LeanStep.takes` names — one sequence's token or speculative step (<= 17 tokens), or a
-small decode batch (<= 8 tokens) — over a pool in the weights' dtype, or an int8 pool (rotated or
+small decode batch (<= 8 tokens; <= 17 over an int8 pool) — over a pool in the weights' dtype, or an int8 pool (rotated or
 not: the step quantizes k and v on store as the loop does); the model runs its loop for everything
 else (fp8 pools, many tokens).
 """
@@ -136,14 +136,18 @@ class LeanStep:
                                      and tuple(rotation.shape) == (self.d, self.d)))
         return kv_pool.dtype == self.dtype and rotation is None and kv_pool.shape[5] == self.d
 
-    def takes(self, num_tokens: int, num_seqs: int) -> bool:
+    def takes(self, num_tokens: int, num_seqs: int, quantized_pool: bool = False) -> bool:
         """Whether a step of this shape is the lean step's: one sequence's token or speculative step
         (up to max_tokens: a verification costs about one token's step and its logits are
         bit-identical to one-token steps'), or a decode batch of up to BATCH_MAX_TOKENS tokens (more,
         and oneDNN's packed GEMMs win: measured ms/step lean vs loop, fp32, 16-token contexts,
         `python -m bench.profile_decode --batches 1,2,4,8,16`: 17.0/40.0 at 1, 18.1/32.5 at 4,
-        30.5/32.9 at 8, 48.6/39.2 at 16)."""
-        return num_tokens <= (self.max_tokens if num_seqs == 1 else BATCH_MAX_TOKENS)
+        30.5/32.9 at 8, 48.6/39.2 at 16; after lean_gemm.h's register fix, 8-16 tokens measured
+        alike within noise). Over an int8 pool a batch too takes up to max_tokens: there the loop
+        pays the quantizing store and the rotations in torch per layer, and the lean step measured
+        2x its throughput at 12 and 16 chats (225 vs 110 and 250 vs 126 tok/s, `python -m
+        bench.kv_decode_speed --batches 12,16` with the limit at 8 and at 17)."""
+        return num_tokens <= (self.max_tokens if num_seqs == 1 or quantized_pool else BATCH_MAX_TOKENS)
 
     @property
     def max_tokens(self) -> int:

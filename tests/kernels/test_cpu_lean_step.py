@@ -252,6 +252,7 @@ def test_lean_step_is_only_taken_where_it_applies(monkeypatch):
     assert lean.lean.max_tokens == 17
     assert lean.lean.takes(17, 1) and not lean.lean.takes(18, 1)        # one sequence: a draft of 16
     assert lean.lean.takes(8, 8) and not lean.lean.takes(9, 9)          # a batch: oneDNN wins above 8
+    assert lean.lean.takes(17, 17, quantized_pool=True) and not lean.lean.takes(18, 18, quantized_pool=True)
     assert lean.lean.can_run(torch.zeros(2, 2, 4, 16, 3, 64))
     assert not lean.lean.can_run(torch.zeros(2, 2, 4, 16, 3, 64, dtype=torch.bfloat16))
     assert lean.lean.can_run(torch.zeros(2, 2, 4, 16, 3, 68, dtype=torch.int8))          # int8 rows

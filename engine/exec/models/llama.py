@@ -183,7 +183,7 @@ class LlamaModel:
                 meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
         """Run the packed batch; return fp32 logits for the tokens at `logits_indices`."""
         if (self.lean is not None and meta.backend == "torch"
-                and self.lean.takes(input_ids.shape[0], meta.seq_lens.shape[0])
+                and self.lean.takes(input_ids.shape[0], meta.seq_lens.shape[0], kv_quant.is_quantized(kv_pool))
                 and self.lean.can_run(kv_pool, self.kv_rotation)):
             # a few tokens (one chat's, a speculative step's, a small batch's decode): weights read once
             from kernels.cpu_lean_step import LeanStepFailed
