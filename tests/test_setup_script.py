@@ -37,3 +37,20 @@ def test_engine_requirements_pin_no_torch_and_need_no_app():
     missing = [ln for ln in lines if not ln.startswith("torch") and ln not in app]
     assert not missing, f"requirements.txt must name every engine requirement as written: {missing}"
     assert "torch==2.13.0" in app               # CPU installs pin torch (unpinned pulls a CUDA build)
+
+
+def test_pypi_kernels_cannot_shadow_this_repos_kernels():
+    """PyPI's `kernels` (required by transformers >= 5.25) has the import name of this repo's kernels/
+    package: with it installed, transformers imports ours in its place and every model load fails
+    (a fresh install on 2026-12-03 did). The requirements keep transformers below 5.25, setup.sh
+    removes a `kernels` an earlier install left, and this environment has none."""
+    import importlib.metadata
+
+    from packaging.specifiers import SpecifierSet
+    for name in ("requirements.txt", "requirements-engine.txt"):
+        line = next(ln.split("#")[0].strip() for ln in (REPO / name).read_text().splitlines()
+                    if ln.startswith("transformers"))
+        spec = SpecifierSet(line[len("transformers"):])
+        assert "5.24.0" in spec and "5.25.0" not in spec, (name, line)
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        importlib.metadata.version("kernels")

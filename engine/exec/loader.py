@@ -206,7 +206,12 @@ def load_model(model: str | None = None, progress=None, *, load_format: str = "a
     try:
         config = AutoConfig.from_pretrained(folder)
     except Exception as e:
-        raise ModelLoadError(f"cannot read config in {folder}: {e}") from e
+        hint = ""
+        if isinstance(e, ImportError) and "'kernels'" in str(e):
+            hint = (" (PyPI's `kernels` package, which transformers >= 5.25 installs, has the import name of this "
+                    "repo's kernels/ and transformers imported ours in its place: `pip uninstall kernels`, or "
+                    "`bash scripts/setup.sh`, which keeps transformers < 5.25 and removes it)")
+        raise ModelLoadError(f"cannot read config in {folder}: {e}{hint}") from e
     check_architecture(config)
     tokenizer = _tokenizer(folder, _stamp(folder, weights=False))
     report(0.6, "reading weights")
