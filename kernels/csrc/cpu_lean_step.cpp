@@ -158,7 +158,8 @@ struct Step {
   void run(int tid, SpinBarrier& bar) {
     const long qkv_n = static_cast<long>(H + 2 * KVH) * D, hd = static_cast<long>(H) * D;
     const long slab = num_blocks * BS * KVH * static_cast<long>(D);     // one layer's K (or V)
-    const long row8 = D + 4, slab8 = num_blocks * BS * KVH * row8;      // the same, int8 rows (bytes)
+    const long row8 = D + paged_decode::Row<int8_t>::kExtra;             // an int8 row: codes + scale (bytes)
+    const long slab8 = num_blocks * BS * KVH * row8;                    // one layer's K (or V), int8 rows
     int8_t* pool8 = reinterpret_cast<int8_t*>(pool);
     std::vector<T>& x = own_x[tid];
     std::vector<T>& a = own_a[tid];
