@@ -38,6 +38,7 @@ from routes.openai_params import LogprobFormatter, to_sampling_params
 from routes.request_limits import RequestLimits
 from routes.openai_stream import DONE, Generation, Submitted, sse, watch_disconnect
 from routes import openai_tools
+from routes.openai_render import ChatRender, CompletionRender
 from routes.openai_structured import structured_spec
 
 KEY_THROTTLE_USER = "\x00api-key"     # the throttle's user slot for API keys (no login name has a NUL)
@@ -272,7 +273,7 @@ class OpenAIServer:
             raise APIError(400, str(e), param="messages", code="invalid_value") from e
         cid = S.new_id("chatcmpl")
         return await self._run("chat_completions", request, body, [ids], cid,
-                               _ChatRender(self, body, cid, tools if tools and tools.parses else None),
+                               ChatRender(self, body, cid, tools if tools and tools.parses else None),
                                messages=messages, structured=spec or tool_spec)
 
     async def completions(self, body: S.CompletionRequest, request: Request):
@@ -287,7 +288,7 @@ class OpenAIServer:
             raise APIError(400, "echo: not supported with stream", param="echo", code="invalid_value")
         cid = S.new_id("cmpl")
         return await self._run("completions", request, body, prompts, cid,
-                               _CompletionRender(self, body, cid, prompts), structured=structured_spec(body))
+                               CompletionRender(self, body, cid, prompts), structured=structured_spec(body))
 
 
 class _StreamEnd:
@@ -317,126 +318,6 @@ class _EngineStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._ender()
-
-
-class _ChatRender:
-    def __init__(self, srv: OpenAIServer, body, cid: str, tools=None):
-        self.srv, self.body, self.cid = srv, body, cid
-        self.lp = body.num_logprobs() is not None
-        self.tools = tools          # routes/openai_tools.ToolPlan when tool calls are parsed
-        self.parsers: dict[int, openai_tools.ToolCallParser] = {}
-
-    def _parser(self, i: int) -> "openai_tools.ToolCallParser":
-        return self.parsers.setdefault(i, openai_tools.ToolCallParser())
-
-    def _finish_reason(self, parser, reason):
-        return "tool_calls" if parser is not None and parser.calls and reason == "stop" else reason
-
-    def _chunk(self, created, choices, usage=None):
-        if self.body.include_usage and usage is None:
-            return {**S.chat_chunk(self.cid, self.srv.model, created, choices), "usage": None}
-        return S.chat_chunk(self.cid, self.srv.model, created, choices, usage)
-
-    def opening(self, created, gen):
-        return [self._chunk(created, [S.chat_chunk_choice(i, {"role": "assistant", "content": ""})])
-                for i in range(len(gen.choices))]
-
-    def chunks(self, created, gen, i, d):
-        out = []
-        if self.tools is not None:
-            return self._tool_chunks(created, i, d)
-        if d.text or d.token_ids:
-            lp = self.srv.fmt.chat(getattr(d, "logprobs", None) or []) if self.lp else None
-            out.append(self._chunk(created, [S.chat_chunk_choice(i, {"content": d.text}, None, lp)]))
-        if d.finished:
-            out.append(self._chunk(created, [S.chat_chunk_choice(i, {}, d.finish_reason)]))
-        return out
-
-    def _tool_chunks(self, created, i, d):
-        """Text and tool-call deltas as OpenAI streams them (routes/openai_tools.ToolCallParser)."""
-        p = self._parser(i)
-        events = p.feed(d.text) + (p.finish() if d.finished else [])
-        lp = self.srv.fmt.chat(getattr(d, "logprobs", None) or []) if self.lp and d.token_ids else None
-        out = []
-        for k, ev in enumerate(events):
-            out.append(self._chunk(created, [S.chat_chunk_choice(i, openai_tools.stream_delta(ev), None,
-                                                                 lp if k == 0 else None)]))
-        if d.finished:
-            out.append(self._chunk(created, [S.chat_chunk_choice(i, {}, self._finish_reason(p, d.finish_reason))]))
-        return out
-
-    def usage_chunk(self, created, usage):
-        return S.chat_chunk(self.cid, self.srv.model, created, [], usage)
-
-    def final(self, cid, gen, usage):
-        choices = []
-        for i, c in enumerate(gen.choices):
-            ch = S.chat_choice(i, c.text, c.finish_reason, self.srv.fmt.chat(c.logprobs) if self.lp else None)
-            if self.tools is not None:
-                p = openai_tools.ToolCallParser()
-                p.feed(c.text)
-                p.finish()
-                ch["message"].update(p.message_fields())
-                ch["finish_reason"] = self._finish_reason(p, c.finish_reason)
-            choices.append(ch)
-        return S.chat_completion(cid, self.srv.model, choices, usage)
-
-
-class _CompletionRender:
-    def __init__(self, srv: OpenAIServer, body, cid: str, prompt_ids: list[list[int]] | None = None):
-        self.srv, self.body, self.cid = srv, body, cid
-        self.lp = body.num_logprobs() is not None
-        self.prompt_ids = prompt_ids or []
-        self.prompt_texts = [p if isinstance(p, str) else None for p in body.prompts()]
-
-    def _echo(self, i: int, c) -> tuple[str, dict | None]:
-        """echo: the prompt (its text as sent) before the reply, and its token logprobs (first: None)
-        before the reply's; max_tokens 0 drops the one token generated to get there."""
-        k = i // self.body.n
-        ids = self.prompt_ids[k]
-        prompt = self.prompt_texts[k]
-        if prompt is None:
-            prompt = self.srv.tokenizer.decode(ids, skip_special_tokens=False)
-        keep = self.body.max_tokens != 0
-        text = prompt + (c.text if keep else "")
-        if not self.lp:
-            return text, None
-        records = [r for r in (c.prompt_logprobs or [None] * len(ids))[1:]]
-        lp = self.srv.fmt.completion(records + (list(c.logprobs) if keep else []))
-        first = self.srv.fmt.token(ids[0])
-        lp["tokens"].insert(0, first)
-        lp["token_logprobs"].insert(0, None)
-        lp["top_logprobs"].insert(0, None)
-        lp["text_offset"] = [o + len(first) for o in lp["text_offset"]]
-        lp["text_offset"].insert(0, 0)
-        return text, lp
-
-    def opening(self, created, gen):
-        return []
-
-    def chunks(self, created, gen, i, d):
-        if not (d.text or d.token_ids or d.finished):
-            return []
-        offset = len(gen.choices[i].text) - len(d.text)
-        lp = self.srv.fmt.completion(getattr(d, "logprobs", None) or [], offset) if self.lp else None
-        usage = None if self.body.include_usage else S._NO_USAGE
-        return [S.completion(self.cid, self.srv.model, [S.completion_choice(i, d.text, d.finish_reason, lp)],
-                             usage, created)]
-
-    def usage_chunk(self, created, usage):
-        return S.completion(self.cid, self.srv.model, [], usage, created)
-
-    def final(self, cid, gen, usage):
-        choices = []
-        for i, c in enumerate(gen.choices):
-            if self.body.echo:
-                text, lp = self._echo(i, c)
-                reason = "length" if self.body.max_tokens == 0 else c.finish_reason
-                choices.append(S.completion_choice(i, text, reason, lp))
-            else:
-                choices.append(S.completion_choice(i, c.text, c.finish_reason,
-                                                   self.srv.fmt.completion(c.logprobs) if self.lp else None))
-        return S.completion(cid, self.srv.model, choices, usage)
 
 
 def create_openai_app(llm, *, api_keys: list[str] | None = None, require_key: bool = False,

@@ -1,0 +1,137 @@
+"""How one OpenAI call's generation becomes its answer: the streamed chunks (the opening role
+delta, text / logprob / tool-call deltas, the finish, the usage chunk) and the final non-streamed
+object, for /v1/chat/completions (`ChatRender`) and /v1/completions (`CompletionRender`, with echo).
+
+Why its own file: routes/openai_api.py owns the calls' lifecycle (admission, slots, aborts, the SSE
+response); this owns only their shape, and reads from the server just its model name, tokenizer and
+logprob formatter. The JSON builders themselves are routes/openai_schemas.py's.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from routes import openai_schemas as S
+from routes import openai_tools
+
+if TYPE_CHECKING:
+    from routes.openai_api import OpenAIServer
+
+
+class ChatRender:
+    def __init__(self, srv: "OpenAIServer", body, cid: str, tools=None):
+        self.srv, self.body, self.cid = srv, body, cid
+        self.lp = body.num_logprobs() is not None
+        self.tools = tools          # routes/openai_tools.ToolPlan when tool calls are parsed
+        self.parsers: dict[int, openai_tools.ToolCallParser] = {}
+
+    def _parser(self, i: int) -> "openai_tools.ToolCallParser":
+        return self.parsers.setdefault(i, openai_tools.ToolCallParser())
+
+    def _finish_reason(self, parser, reason):
+        return "tool_calls" if parser is not None and parser.calls and reason == "stop" else reason
+
+    def _chunk(self, created, choices, usage=None):
+        if self.body.include_usage and usage is None:
+            return {**S.chat_chunk(self.cid, self.srv.model, created, choices), "usage": None}
+        return S.chat_chunk(self.cid, self.srv.model, created, choices, usage)
+
+    def opening(self, created, gen):
+        return [self._chunk(created, [S.chat_chunk_choice(i, {"role": "assistant", "content": ""})])
+                for i in range(len(gen.choices))]
+
+    def chunks(self, created, gen, i, d):
+        out = []
+        if self.tools is not None:
+            return self._tool_chunks(created, i, d)
+        if d.text or d.token_ids:
+            lp = self.srv.fmt.chat(getattr(d, "logprobs", None) or []) if self.lp else None
+            out.append(self._chunk(created, [S.chat_chunk_choice(i, {"content": d.text}, None, lp)]))
+        if d.finished:
+            out.append(self._chunk(created, [S.chat_chunk_choice(i, {}, d.finish_reason)]))
+        return out
+
+    def _tool_chunks(self, created, i, d):
+        """Text and tool-call deltas as OpenAI streams them (routes/openai_tools.ToolCallParser)."""
+        p = self._parser(i)
+        events = p.feed(d.text) + (p.finish() if d.finished else [])
+        lp = self.srv.fmt.chat(getattr(d, "logprobs", None) or []) if self.lp and d.token_ids else None
+        out = []
+        for k, ev in enumerate(events):
+            out.append(self._chunk(created, [S.chat_chunk_choice(i, openai_tools.stream_delta(ev), None,
+                                                                 lp if k == 0 else None)]))
+        if d.finished:
+            out.append(self._chunk(created, [S.chat_chunk_choice(i, {}, self._finish_reason(p, d.finish_reason))]))
+        return out
+
+    def usage_chunk(self, created, usage):
+        return S.chat_chunk(self.cid, self.srv.model, created, [], usage)
+
+    def final(self, cid, gen, usage):
+        choices = []
+        for i, c in enumerate(gen.choices):
+            ch = S.chat_choice(i, c.text, c.finish_reason, self.srv.fmt.chat(c.logprobs) if self.lp else None)
+            if self.tools is not None:
+                p = openai_tools.ToolCallParser()
+                p.feed(c.text)
+                p.finish()
+                ch["message"].update(p.message_fields())
+                ch["finish_reason"] = self._finish_reason(p, c.finish_reason)
+            choices.append(ch)
+        return S.chat_completion(cid, self.srv.model, choices, usage)
+
+
+class CompletionRender:
+    def __init__(self, srv: "OpenAIServer", body, cid: str, prompt_ids: list[list[int]] | None = None):
+        self.srv, self.body, self.cid = srv, body, cid
+        self.lp = body.num_logprobs() is not None
+        self.prompt_ids = prompt_ids or []
+        self.prompt_texts = [p if isinstance(p, str) else None for p in body.prompts()]
+
+    def _echo(self, i: int, c) -> tuple[str, dict | None]:
+        """echo: the prompt (its text as sent) before the reply, and its token logprobs (first: None)
+        before the reply's; max_tokens 0 drops the one token generated to get there."""
+        k = i // self.body.n
+        ids = self.prompt_ids[k]
+        prompt = self.prompt_texts[k]
+        if prompt is None:
+            prompt = self.srv.tokenizer.decode(ids, skip_special_tokens=False)
+        keep = self.body.max_tokens != 0
+        text = prompt + (c.text if keep else "")
+        if not self.lp:
+            return text, None
+        records = [r for r in (c.prompt_logprobs or [None] * len(ids))[1:]]
+        lp = self.srv.fmt.completion(records + (list(c.logprobs) if keep else []))
+        first = self.srv.fmt.token(ids[0])
+        lp["tokens"].insert(0, first)
+        lp["token_logprobs"].insert(0, None)
+        lp["top_logprobs"].insert(0, None)
+        lp["text_offset"] = [o + len(first) for o in lp["text_offset"]]
+        lp["text_offset"].insert(0, 0)
+        return text, lp
+
+    def opening(self, created, gen):
+        return []
+
+    def chunks(self, created, gen, i, d):
+        if not (d.text or d.token_ids or d.finished):
+            return []
+        offset = len(gen.choices[i].text) - len(d.text)
+        lp = self.srv.fmt.completion(getattr(d, "logprobs", None) or [], offset) if self.lp else None
+        usage = None if self.body.include_usage else S._NO_USAGE
+        return [S.completion(self.cid, self.srv.model, [S.completion_choice(i, d.text, d.finish_reason, lp)],
+                             usage, created)]
+
+    def usage_chunk(self, created, usage):
+        return S.completion(self.cid, self.srv.model, [], usage, created)
+
+    def final(self, cid, gen, usage):
+        choices = []
+        for i, c in enumerate(gen.choices):
+            if self.body.echo:
+                text, lp = self._echo(i, c)
+                reason = "length" if self.body.max_tokens == 0 else c.finish_reason
+                choices.append(S.completion_choice(i, text, reason, lp))
+            else:
+                choices.append(S.completion_choice(i, c.text, c.finish_reason,
+                                                   self.srv.fmt.completion(c.logprobs) if self.lp else None))
+        return S.completion(cid, self.srv.model, choices, usage)
