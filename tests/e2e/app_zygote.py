@@ -18,6 +18,7 @@ The zygote is the children's parent, so only it can reap them; the client signal
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -92,6 +93,10 @@ def serve() -> None:
             __import__(name)
         except ImportError:
             pass
+    # the imports live as long as every child: frozen, a child's GC passes neither walk them nor
+    # write to their pages (which would copy them, page by page, into every app process)
+    gc.collect()
+    gc.freeze()
     threads = _threads()
     out.write(json.dumps({"ready": threads == 1, "threads": threads}) + "\n")
     if threads != 1:
