@@ -3,6 +3,7 @@ the --share link (routes/share.py). app.py parses the flags and loads the engine
 """
 from __future__ import annotations
 
+import gc
 import signal
 import sys
 import time
@@ -49,6 +50,12 @@ def serve(llm, storage, args, auth) -> None:
     # cleanup (engine thread stopped, database closed) runs and the exit status is 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
+    # What exists now (imported libraries, the model's modules, Gradio's Blocks graph: ~430k objects)
+    # lives until shutdown. A full GC pass holds the GIL, so it pauses every stream and the engine
+    # thread while it walks them all again (0.27 s a pass, measured); frozen, it walks only what
+    # requests allocate. Reference counting still frees frozen objects.
+    gc.collect()
+    gc.freeze()
     try:
         server.run()
     finally:
