@@ -57,8 +57,8 @@ def test_switching_chats_while_a_reply_streams(launch, browser, chat_api):  # no
     # Chat B: a long reply, streaming.
     page.click("#new-chat")
     _wait(lambda: _users(page) == [] and "c=" not in page.url, timeout=10)
-    _set_number(page, "max-tokens", 160)
-    _send(page, "Tell me a long story about a dragon who bakes bread.")
+    _set_number(page, "max-tokens", 320)    # still streaming after the switch below (160 once finished
+    _send(page, "Tell me a long story about a dragon who bakes bread.")   # first on a quiet machine)
     _wait(lambda: len(page.locator("#chatbot .message.bot").last.inner_text().split()) >= 4
           if page.locator("#chatbot .message.bot").count() else False, what="B streams")
     conv_b = _conv_of(api, server.db, "Tell me a long story about a dragon who bakes bread.")
