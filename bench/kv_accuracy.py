@@ -165,20 +165,29 @@ def hf_greedy(hf_model, seqs, n: int = 64) -> list[list[int]]:
     return out
 
 
-def greedy_agreement(llm, hf_model, seqs, n: int = 64, refs: list[list[int]] | None = None) -> float:
-    """Mean over chats of the fraction of the first n greedy tokens equal to HF fp32 greedy's, counted
-    up to the first difference (after it the two continue different texts). refs: hf_greedy's answer,
-    when the caller already has it (HF decodes ~4x slower than the engine here)."""
+def engine_greedy(llm, seqs, n: int = 64) -> list[list[int]]:
+    """The engine's first n greedy tokens after each chat (EOS ignored, as in hf_greedy)."""
     from engine.sampling.sampling_params import SamplingParams
     outs = llm.generate([{"prompt_token_ids": s} for s in seqs],
                         SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
-    refs = refs if refs is not None else hf_greedy(hf_model, seqs, n)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def agreement(refs: list[list[int]], outs: list[list[int]], n: int = 64) -> float:
+    """Mean over chats of the fraction of the first n tokens equal to the reference's, counted up to
+    the first difference (after it the two continue different texts)."""
     fracs = []
-    for ref, o in zip(refs, outs):
-        got = list(o.outputs[0].token_ids)
+    for ref, got in zip(refs, outs):
         same = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
         fracs.append(same / n)
     return sum(fracs) / len(fracs)
+
+
+def greedy_agreement(llm, hf_model, seqs, n: int = 64, refs: list[list[int]] | None = None) -> float:
+    """agreement() of the engine's greedy tokens with HF fp32 greedy's. refs: hf_greedy's answer,
+    when the caller already has it (HF decodes ~4x slower than the engine here)."""
+    outs = engine_greedy(llm, seqs, n)
+    return agreement(refs if refs is not None else hf_greedy(hf_model, seqs, n), outs, n)
 
 
 def build_runner(loaded, kv_cache_dtype: str, num_blocks: int = 256, dtype: str = "float32",

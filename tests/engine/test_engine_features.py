@@ -47,7 +47,7 @@ def test_n_greater_than_one_shares_prompt_blocks_copy_on_write(hf_greedy):
 def test_n_children_collect_through_generate(make_llm, hf_greedy):
     llm = make_llm(num_blocks=128)
     out = llm.chat(CHAT, SamplingParams(n=2, temperature=0, max_tokens=12))[0]
-    ref = hf_greedy(out.prompt_token_ids, 12)
+    ref = hf_greedy(out.prompt_token_ids, 12, draft=out.outputs[0].token_ids)
     assert [o.token_ids for o in out.outputs] == [ref, ref]
     sampled = llm.chat(CHAT, SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=12))[0]
     assert len({tuple(o.token_ids) for o in sampled.outputs}) > 1, "children must sample independently"
@@ -75,7 +75,8 @@ def test_session_reuses_previous_turn_and_matches_hf(make_llm, hf_greedy):
     assert s2.prompt_ids[:len(turn1_ids)] == turn1_ids, "turn 2 must start with turn 1's exact ids"
     cached = d2[-1].metrics["cached_tokens"]
     assert cached == len(turn1_ids) - 1, "only the new turn is prefilled (plus the last sampled token)"
-    assert [t for d in d2 for t in d.token_ids] == hf_greedy(s2.prompt_ids, 16)
+    got = [t for d in d2 for t in d.token_ids]
+    assert got == hf_greedy(s2.prompt_ids, 16, draft=got)
     assert llm.stats()["used_blocks"] > 0          # the idle conversation holds its blocks
     assert llm.end_session("conv")
     assert llm.stats()["used_blocks"] == 0
@@ -175,7 +176,7 @@ def test_engines_of_one_checkpoint_share_prepared_weights_not_state(make_llm, hf
     ids = _prompt(a)[:24]
     for llm in (a, b):
         out = llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=8))[0]
-        assert out.outputs[0].token_ids == hf_greedy(ids, 8)
+        assert out.outputs[0].token_ids == hf_greedy(ids, 8, draft=out.outputs[0].token_ids)
     c = make_llm(num_blocks=64, quantization="int8")
     assert c.engine.runner.model.layers[0]["qkv"] is not ma.layers[0]["qkv"]
 
@@ -205,7 +206,7 @@ def test_engine_error_fails_running_requests_without_leaking(make_llm, hf_greedy
     assert llm.stats()["used_blocks"] == 0 and llm.stats()["running"] == 0
     # the failed step's blocks were hashed when scheduled but never written: no stale prefix hits
     again = llm.chat(CHAT, SamplingParams(temperature=0, max_tokens=8))[0]
-    assert again.outputs[0].token_ids == hf_greedy(again.prompt_token_ids, 8)
+    assert again.outputs[0].token_ids == hf_greedy(again.prompt_token_ids, 8, draft=again.outputs[0].token_ids)
 
 
 def test_generate_admits_a_whole_batch_in_one_step(make_llm):
@@ -283,4 +284,5 @@ def test_two_engines_in_one_process_step_concurrently(make_llm, hf_greedy):
         t.join()
     for name in ("a", "b"):
         for o in out[name]:
-            assert o.outputs[0].token_ids == hf_greedy(o.prompt_token_ids, 16, stop_at_eos=False)
+            assert o.outputs[0].token_ids == hf_greedy(o.prompt_token_ids, 16, stop_at_eos=False,
+                                                                draft=o.outputs[0].token_ids)

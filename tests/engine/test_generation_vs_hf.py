@@ -47,7 +47,7 @@ def test_greedy_alone_matches_hf(make_llm, hf_greedy):
     llm = make_llm()
     for chat in CHATS[:3]:
         out = llm.chat(chat, GREEDY)[0]
-        assert out.outputs[0].token_ids == hf_greedy(out.prompt_token_ids, 24)
+        assert out.outputs[0].token_ids == hf_greedy(out.prompt_token_ids, 24, draft=out.outputs[0].token_ids)
 
 
 def test_greedy_batched_with_prefix_hits_matches_hf(make_llm, hf_greedy):
@@ -55,7 +55,7 @@ def test_greedy_batched_with_prefix_hits_matches_hf(make_llm, hf_greedy):
     llm.chat(CHATS[1], GREEDY)                     # warms the prefix cache with the system prompt
     outs = llm.chat(CHATS + [LONG], GREEDY)
     for out in outs:
-        assert out.outputs[0].token_ids == hf_greedy(out.prompt_token_ids, 24)
+        assert out.outputs[0].token_ids == hf_greedy(out.prompt_token_ids, 24, draft=out.outputs[0].token_ids)
     assert llm.stats()["prefix_cache_hits"] > 0
 
 
@@ -64,7 +64,7 @@ def test_chunked_prefill_matches_hf(make_llm, hf_greedy):
     outs = llm.chat([LONG, CHATS[1], CHATS[4]], GREEDY)
     for out in outs:
         assert len(out.prompt_token_ids) > 16
-        assert out.outputs[0].token_ids == hf_greedy(out.prompt_token_ids, 24)
+        assert out.outputs[0].token_ids == hf_greedy(out.prompt_token_ids, 24, draft=out.outputs[0].token_ids)
 
 
 @pytest.mark.slow
@@ -79,6 +79,7 @@ def test_preemption_keeps_greedy_output(make_llm, hf_greedy):
     assert {e["request_id"] for e in events} <= {o.request_id for o in outs}
     assert all(e["tokens_lost"] > 0 for e in events)
     for out in outs:
-        assert out.outputs[0].token_ids == hf_greedy(out.prompt_token_ids, 64, stop_at_eos=False)
+        assert out.outputs[0].token_ids == hf_greedy(out.prompt_token_ids, 64, stop_at_eos=False,
+                                                                  draft=out.outputs[0].token_ids)
     assert stats["used_blocks"] == 0
     assert stats["peak_used_blocks"] <= 20

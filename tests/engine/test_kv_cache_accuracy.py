@@ -10,7 +10,6 @@ break it, so the test can fail. "int8" is the engine's default int8: K/V Hadamar
 (kernels/kv_quant.py); "int8/none" is int8 without the rotation (--kv-cache-rotation none).
 """
 import pytest
-import torch
 
 from bench import kv_accuracy as acc
 from kernels import kv_quant
@@ -120,20 +119,23 @@ def test_wrong_scales_break_the_guard_and_the_rule(measured, loaded, chats, monk
     assert not guard_holds(mutant) and not rule_holds(mutant, measured(WEIGHTS, "bfloat16", FEW)), mutant
     assert mutant.mean_kl > 3 * right.mean_kl, mutant
 
-def test_greedy_float32_kv_is_token_identical_to_hf_and_int8_reports_its_agreement(model_folder, hf_model, chats):
+def test_greedy_float32_kv_is_token_identical_to_hf_and_int8_reports_its_agreement(model_folder, hf_greedy, chats):
     """--kv-cache-dtype float32 keeps greedy token-identical to HF over 64 tokens; int8 KV's
     agreement (first divergence / 64) is measured the same way (docs/BENCHMARKS.md)."""
     from engine import LLM
     seqs = chats[0][:2]
-    refs = acc.hf_greedy(hf_model, seqs)
+    refs = None
     for kv, expect_exact in (("float32", True), ("int8", False)):
         llm = LLM(model_folder, dtype="float32", kv_cache_dtype=kv, kv_cache_gib=0.25)
         try:
             assert llm.model_info().kv_cache_dtype == kv
             assert llm.stats()["kv_cache_dtype"] == kv
-            agree = acc.greedy_agreement(llm, hf_model, seqs, refs=refs)
+            outs = acc.engine_greedy(llm, seqs)
         finally:
             llm.shutdown()
+        if refs is None:     # HF's greedy tokens; float32's answer is only the draft HF verifies
+            refs = [hf_greedy(s, 64, stop_at_eos=False, draft=o) for s, o in zip(seqs, outs)]
+        agree = acc.agreement(refs, outs)
         print(f"\n{kv} KV greedy agreement over 64 tokens: {agree:.3f}")
         if expect_exact:
             assert agree == 1.0

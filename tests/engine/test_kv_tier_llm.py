@@ -56,7 +56,7 @@ def test_greedy_identical_tier_on_and_off_across_eviction_reload_and_swap(make_l
                    kv_offload_dir=str(tmp_path))
     ids, metrics = _workload(llm, prompts)
     assert ids == ref_ids
-    assert ids[4][0] == hf_greedy(prompts[0] + prompts[0][:20], 10)     # a reloaded prompt, against HF
+    assert ids[4][0] == hf_greedy(prompts[0] + prompts[0][:20], 10, draft=ids[4][0])   # a reloaded prompt, vs HF
     st = llm.stats()
     assert st["tier_kind"] == "disk" and st["tier_writebacks_blocks"] > 0
     assert all(m["cached_tokens"] >= 96 for m in metrics[4:8])       # the reloads hit the tier

@@ -49,7 +49,7 @@ def test_one_failing_row_fails_only_its_request(make_llm, hf_greedy, monkeypatch
             assert len(toks) == (0 if fail_at_first_token else 3)
         else:
             assert last.error is None and last.finish_reason == "length"
-            assert toks == hf_greedy(ids[k], 10, stop_at_eos=False)
+            assert toks == hf_greedy(ids[k], 10, stop_at_eos=False, draft=toks)
     assert llm.stats()["used_blocks"] == 0
 
 
@@ -76,7 +76,8 @@ def test_a_failing_child_of_n_ends_its_request_only(make_llm, hf_greedy, monkeyp
     good = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     s_ok = llm.submit({"prompt_token_ids": ids[0]}, good)
     s_bad = llm.submit({"prompt_token_ids": ids[1]}, bad)
-    assert [t for d in s_ok for t in d.token_ids] == hf_greedy(ids[0], 6, stop_at_eos=False)
+    got = [t for d in s_ok for t in d.token_ids]
+    assert got == hf_greedy(ids[0], 6, stop_at_eos=False, draft=got)
     finals = [d for d in s_bad if d.finished]
     assert sorted(d.index for d in finals) == [0, 1, 2]
     assert all(d.finish_reason == "error" for d in finals)

@@ -24,7 +24,7 @@ def test_a_session_opened_with_stored_ids_continues_like_the_uninterrupted_one(m
     # "restart": a fresh session knows nothing but the stored ids of turn 1
     llm.open_session("restored", p1 + r1)
     q2, s2, _ = _turn(llm, chat2, "restored")
-    assert q2 == p2 and s2 == r2 == hf_greedy(p2, 12)
+    assert q2 == p2 and s2 == r2 == hf_greedy(p2, 12, draft=s2)
     llm.end_session("live")
     assert llm.session_token_ids("live") == p2 + r2          # released: ids kept, blocks gone
     assert llm.close_session("restored") and llm.session_token_ids("restored") is None
