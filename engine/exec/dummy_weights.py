@@ -7,6 +7,7 @@ very same tensors (`hf_model_with_weights`) to serve as the numerical reference.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -79,14 +80,24 @@ def random_weights(config, seed: int = 0, device="cpu", dtype=torch.float32) -> 
 def hf_model_with_weights(config, weights: dict, dtype=torch.float32, device="cpu"):
     """HF transformers' own model of `config` holding exactly `weights` (the reference forward)."""
     from transformers import AutoModelForCausalLM
-    with torch.device(device):     # real buffers (RoPE inv_freq) built by HF itself
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:            # older transformers
+        try:
+            from transformers.modeling_utils import no_init_weights
+        except ImportError:
+            no_init_weights = contextlib.nullcontext
+    # no random init: every parameter is overwritten below (for llama-3-8b's two layers HF's own
+    # init drew ~0.5 G random numbers, ~7 s here); buffers (RoPE inv_freq) are still built by HF
+    with torch.device(device), no_init_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     state = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if m != "lm_head.weight"]
+    tied = getattr(config, "tie_word_embeddings", False)
+    missing = [m for m in missing if not (m == "lm_head.weight" and tied)]
     if missing or unexpected:
         raise ValueError(f"weights do not fit the config: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    if getattr(config, "tie_word_embeddings", False):
+    if tied:
         model.tie_weights()
     return model.eval()
 
