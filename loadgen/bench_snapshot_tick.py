@@ -86,12 +86,13 @@ def _tick_fns(llm):
     tick functions, and the slow tick's output components, from a built Blocks."""
     import gradio as gr
     from ui.dashboard import page as D
+    from ui.dashboard import ticks as T
     with gr.Blocks() as demo:
         timer = D.build_dashboard(llm)
     D.state_for(llm).sampler.stop()          # the replay feeds history itself, one tick per step
     cfg = demo.get_config_file()
     slow_dep = next(d for d in cfg["dependencies"] if any(t[1] == "tick" for t in d["targets"])
-                    and len(d["outputs"]) == len(D.SLOW))
+                    and len(d["outputs"]) == len(T.SLOW))
     return timer.tick_fns["fast"], timer.tick_fns["slow"], [demo.blocks[i] for i in slow_dep["outputs"]]
 
 
@@ -119,6 +120,7 @@ def measure_ticks(blocks: int, users: int, ticks: int, seed: int = 0) -> dict:
     import random
     from engine.kv.kv_cache_manager import KVCacheManager
     from ui.dashboard import page as D
+    from ui.dashboard import ticks as T
     rng = random.Random(seed)
     m = KVCacheManager(blocks, 16, max_model_len=4096, kv_bytes_per_token=46080)
     prompt = list(range(1, 34 * 16 + 1))                  # the pinned ~550-token policy: 34 blocks
@@ -157,9 +159,9 @@ def measure_ticks(blocks: int, users: int, ticks: int, seed: int = 0) -> dict:
         for name, panel in (json.loads(bus).items() if isinstance(bus, str) else ()):
             sizes[name] = len(json.dumps(panel))
         if t % 2 == 0:                                  # the slow timer: every 2 s
-            for name, v, c in zip(D.SLOW, slow(None, D.LIVE), slow_comps):
+            for name, v, c in zip(T.SLOW, slow(None, D.LIVE), slow_comps):
                 sizes[name] = _wire_bytes(v, c)
-        per_tick.append(sizes["bus"] + sum(v for k, v in sizes.items() if k in D.SLOW))
+        per_tick.append(sizes["bus"] + sum(v for k, v in sizes.items() if k in T.SLOW))
         for name, b in sizes.items():
             by_output.setdefault(name, []).append(b)
     steady = per_tick[1:]                                # the first tick sends everything

@@ -11,6 +11,7 @@ import gradio as gr
 
 from tests.ui.fake_engine import INFO, FakeLLM
 from ui.dashboard import page as D
+from ui.dashboard import ticks as T
 from tests.ui.snapshots import busy_snapshot
 from ui.dashboard.grid_payload import decode_runs, highlight_ranges
 from ui.dashboard.demo_users import DEFAULT_SYSTEM_PROMPT, DemoLoad
@@ -96,7 +97,7 @@ def test_build_dashboard_wires_a_non_queuing_timer():
     fresh = json.loads(timer.tick_fns["fast"](None, D.LIVE, None, fresh=True))   # tab shown again: all
     assert fresh == first
     slow = timer.tick_fns["slow"](None, D.LIVE)
-    assert len(slow) == len(D.SLOW) and "choices" in slow[D.SLOW.index("selector")]
+    assert len(slow) == len(T.SLOW) and "choices" in slow[T.SLOW.index("selector")]
 
     def down():
         raise RuntimeError("the engine has been shut down")
@@ -175,7 +176,7 @@ def test_bus_message_names_the_panels_by_element_id():
     from ui.dashboard import bus
     msg = json.loads(bus.message({"story": "<b>s</b>", "grid": '{"n":1}'}))
     assert msg == {"kv-story": "<b>s</b>", "kv-grid": '{"n":1}'}
-    assert set(bus.PANELS) == set(D.FAST) and set(D.FAST) | set(D.SLOW) == set(D.OUTPUT_NAMES)
+    assert set(bus.PANELS) == set(T.FAST) and set(T.FAST) | set(T.SLOW) == set(T.OUTPUT_NAMES)
 
 
 def test_block_plots_get_a_y_axis_above_their_highest_point():
@@ -185,9 +186,9 @@ def test_block_plots_get_a_y_axis_above_their_highest_point():
     state = D.DashboardState(SnapLLM(busy_snapshot(t=5000.0)))
     for k in range(8):                # samples over 80 s: several complete 10 s buckets
         state.history.add_sample(Sample(4920.0 + 10 * k, 0, 0, 0, 100 + k, 200 + k, 1000 + k, 1024))
-    slow = D.Ticks(state).slow(None, D.LIVE, fresh=True)
-    for name in D.BLOCK_PLOTS:
-        update = slow[D.SLOW.index(name)]
+    slow = T.Ticks(state).slow(None, D.LIVE, fresh=True)
+    for name in T.BLOCK_PLOTS:
+        update = slow[T.SLOW.index(name)]
         top = update["value"]["blocks"].max()
         assert top >= 200, (name, top)
         assert update["y_lim"][0] == 0 and update["y_lim"][1] >= top * 1.05, (name, update["y_lim"], top)

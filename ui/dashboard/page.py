@@ -9,17 +9,16 @@ is done once for all viewers and cached by snapshot time; per viewer only the se
 grid/table strings differ (cached too). What each viewer was sent is remembered on the server as
 digests (by session), so an unchanged panel is not sent again. Chart history comes from a stats
 sampler (ui/dashboard/sampler.py), page open or not. Ticks run with concurrency_limit=None, so
-they never queue behind chat events.
+they never queue behind chat events. The tick functions are ui/dashboard/ticks.py; this file builds
+the components and the per-snapshot state they render from.
 """
 from __future__ import annotations
 
 import threading
 import time
-import zlib
 from collections import OrderedDict
 
 import gradio as gr
-import pandas as pd
 
 from ui.dashboard import panels as H
 from ui.dashboard import view as V
@@ -28,25 +27,19 @@ from ui.dashboard.tier_panel import TierRates, tier_html
 from ui.dashboard import bus as BUS
 from ui.dashboard import grid_canvas as GC
 from ui.dashboard.grid_payload import grid_payload, with_highlight
-from engine.observe.viewer_scope import scope_snapshot, titles_for
 from ui.dashboard.sampler import StatsSampler
+from ui.dashboard.ticks import Ticks, wire_ticks
 from ui.dashboard.timers import DashboardTimers
 from ui.dashboard import open_chats as OPEN
 from ui.dashboard.story import pin_use, story_html
 from engine.protocol import Configured, ServesTenants
-from ui.dashboard.who import event_lines, served, viewer_tenant, who_html
+from ui.dashboard.who import event_lines, served, who_html
 from ui.dashboard.history import (HEADROOM, PLOT_STEP_S, SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT, History,
-                                  blocks_frame, hit_rate_frame, y_limits)
+                                  blocks_frame, hit_rate_frame)
 from ui.dashboard.demo_users import MAX_DEMO_USERS, DemoLoad, PromptSource
 from ui.dashboard.kv_math import PRESETS, shape_of
 
 LIVE = "live model"
-FOLDED = ("arith", "whatif")      # in closed-by-default accordions: sent only while open
-OUTPUT_NAMES = ("story", "headline", "grid", "tables", "paged_plot", "contig_plot", "hit_plot", "arith",
-                "whatif", "feed", "selector", "demo", "who", "tier")
-FAST = tuple(BUS.PANELS)                          # through the one-output bus, every TICK_S
-SLOW = ("paged_plot", "contig_plot", "hit_plot", "selector", "demo")   # through Gradio, every SLOW_TICK_S
-BLOCK_PLOTS = ("paged_plot", "contig_plot")       # their y axis follows the data (history.y_limits)
 # Tick periods, chosen by measurement (loadgen/bench_dashboard_browser.py, 16 demo users, 3,000
 # blocks, Chromium on 2 cores): every Gradio event costs the page's main thread more than the
 # panels it carries. At 1 s / 2 s the page's main thread used ~15% CPU with the Memory tab shown,
@@ -204,12 +197,6 @@ def state_for(llm, system_prompt: PromptSource = None) -> DashboardState:
         return st
 
 
-def _digest(v) -> int:
-    if isinstance(v, pd.DataFrame):
-        v = v.to_csv(index=False)
-    return zlib.crc32(repr(v).encode())
-
-
 def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = TICK_S, slow_tick_s: float = SLOW_TICK_S,
                     storage=None,
                     auth: bool = False, own_conv=None, may_start_demo=None, chat_states=None) -> DashboardTimers:
@@ -230,7 +217,7 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
     state.sampler.start()          # charts record every second, page open or not
     c = _components(state)
     ticks = Ticks(state, storage=storage, auth=auth, own_conv=own_conv)
-    dash = _wire_ticks(ticks, c, tick_s, slow_tick_s)
+    dash = wire_ticks(ticks, c, tick_s, slow_tick_s)
     _wire_demo_strip(state, c, may_start_demo)
     return dash
 
@@ -291,129 +278,6 @@ def _plots() -> list:
                                color_map=dict(zip(SERIES_HIT, ("#60a5fa", "#f97316"))),
                                elem_id="kv-hit-plot")
     return [paged_plot, contig_plot, hit_plot]
-
-
-class Ticks:
-    """The dashboard's tick functions for one engine's state and one app's privacy rules: what
-    each viewer may see (scoped by title, own chats only under --auth) and what changed since
-    that viewer was last sent something."""
-
-    def __init__(self, state: DashboardState, *, storage=None, auth: bool = False, own_conv=None):
-        self.state, self.llm, self.storage, self.auth, self.own_conv = state, state.llm, storage, auth, own_conv
-
-    def _own(self, request):
-        return self.own_conv(request) if self.own_conv is not None and request is not None else None
-
-    def scoped(self, snap, request):
-        """The snapshot this viewer may see, and a key for caching its render."""
-        if self.storage is None and not self.auth:
-            return snap, None
-        user = getattr(request, "username", None) if self.auth else None
-        titles = titles_for(self.storage, user, self.auth)
-        own = self._own(request)
-        key = (user, own, zlib.crc32(repr(sorted(titles.items())).encode()))
-        return scope_snapshot(snap, titles=titles, viewer=user, own_conv=own, auth=self.auth), key
-
-    def missing_choice(self, have, selected, request) -> tuple:
-        """The selected chat when it holds no blocks now (e.g. reopened from the sidebar after its
-        session ended): still offered by its title, so the picker never shows a raw id."""
-        if not selected or self.storage is None or any(k == selected for _, k in have):
-            return ()
-        user = getattr(request, "username", None) if self.auth else None
-        title = titles_for(self.storage, user, self.auth).get(selected)
-        return ((f"{title} (no blocks now)", selected),) if title else ()
-
-    def values(self, snap, selected, model, request, names) -> dict:
-        """{name: value} of the outputs in `names` for this viewer."""
-        state = self.state
-        snap, key = self.scoped(snap, request)
-        v = state.view(snap, selected, model, key)
-        values = {k: v[k] for k in OUTPUT_NAMES[:9] if k in names}
-        me = viewer_tenant(getattr(request, "username", None), self.auth)
-        if "feed" in names:
-            values["feed"] = state.feed(snap, key[0] if key else None, me, self.auth)
-        if "who" in names:
-            values["who"] = state.who(me, self.auth)
-        if "selector" in names:
-            values["selector"] = tuple(v["choices"]) + self.missing_choice(v["choices"], selected, request)
-        if "demo" in names:
-            values["demo"] = state.demo.status()
-        if "tier" in names:
-            values["tier"] = v["tier"]
-        return values
-
-    def tick(self, selected, model, last, shown=None, request: gr.Request = None, names=OUTPUT_NAMES):
-        """{name: value to send} for the outputs in `names` whose digest differs from `last`
-        (what this viewer was sent), and the new digests. shown: the open accordion panels
-        (None: all); closed ones are not sent."""
-        self.state.ticks += 1
-        try:
-            snap = self.llm.latest_snapshot()
-        except RuntimeError as e:                  # engine shut down: keep the last picture
-            return {"demo": f"Engine unavailable: {e}"} if "demo" in names else {}, last
-        values = self.values(snap, selected, model, request, names)
-        new, out = dict(last), {}
-        for name in names:
-            if name in FOLDED and shown is not None and name not in shown:
-                continue                            # sent (with its digest) once it is opened
-            d = _digest(values[name])
-            if last.get(name) != d:
-                new[name] = d
-                out[name] = values[name]
-        return out, new
-
-    def fast(self, selected, model, shown, request: gr.Request = None, fresh=False):
-        """The fast tick (TICK_S): one bus message with the panels that changed for this viewer."""
-        who = getattr(request, "session_hash", None)
-        last = {} if fresh else self.state.sent_to(who)
-        out, new = self.tick(selected, model, last, shown, request, FAST)
-        self.state.sent_to(who, new)
-        return BUS.message(out) if out else gr.skip()
-
-    def slow(self, selected, model, request: gr.Request = None, fresh=False):
-        """The slower tick: plots (new points every few seconds), picker choices, demo status."""
-        who = ("slow", getattr(request, "session_hash", None))
-        out, new = self.tick(selected, model, {} if fresh else self.state.sent_to(who), None, request, SLOW)
-        self.state.sent_to(who, new)
-        return tuple(gr.update(choices=list(out[n])) if n == "selector" and n in out else
-                     gr.update(value=out[n], y_lim=y_limits(out[n], "blocks")) if n in BLOCK_PLOTS and n in out else
-                     out.get(n, gr.skip()) for n in SLOW)
-
-    def refresh_fn(self, s, m, shown, request: gr.Request = None):
-        return self.fast(s, m, shown, request, fresh=True)
-
-    def refresh_slow(self, s, m, request: gr.Request = None):
-        return self.slow(s, m, request, fresh=True)
-
-    def own_fn(self, request: gr.Request = None):
-        """The chat open in this browser tab (the sidebar's pick), highlighted on arrival."""
-        own = self._own(request)
-        return gr.update(value=str(own)) if own else gr.skip()
-
-
-def _wire_ticks(ticks: Ticks, c: dict, tick_s: float, slow_tick_s: float) -> DashboardTimers:
-    """Two inactive timers (fast: the bus; slow: plots, picker, demo status), repaints on a new
-    selection or model, and the accordions' open/closed state."""
-    quiet = dict(show_progress="hidden", api_visibility="private", concurrency_limit=None)
-    inputs = [c["selector"], c["arith_model"]]
-    timer = gr.Timer(tick_s, active=False)
-    timer.tick(ticks.fast, inputs=[*inputs, c["opened"]], outputs=[c["bus"]], **quiet)
-    slow_timer = gr.Timer(slow_tick_s, active=False)
-    slow_timer.tick(ticks.slow, inputs=inputs, outputs=c["slow_outputs"], **quiet)
-    refresh = dict(fn=ticks.refresh_fn, inputs=[*inputs, c["opened"]], outputs=[c["bus"]], **quiet)
-    refresh_all = dict(fn=ticks.refresh_slow, inputs=inputs, outputs=c["slow_outputs"], **quiet)
-    c["selector"].change(**refresh)
-    c["arith_model"].change(**refresh)
-    opened = c["opened"]
-    for acc, name in ((c["arith_acc"], "arith"), (c["whatif_acc"], "whatif")):
-        acc.expand(lambda o, n=name: tuple(sorted(set(o) | {n})), opened, opened, **quiet).then(**refresh)
-        acc.collapse(lambda o, n=name: tuple(x for x in o if x != n), opened, opened, **quiet)
-    # the app switches both timers on and off with the Memory tab and repaints at once when it is shown
-    return DashboardTimers([timer, slow_timer], refresh, refresh_slow=refresh_all,
-                           select_own=dict(fn=ticks.own_fn, inputs=None, outputs=[c["selector"]],
-                                           show_progress="hidden", api_visibility="private",
-                                           concurrency_limit=None),
-                           tick_fns={"fast": ticks.fast, "slow": ticks.slow, "tick": ticks.tick})
 
 
 def _wire_demo_strip(state: DashboardState, c: dict, may_start_demo) -> None:
