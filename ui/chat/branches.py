@@ -13,7 +13,7 @@ import gradio as gr
 
 from ui.chat import view
 from ui.chat.context import ChatContext
-from ui.chat.handlers import conversation_list, show
+from ui.chat.painting import conversation_list, show
 
 
 def parse_command(command: str) -> int | None:

@@ -13,7 +13,7 @@ import gradio as gr
 
 from storage.exports import export_url
 from ui.chat import limits, view
-from ui.chat.handlers import conversation_list, show
+from ui.chat.painting import conversation_list, show
 from ui.chat.context import ChatContext
 
 
