@@ -16,6 +16,7 @@ from gradio_client import Client
 
 from tests.e2e.conftest import AppServer
 from tests.e2e.polling import wait_until
+from tests.e2e.browser import launch_chromium
 
 pytestmark = pytest.mark.slow
 
@@ -101,7 +102,7 @@ def test_browser_chat_and_the_remote_memory_view(pair, screenshot_dir):
     from playwright.sync_api import sync_playwright
     backend, front = pair
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        browser = launch_chromium(p)
         try:
             page = browser.new_page(viewport={"width": 1360, "height": 900})
             errors = []

@@ -9,21 +9,20 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.polling import wait_until as _wait
+from tests.e2e.browser import launch_chromium, require_chromium
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
 
 
 @pytest.fixture(scope="module")
 def _chromium():
     """One Chromium per test module: a launch costs ~1.2 s of CPU, and 29 tests use it."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Debian chromium is not installed: `apt-get install chromium` (test.sh does it)")
+    require_chromium()
     import playwright.sync_api as sync_api
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        b = launch_chromium(p)
         try:
             yield b
         finally:

@@ -4,26 +4,24 @@ equals /api/kv for its chat, the `?` overlay lists the shortcuts, and the Memory
 vocabulary and fits a 390 px phone. One app and one browser for the module; short greedy replies."""
 import re
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.e2e.polling import wait_until as _wait
 from ui.dashboard import vocabulary as VOC
+from tests.e2e.browser import launch_chromium, require_chromium
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = "/usr/bin/chromium"
 DATA = "els => Object.fromEntries(els.map(e => [e.dataset.k, e.dataset.v]))"
 
 
 @pytest.fixture(scope="module")
 def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Debian chromium is not installed: `apt-get install chromium` (test.sh does it)")
+    require_chromium()
     import playwright.sync_api as sync_api
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        b = launch_chromium(p)
         b.new_context = _patient(b.new_context)
         b.new_page = _patient(b.new_page)
         try:

@@ -10,6 +10,7 @@ from gradio_client import Client
 
 from storage.presets import DEFAULT_SYSTEM_PROMPT
 from tests.e2e.polling import wait_until
+from tests.e2e.browser import launch_chromium
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +37,7 @@ def test_bob_sees_nothing_of_alice(launch, chat_api):
     assert api.read_db(server.db, PROMPT_OF, (bob_conv,))[0]["text"] == DEFAULT_SYSTEM_PROMPT
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        browser = launch_chromium(p)
         try:
             page = browser.new_page(viewport={"width": 1360, "height": 900})
             page.goto(server.url)

@@ -11,6 +11,7 @@ import pytest
 
 from tests.e2e.polling import wait_until
 from ui.dashboard.panels import DARK, LIGHT
+from tests.e2e.browser import launch_chromium
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +56,7 @@ def test_pinned_prompt_titles_headline_timer_and_theme(launch, screenshot_dir):
     pinned = snap["pins"][0]["block_table"]
     assert snap["pins"][0]["name"] == "shared" and len(pinned) >= 30     # the ~550-token default
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        browser = launch_chromium(p)
         try:
             page = browser.new_page(viewport={"width": 1360, "height": 1000})
             errors = []
@@ -160,7 +161,7 @@ def test_the_chat_open_in_the_sidebar_is_highlighted_in_the_memory_tab(launch):
         return table_of(conv)
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        browser = launch_chromium(p)
         try:
             page = _open(browser.new_context(viewport={"width": 1360, "height": 1000}), server.url)
             page.locator("#sampling .label-wrap").first.click()

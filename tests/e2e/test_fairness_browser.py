@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from tests.e2e.polling import wait_until
+from tests.e2e.browser import launch_chromium
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +48,7 @@ def test_who_is_served_panel_shows_the_flood_held_back(launch, chat_api, screens
         chatter = threading.Thread(target=chat, daemon=True)
         chatter.start()
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+            browser = launch_chromium(p)
             try:
                 page = browser.new_page(viewport={"width": 1360, "height": 1000})
                 page.goto(server.url)

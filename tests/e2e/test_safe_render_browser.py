@@ -5,16 +5,15 @@ an <img>, a <form> with a typed password, a <script>, a javascript: link, an ifr
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 from gradio_client import Client, handle_file
 
 from tests.e2e.conftest import sampling
 from tests.e2e.polling import wait_until
+from tests.e2e.browser import launch_chromium, require_chromium
 
 pytestmark = pytest.mark.slow
-CHROMIUM = "/usr/bin/chromium"
 
 
 @pytest.fixture
@@ -57,8 +56,7 @@ def hostile(base: str) -> str:
 
 
 def test_no_message_content_reaches_another_host(launch, listener, tmp_path):
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Debian chromium is not installed: `apt-get install chromium` (test.sh does it)")
+    require_chromium()
     base, hits = listener
     server = launch()
     export = {"format": "llm-chat-conversation", "version": 1, "conversation": {"title": "hostile"},
@@ -76,7 +74,7 @@ def test_no_message_content_reaches_another_host(launch, listener, tmp_path):
 
     import playwright.sync_api as sync_api
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        b = launch_chromium(p)
         try:
             page = b.new_page()
             page.goto(f"{server.url}?c={conv}")

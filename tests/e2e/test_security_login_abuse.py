@@ -4,7 +4,6 @@ Each attack comes from its own client address (X-Forwarded-For through `--truste
 so one test's throttle state cannot decide another's; the cross-site page is real Chromium on
 `http://localhost:<port>` firing no-cors requests at `http://127.0.0.1:<app port>`."""
 import http.client
-import os
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,9 +12,9 @@ import pytest
 
 from routes.login_guard import ADDRESS_FREE_FAILURES, DEVICE_COOKIE
 from tests.e2e.conftest import AppServer
+from tests.e2e.browser import launch_chromium, require_chromium
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-CHROMIUM = "/usr/bin/chromium"
 KEY = "sk-issue-29"
 BOUNDARY = "----e2eboundary29"
 
@@ -124,8 +123,7 @@ def test_a_cross_site_page_cannot_lock_the_local_user_out(server, evil_page):
     """#29.6: 45 no-cors logins and 45 wrong-key calls from another site's page raised the wait of
     127.0.0.1, so the user's right key got 429 (44 of 45) and alice's login too, even after the
     page closed. Now they are refused as cross-site and count for nobody."""
-    if not os.path.exists(CHROMIUM):
-        pytest.fail("Debian chromium is not installed: `apt-get install chromium` (test.sh does it)")
+    require_chromium()
     from playwright import sync_api
     url, html = evil_page
     target = f"http://127.0.0.1:{server.port}"
@@ -143,7 +141,7 @@ def test_a_cross_site_page_cannot_lock_the_local_user_out(server, evil_page):
     }})();
     </script></body></html>""".encode()
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        browser = launch_chromium(p)
         try:
             page = browser.new_page()
             page.goto(url)
