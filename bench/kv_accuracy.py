@@ -141,16 +141,22 @@ class Accuracy:
         return f"| {self.kv_cache_dtype} | {self.positions} | {self.mean_kl:.2e} | {100 * self.top1:.2f}% |"
 
 
+ROWS = 16      # positions per float64 pass in compare()
+
+
 def compare(name: str, ref: list[torch.Tensor], got: list[torch.Tensor]) -> Accuracy:
-    """Mean KL(HF || engine) and top-1 agreement over every position, in float64. One sequence at a
-    time: the whole set at once held ~6 GB of float64 temporaries ([2,171 x 49,152] each)."""
+    """Mean KL(HF || engine) and top-1 agreement over every position, in float64. ROWS positions at
+    a time: a [16 x 49,152] float64 block (6 MiB) stays in cache through the ~10 element-wise passes;
+    a whole sequence at a time streamed each pass through memory (measured on 600 positions: 2.6 s,
+    0.4 s in blocks of 16; the same sums up to float64 rounding)."""
     kl_sum, same, n = 0.0, 0, 0
-    for r, g in zip(ref, got):
-        r, g = r.double(), g.double()
-        lp, lq = r.log_softmax(-1), g.log_softmax(-1)
-        kl_sum += float((lp.exp() * (lp - lq)).sum(-1).sum())
-        same += int((r.argmax(-1) == g.argmax(-1)).sum())
-        n += r.shape[0]
+    for r_seq, g_seq in zip(ref, got):
+        for a in range(0, r_seq.shape[0], ROWS):
+            r, g = r_seq[a:a + ROWS].double(), g_seq[a:a + ROWS].double()
+            lp, lq = r.log_softmax(-1), g.log_softmax(-1)
+            kl_sum += float((lp.exp() * (lp - lq)).sum())
+            same += int((r.argmax(-1) == g.argmax(-1)).sum())
+            n += r.shape[0]
     return Accuracy(name, n, kl_sum / n, same / n)
 
 
