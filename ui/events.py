@@ -135,17 +135,28 @@ def _wire_attachments(ctx: ChatContext, c: dict, events: list) -> None:
         ev.then(lambda: "", None, c["doc_chips"], api_name=False, show_progress="hidden")
 
 
+def _meter(ctx: ChatContext, request, only_changed: bool) -> tuple:
+    """The context meter's line and its summary button; with only_changed, gr.skip() for both when
+    the tab already shows them (the list's tick: an idle tab gets nothing to re-render)."""
+    m = context_meter.for_tab(ctx, request)
+    shown = (context_meter.html(m), bool(m and m.warn))
+    tab = ctx.tab(request)
+    if only_changed and shown == tab.meter_sig:
+        return gr.skip(), gr.skip()
+    tab.meter_sig = shown
+    return shown[0], gr.Button(visible=shown[1])
+
+
 def _wire_meter(ctx: ChatContext, c: dict, events: list) -> dict:
-    """The context meter after each reply and on the list's tick; the event to repaint it."""
+    """The context meter after each reply (the list's tick repaints it when it changed, see
+    _wire_navigation); the event to repaint it."""
     def meter_fn(request: gr.Request):
-        m = context_meter.for_tab(ctx, request)
-        return context_meter.html(m), gr.Button(visible=bool(m and m.warn))
+        return _meter(ctx, request, only_changed=False)
 
     meter = dict(fn=meter_fn, inputs=None, outputs=[c["meter"], c["summary_btn"]], api_name=False,
                  concurrency_limit=None, show_progress="hidden")
-    for ev in events:                       # after each reply; the list tick refreshes it too
+    for ev in events:
         ev.then(**meter)
-    c["timer"].tick(**meter)
     return meter
 
 
@@ -192,8 +203,8 @@ def _wire_navigation(ctx: ChatContext, demo: gr.Blocks, c: dict, chat_out: list,
         async for out in chat.follow(ctx, request):
             yield out
 
-    def refresh(query, request: gr.Request):
-        return chat.refresh(ctx, query, request)
+    def tick(query, request: gr.Request):
+        return chat.refresh(ctx, query, request) + _meter(ctx, request, only_changed=True)
 
     def new_chat(request: gr.Request):
         return side.new_chat(ctx, request)
@@ -219,8 +230,10 @@ def _wire_navigation(ctx: ChatContext, demo: gr.Blocks, c: dict, chat_out: list,
         follow, None, chat_out, api_name=False, **quick)
     # The address bar names the open chat (/?c=<id>), so a reload or a shared link reopens it.
     conv_list.change(None, conv_list, None, js=URL_JS)
-    # Every tab polls: chats created, renamed or continued in the user's other tabs show up.
-    c["timer"].tick(refresh, c["query"], [conv_list, chatbot], api_name=False, **quick)
+    # Every tab polls: chats created, renamed or continued in the user's other tabs show up, and the
+    # context meter follows the engine. One event a tick, each part sent only when it changed.
+    c["timer"].tick(tick, c["query"], [conv_list, chatbot, c["meter"], c["summary_btn"]], api_name=False,
+                    **quick)
     # API clients open a conversation by id (the radio only accepts ids already in its list).
     c["open_id"].change(open_conv, c["open_id"], view_out, api_name="open_conversation", **quick).then(
         follow, None, chat_out, api_name=False, **quick)
