@@ -91,8 +91,10 @@ def hf_model_with_weights(config, weights: dict, dtype=torch.float32, device="cp
     # init drew ~0.5 G random numbers, ~7 s here); buffers (RoPE inv_freq) are still built by HF
     with torch.device(device), no_init_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    state = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    # assign: the model holds these very tensors (no second copy of an 8B layer's ~2 GB); nothing
+    # writes to them, and the ones already in `dtype` on `device` are the caller's own
+    state = {k: v.to(device=device, dtype=dtype).contiguous() for k, v in weights.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     tied = getattr(config, "tie_word_embeddings", False)
     missing = [m for m in missing if not (m == "lm_head.weight" and tied)]
     if missing or unexpected:
