@@ -87,14 +87,14 @@ def _prepare_default_model() -> str:
     then finds them in its process-wide cache (engine/exec/models/llama_weights.py) instead of
     building its own copy.
 
-    Why: an app's first engine fuses and packs ~1.1 GB of weights into memory it has never touched,
-    and on these VMs first-touched memory is the expensive kind (the host backs it page by page;
-    memory a process frees is handed back within seconds): ~6.5 s of a ~45-app suite's app start,
-    ~4 s of it in the kernel, for every app. Forked, a child shares these pages copy-on-write and
-    never writes them (prepared weights are read-only, see llama_weights.py).
+    Why: an app's first engine fuses, packs and tiles its weights (the default model in bf16:
+    ~0.7 GB) into memory it has never touched, and on these VMs first-touched memory is the
+    expensive kind (tests/conftest.py `_keep_freed_memory`). Measured per app start: ready in 0.67
+    instead of 1.24 s, 0.7 instead of 1.3 CPU-s; a suite starts ~45. Forked, a child shares these
+    pages copy-on-write and never writes them (prepared weights are read-only, llama_weights.py).
 
     The cache is keyed by the weight files, dtype, device, quantization and packing, all computed
-    again in the child: an app asking for anything else (another model, --dtype bfloat16,
+    again in the child: an app asking for anything else (another model, another --dtype,
     --quantization int8, PAGED_CHAT_PACKED_FP32=0) prepares its own, as without the zygote.
     Torch runs here on one thread, so no OpenMP pool exists to be lost at fork(); the thread count
     the children will use is put back afterwards (set_num_threads only records it)."""
