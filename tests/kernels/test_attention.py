@@ -43,8 +43,9 @@ def dense_attention_fp64(query, k_cache, v_cache, block_tables, seq_lens, cu_seq
     return out
 
 
-def build_case(bs, H, kvh, d, seqs, dtype, share_blocks=0, seed=0):
-    """seqs: [(prefix_len, q_len)]. Sequence 1 reuses sequence 0's first share_blocks blocks."""
+def build_case(bs, H, kvh, d, seqs, dtype, share_blocks=0, seed=0, device=DEVICE):
+    """seqs: [(prefix_len, q_len)]. Sequence 1 reuses sequence 0's first share_blocks blocks.
+    Tensors go to `device` (the GPU when there is one; "cpu" for the CPU kernels' own tests)."""
     g = torch.Generator().manual_seed(seed)
     ctxs = [p + q for p, q in seqs]
     need = [-(-c // bs) for c in ctxs]
@@ -67,7 +68,7 @@ def build_case(bs, H, kvh, d, seqs, dtype, share_blocks=0, seed=0):
     qls = [q for _, q in seqs]
     cu = torch.tensor([0] + torch.tensor(qls).cumsum(0).tolist(), dtype=torch.int32)
     query = torch.randn(sum(qls), H, d, generator=g).to(dtype)
-    dev = lambda t: t.to(DEVICE)
+    dev = lambda t: t.to(device)
     return dict(query=dev(query), pool=dev(pool), block_tables=dev(bt),
                 seq_lens=dev(torch.tensor(ctxs, dtype=torch.int32)), cu_seqlens_q=dev(cu),
                 scale=d ** -0.5, max_seqlen_q=max(qls))

@@ -10,7 +10,7 @@ import torch
 
 import kernels
 from kernels import cpu_attention, kv_quant, reference
-from tests.kernels.test_attention import build_case, decode_seqs, dense_attention_fp64, extend_seqs
+from tests.kernels.test_attention import DEVICE, build_case, decode_seqs, dense_attention_fp64, extend_seqs
 
 QDTYPES = [torch.int8, torch.float8_e4m3fn]
 SEQS = {"decode": (decode_seqs(16), 0), "extend": (extend_seqs(16), 0),
@@ -26,12 +26,12 @@ def quantize_case(c, dtype):
     return dict(c, pool=q.to(c["pool"].device)), kv_quant.dequantize(q).to(c["pool"].device)
 
 
-def nan_pool(shape, dtype):
+def nan_pool(shape, dtype, device="cpu"):
     """A quantized pool whose every row reads back as NaN (random codes, NaN scale)."""
     pool = torch.randint(-100, 100, shape, dtype=torch.int8).view(dtype) if dtype == torch.int8 \
         else torch.full(shape, float("nan")).to(dtype)
     kv_quant.split(pool)[1].fill_(float("nan"))
-    return pool
+    return pool.to(device)
 
 
 def oracle_on(c, deq):
@@ -85,7 +85,7 @@ def test_cpu_int8_decode_kernel_matches_fp64_dense_on_dequantized_pool(case):
                                   (8, 8, 8, 128, [5, 8, 9, 100], 0),
                                   (16, 9, 3, 64, [300], 0)][case]
     c, deq = quantize_case(build_case(bs, H, kvh, d, [(x - 1, 1) for x in ctxs], torch.float32,
-                                      share_blocks=share, seed=case), torch.int8)
+                                      share_blocks=share, seed=case, device="cpu"), torch.int8)
     kc, vc = c["pool"][0, 1], c["pool"][1, 1]
     assert cpu_attention.supports(c["query"], kc), cpu_attention.active_path()
     out = torch.full(c["query"].shape, float("nan"))
@@ -104,9 +104,9 @@ def test_torch_paged_attention_on_quantized_pool(seqs, dtype, use_kernel, monkey
     shape = SEQS[seqs]
     fp = build_case(16, 9, 3, 64, shape[0], torch.float32, share_blocks=shape[1], seed=5)
     c, deq = quantize_case(fp, dtype)
-    out = run_torch(c)
+    out = run_torch(c)               # on the GPU when there is one: the `--attention-backend torch` path
     assert not out.isnan().any()
-    torch.testing.assert_close(out.double(), oracle_on(c, deq), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out.double().cpu(), oracle_on(c, deq), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", QDTYPES)
@@ -154,14 +154,16 @@ def test_triton_attention_on_quantized_pool(seqs, splits, dtype):
 @pytest.mark.parametrize("dtype", QDTYPES)
 def test_triton_store_matches_the_torch_store(dtype):
     shape = (2, 1, 6, 16, 3, 68)
-    pools = [nan_pool(shape, dtype) for _ in range(2)]
+    pools = [nan_pool(shape, dtype, DEVICE) for _ in range(2)]
     pools[1].view(torch.uint8).copy_(pools[0].view(torch.uint8))
     k, v = torch.randn(6, 3, 64), torch.randn(6, 3, 64) * 30
     k[2] = 0                                       # amax 0: scale 0, codes 0, no NaN
     slots = torch.tensor([17, -1, 3, 95, 40, 0])
+    k, v, slots = k.to(DEVICE), v.to(DEVICE), slots.to(DEVICE)
     reference.store_kv(k, v, pools[0][0, 0], pools[0][1, 0], slots)
     kernels.store_kv(k, v, pools[1][0, 0], pools[1][1, 0], slots, backend="triton")
-    rows = [p.view(2, 96, 3, 68) for p in pools]          # [K / V, slot, head, row]
+    slots = slots.cpu()
+    rows = [p.cpu().view(2, 96, 3, 68) for p in pools]    # [K / V, slot, head, row]
     a, b = (kv_quant.dequantize(r) for r in rows)
     keep = slots[slots >= 0]
     torch.testing.assert_close(kv_quant.split(rows[1])[1][:, keep], kv_quant.split(rows[0])[1][:, keep],
@@ -177,13 +179,15 @@ def test_triton_store_matches_the_torch_store(dtype):
 
 @pytest.mark.parametrize("dtype", QDTYPES)
 def test_triton_copy_blocks_copies_codes_and_scales(dtype):
-    pool = nan_pool((2, 3, 5, 16, 3, 68), dtype)
-    x = torch.randn(2, 3, 7, 3, 64)
+    pool = nan_pool((2, 3, 5, 16, 3, 68), dtype, DEVICE)
+    x = torch.randn(2, 3, 7, 3, 64, device=DEVICE)
     for kv in range(2):
         for layer in range(3):
-            reference.store_kv(x[kv, layer], x[kv, layer], pool[kv, layer], pool[kv, layer], torch.arange(32, 39))
-    before = pool.clone()
-    kernels.copy_blocks(pool, torch.tensor([[2, 4], [0, 1]]), backend="triton")
+            reference.store_kv(x[kv, layer], x[kv, layer], pool[kv, layer], pool[kv, layer],
+                               torch.arange(32, 39, device=DEVICE))
+    before = pool.cpu()
+    kernels.copy_blocks(pool, torch.tensor([[2, 4], [0, 1]], device=DEVICE), backend="triton")
+    pool = pool.cpu()
     assert torch.equal(pool[:, :, 4].view(torch.uint8), before[:, :, 2].view(torch.uint8))
     assert torch.equal(pool[:, :, 1].view(torch.uint8), before[:, :, 0].view(torch.uint8))
     assert torch.equal(pool[:, :, [0, 2, 3]].view(torch.uint8), before[:, :, [0, 2, 3]].view(torch.uint8))
