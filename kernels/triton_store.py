@@ -56,7 +56,10 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
 
 
 # ---- quantized pool (kernels/kv_quant.py): codes + the row's fp32 scale ----------------------
-_RNE = 12582912.0        # 1.5 * 2**23: (y + c) - c rounds fp32 |y| < 2**22 to nearest even, like torch.round
+# 1.5 * 2**23: (y + c) - c rounds fp32 |y| < 2**22 to nearest even, like torch.round. A constexpr: the
+# real compiler refuses a plain global inside @triton.jit (the interpreter does not; the first device
+# run found it), scripts/compile_sm90.py now compiles this kernel for sm_90 on the CPU machine too.
+_RNE = tl.constexpr(12582912.0)
 
 
 @triton.jit

@@ -5,7 +5,7 @@ rejects (and vice versa); and a lent GPU session is minutes long, so what a cold
 long each compile takes and what it costs in registers / spills / shared memory is measured here
 beforehand. Each variant is compiled into an empty Triton cache (cold) with the ptxas bundled in the
 triton wheel; ptxas -v gives registers and spill bytes. One line per variant; exit 1 on any failure.
-    python scripts/compile_sm90.py                  # the fused layer ops (tests/kernels/test_fused.py)
+    python scripts/compile_sm90.py                  # the fused layer ops + quantized store (tests/kernels/test_fused.py)
     python scripts/compile_sm90.py --only all --markdown   # + attention: the docs/BENCHMARKS.md table
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from triton import knobs  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from kernels import triton_act, triton_attention, triton_norm, triton_rope_store  # noqa: E402
+from kernels import triton_act, triton_attention, triton_norm, triton_rope_store, triton_store  # noqa: E402
 
 TL = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}
 ATTN_STRIDES = ("stride_qt", "stride_qh", "stride_cb", "stride_cs", "stride_ch", "stride_bt", "stride_ot", "stride_oh")
@@ -54,6 +54,15 @@ def fused_variants():
                 "HEAD_DIM": "constexpr", "HALF": "constexpr", "H_P2": "constexpr", "KVH_P2": "constexpr",
                 "HALF_P2": "constexpr"},
                {"H": 14, "KVH": 2, "HEAD_DIM": 64, "HALF": 32, "H_P2": 16, "KVH_P2": 2, "HALF_P2": 32}, 4)
+    for dt, code, int8 in (("bf16", "i8", True), ("bf16", "fp8e4nv", False), ("fp32", "i8", True)):
+        p = "*" + dt                                          # the quantized pool's store (kernels/kv_quant.py)
+        yield (f"store_kv_quant {dt} -> {code}", triton_store._store_kv_quant_kernel,
+               {"key_ptr": p, "value_ptr": p, "k_cache_ptr": "*" + code, "v_cache_ptr": "*" + code,
+                "ks_ptr": "*fp32", "vs_ptr": "*fp32", "slot_ptr": "*i64", "stride_kt": "i32", "stride_kh": "i32",
+                "stride_vt": "i32", "stride_vh": "i32", "stride_cb": "i64", "stride_cs": "i32", "stride_ch": "i32",
+                "block_size": "i32", "qmax": "fp32", "NUM_KV_HEADS": "constexpr", "HEAD_DIM": "constexpr",
+                "KVH_P2": "constexpr", "D_P2": "constexpr", "INT8": "constexpr"},
+               {"NUM_KV_HEADS": 3, "HEAD_DIM": 64, "KVH_P2": 4, "D_P2": 64, "INT8": int8}, 4)
 
 
 def decode(dt: str, d: int, variant: str, split: bool, group: int = 4):

@@ -91,7 +91,8 @@ def test_round_as_matches_torch_rounding_bit_for_bit(dtype):
 
 
 def test_fused_kernels_compile_for_sm90():
-    """The real Triton compiler (not the interpreter) accepts every fused kernel for the H200."""
+    """The real Triton compiler (not the interpreter) accepts every fused kernel and the quantized
+    store for the H200 (the interpreter accepted a non-constexpr global that sm_90 refuses)."""
     if torch.cuda.is_available():
         pytest.skip("on a GPU the other tests compile and run these kernels for real")
     import subprocess
@@ -101,4 +102,4 @@ def test_fused_kernels_compile_for_sm90():
     r = subprocess.run([sys.executable, "scripts/compile_sm90.py"], cwd=root, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert r.stdout.count("ok   ") == 9
+    assert r.stdout.count("ok   ") == 12     # 3 dtypes x (norm, silu, rope+store) + 3 quantized stores
