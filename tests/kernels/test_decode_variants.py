@@ -52,7 +52,7 @@ from kernels import triton_attention as ta
 from triton.backends.compiler import GPUTarget
 t = GPUTarget("cuda", 90, 32)
 todo = [c.decode("bf16", 64, v, True) for v in ta.DECODE_VARIANTS]
-todo += [c.prefill("fp32", 64, 128, 64), c.prefill("fp32", 64, 64, 32)]
+todo += [c.prefill("fp32", 64, *ta.prefill_tiles(__import__("torch").float32, True, 4))]
 print(json.dumps([c.compile_one(*v, t) for v in todo]))
 """
 
@@ -60,8 +60,9 @@ print(json.dumps([c.compile_one(*v, t) for v in todo]))
 @pytest.mark.slow
 def test_attention_variants_compile_for_sm90_and_small_fp32_tiles_spill_less():
     """Ahead-of-time compile for the H200 (the real compiler, no GPU): every decode variant
-    compiles, and the fp32 prefill tile now used spills far less than 128 x 64 (d=64; the full
-    table: scripts/compile_sm90.py --only all)."""
+    compiles, and the fp32 prefill tile in use spills under 8 KB per thread (measured 1.7 KB at
+    d=64; the 128 x 64 tile it replaced spilled ~57 KB and took 12.6 s to compile, so it is no longer
+    compiled here: the full table, both tiles included, is scripts/compile_sm90.py --only all)."""
     import json
     import os
     import subprocess
@@ -76,5 +77,6 @@ def test_attention_variants_compile_for_sm90_and_small_fp32_tiles_spill_less():
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = {x["variant"]: x for x in json.loads(r.stdout.strip().splitlines()[-1])}
     assert all(rows[f"decode bf16 d=64 {v} split"]["registers"] for v in VARIANTS)
-    big, small = rows["prefill fp32 d=64 M=128 N=64"], rows["prefill fp32 d=64 M=64 N=32"]
-    assert small["spill_stores_b"] * 4 < big["spill_stores_b"], (small, big)
+    m, n = ta.prefill_tiles(torch.float32, True, 4)
+    small = rows[f"prefill fp32 d=64 M={m} N={n}"]
+    assert small["spill_stores_b"] is not None and small["spill_stores_b"] < 8192, small
