@@ -11,6 +11,9 @@ penalty 1.1) used to sort the whole 49k vocabulary per row (~5 ms a row on CPU).
   the one a full sort would give. Rows where that cannot be proven (top-p mass not covered, ties
   across the candidate boundary, a pure-temperature draw landing in the tail) take the exact
   full-sort path. `sample_reference` in the tests is the straightforward per-row definition.
+* That candidate path is for the CPU, where a sort of the vocabulary is the expensive part. On a
+  GPU the sort is cheap and each of the path's ~125-300 small ops is a launch from Python, so there
+  every row takes the full sort (uses_full_sort), in chunks of rows.
 * Seeded rows stay reproducible whatever the batch: each row's uniform comes from its own
   generator and nothing else depends on the neighbours.
 * Only token ids (and requested logprobs) leave the device.
@@ -29,6 +32,15 @@ from engine.sampling.structured.bitmask import apply_bitmask_
 
 NUM_CANDIDATES = 256        # candidates per row before the exactness checks (>= max top_k + 64)
 MASS_MARGIN = 1e-4          # top-p bound must hold with this slack (float sums differ by ulps)
+FULL_SORT_ELEMENTS = 1 << 23    # rows x vocabulary sorted at once on a GPU (~0.3 GB of temporaries)
+
+
+def uses_full_sort(device: torch.device) -> bool:
+    """Off the CPU every op is a kernel launch costing ~10-20 us of host time, and a full-row sort
+    is cheap: a batch's sampling is ~125 (peaked rows) to ~300 (flat rows: retries, then the
+    fallback) top-level ops on the candidate path, ~70 with the full sort. The first H200 run measured top-p sampling at 169 tok/s against 736
+    greedy at batch 1 (docs/BENCHMARKS.md). On the CPU it is the other way round (see above)."""
+    return device.type != "cpu"
 
 
 def make_generator(seed: int) -> torch.Generator:
@@ -144,15 +156,28 @@ def _sample_rows_exact(l: torch.Tensor, top_k, top_p, min_p, u: torch.Tensor) ->
     return _invert(probs, order, u)
 
 
+def _sample_rows_full_sort(l: torch.Tensor, top_k, top_p, min_p, u: torch.Tensor) -> torch.Tensor:
+    """The full-sort path in chunks of rows, so a large batch does not sort it all at once."""
+    step = max(1, FULL_SORT_ELEMENTS // l.shape[1])
+    if l.shape[0] <= step:
+        return _sample_rows_exact(l, top_k, top_p, min_p, u)
+    return torch.cat([_sample_rows_exact(l[i:i + step], top_k[i:i + step], top_p[i:i + step],
+                                         min_p[i:i + step], u[i:i + step])
+                      for i in range(0, l.shape[0], step)])
+
+
 def _sample_rows(l: torch.Tensor, ps: list[SamplingParams], u: torch.Tensor,
                  K: int = NUM_CANDIDATES) -> torch.Tensor:
     """l: [R, V] temperature-scaled logits of the rows that sample. Fast path with exact fallback:
-    rows the K candidates cannot decide retry with 16x more candidates, then the full sort."""
+    rows the K candidates cannot decide retry with 16x more candidates, then the full sort.
+    Off the CPU the full sort directly (uses_full_sort)."""
     R, V = l.shape
     dev = l.device
     top_k = torch.tensor([min(p.top_k, V) if p.top_k > 0 else 0 for p in ps], device=dev)
     top_p = torch.tensor([p.top_p for p in ps], device=dev, dtype=l.dtype)
     min_p = torch.tensor([p.min_p for p in ps], device=dev, dtype=l.dtype)
+    if uses_full_sort(dev):
+        return _sample_rows_full_sort(l, top_k, top_p, min_p, u)
     K = min(V, max([K] + [p.top_k + 64 for p in ps if p.top_k > 0]))
     if K >= V:
         return _sample_rows_exact(l, top_k, top_p, min_p, u)

@@ -92,6 +92,50 @@ def test_fast_sampler_matches_reference_over_thousands_of_rows(monkeypatch):
     assert 0 < sum(exact_rows) < sampled_rows // 2      # both paths were exercised
 
 
+def test_the_gpu_policy_full_sort_in_row_chunks_matches_reference(monkeypatch):
+    """What a GPU runs (uses_full_sort): every sampled row through the full sort, in chunks of
+    rows; forced here on the CPU. Same reference, same rows as above, chunks of 7 rows."""
+    chunks = []
+    real_exact = sampler._sample_rows_exact
+    monkeypatch.setattr(sampler, "uses_full_sort", lambda device: True)
+    monkeypatch.setattr(sampler, "_sample_rows_exact",
+                        lambda l, *a: (chunks.append(l.shape[0]), real_exact(l, *a))[1])
+    rng = torch.Generator().manual_seed(1234)
+    B, V, mismatches = 64, 1500, []
+    monkeypatch.setattr(sampler, "FULL_SORT_ELEMENTS", 7 * V)
+    for batch in range(20):
+        logits = _random_logits(rng, B, V)
+        params = [_random_params(rng) for _ in range(B)]
+        plens = [int(torch.randint(0, 20, (1,), generator=rng)) for _ in range(B)]
+        histories = [torch.randint(0, V, (n + int(torch.randint(0, 30, (1,), generator=rng)),),
+                                   generator=rng).tolist() for n in plens]
+        seeds = [batch * 1000 + i for i in range(B)]
+        got = sample(logits.clone(), params, [make_generator(s) for s in seeds], histories, plens)
+        want = _reference(logits, params, seeds, histories, plens)
+        mismatches += [(batch, i, params[i]) for i in range(B) if got[i] != want[i]]
+    assert not mismatches, mismatches[:5]
+    sampled = sum(chunks)
+    assert max(chunks) == 7 and len(chunks) >= sampled // 7 and sampled > 20 * B // 2
+
+
+def test_the_gpu_policy_needs_few_ops_on_a_flat_row(monkeypatch):
+    """Why the GPU takes the full sort: a flat 128k-token row (random weights, or a confused model)
+    makes the candidate path retry and fall back, ~300 ops; each is a launch on a GPU. Counted with
+    torch's profiler on the CPU (top-level aten calls), not timed."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def ops(full_sort: bool) -> int:
+        monkeypatch.setattr(sampler, "uses_full_sort", lambda device: full_sort)
+        logits = torch.randn(1, 128_256, generator=torch.Generator().manual_seed(0)) * 0.05
+        p = [SamplingParams(temperature=0.7, top_p=0.95, seed=1)]
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            sample_batch(logits, p, [make_generator(1)], [list(range(3, 131))])
+        return sum(1 for e in prof.events() if e.name.startswith("aten::")
+                   and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
+    candidates, full = ops(False), ops(True)
+    assert full <= 80 and candidates > 3 * full, (candidates, full)     # measured 70 and 304
+
+
 def test_top_p_one_and_pure_temperature_match_reference():
     rng = torch.Generator().manual_seed(7)
     logits = torch.randn(256, 3000, generator=rng) * 3
