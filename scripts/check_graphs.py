@@ -19,13 +19,15 @@ from engine import LLM, SamplingParams
 from engine.exec import dummy_weights as dw
 
 
-def graphs_vs_eager(device: str, smoke: bool) -> dict:
+def graphs_vs_eager(device: str, smoke: bool, kv_cache_dtype: str = "auto") -> dict:
+    """kv_cache_dtype: the pool's form (int8 / fp8: the quantized kernels inside the graphs)."""
     t0 = time.perf_counter()
     name = "smollm2-135m" if smoke else "llama-3.2-1b"
     over = {"num_hidden_layers": 2, "vocab_size": 4096} if smoke else {"num_hidden_layers": 4}
     dtype = "float32" if smoke else "bfloat16"
     llm = LLM(model=name, load_format="dummy", hf_overrides=over, device=device, dtype=dtype, seed=5,
-              num_blocks=256, max_model_len=512, max_num_seqs=8, enable_prefix_caching=False)
+              num_blocks=256, max_model_len=512, max_num_seqs=8, enable_prefix_caching=False,
+              kv_cache_dtype=kv_cache_dtype)
     try:
         g = torch.Generator().manual_seed(3)
         vocab = dw.load_config(name, over).vocab_size
@@ -50,6 +52,7 @@ def graphs_vs_eager(device: str, smoke: bool) -> dict:
         if k is not None or len(a) != len(b):
             first_diff.append({"sequence": i, "position": k, "graphs": list(a)[:k + 3 if k is not None else None],
                                "eager": list(b)[:k + 3 if k is not None else None]})
-    return {"ok": identical == len(prompts), "cuda_graphs": graphs is not None, "sequences": len(prompts),
+    return {"ok": identical == len(prompts), "cuda_graphs": graphs is not None, "kv_cache_dtype": kv_cache_dtype,
+            "sequences": len(prompts),
             "identical": identical, "new_tokens": sum(news), "first_differences": first_diff,
             "seconds": time.perf_counter() - t0}

@@ -8,6 +8,7 @@ time is left), one line each on stdout, and the JSON rewritten after every one:
   bigpool   a pool at 80% of free memory used at its highest block ids (store, rope_and_store,
             decode and prefill attention, copy past 2^31 elements)
   graphs    CUDA-graph replay vs eager on the same batch: greedy tokens identical
+  kvquant   int8 / fp8 KV pools: graphs vs eager identical; error vs HF fp32 beside the bf16 pool's
   attention decode attention GB/s per decode variant vs copy bandwidth; picks the faster variant
   speed     decode tok/s at batch 1/8/64/256, engine eager vs CUDA graphs vs HF generate
 Why it is built like this (issue 27): the lent machine returns only the output folder and the
@@ -39,10 +40,10 @@ from gpu_check_preflight import preflight  # noqa: E402
 from gpu_check_report import Report, line  # noqa: E402
 
 CONFIGS = ["llama-3.2-1b", "qwen2.5-0.5b", "llama-3-8b"]
-STAGES = ["preflight", "kernels", "numerics", "bigpool", "graphs", "attention", "speed"]
+STAGES = ["preflight", "kernels", "numerics", "bigpool", "graphs", "kvquant", "attention", "speed"]
 # cold-cache estimates on an H200 (seconds): a stage starts only if this much budget is left
 # (docs/BENCHMARKS.md "GPU check: cold compiles" has where they come from); smoke mode uses 0
-COLD_S = {"kernels": 90, "numerics_config": 25, "bigpool": 25, "graphs": 40, "attention": 15,
+COLD_S = {"kernels": 90, "numerics_config": 25, "bigpool": 25, "graphs": 40, "kvquant": 40, "attention": 15,
           "speed_engine": 45, "speed_hf": 20}
 KERNEL_TESTS = ["tests/kernels", "tests/engine/test_fused_forward.py",
                 "--ignore-glob=tests/kernels/test_cpu_*"]
@@ -148,6 +149,28 @@ class Check:
             f"{r['sequences']} seqs x {r['new_tokens']} tokens, graphs {'on' if r['cuda_graphs'] else 'OFF (no CUDA)'}: "
             f"{r['identical']}/{r['sequences']} token-identical"), r
 
+    def kvquant(self):
+        """The quantized pools end to end: graphs vs eager token-identical on an int8 / fp8 pool (a
+        rule), and the numerics workload's error vs HF fp32 beside the unquantized pool's (reported:
+        no rule yet, the first device run saw greedy tokens drift on random weights)."""
+        from check_graphs import graphs_vs_eager
+        from check_numerics import check_config
+        smoke = self.a.smoke
+        name, dt, layers = ("smollm2-135m", "float32", 2) if smoke else ("llama-3.2-1b", "bfloat16", 4)
+        over = {"vocab_size": 4096} if smoke else None
+        rows, cells, ok = {}, [], True
+        base = check_config(name, dt, self.device, layers, smoke, over)
+        for kvd in (["int8"] if self.device != "cuda" else ["int8", "fp8"]):
+            g = graphs_vs_eager(self.device, smoke, kvd)
+            n = check_config(name, dt, self.device, layers, smoke, over, kv_cache_dtype=kvd)
+            ok &= g["ok"]
+            rows[kvd] = {"graphs": g, "numerics": n}
+            cells.append(f"{kvd}: graphs {g['identical']}/{g['sequences']} identical, max err {n['max_abs_err_vs_hf_fp32']:.3g}, "
+                         f"argmax {100 * n['argmax_agreement']:.0f}%")
+        msg = f"{name} {dt}, {dt} pool max err {base['max_abs_err_vs_hf_fp32']:.3g} argmax " \
+              f"{100 * base['argmax_agreement']:.0f}%; " + "; ".join(cells)
+        return ("info" if ok else "fail"), msg, {"unquantized": base, **rows}
+
     def attention(self):
         from check_speed import attention_bandwidth
         from kernels import triton_attention as ta
@@ -197,7 +220,7 @@ class Check:
             if name in self.blocked:
                 return self.report.not_run(name, self.blocked[name])
             need = {"kernels": self.cold("kernels"), "numerics": self.cold("numerics_config"),
-                    "bigpool": self.cold("bigpool"), "graphs": self.cold("graphs"),
+                    "bigpool": self.cold("bigpool"), "graphs": self.cold("graphs"), "kvquant": self.cold("kvquant"),
                     "attention": self.cold("attention"), "speed": self.cold("speed_engine")}[name]
             if self.remaining() < max(need, 1.0):
                 return self.report.not_run(name, f"time budget ({self.remaining():.0f} s left, needs ~{need:.0f} s cold)")

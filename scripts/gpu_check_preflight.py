@@ -15,7 +15,7 @@ import sysconfig
 import time
 from pathlib import Path
 
-TRITON_STAGES = ("kernels", "numerics", "bigpool", "graphs", "attention", "speed")
+TRITON_STAGES = ("kernels", "numerics", "bigpool", "graphs", "kvquant", "attention", "speed")
 
 
 def _version(mod: str):

@@ -147,7 +147,7 @@ def test_gpu_check_smoke_mode_passes_and_writes_json(tmp_path):
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("[gpu-check]")]
-    for stage in ("preflight", "kernels", "numerics", "bigpool", "graphs", "attention", "speed"):
+    for stage in ("preflight", "kernels", "numerics", "bigpool", "graphs", "kvquant", "attention", "speed"):
         assert any(ln.split()[1] == stage and "started" not in ln for ln in lines), f"no line for stage {stage}"
     assert lines[-1].startswith("[gpu-check] VERDICT PASS")
     rep = json.loads(out.read_text())
@@ -155,13 +155,17 @@ def test_gpu_check_smoke_mode_passes_and_writes_json(tmp_path):
     st = rep["stages"]
     assert {k: v["status"] for k, v in st.items()} == {
         "preflight": "info", "kernels": "pass", "numerics": "pass", "bigpool": "pass", "graphs": "pass",
-        "attention": "info", "speed": "info"}
+        "kvquant": "info", "attention": "info", "speed": "info"}
     num = st["numerics"]["results"]
     assert [r["dtype"] for r in num] == ["bfloat16", "float32"] and all(r["ok"] for r in num)
     assert all(r["rows_compared"] > 10 and r["prefix_cache_hits_tokens"] > 0 for r in num)
     big = st["bigpool"]
     assert big["store_exact"] and big["rope_store_exact"] and big["copy_exact"] and big["attention_ok"] and big["prefill_ok"]
     assert st["graphs"]["identical"] == st["graphs"]["sequences"]
+    kq = st["kvquant"]["int8"]
+    assert kq["graphs"]["kv_cache_dtype"] == "int8" and kq["graphs"]["identical"] == kq["graphs"]["sequences"]
+    assert kq["numerics"]["kv_cache_dtype"] == "int8" and kq["numerics"]["rows_compared"] > 10
+    assert 0.5 <= kq["numerics"]["argmax_agreement"] <= 1 and st["kvquant"]["unquantized"]["argmax_agreement"] == 1
     for kind in ("graphs", "eager", "hf_generate"):
         assert isinstance(st["speed"][kind]["1"]["greedy"], float)
     assert {t["target"] for t in rep["targets"]} >= {"CUDA graphs >= 3x eager at batch 1"}
