@@ -223,7 +223,7 @@ class LLMEngine:
             self.spec.step_started(batch)
         logits = self.runner.run_on_device(batch, self.kv, copies, want + [(r, k) for r, k, _, _ in plp])
         if self.tier is not None and self.runner.device.type == "cpu":   # synchronous: a real cost
-            self.kv.tier_policy.observe_compute(sum(n for _, _, n in batch), time.perf_counter() - t0)
+            self.kv.tier_link.policy.observe_compute(sum(n for _, _, n in batch), time.perf_counter() - t0)
         if plp:
             prompt_logprobs.record(plp, logits[len(want):])
             logits = logits[:len(want)]

@@ -20,7 +20,9 @@ Second tier (engine/kv/kv_tier.py, optional, `attach_tier`): an evicted cached b
 to it, a lookup that misses the pool continues the hash chain in it and loads those blocks into
 fresh pool blocks, park / pin write their full blocks through (so they survive a restart), and
 preempt swaps a sequence's full blocks out when that is cheaper than recomputing them
-(engine/kv/kv_tier_policy.py decides). Reads and capacity checks happen before any state changes.
+(engine/kv/kv_tier_policy.py decides). The manager decides which blocks move; the link
+(engine/kv/tier_link.py) moves them and owns the tier's counters. Reads and capacity checks happen
+before any state changes.
 """
 from __future__ import annotations
 
@@ -37,8 +39,9 @@ from engine.observe.kv_snapshot import take_snapshot
 from engine.kv.pinning import DEFAULT_MAX_PIN_FRACTION, PinTable
 from engine.kv.prefix_salt import SharedPrefixSalt
 from engine.text.common_prefix import common_prefix
-from engine.kv.kv_tier import BlockIdentity, KVTier, owner_tag
+from engine.kv.kv_tier import KVTier, owner_tag
 from engine.kv.kv_tier_policy import TierPolicy
+from engine.kv.tier_link import TierLink
 
 log = logging.getLogger("paged_chat.engine")
 
@@ -89,14 +92,8 @@ class KVCacheManager:
         self.peak_used_blocks = 0
         self.preemption_events: deque = deque(maxlen=50)
         self.pins = PinTable(self.pool, block_size, max_fraction=max_pin_fraction)
-        self.tier: KVTier | None = None           # second tier, see attach_tier
-        self.tier_io = None
-        self.tier_policy = TierPolicy()
-        self.tier_loaded_tokens = 0               # prompt tokens served by loads from the tier
-        self.num_swap_preemptions = 0
-        self.tokens_swapped_out = 0
+        self.tier_link: TierLink | None = None    # second tier, see attach_tier
         self.tokens_recomputed_after_preempt = 0  # tokens a preemption dropped (recompute)
-        self.tier_load_events: deque = deque(maxlen=50)   # {seq_id, session_id, tokens_loaded, ...}
         self.spec_rollbacks = 0                   # speculative steps that gave slots back (rollback)
         self.spec_rolled_back_slots = 0           # slots of rejected draft tokens given back
 
@@ -105,45 +102,27 @@ class KVCacheManager:
         """Put `tier` behind the pool. io: read(block_id) -> bytes, write(block_id, bytes)."""
         if not self.enable_prefix_caching:
             raise KVCacheError("a KV tier needs the prefix cache (its keys are the block hashes)")
-        self.tier, self.tier_io = tier, io
-        if policy is not None:
-            self.tier_policy = policy
-        self.pool.on_evict = self._write_back
+        self.tier_link = TierLink(tier, io, self._bs, self.kv_bytes_per_token, policy)
+        self.pool.on_evict = self.tier_link.write_back
 
-    def _ident(self, b: Block) -> BlockIdentity:
-        return BlockIdentity.of(b.block_hash, b.parent_hash, b.token_ids, b.salt)
+    @property
+    def tier(self) -> KVTier | None:
+        return self.tier_link.tier if self.tier_link is not None else None
 
-    def _write_back(self, b: Block) -> None:
-        """Pool eviction hook: keep the block's bytes in the tier (never raises into the pool)."""
-        try:
-            ident = self._ident(b)
-            if not self.tier.has(ident):
-                self.tier.put(ident, self.tier_io.read(b.block_id), owner=b.owner, reason="writeback")
-        except Exception:       # the tier is an optimisation: a failure costs a recompute only
-            log.exception("KV tier write-back failed")
+    @property
+    def tier_load_events(self):
+        """The last admissions that loaded blocks from the tier (for snapshots)."""
+        return self.tier_link.load_events if self.tier_link is not None else ()
 
     def write_through(self, blocks, reason: str = "park") -> int:
-        """Write the hashed (full, computed) ones of `blocks` to the tier; returns how many are
-        in the tier afterwards."""
-        if self.tier is None:
-            return 0
-        n = 0
-        for b in blocks:
-            if b.block_hash is None:
-                continue
-            ident = self._ident(b)
-            try:
-                ok = self.tier.has(ident) or self.tier.put(ident, self.tier_io.read(b.block_id),
-                                                            owner=b.owner, reason=reason)
-            except Exception:
-                log.exception("KV tier write failed")
-                ok = False
-            n += bool(ok)
-        return n
+        """Write the hashed (full, computed) ones of `blocks` to the tier (a pin, a parked
+        chat); returns how many are in the tier afterwards (0 without a tier)."""
+        return self.tier_link.write_through(blocks, reason) if self.tier_link is not None else 0
 
     def new_step(self) -> None:
         """The engine starts a step: a fresh per-step budget of tier loads."""
-        self.tier_policy.new_step()
+        if self.tier_link is not None:
+            self.tier_link.policy.new_step()
 
     def forget_owner(self, owner) -> int:
         """The owner's conversation is deleted: free its parked blocks, drop the free cached blocks
@@ -156,7 +135,7 @@ class KVCacheManager:
                 self.pool.forget_free(b)
             else:                       # still held by a fork of it: no longer its private block
                 b.owner = None
-        return self.tier.delete_owner(owner) if self.tier is not None else 0
+        return self.tier_link.delete_owner(owner) if self.tier_link is not None else 0
 
     # ---- properties ---------------------------------------------------------------------
     block_size = property(lambda self: self._bs)
@@ -198,27 +177,14 @@ class KVCacheManager:
                 break                                   # miss, or a hash collision
             hits.append(b)
             parent = c.hash
-        loads = self._plan_loads(token_ids, salt, len(hits), parent) if self.tier is not None else []
+        link = self.tier_link
+        loads = link.plan_loads(token_ids, salt, len(hits), parent) if link is not None else []
         sess = self._parked.get(session_id) if session_id is not None else None
         if sess is not None and sess.salt == salt:
             common = common_prefix(sess.tokens, token_ids, len(token_ids) - 1)
             if common and common >= (len(hits) + len(loads)) * bs:
                 return common, sess.table[:-(-common // bs)], sess, []
         return len(hits) * bs, hits, None, loads
-
-    def _plan_loads(self, token_ids, salt, start: int, parent) -> list[BlockIdentity]:
-        """The chain continued in the tier from block `start`, within the step's load budget,
-        or [] when the policy finds loading them slower than computing them."""
-        bs, tier, out = self._bs, self.tier, []
-        limit = min((len(token_ids) - 1) // bs, start + self.tier_policy.load_budget())
-        for c in walk_blocks(token_ids, salt, bs, start=start, stop=limit, parent=parent):
-            ident = BlockIdentity.of(c.hash, c.parent, c.tokens, c.salt)
-            if not tier.has(ident):
-                break
-            out.append(ident)
-        if out and not self.tier_policy.should_load(len(out), bs, tier.load_s_per_block):
-            return []
-        return out
 
     def lookup_prefix(self, token_ids, *, cache_salt=None, session_id=None) -> int:
         """Tokens whose KV add_sequence would reuse right now (no state change)."""
@@ -344,11 +310,7 @@ class KVCacheManager:
                 self._make_room(self._needed(seq, worst), reserved=prefix)
             if not room:
                 return None
-            for ident in loads:
-                d = self.tier.get(ident)
-                if d is None:
-                    break                                   # torn or corrupt: dropped, computed instead
-                datas.append(d)
+            datas = self.tier_link.read(loads)              # torn or corrupt: dropped, computed instead
         loaded = len(datas) * self._bs
         n = max(0, min(num_new_tokens, len(token_ids) - cached - loaded))
         self._check_len(seq_id, cached + loaded + n)
@@ -373,15 +335,9 @@ class KVCacheManager:
         self.prefix_cache_hits += cached + loaded
         self._grow(seq, loaded + n)
         if datas:               # the fresh blocks get the tier's bytes before any forward reads them
-            first = len(prefix)
-            for j, d in enumerate(datas):
-                self.tier_io.write(seq.table[first + j].block_id, d)
-            self.tier.note_loaded(len(datas))
-            self.tier_policy.loaded_this_step += len(datas)
-            self.tier_loaded_tokens += loaded
-            self.tier_load_events.append({"seq_id": seq_id, "session_id": session_id, "tokens_loaded": loaded,
-                                          "tokens_cached": cached, "tokens_computed": len(token_ids) - cached - loaded,
-                                          "kind": self.tier.kind, "time": time.time()})
+            self.tier_link.install(seq.table[len(prefix):len(prefix) + len(datas)], datas,
+                                   {"seq_id": seq_id, "session_id": session_id, "tokens_loaded": loaded,
+                                    "tokens_cached": cached, "tokens_computed": len(token_ids) - cached - loaded})
         self.peak_used_blocks = max(self.peak_used_blocks, self.pool.num_used)  # if n == 0
         return cached + loaded
 
@@ -470,20 +426,11 @@ class KVCacheManager:
         (they come back through the ordinary lookup on re-admission; blocks shared with forks are
         one tier entry, so they stay shared). The partial last block is always recomputed."""
         seq = self._get(seq_id)
-        swapped, mode = 0, "recompute"
-        if self.tier is not None:
-            full = [b for b in seq.table if b.block_hash is not None]
-            new = sum(1 for b in full if not self.tier.has(self._ident(b)))
-            if full and self.tier.has_room(new * self.kv_bytes_per_token * self._bs) and \
-                    self.tier_policy.should_swap(new, len(full), self._bs, self.tier.write_s_per_block,
-                                                 self.tier.load_s_per_block):
-                swapped = self.write_through(full, reason="swap") * self._bs
-                mode = "swap" if swapped else mode
+        swapped = self.tier_link.swap_out(seq.table) if self.tier_link is not None else 0
+        mode = "swap" if swapped else "recompute"
         self.free(seq_id)
         lost = max(0, seq.num_computed - swapped)
         self.num_preemptions += 1
-        self.num_swap_preemptions += mode == "swap"
-        self.tokens_swapped_out += swapped
         self.tokens_recomputed_after_preempt += lost
         log.info("preempted %s by %s: %d tokens swapped out, %d to recompute", seq_id, mode, swapped, lost)
         self.preemption_events.append(
@@ -501,8 +448,8 @@ class KVCacheManager:
         self._hash_full(seq)        # full blocks a last speculative step completed
         del self._seqs[seq_id]
         self.release_parked(owner)
-        if self.tier is not None and self.tier_policy.write_through_parked:
-            self.write_through(seq.table, reason="park")    # survives eviction and restarts
+        if self.tier_link is not None and self.tier_link.policy.write_through_parked:
+            self.tier_link.write_through(seq.table, reason="park")    # survives eviction and restarts
         self._parked[owner] = _Parked(owner, list(seq.tokens[:seq.num_computed]),
                                       seq.table, seq.salt, seq.hashes, seq.ids_cache)
 
@@ -568,19 +515,13 @@ class KVCacheManager:
             chat_used_blocks=chat_used, **self._tier_stats())
 
     def _tier_stats(self) -> dict:
-        out = dict(swap_preemptions=self.num_swap_preemptions, tokens_swapped_out=self.tokens_swapped_out,
+        link = self.tier_link
+        out = dict(swap_preemptions=link.swap_preemptions if link else 0,
+                   tokens_swapped_out=link.tokens_swapped_out if link else 0,
                    tokens_recomputed_after_preempt=self.tokens_recomputed_after_preempt,
-                   tier_loaded_tokens=self.tier_loaded_tokens, spec_rollbacks=self.spec_rollbacks,
+                   tier_loaded_tokens=link.loaded_tokens if link else 0, spec_rollbacks=self.spec_rollbacks,
                    spec_rolled_back_slots=self.spec_rolled_back_slots)
-        if self.tier is None:
-            return out
-        t = self.tier.stats()
-        return dict(out, tier_kind=t.kind, tier_blocks=t.blocks, tier_bytes=t.bytes,
-                    tier_capacity_bytes=t.capacity_bytes, tier_hits_blocks=t.hits_blocks,
-                    tier_writes_blocks=t.writes_blocks, tier_writebacks_blocks=t.writebacks_blocks,
-                    tier_swapouts_blocks=t.swapouts_blocks, tier_dropped_corrupt=t.dropped_corrupt,
-                    tier_evicted_blocks=t.evicted_blocks, tier_deleted_blocks=t.deleted_blocks,
-                    tier_restored_blocks=t.restored_blocks)
+        return dict(out, **link.stats()) if link is not None else out
 
     def kv_snapshot(self, request_of=lambda seq_id: None) -> KVSnapshot:
         """Per-block arrays and per-table views (engine/observe/kv_contract.py), taken between two steps;

@@ -1,0 +1,131 @@
+"""The KV cache manager's side of the second tier: one owner for the connection and its counters.
+
+Why a separate object: the manager decides *which* blocks move (admission, eviction, preemption,
+parking); this link does the moving and remembers what moved. It holds the tier (engine/kv/kv_tier.py:
+the store and its index), the pool-slab I/O that reads and writes a block's bytes as the pool holds
+them (scales included for a quantized pool), the policy that prices a load or a swap against a
+recompute (engine/kv/kv_tier_policy.py), and the counters the dashboard and metrics show. The
+manager keeps no tier state of its own: without a tier it has no link, and every counter reads 0.
+
+Failures here are never the manager's: a write that fails costs a later recompute, a read that
+fails (torn, corrupt) is dropped and the tokens are computed instead. Reads and capacity checks come
+before the manager changes any state (plan before mutate).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+from engine.kv.block_hash import walk_blocks
+from engine.kv.block_pool import Block
+from engine.kv.kv_tier import BlockIdentity, KVTier
+from engine.kv.kv_tier_policy import TierPolicy
+
+log = logging.getLogger("paged_chat.engine")
+
+
+def identity_of(b: Block) -> BlockIdentity:
+    return BlockIdentity.of(b.block_hash, b.parent_hash, b.token_ids, b.salt)
+
+
+class TierLink:
+    def __init__(self, tier: KVTier, io, block_size: int, kv_bytes_per_token: int,
+                 policy: TierPolicy | None = None):
+        """io: read(block_id) -> bytes, write(block_id, bytes) on the pool's slab."""
+        self.tier, self.io, self.policy = tier, io, policy or TierPolicy()
+        self._bs, self._bytes_per_token = block_size, kv_bytes_per_token
+        self.loaded_tokens = 0                  # prompt tokens served by loads (also prefix-cache hits)
+        self.swap_preemptions = 0
+        self.tokens_swapped_out = 0
+        self.load_events: deque = deque(maxlen=50)   # {seq_id, session_id, tokens_loaded, ...}
+
+    # ---- writing blocks out -------------------------------------------------------------
+    def write_back(self, b: Block) -> None:
+        """Pool eviction hook: keep the block's bytes in the tier (never raises into the pool)."""
+        try:
+            ident = identity_of(b)
+            if not self.tier.has(ident):
+                self.tier.put(ident, self.io.read(b.block_id), owner=b.owner, reason="writeback")
+        except Exception:       # the tier is an optimisation: a failure costs a recompute only
+            log.exception("KV tier write-back failed")
+
+    def write_through(self, blocks, reason: str) -> int:
+        """Write the hashed (full, computed) ones of `blocks`; returns how many are in the tier
+        afterwards."""
+        n = 0
+        for b in blocks:
+            if b.block_hash is None:
+                continue
+            ident = identity_of(b)
+            try:
+                ok = self.tier.has(ident) or self.tier.put(ident, self.io.read(b.block_id), owner=b.owner,
+                                                            reason=reason)
+            except Exception:
+                log.exception("KV tier write failed")
+                ok = False
+            n += bool(ok)
+        return n
+
+    def swap_out(self, table: list[Block]) -> int:
+        """A preempted sequence's full blocks, when the policy finds writing (the ones not yet in
+        the tier) and loading them back cheaper than recomputing them. Returns the tokens whose KV
+        is now in the tier (0: recompute)."""
+        full = [b for b in table if b.block_hash is not None]
+        new = sum(1 for b in full if not self.tier.has(identity_of(b)))
+        if not full or not self.tier.has_room(new * self._bytes_per_token * self._bs) or \
+                not self.policy.should_swap(new, len(full), self._bs, self.tier.write_s_per_block,
+                                            self.tier.load_s_per_block):
+            return 0
+        swapped = self.write_through(full, reason="swap") * self._bs
+        self.swap_preemptions += bool(swapped)
+        self.tokens_swapped_out += swapped
+        return swapped
+
+    def delete_owner(self, owner) -> int:
+        return self.tier.delete_owner(owner)
+
+    # ---- loading blocks back ------------------------------------------------------------
+    def plan_loads(self, token_ids, salt, start: int, parent) -> list[BlockIdentity]:
+        """The hash chain continued in the tier from block `start`, within the step's load budget,
+        or [] when the policy finds loading those blocks slower than computing them. Pure."""
+        bs, out = self._bs, []
+        limit = min((len(token_ids) - 1) // bs, start + self.policy.load_budget())
+        for c in walk_blocks(token_ids, salt, bs, start=start, stop=limit, parent=parent):
+            ident = BlockIdentity.of(c.hash, c.parent, c.tokens, c.salt)
+            if not self.tier.has(ident):
+                break
+            out.append(ident)
+        if out and not self.policy.should_load(len(out), bs, self.tier.load_s_per_block):
+            return []
+        return out
+
+    def read(self, loads: list[BlockIdentity]) -> list[bytes]:
+        """The planned blocks' bytes, up to the first that is gone or fails its check."""
+        datas = []
+        for ident in loads:
+            d = self.tier.get(ident)
+            if d is None:
+                break
+            datas.append(d)
+        return datas
+
+    def install(self, blocks: list[Block], datas: list[bytes], event: dict) -> None:
+        """Write loaded bytes into the fresh pool blocks (before any forward reads them) and
+        count them; `event` describes the admission for the dashboard."""
+        for b, d in zip(blocks, datas):
+            self.io.write(b.block_id, d)
+        self.tier.note_loaded(len(datas))
+        self.policy.loaded_this_step += len(datas)
+        self.loaded_tokens += len(datas) * self._bs
+        self.load_events.append(dict(event, kind=self.tier.kind, time=time.time()))
+
+    # ---- observability ------------------------------------------------------------------
+    def stats(self) -> dict:
+        t = self.tier.stats()
+        return dict(tier_kind=t.kind, tier_blocks=t.blocks, tier_bytes=t.bytes,
+                    tier_capacity_bytes=t.capacity_bytes, tier_hits_blocks=t.hits_blocks,
+                    tier_writes_blocks=t.writes_blocks, tier_writebacks_blocks=t.writebacks_blocks,
+                    tier_swapouts_blocks=t.swapouts_blocks, tier_dropped_corrupt=t.dropped_corrupt,
+                    tier_evicted_blocks=t.evicted_blocks, tier_deleted_blocks=t.deleted_blocks,
+                    tier_restored_blocks=t.restored_blocks)
