@@ -69,14 +69,12 @@ def _random_logits(rng, B, V):
     return l
 
 
-def test_fast_sampler_matches_reference_over_thousands_of_rows(monkeypatch):
-    exact_rows = []
-    real_exact = sampler._sample_rows_exact
-    monkeypatch.setattr(sampler, "_sample_rows_exact",
-                        lambda l, *a: (exact_rows.append(l.shape[0]), real_exact(l, *a))[1])
+def _mismatches_over_random_batches(batches: int, B: int = 64, V: int = 1500) -> list:
+    """The sampler against the reference on `batches` random batches (fixed seeds): the rows
+    where they pick different tokens."""
     rng = torch.Generator().manual_seed(1234)
-    B, V, rows, mismatches = 64, 1500, 0, []
-    for batch in range(50):
+    mismatches = []
+    for batch in range(batches):
         logits = _random_logits(rng, B, V)
         params = [_random_params(rng) for _ in range(B)]
         plens = [int(torch.randint(0, 20, (1,), generator=rng)) for _ in range(B)]
@@ -86,36 +84,34 @@ def test_fast_sampler_matches_reference_over_thousands_of_rows(monkeypatch):
         got = sample(logits.clone(), params, [make_generator(s) for s in seeds], histories, plens)
         want = _reference(logits, params, seeds, histories, plens)
         mismatches += [(batch, i, params[i]) for i in range(B) if got[i] != want[i]]
-        rows += B
-    assert rows == 3200 and not mismatches, mismatches[:5]
-    sampled_rows = rows * 4 // 5
-    assert 0 < sum(exact_rows) < sampled_rows // 2      # both paths were exercised
+    return mismatches
+
+
+def _count_exact_rows(monkeypatch) -> list:
+    """Row counts of every call of the full-sort path, as they happen."""
+    calls = []
+    real_exact = sampler._sample_rows_exact
+    monkeypatch.setattr(sampler, "_sample_rows_exact", lambda l, *a: (calls.append(l.shape[0]), real_exact(l, *a))[1])
+    return calls
+
+
+def test_fast_sampler_matches_reference_over_thousands_of_rows(monkeypatch):
+    exact_rows = _count_exact_rows(monkeypatch)
+    mismatches = _mismatches_over_random_batches(50)          # 3,200 rows, ~4/5 of them sampled
+    assert not mismatches, mismatches[:5]
+    assert 0 < sum(exact_rows) < 3200 * 4 // 5 // 2           # both paths were exercised
 
 
 def test_the_gpu_policy_full_sort_in_row_chunks_matches_reference(monkeypatch):
     """What a GPU runs (uses_full_sort): every sampled row through the full sort, in chunks of
     rows; forced here on the CPU. Same reference, same rows as above, chunks of 7 rows."""
-    chunks = []
-    real_exact = sampler._sample_rows_exact
     monkeypatch.setattr(sampler, "uses_full_sort", lambda device: True)
-    monkeypatch.setattr(sampler, "_sample_rows_exact",
-                        lambda l, *a: (chunks.append(l.shape[0]), real_exact(l, *a))[1])
-    rng = torch.Generator().manual_seed(1234)
-    B, V, mismatches = 64, 1500, []
-    monkeypatch.setattr(sampler, "FULL_SORT_ELEMENTS", 7 * V)
-    for batch in range(20):
-        logits = _random_logits(rng, B, V)
-        params = [_random_params(rng) for _ in range(B)]
-        plens = [int(torch.randint(0, 20, (1,), generator=rng)) for _ in range(B)]
-        histories = [torch.randint(0, V, (n + int(torch.randint(0, 30, (1,), generator=rng)),),
-                                   generator=rng).tolist() for n in plens]
-        seeds = [batch * 1000 + i for i in range(B)]
-        got = sample(logits.clone(), params, [make_generator(s) for s in seeds], histories, plens)
-        want = _reference(logits, params, seeds, histories, plens)
-        mismatches += [(batch, i, params[i]) for i in range(B) if got[i] != want[i]]
+    monkeypatch.setattr(sampler, "FULL_SORT_ELEMENTS", 7 * 1500)
+    chunks = _count_exact_rows(monkeypatch)
+    mismatches = _mismatches_over_random_batches(20)
     assert not mismatches, mismatches[:5]
     sampled = sum(chunks)
-    assert max(chunks) == 7 and len(chunks) >= sampled // 7 and sampled > 20 * B // 2
+    assert max(chunks) == 7 and len(chunks) >= sampled // 7 and sampled > 20 * 64 // 2
 
 
 def test_the_gpu_policy_needs_few_ops_on_a_flat_row(monkeypatch):
