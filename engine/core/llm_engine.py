@@ -22,10 +22,10 @@ from engine.exec.loader import LoadedModel
 from engine.exec.model_runner import ModelRunner
 from engine.outputs import STATE_FINISHED, STATE_PREEMPTED, STATE_RESUMED, STATE_RUNNING
 from engine.sampling import prompt_logprobs
-from engine.sampling.structured.bitmask import fill_masks
 from engine.sampling.structured.compiler import GrammarCompiler
 from engine.sampling.structured.state import GrammarState
-from engine.sampling.sampler import make_generator, sample_batch
+from engine.sampling.sampler import make_generator
+from engine.core.sample_isolated import sample_isolated
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Request, RequestOutputDelta, Sequence, SeqStatus
 from engine.core.sessions import SessionTable
@@ -237,7 +237,7 @@ class LLMEngine:
             seqs, logits = self._route_driven_rows(seqs, logits)
         seqs, logits = self._fork_after_prefill(seqs, logits)
         if self.spec is None:
-            sampled = self._sample_isolated(seqs, logits)
+            sampled = sample_isolated(seqs, logits, self.vocab_size)
             now = time.time()
             for seq, res in zip(seqs, sampled):
                 if isinstance(res, Exception):
@@ -266,7 +266,7 @@ class LLMEngine:
             else:
                 hist.append(seq.token_ids)
             i += k + 1
-        sampled = self._sample_isolated(seqs, logits, hist)
+        sampled = sample_isolated(seqs, logits, self.vocab_size, hist)
         now = time.time()
         for seq, i, k in groups:
             res = sampled[i:i + k + 1]
@@ -302,45 +302,6 @@ class LLMEngine:
                 if seq.seq_id in self._paused:
                     self._paused.discard(seq.seq_id)
                     self._emit(seq, "", [], state=STATE_RESUMED)
-
-    def _sample_isolated(self, seqs: list[Sequence], logits: torch.Tensor, histories=None) -> list:
-        """Sample the batch in one call; if that raises, retry row by row so only the rows that
-        fail get an exception (returned in place of their result) and every other row its
-        (token, logprob-or-None).
-
-        Random state is restored before the retry, so a seeded row draws exactly what it would
-        have drawn had no other row failed. histories: per row, when not the rows' token lists
-        (a speculative sequence has one row per scored position, all with its generator)."""
-        params = [s.request.params for s in seqs]
-        gens = [s.generator for s in seqs]
-        hist = histories if histories is not None else [s.token_ids for s in seqs]
-        states = [g.get_state() if not p.greedy and (i == 0 or gens[i - 1] is not g) else None
-                  for i, (p, g) in enumerate(zip(params, gens))]
-        masked = [i for i, s in enumerate(seqs) if s.grammar is not None and s.grammar.active]
-        mask = None
-        try:
-            # the grammar rows' bitmasks, filled on the CPU (~0.02 ms a row), applied on the device
-            mask = fill_masks([seqs[i].grammar for i in masked], self.vocab_size) if masked else None
-            extra = ((masked, mask),) if masked else ()    # unconstrained batches: the plain call
-            res = sample_batch(logits, params, gens, hist, [s.prompt_len for s in seqs], *extra)
-            return list(zip(res.token_ids, res.logprobs))
-        except Exception:
-            pass
-        out: list = []
-        for i, seq in enumerate(seqs):
-            if states[i] is not None:
-                gens[i].set_state(states[i])
-            try:
-                row_mask = None
-                if i in masked:
-                    row_mask = ([0], mask[masked.index(i)][None] if mask is not None
-                                else fill_masks([seq.grammar], self.vocab_size))
-                res = sample_batch(logits[i:i + 1], [params[i]], [gens[i]], [hist[i]], [seq.prompt_len],
-                                   *((row_mask,) if row_mask else ()))
-                out.append((res.token_ids[0], res.logprobs[0]))
-            except Exception as e:      # noqa: BLE001 - any sampling failure is this row's alone
-                out.append(e)
-        return out
 
     def _fail_sampling(self, seq: Sequence, err: Exception) -> None:
         """End the request whose sampling raised; its blocks are freed, not parked for reuse."""

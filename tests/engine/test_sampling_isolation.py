@@ -6,14 +6,14 @@ the failing one must end with an error, and no block may leak.
 """
 import pytest
 
-import engine.core.llm_engine as llm_engine_module
+import engine.core.sample_isolated as sampling_module     # where the step loop calls the sampler
 from engine import SamplingParams
 
 PROMPTS = ["The capital of France is", "One, two, three, four,", "def add(a, b):", "Water boils at"]
 
 
 def _poison_one_row(monkeypatch, poisoned: SamplingParams, after_tokens: int):
-    real_sample = llm_engine_module.sample_batch
+    real_sample = sampling_module.sample_batch
     calls = {"batched_failures": 0}
 
     def sample_batch(logits, params, generators, histories, prompt_lens=None):
@@ -24,7 +24,7 @@ def _poison_one_row(monkeypatch, poisoned: SamplingParams, after_tokens: int):
                 raise RuntimeError("injected sampling fault")
         return real_sample(logits, params, generators, histories, prompt_lens)
 
-    monkeypatch.setattr(llm_engine_module, "sample_batch", sample_batch)
+    monkeypatch.setattr(sampling_module, "sample_batch", sample_batch)
     return calls
 
 
