@@ -16,7 +16,7 @@ for kvd in DTYPES.split(","):
     llm = LLM(model=MODEL, load_format="dummy", device=DEVICE, dtype="bfloat16", num_blocks=512,
               max_model_len=512, max_num_seqs=8, kv_cache_dtype=kvd)
     outs = llm.generate(prompts, SamplingParams(max_tokens=48, temperature=0, ignore_eos=True))
-    toks = [o.outputs[0].token_ids if hasattr(o, "outputs") else o["token_ids"] for o in outs]
+    toks = [o.outputs[0].token_ids for o in outs]
     if ref is None:
         ref = toks
     same = [sum(a == b for a, b in zip(x, y)) / len(y) for x, y in zip(toks, ref)]

@@ -38,8 +38,9 @@ FULL_SORT_ELEMENTS = 1 << 23    # rows x vocabulary sorted at once on a GPU (~0.
 def uses_full_sort(device: torch.device) -> bool:
     """Off the CPU every op is a kernel launch costing ~10-20 us of host time, and a full-row sort
     is cheap: a batch's sampling is ~125 (peaked rows) to ~300 (flat rows: retries, then the
-    fallback) top-level ops on the candidate path, ~70 with the full sort. The first H200 run measured top-p sampling at 169 tok/s against 736
-    greedy at batch 1 (docs/BENCHMARKS.md). On the CPU it is the other way round (see above)."""
+    fallback) top-level ops on the candidate path, ~70 with the full sort. The first H200 run
+    measured top-p sampling at 169 tok/s against 736 greedy at batch 1 (docs/BENCHMARKS.md). On
+    the CPU it is the other way round (see above)."""
     return device.type != "cpu"
 
 
