@@ -54,7 +54,7 @@ def _stub_forward(model, vocab):
 
 
 def measure(steps: int, vocab_model: str = "smollm2-135m") -> dict:
-    import engine.core.llm_engine as le
+    import engine.core.sample_isolated as isolated      # where the step loop calls the sampler
     import engine.exec.model_runner as mr
     from engine import LLM, SamplingParams
     from engine.text.detokenizer import IncrementalDetokenizer
@@ -80,9 +80,9 @@ def measure(steps: int, vocab_model: str = "smollm2-135m") -> dict:
         originals = [(eng.scheduler, "schedule", _wrap(eng.scheduler, "schedule", calls, "scheduler")),
                      (eng.runner.model, "forward", _wrap(eng.runner.model, "forward", calls, "forward stub")),
                      (eng, "_emit", _wrap(eng, "_emit", calls, "stream"))]
-        orig_pack, orig_sample, orig_add = mr.pack_step, le.sample_batch, IncrementalDetokenizer.add
+        orig_pack, orig_sample, orig_add = mr.pack_step, isolated.sample_batch, IncrementalDetokenizer.add
         _wrap(mr, "pack_step", calls, "step inputs")
-        _wrap(le, "sample_batch", calls, "sampler")
+        _wrap(isolated, "sample_batch", calls, "sampler")
         _wrap(IncrementalDetokenizer, "add", calls, "detokenizer")
         try:
             eng.add_request(Request("host-1", list(range(3, 19)), params))
@@ -96,7 +96,7 @@ def measure(steps: int, vocab_model: str = "smollm2-135m") -> dict:
                 calls["step total"].append(time.perf_counter() - t0)
             eng.abort_request("host-1")
         finally:
-            mr.pack_step, le.sample_batch, IncrementalDetokenizer.add = orig_pack, orig_sample, orig_add
+            mr.pack_step, isolated.sample_batch, IncrementalDetokenizer.add = orig_pack, orig_sample, orig_add
             for obj, attr, orig in originals:
                 setattr(obj, attr, orig)                 # the unwrapped callable (the stub for forward)
         direct = {k: statistics.median(v) for k, v in calls.items()}

@@ -56,7 +56,7 @@ def profile_batch(eng, tok, batch: int, steps: int, seed: int, prompt_len: int =
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    import engine.core.llm_engine as le
+    import engine.core.sample_isolated as isolated      # where the step loop calls the sampler
     from bench.workloads import decode_prompts
     from engine.sampling.sampling_params import SamplingParams
     from engine.core.sequence import Request
@@ -72,8 +72,8 @@ def profile_batch(eng, tok, batch: int, steps: int, seed: int, prompt_len: int =
     b_run, b_fwd, b_sample, b_step = [], [], [], []
     timed(eng.runner, "run_on_device", b_run)   # what LLMEngine.step calls
     timed(eng.runner.model, "forward", b_fwd)
-    orig_sample = le.sample_batch
-    le.sample_batch = lambda *a, **kw: _timed_call(orig_sample, b_sample, *a, **kw)
+    orig_sample = isolated.sample_batch
+    isolated.sample_batch = lambda *a, **kw: _timed_call(orig_sample, b_sample, *a, **kw)
     try:
         for _ in range(steps):                       # timed without the profiler
             t0 = time.perf_counter()
@@ -83,7 +83,7 @@ def profile_batch(eng, tok, batch: int, steps: int, seed: int, prompt_len: int =
             for _ in range(steps):
                 eng.step()
     finally:
-        le.sample_batch = orig_sample
+        isolated.sample_batch = orig_sample
         del eng.runner.run_on_device, eng.runner.model.forward   # drop the instance wrappers
     for rid in list(eng.requests):
         eng.abort_request(rid)
