@@ -239,10 +239,12 @@ ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
 @pytest.mark.parametrize("parallel", [True, False])
-def test_required_and_named_tool_calls_validate(client, model_id, choice, parallel):
-    for seed in range(3):
-        r = client.chat.completions.create(model=model_id, messages=ASK, tools=[WEATHER, TIME], tool_choice=choice,
-                                           parallel_tool_calls=parallel, max_tokens=120, temperature=0.8, seed=seed)
+def test_required_and_named_tool_calls_validate(aclient, model_id, choice, parallel):
+    async def three_seeds():          # at once, as three clients would: the engine batches them
+        return await asyncio.gather(*(aclient.chat.completions.create(
+            model=model_id, messages=ASK, tools=[WEATHER, TIME], tool_choice=choice, parallel_tool_calls=parallel,
+            max_tokens=120, temperature=0.8, seed=seed) for seed in range(3)))
+    for r in asyncio.run(three_seeds()):
         c = r.choices[0]
         assert c.finish_reason == "tool_calls", c
         assert c.message.tool_calls and (parallel or len(c.message.tool_calls) == 1)
