@@ -132,17 +132,22 @@ def main(argv=None) -> int:
     if args.backend:
         return main_remote(args, auth)
 
-    from engine import ServingLLM
     from engine.config import from_args
+    from engine.exec.loader import ModelLoadError
+    from engine.front.model_host import ModelHost, model_catalog
     from storage import Storage
 
     try:
         config = from_args(args)            # the engine's options, validated once
+        catalog = model_catalog(args.model)     # --model PATH ... (or a folder of .gguf files)
     except ValueError as e:
         raise SystemExit(f"error: {e}")
     started = time.time()
     print("Loading the model…", file=sys.stderr)
-    llm = ServingLLM(config, progress=terminal_progress)
+    try:
+        llm = ModelHost(catalog, config, progress=terminal_progress)
+    except ModelLoadError as e:
+        raise SystemExit(f"error: {e}")
     storage = None
     try:
         storage = Storage(args.db)

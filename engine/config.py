@@ -112,7 +112,10 @@ def opt(default, help: str, *, flag: bool = True, cli_default=MISSING, group: st
 class EngineConfig:
     """Every engine option, validated once. Adding one is one field here: `LLM(field=...)` takes it
     and app.py's flags are made from these fields (`add_arguments` / `from_args`)."""
-    model: str | None = opt(None, "HF folder or .gguf file (default: SmolLM2-135M-Instruct)")
+    model: str | None = opt(
+        None, "HF folder or .gguf file (default: SmolLM2-135M-Instruct). The app takes several, or a folder "
+        "of .gguf files: the first is served, the chat page's model picker switches to the others",
+        nargs="+", metavar="PATH", parse=lambda v: v[0] if isinstance(v, list) else v)
     block_size: int = opt(16, "tokens per KV block", type=int)
     num_blocks: int | None = opt(None, "KV pool size in blocks", type=int, group="pool")
     kv_cache_gib: float | None = opt(None, "KV pool size in GiB", type=float, group="pool")
