@@ -92,6 +92,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"       # the pool's format (kernels/kv_quant.py); "auto" = the weights' dtype
     kv_cache_rotation: str = "auto"    # int8/fp8 pools: "auto"/"hadamard" rotate q, k, v per head (kv_quant.hadamard); "none"
     scheduling_policy: str = "fair"    # "fair": per-tenant VTC + priorities; "fcfs" (engine/core/fairness.py)
+    starvation_wait_s: float = 5.0     # fair: the longest a runnable lower-priority request waits (issue 48.1)
     kv_offload_gib: float | str | None = None   # second KV tier (engine/kv/kv_tier_setup.py): None/0 off, "auto"
     kv_offload_dir: str | None = None  # its folder on CPU (default <cache>/kv-tier)
     speculative: str | None = None     # "ngram" / "suffix": drafts from the conversation (engine/core/speculation.py)
@@ -117,6 +118,8 @@ class EngineConfig:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         if self.scheduling_policy not in ("fair", "fcfs"):
             raise ValueError(f"scheduling_policy must be 'fair' or 'fcfs', got {self.scheduling_policy!r}")
+        if not 0 < self.starvation_wait_s <= 3600:
+            raise ValueError(f"starvation_wait_s must be in (0, 3600] seconds, got {self.starvation_wait_s}")
         if self.lean_step not in ("auto", "on", "off"):
             raise ValueError(f"lean_step must be 'auto', 'on' or 'off', got {self.lean_step!r}")
         if self.speculative not in (None, "ngram", "suffix"):

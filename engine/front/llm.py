@@ -42,7 +42,7 @@ class LLM:
                  max_pin_fraction: float | None = None, quantization: str | None = None,
                  kv_cache_dtype: str = "auto", kv_cache_rotation: str = "auto",
                  scheduling_policy: str = "fair", tenant_weights: dict[str, float] | None = None,
-                 queue_bounds: QueueBounds | None = None,
+                 queue_bounds: QueueBounds | None = None, starvation_wait_s: float = 5.0,
                  kv_offload_gib: float | str | None = None, kv_offload_dir: str | None = None,
                  speculative: str | None = None, num_speculative_tokens: int = 5,
                  speculative_adaptive: bool = True, lean_step: str = "auto"):
@@ -53,7 +53,7 @@ class LLM:
                            enable_prefix_caching=enable_prefix_caching, load_format=load_format,
                            enforce_eager=enforce_eager, quantization=quantization,
                            kv_cache_dtype=kv_cache_dtype, kv_cache_rotation=kv_cache_rotation,
-                           scheduling_policy=scheduling_policy,
+                           scheduling_policy=scheduling_policy, starvation_wait_s=starvation_wait_s,
                            kv_offload_gib=kv_offload_gib, kv_offload_dir=kv_offload_dir,
                            speculative=speculative, num_speculative_tokens=num_speculative_tokens,
                            speculative_adaptive=speculative_adaptive, lean_step=lean_step)
