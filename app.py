@@ -88,10 +88,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="with --auth: a user who may start the Memory tab's demo users (repeatable)")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="extra Host name to answer to (DNS-rebinding guard; loopback names always work)")
-    p.add_argument("--api-key", action="append", default=None, metavar="[NAME:]KEY",
+    p.add_argument("--api-key", action="append", default=None, metavar="[NAME:]KEY[:PRIORITY]",
                    help="require this key (Authorization: Bearer KEY) on the OpenAI API at /v1; repeatable; "
-                        "NAME (letters, digits, _.@-) is the caller's tenant for fair scheduling. "
-                        "Also read from PAGED_CHAT_API_KEYS (comma separated)")
+                        "NAME (letters, digits, _.@-) is the caller's tenant for fair scheduling "
+                        "and its own prefix cache; PRIORITY (-1000..1000, after a NAME) its class "
+                        "instead of --api-priority. Also read from PAGED_CHAT_API_KEYS (comma "
+                        "separated)")
+    p.add_argument("--metrics-token", default=None, metavar="TOKEN",
+                   help="with --auth: /metrics shows per-tenant lines to requests with "
+                        "'Authorization: Bearer TOKEN' (and to --admin users); others get the "
+                        "aggregates only. Also $PAGED_CHAT_METRICS_TOKEN")
     fair = p.add_argument_group("fair scheduling (engine/core/fairness.py, docs/DESIGN.md)")
     fair.add_argument("--scheduling-policy", choices=["fair", "fcfs"], default="fair",
                       help="fair (default): per-user virtual token counters + priorities; fcfs: arrival order")
@@ -99,7 +105,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help="a tenant's share weight (default 1); tenants: user:NAME under --auth, the "
                            "--api-key name, api (keyless /v1), local, demo-user-K. Repeatable")
     fair.add_argument("--api-priority", type=int, default=1,
-                      help="priority of /v1 calls that send none (lower first; chat turns are 0). Default 1")
+                      help="the class of /v1 calls (lower first; chat turns are 0); a call's own "
+                           "'priority' may lower it, never raise it. Default 1")
+    fair.add_argument("--starvation-wait", type=float, default=5.0, metavar="SECONDS",
+                      help="the longest a lower-priority request that could run waits while higher "
+                           "ones are served; then one of theirs is paused for it. Default 5")
     fair.add_argument("--max-queued-requests", type=int, default=None,
                       help="requests that may wait, over all tenants; more get 429 / a busy sentence")
     fair.add_argument("--max-queued-tokens", type=int, default=None, help="prompt tokens that may wait, overall")
@@ -187,8 +197,12 @@ def main(argv=None) -> int:
         print("WARNING: --share without --auth: anyone with the public link can read and write every "
               "conversation.", file=sys.stderr)
 
-    from routes.openai_keys import keys_from_env
+    from routes.openai_keys import ApiAccess, keys_from_env
     api_keys = (args.api_key or []) + keys_from_env()
+    try:
+        ApiAccess(api_keys)                     # a bad PRIORITY stops here, not at the first call
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
     if not is_local(args.host) and not auth and not api_keys:
         print(f"WARNING: binding to {args.host} without --api-key: anyone who can reach this machine "
               f"can use the OpenAI API at /v1.", file=sys.stderr)
@@ -215,7 +229,8 @@ def main(argv=None) -> int:
               dtype=args.dtype, quantization=args.quantization, lean_step=args.lean_step,
               kv_cache_dtype=args.kv_cache_dtype, kv_cache_rotation=args.kv_cache_rotation, progress=terminal_progress,
               scheduling_policy=args.scheduling_policy, tenant_weights=weights,
-              queue_bounds=bounds, kv_offload_gib=args.kv_offload_gib, kv_offload_dir=args.kv_offload_dir,
+              queue_bounds=bounds, starvation_wait_s=args.starvation_wait,
+              kv_offload_gib=args.kv_offload_gib, kv_offload_dir=args.kv_offload_dir,
               speculative=None if args.speculative == "off" else args.speculative,
               num_speculative_tokens=args.num_speculative_tokens)
     storage = None
