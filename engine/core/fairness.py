@@ -22,9 +22,9 @@ sequence may take a slot or blocks from a running one, and what the step cost ea
   rules: while requests of a lower class wait, at least one admission in every `starvation_every`
   goes to the lower class that has waited longest; and no lower-class request that could run
   waits longer than `starvation_wait_s` seconds (issue 48.1): once it has waited that long while
-  a higher class waits or runs, it is admitted next, and if no slot or block is free the newest
-  running sequence of a higher class is preempted for it (at most one per overdue request, so
-  there is no thrash). The first rule alone counts admissions, so long replies of the higher
+  a higher class waits or runs and its tenant has nothing running, it is admitted next, and if
+  no slot or block is free the newest running sequence of a higher class is preempted for it (at
+  most one per starved tenant at a time: once it runs, its tenant is served, so no thrash). The first rule alone counts admissions, so long replies of the higher
   class stretched a lower class's wait to minutes; the second bounds the time.
 With one tenant and one class it reduces to first-come first-served, except for the same-step
 cached-prefix tie-break.
@@ -168,21 +168,25 @@ class FairPolicy:
 
     def _overdue(self, heads) -> Sequence | None:
         """The longest-waiting head that has waited `starvation_wait_s` while a higher class waits
-        or runs (the time bound of the no-starvation rule), or None."""
+        or runs and its tenant has nothing running (the time bound of the no-starvation rule: a
+        tenant that is being served is not starved; its other requests wait their turn), or None."""
         top = min(priority_of(s) for s in heads)
         if self._top_running is not None:
             top = min(top, self._top_running)
         now, best, since = self.clock(), None, math.inf
         for s in heads:
             t = self._waiting_since.setdefault(s.seq_id, now)
-            if priority_of(s) > top and now - t >= self.starvation_wait_s and t < since:
+            if priority_of(s) > top and now - t >= self.starvation_wait_s and t < since \
+                    and not self._tenant(tenant_of(s)).running:
                 best, since = s, t
         return best
 
     def is_overdue(self, seq: Sequence) -> bool:
-        """seq has waited past the time bound (it may preempt a higher class, fair_victim)."""
+        """seq has waited past the time bound and its tenant has nothing running (it may preempt
+        a higher class, fair_victim)."""
         t = self._waiting_since.get(seq.seq_id)
-        return t is not None and self.clock() - t >= self.starvation_wait_s
+        return t is not None and self.clock() - t >= self.starvation_wait_s \
+            and not self._tenant(tenant_of(seq)).running
 
     def pick_waiting(self, waiting, cached_len, starvation: bool = True) -> Sequence | None:
         """The next waiting sequence to admit. cached_len(seq) -> prefix-cache hit length (pure).

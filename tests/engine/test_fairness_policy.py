@@ -341,3 +341,18 @@ def test_the_time_bound_never_reorders_one_class():
     assert not any(e.kind == "starvation_preempt" for e in sim.policy.events())
     with pytest.raises(ValueError):
         FairPolicy(starvation_wait_s=0)
+
+
+def test_a_lower_class_tenant_that_is_being_served_is_not_starved():
+    """The time bound is for a tenant that gets nothing: one with a reply running waits its turn
+    for its other requests (a key holding n = 8 forks must not keep pausing a chat reply)."""
+    sim = Sim(max_num_seqs=2, budget=256, num_blocks=256, starvation_wait_s=0.05)
+    sim.add("api", prompt_len=20, max_tokens=300, priority=1, rid="a0")
+    sim.step()
+    for k in range(3):
+        sim.add("api", prompt_len=20, max_tokens=300, priority=1, rid=f"a{k + 1}")
+    sim.add("chat", prompt_len=20, max_tokens=300, priority=0, rid="c0")
+    for _ in range(100):
+        sim.step()
+    assert not any(e.kind == "starvation_preempt" for e in sim.policy.events())
+    assert sim.policy.tenants["chat"].preemptions == 0
