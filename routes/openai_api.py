@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 import time
 
 from fastapi import FastAPI, Request
@@ -37,6 +36,7 @@ from routes import openai_schemas as S
 from routes.openai_errors import APIError, error_body, install_error_handlers
 from routes.auth import LoginThrottle
 from routes.cross_site import foreign_origin
+from routes.openai_admission import ApiAdmission
 from routes.openai_keys import ApiAccess, add_cors, effective_priority
 from routes.openai_metrics import ApiMetrics
 from routes.openai_params import LogprobFormatter, to_sampling_params
@@ -129,8 +129,8 @@ class OpenAIServer:
         # fair scheduling: the waiting and in-flight bounds count each tenant (API key) on its own,
         # so one key that floods /v1 is refused, not every other key with it
         self.per_tenant = llm.config.scheduling_policy == "fair"
-        self._tenant_flight: dict[str, int] = {}
-        self._tenant_lock = threading.Lock()
+        self.admission = ApiAdmission(llm, self.metrics, max_pending=self.max_pending,
+                                      max_num_seqs=self.max_num_seqs, per_tenant=self.per_tenant)
 
     # ---- shared steps ------------------------------------------------------------------------------
     def _check_model(self, name: str) -> None:
@@ -143,59 +143,16 @@ class OpenAIServer:
         return principal_salt("api", tenant if self.access.keys else "", multi_user=self.multi_user)
 
     def capacity_refusal(self, seqs: int, tenant: str) -> str | None:
-        """Why `seqs` more sequences of `tenant` cannot be admitted now, or None. The caller's own
-        bounds first, then the server's (issue 48.3): under fair scheduling one key's flood is
-        refused on its own bound and never counts against another key. One rule for the pre-parse
-        gate (routes/request_limits.py) and the route itself."""
-        try:
-            waiting = self.llm.load()[1]
-        except RuntimeError as e:
-            raise APIError(503, f"the engine is not serving: {e}", code="engine_unavailable") from e
-        if self.per_tenant:
-            mine_waiting = self.llm.admission.queued(tenant)[0]
-            with self._tenant_lock:
-                mine = self._tenant_flight.get(tenant, 0)
-            if mine + seqs > self.max_pending:
-                return (f"your key ({tenant}) already has {mine} API sequences in flight and asks "
-                        f"for {seqs} more (bound {self.max_pending} per key); retry when one "
-                        f"finishes")
-            if mine_waiting >= self.max_num_seqs:
-                return (f"your key ({tenant}) already has {mine_waiting} requests waiting (bound "
-                        f"{self.max_num_seqs} per key); retry shortly")
-            return None
-        if waiting >= self.max_num_seqs or self.metrics.in_flight + seqs > self.max_pending:
-            return (f"the server is busy ({waiting} requests waiting, bound {self.max_num_seqs}; "
-                    f"API sequences in flight bound {self.max_pending}); retry shortly")
-        return None
+        """Why `seqs` more sequences of `tenant` cannot start now, or None: the pre-parse gate's
+        question (routes/request_limits.py), answered by the route's own rule."""
+        return self.admission.refusal(seqs, tenant)
 
     def _admit(self, seqs: int, tenant: str = "api") -> None:
-        reason = self.capacity_refusal(seqs, tenant)
-        if reason is None and self.per_tenant:
-            with self._tenant_lock:          # reserve, re-checked under the lock (calls at once)
-                mine = self._tenant_flight.get(tenant, 0)
-                if mine + seqs <= self.max_pending:
-                    self._tenant_flight[tenant] = mine + seqs
-                else:
-                    reason = (f"your key ({tenant}) already has {mine} API sequences in flight "
-                              f"(bound {self.max_pending} per key); retry when one finishes")
-            if reason is None:
-                self.metrics.try_admit(seqs, 10**9)          # the gauge only: no global bound here
-        elif reason is None and not self.metrics.try_admit(seqs, self.max_pending):
-            reason = (f"the server is busy (API sequences in flight bound {self.max_pending}); "
-                      f"retry shortly")
-        if reason is not None:
-            raise APIError(429, reason, code="queue_full", headers={"Retry-After": "1"})
+        self.admission.admit(seqs, tenant)
 
     def release(self, seqs: int, tenant: str, usage: dict | None = None) -> None:
         """Give back what _admit reserved (once per admitted call)."""
-        if self.per_tenant:
-            with self._tenant_lock:
-                left = self._tenant_flight.get(tenant, 0) - seqs
-                if left > 0:
-                    self._tenant_flight[tenant] = left
-                else:
-                    self._tenant_flight.pop(tenant, None)
-        self.metrics.release(seqs, usage)
+        self.admission.release(seqs, tenant, usage)
 
     def _submit(self, prompts: list[list[int]], params_list, cid: str, n: int, messages=None,
                 tenant: str = "api", priority: int = DEFAULT_API_PRIORITY) -> Generation:
