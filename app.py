@@ -37,12 +37,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="with --auth: a user who may start the Memory tab's demo users (repeatable)")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="extra Host name to answer to (DNS-rebinding guard; loopback names always work)")
-    p.add_argument("--api-key", action="append", default=None, metavar="[NAME:]KEY",
+    p.add_argument("--api-key", action="append", default=None, metavar="[NAME:]KEY[:PRIORITY]",
                    help="require this key (Authorization: Bearer KEY) on the OpenAI API at /v1; repeatable; "
-                        "NAME (letters, digits, _.@-) is the caller's tenant for fair scheduling. "
-                        "Also read from PAGED_CHAT_API_KEYS (comma separated)")
+                        "NAME (letters, digits, _.@-) is the caller's tenant for fair scheduling "
+                        "and its own prefix cache; PRIORITY (-1000..1000, after a NAME) its class "
+                        "instead of --api-priority. Also read from PAGED_CHAT_API_KEYS (comma "
+                        "separated)")
+    p.add_argument("--metrics-token", default=None, metavar="TOKEN",
+                   help="with --auth: /metrics shows per-tenant lines to requests with "
+                        "'Authorization: Bearer TOKEN' (and to --admin users); others get the "
+                        "aggregates only. Also $PAGED_CHAT_METRICS_TOKEN")
     p.add_argument("--api-priority", type=int, default=1,
-                   help="priority of /v1 calls that send none (lower first; chat turns are 0). Default 1")
+                   help="the class of /v1 calls (lower first; chat turns are 0); a call's own "
+                        "'priority' may lower it, never raise it. Default 1")
     p.add_argument("--allowed-origin", action="append", default=None, metavar="URL",
                    help="let web pages from this origin call /v1 (CORS); repeatable. Default: none")
     p.add_argument("--backend", default=None, metavar="URL",
@@ -123,8 +130,12 @@ def main(argv=None) -> int:
         print("WARNING: --share without --auth: anyone with the public link can read and write every "
               "conversation.", file=sys.stderr)
 
-    from routes.openai_keys import keys_from_env
+    from routes.openai_keys import ApiAccess, keys_from_env
     api_keys = (args.api_key or []) + keys_from_env()
+    try:
+        ApiAccess(api_keys)                     # a bad PRIORITY stops here, not at the first call
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
     if not is_local(args.host) and not auth and not api_keys:
         print(f"WARNING: binding to {args.host} without --api-key: anyone who can reach this machine "
               f"can use the OpenAI API at /v1.", file=sys.stderr)
