@@ -40,8 +40,10 @@ def iter_sse_events(lines):
 
 
 class RemoteStream:
-    def __init__(self, response, request_id: str, n: int, sent_at: float, on_close=None):
+    def __init__(self, response, request_id: str, n: int, sent_at: float, on_close=None,
+                 served_by: str | None = None):
         self.request_id, self.n, self.sent_at = request_id, n, sent_at
+        self.served_by = served_by              # which replica, when the app spreads over several
         self.prompt_ids = None                  # the remote side tokenizes; we never see the ids
         self._response, self._on_close = response, on_close
         self._q: queue.Queue = queue.Queue()      # sync consumers (and anything before `async for`)
@@ -64,6 +66,8 @@ class RemoteStream:
         cached = (self._usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         if cached is not None:
             m["cached_tokens"] = cached
+        if self.served_by:
+            m["served_by"] = self.served_by
         if self._first is not None:
             m["ttft_s"] = self._first - self.sent_at
             decode = time.monotonic() - self._first
@@ -132,6 +136,10 @@ class RemoteStream:
             pass
         if self._on_close is not None:
             self._on_close(self.request_id)
+
+    def usage(self) -> dict:
+        """The server's `usage` object of this reply (empty until it arrives, at the end)."""
+        return dict(self._usage)
 
     # ---- consumer side -----------------------------------------------------------------------
     def abort(self) -> None:

@@ -6,7 +6,7 @@ import inspect
 import pytest
 
 from engine import LLM
-from engine.protocol import ABILITIES, PROTOCOLS, ChatEngine, RemoteBackend, protocol_members
+from engine.protocol import ABILITIES, PROTOCOLS, ChatEngine, RemoteBackend, ServesReplicas, protocol_members
 from tests.ui.fake_engine import FakeLLM
 
 MEMBERS = sorted((p.__name__, m) for p in PROTOCOLS for m in protocol_members(p))
@@ -31,7 +31,7 @@ def test_every_protocol_is_runtime_checkable_and_the_fake_implements_them_all():
 
 def test_the_real_llm_implements_every_ability_of_a_local_engine():
     for proto in (ChatEngine, *ABILITIES):
-        if proto is RemoteBackend:     # where a remote engine is (backends/remote.py), not the LLM's
+        if proto in (RemoteBackend, ServesReplicas):     # remote engines' (backends/), not the LLM's
             continue
         for name in protocol_members(proto):
             assert hasattr(LLM, name) or name in LLM.__init__.__code__.co_names, \
@@ -41,7 +41,7 @@ def test_the_real_llm_implements_every_ability_of_a_local_engine():
 @pytest.mark.parametrize("proto_name,name", MEMBERS)
 def test_each_declared_member_has_a_compatible_signature(proto_name, name):
     proto = next(p for p in PROTOCOLS if p.__name__ == proto_name)
-    impls = [FakeLLM] + ([LLM] if proto is not RemoteBackend else [])
+    impls = [FakeLLM] + ([LLM] if proto not in (RemoteBackend, ServesReplicas) else [])
     for impl in impls:
         member = inspect.getattr_static(impl, name, None)
         if not _callable_member(proto, name):            # a property or a data member
