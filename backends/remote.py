@@ -149,7 +149,7 @@ class RemoteEngine:
                 response.close()
             raise BackendError(f"The backend at {self.root} answered HTTP {response.status_code}: {msg}")
         stream = RemoteStream(response, rid, getattr(params, "n", 1) or 1, sent, on_close=self._forget,
-                              served_by=self.name)
+                              served_by=self.name, on_finished=self.on_finished)
         with self._lock:
             if not stream._aborted.is_set():
                 self._streams[rid] = stream
@@ -163,9 +163,7 @@ class RemoteEngine:
 
     def _forget(self, rid: str) -> None:
         with self._lock:
-            stream = self._streams.pop(rid, None)
-        if stream is not None and self.on_finished is not None:
-            self.on_finished(stream)
+            self._streams.pop(rid, None)
 
     def abort(self, request_id: str) -> bool:
         with self._lock:

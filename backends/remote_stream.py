@@ -41,8 +41,9 @@ def iter_sse_events(lines):
 
 class RemoteStream:
     def __init__(self, response, request_id: str, n: int, sent_at: float, on_close=None,
-                 served_by: str | None = None):
+                 served_by: str | None = None, on_finished=None):
         self.request_id, self.n, self.sent_at = request_id, n, sent_at
+        self._on_finished = on_finished          # called with this stream once it has ended
         self.served_by = served_by              # which replica, when the app spreads over several
         self.prompt_ids = None                  # the remote side tokenizes; we never see the ids
         self._response, self._on_close = response, on_close
@@ -115,6 +116,11 @@ class RemoteStream:
             m["state"] = "finished"
             self._emit(RequestOutputDelta(self.request_id, i, "", [], finished=True, finish_reason=reason,
                                           error=err, metrics=m))
+        if self._on_finished is not None:
+            try:
+                self._on_finished(self)
+            except Exception:                   # bookkeeping must never break the reply
+                pass
         self._emit(_END)
 
     def _emit(self, item) -> None:

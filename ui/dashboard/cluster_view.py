@@ -93,7 +93,8 @@ def headline_sentence(num, name_of) -> str:
         return f"{held}, none of them on more than one replica: a prefix-aware router would save nothing now."
     top = num.shared[0]
     everyone = top.copies == n["with_events"]
-    who = f'all {top.copies}' if everyone else f'{top.copies} of the {n["with_events"]}'
+    who = ("both" if top.copies == 2 else f'all {top.copies}') if everyone else \
+        f'{top.copies} of the {n["with_events"]}'
     s = (f'One {_n("top_tokens", n["top_tokens"], format(n["top_tokens"], ","))}-token prefix '
          f'({escape(name_of(top))}) is held by {_n("top_copies", top.copies, who)} replicas: '
          f'{top.copies} copies, {_n("top_avoidable", top.copies - 1, str(top.copies - 1))} of them a '
@@ -123,7 +124,7 @@ def _cells(r, name_of_root) -> list[tuple[str, int, str]]:
     blocks, then those cached only here), the other trees, then the blocks not announced."""
     runs = []
     seen_b = seen_c = 0
-    for k, root in enumerate(r.roots):
+    for k, root in enumerate(sorted(r.roots, key=lambda x: (-x.copied, -x.blocks))):   # copied trees first
         t0 = " t0" if k else ""
         title = name_of_root(root)
         if root.copied:
@@ -175,12 +176,16 @@ def replica_html(r, name_of_root) -> str:
         state.append(f"listener: {r.error}")
     if r.joined_late:
         state.append("joined late: blocks cached before the replay buffer's first batch are not shown")
-    for k, words in (("gaps", "sequence gaps"), ("lost_batches", "batches lost"), ("restarts", "engine restarts"),
-                     ("malformed", "malformed messages skipped"), ("bad_events", "unreadable events skipped"),
-                     ("unknown", "events of an unknown kind skipped"), ("cleared", "clear-all events"),
-                     ("removed_unknown", "removals of blocks never seen")):
+    for k, one, many in (("gaps", "sequence gap", "sequence gaps"), ("lost_batches", "batch lost", "batches lost"),
+                         ("restarts", "engine restart", "engine restarts"),
+                         ("malformed", "malformed message skipped", "malformed messages skipped"),
+                         ("bad_events", "unreadable event skipped", "unreadable events skipped"),
+                         ("unknown", "event of an unknown kind skipped", "events of an unknown kind skipped"),
+                         ("cleared", "clear-all event", "clear-all events"),
+                         ("removed_unknown", "removal of a block never seen", "removals of blocks never seen"),
+                         ("dropped_over_limit", "block over the model's limit", "blocks over the model's limit")):
         if c.get(k):
-            state.append(f"{c[k]:,} {words}")
+            state.append(f"{c[k]:,} {one if c[k] == 1 else many}")
     return (f'<div class="kvcr" data-replica="{escape(r.name, quote=True)}" data-blocks="{r.blocks}">{head}'
             f'<div>{_n("replica_blocks", r.blocks, format(r.blocks, ","))} cached blocks{size}{bpb} of {pool}; '
             f'{r.copied_blocks:,} of them copied on another replica. By medium: {escape(media or "none")}. '
@@ -203,8 +208,9 @@ def shared_table(num, name_of) -> str:
         f'<td>{g.blocks_on_all:,}</td><td>{g.tokens_on_all:,}</td><td>{g.avoidable_blocks:,}</td></tr>'
         for g in num.shared)
     return ('<h4>Prefixes cached on several replicas</h4><div class="scroll"><table><tr><th>prefix (first '
-            'words)</th><th>held by</th><th>copies</th><th>blocks in every copy</th><th>tokens</th>'
-            f'<th>blocks a router could avoid</th></tr>{rows}</table></div>')
+            'words)</th><th>held by</th><th>copies</th><th>blocks each</th><th>tokens each</th>'
+            f'<th>avoidable blocks</th></tr>{rows}</table></div><div class="muted">avoidable blocks: the '
+            'copies beyond the first, which a prefix-aware router would not have made.</div>')
 
 
 def landings_table(landings: list[dict], viewer_salt: str | None, auth: bool, limit: int = 8) -> str:
