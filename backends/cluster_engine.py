@@ -65,14 +65,17 @@ class ClusterEngine:
         self._lock = threading.Lock()
         self._rr = itertools.count()
         names = [replica_name(u) for u in urls]
-        self.engines = [RemoteEngine(u, api_key=api_key, model=model, timeout=timeout, name=n,
-                                     on_finished=self._finished) for u, n in zip(urls, names)]
+        # one URL (a router, or one replica): the reply line names no replica, as without events
+        self.engines = [RemoteEngine(u, api_key=api_key, model=model, timeout=timeout,
+                                     name=n if len(urls) > 1 else None, on_finished=self._finished)
+                        for u, n in zip(urls, names)]
         kv_events = list(kv_events or [])
         if len(urls) == 1 and len(kv_events) > 1:          # a router in front of several replicas
-            replicas = [Replica(f"replica {i + 1}", None, spec) for i, spec in enumerate(kv_events)]
+            replicas = [Replica(replica_name(spec.split(",")[0]), None, spec) for spec in kv_events]
         else:
             kv_events += [None] * (len(urls) - len(kv_events))
             replicas = [Replica(n, e, spec) for n, e, spec in zip(names, self.engines, kv_events)]
+        self.sent_to = names[0] if len(urls) == 1 else None       # landings' "replica" behind a router
         self.cluster = Cluster(replicas, tokenizer_folders=[tokenizer] if tokenizer else
                                [e.model_root for e in self.engines if e.model_root])
         first = self.engines[0]
@@ -98,7 +101,7 @@ class ClusterEngine:
 
     @property
     def model_source(self) -> str:
-        return f"{self.model or '?'} on {len(self.engines)} replica(s): " + ", ".join(e.name for e in self.engines)
+        return f"{self.model or '?'} on " + ", ".join(e.root for e in self.engines)
 
     def model_info(self):
         return self.engines[0].model_info()
@@ -136,6 +139,7 @@ class ClusterEngine:
     def _finished(self, stream) -> None:
         with self._lock:
             salt, name = self._pending.pop(stream.request_id, (None, stream.served_by))
+        name = name or f"{self.sent_to} (a router or one replica: which one is not known here)"
         usage = stream.usage()
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         self.landings.append({"at": time.time(), "replica": name, "salt": salt,

@@ -170,7 +170,7 @@ class Replica:
                 r.tokens = int(tok_root[r.rid])
             sort = np.argsort(rid)
             root_h = rh[sort][np.searchsorted(rid[sort], root)]
-            out.hashes, first = np.unique(h, return_index=True)
+            out.hashes, first = _unique(h)
             out.hash_tokens, out.hash_root = tok[first], root_h[first]
         self._metrics_into(out)
         return out
@@ -239,6 +239,16 @@ class ClusterNumbers:
     shared: list = field(default_factory=list)     # SharedPrefix, most avoidable first
 
 
+def _unique(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted distinct values of h and one index of each (np.unique(return_index) without its
+    stable sort, which costs twice as much on a million random 64-bit hashes)."""
+    order = np.argsort(h)
+    hs = h[order]
+    keep = np.ones(len(hs), dtype=bool)
+    keep[1:] = hs[1:] != hs[:-1]
+    return hs[keep], order[keep]
+
+
 def cluster_numbers(snaps: list[ReplicaSnap], top: int = 12) -> ClusterNumbers:
     """Which blocks several replicas hold, grouped by prefix tree (pure: tested on its own)."""
     out = ClusterNumbers(snaps)
@@ -249,11 +259,17 @@ def cluster_numbers(snaps: list[ReplicaSnap], top: int = 12) -> ClusterNumbers:
     tok = np.concatenate([s.hash_tokens for s in live])
     root = np.concatenate([s.hash_root for s in live])
     who = np.concatenate([np.full(len(s.hashes), i) for i, s in enumerate(live)])
-    uniq, inv, n = np.unique(h, return_inverse=True, return_counts=True)
-    out.unique_blocks, out.held_blocks = len(uniq), len(h)
-    out.avoidable_blocks = int(len(h) - len(uniq))
-    first = np.zeros(len(uniq), dtype=np.int64)
-    first[inv[::-1]] = np.arange(len(h))[::-1]                  # first row of each distinct hash
+    order = np.argsort(h)                       # one quicksort: np.unique's stable sort is ~2x slower
+    hs = h[order]
+    start = np.ones(len(hs), dtype=bool)
+    start[1:] = hs[1:] != hs[:-1]
+    grp = np.cumsum(start) - 1
+    n = np.bincount(grp)                        # replicas holding each distinct hash
+    inv = np.empty(len(h), dtype=np.int64)
+    inv[order] = grp
+    first = order[start]                        # one row of each distinct hash
+    out.unique_blocks, out.held_blocks = len(n), len(h)
+    out.avoidable_blocks = int(len(h) - len(n))
     out.avoidable_tokens = int(((n - 1) * tok[first]).sum())
     n_live = sum(1 for s in snaps if s.has_events)
     out.on_all = int((n == n_live).sum()) if n_live > 1 else 0

@@ -57,7 +57,8 @@ class Subscriber:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
 
     # ---- the thread ----------------------------------------------------------------------------
     def _run(self) -> None:

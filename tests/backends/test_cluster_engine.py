@@ -108,6 +108,16 @@ def test_served_by_reaches_the_stored_stats_and_the_reply_line(fakes, tmp_path):
     eng.shutdown()
 
 
+def test_one_router_in_front_of_replicas_whose_events_the_tab_reads(fakes):
+    eng = ClusterEngine([fakes[0].url], kv_events=["tcp://10.0.0.1:5556", "tcp://10.0.0.2:5556,tcp://10.0.0.2:5557"])
+    assert [r.name for r in eng.cluster_view().replicas] == ["10.0.0.1:5556", "10.0.0.2:5556"]
+    assert all(r.engine is None and r.subscriber is not None for r in eng.cluster_view().replicas)
+    d = last(eng, chat("s", "q"))
+    assert "served_by" not in d.metrics                    # which replica the router chose is unknown
+    assert "a router or one replica" in eng.recent_landings()[-1]["replica"]
+    eng.shutdown()
+
+
 def test_flags_are_checked():
     assert parse_spec("tcp://h:1,tcp://h:2") == ("tcp://h:1", "tcp://h:2")
     assert parse_spec("tcp://h:1") == ("tcp://h:1", None)
