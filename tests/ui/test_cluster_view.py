@@ -2,6 +2,7 @@
 prefix names under --auth, the grid's cells, the landings table, escaping of decoded text."""
 from __future__ import annotations
 
+import html
 import re
 
 from backends.kv_cluster import ClusterNumbers, ReplicaSnap, RootSnap, SharedPrefix
@@ -102,3 +103,30 @@ def test_landings_table_shows_only_the_viewers_turns_under_auth():
     both = V.landings_table(land, None, auth=False)
     assert "gpu2:8000" in both and "not reported" in both
     assert "No chat turn" in V.landings_table(land, "user:carol", auth=True)
+
+
+def test_the_tab_names_the_recorded_system_prompt_but_not_to_other_users_under_auth():
+    """render() on the recorded vLLM streams (tests/backends/fixtures/kv_events/): the words come
+    from the model's tokenizer.json; under --auth the unsalted prefix is shown by its hash only."""
+    from backends.kv_cluster import Cluster, Replica
+    from engine.exec.loader import resolve_hf_folder
+    from tests.backends.test_kv_reader import A, B, batches, first_index, run
+    from backends.kv_events import Cleared, Removed
+    from tests.ui.fake_engine import request
+    from ui.dashboard.cluster_tab import _Cached, render
+    a, b = batches(A), batches(B)
+    reps = []
+    for name, items in (("gpu1:8000", a[:first_index(a, Removed)]), ("gpu2:8000", b[:first_index(b, Cleared)])):
+        r = Replica(name, None, None)
+        r.has_events, r.feed = True, run(items)
+        r.blocks = r.feed.blocks
+        reps.append(r)
+    cached = _Cached(Cluster(reps, tokenizer_folders=[resolve_hf_folder(None)[1]]), 1.0)
+    land = [{"replica": "gpu1:8000", "salt": "user:bob", "prompt_tokens": 300, "cached_tokens": 256}]
+    head, replicas, shared, landings = render(cached, land, False, request())
+    assert "“system You are a careful assistant for a public…”" in head + shared
+    assert "is held by both replicas" in re.sub("<[^>]+>", "", head) and "gpu1:8000" in landings
+    out = html.unescape("".join(render(cached, land, True, request(username="alice"))))
+    assert "careful assistant" not in out
+    assert "another user's or client's; its words are not shown" in out
+    assert "gpu1:8000" not in re.sub(r'data-replica="[^"]*"|<h4>[^<]*</h4>', "", out.split("kv-cluster-landings")[1])
