@@ -111,19 +111,23 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="let web pages from this origin call /v1 (CORS); repeatable. Default: none")
     p.add_argument("--backend", action="append", default=None, metavar="URL",
                    help="run the UI, history and dashboard on a remote OpenAI-compatible server (vLLM, "
-                        "SGLang, llama.cpp, another app.py) instead of loading a model here; repeat it "
-                        "for several replicas (each turn picks one: --backend-routing)")
-    p.add_argument("--backend-kv-events", action="append", default=None, metavar="ENDPOINT[,REPLAY]",
-                   help="a replica's KV-event stream (vLLM --kv-events-config), e.g. tcp://gpu1:5557,"
-                        "tcp://gpu1:5558 (replay endpoint optional): one per --backend, same order (or "
-                        "one per replica behind a single --backend router). The Memory tab then draws "
-                        "each replica's cached blocks (docs/SCALE_OUT.md)")
-    p.add_argument("--backend-routing", choices=["conversation", "round-robin"], default="conversation",
+                        "SGLang, llama.cpp, another app.py) instead of loading a model here; "
+                        "repeat it for several replicas (each turn picks one: --backend-routing)")
+    p.add_argument("--backend-kv-events", action="append", default=None,
+                   metavar="ENDPOINT[,REPLAY]",
+                   help="a replica's KV-event stream (vLLM --kv-events-config), e.g. "
+                        "tcp://gpu1:5557,tcp://gpu1:5558 (replay endpoint optional): one per "
+                        "--backend, same order (or one per replica behind a single --backend "
+                        "router). The Memory tab then draws each replica's cached blocks "
+                        "(docs/SCALE_OUT.md)")
+    p.add_argument("--backend-routing", choices=["conversation", "round-robin"],
+                   default="conversation",
                    help="several --backend: conversation (default) keeps each chat on one replica, "
                         "picked by its first messages; round-robin sends each turn to the next one")
     p.add_argument("--backend-tokenizer", default=None, metavar="FOLDER",
-                   help="a folder with the backend model's tokenizer.json, to show cached prefixes by "
-                        "their first words (default: the folder the backend reports, if it is here)")
+                   help="a folder with the backend model's tokenizer.json, to show cached "
+                        "prefixes by their first words (default: the folder the backend "
+                        "reports, if it is here)")
     p.add_argument("--backend-key", default=None, metavar="KEY",
                    help="API key for --backend (also $PAGED_CHAT_BACKEND_KEY)")
     p.add_argument("--backend-model", default=None, metavar="NAME",

@@ -15,6 +15,7 @@ How a turn picks its replica (`routing`):
   again; the Memory tab shows what that duplicates.
 A replica that refuses or cannot be reached is skipped for that turn (the next in order is tried).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,10 +41,13 @@ def replica_name(url: str) -> str:
 
 def conversation_key(messages: list[dict]) -> int:
     """The first system message and the first user message: what stays the same on every turn."""
-    first = [m for m in messages if m.get("role") == "system"][:1] + \
-        [m for m in messages if m.get("role") == "user"][:1]
+    first = [m for m in messages if m.get("role") == "system"][:1] + [
+        m for m in messages if m.get("role") == "user"
+    ][:1]
     text = "\x1e".join(f"{m.get('role')}\x1f{m.get('content')}" for m in first)
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=8).digest(), "big")
+    return int.from_bytes(
+        hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=8).digest(), "big"
+    )
 
 
 class ClusterEngine:
@@ -51,14 +55,24 @@ class ClusterEngine:
 
     kind = "remote"
 
-    def __init__(self, urls: list[str], *, api_key: str | None = None, model: str | None = None,
-                 kv_events: list[str] | None = None, routing: str = "conversation", timeout: float = 10.0,
-                 tokenizer: str | None = None):
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        api_key: str | None = None,
+        model: str | None = None,
+        kv_events: list[str] | None = None,
+        routing: str = "conversation",
+        timeout: float = 10.0,
+        tokenizer: str | None = None,
+    ):
         if routing not in ROUTING:
             raise ValueError(f"routing must be one of {', '.join(ROUTING)}")
         if kv_events and len(kv_events) > max(1, len(urls)) and len(urls) != 1:
-            raise ValueError("give one --backend-kv-events per --backend, in the same order "
-                             "(or one --backend, a router, and one per replica behind it)")
+            raise ValueError(
+                "give one --backend-kv-events per --backend, in the same order "
+                "(or one --backend, a router, and one per replica behind it)"
+            )
         self.routing = routing
         self.landings: deque = deque(maxlen=LANDINGS_KEPT)
         self._pending: dict[str, tuple[str | None, str]] = {}
@@ -66,21 +80,35 @@ class ClusterEngine:
         self._rr = itertools.count()
         names = [replica_name(u) for u in urls]
         # one URL (a router, or one replica): the reply line names no replica, as without events
-        self.engines = [RemoteEngine(u, api_key=api_key, model=model, timeout=timeout,
-                                     name=n if len(urls) > 1 else None, on_finished=self._finished)
-                        for u, n in zip(urls, names)]
+        self.engines = [
+            RemoteEngine(
+                u,
+                api_key=api_key,
+                model=model,
+                timeout=timeout,
+                name=n if len(urls) > 1 else None,
+                on_finished=self._finished,
+            )
+            for u, n in zip(urls, names)
+        ]
         kv_events = list(kv_events or [])
-        if len(urls) == 1 and len(kv_events) > 1:          # a router in front of several replicas
+        if len(urls) == 1 and len(kv_events) > 1:  # a router in front of several replicas
             replicas = [Replica(replica_name(spec.split(",")[0]), None, spec) for spec in kv_events]
         else:
             kv_events += [None] * (len(urls) - len(kv_events))
             replicas = [Replica(n, e, spec) for n, e, spec in zip(names, self.engines, kv_events)]
-        self.sent_to = names[0] if len(urls) == 1 else None       # landings' "replica" behind a router
-        self.cluster = Cluster(replicas, tokenizer_folders=[tokenizer] if tokenizer else
-                               [e.model_root for e in self.engines if e.model_root])
+        self.sent_to = names[0] if len(urls) == 1 else None  # landings' "replica" behind a router
+        self.cluster = Cluster(
+            replicas,
+            tokenizer_folders=[tokenizer]
+            if tokenizer
+            else [e.model_root for e in self.engines if e.model_root],
+        )
         first = self.engines[0]
         self.model, self.root = first.model, first.root
-        self.startup_error = "; ".join(e.startup_error for e in self.engines if e.startup_error) or None
+        self.startup_error = (
+            "; ".join(e.startup_error for e in self.engines if e.startup_error) or None
+        )
 
     # ---- what the tab reads --------------------------------------------------------------------
     def cluster_view(self) -> Cluster:
@@ -90,7 +118,7 @@ class ClusterEngine:
         """The latest finished turns: {at, replica, salt, prompt_tokens, cached_tokens}."""
         return list(self.landings)
 
-    def start(self) -> "ClusterEngine":
+    def start(self) -> ClusterEngine:
         self.cluster.start()
         return self
 
@@ -115,12 +143,23 @@ class ClusterEngine:
     def order(self, messages: list[dict]) -> list[RemoteEngine]:
         """The replicas in the order this turn tries them (the first one normally serves it)."""
         n = len(self.engines)
-        start = next(self._rr) % n if self.routing == "round-robin" else conversation_key(messages) % n
+        start = (
+            next(self._rr) % n if self.routing == "round-robin" else conversation_key(messages) % n
+        )
         return [self.engines[(start + k) % n] for k in range(n)]
 
-    def submit_chat(self, messages: list[dict], params=None, *, session_id: str | None = None,
-                    request_id: str | None = None, previous_ids: list[int] | None = None,
-                    cache_salt: str | None = None, tenant: str | None = None, priority: int = 0):
+    def submit_chat(
+        self,
+        messages: list[dict],
+        params=None,
+        *,
+        session_id: str | None = None,
+        request_id: str | None = None,
+        previous_ids: list[int] | None = None,
+        cache_salt: str | None = None,
+        tenant: str | None = None,
+        priority: int = 0,
+    ):
         rid = request_id or f"chat-{uuid.uuid4().hex[:12]}"
         errors = []
         for eng in self.order(messages):
@@ -132,7 +171,7 @@ class ClusterEngine:
                 with self._lock:
                     self._pending.pop(rid, None)
                 errors.append(str(e))
-                if "HTTP 4" in str(e):          # the request itself is refused: same everywhere
+                if "HTTP 4" in str(e):  # the request itself is refused: same everywhere
                     break
         raise BackendError(errors[-1] if len(errors) == 1 else " / ".join(errors))
 
@@ -142,8 +181,15 @@ class ClusterEngine:
         name = name or f"{self.sent_to} (a router or one replica: which one is not known here)"
         usage = stream.usage()
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-        self.landings.append({"at": time.time(), "replica": name, "salt": salt,
-                              "prompt_tokens": usage.get("prompt_tokens"), "cached_tokens": cached})
+        self.landings.append(
+            {
+                "at": time.time(),
+                "replica": name,
+                "salt": salt,
+                "prompt_tokens": usage.get("prompt_tokens"),
+                "cached_tokens": cached,
+            }
+        )
 
     def abort(self, request_id: str) -> bool:
         return any(e.abort(request_id) for e in self.engines)
@@ -158,7 +204,9 @@ class ClusterEngine:
         return False
 
     def snapshot(self) -> dict:
-        raise RuntimeError("a cluster has no single block pool; the Memory tab draws each replica's")
+        raise RuntimeError(
+            "a cluster has no single block pool; the Memory tab draws each replica's"
+        )
 
     def latest_snapshot(self) -> dict:
         return self.snapshot()

@@ -14,6 +14,7 @@ What the events cannot say, so nor can this model: how many requests use a block
 are not published), which request's block table points where, and the blocks that are allocated
 but not yet full (only full blocks are hashed and announced).
 """
+
 from __future__ import annotations
 
 import time
@@ -23,14 +24,27 @@ import numpy as np
 
 from backends.kv_events import Cleared, Removed, Stored, Unknown
 
-LABEL_TOKENS = 48            # token ids kept per prefix tree, for its label (not per block)
+LABEL_TOKENS = 48  # token ids kept per prefix tree, for its label (not per block)
 MASK64 = (1 << 64) - 1
 NO_PARENT, LOST_PARENT = -1, -2
 
-_COLUMNS = {"gen": np.int32, "parent": np.int32, "parent_gen": np.int32, "root": np.int32,
-            "depth": np.int32, "children": np.int32, "tokens": np.int16, "medium": np.int8,
-            "group": np.int16, "kind": np.int8, "salt": np.int32, "first": np.float32,
-            "last": np.float32, "reused": np.int32, "h64": np.uint64}
+_COLUMNS = {
+    "gen": np.int32,
+    "parent": np.int32,
+    "parent_gen": np.int32,
+    "root": np.int32,
+    "depth": np.int32,
+    "children": np.int32,
+    "tokens": np.int16,
+    "medium": np.int8,
+    "group": np.int16,
+    "kind": np.int8,
+    "salt": np.int32,
+    "first": np.float32,
+    "last": np.float32,
+    "reused": np.int32,
+    "h64": np.uint64,
+}
 
 
 def h64(h) -> int:
@@ -58,6 +72,7 @@ class _Interned:
 
 class Root:
     """One prefix tree: its first block's hash, its first token ids, and how many blocks it has."""
+
     __slots__ = ("key", "h64", "tokens", "blocks", "lost_parent", "salt")
 
     def __init__(self, key, hval: int, tokens, lost_parent: bool, salt: int):
@@ -72,16 +87,23 @@ class ReplicaBlocks:
     def __init__(self, max_blocks: int = 4_000_000, capacity: int = 1024, clock=time.time):
         self.max_blocks, self.clock, self.epoch = max_blocks, clock, clock()
         self.cols = {k: np.zeros(capacity, dtype=t) for k, t in _COLUMNS.items()}
-        self.slot: dict = {}                           # block key -> slot
+        self.slot: dict = {}  # block key -> slot
         self.free: list[int] = list(range(capacity - 1, -1, -1))
-        self.roots: dict[int, Root] = {}               # root id -> Root
-        self.root_of_key: dict = {}                    # a root's key -> root id
-        self.root_by_h64: dict[int, int] = {}          # its hash (64 bits) -> root id
+        self.roots: dict[int, Root] = {}  # root id -> Root
+        self.root_of_key: dict = {}  # a root's key -> root id
+        self.root_by_h64: dict[int, int] = {}  # its hash (64 bits) -> root id
         self._next_root = 0
         self.media, self.kinds, self.salts = _Interned(), _Interned(), _Interned(())
         self.block_size: int | None = None
-        self.counts = {"stored": 0, "removed": 0, "cleared": 0, "unknown": 0, "reused": 0,
-                       "removed_unknown": 0, "dropped_over_limit": 0}
+        self.counts = {
+            "stored": 0,
+            "removed": 0,
+            "cleared": 0,
+            "unknown": 0,
+            "reused": 0,
+            "removed_unknown": 0,
+            "dropped_over_limit": 0,
+        }
         self.unknown_kinds: dict[str, int] = {}
 
     # ---- keys and slots ------------------------------------------------------------------------
@@ -131,7 +153,7 @@ class ReplicaBlocks:
             k = self.key(h, medium, group)
             s = self.slot.get(k)
             extra = ev.extra_keys[i] if ev.extra_keys and i < len(ev.extra_keys) else None
-            if s is not None:                          # reported again: reused from the cache
+            if s is not None:  # reported again: reused from the cache
                 c["last"][s] = now
                 c["reused"][s] += 1
                 self.counts["reused"] += 1
@@ -145,19 +167,24 @@ class ReplicaBlocks:
                 c = self.cols
             s = self.free.pop()
             self.slot[k] = s
-            c["gen"][s] = abs(int(c["gen"][s])) + 1       # > 0 while live; a new value per reuse
+            c["gen"][s] = abs(int(c["gen"][s])) + 1  # > 0 while live; a new value per reuse
             p = self.slot.get(parent_key) if parent_key is not None else None
             salt = self.salts.code(tuple(_plain(x) for x in extra)) if extra else 0
             if p is not None:
                 c["parent"][s], c["parent_gen"][s] = p, c["gen"][p]
                 c["root"][s], c["depth"][s] = c["root"][p], c["depth"][p] + 1
                 c["children"][p] += 1
-                salt = salt or int(c["salt"][p])           # a salt covers the blocks after it
+                salt = salt or int(c["salt"][p])  # a salt covers the blocks after it
             else:
-                lost = parent_key is not None              # its parent was never seen (or is gone)
+                lost = parent_key is not None  # its parent was never seen (or is gone)
                 c["parent"][s], c["parent_gen"][s] = (LOST_PARENT if lost else NO_PARENT), 0
-                c["root"][s] = self._root(parent_key if lost else k, h if not lost else ev.parent,
-                                          None if lost else ev.token_ids[i * per:(i + 1) * per], lost, salt)
+                c["root"][s] = self._root(
+                    parent_key if lost else k,
+                    h if not lost else ev.parent,
+                    None if lost else ev.token_ids[i * per : (i + 1) * per],
+                    lost,
+                    salt,
+                )
                 c["depth"][s] = 0
             self.roots[int(c["root"][s])].blocks += 1
             c["children"][s], c["tokens"][s] = 0, min(per, 32767)
@@ -182,7 +209,7 @@ class ReplicaBlocks:
         for h in ev.hashes:
             s = self.slot.pop(self.key(h, medium, ev.group), None)
             if s is None:
-                self.counts["removed_unknown"] += 1          # stored before we listened
+                self.counts["removed_unknown"] += 1  # stored before we listened
                 continue
             p = int(c["parent"][s])
             if p >= 0 and c["gen"][p] == c["parent_gen"][s]:
@@ -195,7 +222,7 @@ class ReplicaBlocks:
                 self.root_of_key.pop(root.key, None)
                 if self.root_by_h64.get(root.h64) == r:
                     del self.root_by_h64[root.h64]
-            c["gen"][s] = -c["gen"][s]      # free: a child's parent_gen no longer matches it
+            c["gen"][s] = -c["gen"][s]  # free: a child's parent_gen no longer matches it
             self.free.append(s)
             self.counts["removed"] += 1
 

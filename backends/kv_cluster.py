@@ -9,6 +9,7 @@ set the same value on all replicas or none). The same hash on two replicas is th
 prefilled and stored twice: a prefix-aware router would have sent the second request to the
 first replica and saved that copy.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,7 @@ from backends.kv_subscriber import Subscriber, parse_spec
 from backends.prometheus import parse, sample
 
 TOP_ROOTS = 40
-_CACHE_INFO = re.compile(r'^vllm:cache_config_info\{(.*)\}\s', re.M)
+_CACHE_INFO = re.compile(r"^vllm:cache_config_info\{(.*)\}\s", re.M)
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
@@ -43,6 +44,7 @@ def load_tokenizer(folders: list[str]):
         if os.path.isfile(path):
             try:
                 from tokenizers import Tokenizer
+
                 return Tokenizer.from_file(path)
             except Exception:
                 continue
@@ -63,7 +65,13 @@ def kv_bytes_per_token(folders: list[str], cache_dtype: str | None) -> int | Non
             heads = int(c["num_attention_heads"])
             kv = int(c.get("num_key_value_heads") or heads)
             dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
-            return 2 * int(c["num_hidden_layers"]) * kv * dim * KV_DTYPE_BYTES.get(cache_dtype or "auto", 2)
+            return (
+                2
+                * int(c["num_hidden_layers"])
+                * kv
+                * dim
+                * KV_DTYPE_BYTES.get(cache_dtype or "auto", 2)
+            )
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return None
@@ -79,13 +87,14 @@ def _int(v) -> int | None:
 @dataclass
 class RootSnap:
     """One prefix tree of one replica."""
+
     h64: int
     blocks: int
     tokens: int
-    label_ids: list | None          # its first token ids (None: its first block was never seen)
-    salt: tuple                     # extra keys of its first block (a cache salt, a LoRA name, ...)
-    rid: int = -1                   # its id in the replica's model
-    copied: int = 0                 # of its blocks, those another replica caches too
+    label_ids: list | None  # its first token ids (None: its first block was never seen)
+    salt: tuple  # extra keys of its first block (a cache salt, a LoRA name, ...)
+    rid: int = -1  # its id in the replica's model
+    copied: int = 0  # of its blocks, those another replica caches too
 
 
 @dataclass
@@ -99,19 +108,23 @@ class ReplicaSnap:
     by_medium: dict = field(default_factory=dict)
     kinds: dict = field(default_factory=dict)
     salted_blocks: int = 0
-    hashes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))     # unique, sorted
+    hashes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # unique, sorted
     hash_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    hash_root: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # root h64 per hash
-    roots: list = field(default_factory=list)                                       # RootSnap, largest first
+    hash_root: np.ndarray = field(
+        default_factory=lambda: np.zeros(0, np.uint64)
+    )  # root h64 per hash
+    roots: list = field(default_factory=list)  # RootSnap, largest first
     events_per_s: float = 0.0
     counts: dict = field(default_factory=dict)
     joined_late: bool = False
     last_event_age_s: float | None = None
     kv_usage: float | None = None
     pool_blocks: int | None = None
-    block_bytes: float | None = None    # KV bytes of one block (its /metrics, else the model's config)
-    copied_blocks: int = 0              # cached blocks another replica caches too
-    kv_dtype: str | None = None         # vLLM's cache_dtype label ("auto": the model's dtype)
+    block_bytes: float | None = (
+        None  # KV bytes of one block (its /metrics, else the model's config)
+    )
+    copied_blocks: int = 0  # cached blocks another replica caches too
+    kv_dtype: str | None = None  # vLLM's cache_dtype label ("auto": the model's dtype)
     running: float | None = None
     waiting: float | None = None
     hit_rate: float | None = None
@@ -122,7 +135,7 @@ class Replica:
 
     def __init__(self, name: str, engine, kv_spec: str | None, max_blocks: int = 4_000_000):
         self.name, self.engine, self.kv_spec = name, engine, kv_spec
-        self.has_events = kv_spec is not None          # (a recorded stream replayed: set True)
+        self.has_events = kv_spec is not None  # (a recorded stream replayed: set True)
         self.blocks = ReplicaBlocks(max_blocks=max_blocks)
         self.feed = Feed(self.blocks)
         self.subscriber = Subscriber(self.feed, *parse_spec(kv_spec)) if kv_spec else None
@@ -158,12 +171,19 @@ class Replica:
             if len(slots):
                 per_root = np.bincount(root)
                 order = np.argsort(-per_root, kind="stable")[:top]
-                out.roots = [self._root_snap(int(r), int(per_root[r])) for r in order
-                             if per_root[r] and int(r) in b.roots]
+                out.roots = [
+                    self._root_snap(int(r), int(per_root[r]))
+                    for r in order
+                    if per_root[r] and int(r) in b.roots
+                ]
         out.blocks, out.tokens = len(slots), int(tok.sum())
         if len(slots):
-            out.by_medium = {str(media[m] or "unspecified"): int(n) for m, n in enumerate(np.bincount(med)) if n}
-            out.kinds = {str(kinds[k]): int(n) for k, n in enumerate(np.bincount(kind)) if n and kinds[k]}
+            out.by_medium = {
+                str(media[m] or "unspecified"): int(n) for m, n in enumerate(np.bincount(med)) if n
+            }
+            out.kinds = {
+                str(kinds[k]): int(n) for k, n in enumerate(np.bincount(kind)) if n and kinds[k]
+            }
             out.salted_blocks = int((salt > 0).sum())
             tok_root = np.bincount(root, weights=tok)
             for r in out.roots:
@@ -177,8 +197,14 @@ class Replica:
 
     def _root_snap(self, r: int, blocks: int) -> RootSnap:
         x = self.blocks.roots[r]
-        return RootSnap(x.h64, blocks, 0, x.tokens.tolist() if x.tokens is not None else None,
-                        self.blocks.salts.values[x.salt] or (), r)
+        return RootSnap(
+            x.h64,
+            blocks,
+            0,
+            x.tokens.tolist() if x.tokens is not None else None,
+            self.blocks.salts.values[x.salt] or (),
+            r,
+        )
 
     def label(self, root_h64: int) -> tuple[list | None, tuple] | None:
         """First token ids and salt of the prefix tree whose first block hashes to root_h64."""
@@ -186,7 +212,9 @@ class Replica:
             x = self.blocks.roots.get(self.blocks.root_by_h64.get(root_h64, -1))
             if x is None:
                 return None
-            return x.tokens.tolist() if x.tokens is not None else None, self.blocks.salts.values[x.salt] or ()
+            return x.tokens.tolist() if x.tokens is not None else None, self.blocks.salts.values[
+                x.salt
+            ] or ()
 
     def _metrics_into(self, out: ReplicaSnap) -> None:
         text = self.metrics_text
@@ -200,7 +228,7 @@ class Replica:
         out.pool_blocks = _int(cfg.get("num_gpu_blocks"))
         mem = _int(cfg.get("kv_cache_memory_bytes"))
         if mem and out.pool_blocks and _int(cfg.get("num_gpu_blocks_override")) is None:
-            out.block_bytes = mem / out.pool_blocks          # (an override shrinks the pool, not this)
+            out.block_bytes = mem / out.pool_blocks  # (an override shrinks the pool, not this)
         out.kv_dtype = cfg.get("cache_dtype")
         if out.block_size is None:
             out.block_size = _int(cfg.get("block_size"))
@@ -217,26 +245,27 @@ class Replica:
 @dataclass
 class SharedPrefix:
     """Blocks of one prefix tree that several replicas cache."""
+
     root_h64: int
     label_ids: list | None
     salt: tuple
-    holders: list                   # replica names holding at least one of its copied blocks
-    copies: int                     # the most replicas holding one block of it
-    blocks_on_all: int              # blocks of it held by `copies` replicas
+    holders: list  # replica names holding at least one of its copied blocks
+    copies: int  # the most replicas holding one block of it
+    blocks_on_all: int  # blocks of it held by `copies` replicas
     tokens_on_all: int
-    avoidable_blocks: int           # sum over its blocks of (replicas holding it - 1)
+    avoidable_blocks: int  # sum over its blocks of (replicas holding it - 1)
     avoidable_tokens: int
 
 
 @dataclass
 class ClusterNumbers:
-    replicas: list                  # ReplicaSnap
-    unique_blocks: int = 0          # distinct blocks over the cluster
-    held_blocks: int = 0            # blocks summed over replicas
-    avoidable_blocks: int = 0       # held - unique: copies a prefix-aware router would not make
+    replicas: list  # ReplicaSnap
+    unique_blocks: int = 0  # distinct blocks over the cluster
+    held_blocks: int = 0  # blocks summed over replicas
+    avoidable_blocks: int = 0  # held - unique: copies a prefix-aware router would not make
     avoidable_tokens: int = 0
-    on_all: int = 0                 # distinct blocks every replica (with events) holds
-    shared: list = field(default_factory=list)     # SharedPrefix, most avoidable first
+    on_all: int = 0  # distinct blocks every replica (with events) holds
+    shared: list = field(default_factory=list)  # SharedPrefix, most avoidable first
 
 
 def _unique(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -259,15 +288,15 @@ def cluster_numbers(snaps: list[ReplicaSnap], top: int = 12) -> ClusterNumbers:
     tok = np.concatenate([s.hash_tokens for s in live])
     root = np.concatenate([s.hash_root for s in live])
     who = np.concatenate([np.full(len(s.hashes), i) for i, s in enumerate(live)])
-    order = np.argsort(h)                       # one quicksort: np.unique's stable sort is ~2x slower
+    order = np.argsort(h)  # one quicksort: np.unique's stable sort is ~2x slower
     hs = h[order]
     start = np.ones(len(hs), dtype=bool)
     start[1:] = hs[1:] != hs[:-1]
     grp = np.cumsum(start) - 1
-    n = np.bincount(grp)                        # replicas holding each distinct hash
+    n = np.bincount(grp)  # replicas holding each distinct hash
     inv = np.empty(len(h), dtype=np.int64)
     inv[order] = grp
-    first = order[start]                        # one row of each distinct hash
+    first = order[start]  # one row of each distinct hash
     out.unique_blocks, out.held_blocks = len(n), len(h)
     out.avoidable_blocks = int(len(h) - len(n))
     out.avoidable_tokens = int(((n - 1) * tok[first]).sum())
@@ -301,9 +330,19 @@ def cluster_numbers(snaps: list[ReplicaSnap], top: int = 12) -> ClusterNumbers:
     for g in np.lexsort((g_ids, -avoid_b))[:top]:
         holders = np.unique(rows_who[rows_root == g_ids[g]])
         lab = labels.get(int(g_ids[g]), (None, ()))
-        out.shared.append(SharedPrefix(int(g_ids[g]), lab[0], lab[1], [live[w].name for w in holders],
-                                       int(most[g]), int(on_b[g]), int(on_t[g]), int(avoid_b[g]),
-                                       int(avoid_t[g])))
+        out.shared.append(
+            SharedPrefix(
+                int(g_ids[g]),
+                lab[0],
+                lab[1],
+                [live[w].name for w in holders],
+                int(most[g]),
+                int(on_b[g]),
+                int(on_t[g]),
+                int(avoid_b[g]),
+                int(avoid_t[g]),
+            )
+        )
     return out
 
 
@@ -352,7 +391,7 @@ class Cluster:
                 bpt = kv_bytes_per_token(self.tokenizer_folders, s.kv_dtype)
                 s.block_bytes = bpt * s.block_size if bpt else None
         out = cluster_numbers(snaps)
-        for g in out.shared:                  # a prefix outside every replica's largest trees
+        for g in out.shared:  # a prefix outside every replica's largest trees
             for r in self.replicas:
                 if g.label_ids is not None:
                     break

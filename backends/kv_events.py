@@ -13,6 +13,7 @@ Why decode by hand instead of into typed structs: one event of a kind this reade
 (a newer engine) or one bad field must cost that event, not the batch or the reader. The untyped
 msgpack decode is msgspec's C decoder, so the hand part is only the field picking.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,14 +21,24 @@ from dataclasses import dataclass
 import msgspec
 
 SEQ_BYTES = 8
-END_SEQ = -1                     # the replay socket's "no more batches" marker (signed)
+END_SEQ = -1  # the replay socket's "no more batches" marker (signed)
 
 _decoder = msgspec.msgpack.Decoder()
 
 # field order of the array form (older vLLM, SGLang); the map form names them
-_STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-                  "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
-                  "kv_cache_spec_sliding_window")
+_STORED_FIELDS = (
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+)
 _REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
 
 
@@ -39,13 +50,14 @@ class Malformed(ValueError):
 class Stored:
     """Blocks newly cached (or, with vLLM's `kv_cache_report_mode="full"`, reused): one hash per
     full block, in prefix order; `parent` is the hash of the block before the first one."""
+
     hashes: list
     parent: int | bytes | None
     token_ids: list
     block_size: int
     medium: str | None = None
     lora: str | None = None
-    extra_keys: list | None = None          # one entry (tuple or None) per block
+    extra_keys: list | None = None  # one entry (tuple or None) per block
     group: int | None = None
     kind: str | None = None
 
@@ -65,6 +77,7 @@ class Cleared:
 @dataclass(slots=True)
 class Unknown:
     """An event kind this reader does not know; counted and shown, never applied."""
+
     kind: str
 
 
@@ -73,7 +86,7 @@ class Batch:
     ts: float
     events: list
     dp_rank: int | None = None
-    bad_events: int = 0                 # events in the batch that could not be read (skipped)
+    bad_events: int = 0  # events in the batch that could not be read (skipped)
 
 
 def _is_hash(h) -> bool:
@@ -118,15 +131,30 @@ def event(raw) -> Stored | Removed | Cleared | Unknown:
         size = f.get("block_size")
         if parent is not None and not _is_hash(parent):
             raise Malformed("parent_block_hash is not an int or bytes")
-        if not isinstance(tokens, list) or not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        if (
+            not isinstance(tokens, list)
+            or not isinstance(size, int)
+            or isinstance(size, bool)
+            or size <= 0
+        ):
             raise Malformed("token_ids / block_size unreadable")
         extra = f.get("extra_keys")
-        return Stored(hashes, parent, tokens, size, _opt_str(f.get("medium")), _opt_str(f.get("lora_name")),
-                      extra if isinstance(extra, list) else None, _opt_int(f.get("group_idx")),
-                      _opt_str(f.get("kv_cache_spec_kind")))
+        return Stored(
+            hashes,
+            parent,
+            tokens,
+            size,
+            _opt_str(f.get("medium")),
+            _opt_str(f.get("lora_name")),
+            extra if isinstance(extra, list) else None,
+            _opt_int(f.get("group_idx")),
+            _opt_str(f.get("kv_cache_spec_kind")),
+        )
     if kind == "BlockRemoved":
         f = _fields(raw, _REMOVED_FIELDS)
-        return Removed(_hashes(f.get("block_hashes")), _opt_str(f.get("medium")), _opt_int(f.get("group_idx")))
+        return Removed(
+            _hashes(f.get("block_hashes")), _opt_str(f.get("medium")), _opt_int(f.get("group_idx"))
+        )
     if kind == "AllBlocksCleared":
         return Cleared()
     return Unknown(kind[:60])
@@ -139,7 +167,7 @@ def decode_batch(payload: bytes) -> Batch:
         raw = _decoder.decode(payload)
     except (msgspec.DecodeError, ValueError) as e:
         raise Malformed(f"not msgpack: {e}") from None
-    if isinstance(raw, dict):                       # a batch encoded as a map (not vLLM's own form)
+    if isinstance(raw, dict):  # a batch encoded as a map (not vLLM's own form)
         raw = [raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank")]
     if not isinstance(raw, list) or len(raw) < 2 or not isinstance(raw[1], list):
         raise Malformed("not a [ts, events, ...] batch")

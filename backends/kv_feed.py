@@ -13,6 +13,7 @@ The rules (vLLM numbers its batches 0, 1, 2, ... per publisher; PUB drops when a
   then take the stream from there (and replay what the new publisher already sent);
 - a frame that is not a batch: counted as malformed, skipped; the next good one still applies.
 """
+
 from __future__ import annotations
 
 import threading
@@ -30,14 +31,23 @@ class Feed:
 
     def __init__(self, blocks: ReplicaBlocks, replay=None, clock=time.time):
         self.blocks, self.replay, self.clock = blocks, replay, clock
-        self.last: int | None = None          # last applied sequence number
-        self.caught_up = True                  # False between a replay and the next newer live batch
-        self.counts = {"batches": 0, "events": 0, "malformed": 0, "bad_events": 0, "gaps": 0,
-                       "lost_batches": 0, "replayed_batches": 0, "duplicates": 0, "restarts": 0}
-        self.first_seq: int | None = None      # the first batch this model has (joined late if > 0)
-        self._recent: deque[tuple[float, int]] = deque()      # (time, events) for events/s
+        self.last: int | None = None  # last applied sequence number
+        self.caught_up = True  # False between a replay and the next newer live batch
+        self.counts = {
+            "batches": 0,
+            "events": 0,
+            "malformed": 0,
+            "bad_events": 0,
+            "gaps": 0,
+            "lost_batches": 0,
+            "replayed_batches": 0,
+            "duplicates": 0,
+            "restarts": 0,
+        }
+        self.first_seq: int | None = None  # the first batch this model has (joined late if > 0)
+        self._recent: deque[tuple[float, int]] = deque()  # (time, events) for events/s
         self.last_event_at: float | None = None
-        self.lock = threading.Lock()           # the reader thread applies, the page reads
+        self.lock = threading.Lock()  # the reader thread applies, the page reads
 
     # ---- entry points --------------------------------------------------------------------------
     def start(self) -> None:
@@ -57,13 +67,13 @@ class Feed:
 
     def live(self, seq: int, payload: bytes) -> None:
         if self.last is None:
-            if seq > 0:                          # joined mid-stream: fetch what came before
+            if seq > 0:  # joined mid-stream: fetch what came before
                 self._replay_from(0, until=seq)
         elif seq <= self.last:
             if not self.caught_up:
                 self.counts["duplicates"] += 1
                 return
-            self.counts["restarts"] += 1         # numbering went back: a new publisher
+            self.counts["restarts"] += 1  # numbering went back: a new publisher
             with self.lock:
                 self.blocks.clear()
             self.last, self.first_seq = None, None
@@ -88,7 +98,7 @@ class Feed:
             if self.last is not None and seq <= self.last:
                 continue
             if self.last is not None and seq > self.last + 1:
-                self.counts["lost_batches"] += seq - self.last - 1    # older than the buffer
+                self.counts["lost_batches"] += seq - self.last - 1  # older than the buffer
             self._apply(seq, payload)
             self.counts["replayed_batches"] += 1
         self.caught_up = False
@@ -106,7 +116,7 @@ class Feed:
             for ev in batch.events:
                 try:
                     self.blocks.apply(ev)
-                except Exception:              # a readable event this model cannot place
+                except Exception:  # a readable event this model cannot place
                     self.counts["bad_events"] += 1
         self.counts["batches"] += 1
         self.counts["events"] += len(batch.events)

@@ -12,6 +12,7 @@ Sockets, as vLLM's publisher expects them (vllm/distributed/kv_events.py, ZmqEve
 Why a thread per replica: ZMQ sockets must stay on one thread; the page reads the model under
 the Feed's lock (backends/kv_feed.py), never the sockets.
 """
+
 from __future__ import annotations
 
 import threading
@@ -33,14 +34,24 @@ def binds(endpoint: str) -> bool:
 def parse_spec(spec: str) -> tuple[str, str | None]:
     """`--backend-kv-events` value: `tcp://HOST:PORT` or `tcp://HOST:PORT,tcp://HOST:REPLAYPORT`."""
     parts = [p.strip() for p in spec.split(",") if p.strip()]
-    if not 1 <= len(parts) <= 2 or not all(p.startswith(("tcp://", "ipc://", "inproc://")) for p in parts):
-        raise ValueError(f"--backend-kv-events expects tcp://HOST:PORT[,tcp://HOST:REPLAY_PORT], got {spec!r}")
+    if not 1 <= len(parts) <= 2 or not all(
+        p.startswith(("tcp://", "ipc://", "inproc://")) for p in parts
+    ):
+        raise ValueError(
+            f"--backend-kv-events expects tcp://HOST:PORT[,tcp://HOST:REPLAY_PORT], got {spec!r}"
+        )
     return parts[0], parts[1] if len(parts) == 2 else None
 
 
 class Subscriber:
-    def __init__(self, feed: Feed, endpoint: str, replay_endpoint: str | None = None, topic: str = "",
-                 ctx: zmq.Context | None = None):
+    def __init__(
+        self,
+        feed: Feed,
+        endpoint: str,
+        replay_endpoint: str | None = None,
+        topic: str = "",
+        ctx: zmq.Context | None = None,
+    ):
         self.feed, self.endpoint, self.replay_endpoint = feed, endpoint, replay_endpoint
         self.topic = topic.encode()
         self.ctx = ctx or zmq.Context.instance()
@@ -51,7 +62,7 @@ class Subscriber:
         if replay_endpoint:
             feed.replay = self._replay
 
-    def start(self) -> "Subscriber":
+    def start(self) -> Subscriber:
         self._thread.start()
         return self
 
@@ -75,7 +86,7 @@ class Subscriber:
                         self.feed.frame(sub.recv_multipart(zmq.NOBLOCK))
                     except zmq.Again:
                         pass
-                    except Exception as e:      # one bad message must not end the stream
+                    except Exception as e:  # one bad message must not end the stream
                         self.feed.counts["malformed"] += 1
                         self.error = f"{type(e).__name__}: {e}"
         except zmq.ZMQError as e:

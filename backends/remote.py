@@ -63,7 +63,7 @@ class RemoteEngine:
         self._streams: dict[str, RemoteStream] = {}
         self._lock = threading.Lock()
         self.model, self._max_model_len, self.startup_error = model, DEFAULT_MAX_MODEL_LEN, None
-        self.model_root: str | None = None      # where the server loaded the model from (vLLM: "root")
+        self.model_root: str | None = None      # where the server loaded it from (vLLM: "root")
         self.discover()
 
     # ---- discovery ---------------------------------------------------------------------------
@@ -148,8 +148,9 @@ class RemoteEngine:
             finally:
                 response.close()
             raise BackendError(f"The backend at {self.root} answered HTTP {response.status_code}: {msg}")
-        stream = RemoteStream(response, rid, getattr(params, "n", 1) or 1, sent, on_close=self._forget,
-                              served_by=self.name, on_finished=self.on_finished)
+        stream = RemoteStream(response, rid, getattr(params, "n", 1) or 1, sent,
+                              on_close=self._forget, served_by=self.name,
+                              on_finished=self.on_finished)
         with self._lock:
             if not stream._aborted.is_set():
                 self._streams[rid] = stream

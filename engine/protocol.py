@@ -159,12 +159,12 @@ class ServesReplicas(Protocol):
 
     def cluster_view(self): ...                                  # backends.kv_cluster.Cluster
 
-    def recent_landings(self) -> list: ...                       # [{replica, prompt/cached tokens, ...}]
+    def recent_landings(self) -> list: ...                       # [{replica, tokens, ...}]
 
 
 ABILITIES = (ReportsStats, ServesSnapshotForms, ServesTenants, Configured, ReportsQueuePosition,
-             ConstrainsOutput, ContinuesReplies, BeamSearches, PinsPrompts, ServesCompletions, RemoteBackend,
-             ServesReplicas)
+             ConstrainsOutput, ContinuesReplies, BeamSearches, PinsPrompts, ServesCompletions,
+             RemoteBackend, ServesReplicas)
 PROTOCOLS = (ChatEngine, *ABILITIES)
 
 

@@ -4,6 +4,7 @@ A fixture is a msgpack map: {"replica": name, "meta": {...what /metrics said at 
 "frames": [[topic, seq, payload], ...]} with the ZMQ frames exactly as the engine sent them, so
 replaying one into backends/kv_feed.Feed exercises the reader on real vLLM bytes.
 """
+
 from __future__ import annotations
 
 import threading

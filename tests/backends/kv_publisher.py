@@ -7,6 +7,7 @@ What it publishes is recorded vLLM output (tests/backends/fixtures/kv_events/), 
 test sees real bytes over a real socket; `publish(..., drop=True)` only buffers a batch, which is
 what a subscriber sees when PUB drops a message (a sequence gap).
 """
+
 from __future__ import annotations
 
 import threading

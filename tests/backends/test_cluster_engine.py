@@ -1,6 +1,7 @@
 """ClusterEngine (backends/cluster_engine.py) over two OpenAI-compatible servers
 (tests/backends/fake_backend.py): which replica a turn lands on, failing over, the replica's name
 in the reply's stats and stored stats line, the landings the cluster tab lists."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,7 +28,9 @@ def fakes():
 def chat(system: str, *users: str) -> list[dict]:
     out = [{"role": "system", "content": system}]
     for k, u in enumerate(users):
-        out += [{"role": "user", "content": u}] + ([{"role": "assistant", "content": "ok"}] if k < len(users) - 1 else [])
+        out += [{"role": "user", "content": u}] + (
+            [{"role": "assistant", "content": "ok"}] if k < len(users) - 1 else []
+        )
     return out
 
 
@@ -37,7 +40,11 @@ def last(eng, messages, **kw):
 
 def test_it_is_a_chat_engine_a_remote_backend_and_serves_replicas(fakes):
     eng = ClusterEngine([f.url for f in fakes])
-    assert isinstance(eng, ChatEngine) and isinstance(eng, RemoteBackend) and isinstance(eng, ServesReplicas)
+    assert (
+        isinstance(eng, ChatEngine)
+        and isinstance(eng, RemoteBackend)
+        and isinstance(eng, ServesReplicas)
+    )
     assert eng.kind == "remote" and eng.model == "fake" and eng.max_model_len == 2048
     assert [r.name for r in eng.cluster_view().replicas] == [replica_name(f.url) for f in fakes]
     assert not eng.cluster_view().has_events()
@@ -53,10 +60,10 @@ def test_conversation_routing_keeps_a_chat_on_one_replica_and_spreads_chats(fake
     for k in range(12):
         first = last(eng, chat("Be brief.", f"question {k}"))
         later = last(eng, chat("Be brief.", f"question {k}", "and then?", "why?"))
-        assert first.metrics["served_by"] == later.metrics["served_by"]      # the whole chat stays
+        assert first.metrics["served_by"] == later.metrics["served_by"]  # the whole chat stays
         where[k] = first.metrics["served_by"]
         assert where[k] == names[conversation_key(chat("Be brief.", f"question {k}")) % 2]
-    assert set(where.values()) == set(names)                                  # chats spread
+    assert set(where.values()) == set(names)  # chats spread
     land = eng.recent_landings()
     assert len(land) == 24 and land[-1]["prompt_tokens"] == 12 and land[-1]["cached_tokens"] == 8
     eng.shutdown()
@@ -69,7 +76,10 @@ def test_round_robin_alternates_and_a_failing_replica_is_skipped(fakes):
     assert got == [names[0], names[1], names[0], names[1]]
     fakes[0].mode = "500"
     try:
-        got = [last(eng, chat("s", "q"), cache_salt="user:alice").metrics["served_by"] for _ in range(2)]
+        got = [
+            last(eng, chat("s", "q"), cache_salt="user:alice").metrics["served_by"]
+            for _ in range(2)
+        ]
         assert got == [names[1], names[1]]
         assert eng.recent_landings()[-1]["salt"] == "user:alice"
         fakes[1].mode = "500"
@@ -109,11 +119,13 @@ def test_served_by_reaches_the_stored_stats_and_the_reply_line(fakes, tmp_path):
 
 
 def test_one_router_in_front_of_replicas_whose_events_the_tab_reads(fakes):
-    eng = ClusterEngine([fakes[0].url], kv_events=["tcp://10.0.0.1:5556", "tcp://10.0.0.2:5556,tcp://10.0.0.2:5557"])
+    eng = ClusterEngine(
+        [fakes[0].url], kv_events=["tcp://10.0.0.1:5556", "tcp://10.0.0.2:5556,tcp://10.0.0.2:5557"]
+    )
     assert [r.name for r in eng.cluster_view().replicas] == ["10.0.0.1:5556", "10.0.0.2:5556"]
     assert all(r.engine is None and r.subscriber is not None for r in eng.cluster_view().replicas)
     d = last(eng, chat("s", "q"))
-    assert "served_by" not in d.metrics                    # which replica the router chose is unknown
+    assert "served_by" not in d.metrics  # which replica the router chose is unknown
     assert "a router or one replica" in eng.recent_landings()[-1]["replica"]
     eng.shutdown()
 
@@ -129,3 +141,14 @@ def test_flags_are_checked():
     with pytest.raises(ValueError, match="one --backend-kv-events per --backend"):
         ClusterEngine(["http://127.0.0.1:9", "http://127.0.0.1:10"], kv_events=["tcp://a:1"] * 3)
     assert replica_name("http://gpu1:8000/v1") == "gpu1:8000"
+
+
+def test_app_flags_take_several_backends_and_their_event_streams():
+    from app import parse_args
+
+    a = parse_args(["--backend", "http://g1:8000", "--backend", "http://g2:8000",
+                    "--backend-kv-events", "tcp://g1:5557,tcp://g1:5558",
+                    "--backend-kv-events", "tcp://g2:5557", "--backend-routing", "round-robin"])
+    assert a.backend == ["http://g1:8000", "http://g2:8000"] and a.backend_routing == "round-robin"
+    assert a.backend_kv_events == ["tcp://g1:5557,tcp://g1:5558", "tcp://g2:5557"]
+    assert parse_args(["--backend", "http://g1:8000"]).backend_kv_events is None

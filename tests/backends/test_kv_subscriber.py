@@ -2,6 +2,7 @@
 vLLM's publisher (tests/backends/kv_publisher.py) that sends replica A's recorded batches: replay on
 connect, a batch the PUB socket dropped fetched from the replay endpoint, malformed messages on
 the wire, and the reader binding when the engine's publisher connects to it."""
+
 from __future__ import annotations
 
 import zmq
@@ -19,7 +20,7 @@ def test_replay_on_connect_a_dropped_batch_and_junk_on_the_wire():
     items = batches(A)
     m = len(items) // 2
     pub = FakePublisher()
-    for seq, payload in items[:m]:                 # sent before anyone listened: only replay has them
+    for seq, payload in items[:m]:  # sent before anyone listened: only replay has them
         pub.publish(seq, payload)
     feed = Feed(ReplicaBlocks())
     sub = Subscriber(feed, *parse_spec(pub.spec)).start()
@@ -30,12 +31,13 @@ def test_replay_on_connect_a_dropped_batch_and_junk_on_the_wire():
         def rest_arrived() -> bool:
             if feed.last == items[-1][0]:
                 return True
-            pub.publish(*items[-1])               # the last one again, until the reader hears it
+            pub.publish(*items[-1])  # the last one again, until the reader hears it
             return False
-        pub.send_raw([b"", b"\x00\x01", b"junk"])                  # a 2-byte sequence number
-        pub.send_raw([b"", (10**6).to_bytes(8, "big")])            # two frames, no payload: skipped
+
+        pub.send_raw([b"", b"\x00\x01", b"junk"])  # a 2-byte sequence number
+        pub.send_raw([b"", (10**6).to_bytes(8, "big")])  # two frames, no payload: skipped
         for k, (seq, payload) in enumerate(items[m:-1]):
-            pub.publish(seq, payload, drop=(k == 0))               # the first one lost on the way
+            pub.publish(seq, payload, drop=(k == 0))  # the first one lost on the way
         pub.buffer.append(items[-1])
         wait_until(rest_arrived, 20, every=0.3, what="the live batches")
         assert state(feed) == state(run(items))
@@ -54,12 +56,14 @@ def test_the_reader_binds_when_the_publisher_connects():
     sub = Subscriber(feed, f"tcp://*:{port}").start()
     pub = zmq.Context.instance().socket(zmq.PUB)
     pub.setsockopt(zmq.LINGER, 0)
-    pub.connect(f"tcp://127.0.0.1:{port}")          # what vLLM does with endpoint tcp://reader:PORT
+    pub.connect(f"tcp://127.0.0.1:{port}")  # what vLLM does with endpoint tcp://reader:PORT
     items = batches(A)[:1]
     try:
+
         def heard() -> bool:
             pub.send_multipart([b"", items[0][0].to_bytes(8, "big"), items[0][1]])
             return feed.counts["batches"] >= 1
+
         wait_until(heard, 20, every=0.2, what="a batch through a connecting publisher")
         assert len(feed.blocks) > 0 and sub.error is None
     finally:

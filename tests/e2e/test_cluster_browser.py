@@ -1,4 +1,4 @@
-"""The cluster Memory tab in Chromium: one app on two OpenAI servers (tests/backends/fake_backend.py)
+"""The cluster Memory tab in Chromium: one app on two OpenAI servers (fake_backend.py)
 whose KV-event streams are replica A's and B's recorded vLLM batches, served over real ZMQ by
 tests/backends/kv_publisher.py. The app reads them by replay on connect, then live.
 
@@ -7,6 +7,7 @@ per-replica counts equal the reader's model of the same bytes built here; the sh
 is named by its first words; the landings table lists the turn; a clear-all event and a malformed
 message arriving live are applied and counted without breaking the page.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -22,8 +23,15 @@ from tests.e2e.polling import wait_until
 
 pytestmark = pytest.mark.slow
 
-CACHE_INFO = ('vllm:cache_config_info{block_size="128",cache_dtype="auto",engine="0",'
-              'kv_cache_memory_bytes="117964800",num_gpu_blocks="40",num_gpu_blocks_override="None"} 1.0\n')
+# {replica: its cached blocks}, as the tab's replica cards carry them (data-replica, data-blocks)
+REPLICA_COUNTS = """() => Object.fromEntries(
+    [...document.querySelectorAll('#kv-cluster-reps [data-replica]')]
+        .map(e => [e.dataset.replica, +e.dataset.blocks]))"""
+
+CACHE_INFO = (
+    'vllm:cache_config_info{block_size="128",cache_dtype="auto",engine="0",'
+    'kv_cache_memory_bytes="117964800",num_gpu_blocks="40",num_gpu_blocks_override="None"} 1.0\n'
+)
 
 
 def expected(parts):
@@ -37,16 +45,18 @@ def expected(parts):
 
 
 def test_cluster_tab_draws_both_replicas_from_their_event_streams(tmp_path, screenshot_dir):
-    from engine.exec.loader import resolve_hf_folder
     from playwright.sync_api import sync_playwright
+
+    from engine.exec.loader import resolve_hf_folder
+
     a, b = batches(A), batches(B)
-    a, b_live = a[:first_index(a, Removed)], b[first_index(b, Cleared):]
-    b = b[:first_index(b, Cleared)]
+    a, b_live = a[: first_index(a, Removed)], b[first_index(b, Cleared) :]
+    b = b[: first_index(b, Cleared)]
     fakes = [FakeBackend(extra_metrics=CACHE_INFO).start() for _ in range(2)]
     pubs = [FakePublisher(), FakePublisher()]
     for pub, items in zip(pubs, (a, b)):
         for seq, payload in items:
-            pub.publish(seq, payload)               # before the app listens: it replays them
+            pub.publish(seq, payload)  # before the app listens: it replays them
     names = [f.url.split("//")[1] for f in fakes]
     args = [x for f in fakes for x in ("--backend", f.url)]
     args += [x for p in pubs for x in ("--backend-kv-events", p.spec)]
@@ -64,30 +74,50 @@ def test_cluster_tab_draws_both_replicas_from_their_event_streams(tmp_path, scre
                 page.goto(app.url)
                 page.fill("#msg textarea", "When do you open?")
                 page.keyboard.press("Enter")
-                line = wait_until(lambda: next((t for t in page.locator("#chatbot").all_inner_texts()
-                                                if "prompt tokens from cache on" in t), None), 60,
-                                  what="the reply's stats line")
-                assert any(f"reused 8 of 12 prompt tokens from cache on {n}" in line for n in names), line
+                line = wait_until(
+                    lambda: next(
+                        (
+                            t
+                            for t in page.locator("#chatbot").all_inner_texts()
+                            if "prompt tokens from cache on" in t
+                        ),
+                        None,
+                    ),
+                    60,
+                    what="the reply's stats line",
+                )
+                assert any(
+                    f"reused 8 of 12 prompt tokens from cache on {n}" in line for n in names
+                ), line
 
                 page.get_by_role("tab", name="Memory").click()
                 head = "#kv-cluster-head"
-                wait_until(lambda: page.locator(f"{head} [data-k=held_blocks]").count(), 30, what="the headline")
+                wait_until(
+                    lambda: page.locator(f"{head} [data-k=held_blocks]").count(),
+                    30,
+                    what="the headline",
+                )
                 v = page.evaluate(f"""() => Object.fromEntries([...document.querySelectorAll(
                     '{head} [data-v]')].map(e => [e.dataset.k, e.dataset.v]))""")
                 assert int(v["held_blocks"]) == want.held_blocks
                 assert int(v["avoidable_blocks"]) == want.avoidable_blocks > 0
-                assert int(v["top_tokens"]) == want.shared[0].tokens_on_all and v["top_copies"] == "2"
+                assert (
+                    int(v["top_tokens"]) == want.shared[0].tokens_on_all and v["top_copies"] == "2"
+                )
                 assert int(v["avoidable_bytes"]) == want.avoidable_blocks * 117964800 // 40
                 text = page.inner_text(head)
-                assert "You are a careful assistant" in text and "is held by both replicas" in text, text
-                counts = lambda: page.evaluate("""() => Object.fromEntries([...document.querySelectorAll(
-                    '#kv-cluster-reps [data-replica]')].map(e => [e.dataset.replica, +e.dataset.blocks]))""")
+                assert (
+                    "You are a careful assistant" in text and "is held by both replicas" in text
+                ), text
+                counts = lambda: page.evaluate(REPLICA_COUNTS)
                 assert counts() == {n: r.blocks for n, r in zip(names, want.replicas)}
                 cells = page.locator("#kv-cluster-reps .kvcg i")
-                assert cells.count() == 80                            # 2 pools of 40 blocks, a cell each
+                assert cells.count() == 80  # 2 pools of 40 blocks, a cell each
                 land = page.inner_text("#kv-cluster-land")
                 assert any(n in land for n in names) and "What KV events cannot say" in land
-                assert "Prefixes cached on several replicas" in page.inner_text("#kv-cluster-prefixes")
+                assert "Prefixes cached on several replicas" in page.inner_text(
+                    "#kv-cluster-prefixes"
+                )
                 page.screenshot(path=str(screenshot_dir / "dashboard_cluster.png"), full_page=True)
 
                 # live: junk on B's wire, then B's prefix-cache reset

@@ -269,7 +269,7 @@ class FakeLLM:
     def metrics_text(self):                          # RemoteBackend: a local engine serves none
         return None
 
-    routing = "none"                                 # ServesReplicas: a local engine has no replicas
+    routing = "none"                       # ServesReplicas: a local engine has no replicas
 
     def cluster_view(self):
         return None

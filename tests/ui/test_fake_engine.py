@@ -6,7 +6,8 @@ import inspect
 import pytest
 
 from engine import LLM
-from engine.protocol import ABILITIES, PROTOCOLS, ChatEngine, RemoteBackend, ServesReplicas, protocol_members
+from engine.protocol import (ABILITIES, PROTOCOLS, ChatEngine, RemoteBackend, ServesReplicas,
+                             protocol_members)
 from tests.ui.fake_engine import FakeLLM
 
 MEMBERS = sorted((p.__name__, m) for p in PROTOCOLS for m in protocol_members(p))
@@ -31,7 +32,7 @@ def test_every_protocol_is_runtime_checkable_and_the_fake_implements_them_all():
 
 def test_the_real_llm_implements_every_ability_of_a_local_engine():
     for proto in (ChatEngine, *ABILITIES):
-        if proto in (RemoteBackend, ServesReplicas):     # remote engines' (backends/), not the LLM's
+        if proto in (RemoteBackend, ServesReplicas):     # remote engines' (backends/) only
             continue
         for name in protocol_members(proto):
             assert hasattr(LLM, name) or name in LLM.__init__.__code__.co_names, \

@@ -7,6 +7,7 @@ here the block picture comes from the replicas' KV-event streams (backends/kv_cl
 the words come from ui/dashboard/cluster_view.py. This file only wires Gradio: one timer, one
 paint function, the viewer's identity for what it may read under --auth.
 """
+
 from __future__ import annotations
 
 import threading
@@ -53,13 +54,22 @@ def render(cached: _Cached, landings: list, auth: bool, request: gr.Request | No
     def name_of_root(r) -> str:
         return V.label(r.label_ids, r.salt, r.h64, decode, viewer_salt, auth)
 
-    head = (f'<div class="kvd kvcl" id="kv-cluster-headline"><p class="kvs">{V.headline_sentence(num, name_of)}</p>'
-            f'<div class="kvn">{V.tiles_html(num)}</div></div>')
-    reps = (f'<div class="kvd kvcl" id="kv-cluster-replicas">{V.legend_html()}'
-            + "".join(V.replica_html(r, name_of_root) for r in num.replicas) + "</div>")
+    head = (
+        '<div class="kvd kvcl" id="kv-cluster-headline">'
+        f'<p class="kvs">{V.headline_sentence(num, name_of)}</p>'
+        f'<div class="kvn">{V.tiles_html(num)}</div></div>'
+    )
+    reps = (
+        f'<div class="kvd kvcl" id="kv-cluster-replicas">{V.legend_html()}'
+        + "".join(V.replica_html(r, name_of_root) for r in num.replicas)
+        + "</div>"
+    )
     shared = f'<div class="kvd kvcl" id="kv-cluster-shared">{V.shared_table(num, name_of)}</div>'
-    land = (f'<div class="kvd kvcl" id="kv-cluster-landings">{V.landings_table(landings, viewer_salt, auth)}'
-            f'{V.blind_html()}</div>')
+    land = (
+        '<div class="kvd kvcl" id="kv-cluster-landings">'
+        f"{V.landings_table(landings, viewer_salt, auth)}"
+        f"{V.blind_html()}</div>"
+    )
     return [head, reps, shared, land]
 
 
@@ -72,9 +82,11 @@ def build_cluster_dashboard(llm, *, tick_s: float = 1.0, auth: bool = False) -> 
     html = dict(css_template=H.CSS + V.CLUSTER_CSS, apply_default_css=True)
     names = ", ".join(r.name for r in cluster.replicas)
     with gr.Column(elem_id="kv-dashboard-cluster"):
-        gr.Markdown(f"### Cluster memory, live\nThis app spreads the chat over **{escape(names)}** "
-                    f"(routing: {escape(routing)}). Each replica's cached blocks come from its KV-event "
-                    "stream; usage and hit rate from its /metrics. Refreshed every second while shown.")
+        gr.Markdown(
+            f"### Cluster memory, live\nThis app spreads the chat over **{escape(names)}** "
+            f"(routing: {escape(routing)}). Each replica's cached blocks come from its KV-event "
+            "stream; usage and hit rate from its /metrics. Refreshed every second while shown."
+        )
         head = gr.HTML(**html, elem_id="kv-cluster-head")
         reps = gr.HTML(**html, elem_id="kv-cluster-reps")
         shared = gr.HTML(**html, elem_id="kv-cluster-prefixes")
@@ -85,7 +97,12 @@ def build_cluster_dashboard(llm, *, tick_s: float = 1.0, auth: bool = False) -> 
     def paint(request: gr.Request):
         return render(cached, llm.recent_landings(), auth, request)
 
-    kw = dict(fn=paint, outputs=outputs, concurrency_limit=None, show_progress="hidden",
-              api_visibility="private")
+    kw = dict(
+        fn=paint,
+        outputs=outputs,
+        concurrency_limit=None,
+        show_progress="hidden",
+        api_visibility="private",
+    )
     timer.tick(**kw)
     return DashboardTimers([timer], kw, tick_fns={"paint": paint})

@@ -34,7 +34,8 @@ def wire_memory_tab(memory_tab, other_tab, dash: DashboardTimers) -> None:
     def switch(active: bool):
         # one output takes the return value whole: a one-item list would leave the timer as it was
         # (the remote views' single timer never started before this)
-        return [gr.Timer(active=active)] * len(timers) if len(timers) > 1 else gr.Timer(active=active)
+        one = gr.Timer(active=active)
+        return [one] * len(timers) if len(timers) > 1 else one
     shown = memory_tab.select(lambda: switch(True), None, timers, **quiet)
     if dash.select_own is not None:
         shown = shown.then(**dash.select_own)
