@@ -120,8 +120,23 @@ def test_grid_cells_add_up_to_the_pool_and_scale_down_big_pools():
 
 
 def test_replica_line_names_its_troubles_and_a_replica_without_events():
-    r = snap("r0", 10, 0, joined_late=True, counts={"gaps": 2, "lost_batches": 1, "malformed": 3})
+    r = snap(
+        "r0",
+        10,
+        0,
+        joined_late=True,
+        counts={"gaps": 2, "lost_batches": 1, "malformed": 3},
+        by_medium={"GPU": 8, "CPU": 2},
+        kinds={"full_attention": 10},
+        salted_blocks=4,
+        last_event_age_s=12.0,
+    )
     text = re.sub("<[^>]+>", "", V.replica_html(r, lambda root: "p"))
+    assert (
+        "By medium: GPU 8, CPU 2; by layer-group kind: full_attention 10; 4 under a cache salt"
+        in text
+    )
+    assert "events/s, the last 12 s ago" in text
     assert "joined late" in text and "2 sequence gaps" in text and "1 batch lost" in text
     assert (
         "3 malformed messages skipped" in text

@@ -233,6 +233,17 @@ def replica_html(r, name_of_root) -> str:
     size = f", {r.block_size} tokens each" if r.block_size else ""
     bpb = f" ({fmt_bytes(r.blocks * r.block_bytes)})" if r.block_bytes else ""
     media = ", ".join(f"{m} {n:,}" for m, n in r.by_medium.items())
+    kinds = (
+        "; by layer-group kind: " + ", ".join(f"{k} {n:,}" for k, n in r.kinds.items())
+        if r.kinds
+        else ""
+    )
+    salted = f"; {r.salted_blocks:,} under a cache salt" if r.salted_blocks else ""
+    last = (
+        f", the last {r.last_event_age_s:,.0f} s ago"
+        if r.last_event_age_s is not None
+        else ", none yet"
+    )
     c = r.counts
     state = []
     if r.error:
@@ -258,8 +269,8 @@ def replica_html(r, name_of_root) -> str:
         f'<div class="kvcr" data-replica="{name}" data-blocks="{r.blocks}">{head}'
         f"<div>{_count('replica_blocks', r.blocks)} cached blocks{size}{bpb} of {pool}; "
         f"{r.copied_blocks:,} of them copied on another replica. "
-        f"By medium: {escape(media or 'none')}. "
-        f"{usage}{hit}. {r.events_per_s:,.1f} events/s.</div>{grid_html(r, name_of_root)}"
+        f"By medium: {escape(media or 'none')}{kinds}{salted}. "
+        f"{usage}{hit}. {r.events_per_s:,.1f} events/s{last}.</div>{grid_html(r, name_of_root)}"
         + (f'<div class="muted">{escape("; ".join(state))}.</div>' if state else "")
         + "</div>"
     )
