@@ -40,8 +40,11 @@ def iter_sse_events(lines):
 
 
 class RemoteStream:
-    def __init__(self, response, request_id: str, n: int, sent_at: float, on_close=None):
+    def __init__(self, response, request_id: str, n: int, sent_at: float, on_close=None,
+                 served_by: str | None = None, on_finished=None):
         self.request_id, self.n, self.sent_at = request_id, n, sent_at
+        self._on_finished = on_finished          # called with this stream once it has ended
+        self.served_by = served_by              # which replica, when the app spreads over several
         self.prompt_ids = None                  # the remote side tokenizes; we never see the ids
         self._response, self._on_close = response, on_close
         self._q: queue.Queue = queue.Queue()      # sync consumers (and anything before `async for`)
@@ -64,6 +67,8 @@ class RemoteStream:
         cached = (self._usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         if cached is not None:
             m["cached_tokens"] = cached
+        if self.served_by:
+            m["served_by"] = self.served_by
         if self._first is not None:
             m["ttft_s"] = self._first - self.sent_at
             decode = time.monotonic() - self._first
@@ -111,6 +116,11 @@ class RemoteStream:
             m["state"] = "finished"
             self._emit(RequestOutputDelta(self.request_id, i, "", [], finished=True, finish_reason=reason,
                                           error=err, metrics=m))
+        if self._on_finished is not None:
+            try:
+                self._on_finished(self)
+            except Exception:                   # bookkeeping must never break the reply
+                pass
         self._emit(_END)
 
     def _emit(self, item) -> None:
@@ -132,6 +142,10 @@ class RemoteStream:
             pass
         if self._on_close is not None:
             self._on_close(self.request_id)
+
+    def usage(self) -> dict:
+        """The server's `usage` object of this reply (empty until it arrives, at the end)."""
+        return dict(self._usage)
 
     # ---- consumer side -----------------------------------------------------------------------
     def abort(self) -> None:

@@ -64,7 +64,7 @@ class TenantStats:
 class FairnessEvent:
     """A decision worth a line in the dashboard's event feed."""
     t: float
-    kind: str           # "held_back" | "fair_preempt"
+    kind: str           # "held_back" | "fair_preempt" | "starvation_preempt"
     tenant: str         # the tenant held back or preempted
     favoured: str       # the tenant served instead
     text: str
