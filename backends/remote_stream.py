@@ -13,14 +13,13 @@ first text; cached tokens only when the server reports `prompt_tokens_details.ca
 """
 from __future__ import annotations
 
-import asyncio
 import json
-import queue
 import socket
 import threading
 import time
 
 from engine.core.sequence import RequestOutputDelta
+from engine.front.handover import Handover
 
 _END = object()
 
@@ -47,9 +46,7 @@ class RemoteStream:
         self.served_by = served_by              # which replica, when the app spreads over several
         self.prompt_ids = None                  # the remote side tokenizes; we never see the ids
         self._response, self._on_close = response, on_close
-        self._q: queue.Queue = queue.Queue()      # sync consumers (and anything before `async for`)
-        self._loop = self._aq = None                 # an `async for` consumer: fed via its loop
-        self._emit_lock = threading.Lock()
+        self._handover = Handover()              # blocking or `async for` consumer (engine/front/handover.py)
         self._aborted = threading.Event()
         self._first: float | None = None
         self._counts = [0] * n
@@ -126,14 +123,10 @@ class RemoteStream:
     def _emit(self, item) -> None:
         """Hand one item to the consumer: straight onto its event loop once it iterates with
         `async for` (no thread parked per stream), else onto the thread-safe queue."""
-        with self._emit_lock:
-            if self._loop is None:
-                self._q.put(item)
-                return
-            try:
-                self._loop.call_soon_threadsafe(self._aq.put_nowait, item)
-            except RuntimeError:                # the consumer's loop is closed: nobody listens
-                pass
+        try:
+            self._handover.put(item)
+        except RuntimeError:        # the consumer's event loop is closed: nobody listens any more
+            pass
 
     def _close_response(self) -> None:
         try:
@@ -168,7 +161,7 @@ class RemoteStream:
 
     def __iter__(self):
         while True:
-            d = self._q.get()
+            d = self._handover.get()
             if d is _END:
                 return
             yield d
@@ -177,15 +170,8 @@ class RemoteStream:
         return self._agen()
 
     async def _agen(self):
-        with self._emit_lock:
-            self._loop, self._aq = asyncio.get_running_loop(), asyncio.Queue()
-            while True:                         # what arrived before iteration began, in order
-                try:
-                    self._aq.put_nowait(self._q.get_nowait())
-                except queue.Empty:
-                    break
         while True:
-            d = await self._aq.get()
+            d = await self._handover.aget()
             if d is _END:
                 return
             yield d
