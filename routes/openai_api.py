@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import Headers
 
 from engine.core.admission import QueueFull
+from engine.protocol import SwitchesModels
 from engine.kv.salt_rule import principal_salt, prompt_salt
 from engine.text.session_prompt import continue_session_prompt
 from routes import openai_schemas as S
@@ -117,20 +118,37 @@ class OpenAIServer:
         # one principal per key (issue 48.2): under --auth, or whenever several keys are configured
         # (each key holder is then someone else), every key has its own cache salt `api:NAME`
         self.multi_user = bool(multi_user) or len(self.access.keys) > 1
-        self.model = model_name or served_model_name(llm)
+        self._model_name = model_name
         self.created = int(time.time())
-        st = llm.stats()
-        self.max_model_len = st["max_model_len"]
         self.max_num_seqs = llm.config.max_num_seqs
         self.max_pending = max_pending if max_pending is not None else 2 * self.max_num_seqs
-        self.tokenizer = llm.get_tokenizer()
-        self.fmt = LogprobFormatter(self.tokenizer)
+        self._fmt: tuple | None = None          # (tokenizer, LogprobFormatter) of the served model
         self.metrics = ApiMetrics()
         # fair scheduling: the waiting and in-flight bounds count each tenant (API key) on its own,
         # so one key that floods /v1 is refused, not every other key with it
         self.per_tenant = llm.config.scheduling_policy == "fair"
         self.admission = ApiAdmission(llm, self.metrics, max_pending=self.max_pending,
                                       max_num_seqs=self.max_num_seqs, per_tenant=self.per_tenant)
+
+    # ---- the model served now (an app with several models may switch: engine/front/model_host.py) --
+    @property
+    def model(self) -> str:
+        return self._model_name or served_model_name(self.llm)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.llm.max_model_len
+
+    @property
+    def tokenizer(self):
+        return self.llm.get_tokenizer()
+
+    @property
+    def fmt(self) -> LogprobFormatter:
+        tok = self.tokenizer
+        if self._fmt is None or self._fmt[0] is not tok:
+            self._fmt = (tok, LogprobFormatter(tok))
+        return self._fmt[1]
 
     # ---- shared steps ------------------------------------------------------------------------------
     def _check_model(self, name: str) -> None:
@@ -247,7 +265,9 @@ class OpenAIServer:
 
     # ---- endpoints ---------------------------------------------------------------------------------
     def models(self) -> dict:
-        return S.model_list(self.model, self.created, self.max_model_len)
+        others = [c.name.removesuffix(".gguf") for c in self.llm.loadable_models()
+                  if c.name != self.llm.current_model()] if isinstance(self.llm, SwitchesModels) else []
+        return S.model_list(self.model, self.created, self.max_model_len, loadable=others)
 
     async def chat(self, body: S.ChatCompletionRequest, request: Request):
         self._check_model(body.model)
