@@ -20,7 +20,7 @@ import kernels
 from kernels import kv_quant
 from engine.exec.cpu_linear import layer_linear as _linear
 from engine.exec.models.attention_block import LayerAttention, rms_norm
-from engine.exec.models.decoder_spec import describe, head_dim_of
+from engine.exec.models.decoder_spec import describe, describe_layers, head_dim_of
 from engine.exec.models.llama_weights import LINEAR_NAMES, prepared_weights
 from engine.exec.models.rope import apply_rope, identity_table, rope_table
 
@@ -51,13 +51,22 @@ LEAN_STEP_MODES = ("auto", "on", "off")
 LEAN_AUTO_MAX_EXTRA_BYTES = 3 * 2**29   # "auto" keeps a second, plain weight copy only up to 1.5 GiB
 
 
-def lean_unsupported(spec) -> str:
-    """Why the lean C++ step cannot run this decoder ('' when it can)."""
-    if spec.qk_norm or spec.sandwich_norms or spec.act != "silu" or spec.embed_scale is not None:
-        return f"no {spec.family} layers in C++ yet"
-    if len(spec.ropes) > 1 or any(s.rope is None or s.window for s in spec.layers):
-        return f"no {spec.family} layers in C++ yet"
-    return ""
+def lean_ext(model) -> tuple[list[dict] | None, str]:
+    """The lean step's per-layer extension table for a family beyond plain Llama (kernels/
+    cpu_lean_step.py EXT_KEYS), or None for a plain Llama (the C++ runs its old path), and a phrase
+    naming what the C++ step computes for this family."""
+    spec = model.spec
+    plain = (not spec.qk_norm and not spec.sandwich_norms and len(spec.ropes) == 1
+             and all(s.rope is not None and not s.window for s in spec.layers))
+    if plain:
+        return None, ""
+    ext = []
+    for L, s in zip(model.layers, spec.layers):
+        cos, sin = model.ropes[s.rope] if s.rope is not None else model.identity_rope
+        ext.append({"q_norm": L.get("q_norm"), "k_norm": L.get("k_norm"), "post_attn": L.get("post_attn"),
+                    "post_ff": L.get("post_ff"), "cos": cos, "sin": sin, "no_rope": int(s.rope is None),
+                    "window": s.window or 0})
+    return ext, f"{spec.family} layers: {describe_layers(spec)}"
 
 
 def make_lean_step(model, plain: list[dict] | None, mode: str, plain_bytes: int = 0):
@@ -69,9 +78,6 @@ def make_lean_step(model, plain: list[dict] | None, mode: str, plain_bytes: int 
     from kernels import cpu_lean_step
     if mode == "off":
         return None, 0, "loop (lean step off)"
-    why_not = lean_unsupported(model.spec)
-    if why_not:
-        return None, 0, f"loop (lean step: {why_not})"
     int8 = model.quantization == "int8"
     if not cpu_lean_step.available(model.dtype, int8):
         return None, 0, f"loop (lean step: {cpu_lean_step.active_path()})"
@@ -99,15 +105,17 @@ def make_lean_step(model, plain: list[dict] | None, mode: str, plain_bytes: int 
         return None, 0, f"loop (lean step would copy {extra / 2**30:.1f} GiB of weights; --lean-step on to allow)"
     head = model.lm_head_linear
     lm_head, lm_scale = (head.q, head.scale.float()) if isinstance(head, Int8Linear) else (model.lm_head, None)
+    ext, family = lean_ext(model)
     try:
         lean = cpu_lean_step.LeanStep(
             layers=layers, embed=model.embed, norm=model.norm, lm_head=lm_head, lm_scale=lm_scale,
             cos=model.cos, sin=model.sin, num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
             head_dim=model.head_dim, intermediate=model.config.intermediate_size, eps=model.eps,
-            dtype=model.dtype, tiled=tiled)
+            dtype=model.dtype, tiled=tiled, ext=ext, embed_scale=model.spec.embed_scale, act=model.spec.act)
     except ValueError as e:
         return None, 0, f"loop ({e})"
-    return lean, extra, f"lean C++ step (+{extra / 2**20:.0f} MiB {'tiled' if lean.tiled else 'plain'} weights)"
+    kind = f"; {family}" if family else ""
+    return lean, extra, f"lean C++ step (+{extra / 2**20:.0f} MiB {'tiled' if lean.tiled else 'plain'} weights{kind})"
 
 
 class LlamaModel:
