@@ -79,6 +79,9 @@ def _prepare(config, weights: dict, dtype, device, quantization, tile_upto: int 
     step on "auto" would keep it): tiling a copy that is then dropped would be wasted time, and the
     tiled tensors are new memory while the checkpoint's own tensors are still held."""
     from engine.exec.models.rope import partial_rotary_perm
+    if spec is None:
+        from engine.exec.models.decoder_spec import describe
+        spec = describe(config)
 
     def w(name):
         if name not in weights:
