@@ -129,3 +129,16 @@ def reasoning_token_count(token_ids, marker_ids: tuple[int, int] | None, inside:
         return 0
     j = ids.index(end, i + 1) if end in ids[i + 1:] else len(ids)
     return j - i - 1
+
+
+def split_outputs(out, tokenizer, markers):
+    """A finished RequestOutput's replies with reasoning, answer and reasoning token count filled in
+    (engine/outputs.CompletionOutput); unchanged for a model without markers."""
+    if not markers:
+        return out
+    inside = prompt_opens_reasoning(out.prompt_token_ids, tokenizer, markers)
+    ids = tuple(tokenizer.convert_tokens_to_ids(m) for m in markers)
+    for o in out.outputs:
+        sp = split_reasoning(o.text, o.token_ids, markers, inside, ids)
+        o.reasoning, o.content, o.reasoning_tokens = sp.reasoning, sp.content, sp.reasoning_tokens
+    return out
