@@ -75,8 +75,10 @@ def dequantize_gguf_to_folder(gguf_path: str) -> str:
     folder, name = os.path.dirname(os.path.abspath(gguf_path)), os.path.basename(gguf_path)
     from engine.exec import gguf_families
     from engine.exec.gguf_check import check_gguf
+    from engine.exec.load_checks import check_fits_memory, gguf_weight_elements
     with gguf_parsed_once():
         arch = check_gguf(gguf_path)           # a sentence for a corrupt or truncated file
+        check_fits_memory(gguf_weight_elements(gguf_path), os.path.basename(gguf_path))
         _log(f"dequantizing {name} (first run only; cached in {out})")
         try:
             with gguf_families.reader_knows(arch):
@@ -221,6 +223,9 @@ def load_model(model: str | None = None, progress=None, *, load_format: str = "a
         raise ModelLoadError(f"cannot read config in {folder}: {e}{hint}") from e
     check_architecture(config)
     tokenizer = _tokenizer(folder, _stamp(folder, weights=False))
+    from engine.exec.load_checks import check_chat_template, check_fits_memory, folder_weight_elements
+    check_chat_template(tokenizer, os.path.basename(str(source).rstrip("/")))
+    check_fits_memory(folder_weight_elements(folder), os.path.basename(str(source).rstrip("/")))
     report(0.6, "reading weights")
     weights = {k: v.float() if v.is_floating_point() else v for k, v in _read_weights(folder).items()}
     report(1.0, f"loaded {source}")

@@ -117,6 +117,7 @@ def write_gguf(path, cfg, weights: dict, specials=("<|endoftext|>",), template: 
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
     w.add_eos_token_id(vocab[specials[-1] if len(specials) > 1 else specials[0]])
     w.add_bos_token_id(vocab[specials[0]])
+    w.add_unk_token_id(vocab[specials[0]])
     w.add_add_bos_token(False)
     if template:
         w.add_chat_template(template)

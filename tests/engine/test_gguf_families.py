@@ -117,3 +117,31 @@ def test_damaged_gguf_files_get_a_sentence(tmp_path):
     bad.write_bytes(data[:4] + b"\xff" * 60 + data[64:])
     with pytest.raises(ModelLoadError, match="damaged or cut short"):
         load_model(str(bad))
+
+
+def test_models_that_cannot_be_served_get_a_sentence(tmp_path, monkeypatch):
+    """An unknown architecture, a model larger than the memory, a template that cannot render or
+    drops the message: ModelLoadError in plain words, before any weight is read."""
+    from engine.exec import load_checks
+    from tests.engine.family_chat import family_tokenizer
+    name, over = FAMILIES["qwen3"]
+    cfg = dw.load_config(name, {**SHRINK, **over})
+    folder = tmp_path / "m"
+    dw.hf_model_with_weights(cfg, dw.random_weights(cfg, seed=0)).save_pretrained(folder)
+    tok = family_tokenizer("qwen3")
+    tok.save_pretrained(folder)
+    assert load_model(str(folder)).config.model_type == "qwen3"
+    monkeypatch.setattr(load_checks, "available_memory_bytes", lambda: 100_000)
+    with pytest.raises(ModelLoadError, match="too large for this machine.*GiB is available"):
+        load_model(str(folder))
+    monkeypatch.undo()
+    for template, words in (("{{ raise_exception('no system role') }}", "cannot be rendered"),
+                            ("{% for m in messages %}{{ m['role'] }}{% endfor %}", "leaves the user's message out")):
+        tok.chat_template = template
+        tok.save_pretrained(folder)
+        with pytest.raises(ModelLoadError, match=words):
+            load_model(str(folder))
+    import json
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(ModelLoadError, match="cannot run GPT2LMHeadModel models"):
+        load_model(str(folder))
