@@ -12,6 +12,10 @@ three things it does not know, the file says what the model is and we complete t
   with the original context length; transformers drops all three, and the model then rotates every
   dim with plain RoPE (a known cause of garbage from Phi-4-mini GGUFs). We put them back.
 - `gemma3`: the global layers' linear RoPE scaling (`gemma3.rope.scaling.factor`, 8 for 4B+).
+- `llama` (3.1, 3.2): the "llama3" RoPE scaling, which llama.cpp stores as one divisor per frequency
+  (`rope_freqs.weight`); transformers ignores the tensor and the model would run with plain RoPE.
+  The divisors go into the config as `rope_freq_factors` (an extra key transformers keeps) and the
+  engine's RoPE tables divide by them (engine/exec/models/rope.py).
 - any: the head size (`<arch>.attention.key_length`) where transformers' mapping has no key for it
   (Qwen3's: it falls back to Qwen3Config's 128, right for the released models only).
 The completed config is handed to transformers before it builds the model.
@@ -79,6 +83,10 @@ def complete_config(path: str, cfg: dict) -> dict:
         cfg.setdefault("use_sliding_window", False)
     elif arch == "phi3":
         _phi3(reader, cfg)
+    elif arch == "llama":
+        t = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+        if t is not None:     # Llama 3.1+ scaling, stored as a divisor per frequency (rope.py)
+            cfg["rope_freq_factors"] = [float(x) for x in t.data.reshape(-1)]
     elif arch == "gemma3":
         kind = _field(reader, "gemma3.rope.scaling.type")
         factor = _field(reader, "gemma3.rope.scaling.factor")

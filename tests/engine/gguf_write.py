@@ -88,6 +88,11 @@ def write_gguf(path, cfg, weights: dict, specials=("<|endoftext|>",), template: 
             w.add_rope_scaling_orig_ctx_len(params["original_max_position_embeddings"])
             w.add_tensor("rope_factors_long.weight", np.asarray(params["long_factor"], dtype=np.float32))
             w.add_tensor("rope_factors_short.weight", np.asarray(params["short_factor"], dtype=np.float32))
+    if arch == "llama" and params.get("rope_type") == "llama3":     # as llama.cpp's converter stores it
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+        scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
+        plain = 1.0 / (params["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+        w.add_tensor("rope_freqs.weight", (plain / scaled).numpy().astype(np.float32))
     names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), n)
     for k, t in weights.items():
         base, suffix = k.rsplit(".", 1)

@@ -77,11 +77,15 @@ def test_quantized_gguf_equals_hf_loading_the_same_file(tmp_path, family, quant)
     assert ref.std() > 0.05
 
 
-@pytest.mark.parametrize("family", ["smollm3", "phi4"])
+@pytest.mark.parametrize("family", ["smollm3", "phi4", "llama3"])
 def test_f32_gguf_is_the_original_model(tmp_path, family):
     """What transformers cannot read (SmolLM3) or reads wrong (Phi's partial RoPE and LongRoPE
-    factors): the engine's GGUF model is the HF model of the original weights, through the whole
-    engine (greedy) and in fp32 logits."""
+    factors, Llama 3's RoPE scaling stored as rope_freqs): the engine's GGUF model is the HF model of
+    the original weights, through the whole engine (greedy) and in fp32 logits."""
+    if family == "llama3":
+        FAMILIES.setdefault("llama3", ("llama-3.2-1b", dict(num_hidden_layers=2, rope_scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32, "rope_theta": 500000.0})))
     path, cfg, weights = _write(tmp_path, family, None)
     hf = dw.hf_model_with_weights(cfg, weights)
     loaded = load_model(path)
