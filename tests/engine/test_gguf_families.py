@@ -26,6 +26,9 @@ SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 K_SHAPE = dict(hidden_size=256, intermediate_size=256, head_dim=64)     # Q4_K rows: multiples of 256
+MODELS = {**FAMILIES, "llama3": ("llama-3.2-1b", dict(num_hidden_layers=2, rope_scaling={
+    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32, "rope_theta": 500000.0}))}
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +37,7 @@ def _cache(tmp_path, monkeypatch):
 
 
 def _write(tmp_path, family, quant, extra=None):
-    name, over = FAMILIES[family]
+    name, over = MODELS[family]
     cfg = dw.load_config(name, {**SHRINK, **over, **(extra or {})})
     weights = dw.random_weights(cfg, seed=0)
     path = tmp_path / f"{family}-{quant or 'F32'}.gguf"
@@ -82,10 +85,6 @@ def test_f32_gguf_is_the_original_model(tmp_path, family):
     """What transformers cannot read (SmolLM3) or reads wrong (Phi's partial RoPE and LongRoPE
     factors, Llama 3's RoPE scaling stored as rope_freqs): the engine's GGUF model is the HF model of
     the original weights, through the whole engine (greedy) and in fp32 logits."""
-    if family == "llama3":
-        FAMILIES.setdefault("llama3", ("llama-3.2-1b", dict(num_hidden_layers=2, rope_scaling={
-            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 32, "rope_theta": 500000.0})))
     path, cfg, weights = _write(tmp_path, family, None)
     hf = dw.hf_model_with_weights(cfg, weights)
     loaded = load_model(path)
