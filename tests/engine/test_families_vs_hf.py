@@ -210,7 +210,7 @@ def test_logits_within_1e4_of_hf_and_phi_short_factors(family, n):
     that holds at most the original 32 positions must use the short LongRoPE factors (as HF does for
     any sequence within the original context), not the long ones the engine tests exercise (there
     every prompt is longer than 32, and HF too switches to the long factors)."""
-    cfg, m = _model(family, rope_context=32 if family == "phi4" else None)
+    _, m = _model(family, rope_context=32 if family == "phi4" else None)
     ids = A[:n + 3]
     pool = torch.full((2, m.num_layers, 6, 16, m.num_kv_heads, m.head_dim), float("nan"))
     ours = _steps(m, ids, [n, 1, 1, 1], pool)
@@ -228,7 +228,7 @@ def test_int8_kv_lean_step_reads_and_writes_like_the_loop():
     ids = A[:60]
     res = []
     for lean in ("off", "on"):
-        cfg, m = _model("gemma3", lean_step=lean)
+        _, m = _model("gemma3", lean_step=lean)
         m.kv_rotation = kv_quant.hadamard(m.head_dim)
         pool = torch.zeros(2, m.num_layers, 6, 16, m.num_kv_heads, kv_quant.row_width(m.head_dim, torch.int8),
                            dtype=torch.int8)
@@ -245,7 +245,7 @@ def test_cuda_fused_loop_matches_eager(family="gemma3"):
     ids = A[:31]
     res = []
     for fused in (False, True):
-        cfg, m = _model(family)
+        _, m = _model(family)
         m.use_fused, m.use_cpu_fused = fused, False
         pool = torch.full((2, m.num_layers, 3, 16, m.num_kv_heads, m.head_dim), float("nan"))
         res.append(_steps(m, ids, [30, 1], pool))
