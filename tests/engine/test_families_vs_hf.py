@@ -273,3 +273,23 @@ def test_decode_graph_buckets_match_hf():
         assert 4 in calls                  # 4 rows padded to bucket 4 (... 6)
     finally:
         llm.shutdown()
+
+
+def test_gemma_bf16_norms_round_as_transformers():
+    """Gemma's RMSNorm multiplies by (1 + w) in fp32 and rounds once; the engine keeps those weights
+    in fp32 for a 16-bit model (the eager loop and the Triton norm; the C++ ops and lean step stand
+    aside, as the CPU path line says). bf16 logits: within twice HF bf16's own error against HF fp32
+    (the repo's bf16 rule), same argmax (Llama-style rounding of these norms flipped 10% of them)."""
+    name, over = FAMILIES["gemma3"]
+    cfg = dw.load_config(name, {**SHRINK, **over})
+    w = dw.random_weights(cfg, seed=0)
+    m = LlamaModel(cfg, w, torch.bfloat16, "cpu", max_positions=128)
+    assert "Gemma's fp32 norm weights" in m.cpu_path and not m.use_cpu_fused
+    pool = torch.full((2, m.num_layers, 6, 16, m.num_kv_heads, m.head_dim), float("nan"), dtype=torch.bfloat16)
+    ours = _steps(m, A[:60], [57, 1, 1, 1], pool)
+    x = torch.tensor([A[:60]])
+    with torch.no_grad():
+        ref = hf_model("gemma3")(x).logits[0]
+        hf16 = dw.hf_model_with_weights(cfg, w, dtype=torch.bfloat16)(x).logits[0].float()
+    assert (ours - ref).abs().max() <= 2 * (hf16 - ref).abs().max()
+    assert torch.equal(ours.argmax(-1), hf16.argmax(-1))
