@@ -44,7 +44,7 @@ from routes.openai_params import LogprobFormatter, to_sampling_params
 from routes.request_limits import RequestLimits
 from routes.openai_stream import DONE, Generation, Submitted, sse, watch_disconnect
 from routes import openai_tools
-from routes.openai_render import ChatRender, CompletionRender
+from routes.openai_render import ChatRender, CompletionRender, ReasoningSplit
 from routes.openai_structured import structured_spec
 
 KEY_THROTTLE_USER = "\x00api-key"     # the throttle's user slot for API keys (no login name has a NUL)
@@ -142,6 +142,11 @@ class OpenAIServer:
     @property
     def tokenizer(self):
         return self.llm.get_tokenizer()
+
+    @property
+    def reasoning_markers(self) -> tuple:
+        """A thinking model's markers (engine/text/reasoning.py): replies split into reasoning_content."""
+        return tuple(self.llm.model_info().reasoning_markers or ())
 
     @property
     def fmt(self) -> LogprobFormatter:
@@ -277,15 +282,16 @@ class OpenAIServer:
             raise APIError(400, "response_format / structured_outputs cannot be combined with tools unless "
                                 "tool_choice is 'none'", param="response_format", code="invalid_value")
         mode = dict(add_generation_prompt=body.add_generation_prompt,
-                    continue_final_message=body.continue_final_message)
+                    continue_final_message=body.continue_final_message, enable_thinking=body.enable_thinking())
         try:
             messages = openai_tools.template_messages(body, tools)
             ids = await asyncio.to_thread(continue_session_prompt, self.tokenizer, messages, None, **mode)
         except ValueError as e:
             raise APIError(400, str(e), param="messages", code="invalid_value") from e
         cid = S.new_id("chatcmpl")
+        thinking = ReasoningSplit.of(self.tokenizer, self.reasoning_markers, ids)     # None: not a thinking model
         return await self._run("chat_completions", request, body, [ids], cid,
-                               ChatRender(self, body, cid, tools if tools and tools.parses else None),
+                               ChatRender(self, body, cid, tools if tools and tools.parses else None, thinking),
                                messages=messages, structured=spec or tool_spec)
 
     async def completions(self, body: S.CompletionRequest, request: Request):
