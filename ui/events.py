@@ -10,7 +10,7 @@ from __future__ import annotations
 import gradio as gr
 
 from engine.protocol import BeamSearches, ConstrainsOutput
-from ui.chat import beam, branches, confirm, context_meter, documents, shortcuts, summary
+from ui.chat import beam, branches, confirm, context_meter, documents, shortcuts, summary, tab_goodbye
 from ui.chat import handlers as chat
 from ui.chat import limits, reply_format, view
 from ui.chat import sidebar as side
@@ -32,6 +32,7 @@ def wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     _wire_branches(ctx, c)
     demo.load(None, None, None, js=PAGE_JS)
     demo.load(None, None, None, js=shortcuts.JS)      # the `?` overlay's keys (ui/chat/shortcuts.py)
+    demo.load(None, None, None, js=tab_goodbye.JS)    # the page's goodbye (no unload event: see there)
     _wire_navigation(ctx, demo, c, chat_out, view_out)
     _wire_management(ctx, c, view_out)
 
@@ -197,7 +198,7 @@ def _wire_branches(ctx: ChatContext, c: dict) -> None:
 def _wire_navigation(ctx: ChatContext, demo: gr.Blocks, c: dict, chat_out: list, view_out: list) -> None:
     """Page load and unload, new chat, opening a chat (list, address, API), search, the list's tick."""
     def on_load(request: gr.Request):
-        return side.on_load(ctx, request)
+        return side.on_load(ctx, request) + (tab_goodbye.html(ctx.tab(request)),)
 
     async def follow(request: gr.Request):
         async for out in chat.follow(ctx, request):
@@ -215,14 +216,10 @@ def _wire_navigation(ctx: ChatContext, demo: gr.Blocks, c: dict, chat_out: list,
     def search(query, request: gr.Request):
         return side.search(ctx, query, request)
 
-    def on_unload(request: gr.Request):
-        side.on_unload(ctx, request)
-
     quick = dict(concurrency_limit=None, show_progress="hidden")
     conv_list, chatbot = c["conv_list"], c["chatbot"]
-    demo.load(on_load, None, view_out + [c["shared_prompt"]], api_name=False, **quick).then(
+    demo.load(on_load, None, view_out + [c["shared_prompt"], c["tab_id"]], api_name=False, **quick).then(
         follow, None, chat_out, api_name=False, **quick)
-    demo.unload(on_unload)
     c["new_btn"].click(new_chat, None, view_out, api_name="new_chat", **quick)
     chatbot.clear(new_chat, None, view_out, api_name=False, **quick)     # the chatbot's own trash icon
     # A click shows the chosen chat at once, then paints its reply live if one is being generated.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ui.chat import beam, context_meter, documents, reply_format, shortcuts, view
+from ui.chat import beam, context_meter, documents, reply_format, shortcuts, tab_goodbye, view
 from ui.chat.context import ChatContext
 from ui.chat.prompt_picker import build_prompt_picker
 from ui.dashboard.page import build_dashboard
@@ -47,6 +47,7 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
     with gr.Blocks(title="Paged chat") as demo:
         c = _sidebar()
         gr.HTML(shortcuts.overlay_html(), elem_id="shortcuts", padding=False)
+        c["tab_id"] = gr.HTML("", elem_id="tab-id", padding=False)    # ui/chat/tab_goodbye.py
         with gr.Tab("Chat") as chat_tab:
             c.update(_chat_view(ctx))
             c.update(_composer())
@@ -166,4 +167,4 @@ def _system_prompt_box(ctx: ChatContext) -> dict:
 
 def page_css() -> str:
     """The page's style sheet: the chat's, the dashboard's theme, and each widget's own."""
-    return CSS + THEME_CSS + context_meter.CSS + shortcuts.CSS + documents.CSS
+    return CSS + THEME_CSS + context_meter.CSS + shortcuts.CSS + documents.CSS + tab_goodbye.CSS

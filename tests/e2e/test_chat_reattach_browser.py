@@ -2,6 +2,7 @@
 closed tab (the page reattaches to the live stream; the stored reply is complete), the context meter
 equals /api/kv for its chat, the `?` overlay lists the shortcuts, and the Memory tab speaks one
 vocabulary and fits a 390 px phone. One app and one browser for the module; short greedy replies."""
+import json
 import re
 import time
 
@@ -286,6 +287,54 @@ def phone_misfits(phone) -> list[str]:
         if b["height"] > 2 * b["line"]:
             bad.append(f"{sel} is {b['height']:.0f} px tall (a line is {b['line']:.0f} px)")
     return bad
+
+
+_FRESH = """() => {
+  const bus = document.querySelector('#kv-bus .kvbus');
+  const stamps = [...document.querySelectorAll('#kv-dashboard .kv-asof')].filter((e) => e.offsetParent !== null);
+  return {applied: Number((bus && bus.dataset.applied) || 0), snap: Number((bus && bus.dataset.snap) || 0),
+          stamps: stamps.map((e) => [e.dataset.src, Number(e.dataset.snap || 0), e.textContent])};
+}"""
+
+
+def test_the_memory_tab_stays_live_beside_four_streaming_tabs_and_sixteen_demo_users(module_server, browser):
+    """Issue 47: four tabs streaming replies and the Memory tab, in ONE browser profile (as a
+    person's tabs share the browser's 6 connections to a host), plus 16 demo users. At every tick
+    the tiles show a snapshot at most 2 s older than the one /api/kv served just before that tick
+    was applied: both are the server's own snapshot times, compared to each other, so a slow test
+    process only makes the check easier. Before the fix each tab held a second, long-lived
+    connection (Gradio's heartbeat) and the Memory tab received nothing while the chats streamed.
+    Every visible panel shows how old its numbers are."""
+    server = module_server
+    profile = browser.new_context(viewport={"width": 1100, "height": 800})
+    tabs = [_open(profile, server.url) for _ in range(4)]
+    for tab in tabs:
+        _greedy(tab, 200)
+    page = _open(profile, server.url)
+    page.set_viewport_size({"width": 1366, "height": 900})
+    _memory(page)
+    for k, tab in enumerate(tabs):                        # streaming (or queued: 2 run at once here)
+        _send(tab, f"Count from {k + 1} to two hundred, one number per line.")
+    page.fill("#kv-demo-n input", "16")
+    page.click("#kv-demo-start")
+    _wait(lambda: "16 simulated users" in page.inner_text("#kv-demo-status"), 60, what="the demo users")
+    try:
+        for _ in range(6):
+            api = json.loads(server.get("api/kv?compact=true"))["time"]      # the newest state served...
+            before = page.evaluate(_FRESH)["applied"]
+            shown = _wait(lambda: (lambda f: f if f["applied"] > before else None)(page.evaluate(_FRESH)),
+                          30, every=0.1, what="a tick applied while the chats stream")
+            assert shown["snap"] >= api - 2.0, (shown["snap"], api)         # ...and the tick after it
+            fast = [st for st in shown["stamps"] if st[0] == "fast"]
+            assert len(fast) >= 8 and all(abs(st[1] - shown["snap"]) < 1e-6 for st in fast), shown["stamps"]
+            assert all(re.fullmatch(r"as of [\d.]+ (s|min) ago", st[2]) for st in shown["stamps"]), shown["stamps"]
+        assert any(st[0] == "slow" and st[1] > 0 for st in page.evaluate(_FRESH)["stamps"])   # the plots'
+    finally:
+        page.click("#kv-demo-stop")
+        for tab in tabs:
+            if tab.locator("#stop").is_visible():
+                tab.click("#stop")
+        profile.close()
 
 
 def test_a_document_attached_in_two_chats_shares_its_blocks(module_server, browser, tmp_path):

@@ -57,13 +57,6 @@ def on_load(ctx: ChatContext, request):
     return _conversation_view(ctx, request, tab, conv) + (ctx.shared_prompt(request)["text"],)
 
 
-def on_unload(ctx: ChatContext, request) -> None:
-    """The tab closed or reloaded: its conversation's blocks are released unless another tab shows
-    it within the registry's grace (a reload reopens it: it stays a live session)."""
-    ctx.tab(request)                         # owner check (#12.10)
-    ctx.tabs.close(request.session_hash, grace=True)
-
-
 def new_chat(ctx: ChatContext, request):
     tab = ctx.tab(request)
     ctx.tabs.open(tab, None)

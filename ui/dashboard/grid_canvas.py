@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import json
 
+from ui.dashboard.bus import STAMP
 from ui.dashboard.view import KIND_NAMES, KINDS
 from ui.dashboard.vocabulary import NAMES as VOC_NAMES
 
-TEMPLATE = ('<div class="kvd kvgc"><div class="kvl"></div><div class="muted kvscale"></div>'
+TEMPLATE = (STAMP + '<div class="kvd kvgc"><div class="kvl"></div><div class="muted kvscale"></div>'
             '<canvas data-painted="0"></canvas></div>')
 
 CSS = ".kvgc canvas { display: block; width: 100%; } .kvl .sel b { outline: 2px solid var(--kv-outline); }"

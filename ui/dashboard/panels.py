@@ -23,6 +23,9 @@ THEME_CSS = (":root { " + " ".join(f"--kv-{k}: {v};" for k, v in LIGHT.items()) 
 BAND_MIN = 24             # a run of at least this many free / cached-free blocks is drawn as one band
 
 CSS = """
+.kv-asof { float: right; margin-left: 8px; font-size: 11px; font-variant-numeric: tabular-nums;
+  color: var(--body-text-color-subdued, #6b7280); }
+.kv-asof.old { color: #b91c1c; font-weight: 600; }
 .kvd { font-size: 13px; line-height: 1.35; color: var(--body-text-color, #111); }
 .kvd h4 { margin: 6px 0 4px; font-size: 14px; }
 .kvd .muted { color: var(--body-text-color-subdued, #6b7280); font-size: 12px; }
