@@ -29,7 +29,7 @@ def wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     _wire_attachments(ctx, c, events)
     meter = _wire_meter(ctx, c, events)
     _wire_summary_and_stop(ctx, c, view_out, meter)
-    _wire_branches(ctx, c)
+    _wire_branches(ctx, c, meter)
     demo.load(None, None, None, js=PAGE_JS)
     demo.load(None, None, None, js=shortcuts.JS)      # the `?` overlay's keys (ui/chat/shortcuts.py)
     demo.load(None, None, None, js=tab_goodbye.JS)    # the page's goodbye (no unload event: see there)
@@ -180,19 +180,20 @@ def _wire_summary_and_stop(ctx: ChatContext, c: dict, view_out: list, meter: dic
                         api_name="stop", concurrency_limit=None, show_progress="hidden")
 
 
-def _wire_branches(ctx: ChatContext, c: dict) -> None:
-    """`< k/n >` version links and the "Continue with this one" buttons under the alternatives."""
+def _wire_branches(ctx: ChatContext, c: dict, meter: dict) -> None:
+    """`< k/n >` version links and the "Continue with this one" buttons under the alternatives;
+    the context meter follows the version now on screen."""
     def switch_branch(command, request: gr.Request):
         return branches.switch(ctx, command, request)
 
     c["branch_go"].click(switch_branch, c["branch_cmd"], [c["chatbot"], c["status"], c["conv_list"]],
-                         api_name="switch_branch", concurrency_limit=None, show_progress="hidden")
+                         api_name="switch_branch", concurrency_limit=None, show_progress="hidden").then(**meter)
     for k, btn in enumerate(c["pick_btns"]):
         def pick(request: gr.Request, k=k):
             return branches.pick(ctx, k, request)
         btn.click(pick, None, [c["chatbot"], c["status"], c["conv_list"], *c["alt_mds"], *c["pick_btns"]],
                   api_name=f"pick_alternative_{k + 1}",
-                  concurrency_limit=None, show_progress="hidden")
+                  concurrency_limit=None, show_progress="hidden").then(**meter)
 
 
 def _wire_navigation(ctx: ChatContext, demo: gr.Blocks, c: dict, chat_out: list, view_out: list) -> None:

@@ -80,15 +80,19 @@ PAGE_JS = """() => {
   // base64 of UTF-8); a reply still streaming is rebuilt from the page as far as it can be: code
   // blocks keep their fences (and language), inline code its backticks; no stats line, no arrows,
   // never HTML (issue 26.7).
+  // `msg`: a message's bubble or anything in it; a reply's bubble has parts (its text, then our
+  // footer with the stats and the source mark: ui/chat/view.row_content), each a .message-content.
   window.__pagedChatMarkdownOf = (msg) => {
-    const src = msg.querySelector(".md-src[title]");
+    const bubble = (msg.closest && msg.closest(".message.bot, .message.user"))
+      || (msg.querySelector && msg.querySelector(".message.bot, .message.user")) || msg;
+    const src = bubble.querySelector(".md-src[title]");
     if (src) {
       try {
         const bytes = Uint8Array.from(atob(src.getAttribute("title")), (c) => c.charCodeAt(0));
         return new TextDecoder().decode(bytes);
       } catch (err) { /* a damaged mark: rebuild from the page below */ }
     }
-    const body = msg.cloneNode(true);
+    const body = (bubble.querySelector(".message-content") || bubble).cloneNode(true);
     body.querySelectorAll(".reply-stats, .md-src, .branch-nav, button, svg").forEach((n) => n.remove());
     body.querySelectorAll("pre").forEach((pre) => {
       const code = pre.querySelector("code") || pre;
@@ -112,7 +116,7 @@ PAGE_JS = """() => {
       while (row && !(row.classList && row.classList.contains("message-row"))) {
         row = row.previousElementSibling || null;
       }
-      const msg = (row || copy.closest(".message-row"))?.querySelector(".message-content");
+      const msg = (row || copy.closest(".message-row"))?.querySelector(".message.bot, .message.user");
       if (!msg) { return; }
       e.preventDefault(); e.stopPropagation();
       const text = window.__pagedChatMarkdownOf(msg);

@@ -192,6 +192,10 @@ def _memory(page):
     _wait(shown, 60, every=2.0, what="the Memory tab")
 
 
+_LEGEND = """() => [...document.querySelectorAll('#kv-grid .kvl > span:not([hidden])')].map(
+  (e) => [e.innerText, getComputedStyle(e.querySelector('b')).backgroundColor])"""
+
+
 def test_memory_tab_one_vocabulary_and_a_phone(module_server, browser, screenshot_dir):
     server = module_server
     chats = browser.new_context(viewport={"width": 1280, "height": 900})
@@ -214,11 +218,17 @@ def test_memory_tab_one_vocabulary_and_a_phone(module_server, browser, screensho
         return (int(tiles["shared_blocks"]) == int(grid["cells_3"])
                 and int(tiles["pinned_blocks"]) == int(grid["cells_4"]))
     _wait(same, 30, every=0.5, what="tiles and legend agree")
-    names = page.locator("#kv-grid .kvl > span").all_inner_texts()
-    assert [n.split(":")[0].strip() for n in names[:5]] == [s.name for s in VOC.STATES]
-    swatches = page.eval_on_selector_all("#kv-grid .kvl > span > b", "els => els.map(e => getComputedStyle(e).backgroundColor)")
+    # names and colours read in one script run (the legend's elements are kept across paints too:
+    # read in two steps around a repaint that rebuilt them, the swatches of detached elements read '')
+    legend = page.evaluate(_LEGEND)
+    assert [n.split(":")[0].strip() for n, _ in legend[:5]] == [s.name for s in VOC.STATES]
     want = ["rgb(%d, %d, %d)" % tuple(int(s.light[i:i + 2], 16) for i in (1, 3, 5)) for s in VOC.STATES]
-    assert swatches[:5] == want
+    assert [c for _, c in legend[:5]] == want
+    swatch = page.query_selector("#kv-grid .kvl > span > b")
+    painted = int(page.get_attribute("#kv-grid canvas", "data-painted"))
+    page.evaluate("() => { const c = document.querySelector('#kv-grid canvas'); c.kvPaint(window.__kvGrid); }")
+    assert int(page.get_attribute("#kv-grid canvas", "data-painted")) > painted
+    assert swatch.evaluate("e => e.isConnected")                 # a repaint keeps the legend's elements
     page.close()
 
     phone = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)

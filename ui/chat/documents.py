@@ -15,9 +15,10 @@ Without pypdf installed, a PDF is refused with a sentence saying so.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from html import escape
+
+from storage.messages import DOCUMENT_BLOCK
 
 MAX_BYTES = 256 * 1024
 MAX_PDF_BYTES = 16 * 1024 * 1024      # a PDF's file; its extracted text is held to MAX_BYTES like any text
@@ -25,7 +26,7 @@ MAX_PDF_PAGES = 300
 TEXT_EXTENSIONS = frozenset(
     ".txt .md .markdown .rst .py .js .ts .tsx .jsx .json .csv .tsv .yaml .yml .toml .ini .cfg .html .css .xml "
     ".c .h .cc .cpp .hpp .rs .go .java .kt .rb .php .sh .sql .log .tex".split())
-_BLOCK = re.compile(r'<document name="([^"\n]{1,200})">\n(.*?)\n</document>\n\n', re.S)
+_BLOCK = DOCUMENT_BLOCK        # the stored wrapper's one pattern (storage/messages.py: titles read it too)
 
 
 @dataclass(frozen=True)

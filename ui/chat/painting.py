@@ -178,7 +178,8 @@ async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[di
             if turn.version != last or now_state != state:
                 last, state = turn.version, now_state
                 live = view.live_reply(turn.texts[0], turn.admitted, turn.metrics[0] if turn.texts[0] else None,
-                                       state=None if state == states.live_status(states.GENERATING) else state)
+                                       state=None if state == states.live_status(states.GENERATING) else state,
+                                       total_tokens=len(turn.toks[0]) if turn.continues is not None else None)
                 alts = [view.alternative_markdown(k, turn.texts[k], turn.metrics[k] if turn.texts[k] else None,
                                                   turn.admitted) for k in range(turn.n)] if turn.n > 1 else None
                 # Stop replaces Send once, on the first paint: re-sending the same button update with

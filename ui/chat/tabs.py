@@ -107,6 +107,8 @@ class TabRegistry:
         self._viewers: dict[str, set[str]] = {}          # conversation id -> session hashes
         self._busy: set[str] = set()                     # conversations generating right now
         self._turns: dict[str, object] = {}              # conversation id -> its running Turn
+        self._leaves: dict[str, int] = {}                # conversation id -> the stored message its
+        #                                                  engine session's tokens end with (context meter)
         self._jobs = SerialWorker("kv-release")
 
     # ---- tabs ----------------------------------------------------------------------------
@@ -270,6 +272,21 @@ class TabRegistry:
         with self._lock:
             ahead = [t for t in self._turns.values() if not t.admitted and t.created < turn.created]
         return 1 + len(ahead)
+
+    def held_by_session(self, conv_id: str, message_id: int | None) -> None:
+        """The conversation's engine session now holds the branch through `message_id` (a turn
+        ended); the context meter tells it from the version on screen."""
+        with self._lock:
+            if message_id is None:
+                self._leaves.pop(conv_id, None)
+            else:
+                self._leaves[conv_id] = message_id
+                while len(self._leaves) > 4096:
+                    self._leaves.pop(next(iter(self._leaves)))
+
+    def session_leaf(self, conv_id: str) -> int | None:
+        with self._lock:
+            return self._leaves.get(conv_id)
 
     def turn(self, conv_id: str | None):
         """The running Turn of a conversation, or None."""

@@ -11,6 +11,7 @@ import html
 import math
 import re
 
+from storage.md_fences import close_open_fence
 from ui.safe_markdown import safe_markdown
 from ui.chat import documents
 from ui.chat.states import finish_text
@@ -61,15 +62,20 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-def stats_line(stats: dict | None, status: str | None = None, finish: str | None = None) -> str:
+def stats_line(stats: dict | None, status: str | None = None, finish: str | None = None,
+               total_tokens: int | None = None) -> str:
     """One line under a reply: tokens (and, with speculative decoding, how many came from accepted
-    drafts and the tokens per decoding step), time to first token, tokens/s, prompt tokens from cache,
-    and why it ended (`finish`, from states.finish_text; derived from the stats when not given)."""
+    drafts and the tokens per decoding step), time to first token, tokens/s, prompt tokens reused
+    from cache, and why it ended (`finish`, from states.finish_text; derived from the stats when not
+    given). total_tokens: the whole reply's, when this run only continued it ("+256 (512 total)")."""
     stats = stats or {}
     parts = []
     if stats.get("output_tokens") is not None:
         n = stats["output_tokens"]
-        parts.append(f"{n} token{'s' if n != 1 else ''}")
+        if total_tokens is not None and total_tokens > n:
+            parts.append(f"+{n} token{'s' if n != 1 else ''} ({total_tokens:,} total)")
+        else:
+            parts.append(f"{n} token{'s' if n != 1 else ''}")
         acc, steps = stats.get("spec_accepted_tokens"), stats.get("decode_steps")
         if acc and steps:       # speculative decoding: tokens that came from checked guesses
             parts.append(f"{acc} accepted from drafts ({(steps + acc) / steps:.1f} tokens/step)")
@@ -81,8 +87,8 @@ def stats_line(stats: dict | None, status: str | None = None, finish: str | None
     if stats.get("prompt_tokens") is not None:
         cached = stats.get("cached_tokens") or 0
         blocks = stats.get("cached_blocks")
-        shared = f" ({blocks} shared block{'s' if blocks != 1 else ''})" if blocks is not None else ""
-        parts.append(f"reused {cached} of {stats['prompt_tokens']} prompt tokens from cache{shared}")
+        held = f" ({blocks} block{'s' if blocks != 1 else ''})" if blocks is not None else ""
+        parts.append(f"reused {cached} of {stats['prompt_tokens']} prompt tokens from cache{held}")
     if finish is None:
         finish = finish_text(stats, status)
     if finish:
@@ -91,11 +97,28 @@ def stats_line(stats: dict | None, status: str | None = None, finish: str | None
 
 
 def close_fences(text: str) -> str:
-    """Close a code fence left open (a reply cut by max tokens or Stop), so what follows is not code."""
-    fences = [line for line in text.splitlines() if line.lstrip().startswith(("```", "~~~"))]
-    if len(fences) % 2 == 1:
-        return text + ("\n" if not text.endswith("\n") else "") + fences[-1].lstrip()[:3]
-    return text
+    """Close a code fence left open (a reply cut by max tokens or Stop), so what follows is not
+    code: decided as a CommonMark renderer decides (storage/md_fences.py)."""
+    return close_open_fence(text)
+
+
+def row_content(*parts: str):
+    """A chat row's content: the message's Markdown, then our own parts (stats line, copy source,
+    version arrows), each rendered by the chatbot as a Markdown block of its own (issue 47). Why
+    separate: appended to the message's text, a part sat inside whatever the text left open, e.g.
+    a code fence the model never closed, and showed as raw HTML in the code block (and Copy then
+    read that HTML). One part: the plain string."""
+    parts = tuple(p for p in parts if p)
+    if len(parts) <= 1:
+        return parts[0] if parts else ""
+    return [{"type": "text", "text": p} for p in parts]
+
+
+def shown_text(content) -> str:
+    """A row's content as one text, parts separated by a blank line (tests, notices)."""
+    if isinstance(content, list):
+        return "\n\n".join(text_of(p) for p in content)
+    return text_of(content)
 
 
 def rendered(text: str) -> str:
@@ -106,15 +129,14 @@ def rendered(text: str) -> str:
 
 
 def with_footer(text: str, stats: dict | None, status: str | None = None, finish: str | None = None,
-                source: bool = False) -> str:
-    """Reply text (made safe) plus its stats line, small and muted (display only; never sent to
-    the model). source: also carry the text's Markdown for copying (source_mark), in the footer's
-    paragraph so it adds no empty one."""
-    line = stats_line(stats, status, finish)
+                source: bool = False, nav: str = "", total_tokens: int | None = None):
+    """A reply's row content (row_content): its text (made safe), then its stats line, small and
+    muted (display only; never sent to the model), the text's Markdown for copying (source_mark,
+    with `source`) and the version arrows (`nav`), in a part of their own."""
+    line = stats_line(stats, status, finish, total_tokens)
     mark = source_mark(text) if source else ""
-    if not line:
-        return rendered(text) + (f"\n\n{mark}" if mark else "")
-    return f'{rendered(text)}\n\n<span class="{STATS_CLASS}">{html.escape(line)}</span>{mark}'
+    stats_html = f'<span class="{STATS_CLASS}">{html.escape(line)}</span>' if line else ""
+    return row_content(rendered(text), stats_html + mark + nav)
 
 
 SOURCE_CLASS = "md-src"
@@ -140,9 +162,9 @@ def branch_nav(message_id: int, versions: list[int]) -> str:
     """`< 2/3 >` under a message with several versions: two links the page's script turns into a
     branch switch (ui/events.py); a link at either end is left out rather than doing nothing."""
     pos = versions.index(message_id)
-    prev = f"[‹]({BRANCH_HREF}{versions[pos - 1]})" if pos > 0 else "‹"
-    nxt = f"[›]({BRANCH_HREF}{versions[pos + 1]})" if pos + 1 < len(versions) else "›"
-    return f'\n\n<span class="branch-nav">{prev} {pos + 1}/{len(versions)} {nxt}</span>'
+    prev = f"[‹]({BRANCH_HREF}{versions[pos - 1]} \"previous version\")" if pos > 0 else "‹"
+    nxt = f"[›]({BRANCH_HREF}{versions[pos + 1]} \"next version\")" if pos + 1 < len(versions) else "›"
+    return f'<span class="branch-nav">{prev} {pos + 1}/{len(versions)} {nxt}</span>'
 
 
 def display_messages(path: list[dict], versions: dict | None = None, max_model_len: int | None = None,
@@ -153,29 +175,31 @@ def display_messages(path: list[dict], versions: dict | None = None, max_model_l
     for m in path:
         if m["role"] not in ("user", "assistant"):
             continue
-        content = documents.display(m["content"], rendered) if m["role"] == "user" else rendered(m["content"])
+        nav = branch_nav(m["id"], versions[m["id"]]) if versions and m["id"] in versions else ""
         if m["role"] == "assistant":
             toks = m.get("token_ids") or []
             finish = finish_text(m.get("stats"), m.get("status"), max_model_len,
                                  toks[-1] if toks else None, eos_ids)
-            content = with_footer(m["content"], m.get("stats"), m.get("status"), finish, source=True)
-        if versions and m["id"] in versions:
-            content += branch_nav(m["id"], versions[m["id"]])
+            content = with_footer(m["content"], m.get("stats"), m.get("status"), finish, source=True, nav=nav,
+                                  total_tokens=len(toks) or None)
+        else:       # one part: Gradio edits a user row part by part and hands back only the last one
+            content = documents.display(m["content"], rendered) + (f"\n\n{nav}" if nav else "")
         shown.append({"role": m["role"], "content": content})
         ids.append(m["id"])
     return shown, ids
 
 
-def live_reply(text: str, admitted: bool, metrics: dict | None = None, state: str | None = None) -> str:
+def live_reply(text: str, admitted: bool, metrics: dict | None = None, state: str | None = None,
+               total_tokens: int | None = None):
     """The reply bubble while streaming: queued -> starting -> text with a running stats line
     (`state`: a live status from states.live_status, shown in place of the stats while paused)."""
     if not admitted:
         return f"*{state}*" if state else QUEUED
     if state and "paused" in state:
-        return (text + "\n\n" if text else "") + f"*{state}*"
+        return row_content(rendered(text) if text else "", f"*{state}*")
     if not text:
         return STARTING
-    return with_footer(text, metrics) if metrics else rendered(text)
+    return with_footer(text, metrics, total_tokens=total_tokens) if metrics else rendered(text)
 
 
 # Marks a reply row that is only a notice (nothing was sent or saved): BUTTONS_CSS hides
