@@ -425,8 +425,10 @@ class LLM:
         value waits for the engine's step boundary, as before issue 26: loadgen/bench_snapshot_burst.py)."""
         self._snapshots.max_wait_s = float(max_wait_s)
 
-    def shutdown(self) -> None:
-        self.engine_thread.stop(timeout=30)
+    def shutdown(self) -> dict | None:
+        """Stop the engine; with a KV tier, the pool's computed blocks are kept in it first (for at
+        most a few seconds): returns {"saved", "already", "left", "seconds"}, else None."""
+        return self.engine_thread.stop(timeout=30)
 
     def __enter__(self):
         return self
