@@ -37,6 +37,11 @@ def wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     _wire_management(ctx, c, view_out)
 
 
+NO_CHAT_IN_URL_JS = """() => {
+  const u = new URL(window.location.href);
+  if (u.searchParams.has("c")) { u.searchParams.delete("c"); window.history.replaceState(null, "", u.href); }
+}"""
+DOWNLOAD_JS = "() => { document.querySelector('#export-link a')?.click(); }"
 NO_BEAM_SEARCH = "Beam search runs only on the built-in engine; this app serves a remote backend (--backend)."
 NO_REPLY_FORMAT = ("A JSON reply format runs only on the built-in engine; this app serves a remote backend "
                    "(--backend).")
@@ -114,20 +119,22 @@ def _wire_replies(ctx: ChatContext, c: dict, chat_out: list) -> list:
 
 
 def _wire_attachments(ctx: ChatContext, c: dict, events: list) -> None:
-    def attach(file, request: gr.Request):
-        """A document for the next message, refused (with the numbers) if it cannot fit."""
+    def attach(files, request: gr.Request):
+        """Documents for the next message (several at once, or dropped on the chat), each refused
+        (with the numbers) if it cannot fit; the others are attached."""
         tab = ctx.tab(request)
-        path = getattr(file, "name", None) or (file.get("path") if isinstance(file, dict) else file)
         tok = ctx.llm.get_tokenizer()
-        try:
-            doc = documents.read_document(path, getattr(file, "orig_name", None) or path,
-                                          lambda t: len(tok.encode(t, add_special_tokens=False)))
-            m = context_meter.for_tab(ctx, request)
-            documents.check_fits(doc, m.tokens if m else 0, ctx.max_model_len, tab.attachments)
-        except (OSError, ValueError) as e:
-            gr.Warning(f"Not attached: {e}")
-            return documents.chips_html(tab.attachments)
-        tab.attachments = tab.attachments + [doc]
+        for file in files if isinstance(files, (list, tuple)) else [files]:
+            path = getattr(file, "name", None) or (file.get("path") if isinstance(file, dict) else file)
+            try:
+                doc = documents.read_document(path, getattr(file, "orig_name", None) or path,
+                                              lambda t: len(tok.encode(t, add_special_tokens=False)))
+                m = context_meter.for_tab(ctx, request)
+                documents.check_fits(doc, m.tokens if m else 0, ctx.max_model_len, tab.attachments)
+            except (OSError, ValueError) as e:
+                gr.Warning(f"Not attached: {e}")
+                continue
+            tab.attachments = tab.attachments + [doc]
         return documents.chips_html(tab.attachments)
 
     c["attach_btn"].upload(attach, c["attach_btn"], c["doc_chips"], api_name="attach_document",
@@ -199,7 +206,7 @@ def _wire_branches(ctx: ChatContext, c: dict, meter: dict) -> None:
 def _wire_navigation(ctx: ChatContext, demo: gr.Blocks, c: dict, chat_out: list, view_out: list) -> None:
     """Page load and unload, new chat, opening a chat (list, address, API), search, the list's tick."""
     def on_load(request: gr.Request):
-        return side.on_load(ctx, request) + (tab_goodbye.html(ctx.tab(request)),)
+        return side.on_load(ctx, request) + (tab_goodbye.html(ctx.tab(request)), side.signed_in(ctx, request))
 
     async def follow(request: gr.Request):
         async for out in chat.follow(ctx, request):
@@ -219,10 +226,12 @@ def _wire_navigation(ctx: ChatContext, demo: gr.Blocks, c: dict, chat_out: list,
 
     quick = dict(concurrency_limit=None, show_progress="hidden")
     conv_list, chatbot = c["conv_list"], c["chatbot"]
-    demo.load(on_load, None, view_out + [c["shared_prompt"], c["tab_id"]], api_name=False, **quick).then(
+    demo.load(on_load, None, view_out + [c["shared_prompt"], c["tab_id"], c["signed_in"]], api_name=False,
+              **quick).then(
         follow, None, chat_out, api_name=False, **quick)
-    c["new_btn"].click(new_chat, None, view_out, api_name="new_chat", **quick)
-    chatbot.clear(new_chat, None, view_out, api_name=False, **quick)     # the chatbot's own trash icon
+    # a new chat has no address yet: the old chat's ?c= goes at once (a reload reopened it)
+    c["new_btn"].click(new_chat, None, view_out, api_name="new_chat", js=NO_CHAT_IN_URL_JS, **quick)
+    chatbot.clear(new_chat, None, view_out, api_name=False, js=NO_CHAT_IN_URL_JS, **quick)   # its trash icon
     # A click shows the chosen chat at once, then paints its reply live if one is being generated.
     conv_list.input(open_conv, conv_list, view_out, api_name=False, **quick).then(
         follow, None, chat_out, api_name=False, **quick)
@@ -290,8 +299,11 @@ def _wire_exports_and_prompts(ctx: ChatContext, c: dict, view_out: list, quick: 
         return side.close_tab(ctx, request)
 
     prompt_out = [c["override"], c["prompt_line"], c["conv_list"]]
-    c["export_json_btn"].click(export_json, None, c["export_file"], api_name="export_json", **quick)
-    c["export_md_btn"].click(export_md, None, c["export_file"], api_name="export_markdown", **quick)
+    # one click: the file downloads at once (the link stays, for its owner, for 15 minutes)
+    c["export_json_btn"].click(export_json, None, c["export_file"], api_name="export_json", **quick).then(
+        None, None, None, js=DOWNLOAD_JS)
+    c["export_md_btn"].click(export_md, None, c["export_file"], api_name="export_markdown", **quick).then(
+        None, None, None, js=DOWNLOAD_JS)
     c["import_file"].upload(import_json, c["import_file"], view_out, api_name="import_json", **quick)
     c["save_prompt_btn"].click(save_prompt, c["shared_prompt"], [c["shared_prompt"], c["prompt_line"]],
                                api_name="set_shared_prompt", **quick).then(

@@ -196,28 +196,65 @@ _LEGEND = """() => [...document.querySelectorAll('#kv-grid .kvl > span:not([hidd
   (e) => [e.innerText, getComputedStyle(e.querySelector('b')).backgroundColor])"""
 
 
+# the same first message in two chats: beyond the pinned prompt their full prompt blocks are shared
+SAME = ("Please read this note twice and tell me what it says: the lighthouse keeper logs the wind, "
+        "the tide and every ship that passes the point.")
+_REUSED = re.compile(r"reused ([\d,]+) of ([\d,]+) prompt tokens from cache \(([\d,]+) blocks?\)")
+
+
+def _metric(server, name: str) -> float:
+    return float(re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", server.get("metrics"), re.M).group(1))
+
+
 def test_memory_tab_one_vocabulary_and_a_phone(module_server, browser, screenshot_dir):
+    """Issue 47: pinned, shared (held by 2+ chats), reused from cache and saved by sharing are one
+    word and one number each in six places, read in one quiet state: the tiles, the grid's legend,
+    the reply line, the context meter, /api/kv and /metrics. Then the tab on a 390 px phone."""
     server = module_server
     chats = browser.new_context(viewport={"width": 1280, "height": 900})
-    for text in ("Say hi.", "Say bye."):                   # two open chats sharing the system prompt
+    tabs = []
+    for k in range(2):                                    # two chats with the same first message
         tab = _open(chats, server.url)
         _greedy(tab, 4)
-        _send(tab, text)
+        if k == 1:
+            hits0, api0 = _metric(server, "vllm:prefix_cache_hits_total"), server.kv()["stats"]["prefix_cache_hits"]
+        _send(tab, SAME)
         _wait(lambda: _finished(tab), 120, what="a reply")
+        tabs.append(tab)
+    hits1, api1 = _metric(server, "vllm:prefix_cache_hits_total"), server.kv()["stats"]["prefix_cache_hits"]
     page = browser.new_page(viewport={"width": 1366, "height": 900})
     page.goto(server.url)
     _memory(page)
-    _wait(lambda: "chats" in page.inner_text("#kv-story") or "chat open" in page.inner_text("#kv-story")
-          or "prompt stored once" in page.inner_text("#kv-story"), 30, what="the story")
+    snap = server.kv()                                    # quiet now: both replies are done
+    st = snap["stats"]
 
-    def same():
+    def shown():
         grid = page.eval_on_selector_all("#kv-grid [data-k]", DATA)
         tiles = page.eval_on_selector_all("#kv-headline [data-k]", DATA)
-        if "cells_3" not in grid or "shared_blocks" not in tiles:
-            return False
-        return (int(tiles["shared_blocks"]) == int(grid["cells_3"])
-                and int(tiles["pinned_blocks"]) == int(grid["cells_4"]))
-    _wait(same, 30, every=0.5, what="tiles and legend agree")
+        if "cells_3" not in grid or "shared_blocks" not in tiles or int(tiles["shared_blocks"]) != st["shared_blocks"]:
+            return None
+        return grid, tiles
+    grid, tiles = _wait(shown, 30, every=0.5, what="the tiles showing the quiet state")
+    metrics = {k: _metric(server, f"paged_chat_kv_blocks_{k}") for k in ("shared", "pinned", "saved_by_sharing")}
+    assert st["shared_blocks"] > 0 and st["pinned_blocks"] > 0                 # both words have blocks to count
+    assert int(tiles["shared_blocks"]) == int(grid["cells_3"]) == st["shared_blocks"] == metrics["shared"]
+    assert int(tiles["pinned_blocks"]) == int(grid["cells_4"]) == st["pinned_blocks"] == metrics["pinned"]
+    assert int(tiles["saved_blocks"]) == st["saved_blocks"] == metrics["saved_by_sharing"]
+    b = snap["blocks"]
+    seq = next(x for x in snap["sequences"] if x["session_id"] == _conv_of(tabs[1]))
+    mine = [VOC.state_of(b["state"][i], b["ref_count"][i]) for i in seq["block_table"]]
+    meter = _wait(lambda: (lambda m: m if m.get("ctx_pinned_blocks") and int(m["ctx_tokens"]) == seq["num_tokens"]
+                           else None)(tabs[1].eval_on_selector_all("#ctx-meter [data-k]", DATA)),
+                  20, every=0.5, what="the meter")
+    assert int(meter["ctx_pinned_blocks"]) == mine.count("n") and int(meter["ctx_shared_blocks"]) == mine.count("s")
+    assert mine.count("s") > 0 and "shared block" in tabs[1].inner_text("#ctx-meter")
+    reused, prompt, blocks = (int(x.replace(",", "")) for x in _REUSED.search(_reply(tabs[1])).groups())
+    assert reused == hits1 - hits0 == api1 - api0 > 0                          # reused from cache, in tokens
+    assert blocks == mine.count("n") + mine.count("s")                          # ...the pinned and shared blocks
+    for words, where in ((("Pinned blocks", "Shared blocks", "Saved by sharing"), page.inner_text("#kv-headline")),
+                         (("pinned:", "shared:"), page.inner_text("#kv-grid .kvl"))):
+        assert all(w in where for w in words), (words, where)
+    assert "Blocks held by 2 or more chats, not pinned" in server.get("metrics")
     # names and colours read in one script run (the legend's elements are kept across paints too:
     # read in two steps around a repaint that rebuilt them, the swatches of detached elements read '')
     legend = page.evaluate(_LEGEND)
@@ -257,10 +294,12 @@ def test_memory_tab_one_vocabulary_and_a_phone(module_server, browser, screensho
 # clips its overflow (overflow-x: hidden), so a page-level scroll width says nothing, and an element
 # cut off by a clipping box is exactly what a phone user cannot read.
 _PAST_THE_EDGE = """() => {
-  const inScrollingTable = (e) => {
+  const inScrollingTable = (e) => {       // a box that scrolls sideways and shows it (a shadow on its edge)
     for (let a = e.parentElement; a; a = a.parentElement) {
-      const o = getComputedStyle(a).overflowX;
-      if (a.tagName === 'TABLE' && (o === 'auto' || o === 'scroll')) { return true; }
+      const cs = getComputedStyle(a);
+      if ((cs.overflowX === 'auto' || cs.overflowX === 'scroll') && cs.backgroundImage.includes('gradient')) {
+        return true;
+      }
     }
     return false;
   };
@@ -285,10 +324,27 @@ _BOX = """(sel) => { const e = document.querySelector(sel); const r = e.getBound
   return {width: r.width, height: r.height, line: parseFloat(cs.lineHeight) || 1.2 * parseFloat(cs.fontSize)}; }"""
 
 
+# Tables wider than the box they are in, where that box does not scroll sideways with a visible cue:
+# their right part is clipped (issue 47: "Who is served" and the block tables on a phone).
+_CLIPPED_TABLES = """() => [...document.querySelectorAll('#kv-dashboard table')].filter((t) => {
+  if (!t.getBoundingClientRect().width) { return false; }
+  for (let a = t.parentElement; a; a = a.parentElement) {
+    const cs = getComputedStyle(a);
+    if (cs.overflowX === 'auto' || cs.overflowX === 'scroll') {
+      return !cs.backgroundImage.includes('gradient');
+    }
+    if (a.scrollWidth > a.clientWidth + 1 && cs.overflowX === 'hidden') { return true; }
+  }
+  return false;
+}).map((t) => (t.closest('[id]') || {}).id)"""
+
+
 def phone_misfits(phone) -> list[str]:
-    """What does not fit the Memory tab on a phone: elements past the right edge, a demo status
-    squeezed into a column (one syllable per line), Start/Stop buttons taller than two lines."""
+    """What does not fit the Memory tab on a phone: elements past the right edge, a table clipped
+    instead of scrolling visibly, a demo status squeezed into a column (one syllable per line),
+    Start/Stop buttons taller than two lines."""
     bad = [f"past the right edge: {w}" for w in phone.evaluate(_PAST_THE_EDGE)[:8]]
+    bad += [f"a clipped table in #{t}" for t in phone.evaluate(_CLIPPED_TABLES)]
     status = phone.evaluate(_BOX, "#kv-demo-status")
     if status["width"] < 120:
         bad.append(f"the demo status is {status['width']:.0f} px wide")

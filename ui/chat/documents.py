@@ -131,7 +131,7 @@ def split(content: str) -> tuple[list[tuple[str, str]], str]:
 
 def chip(name: str, tokens: int | None = None) -> str:
     count = f" · {tokens:,} tokens" if tokens is not None else ""
-    return f'<span class="doc-chip" title="attached document">📄 {escape(name)}{count}</span>'
+    return f'<span class="doc-chip" title="attached document">{ICON}{escape(name)}{count}</span>'
 
 
 def chips_html(docs) -> str:
@@ -149,11 +149,17 @@ def display(content: str, render) -> str:
     docs, rest = split(content)
     if not docs:
         return render(content)
-    chips = " ".join(f'<span class="doc-chip">📄 {escape(n)} · {t.count(chr(10)) + 1:,} lines</span>' for n, t in docs)
+    chips = " ".join(f'<span class="doc-chip" title="attached document">{ICON}{escape(n)} · '
+                     f'{t.count(chr(10)) + 1:,} lines</span>' for n, t in docs)
     return f"{chips}\n\n{render(rest)}"
 
 
+# a page drawn in CSS, not an emoji (issue 47: a tofu box where no emoji font is installed)
+ICON = '<span class="doc-ico" aria-hidden="true"></span>'
+
 CSS = """
+.doc-chip .doc-ico { display: inline-block; width: 0.62em; height: 0.8em; margin-right: 5px; vertical-align: -1px;
+  border: 1.5px solid currentColor; border-radius: 1px 4px 1px 1px; opacity: .7; }
 .doc-chip { display: inline-block; font-size: 0.85em; border: 1px solid var(--border-color-primary, #d1d5db);
   border-radius: 999px; padding: 1px 9px; margin: 2px 4px 2px 0; background: var(--background-fill-secondary, #f9fafb); }
 .doc-chips .doc-note { font-size: 0.8em; opacity: .7; }

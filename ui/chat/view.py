@@ -172,7 +172,7 @@ def display_messages(path: list[dict], versions: dict | None = None, max_model_l
     """Chatbot messages for a stored branch, and the stored id of each shown row. `versions`
     (storage.branch_versions) adds `< k/n >` to messages that have other versions."""
     shown, ids = [], []
-    for m in path:
+    for i, m in enumerate(path):
         if m["role"] not in ("user", "assistant"):
             continue
         nav = branch_nav(m["id"], versions[m["id"]]) if versions and m["id"] in versions else ""
@@ -180,8 +180,9 @@ def display_messages(path: list[dict], versions: dict | None = None, max_model_l
             toks = m.get("token_ids") or []
             finish = finish_text(m.get("stats"), m.get("status"), max_model_len,
                                  toks[-1] if toks else None, eos_ids)
-            content = with_footer(m["content"], m.get("stats"), m.get("status"), finish, source=True, nav=nav,
-                                  total_tokens=len(toks) or None)
+            more = CONTINUE_MARK if i == len(path) - 1 and can_continue(m, finish, eos_ids) else ""
+            content = with_footer(m["content"], m.get("stats"), m.get("status"), finish, source=True,
+                                  nav=nav + more, total_tokens=len(toks) or None)
         else:       # one part: Gradio edits a user row part by part and hands back only the last one
             content = documents.display(m["content"], rendered) + (f"\n\n{nav}" if nav else "")
         shown.append({"role": m["role"], "content": content})
@@ -205,6 +206,15 @@ def live_reply(text: str, admitted: bool, metrics: dict | None = None, state: st
 # Marks a reply row that is only a notice (nothing was sent or saved): BUTTONS_CSS hides
 # Regenerate while one is on screen.
 NOTICE_MARK = '<span class="chat-notice"></span>'
+# Marks the last reply when Continue can extend it (stopped, or cut by max tokens, with its ids):
+# BUTTONS_CSS shows Continue only then (issue 47: it was offered with nothing to continue).
+CONTINUE_MARK = '<span class="can-continue"></span>'
+
+
+def can_continue(m: dict, finish: str | None, eos_ids=()) -> bool:
+    toks = m.get("token_ids") or []
+    cut = m.get("status") == "stopped" or (m.get("stats") or {}).get("finish_reason") == "length"
+    return bool(toks) and cut and toks[-1] not in eos_ids and not (finish or "").startswith("context full")
 
 # No button that does nothing (#11), decided in the page from what it shows (no round trip):
 # Regenerate (#regen-row) only with a reply on screen, no notice in place of one, and no reply
@@ -214,6 +224,7 @@ NOTICE_MARK = '<span class="chat-notice"></span>'
 BUTTONS_CSS = """
 .gradio-container:not(:has(#chatbot .message.bot)) #regen-row, .gradio-container:has(#chatbot .chat-notice) #regen-row,
 .gradio-container:has(#stop) #regen-row { display: none !important; }
+.gradio-container:not(:has(#chatbot .can-continue)) #continue-reply { display: none !important; }
 .gradio-container:not(:has(#chatbot .message)):not(:has(#conv-list input:checked)) :is(#chat-title, #manage-row,
 #export-row) { display: none !important; }
 """
@@ -263,10 +274,11 @@ def conversation_choices(rows: list[dict]) -> list[tuple[str, str]]:
 def alternative_markdown(index: int, text: str, stats: dict | None, admitted: bool = True,
                          status: str | None = None, label: str = "Alternative", chosen: bool = False) -> str:
     head = f"**{label} {index + 1}**"
-    if chosen:
-        head += " · shown in the conversation"
-    body = live_reply(text, admitted) if not text or not admitted else rendered(text)
     line = stats_line(stats, status)
+    if chosen and text and admitted:      # its text is the reply in the chat just above: not twice
+        return (f"{head} · shown in the conversation above"
+                + (f'\n\n<span class="{STATS_CLASS}">{html.escape(line)}</span>' if line else ""))
+    body = shown_text(live_reply(text, admitted)) if not text or not admitted else rendered(text)
     return f"{head}\n\n{body}" + (f'\n\n<span class="{STATS_CLASS}">{html.escape(line)}</span>' if line else "")
 
 

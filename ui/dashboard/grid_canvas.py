@@ -41,13 +41,15 @@ const holders = (p, set) => {
   const who = p.sets[set].map((h) => p.names[h]);
   return ' · held by ' + who.slice(0, 3).join(', ') + (who.length > 3 ? ` and ${who.length - 3} more` : '');
 };
+// a band's first and last block (its cells aggregate p.per blocks each above MAX_CELLS)
+const bandBlocks = (p, it) => [it.first * p.per, Math.min(p.n, (it.first + it.len) * p.per) - 1];
 const layout = (p, width) => {
   const cols = Math.max(8, Math.floor(width / PITCH));
   const items = []; let x = 0, y = 0, cell = 0;
   const r = p.runs;
   for (let i = 0; i < r.length; i += 5) {
     const [k, len, ref, set, fill] = [r[i], r[i + 1], r[i + 2], r[i + 3], r[i + 4]];
-    if (k <= 1 && len >= p.band && p.per === 1) {
+    if (k <= 1 && len >= p.band) {                  // a long free / cached run: one counted band
       if (x) { x = 0; y += PITCH; }
       items.push({ band: true, k, first: cell, len, y });
       y += BAND + 1; cell += len; continue;
@@ -94,7 +96,8 @@ const paint = (src) => {
     if (it.band) {
       g.fillRect(0, it.y, width, BAND);
       g.fillStyle = text; g.font = '500 11px sans-serif'; g.textAlign = 'left';
-      g.fillText(`${fmt(it.len)} ${NAMES[it.k]} blocks (#${fmt(it.first)}–#${fmt(it.first + it.len - 1)})`, 6, it.y + BAND / 2);
+      const [a, b] = bandBlocks(p, it);
+      g.fillText(`${fmt(b - a + 1)} ${NAMES[it.k]} blocks (#${fmt(a)}–#${fmt(b)})`, 6, it.y + BAND / 2);
       continue;
     }
     g.fillRect(it.x, it.y, CELL, CELL);
@@ -145,7 +148,7 @@ const itemOf = (cell) => st.items.find((it) => cell >= it.first && cell < it.fir
 const titleOf = (it) => {
   const p = st.p;
   if (!it) { return ''; }
-  if (it.band) { return `blocks ${fmt(it.first)}–${fmt(it.first + it.len - 1)} · ${NAMES[it.k]}`; }
+  if (it.band) { const [a, b] = bandBlocks(p, it); return `blocks ${fmt(a)}–${fmt(b)} · ${NAMES[it.k]}`; }
   if (p.per > 1) {
     const a = it.first * p.per;
     return `blocks ${fmt(a)}–${fmt(a + it.fill - 1)} · mostly ${NAMES[it.k]}` + (it.ref ? ` · max ref_count ${it.ref}` : '');

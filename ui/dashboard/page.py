@@ -35,8 +35,8 @@ from ui.dashboard import open_chats as OPEN
 from ui.dashboard.story import pin_use, story_html
 from engine.protocol import Configured, ServesTenants
 from ui.dashboard.who import event_lines, served, who_html
-from ui.dashboard.history import (HEADROOM, PLOT_STEP_S, SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT, History,
-                                  blocks_frame, hit_rate_frame)
+from ui.dashboard.history import (HEADROOM, PLOT_STEP_S, PLOT_WINDOW_S, SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT,
+                                  History, blocks_frame, hit_rate_frame)
 from ui.dashboard.demo_users import MAX_DEMO_USERS, DemoLoad, PromptSource
 from ui.dashboard.kv_math import PRESETS, shape_of
 
@@ -248,8 +248,10 @@ def _components(state: DashboardState) -> dict:
             gr.HTML(escape(state.demo.status()), html_template=BUS.STAMP + '<div class="kvbody">${value}</div>',
                     css_template=H.CSS, elem_id="kv-demo-status")    # then kept current by the bus
         gr.HTML(**html, elem_id="kv-headline")
-        gr.HTML(**html, elem_id="kv-who")        # "who is served" (ui/dashboard/who.py), via the bus
-        gr.HTML(**html, elem_id="kv-tier")          # the KV tier beside the pool (filled by the bus)
+        # above: what fits a laptop screen (headline, demo users, tiles); below, in sections
+        with gr.Row(equal_height=False, elem_id="kv-who-tier"):
+            gr.HTML(**html, elem_id="kv-who", min_width=320)     # "who is served" (ui/dashboard/who.py), via the bus
+            gr.HTML(**html, elem_id="kv-tier", min_width=320)    # the KV tier beside the pool (filled by the bus)
         gr.HTML(**html, elem_id="kv-feed")
         with gr.Row(equal_height=True):
             selector = gr.Dropdown(choices=[], value=None, label="Highlight a conversation",
@@ -261,7 +263,9 @@ def _components(state: DashboardState) -> dict:
         gr.HTML("", html_template=GC.TEMPLATE, css_template=H.CSS + GC.CSS, js_on_load=GC.JS,
                 apply_default_css=True, elem_id="kv-grid")
         gr.HTML(**html, elem_id="kv-tables")
-        plots = _plots()
+        with gr.Accordion("History: blocks used and prefix-cache hits, last 5 minutes", open=True,
+                          elem_id="kv-history"):
+            plots = _plots()
         with gr.Accordion("KV arithmetic: bytes per token, traditional vs paged", open=False) as arith_acc:
             arith_model = gr.Radio([LIVE] + [p.name for p in PRESETS], value=LIVE,
                                    label="Batch table for", elem_id="kv-arith-model")
@@ -276,7 +280,9 @@ def _components(state: DashboardState) -> dict:
 def _plots() -> list:
     """The three history plots (paged, contiguous, hit rate), side by side."""
     colors = dict(zip(SERIES_BLOCKS, SERIES_COLORS))
-    plot = dict(x="seconds", color="series", x_title="seconds ago", height=250, color_map=colors)
+    # a fixed x range: with one point Vega labelled its only tick "0.000000" (issue 47)
+    plot = dict(x="seconds", color="series", x_title="seconds ago", height=210, color_map=colors,
+                x_lim=[-PLOT_WINDOW_S, 0])
     gr.HTML(BUS.STAMP_SLOW.format(tip="How old the plots are: the snapshot of their last update (every "
                                       f"{SLOW_TICK_S:g} s); each point is one 10 s bucket."),
             css_template=H.CSS, padding=False, elem_id="kv-plots-asof")
@@ -290,7 +296,8 @@ def _plots() -> list:
                                   colors_in_legend=list(CONTIG_SERIES[:2]), **plot)
         # headroom above 100%, so a hit rate of 100% is drawn inside the plot, not on its edge
         hit_plot = gr.LinePlot(x="seconds", y="hit rate %", color="series", y_lim=[0, 100 * (1 + HEADROOM)],
-                               title="Prefix-cache hit rate", x_title="seconds ago", height=250,
+                               title="Prefix-cache hit rate", x_title="seconds ago", height=210,
+                               x_lim=[-PLOT_WINDOW_S, 0],
                                color_map=dict(zip(SERIES_HIT, ("#60a5fa", "#f97316"))),
                                elem_id="kv-hit-plot")
     return [paged_plot, contig_plot, hit_plot]
