@@ -403,26 +403,50 @@ def test_the_memory_tab_stays_live_beside_four_streaming_tabs_and_sixteen_demo_u
         profile.close()
 
 
+_DROP = """(args) => {
+  const [name, text] = args;
+  const dt = new DataTransfer();
+  dt.items.add(new File([text], name, { type: 'text/plain' }));
+  const target = document.querySelector('#chatbot');
+  for (const kind of ['dragenter', 'dragover', 'drop']) {
+    target.dispatchEvent(new DragEvent(kind, { dataTransfer: dt, bubbles: true, cancelable: true }));
+  }
+}"""
+
+
 def test_a_document_attached_in_two_chats_shares_its_blocks(module_server, browser, tmp_path):
+    """Also (issue 47): two files picked at once, a file dropped on the chat, and the chat titled by
+    the typed question, not by the `<document ...>` wrapper the message starts with (sidebar, /api/kv)."""
     server = module_server
-    doc = tmp_path / "keeper.txt"
-    doc.write_text("\n".join(f"Line {i}: the lighthouse keeper logs wind, tide and passing ships." for i in range(12)))
+    text = "\n".join(f"Line {i}: the lighthouse keeper logs wind, tide and passing ships." for i in range(12))
+    doc, notes = tmp_path / "keeper.txt", tmp_path / "notes.md"
+    doc.write_text(text)
+    notes.write_text("# Notes\nThe lamp was serviced on Tuesday.")
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     convs = []
-    for question in ("When was the wind strongest?", "Which ships passed?"):
+    for k, question in enumerate(("When was the wind strongest?", "Which ships passed?")):
         page = _open(context, server.url)
         _greedy(page, 2)
-        with page.expect_file_chooser() as chooser:
-            page.click("#attach")
-        chooser.value.set_files(str(doc))
+        if k == 0:                                          # two files at once, picked
+            with page.expect_file_chooser() as chooser:
+                page.click("#attach")
+            chooser.value.set_files([str(doc), str(notes)])
+            _wait(lambda: "notes.md" in page.inner_text("#doc-chips"), 30, what="the chips")
+        else:                                               # one file dropped on the chat
+            page.evaluate(_DROP, ["keeper.txt", text])
         _wait(lambda: "keeper.txt" in page.inner_text("#doc-chips"), 30, what="the chip")
         assert re.search(r"keeper\.txt · [\d,]+ tokens", page.inner_text("#doc-chips"))
+        assert page.get_attribute("#attach", "aria-label") and page.get_attribute("#attach", "title")
         _send(page, question)
         _wait(lambda: _finished(page), 120, what="the reply")
-        assert "📄 keeper.txt" in page.locator("#chatbot .message.user").last.inner_text()
+        assert "keeper.txt" in page.locator("#chatbot .message.user .doc-chip").first.inner_text()
         _wait(lambda: "keeper.txt" not in page.inner_text("#doc-chips"), 30, what="the chip gone")   # sent with it
+        _wait(lambda: question in page.inner_text("#conv-list"), 20, what="the title")
+        assert "<document" not in page.inner_text("#conv-list")
         convs.append(_conv_of(page))
     snap = server.kv()
+    titles = {s["session_id"]: s.get("title") for s in snap["sequences"]}
+    assert [titles[c] for c in convs] == ["When was the wind strongest?", "Which ships passed?"], titles
     tables = {s["session_id"]: s["block_table"] for s in snap["sequences"] if s["session_id"] in convs}
     a, b = tables[convs[0]], tables[convs[1]]
     common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
