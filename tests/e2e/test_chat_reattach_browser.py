@@ -146,14 +146,16 @@ def test_the_context_meter_equals_api_kv_and_the_shortcuts_overlay(module_server
         shown = page.eval_on_selector_all("#ctx-meter [data-k]", DATA)
         snap = server.kv()
         seq = next((s for s in snap["sequences"] if s["session_id"] == conv), None)
-        if seq is None or "ctx_shared_blocks" not in shown:
+        if seq is None or "ctx_pinned_blocks" not in shown:
             return False
         b = snap["blocks"]
-        shared = [i for i in seq["block_table"] if VOC.state_of(b["state"][i], b["ref_count"][i]) in "sn"]
+        code = {i: VOC.state_of(b["state"][i], b["ref_count"][i]) for i in seq["block_table"]}
+        pinned, shared = ([i for i in seq["block_table"] if code[i] == c] for c in "ns")
         return (int(shown["ctx_tokens"]) == seq["num_tokens"] and int(shown["ctx_max"]) == 512
+                and int(shown["ctx_pinned_blocks"]) == len(pinned) > 0
+                and int(shown["ctx_pinned_tokens"]) == sum(b["filled"][i] for i in pinned)
                 and int(shown["ctx_shared_blocks"]) == len(shared)
-                and int(shown["ctx_shared_tokens"]) == sum(b["filled"][i] for i in shared)
-                and int(shown["ctx_own_blocks"]) == len(seq["block_table"]) - len(shared))
+                and int(shown["ctx_own_blocks"]) == len(seq["block_table"]) - len(shared) - len(pinned))
     _wait(agree, 20, every=0.5, what="the meter equal to /api/kv")
     page.screenshot(path=str(screenshot_dir / "chat.png"))
     for name, url, viewport in (("chat-dark.png", f"?c={conv}&__theme=dark", {"width": 1280, "height": 900}),

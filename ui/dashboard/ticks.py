@@ -159,10 +159,12 @@ def wire_ticks(ticks: Ticks, c: dict, tick_s: float, slow_tick_s: float) -> Dash
     selection or model, and the accordions' open/closed state."""
     quiet = dict(show_progress="hidden", api_visibility="private", concurrency_limit=None)
     inputs = [c["selector"], c["arith_model"]]
+    # a tick that cannot keep up is dropped, never queued: while one is pending the page sends no
+    # other ("once"), and each reads the newest snapshot when it runs, not the one of when it was asked
     timer = gr.Timer(tick_s, active=False)
-    timer.tick(ticks.fast, inputs=inputs, outputs=[c["bus"]], **quiet)
+    timer.tick(ticks.fast, inputs=inputs, outputs=[c["bus"]], trigger_mode="once", **quiet)
     slow_timer = gr.Timer(slow_tick_s, active=False)
-    slow_timer.tick(ticks.slow, inputs=inputs, outputs=c["slow_outputs"], **quiet)
+    slow_timer.tick(ticks.slow, inputs=inputs, outputs=c["slow_outputs"], trigger_mode="once", **quiet)
     refresh = dict(fn=ticks.refresh_fn, inputs=inputs, outputs=[c["bus"]], **quiet)
     refresh_all = dict(fn=ticks.refresh_slow, inputs=inputs, outputs=c["slow_outputs"], **quiet)
     c["selector"].change(**refresh)
