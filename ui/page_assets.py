@@ -51,7 +51,7 @@ body.drop-files #chatbot { outline: 3px dashed var(--color-accent, #f97316); out
 #kv-dashboard .kvd code { white-space: normal; word-break: break-all; }
 /* "who is served" and the KV tier side by side where they fit, one above the other on a phone */
 #kv-who-tier { flex-wrap: wrap !important; }
-#kv-who { flex: 3 1 480px !important; min-width: min(100%, 320px) !important; }
+#kv-who { flex: 3 1 700px !important; min-width: min(100%, 320px) !important; }
 #kv-tier { flex: 2 1 300px !important; min-width: min(100%, 300px) !important; }
 #kv-dashboard .kvd table, #kv-dashboard .kv-tier table { border: none !important; }
 #kv-demo-n { padding: 2px 8px !important; }

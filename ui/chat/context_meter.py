@@ -102,17 +102,17 @@ def html(m: Meter | None) -> str:
     parts = [f'Context {n("ctx_tokens", m.tokens)} / {n("ctx_max", m.max_model_len)} tokens ({pct:.0f}%)'
              + (" (from the backend's usage)" if m.source == "usage" else "")]
     if m.in_memory:
-        own = m.blocks - m.shared_blocks - m.pinned_blocks
+        own, none = m.blocks - m.shared_blocks - m.pinned_blocks, ""
         for key, tokens, blocks, word, tip in (
                 ("pinned", m.pinned_tokens, m.pinned_blocks, "pinned", TIPS["pinned"]),
                 ("shared", m.shared_tokens, m.shared_blocks, "shared", TIPS["shared"])):
             if blocks:
                 parts.append(f'<span title="{tip}">{n(f"ctx_{key}_tokens", tokens)} in '
                              f'{n(f"ctx_{key}_blocks", blocks)} {word} block{"s" if blocks != 1 else ""}</span>')
-            else:
-                parts.append(f'<span hidden data-k="ctx_{key}_blocks" data-v="0"></span>')
+            else:                          # none of this kind: its number for readers, no words
+                none += f'<span hidden data-k="ctx_{key}_blocks" data-v="0"></span>'
         parts.append(f'<span title="{TIPS["own"]}">{n("ctx_own_tokens", m.own_tokens)} in this chat\'s own '
-                     f'{n("ctx_own_blocks", own)} block{"s" if own != 1 else ""}</span>')
+                     f'{n("ctx_own_blocks", own)} block{"s" if own != 1 else ""}</span>{none}')
     elif m.why_not:
         parts.append(f'<span data-k="ctx_other_version" data-v="1">{escape(m.why_not)}</span>')
     else:

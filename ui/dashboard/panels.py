@@ -55,8 +55,8 @@ CSS = """
 .kvn .s { font-size: 11px; line-height: 1.25; color: var(--body-text-color-subdued, #6b7280); }
 /* a table wider than its panel scrolls inside it, and says so: a shadow on the side with more */
 .kvd .scroll, .kv-tier .scroll { overflow-x: auto; max-width: 100%;
-  background: linear-gradient(to right, var(--block-background-fill, #fff) 30%, transparent),
-    linear-gradient(to left, var(--block-background-fill, #fff) 30%, transparent),
+  background: linear-gradient(to right, var(--body-background-fill, #fff) 30%, transparent),
+    linear-gradient(to left, var(--body-background-fill, #fff) 30%, transparent),
     radial-gradient(farthest-side at 0 50%, rgba(0,0,0,.25), transparent),
     radial-gradient(farthest-side at 100% 50%, rgba(0,0,0,.25), transparent);
   background-repeat: no-repeat; background-size: 40px 100%, 40px 100%, 12px 100%, 12px 100%;
@@ -64,7 +64,9 @@ CSS = """
   background-attachment: local, local, scroll, scroll; }
 .kvf ul { max-height: 150px; overflow-y: auto; }
 .kv-tier table { border-collapse: collapse; font-size: 13px; }
-.kv-tier th, .kv-tier td { padding: 2px 10px 2px 0; text-align: left; border-bottom: 1px solid var(--border-color-primary, #e5e7eb); }
+.kv-tier th, .kv-tier td { padding: 2px 10px 2px 0; text-align: left; white-space: normal;
+  border-bottom: 1px solid var(--border-color-primary, #e5e7eb); }
+.kvwho table { font-size: 12px; } .kvwho th, .kvwho td { padding: 2px 6px; }
 .kv-tier th { font-weight: 500; color: var(--body-text-color-subdued, #6b7280); }
 .kvt { display: flex; flex-wrap: wrap; gap: 3px; margin: 4px 0; }
 .kvt span { border-radius: 3px; padding: 1px 5px; font: 11px monospace; background: #60a5fa; color: #fff; }
