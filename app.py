@@ -236,7 +236,7 @@ def main(argv=None) -> int:
     finally:
         print("Shutting down…", file=sys.stderr)
         saved = llm.shutdown()
-        if saved:                   # the KV tier keeps the pool's blocks for the next start (issue 47)
+        if saved:           # the KV tier keeps the pool's blocks for the next start (issue 47)
             print(f"KV tier: kept {saved['saved']} more blocks of the pool for the next start in "
                   f"{saved['seconds']:.1f} s ({saved['already']} were there already"
                   + (f", {saved['left']} left out of time or room" if saved["left"] else "") + ")",

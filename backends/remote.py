@@ -31,7 +31,7 @@ CHARS_PER_TOKEN = 4                 # estimate only: an underestimate lets the s
 
 
 _BLOCK_SIZE = (re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.M),      # vLLM
-               re.compile(r"^paged_chat_kv_block_size_tokens(?:\{[^}]*\})? (\d+)", re.M))    # another app.py
+               re.compile(r"^paged_chat_kv_block_size_tokens(?:\{[^}]*\})? (\d+)", re.M))   # app.py
 
 
 def block_size_of(metrics_text: str) -> int:
@@ -75,7 +75,7 @@ class RemoteEngine:
         self._streams: dict[str, RemoteStream] = {}
         self._lock = threading.Lock()
         self.model, self._max_model_len, self.startup_error = model, DEFAULT_MAX_MODEL_LEN, None
-        self._block_size = 0                # the backend's KV block size, when its /metrics say (0: unknown)
+        self._block_size = 0        # the backend's KV block size, if its /metrics say (0: unknown)
         self.discover()
 
     # ---- discovery ---------------------------------------------------------------------------
@@ -108,7 +108,8 @@ class RemoteEngine:
     def model_info(self) -> ModelInfo:
         return ModelInfo(name=self.model or "remote", source=self.root, architecture="remote", num_layers=0,
                          num_attention_heads=0, num_kv_heads=0, head_dim=0, hidden_size=0, vocab_size=0,
-                         dtype="?", max_model_len=self._max_model_len, block_size=self._block_size, num_blocks=0,
+                         dtype="?", max_model_len=self._max_model_len, block_size=self._block_size,
+                         num_blocks=0,
                          kv_bytes_per_token=0, max_num_seqs=0, attention_backend="remote", device="remote")
 
     def get_tokenizer(self):

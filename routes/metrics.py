@@ -40,15 +40,17 @@ _OWN = (
     ("paged_chat_kv_blocks_free", "gauge", "Free KV blocks (including cached-free).", "free_blocks"),
     ("paged_chat_kv_blocks_cached", "gauge", "Free blocks still holding a reusable cached prefix.",
      "cached_blocks"),
-    ("paged_chat_kv_blocks_shared", "gauge", "Blocks held by 2 or more chats, not pinned (ref_count >= 2; "
-     "pinned blocks count as pinned).", "shared_blocks"),
-    ("paged_chat_kv_blocks_pinned", "gauge", "Blocks held by the app's pins of shared system prompts "
-     "(never evicted).", "pinned_blocks"),
+    ("paged_chat_kv_blocks_shared", "gauge",
+     "Blocks held by 2 or more chats, not pinned (ref_count >= 2; pinned blocks count as pinned).",
+     "shared_blocks"),
+    ("paged_chat_kv_blocks_pinned", "gauge",
+     "Blocks held by the app's pins of shared system prompts (never evicted).", "pinned_blocks"),
     ("paged_chat_kv_blocks_peak_used", "gauge", "Highest number of used blocks so far.", "peak_used_blocks"),
     ("paged_chat_kv_blocks_logical", "gauge",
      "Block-table entries over live sequences: blocks paging without sharing would hold.", "logical_blocks"),
-    ("paged_chat_kv_blocks_saved_by_sharing", "gauge", "Saved by sharing: block-table entries of the live "
-     "chats (what paging without sharing would hold) minus the blocks they hold.", "saved_blocks"),
+    ("paged_chat_kv_blocks_saved_by_sharing", "gauge",
+     "Saved by sharing: block-table entries of the live chats (what paging without sharing would "
+     "hold) minus the blocks they hold.", "saved_blocks"),
     ("paged_chat_kv_bytes_saved_by_sharing", "gauge", "Bytes of KV saved by block sharing.", "saved_bytes"),
     ("paged_chat_kv_block_size_tokens", "gauge", "Tokens per KV block.", "block_size"),
     ("paged_chat_kv_capacity_tokens", "gauge", "Tokens the KV pool can hold.", "kv_capacity_tokens"),

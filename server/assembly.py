@@ -10,7 +10,7 @@ import atexit
 
 import fastapi
 import gradio as gr
-from fastapi import Request        # module level: the goodbye route's annotation is resolved from here
+from fastapi import Request        # module level: the goodbye route's annotation resolves here
 
 from engine.protocol import PinsPrompts
 from routes.exports import register_export_route

@@ -23,28 +23,31 @@ def _sampling_controls(llm):
         # short labels (a long one wrapped onto five lines in a narrow column); what a setting
         # means is its `info` line
         with gr.Row():
-            temperature = gr.Slider(0.0, 2.0, value=0.7, step=0.05, label="Temperature", info="0 = greedy",
-                                    elem_id="temperature", min_width=180)
-            top_p = gr.Slider(0.05, 1.0, value=0.95, step=0.05, label="Top-p", elem_id="top-p", min_width=180)
-            top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k", info="0 = off", elem_id="top-k",
+            temperature = gr.Slider(0.0, 2.0, value=0.7, step=0.05, label="Temperature",
+                                    info="0 = greedy", elem_id="temperature", min_width=180)
+            top_p = gr.Slider(0.05, 1.0, value=0.95, step=0.05, label="Top-p", elem_id="top-p",
                               min_width=180)
+            top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k", info="0 = off",
+                              elem_id="top-k", min_width=180)
             max_tokens = gr.Slider(1, min(2048, llm.max_model_len - 1), value=256, step=1,
                                    label="Max new tokens", elem_id="max-tokens", min_width=180)
         with gr.Row():
-            rep = gr.Slider(0.8, 2.0, value=1.1, step=0.01, label="Repetition penalty", elem_id="rep-penalty",
-                            min_width=180)
-            seed = gr.Number(value=-1, precision=0, label="Seed", info="-1 = random", elem_id="seed", min_width=140)
+            rep = gr.Slider(0.8, 2.0, value=1.1, step=0.01, label="Repetition penalty",
+                            elem_id="rep-penalty", min_width=180)
+            seed = gr.Number(value=-1, precision=0, label="Seed", info="-1 = random", elem_id="seed",
+                             min_width=140)
             n = gr.Slider(1, view.MAX_ALTERNATIVES, value=1, step=1, label="Alternatives",
-                          info="n replies side by side, sharing the prompt's blocks", elem_id="n-alternatives",
-                          min_width=180)
+                          info="n replies side by side, sharing the prompt's blocks",
+                          elem_id="n-alternatives", min_width=180)
             decoding = gr.Dropdown(beam.CHOICES, value=beam.SAMPLE, label="Decoding",
-                                   info="beam search: the k best replies side by side", elem_id="decoding",
-                                   min_width=180)
+                                   info="beam search: the k best replies side by side",
+                                   elem_id="decoding", min_width=180)
         with gr.Row():
             fmt = gr.Dropdown(reply_format.CHOICES, value=reply_format.FREE, label="Reply format",
-                              info="JSON: constrained decoding, token by token", elem_id="reply-format")
-            schema = gr.Textbox("", label="JSON schema", info="for \"JSON matching a schema\"", lines=2,
-                                max_lines=10, elem_id="reply-schema")
+                              info="JSON: constrained decoding, token by token",
+                              elem_id="reply-format")
+            schema = gr.Textbox("", label="JSON schema", info="for \"JSON matching a schema\"",
+                                lines=2, max_lines=10, elem_id="reply-schema")
     return [temperature, top_p, top_k, max_tokens, rep, seed, n, decoding, fmt, schema]
 
 
@@ -81,13 +84,14 @@ def _sidebar() -> dict:
     {local name: component} for the wiring."""
     with gr.Sidebar(open=True, width=300, elem_id="sidebar"):
         gr.Markdown("### Conversations")
-        signed_in = gr.HTML("", elem_id="signed-in", padding=False)     # under --auth: who, and Log out
+        signed_in = gr.HTML("", elem_id="signed-in", padding=False)   # --auth: who, and Log out
         new_btn = gr.Button("+ New chat", variant="primary", size="sm", elem_id="new-chat")
         with gr.Row():
             query = gr.Textbox(placeholder="Search chats…", show_label=False,
                                container=False, scale=5)
             # an icon drawn by CSS (no font glyph), its tooltip and label set by the page's script
-            refresh_btn = gr.Button("Refresh", size="sm", scale=1, min_width=40, elem_id="refresh-list")
+            refresh_btn = gr.Button("Refresh", size="sm", scale=1, min_width=40,
+                                    elem_id="refresh-list")
         conv_list = gr.Radio(choices=[], value=None, show_label=False, elem_id="conv-list")
         timer = gr.Timer(LIST_REFRESH_S)
         open_id = gr.Textbox(visible=False, label="Conversation id")   # API: open any id
@@ -114,8 +118,8 @@ def _chat_view(ctx: ChatContext) -> dict:
     info = ctx.llm.model_info()
     blocks = (f"KV blocks of {info.block_size} tokens" if info.block_size else
               "KV block size: not reported by the backend")      # --backend without it in /metrics
-    gr.Markdown(f"Model **{info.name}** · context {ctx.max_model_len:,} tokens (prompt + reply) · {blocks}",
-                elem_id="model-line")
+    gr.Markdown(f"Model **{info.name}** · context {ctx.max_model_len:,} tokens (prompt + reply) · "
+                f"{blocks}", elem_id="model-line")
     chatbot = gr.Chatbot(height=520, editable="user", label="Chat", show_label=False, elem_id="chatbot",
                          placeholder="Start a conversation: every open chat is a live engine session "
                                      "that keeps its KV blocks between turns.",
@@ -144,8 +148,8 @@ def _composer() -> dict:
     with gr.Row(elem_id="composer"):
         # an icon drawn by CSS (ui/page_assets.py: no emoji font needed), its tooltip and label
         # set by the page's script; several files at once, or dropped on the chat
-        attach_btn = gr.UploadButton("Attach", file_types=sorted(documents.TEXT_EXTENSIONS | {".pdf"}), scale=0,
-                                     min_width=44, elem_id="attach", file_count="multiple")
+        attach_btn = gr.UploadButton("Attach", file_types=sorted(documents.TEXT_EXTENSIONS | {".pdf"}),
+                                     scale=0, min_width=44, elem_id="attach", file_count="multiple")
         msg = gr.Textbox(label="Message", placeholder="Message (Enter to send, Shift+Enter for a new line)",
                          show_label=False, scale=8, lines=1, max_lines=8, elem_id="msg", autofocus=True)
         # one place, one button: Send while idle, Stop (or Esc) while a reply is generated

@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from typing import Callable
 
 SHUT_DOWN = "the engine has been shut down"
-SAVE_BUDGET_S = 5.0      # a graceful stop keeps the pool's blocks in the KV tier for at most this long
+SAVE_BUDGET_S = 5.0      # a graceful stop keeps the pool's blocks in the KV tier at most this long
 
 
 class EngineThread:
@@ -35,7 +35,7 @@ class EngineThread:
         self._lock = threading.Lock()           # `closed` and the last puts agree (see _close)
         self._stopping = False
         self.closed = False
-        self.saved_to_tier: dict | None = None    # what the stop kept in the KV tier (None: no tier)
+        self.saved_to_tier: dict | None = None    # what the stop kept in the KV tier (None: none)
         self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
         self._thread.start()
 

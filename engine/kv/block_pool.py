@@ -135,7 +135,7 @@ class BlockPool:
 
     def iter_cached_newest(self) -> Iterator[Block]:
         """Free blocks that still hold a prefix, most recently freed first (the reverse of
-        eviction order): what a graceful stop keeps in the KV tier first (engine/kv/tier_link.py)."""
+        eviction order): what a graceful stop keeps in the KV tier first (kv/tier_link.py)."""
         b = self._tail.prev
         while b is not self._head:
             if b is not self._fresh and b.block_hash is not None:

@@ -101,7 +101,8 @@ class TierLink:
                     out["already"] += 1
                     continue
                 try:
-                    ok = self.tier.put(ident, self.io.read(b.block_id), owner=b.owner, reason="shutdown")
+                    ok = self.tier.put(ident, self.io.read(b.block_id), owner=b.owner,
+                                       reason="shutdown")
                 except Exception:       # a full or failing tier: these blocks are recomputed later
                     log.exception("KV tier save at shutdown failed")
                     ok = False

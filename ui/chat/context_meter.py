@@ -18,8 +18,10 @@ from html import escape
 from ui.dashboard.vocabulary import state_of
 
 WARN_FRACTION = 0.8
-TIPS = {"pinned": "pinned: blocks of the shared system prompt, stored once and kept by the app for every chat",
-        "shared": "shared: blocks this chat holds together with at least one other chat (not pinned)",
+TIPS = {"pinned": "pinned: blocks of the shared system prompt, stored once and kept by the app "
+                  "for every chat",
+        "shared": "shared: blocks this chat holds together with at least one other chat (not "
+                  "pinned)",
         "own": "own: blocks only this chat holds (ref_count 1)"}
 
 
@@ -59,7 +61,8 @@ def from_snapshot(snap: dict, conv_id: str, max_model_len: int) -> Meter | None:
     shared_tokens = sum(f for f, c in zip(filled, codes) if c == "s")
     pinned_tokens = sum(f for f, c in zip(filled, codes) if c == "n")
     tokens = seq["num_tokens"]
-    return Meter(tokens=tokens, max_model_len=max_model_len, blocks=len(table), shared_blocks=codes.count("s"),
+    return Meter(tokens=tokens, max_model_len=max_model_len, blocks=len(table),
+                 shared_blocks=codes.count("s"),
                  shared_tokens=shared_tokens,
                  own_tokens=max(0, min(tokens, sum(filled)) - shared_tokens - pinned_tokens),
                  in_memory=True, pinned_blocks=codes.count("n"), pinned_tokens=pinned_tokens)
@@ -99,20 +102,21 @@ def html(m: Meter | None) -> str:
 
     def n(key, v, text=None):
         return f'<b data-k="{key}" data-v="{v}">{escape(text or format(v, ","))}</b>'
-    parts = [f'Context {n("ctx_tokens", m.tokens)} / {n("ctx_max", m.max_model_len)} tokens ({pct:.0f}%)'
-             + (" (from the backend's usage)" if m.source == "usage" else "")]
+    parts = [f'Context {n("ctx_tokens", m.tokens)} / {n("ctx_max", m.max_model_len)} tokens '
+             f'({pct:.0f}%)' + (" (from the backend's usage)" if m.source == "usage" else "")]
     if m.in_memory:
         own, none = m.blocks - m.shared_blocks - m.pinned_blocks, ""
         for key, tokens, blocks, word, tip in (
                 ("pinned", m.pinned_tokens, m.pinned_blocks, "pinned", TIPS["pinned"]),
                 ("shared", m.shared_tokens, m.shared_blocks, "shared", TIPS["shared"])):
             if blocks:
+                plural = "s" if blocks != 1 else ""
                 parts.append(f'<span title="{tip}">{n(f"ctx_{key}_tokens", tokens)} in '
-                             f'{n(f"ctx_{key}_blocks", blocks)} {word} block{"s" if blocks != 1 else ""}</span>')
+                             f'{n(f"ctx_{key}_blocks", blocks)} {word} block{plural}</span>')
             else:                          # none of this kind: its number for readers, no words
                 none += f'<span hidden data-k="ctx_{key}_blocks" data-v="0"></span>'
-        parts.append(f'<span title="{TIPS["own"]}">{n("ctx_own_tokens", m.own_tokens)} in this chat\'s own '
-                     f'{n("ctx_own_blocks", own)} block{"s" if own != 1 else ""}</span>{none}')
+        parts.append(f'<span title="{TIPS["own"]}">{n("ctx_own_tokens", m.own_tokens)} in this '
+                     f'chat\'s own {n("ctx_own_blocks", own)} block{"s" if own != 1 else ""}</span>{none}')
     elif m.why_not:
         parts.append(f'<span data-k="ctx_other_version" data-v="1">{escape(m.why_not)}</span>')
     else:

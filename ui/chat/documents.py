@@ -26,7 +26,7 @@ MAX_PDF_PAGES = 300
 TEXT_EXTENSIONS = frozenset(
     ".txt .md .markdown .rst .py .js .ts .tsx .jsx .json .csv .tsv .yaml .yml .toml .ini .cfg .html .css .xml "
     ".c .h .cc .cpp .hpp .rs .go .java .kt .rb .php .sh .sql .log .tex".split())
-_BLOCK = DOCUMENT_BLOCK        # the stored wrapper's one pattern (storage/messages.py: titles read it too)
+_BLOCK = DOCUMENT_BLOCK      # the wrapper's one pattern (storage/messages.py: titles read it too)
 
 
 @dataclass(frozen=True)
@@ -158,8 +158,8 @@ def display(content: str, render) -> str:
 ICON = '<span class="doc-ico" aria-hidden="true"></span>'
 
 CSS = """
-.doc-chip .doc-ico { display: inline-block; width: 0.62em; height: 0.8em; margin-right: 5px; vertical-align: -1px;
-  border: 1.5px solid currentColor; border-radius: 1px 4px 1px 1px; opacity: .7; }
+.doc-chip .doc-ico { display: inline-block; width: 0.62em; height: 0.8em; margin-right: 5px;
+  vertical-align: -1px; border: 1.5px solid currentColor; border-radius: 1px 4px 1px 1px; opacity: .7; }
 .doc-chip { display: inline-block; font-size: 0.85em; border: 1px solid var(--border-color-primary, #d1d5db);
   border-radius: 999px; padding: 1px 9px; margin: 2px 4px 2px 0; background: var(--background-fill-secondary, #f9fafb); }
 .doc-chips .doc-note { font-size: 0.8em; opacity: .7; }

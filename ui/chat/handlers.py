@@ -23,8 +23,8 @@ from storage import ConversationDeletedError
 from ui.chat.edit_text import typed_text
 from ui.chat import beam, limits, states, view
 from ui.chat.context import ChatContext
-from ui.chat.painting import (conversation_list, eos_ids, follow_beam, follow_turn, generate, list_radio,
-                              outputs, show, view_signature)
+from ui.chat.painting import (conversation_list, eos_ids, follow_beam, follow_turn, generate,
+                              list_radio, outputs, show, view_signature)
 from ui.chat.turn import Turn, abort_turn, start_turn
 
 # a chat event's outputs: msg box, chatbot, status, conversation list, alt row, alts, pick buttons, send, stop

@@ -48,7 +48,8 @@ def eos_ids(ctx: ChatContext) -> frozenset:
 def list_radio(choices: list, value, query: str | None = None):
     """The conversation list; a search that matches nothing says so instead of an empty box."""
     if query and not choices:
-        return gr.Radio(choices=[], value=None, label=f"No chats match “{query}”", show_label=True)
+        return gr.Radio(choices=[], value=None, label=f"No chats match “{query}”",
+                        show_label=True)
     return gr.Radio(choices=choices, value=value, label="Conversations", show_label=False)
 
 
@@ -184,9 +185,10 @@ async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[di
             now_state = live_state(ctx, turn)
             if turn.version != last or now_state != state:
                 last, state = turn.version, now_state
+                generating = state == states.live_status(states.GENERATING)
+                total = len(turn.toks[0]) if turn.continues is not None else None
                 live = view.live_reply(turn.texts[0], turn.admitted, turn.metrics[0] if turn.texts[0] else None,
-                                       state=None if state == states.live_status(states.GENERATING) else state,
-                                       total_tokens=len(turn.toks[0]) if turn.continues is not None else None)
+                                       state=None if generating else state, total_tokens=total)
                 alts = [view.alternative_markdown(k, turn.texts[k], turn.metrics[k] if turn.texts[k] else None,
                                                   turn.admitted, chosen=k == 0)
                         for k in range(turn.n)] if turn.n > 1 else None

@@ -51,7 +51,8 @@ JS = """() => {
     const id = document.querySelector("#tab-id .tab-goodbye");
     if (!id || !navigator.sendBeacon) { return; }
     const url = new URL("__PATH__", window.location.href.split(/[?#]/)[0]);
-    navigator.sendBeacon(url, new Blob([`${id.dataset.s} ${id.dataset.t}`], { type: "text/plain" }));
+    const body = new Blob([`${id.dataset.s} ${id.dataset.t}`], { type: "text/plain" });
+    navigator.sendBeacon(url, body);
     window.__pagedChatSaidGoodbye = true;
   });
   window.addEventListener("pageshow", (e) => {
@@ -62,7 +63,8 @@ JS = """() => {
 CSS = "#tab-id { display: none !important; }"
 
 
-def start_sweeper(tabs, silent_s: float = SILENT_S, every_s: float = SWEEP_EVERY_S) -> threading.Event:
+def start_sweeper(tabs, silent_s: float = SILENT_S,
+                  every_s: float = SWEEP_EVERY_S) -> threading.Event:
     """Sweep silent tabs every `every_s` (a daemon thread); set the returned event to stop it."""
     stop = threading.Event()
 

@@ -107,8 +107,8 @@ class TabRegistry:
         self._viewers: dict[str, set[str]] = {}          # conversation id -> session hashes
         self._busy: set[str] = set()                     # conversations generating right now
         self._turns: dict[str, object] = {}              # conversation id -> its running Turn
-        self._leaves: dict[str, int] = {}                # conversation id -> the stored message its
-        #                                                  engine session's tokens end with (context meter)
+        # conversation id -> the stored message its engine session's tokens end with (the meter)
+        self._leaves: dict[str, int] = {}
         self._jobs = SerialWorker("kv-release")
 
     # ---- tabs ----------------------------------------------------------------------------

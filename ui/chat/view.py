@@ -67,7 +67,8 @@ def stats_line(stats: dict | None, status: str | None = None, finish: str | None
     """One line under a reply: tokens (and, with speculative decoding, how many came from accepted
     drafts and the tokens per decoding step), time to first token, tokens/s, prompt tokens reused
     from cache, and why it ended (`finish`, from states.finish_text; derived from the stats when not
-    given). total_tokens: the whole reply's, when this run only continued it ("+256 (512 total)")."""
+    given). total_tokens: the whole reply's, when this run only continued it ("+256 (512
+    total)")."""
     stats = stats or {}
     parts = []
     if stats.get("output_tokens") is not None:
@@ -163,7 +164,8 @@ def branch_nav(message_id: int, versions: list[int]) -> str:
     branch switch (ui/events.py); a link at either end is left out rather than doing nothing."""
     pos = versions.index(message_id)
     prev = f"[‹]({BRANCH_HREF}{versions[pos - 1]} \"previous version\")" if pos > 0 else "‹"
-    nxt = f"[›]({BRANCH_HREF}{versions[pos + 1]} \"next version\")" if pos + 1 < len(versions) else "›"
+    nxt = (f"[›]({BRANCH_HREF}{versions[pos + 1]} \"next version\")" if pos + 1 < len(versions)
+           else "›")
     return f'<span class="branch-nav">{prev} {pos + 1}/{len(versions)} {nxt}</span>'
 
 
@@ -183,7 +185,7 @@ def display_messages(path: list[dict], versions: dict | None = None, max_model_l
             more = CONTINUE_MARK if i == len(path) - 1 and can_continue(m, finish, eos_ids) else ""
             content = with_footer(m["content"], m.get("stats"), m.get("status"), finish, source=True,
                                   nav=nav + more, total_tokens=len(toks) or None)
-        else:       # one part: Gradio edits a user row part by part and hands back only the last one
+        else:   # one part: Gradio edits a user row part by part and hands back only the last
             content = documents.display(m["content"], rendered) + (f"\n\n{nav}" if nav else "")
         shown.append({"role": m["role"], "content": content})
         ids.append(m["id"])
@@ -214,7 +216,8 @@ CONTINUE_MARK = '<span class="can-continue"></span>'
 def can_continue(m: dict, finish: str | None, eos_ids=()) -> bool:
     toks = m.get("token_ids") or []
     cut = m.get("status") == "stopped" or (m.get("stats") or {}).get("finish_reason") == "length"
-    return bool(toks) and cut and toks[-1] not in eos_ids and not (finish or "").startswith("context full")
+    full = (finish or "").startswith("context full")
+    return bool(toks) and cut and toks[-1] not in eos_ids and not full
 
 # No button that does nothing (#11), decided in the page from what it shows (no round trip):
 # Regenerate (#regen-row) only with a reply on screen, no notice in place of one, and no reply

@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 
 PANELS = {"story": "kv-story", "headline": "kv-headline", "grid": "kv-grid", "tables": "kv-tables",
-          "feed": "kv-feed", "arith": "kv-arith", "whatif": "kv-whatif", "who": "kv-who", "tier": "kv-tier",
-          "demo": "kv-demo-status"}
+          "feed": "kv-feed", "arith": "kv-arith", "whatif": "kv-whatif", "who": "kv-who",
+          "tier": "kv-tier", "demo": "kv-demo-status"}
 ASOF = "kv-asof"
 STAMP_FAST = '<span class="kv-asof" data-src="fast" title="{tip}"></span>'
 STAMP_SLOW = '<span class="kv-asof" data-src="slow" title="{tip}"></span>'
@@ -34,7 +34,8 @@ BODY = STAMP + '<div class="kvbody"></div>'
 TEMPLATE = '<div class="kvbus" style="display:none"></div>'
 
 JS = """
-const fmtAge = (s) => s < 10 ? `${s.toFixed(1)} s` : s < 120 ? `${Math.round(s)} s` : `${Math.round(s / 60)} min`;
+const fmtAge = (s) => s < 10 ? `${s.toFixed(1)} s`
+  : s < 120 ? `${Math.round(s)} s` : `${Math.round(s / 60)} min`;
 const stamp = () => {
   const m = window.__kvAsOf;
   if (!m) { return; }
@@ -58,9 +59,9 @@ const apply = () => {
   const meta = d['kv-asof'];
   if (meta) {
     delete d['kv-asof'];
-    window.__kvAsOf = { snap: meta.snap, slow: meta.slow || (window.__kvAsOf || {}).slow, at: meta.at,
-                        recv: performance.now() };
-    const log = window.__kvTicks = window.__kvTicks || [];     // the last ticks, for tests and benchmarks
+    const slow = meta.slow || (window.__kvAsOf || {}).slow;
+    window.__kvAsOf = { snap: meta.snap, slow, at: meta.at, recv: performance.now() };
+    const log = window.__kvTicks = window.__kvTicks || [];   // the last ticks (tests, benchmarks)
     log.push({ snap: meta.snap, at: meta.at, recv: Date.now() / 1000 });
     if (log.length > 300) { log.shift(); }
   }
@@ -94,5 +95,6 @@ def message(values: dict, snap_time: float | None = None, now: float | None = No
     slow tick's last snapshot time (the plots'), all server clock."""
     out = {PANELS[k]: v for k, v in values.items()}
     if snap_time is not None:
-        out[ASOF] = {"snap": snap_time, "at": now if now is not None else snap_time, "slow": slow_time}
+        at = now if now is not None else snap_time
+        out[ASOF] = {"snap": snap_time, "at": at, "slow": slow_time}
     return json.dumps(out, separators=(",", ":"))

@@ -29,7 +29,8 @@ CSS = ".kvgc canvas { display: block; width: 100%; } .kvl .sel b { outline: 2px 
 
 _NAMES = [KIND_NAMES[k] for k in KINDS]
 _VARS = [VOC_NAMES[k] for k in KINDS]       # --kv-<name>: one colour per state (ui/dashboard/vocabulary.py)
-_TIPS = [escape(f"{BY_CODE[k].name}: {BY_CODE[k].meaning}", quote=True) for k in KINDS]   # legend hover text
+# the legend's hover text: each state's one-line meaning
+_TIPS = [escape(f"{BY_CODE[k].name}: {BY_CODE[k].meaning}", quote=True) for k in KINDS]
 
 JS = """
 const NAMES = __NAMES__, VARS = __VARS__, TIPS = __TIPS__, PITCH = 14, CELL = 13, BAND = 16;
@@ -97,7 +98,8 @@ const paint = (src) => {
       g.fillRect(0, it.y, width, BAND);
       g.fillStyle = text; g.font = '500 11px sans-serif'; g.textAlign = 'left';
       const [a, b] = bandBlocks(p, it);
-      g.fillText(`${fmt(b - a + 1)} ${NAMES[it.k]} blocks (#${fmt(a)}–#${fmt(b)})`, 6, it.y + BAND / 2);
+      const label = `${fmt(b - a + 1)} ${NAMES[it.k]} blocks (#${fmt(a)}–#${fmt(b)})`;
+      g.fillText(label, 6, it.y + BAND / 2);
       continue;
     }
     g.fillRect(it.x, it.y, CELL, CELL);
@@ -127,7 +129,8 @@ const legend = (root, p, colour) => {
   if (box.dataset.built !== String(NAMES.length)) {
     box.innerHTML = NAMES.map((name, k) => `<span title="${TIPS[k]}"><b></b>${name}: ` +
       `<span data-k="cells_${k}" data-v=""></span></span>`).join('') +
-      '<span class="sel" hidden><b></b>selected conversation (<span data-k="selected_blocks" data-v=""></span> blocks)</span>';
+      '<span class="sel" hidden><b></b>selected conversation (' +
+      '<span data-k="selected_blocks" data-v=""></span> blocks)</span>';
     box.dataset.built = String(NAMES.length);
   }
   const set = (el, v, text) => {
@@ -148,7 +151,10 @@ const itemOf = (cell) => st.items.find((it) => cell >= it.first && cell < it.fir
 const titleOf = (it) => {
   const p = st.p;
   if (!it) { return ''; }
-  if (it.band) { const [a, b] = bandBlocks(p, it); return `blocks ${fmt(a)}–${fmt(b)} · ${NAMES[it.k]}`; }
+  if (it.band) {
+    const [a, b] = bandBlocks(p, it);
+    return `blocks ${fmt(a)}–${fmt(b)} · ${NAMES[it.k]}`;
+  }
   if (p.per > 1) {
     const a = it.first * p.per;
     return `blocks ${fmt(a)}–${fmt(a + it.fill - 1)} · mostly ${NAMES[it.k]}` + (it.ref ? ` · max ref_count ${it.ref}` : '');

@@ -35,8 +35,8 @@ from ui.dashboard import open_chats as OPEN
 from ui.dashboard.story import pin_use, story_html
 from engine.protocol import Configured, ServesTenants
 from ui.dashboard.who import event_lines, served, who_html
-from ui.dashboard.history import (HEADROOM, PLOT_STEP_S, PLOT_WINDOW_S, SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT,
-                                  History, blocks_frame, hit_rate_frame)
+from ui.dashboard.history import (HEADROOM, PLOT_STEP_S, PLOT_WINDOW_S, SERIES_BLOCKS, SERIES_COLORS,
+                                  SERIES_HIT, History, blocks_frame, hit_rate_frame)
 from ui.dashboard.demo_users import MAX_DEMO_USERS, DemoLoad, PromptSource
 from ui.dashboard.kv_math import PRESETS, shape_of
 
@@ -245,13 +245,14 @@ def _components(state: DashboardState) -> dict:
                                 scale=0, min_width=110, elem_id="kv-demo-n")
             start = gr.Button("Start", size="sm", scale=0, min_width=70, elem_id="kv-demo-start")
             stop = gr.Button("Stop", size="sm", scale=0, min_width=70, elem_id="kv-demo-stop")
-            gr.HTML(escape(state.demo.status()), html_template=BUS.STAMP + '<div class="kvbody">${value}</div>',
-                    css_template=H.CSS, elem_id="kv-demo-status")    # then kept current by the bus
+            gr.HTML(escape(state.demo.status()),          # then kept current by the bus
+                    html_template=BUS.STAMP + '<div class="kvbody">${value}</div>',
+                    css_template=H.CSS, elem_id="kv-demo-status")
         gr.HTML(**html, elem_id="kv-headline")
         # above: what fits a laptop screen (headline, demo users, tiles); below, in sections
         with gr.Row(equal_height=False, elem_id="kv-who-tier"):
-            gr.HTML(**html, elem_id="kv-who", min_width=320)     # "who is served" (ui/dashboard/who.py), via the bus
-            gr.HTML(**html, elem_id="kv-tier", min_width=320)    # the KV tier beside the pool (filled by the bus)
+            gr.HTML(**html, elem_id="kv-who", min_width=320)    # "who is served" (who.py), by the bus
+            gr.HTML(**html, elem_id="kv-tier", min_width=320)   # the KV tier beside the pool, by the bus
         gr.HTML(**html, elem_id="kv-feed")
         with gr.Row(equal_height=True):
             selector = gr.Dropdown(choices=[], value=None, label="Highlight a conversation",
@@ -283,8 +284,8 @@ def _plots() -> list:
     # a fixed x range: with one point Vega labelled its only tick "0.000000" (issue 47)
     plot = dict(x="seconds", color="series", x_title="seconds ago", height=210, color_map=colors,
                 x_lim=[-PLOT_WINDOW_S, 0])
-    gr.HTML(BUS.STAMP_SLOW.format(tip="How old the plots are: the snapshot of their last update (every "
-                                      f"{SLOW_TICK_S:g} s); each point is one 10 s bucket."),
+    gr.HTML(BUS.STAMP_SLOW.format(tip="How old the plots are: the snapshot of their last update "
+                                      f"(every {SLOW_TICK_S:g} s); each point is one 10 s bucket."),
             css_template=H.CSS, padding=False, elem_id="kv-plots-asof")
     with gr.Row():
         paged_plot = gr.LinePlot(y="blocks", title="Used vs paging without sharing",
