@@ -512,7 +512,8 @@ class KVCacheManager:
         chat_used = used - self.pins.num_pin_only_blocks     # what the live tables hold
         return KVStats(
             block_size=bs, total_blocks=pool.num_blocks, free_blocks=pool.num_free, used_blocks=used,
-            cached_blocks=pool.num_cached_free, shared_blocks=pool.num_shared,
+            cached_blocks=pool.num_cached_free,
+            shared_blocks=pool.num_shared - self.pins.num_pinned_shared,     # not pinned (issue 47)
             peak_used_blocks=self.peak_used_blocks, logical_blocks=logical,
             kv_bytes_per_token=self.kv_bytes_per_token, kv_bytes_per_block=self.kv_bytes_per_token * bs,
             kv_capacity_tokens=pool.num_blocks * bs, used_tokens=pool.num_used_tokens,

@@ -25,7 +25,7 @@ import numpy as np
 from engine.observe.kv_columns import STATES, BlockArrays, _no_gc, expand_ranges, id_ranges  # noqa: F401 (re-exported)
 
 SCHEMA = "paged-chat.kv"
-VERSION = 7          # 1: the untyped dict before issue 10; 2: this module (adds "schema", "version");
+VERSION = 8          # 1: the untyped dict before issue 10; 2: this module (adds "schema", "version");
                      # 3: block state "pinned", "pins", stats pinned_blocks / max_pinned_blocks;
                      # 4: "block_runs" (run-length block states), to_json(compact=True) without
                      #    "blocks"/"owners"; every v3 field is still produced by default;
@@ -33,6 +33,8 @@ VERSION = 7          # 1: the untyped dict before issue 10; 2: this module (adds
                      # 6: the second KV tier (stats tier_*, swap_preemptions, tokens_swapped_out,
                      #    tokens_recomputed_after_preempt; preemption events "mode", "tokens_swapped")
                      # 7: speculative decoding counters (stats spec_*)
+                     # 8: stats shared_blocks leaves pinned blocks out (one vocabulary, issue 47:
+                     #    shared = held by 2+ chats, not pinned), stats saved_blocks
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class KVStats:
     free_blocks: int
     used_blocks: int
     cached_blocks: int            # free but still holding a prefix-cache hash (revivable)
-    shared_blocks: int            # ref_count >= 2
+    shared_blocks: int            # held by 2+ block tables (ref_count >= 2), not pinned (issue 47)
     peak_used_blocks: int
     logical_blocks: int           # sum of every live table's length (what no sharing would use)
     kv_bytes_per_token: int
@@ -105,11 +107,18 @@ class KVStats:
     @property
     def shared_tokens_saved(self) -> int:
         """Tokens of KV that sharing avoided storing (sharing savings, in tokens)."""
-        return max(0, self.logical_blocks - self.chat_used_blocks) * self.block_size
+        return self.saved_blocks * self.block_size
+
+    @property
+    def saved_blocks(self) -> int:
+        """Saved by sharing: blocks paging without sharing would hold (every table entry) minus the
+        blocks the chats hold. The one definition the dashboard, /metrics and /api/kv report."""
+        return max(0, self.logical_blocks - self.chat_used_blocks)
 
     def to_json(self) -> dict:
         out = asdict(self)
         out["shared_tokens_saved"] = self.shared_tokens_saved
+        out["saved_blocks"] = self.saved_blocks
         return out
 
     @classmethod
