@@ -49,9 +49,12 @@ class KVMachine(RuleBasedStateMachine):
             event("copy-on-write")
         for src, dst in copies:
             self.kv[dst * BS:(dst + 1) * BS] = self.kv[src * BS:(src + 1) * BS]
-        toks = self.running[seq_id]
-        for pos, slot in zip(range(start, end), self.m.slots_for(seq_id, start, end)):
-            self.kv[slot] = toks[pos]
+        self.store(seq_id, start, self.running[seq_id][start:end])
+
+    def store(self, seq_id, start, tokens):
+        """The forward's KV store: `tokens` at positions start, start + 1, ..."""
+        for pos, slot in zip(range(start, start + len(tokens)), self.m.slots_for(seq_id, start, start + len(tokens))):
+            self.kv[slot] = tokens[pos - start]
 
     def sync_sessions(self):
         """Idle sessions may be released under pressure; mirror that (never invent one)."""
@@ -150,9 +153,7 @@ class KVMachine(RuleBasedStateMachine):
         copies = self.m.take_pending_copies()
         for src, dst in copies:
             self.kv[dst * BS:(dst + 1) * BS] = self.kv[src * BS:(src + 1) * BS]
-        scored = toks[nc:] + draft
-        for pos, slot in zip(range(nc, nc + u + k), self.m.slots_for(sid, nc, nc + u + k)):
-            self.kv[slot] = scored[pos - nc]
+        self.store(sid, nc, toks[nc:] + draft)
         a = data.draw(st.integers(0, k))
         event(f"speculative: {'all' if a == k else 'some' if a else 'none'} accepted")
         assert self.m.rollback(sid, nc + u + a) == k - a
