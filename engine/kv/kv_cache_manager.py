@@ -191,11 +191,12 @@ class KVCacheManager:
         pool, bs = self.pool, self._bs
         nc, end = seq.num_computed, seq.num_computed + n
         for g, (spec, t) in enumerate(zip(self.layout.groups, seq.tables)):
-            if spec.sliding_window is not None:
+            if spec.sliding_window is not None:     # every group's release before any allocation
                 dead = t.release_front(spec.first_live_block(nc, bs))
                 if dead:
                     self._free_blocks(dead[::-1])
                     self.window_released_blocks[g] += len(dead)
+        for g, t in enumerate(seq.tables):
             if nc % bs:
                 last = t[-1]
                 if last.ref_count >= 2:                     # shared partial block: copy-on-write

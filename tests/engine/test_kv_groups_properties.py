@@ -26,6 +26,7 @@ from engine.observe.kv_snapshot import kv_stats
 from tests.engine.test_kv_cache_properties import BS, MAX_LEN, KVMachine
 
 settings.register_profile("kv-groups-ci", max_examples=60, stateful_step_count=60, deadline=None)
+settings.register_profile("kv-groups-long", max_examples=1000, stateful_step_count=100, deadline=None)
 
 LAYOUTS = {
     # layers 0, 3 full; 1, 2 window 12; 4, 5 window 20 -> P = 2: groups full, 20, 12
