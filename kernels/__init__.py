@@ -44,18 +44,19 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping, backend=None) -> None:
 
 
 def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
-                    max_seqlen_q=None, backend=None):
+                    max_seqlen_q=None, backend=None, window=None):
     """Causal attention of packed queries [num_tokens, H, d] over paged K/V; returns
     [num_tokens, H, d]. block_tables int32 [num_seqs, max_blocks]; seq_lens int32 [num_seqs]
     (context incl. this step's tokens); cu_seqlens_q int32 [num_seqs + 1]. Sequence i's queries
     sit at positions seq_lens[i]-q_len_i .. seq_lens[i]-1. max_seqlen_q == 1 selects decode;
-    None computes it (a device sync)."""
+    None computes it (a device sync). window W (sliding-window attention; None: full): the query
+    at position p sees p-W+1 .. p, and no kernel reads a block wholly before that."""
     if resolve_backend(backend, query.device) == "torch":
         return reference.paged_attention(query, k_cache, v_cache, block_tables, seq_lens,
-                                         cu_seqlens_q, scale, max_seqlen_q)
+                                         cu_seqlens_q, scale, max_seqlen_q, window=window)
     from . import triton_attention
     return triton_attention.paged_attention(query, k_cache, v_cache, block_tables, seq_lens,
-                                            cu_seqlens_q, scale, max_seqlen_q)
+                                            cu_seqlens_q, scale, max_seqlen_q, window=window)
 
 
 def copy_blocks(kv_pool, src_dst, backend=None) -> None:

@@ -29,7 +29,7 @@ def _build() -> ctypes.CDLL | None:
     i, f, p = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
     for name in ("paged_decode_f32", "paged_decode_bf16", "paged_decode_i8"):
         fn = getattr(dll, name)
-        fn.argtypes = [p, p, p, p, p, p, i, i, i, i, i, i, f, i]
+        fn.argtypes = [p, p, p, p, p, p, i, i, i, i, i, i, f, i, i]
         fn.restype = None
     g, d, b = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
     dll.paged_decode_limits(ctypes.byref(g), ctypes.byref(d), ctypes.byref(b))
@@ -69,9 +69,11 @@ def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
             and k_cache.is_contiguous())
 
 
-def paged_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out=None) -> torch.Tensor:
+def paged_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out=None, window=None) -> torch.Tensor:
     """query [B, H, d] (one token per sequence); caches [num_blocks, bs, kvh, row] contiguous views
-    of the pool (row = d, or d codes + a 4-byte scale for int8, kernels/kv_quant.py); block_tables int32 [B, W]; seq_lens int32 [B] (>= 1). Returns out [B, H, d]."""
+    of the pool (row = d, or d codes + a 4-byte scale for int8, kernels/kv_quant.py); block_tables
+    int32 [B, W]; seq_lens int32 [B] (>= 1); window: sliding-window attention, each query sees its
+    last `window` positions and blocks before them are never read (None / 0: all). Returns out [B, H, d]."""
     lib = _lib()
     B, H, d = query.shape
     _, bs, kvh, _ = k_cache.shape
@@ -83,7 +85,8 @@ def paged_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out=Non
     fn = getattr(lib, _FN[k_cache.dtype])
     with profiled("cpu_paged_decode"):    # visible to bench.profile_decode
         fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
-           res.data_ptr(), B, H, kvh, d, bs, tables.shape[1], float(scale), torch.get_num_threads())
+           res.data_ptr(), B, H, kvh, d, bs, tables.shape[1], float(scale), torch.get_num_threads(),
+           int(window or 0))
     if out is None:
         return res.to(query.dtype)
     if not direct:

@@ -8,6 +8,11 @@ shapes `LeanStep.takes` names — one sequence's token or speculative step (<= 1
 small decode batch (<= 8 tokens; <= 17 over an int8 pool) — over a pool in the weights' dtype, or an int8 pool (rotated or
 not: the step quantizes k and v on store as the loop does); the model runs its loop for everything
 else (fp8 pools, many tokens).
+
+Families beyond Llama (issue 45) add a second per-layer table (`ext`, EXT_KEYS): q/k norms, Gemma's
+post-attention and post-MLP norms, the layer's own RoPE table or none, its sliding window; and
+model-wide an embedding scale and the MLP activation. A Llama model passes none of it and runs the
+C++ exactly as before.
 """
 from __future__ import annotations
 
@@ -30,6 +35,8 @@ _ERRORS = {1: "token id outside the vocabulary", 2: "position beyond the RoPE ta
 LAYER_KEYS = ("ln1", "qkv", "qkv_b", "o", "o_b", "ln2", "gate_up", "down",
               "qkv_s", "o_s", "gate_up_s", "down_s")     # the C++ pointer table's order
 LINEAR_KEYS = ("qkv", "o", "gate_up", "down")
+EXT_KEYS = ("q_norm", "k_norm", "post_attn", "post_ff", "cos", "sin", "no_rope", "window")   # C++ kExt order
+ACT_KINDS = {"silu": 0, "gelu_tanh": 1}
 
 
 class LeanStepFailed(RuntimeError):
@@ -41,10 +48,10 @@ def _declare(dll) -> None:
     for name in _FN.values():
         fn = getattr(dll, name)
         fn.argtypes = [p, i, i, i, i, i, i, p, L, p, p, p, i, p, i, p, p, p, L, p, p, L, p, L, i, p, i, i, p, p, f, f, p, i, i,
-                       i, p]
+                       i, p, p, f, i]
         fn.restype = ctypes.c_int
-    if dll.lean_step_ptrs_per_layer() != len(LAYER_KEYS):
-        raise RuntimeError("cpu_lean_step.cpp and LAYER_KEYS disagree on the pointer table")
+    if dll.lean_step_ptrs_per_layer() != len(LAYER_KEYS) or dll.lean_step_ext_per_layer() != len(EXT_KEYS):
+        raise RuntimeError("cpu_lean_step.cpp and LAYER_KEYS / EXT_KEYS disagree on the pointer tables")
     _MAX_TOKENS.append(int(dll.lean_step_max_tokens()))
 
 
@@ -89,7 +96,8 @@ class LeanStep:
     def __init__(self, *, layers: list[dict], embed: torch.Tensor, norm: torch.Tensor,
                  lm_head: torch.Tensor, lm_scale: torch.Tensor | None, cos: torch.Tensor,
                  sin: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
-                 intermediate: int, eps: float, dtype: torch.dtype, tiled: bool = False):
+                 intermediate: int, eps: float, dtype: torch.dtype, tiled: bool = False,
+                 ext: list[dict] | None = None, embed_scale: float | None = None, act: str = "silu"):
         int8 = lm_scale is not None
         if not available(dtype, int8):
             raise ValueError(f"no lean CPU step for {dtype} ({'int8' if int8 else 'plain'} weights): {active_path()}")
@@ -122,6 +130,37 @@ class LeanStep:
         self.vocab, self.eps = lm_head.shape[0], float(eps)
         self.embed, self.norm, self.lm_head, self.lm_scale = embed, norm, lm_head, lm_scale
         self.cos, self.sin = cos, sin
+        self.ext = self._ext_table(ext, dtype, cos.shape[0]) if ext else None
+        self.embed_scale = float(embed_scale or 0.0)
+        if act not in ACT_KINDS:
+            raise ValueError(f"no lean CPU step for the activation {act!r}")
+        self.act_kind = ACT_KINDS[act]
+
+    def _ext_table(self, ext: list[dict], dtype: torch.dtype, positions: int) -> torch.Tensor:
+        """EXT_KEYS per layer as int64: tensors by address (held here), no_rope and window as values."""
+        if len(ext) != self.num_layers:
+            raise ValueError(f"{len(ext)} ext entries for {self.num_layers} layers")
+        table = torch.zeros(len(ext), len(EXT_KEYS), dtype=torch.int64)
+        for i, E in enumerate(ext):
+            for j, key in enumerate(EXT_KEYS):
+                v = E.get(key)
+                if v is None:
+                    continue
+                if key in ("no_rope", "window"):
+                    table[i, j] = int(v)
+                    continue
+                size = self.d if key in ("q_norm", "k_norm") else self.hidden if key.startswith("post") else None
+                ok = v.dtype == dtype and v.is_contiguous() and v.device.type == "cpu"
+                if key in ("cos", "sin"):
+                    ok = ok and v.dim() == 2 and v.shape[1] == self.d and (v.shape[0] == positions or E.get("no_rope"))
+                else:
+                    ok = ok and tuple(v.shape) == (size,)
+                if not ok:
+                    raise ValueError(f"layer {i} {key}: need a contiguous CPU {dtype} tensor of the right shape, "
+                                     f"got {v.dtype} {tuple(v.shape)}")
+                self._keep.append(v)
+                table[i, j] = v.data_ptr()
+        return table
 
     def can_run(self, kv_pool: torch.Tensor, rotation: torch.Tensor | None = None) -> bool:
         """The pool is one this step can read and write: contiguous, blocks the attention kernel
@@ -187,7 +226,8 @@ class LeanStep:
                            self.cos.data_ptr(), self.sin.data_ptr(), self.cos.shape[0], kv_pool.data_ptr(), nb,
                            bs, tables.data_ptr(), tables.shape[1], S, seq_lens.data_ptr(), cu_seqlens_q.data_ptr(),
                            self.eps, float(scale), logits.data_ptr(), torch.get_num_threads(), int(self.tiled),
-                           int(kv_pool.dtype == torch.int8), None if rotation is None else rotation.data_ptr())
+                           int(kv_pool.dtype == torch.int8), None if rotation is None else rotation.data_ptr(),
+                           None if self.ext is None else self.ext.data_ptr(), self.embed_scale, self.act_kind)
         if err == 7:
             raise LeanStepFailed("the lean step could not get memory or threads (nothing was written)")
         if err:

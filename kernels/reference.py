@@ -53,6 +53,7 @@ class _ThreadMemos(threading.local):
 
     def __init__(self):
         self.store, self.decode = _StepMemo(), _StepMemo()
+        self.windowed: dict = {}      # window -> memo (a model's layers alternate windows in one step)
 
 
 _memos = _ThreadMemos()
@@ -112,8 +113,10 @@ def _kv_as(cache: torch.Tensor, query: torch.Tensor) -> torch.dtype | None:
     return None
 
 
-def _decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out):
+def _decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out, window=None):
     """All sequences have one query token: gather per chunk of sequences, one masked SDPA.
+    `window` W (sliding-window attention): the query at position len-1 sees positions
+    len-W .. len-1 only; the gather starts at len-W, so blocks wholly before it are never read.
 
     The gather is by slot, not by block: slots past a sequence's length are redirected to its
     slot 0 (always written), so stale or NaN contents of unused/partial blocks are never read --
@@ -123,16 +126,18 @@ def _decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out):
     """
     from . import cpu_attention
     if USE_CPU_KERNEL and cpu_attention.supports(query, k_cache):
-        return cpu_attention.paged_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out)
+        return cpu_attention.paged_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out,
+                                          window=window)
     B, H, d = query.shape
     _, bs, kvh, row = k_cache.shape
     group = H // kvh
     kv_slots = (_gatherable(_slots_view(k_cache)), _gatherable(_slots_view(v_cache)))
     per_token = 2 * kvh * row * k_cache.element_size()
     lowp = _kv_as(k_cache, query)     # quantized / other-dtype pool: dequantize what is gathered
-    plan = _memos.decode.get((block_tables, seq_lens),
-                            lambda: _decode_plan(block_tables, seq_lens, bs, per_token, query.device),
-                            (bs, per_token, query.device))
+    memo = _memos.decode if not window else _memos.windowed.setdefault(window, _StepMemo())
+    plan = memo.get((block_tables, seq_lens),
+                    lambda: _decode_plan(block_tables, seq_lens, bs, per_token, query.device, window),
+                    (bs, per_token, query.device, window))
     for start, end, tmax, valid, slots in plan:
         n = end - start
         k = kv_slots[0].index_select(0, slots).view(n, tmax, kvh, row).view(k_cache.dtype)
@@ -146,45 +151,61 @@ def _decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out):
     return out
 
 
-def _decode_plan(block_tables, seq_lens, bs, per_token, dev):
-    """[(start, end, tmax, valid [n, T], slots [n*T])] per chunk of sequences."""
+def _decode_plan(block_tables, seq_lens, bs, per_token, dev, window=None):
+    """[(start, end, tmax, valid [n, T], slots [n*T])] per chunk of sequences. Row i gathers
+    positions lo_i + 0 .. lo_i + T-1, lo_i = max(0, len_i - window) (0 without a window)."""
     lens = seq_lens.tolist()
+    los = [max(0, n - window) for n in lens] if window else [0] * len(lens)
+    spans = [n - lo for n, lo in zip(lens, los)]
     bt = block_tables.to(device=dev, dtype=torch.long)
     sl = seq_lens.to(device=dev, dtype=torch.long)
-    chunk = max(1, DECODE_CHUNK_BYTES // (max(1, max(lens)) * per_token))
+    lo_t = torch.tensor(los, dtype=torch.long, device=dev)
+    chunk = max(1, DECODE_CHUNK_BYTES // (max(1, max(spans)) * per_token))
     plan = []
     for start in range(0, len(lens), chunk):
         end = min(len(lens), start + chunk)
-        tmax = max(lens[start:end])
-        pos = torch.arange(tmax, device=dev)
-        valid = pos[None, :] < sl[start:end, None]  # [n, T]
-        slots = bt[start:end, pos // bs] * bs + pos % bs
-        slots = torch.where(valid, slots, slots[:, :1]).flatten()
-        plan.append((start, end, tmax, valid, slots))
+        tmax = max(spans[start:end])
+        pos = lo_t[start:end, None] + torch.arange(tmax, device=dev)[None, :]     # [n, T]
+        valid = pos < sl[start:end, None]
+        pos = torch.where(valid, pos, lo_t[start:end, None])   # past the end: the row's first slot
+        slots = torch.gather(bt[start:end], 1, pos // bs) * bs + pos % bs
+        plan.append((start, end, tmax, valid, slots.flatten()))
     return plan
 
 
-def _prefill_one(q, k_cache, v_cache, blocks, ctx, scale):
-    """One sequence's chunk of q_len queries at positions ctx-q_len .. ctx-1 (causal, GQA)."""
+def _prefill_one(q, k_cache, v_cache, blocks, ctx, scale, window=None):
+    """One sequence's chunk of q_len queries at positions ctx-q_len .. ctx-1 (causal, GQA).
+    `window` W: the query at position p sees p-W+1 .. p, and the blocks before the first query's
+    window are not gathered (a sliding-window layer never reads them: they may be freed or reused)."""
     _, bs, kvh, row = k_cache.shape
     q_len, H, _ = q.shape
-    nblk = (ctx + bs - 1) // bs
-    k = _gatherable(k_cache).index_select(0, blocks[:nblk]).view(nblk * bs, kvh, row)[:ctx].view(k_cache.dtype)
-    v = _gatherable(v_cache).index_select(0, blocks[:nblk]).view(nblk * bs, kvh, row)[:ctx].view(v_cache.dtype)
+    first = max(0, ctx - q_len - window + 1) // bs if window else 0    # first block any query sees
+    nblk = (ctx + bs - 1) // bs - first
+    k0 = first * bs
+    idx = blocks[first:first + nblk]
+    k = _gatherable(k_cache).index_select(0, idx).view(nblk * bs, kvh, row)[:ctx - k0].view(k_cache.dtype)
+    v = _gatherable(v_cache).index_select(0, idx).view(nblk * bs, kvh, row)[:ctx - k0].view(v_cache.dtype)
     lowp = _kv_as(k_cache, q)
     if lowp is not None:      # quantized / other-dtype pool: only this sequence's blocks, dequantized
         k, v = kv_quant.dequantize(k, lowp), kv_quant.dequantize(v, lowp)
     k, v = k.transpose(0, 1), v.transpose(0, 1)
     qh = q.transpose(0, 1).to(k.dtype).unsqueeze(0)
-    if q_len == ctx:  # no cached prefix: plain causal (SDPA's is_causal is top-left aligned)
+    if q_len == ctx and not window:  # no cached prefix: plain causal (SDPA's is_causal is top-left aligned)
         o = F.scaled_dot_product_attention(qh, k[None], v[None], is_causal=True, scale=scale,
                                            enable_gqa=H != kvh)
-    else:  # causal mask shifted right by the prefix length
-        qpos = torch.arange(ctx - q_len, ctx, device=q.device)
-        mask = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]
-        o = F.scaled_dot_product_attention(qh, k[None], v[None], attn_mask=mask, scale=scale,
-                                           enable_gqa=H != kvh)
+    else:  # causal mask shifted right by the prefix length (and the window's left edge)
+        o = F.scaled_dot_product_attention(qh, k[None], v[None], attn_mask=_mask(ctx, q_len, k0, window, q.device),
+                                           scale=scale, enable_gqa=H != kvh)
     return o[0].transpose(0, 1)
+
+
+def _mask(ctx, q_len, k0, window, device):
+    """[q_len, ctx - k0]: the query at position p (ctx-q_len .. ctx-1) sees key position k
+    (k0 .. ctx-1) when k <= p and, with a window W, k > p - W."""
+    qpos = torch.arange(ctx - q_len, ctx, device=device)[:, None]
+    kpos = torch.arange(k0, ctx, device=device)[None, :]
+    mask = kpos <= qpos
+    return mask & (kpos > qpos - window) if window else mask
 
 
 # A batch whose chunks are all this short (decode rows + speculative verification rows of k + 1
@@ -195,18 +216,20 @@ def _prefill_one(q, k_cache, v_cache, blocks, ctx, scale):
 MULTI_DECODE_MAX_Q = 16
 
 
-def _multi_decode(query, k_cache, v_cache, block_tables, lens, q_lens, scale, out):
+def _multi_decode(query, k_cache, v_cache, block_tables, lens, q_lens, scale, out, window=None):
     rows = torch.tensor(q_lens, device=block_tables.device)
     tables = block_tables.repeat_interleave(rows, dim=0)
     ends = [ctx - n + 1 + j for ctx, n in zip(lens, q_lens) for j in range(n)]
     return _decode(query, k_cache, v_cache, tables, torch.tensor(ends, dtype=torch.int32, device=block_tables.device),
-                   scale, out)
+                   scale, out, window)
 
 
 def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
-                    max_seqlen_q=None, out=None):
+                    max_seqlen_q=None, out=None, window=None):
     """out[num_tokens, H, d]. Decode batches take the batched path; otherwise the q_len==1
-    sequences of a mixed batch still go through it and the rest loop per sequence."""
+    sequences of a mixed batch still go through it and the rest loop per sequence.
+    `window` W (None or 0: full causal attention): the query at position p sees p-W+1 .. p only."""
+    window = window or None
     num_tokens, H, d = query.shape
     if out is None:
         out = torch.empty_like(query)
@@ -215,19 +238,19 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
     if max_seqlen_q is None:
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     if max_seqlen_q == 1 and num_tokens == seq_lens.shape[0]:
-        return _decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out)
+        return _decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out, window)
     cu = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()
     q_lens = [cu[i + 1] - cu[i] for i in range(len(lens))]
     if max_seqlen_q <= MULTI_DECODE_MAX_Q and all(n > 0 for n in q_lens):
-        return _multi_decode(query, k_cache, v_cache, block_tables, lens, q_lens, scale, out)
+        return _multi_decode(query, k_cache, v_cache, block_tables, lens, q_lens, scale, out, window)
     dec = [i for i, n in enumerate(q_lens) if n == 1]
     if len(dec) > 1:
         rows = torch.tensor([cu[i] for i in dec], device=query.device)
         sel = torch.tensor(dec, device=block_tables.device)
         o = torch.empty(len(dec), H, d, dtype=out.dtype, device=out.device)
         _decode(query[rows], k_cache, v_cache, block_tables[sel], seq_lens[sel.to(seq_lens.device)],
-                scale, o)
+                scale, o, window)
         out[rows] = o
         dec = set(dec)
     else:
@@ -236,7 +259,7 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
     for i, ctx in enumerate(lens):
         if i in dec or q_lens[i] == 0:
             continue
-        o = _prefill_one(query[cu[i]:cu[i + 1]], k_cache, v_cache, blocks[i], ctx, scale)
+        o = _prefill_one(query[cu[i]:cu[i + 1]], k_cache, v_cache, blocks[i], ctx, scale, window)
         out[cu[i]:cu[i + 1]] = o.to(out.dtype)
     return out
 

@@ -10,6 +10,9 @@ Shared ideas:
   to 16 for tl.dot; prefill: BLOCK_Q tokens x GROUP_P2 heads = BLOCK_M rows).
 - Online softmax in base 2 (scale folded with log2 e), fp32 accumulators. Positions past the
   context are never loaded (masked loads), so stale or NaN slots cannot leak into the output.
+- Sliding window W (`window`, 0 = none): a query at position p sees p-W+1 .. p. Positions before
+  a program's first visible one are never loaded either, and tiles wholly before it are skipped,
+  so blocks a window layer no longer needs may be freed and reused by anyone.
 - Under the interpreter (CPU tensors) every load is upcast to fp32: it mishandles bf16 math.
 """
 from __future__ import annotations
@@ -46,17 +49,20 @@ def _decode_kernel(
     stride_ot, stride_oh, stride_pb, stride_ph, stride_ps, tokens_per_split, block_size,
     GROUP: tl.constexpr, G_P2: tl.constexpr, HEAD_DIM: tl.constexpr, D_P2: tl.constexpr,
     TILE_N: tl.constexpr, SPLIT: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr,
-    QUANT: tl.constexpr = False,
+    QUANT: tl.constexpr = False, window=0,
 ):
     """grid = (num_seqs, num_kv_heads, num_splits). Split s covers positions
     [s*tokens_per_split, (s+1)*tokens_per_split) and, with SPLIT, writes its normalised partial
-    output and base-2 log-sum-exp for _merge_kernel; otherwise it writes the output directly."""
+    output and base-2 log-sum-exp for _merge_kernel; otherwise it writes the output directly.
+    window > 0: positions before seq_len - window are outside (a split wholly before is empty)."""
     seq = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     start = split * tokens_per_split
     end = tl.minimum(start + tokens_per_split, seq_len)
+    if window > 0:
+        start = tl.maximum(start, seq_len - window)
     offs_g = tl.arange(0, G_P2)
     offs_d = tl.arange(0, D_P2)
     offs_n = tl.arange(0, TILE_N)
@@ -126,12 +132,15 @@ def _prefill_kernel(
     stride_ot, stride_oh, block_size,
     GROUP: tl.constexpr, G_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, TILE_N: tl.constexpr, CDT: tl.constexpr,
-    PREC: tl.constexpr, QUANT: tl.constexpr = False,
+    PREC: tl.constexpr, QUANT: tl.constexpr = False, HAS_WINDOW: tl.constexpr = False, window=0,
 ):
     """grid = (cdiv(max_seqlen_q, BLOCK_Q), num_seqs, num_kv_heads), BLOCK_Q = BLOCK_M // G_P2.
     Row r of the Q tile is token r // G_P2 of the tile, query head kvh*GROUP + r % G_P2. Keys
     before the tile's first query position are visible to every row (loop 1, no causal mask);
-    the remaining tiles up to its last query position are masked per row (loop 2)."""
+    the remaining tiles up to its last query position are masked per row (loop 2).
+    HAS_WINDOW (window W): loop 1 starts at the tile of the first row's first visible key, loads
+    nothing before it, and both loops mask each row's keys older than W; a row may then see no
+    key of a tile, so the running max is kept finite for the exp2 (safe max)."""
     q_tile = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
     kvh = tl.program_id(2).to(tl.int64)
@@ -159,7 +168,29 @@ def _prefill_kernel(
         bt_row = bt_ptr + seq * stride_bt
         d_mask = offs_d[None, :] < HEAD_DIM
         n_full = (first_pos + 1) // TILE_N
-        for j in range(0, n_full):  # every key here is <= first_pos <= each row's position
+        j0 = 0
+        if HAS_WINDOW:      # keys before lo are outside every row's window: never loaded
+            lo = tl.maximum(first_pos - window + 1, 0)
+            j0 = lo // TILE_N
+            for j in range(j0, n_full):
+                pos = j * TILE_N + offs_n
+                seen = pos >= lo
+                blk = tl.load(bt_row + pos // block_size, mask=seen, other=0).to(tl.int64)
+                rows = blk * stride_cb + (pos % block_size) * stride_cs + kvh * stride_ch
+                kv_mask = seen[:, None] & d_mask
+                k = _load_rows(k_ptr, ks_ptr, rows, offs_d, kv_mask, seen, HEAD_DIM, CDT, QUANT)
+                s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
+                s = tl.where(seen[None, :] & (pos[None, :] > q_pos[:, None] - window), s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)     # a row with no key yet
+                alpha = tl.exp2(m_i - m_use)
+                p = tl.exp2(s - m_use[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                v = _load_rows(v_ptr, vs_ptr, rows, offs_d, kv_mask, seen, HEAD_DIM, CDT, QUANT)
+                acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v, input_precision=PREC)
+                m_i = m_new
+            j0 = n_full
+        for j in range(j0, n_full):  # every key here is <= first_pos <= each row's position
             pos = j * TILE_N + offs_n
             blk = tl.load(bt_row + pos // block_size).to(tl.int64)
             rows = blk * stride_cb + (pos % block_size) * stride_cs + kvh * stride_ch
@@ -181,10 +212,17 @@ def _prefill_kernel(
             k = _load_rows(k_ptr, ks_ptr, rows, offs_d, kv_mask, valid, HEAD_DIM, CDT, QUANT)
             s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
             # the first diagonal tile starts at or below first_pos: no row is fully masked
-            s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
+            # (without a window; with one, a row may see none of a tile's keys: safe max)
+            visible = valid[None, :] & (pos[None, :] <= q_pos[:, None])
+            if HAS_WINDOW:
+                visible = visible & (pos[None, :] > q_pos[:, None] - window)
+            s = tl.where(visible, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
+            m_use = m_new
+            if HAS_WINDOW:
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_use)
+            p = tl.exp2(s - m_use[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v = _load_rows(v_ptr, vs_ptr, rows, offs_d, kv_mask, valid, HEAD_DIM, CDT, QUANT)
             acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v, input_precision=PREC)
@@ -283,9 +321,11 @@ def choose_num_splits(num_seqs, num_kv_heads, max_ctx, device, tile_n, num_sms=N
 
 
 def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
-                    max_seqlen_q=None, out=None, num_splits=None, tile_n=None):
+                    max_seqlen_q=None, out=None, num_splits=None, tile_n=None, window=None):
     """See kernels.paged_attention. Extra (tests/bench): out (preallocated), num_splits
-    (decode split-K override), tile_n (K/V positions per inner step)."""
+    (decode split-K override), tile_n (K/V positions per inner step). window: sliding window
+    (None / 0: full causal attention)."""
+    window = int(window or 0)
     num_tokens, H, d = query.shape
     _, bs, kvh, row = k_cache.shape
     quant = kv_quant.is_quantized(k_cache)
@@ -327,7 +367,8 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
             scale_log2, query.stride(0), query.stride(1), *cache_args,
             out.stride(0), out.stride(1), *pstrides, per_split, bs,
             GROUP=group, G_P2=max(16, triton.next_power_of_2(group)), HEAD_DIM=d, D_P2=d_p2,
-            TILE_N=tile, SPLIT=splits > 1, CDT=cdt, PREC=prec, QUANT=quant, num_warps=variant.num_warps)
+            TILE_N=tile, SPLIT=splits > 1, CDT=cdt, PREC=prec, QUANT=quant, window=window,
+            num_warps=variant.num_warps)
         if splits > 1:
             _merge_kernel[(num_seqs, H)](
                 part_out, part_lse, out, *pstrides, out.stride(0), out.stride(1),
@@ -342,5 +383,6 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
         scale_log2, query.stride(0), query.stride(1), *cache_args,
         out.stride(0), out.stride(1), bs,
         GROUP=group, G_P2=g_p2, BLOCK_M=block_m, BLOCK_Q=block_q, HEAD_DIM=d, D_P2=d_p2,
-        TILE_N=tile_n or prefill_tile, CDT=cdt, PREC=prec, QUANT=quant, num_warps=8 if on_gpu and d > 64 else 4)
+        TILE_N=tile_n or prefill_tile, CDT=cdt, PREC=prec, QUANT=quant, HAS_WINDOW=window > 0, window=window,
+        num_warps=8 if on_gpu and d > 64 else 4)
     return out

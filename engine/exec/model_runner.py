@@ -53,7 +53,8 @@ class ModelRunner:
         max_pos = getattr(hf_config, "max_position_embeddings", 4096)
         self.model = LlamaModel(hf_config, weights, self.dtype, self.device,
                                 max_positions=max(cfg.max_model_len or 0, max_pos),
-                                quantization=cfg.quantization, lean_step=cfg.lean_step, weights_key=weights_key)
+                                quantization=cfg.quantization, lean_step=cfg.lean_step, weights_key=weights_key,
+                                rope_context=cfg.max_model_len or max_pos)
         self.backend = kernels.resolve_backend(cfg.attention_backend, self.device)
         if self.device.type == "cpu":     # which CPU path runs, said once at start-up
             log.info("CPU model path: %s", self.model.cpu_path)

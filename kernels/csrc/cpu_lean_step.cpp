@@ -28,8 +28,20 @@
 // the attention output (in dtype) times R, rounded to dtype. The products with R sum in index order,
 // where torch's matmul may not: a code can differ from the loop's by one step where x * (1 / scale)
 // falls within an ulp of a half.
+//
+// Families beyond Llama (issue 45; this block and every `ext` branch below are additive: with
+// ext == nullptr, embed_scale == 0 and act_kind == 0 the step runs exactly as before). A second
+// per-layer table `ext` (kExt int64 entries, 0 = absent) says what a layer adds:
+//   q_norm, k_norm   RMSNorm of each q / k head over D before RoPE (Qwen3, Gemma 3)
+//   post_attn, post_ff   Gemma's norms of the attention and MLP outputs before the residual add
+//   cos, sin         this layer's RoPE table (Gemma 3: local and global bases), [P, D]
+//   no_rope          1: no RoPE (SmolLM3): the layer's table is one identity row read at position 0
+//   window           sliding-window attention over this many positions (0: full)
+// Model-wide: embed_scale (Gemma: embeddings times dtype(sqrt(hidden)); 0 = none) and act_kind
+// (0 SiLU, 1 GELU with the tanh approximation, as torch's gelu(approximate="tanh")).
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <thread>
@@ -47,6 +59,15 @@ using lean::gemm;
 
 constexpr int kPtrs = 12;
 enum { LN1, QKV, QKV_B, O, O_B, LN2, GATE_UP, DOWN, QKV_S, O_S, GATE_UP_S, DOWN_S };
+constexpr int kExt = 8;       // the `ext` table (see the header): its entries per layer
+enum { X_QNORM, X_KNORM, X_POST_ATTN, X_POST_FF, X_COS, X_SIN, X_NO_ROPE, X_WINDOW };
+
+// torch's gelu(x, approximate="tanh"): 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+inline float gelu_tanh(float x) {
+  const float kBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5);
+  const float inner = kBeta * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + std::tanh(inner));
+}
 
 template <typename K>
 void to_f32(const typename K::T* a, float* out, long n) {
@@ -73,7 +94,12 @@ struct Step {
   bool tiled;              // the layer linears are in lean_gemm.h's tiled layout (the LM head never)
   bool q8;                 // the pool holds int8 rows (codes + scale), not dtype values
   const float* rot;        // the pool's rotation R [D, D], or null
+  const int64_t* ext;      // per layer kExt entries (header), or null: a plain Llama layer
+  float embed_scale;       // Gemma: embeddings times dtype(embed_scale); 0: none
+  int act_kind;            // 0: SiLU, 1: GELU-tanh
   std::vector<T> qkv, q, delta, gu, act, lg;
+  std::vector<std::vector<T>> own_d;      // ext post norms: per thread, the normed delta
+  std::vector<int64_t> zpos;              // ext no-RoPE layers: position 0 for every token
   std::vector<T> ks, vs;                  // int8 pool: this step's k and v rows after RoPE, in dtype
   std::vector<int64_t> scratch_slots;     // int8 pool: token t's row in ks / vs (-1: a pad row)
   std::vector<float> qf, of;
@@ -88,6 +114,10 @@ struct Step {
     qkv.resize(nT * static_cast<long>(H + 2 * KVH) * D); q.resize(nT * hd); delta.resize(nT * static_cast<long>(Dm));
     gu.resize(nT * 2L * I); act.resize(nT * static_cast<long>(I)); lg.resize(R * V);
     qf.resize(nT * hd); of.resize(nT * hd);
+    if (ext != nullptr) {
+      own_d.assign(nt, std::vector<T>(nT * static_cast<long>(Dm)));
+      zpos.assign(nT, 0);
+    }
     if (q8) {
       ks.resize(nT * static_cast<long>(KVH) * D); vs.resize(ks.size());
       scratch_slots.resize(nT);
@@ -138,19 +168,30 @@ struct Step {
                part4(N, tid + 1, nt), Kd, tiled);
   }
 
+  // ext: the residual a layer adds, `d` normed by ext entry `which` of layer table xe into this
+  // thread's own buffer (Gemma's post-attention / post-MLP norm); `d` itself when there is none
+  const T* resid(const T* d, const int64_t* xe, int which, int tid) {
+    if (xe == nullptr || xe[which] == 0) return d;
+    T* out = own_d[tid].data();
+    layer_ops::add_rms_norm<K>(const_cast<T*>(d), nullptr, reinterpret_cast<const T*>(xe[which]), out, nT, Dm,
+                               eps, 1);
+    return out;
+  }
+
   template <typename P>
-  void attention(const float* qt, const P* kc, const P* vc, const int32_t* table, int len, float* ot, int tid) {
+  void attention(const float* qt, const P* kc, const P* vc, const int32_t* table, int len, float* ot, int tid,
+                 int first = 0) {   // first: the window's first position (ext)
     const int G = H / KVH;
     const int h0 = static_cast<int>(part(H, tid, nt)), h1 = static_cast<int>(part(H, tid + 1, nt));
     for (int g = h0 / G; g * G < h1; ++g) {       // query heads split; a KV group's heads stay together
       const int lo = std::max(h0, g * G) - g * G, hi = std::min(h1, (g + 1) * G) - g * G;
       if (lo >= hi) continue;
       if (D == 64) {
-        paged_decode::decode_group<P, 64>(qt, kc, vc, table, len, ot, H, KVH, D, BS, scale, g, lo, hi);
+        paged_decode::decode_group<P, 64>(qt, kc, vc, table, len, ot, H, KVH, D, BS, scale, g, lo, hi, first);
       } else if (D == 128) {
-        paged_decode::decode_group<P, 128>(qt, kc, vc, table, len, ot, H, KVH, D, BS, scale, g, lo, hi);
+        paged_decode::decode_group<P, 128>(qt, kc, vc, table, len, ot, H, KVH, D, BS, scale, g, lo, hi, first);
       } else {
-        paged_decode::decode_group<P, 0>(qt, kc, vc, table, len, ot, H, KVH, D, BS, scale, g, lo, hi);
+        paged_decode::decode_group<P, 0>(qt, kc, vc, table, len, ot, H, KVH, D, BS, scale, g, lo, hi, first);
       }
     }
   }
@@ -165,23 +206,41 @@ struct Step {
     std::vector<T>& a = own_a[tid];
     std::vector<float>& xf = own_xf[tid];
     for (int t = 0; t < nT; ++t) std::memcpy(&x[t * static_cast<long>(Dm)], embed + tokens[t] * Dm, sizeof(T) * Dm);
+    if (embed_scale != 0.f) {             // ext (Gemma): times the scale rounded to dtype, rounded
+      const float es = K::rnd(embed_scale);
+      for (long j = 0; j < nT * static_cast<long>(Dm); ++j) K::st(x.data(), j, K::ld(x.data(), j) * es);
+    }
     const long j0 = part4(I, tid, nt), j1 = part4(I, tid + 1, nt);   // this thread's gate/up rows
     for (int i = 0; i < L; ++i) {
       const int64_t* p = ptrs + static_cast<long>(i) * kPtrs;
+      const int64_t* xe = ext ? ext + static_cast<long>(i) * kExt : nullptr;          // this layer's ext
+      const int64_t* xprev = ext && i ? ext + static_cast<long>(i - 1) * kExt : nullptr;
+      const T* lcos = xe && xe[X_COS] ? reinterpret_cast<const T*>(xe[X_COS]) : cos;
+      const T* lsin = xe && xe[X_SIN] ? reinterpret_cast<const T*>(xe[X_SIN]) : sin;
+      const int64_t* lpos = xe && xe[X_NO_ROPE] ? zpos.data() : positions;
+      const int window = xe ? static_cast<int>(xe[X_WINDOW]) : 0;
       T* kc = q8 ? nullptr : pool + static_cast<long>(i) * slab;
       T* vc = q8 ? nullptr : pool + static_cast<long>(L + i) * slab;
       int8_t* kc8 = q8 ? pool8 + static_cast<long>(i) * slab8 : nullptr;
       int8_t* vc8 = q8 ? pool8 + static_cast<long>(L + i) * slab8 : nullptr;
-      layer_ops::add_rms_norm<K>(x.data(), i ? delta.data() : nullptr, reinterpret_cast<const T*>(p[LN1]),
-                                 a.data(), nT, Dm, eps, 1);
+      layer_ops::add_rms_norm<K>(x.data(), i ? resid(delta.data(), xprev, X_POST_FF, tid) : nullptr,
+                                 reinterpret_cast<const T*>(p[LN1]), a.data(), nT, Dm, eps, 1);
       to_f32<K>(a.data(), xf.data(), nT * static_cast<long>(Dm));
       lin(p, QKV, QKV_B, QKV_S, xf.data(), qkv.data(), qkv_n, Dm, tid);
       bar.wait();
       if (tid == 0) {
+        if (xe && xe[X_QNORM]) {          // ext (Qwen3, Gemma 3): RMSNorm of each q and k head, in place
+          for (int t = 0; t < nT; ++t)
+            for (int h = 0; h < H + KVH; ++h) {
+              T* hp = &qkv[t * qkv_n + static_cast<long>(h) * D];
+              layer_ops::add_rms_norm<K>(hp, nullptr, reinterpret_cast<const T*>(xe[h < H ? X_QNORM : X_KNORM]),
+                                         hp, 1, D, eps, 1);
+            }
+        }
         if (!q8) {
-          layer_ops::rope_store<K>(qkv.data(), nT, H, KVH, D, cos, sin, positions, slots, q.data(), kc, vc, 1);
+          layer_ops::rope_store<K>(qkv.data(), nT, H, KVH, D, lcos, lsin, lpos, slots, q.data(), kc, vc, 1);
         } else {
-          layer_ops::rope_store<K>(qkv.data(), nT, H, KVH, D, cos, sin, positions, scratch_slots.data(), q.data(),
+          layer_ops::rope_store<K>(qkv.data(), nT, H, KVH, D, lcos, lsin, lpos, scratch_slots.data(), q.data(),
                                    ks.data(), vs.data(), 1);
           for (int t = 0; t < nT; ++t) {
             if (slots[t] < 0) continue;
@@ -198,16 +257,17 @@ struct Step {
       bar.wait();
       for (int t = 0; t < nT; ++t) {         // causal: token t sees its sequence up to itself
         const int32_t* table = tables + static_cast<long>(tok_seq[t]) * W_;
-        if (q8) attention<int8_t>(&qf[t * hd], kc8, vc8, table, tok_len[t], &of[t * hd], tid);
-        else attention<T>(&qf[t * hd], kc, vc, table, tok_len[t], &of[t * hd], tid);
+        const int first = paged_decode::window_lo(tok_len[t], window);     // ext: a sliding window
+        if (q8) attention<int8_t>(&qf[t * hd], kc8, vc8, table, tok_len[t], &of[t * hd], tid, first);
+        else attention<T>(&qf[t * hd], kc, vc, table, tok_len[t], &of[t * hd], tid, first);
       }
       bar.wait();
       for (long j = 0; j < nT * hd; ++j) xf[j] = K::rnd(of[j]);     // the loop's attention output in dtype
       if (rot != nullptr) rotate_rows(xf.data(), static_cast<long>(nT) * H);   // each thread its own copy
       lin(p, O, O_B, O_S, xf.data(), delta.data(), Dm, hd, tid);
       bar.wait();
-      layer_ops::add_rms_norm<K>(x.data(), delta.data(), reinterpret_cast<const T*>(p[LN2]), a.data(), nT, Dm,
-                                 eps, 1);
+      layer_ops::add_rms_norm<K>(x.data(), resid(delta.data(), xe, X_POST_ATTN, tid),
+                                 reinterpret_cast<const T*>(p[LN2]), a.data(), nT, Dm, eps, 1);
       to_f32<K>(a.data(), xf.data(), nT * static_cast<long>(Dm));
       // gate rows j and up rows I + j on the same thread, so it can finish silu(gate) * up alone
       const W* wgu = reinterpret_cast<const W*>(p[GATE_UP]);
@@ -218,7 +278,7 @@ struct Step {
         const T* g = &gu[t * 2L * I];
         for (long j = j0; j < j1; ++j) {     // layer_ops::silu_mul's arithmetic, on this thread's rows
           const float gv = K::ld(g, j);
-          const float sv = gv / (1.0f + fast_exp(-gv));
+          const float sv = act_kind == 1 ? gelu_tanh(gv) : gv / (1.0f + fast_exp(-gv));
           K::st(&act[t * static_cast<long>(I)], j, K::rnd(sv) * K::ld(g, I + j));
         }
       }
@@ -229,10 +289,12 @@ struct Step {
     }
     // the rows whose logits are wanted: x += delta, final norm, LM head (dtype-rounded like the
     // loop's lm_head_linear(x).float())
+    const T* last = L > 0 ? resid(delta.data(), ext ? ext + static_cast<long>(L - 1) * kExt : nullptr, X_POST_FF, tid)
+                          : nullptr;
     for (int r = 0; r < R; ++r) {
       T* xr = &x[rows[r] * Dm];
       if (L > 0) {
-        const T* dr = &delta[rows[r] * Dm];
+        const T* dr = &last[rows[r] * Dm];
         for (int j = 0; j < Dm; ++j) K::st(xr, j, K::ld(xr, j) + K::ld(dr, j));
       }
       layer_ops::add_rms_norm<K>(xr, nullptr, norm, &a[r * static_cast<long>(Dm)], 1, Dm, eps, 1);
@@ -277,6 +339,7 @@ bool step(Step<K, W>& st) {
 extern "C" {
 
 int lean_step_ptrs_per_layer() { return kPtrs; }
+int lean_step_ext_per_layer() { return kExt; }
 int lean_step_max_tokens() { return kMaxTokens; }
 
 // 0 on success; otherwise which input is out of range (checked before anything is written):
@@ -292,7 +355,8 @@ int lean_step_max_tokens() { return kMaxTokens; }
            const int64_t* rows, int R, const void* norm, const void* lm_head, const float* lm_scale, long V, \
            const void* cos, const void* sin, long P, void* pool, long num_blocks, int BS,                   \
            const int32_t* tables, int W_, int S, const int32_t* seq_lens, const int32_t* cu, float eps,    \
-           float scale, float* logits, int n, int tiled, int q8, const float* rot) {                       \
+           float scale, float* logits, int n, int tiled, int q8, const float* rot, const int64_t* ext,       \
+           float embed_scale, int act_kind) {                                                               \
     using T = K::T;                                                                                        \
     if (nT < 1 || nT > kMaxTokens || S < 1 || cu[0] != 0 || cu[S] != nT) return 6;                         \
     int32_t tok_seq[kMaxTokens], tok_len[kMaxTokens];                                                      \
@@ -321,7 +385,7 @@ int lean_step_max_tokens() { return kMaxTokens; }
                   rows, R, static_cast<const T*>(norm), static_cast<const W*>(lm_head), lm_scale, V,       \
                   static_cast<const T*>(cos), static_cast<const T*>(sin), static_cast<T*>(pool),           \
                   num_blocks, BS, tables, W_, tok_seq, tok_len, eps, scale, logits, std::max(1, n),        \
-                  tiled != 0, q8 != 0, rot};                                                               \
+                  tiled != 0, q8 != 0, rot, ext, embed_scale, act_kind};                                   \
     return step<K, W>(st) ? 0 : 7;                                                                         \
   }
 

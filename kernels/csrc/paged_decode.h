@@ -71,9 +71,11 @@ constexpr int kMaxBlock = 128;
 
 // One sequence, KV head g, its query heads g*G + [h_lo, h_hi): the per-head arithmetic every
 // variant below shares. q/out point at the sequence's [H, D] rows; table at its block table.
+// lo: the first position the query sees (sliding-window attention: len - window; 0 = all). Blocks
+// wholly before it are never read (a window layer's released blocks may hold anything).
 template <typename T, int DC>
 inline void decode_group(const float* q, const T* kc, const T* vc, const int32_t* table, int len, float* out,
-                         int H, int KVH, int D_, int BS, float scale, int g, int h_lo, int h_hi) {
+                         int H, int KVH, int D_, int BS, float scale, int g, int h_lo, int h_hi, int lo = 0) {
   const int D = DC ? DC : D_;     // a compile-time head_dim lets every 64-wide loop unroll fully
   const int G = H / KVH;
   const int n_h = h_hi - h_lo;
@@ -91,10 +93,11 @@ inline void decode_group(const float* q, const T* kc, const T* vc, const int32_t
     for (int d = 0; d < D; ++d) { qv[h][d] = qh[d] * scale; acc[h][d] = 0.f; }
   }
   const int nblk = (len + BS - 1) / BS;
-  for (int j = 0; j < nblk; ++j) {
+  for (int j = lo / BS; j < nblk; ++j) {
     const long base = static_cast<long>(table[j]) * blk_stride + g * (D + Row<T>::kExtra);
+    const int t0 = std::max(0, lo - j * BS);     // window: the first block's first visible token
     const int n = std::min(BS, len - j * BS);
-    for (int t = 0; t < n; ++t) {
+    for (int t = t0; t < n; ++t) {
       const long kp = base + t * tok_stride;
       Row<T>::get(kc + kp, kf, D);
       for (int h = 0; h < n_h; ++h) {
@@ -102,15 +105,15 @@ inline void decode_group(const float* q, const T* kc, const T* vc, const int32_t
         // without this the reduction is a scalar FMA chain (no -ffast-math reassociation)
 #pragma omp simd reduction(+ : dot)
         for (int d = 0; d < D; ++d) dot += qv[h][d] * kf[d];
-        s[h][t] = dot;
+        s[h][t - t0] = dot;
       }
     }
-    for (int h = 0; h < n_h; ++h) softmax_block(s[h], n, m[h], l[h], acc[h], D);
-    for (int t = 0; t < n; ++t) {
+    for (int h = 0; h < n_h; ++h) softmax_block(s[h], n - t0, m[h], l[h], acc[h], D);
+    for (int t = t0; t < n; ++t) {
       const long vp = base + t * tok_stride;
       Row<T>::get(vc + vp, kf, D);
       for (int h = 0; h < n_h; ++h) {
-        const float p = s[h][t];
+        const float p = s[h][t - t0];
         for (int d = 0; d < D; ++d) acc[h][d] += p * kf[d];
       }
     }
@@ -122,15 +125,19 @@ inline void decode_group(const float* q, const T* kc, const T* vc, const int32_t
   }
 }
 
+// window > 0: each query sees only the last `window` positions of its sequence
+inline int window_lo(int len, int window) { return window > 0 ? std::max(0, len - window) : 0; }
+
 template <typename T, int DC>
 void decode(const float* q, const T* kc, const T* vc, const int32_t* tables, const int32_t* lens,
-            float* out, int B, int H, int KVH, int D, int BS, int W, float scale, int nthreads) {
+            float* out, int B, int H, int KVH, int D, int BS, int W, float scale, int nthreads, int window = 0) {
   const int G = H / KVH;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(nthreads)
   for (int b = 0; b < B; ++b) {
     for (int g = 0; g < KVH; ++g) {
       decode_group<T, DC>(q + static_cast<long>(b) * H * D, kc, vc, tables + static_cast<long>(b) * W, lens[b],
-                          out + static_cast<long>(b) * H * D, H, KVH, D, BS, scale, g, 0, G);
+                          out + static_cast<long>(b) * H * D, H, KVH, D, BS, scale, g, 0, G,
+                          window_lo(lens[b], window));
     }
   }
 }
@@ -144,7 +151,8 @@ void decode(const float* q, const T* kc, const T* vc, const int32_t* tables, con
 // as `decode`, so both give the same result.
 template <typename T, int DC>
 void decode_seq(const float* q, const T* kc, const T* vc, const int32_t* tables, const int32_t* lens,
-                float* out, int B, int H, int KVH, int D_, int BS, int W, float scale, int nthreads) {
+                float* out, int B, int H, int KVH, int D_, int BS, int W, float scale, int nthreads,
+                int window = 0) {
   const int D = DC ? DC : D_;
   const int G = H / KVH;
   const long tok_stride = static_cast<long>(KVH) * (D + Row<T>::kExtra);
@@ -164,7 +172,8 @@ void decode_seq(const float* q, const T* kc, const T* vc, const int32_t* tables,
       }
       const int len = lens[b];
       const int nblk = (len + BS - 1) / BS;
-      for (int j = 0; j < nblk; ++j) {
+      const int lo = window_lo(len, window);
+      for (int j = lo / BS; j < nblk; ++j) {
         const long base = static_cast<long>(tables[static_cast<long>(b) * W + j]) * blk_stride;
         if (j + 1 < nblk) {
           const long next = static_cast<long>(tables[static_cast<long>(b) * W + j + 1]) * blk_stride;
@@ -175,9 +184,10 @@ void decode_seq(const float* q, const T* kc, const T* vc, const int32_t* tables,
             __builtin_prefetch(nv + off, 0, 3);
           }
         }
+        const int t0 = std::max(0, lo - j * BS);     // window: the first block's first visible token
         const int n = std::min(BS, len - j * BS);
         float kf[kMaxDim];
-        for (int t = 0; t < n; ++t) {
+        for (int t = t0; t < n; ++t) {
           for (int g = 0; g < KVH; ++g) {
             const long kp = base + t * tok_stride + g * (D + Row<T>::kExtra);
             Row<T>::get(kc + kp, kf, D);
@@ -186,18 +196,18 @@ void decode_seq(const float* q, const T* kc, const T* vc, const int32_t* tables,
               float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
               for (int d = 0; d < D; ++d) dot += qh[d] * kf[d];
-              s[(g * G + hh) * BS + t] = dot;
+              s[(g * G + hh) * BS + t - t0] = dot;
             }
           }
         }
-        for (int h = 0; h < H; ++h) softmax_block(&s[h * BS], n, m[h], l[h], &acc[h * D], D);
-        for (int t = 0; t < n; ++t) {
+        for (int h = 0; h < H; ++h) softmax_block(&s[h * BS], n - t0, m[h], l[h], &acc[h * D], D);
+        for (int t = t0; t < n; ++t) {
           for (int g = 0; g < KVH; ++g) {
             const long vp = base + t * tok_stride + g * (D + Row<T>::kExtra);
             Row<T>::get(vc + vp, kf, D);
             for (int hh = 0; hh < G; ++hh) {
               const int h = g * G + hh;
-              const float p = s[h * BS + t];
+              const float p = s[h * BS + t - t0];
               float* ah = &acc[h * D];
               for (int d = 0; d < D; ++d) ah[d] += p * kf[d];
             }
@@ -215,21 +225,21 @@ void decode_seq(const float* q, const T* kc, const T* vc, const int32_t* tables,
 
 template <typename T, int DC>
 void run(const float* q, const T* kc, const T* vc, const int32_t* tables, const int32_t* lens,
-         float* out, int B, int H, int KVH, int D, int BS, int W, float scale, int nthreads) {
+         float* out, int B, int H, int KVH, int D, int BS, int W, float scale, int nthreads, int window = 0) {
   if (B >= nthreads && B > 1) {
-    decode_seq<T, DC>(q, kc, vc, tables, lens, out, B, H, KVH, D, BS, W, scale, nthreads);
+    decode_seq<T, DC>(q, kc, vc, tables, lens, out, B, H, KVH, D, BS, W, scale, nthreads, window);
   } else {            // fewer sequences than threads: split each sequence's KV heads too
-    decode<T, DC>(q, kc, vc, tables, lens, out, B, H, KVH, D, BS, W, scale, nthreads);
+    decode<T, DC>(q, kc, vc, tables, lens, out, B, H, KVH, D, BS, W, scale, nthreads, window);
   }
 }
 
 template <typename T>
 void dispatch(const float* q, const T* kc, const T* vc, const int32_t* tables, const int32_t* lens,
-              float* out, int B, int H, int KVH, int D, int BS, int W, float scale, int nthreads) {
+              float* out, int B, int H, int KVH, int D, int BS, int W, float scale, int nthreads, int window = 0) {
   switch (D) {        // the common head sizes get fully unrolled loops; any other D runs as is
-    case 64: run<T, 64>(q, kc, vc, tables, lens, out, B, H, KVH, D, BS, W, scale, nthreads); break;
-    case 128: run<T, 128>(q, kc, vc, tables, lens, out, B, H, KVH, D, BS, W, scale, nthreads); break;
-    default: run<T, 0>(q, kc, vc, tables, lens, out, B, H, KVH, D, BS, W, scale, nthreads);
+    case 64: run<T, 64>(q, kc, vc, tables, lens, out, B, H, KVH, D, BS, W, scale, nthreads, window); break;
+    case 128: run<T, 128>(q, kc, vc, tables, lens, out, B, H, KVH, D, BS, W, scale, nthreads, window); break;
+    default: run<T, 0>(q, kc, vc, tables, lens, out, B, H, KVH, D, BS, W, scale, nthreads, window);
   }
 }
 

@@ -22,10 +22,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.float16: 3e-3}
 
 
-def dense_attention_fp64(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale):
+def dense_attention_fp64(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, window=None):
     """The oracle, deliberately naive and independent of the code under test: per sequence,
     concatenate its blocks in Python, repeat K/V for every query head, fp64 softmax(QK^T)V with
-    an explicit causal mask at positions ctx-q_len..ctx-1. Returns fp64 [num_tokens, H, d]."""
+    an explicit causal mask at positions ctx-q_len..ctx-1 (and, with a sliding window W, keys at
+    most W-1 positions back). Returns fp64 [num_tokens, H, d]."""
     k_cache, v_cache = k_cache.cpu(), v_cache.cpu()
     _, bs, kvh, d = k_cache.shape
     H = query.shape[1]
@@ -38,8 +39,12 @@ def dense_attention_fp64(query, k_cache, v_cache, block_tables, seq_lens, cu_seq
         k = torch.cat([k_cache[b] for b in ids])[:ctx].double().repeat_interleave(H // kvh, 1)
         v = torch.cat([v_cache[b] for b in ids])[:ctx].double().repeat_interleave(H // kvh, 1)
         s = torch.einsum("qhd,khd->hqk", q, k) * scale
-        future = torch.arange(ctx)[None, :] > torch.arange(ctx - q_len, ctx)[:, None]
-        out[cu[i]:cu[i + 1]] = torch.einsum("hqk,khd->qhd", s.masked_fill(future, -torch.inf).softmax(-1), v)
+        kpos, qpos = torch.arange(ctx)[None, :], torch.arange(ctx - q_len, ctx)[:, None]
+        hidden = (kpos > qpos) | ((kpos <= qpos - window) if window else False)
+        if window:      # released blocks (NaN, see release_outside_window) weigh exactly 0 here
+            k, v = k.nan_to_num(), v.nan_to_num()
+            s = torch.einsum("qhd,khd->hqk", q, k) * scale
+        out[cu[i]:cu[i + 1]] = torch.einsum("hqk,khd->qhd", s.masked_fill(hidden, -torch.inf).softmax(-1), v)
     return out
 
 
@@ -74,23 +79,39 @@ def build_case(bs, H, kvh, d, seqs, dtype, share_blocks=0, seed=0, device=DEVICE
                 scale=d ** -0.5, max_seqlen_q=max(qls))
 
 
-def run_backend(c, backend, **kw):
+def release_outside_window(c, window):
+    """Fill with NaN every block that lies wholly before the window of every query of its sequence
+    (what the KV manager may free and hand to someone else): a kernel that reads one fails."""
+    bs = c["pool"].shape[3]
+    cu = c["cu_seqlens_q"].tolist()
+    kc, vc = c["pool"][0, 1], c["pool"][1, 1]
+    released = 0
+    for i, ctx in enumerate(c["seq_lens"].tolist()):
+        first_q = ctx - (cu[i + 1] - cu[i])
+        for j in range(max(0, first_q - window + 1) // bs):
+            b = int(c["block_tables"][i, j])
+            kc[b], vc[b] = float("nan"), float("nan")
+            released += 1
+    return released
+
+
+def run_backend(c, backend, window=None, **kw):
     pool = c["pool"]
     args = (c["query"], pool[0, 1], pool[1, 1], c["block_tables"], c["seq_lens"],
             c["cu_seqlens_q"], c["scale"], c["max_seqlen_q"])
     out = torch.full_like(c["query"], float("nan"))
     if backend == "torch":
-        reference.paged_attention(*args, out=out)
+        reference.paged_attention(*args, out=out, window=window)
     else:
         from kernels import triton_attention
-        triton_attention.paged_attention(*args, out=out, **kw)
+        triton_attention.paged_attention(*args, out=out, window=window, **kw)
     return out
 
 
-def oracle(c):
+def oracle(c, window=None):
     pool = c["pool"]
     return dense_attention_fp64(c["query"], pool[0, 1], pool[1, 1], c["block_tables"],
-                                c["seq_lens"], c["cu_seqlens_q"], c["scale"])
+                                c["seq_lens"], c["cu_seqlens_q"], c["scale"], window)
 
 
 def check(c, out, ref=None):
@@ -172,6 +193,39 @@ def test_shared_prefix_blocks(decode, backend):
     c = build_case(bs, 9, 3, 64, seqs, torch.float32, share_blocks=3, seed=2)
     assert (c["block_tables"][0, :3] == c["block_tables"][1, :3]).all()
     check(c, run_backend(c, backend, num_splits=2 if decode else None))
+
+
+# (block_size, head_dim, q_heads, kv_heads, dtype, window, tile_n): windows shorter than a block,
+# not a multiple of one, and a multiple; tiles smaller and larger than a block
+WINDOW = [
+    (16, 64, 9, 3, torch.float32, 37, None),
+    (16, 64, 8, 2, torch.float16, 5, 32),
+    (32, 128, 4, 1, torch.float32, 64, 16),
+]
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("case", WINDOW, ids=_id)
+def test_sliding_window(case, backend, monkeypatch):
+    """Sliding-window attention (Mistral, Gemma 3's local layers): decode rows, chunks after a
+    prefix longer than the window, a whole prompt longer than it, short contexts inside it, and
+    speculative-length rows, in one batch, then a pure-decode batch (split-K on Triton). Blocks
+    wholly outside every query's window are NaN: a kernel that reads one fails."""
+    bs, d, H, kvh, dtype, window, tile = case
+    mixed = [(0, 1), (3, 1), (window + 30, 1), (bs * 6 + 3, 1), (0, 90), (bs * 4 + 2, 40),
+             (window - 2, 3), (bs * 5, 9), (7, 20)]
+    decode = [(c - 1, 1) for c in (1, window - 1, window, window + 1, 300, bs * 9 + 5)]
+    for seqs, seed in ((mixed, 6), (decode, 7)):
+        c = build_case(bs, H, kvh, d, seqs, dtype, seed=seed)
+        assert release_outside_window(c, window) > 0
+        ref = oracle(c, window)
+        check(c, run_backend(c, backend, window=window, tile_n=tile), ref)
+        if backend == "triton" and seqs is decode:
+            check(c, run_backend(c, backend, window=window, num_splits=5), ref)
+        if backend == "torch" and dtype == torch.float32:     # the gather path under the C++ kernel
+            monkeypatch.setattr(reference, "USE_CPU_KERNEL", False)
+            check(c, run_backend(c, backend, window=window), ref)
+            monkeypatch.undo()
 
 
 def test_reference_decode_chunked(monkeypatch):

@@ -46,6 +46,30 @@ def test_cpu_decode_matches_fp64_dense(case, dtype):
     torch.testing.assert_close(out.double(), ref, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_decode_sliding_window(dtype):
+    """The window in the compiled kernel, both of its loops (fewer sequences than threads, and
+    one thread per sequence): blocks wholly before the window are NaN and must not be read."""
+    from tests.kernels.test_attention import release_outside_window
+    c = _decode_case(16, 9, 3, 64, [1, 20, 37, 38, 39, 200, 513, 40, 41], 0, dtype, seed=11)
+    assert release_outside_window(c, 37) > 0
+    kc, vc = c["pool"][0, 1], c["pool"][1, 1]
+    ref = dense_attention_fp64(c["query"], kc, vc, c["block_tables"], c["seq_lens"],
+                               c["cu_seqlens_q"], c["scale"], window=37)
+    for threads in (1, 2):
+        for rows in (slice(0, 1), slice(0, None)):
+            out = torch.full(c["query"][rows].shape, float("nan"))
+            with torch.autograd.grad_mode.no_grad():
+                n = torch.get_num_threads()
+                torch.set_num_threads(threads)
+                try:
+                    cpu_attention.paged_decode(c["query"][rows], kc, vc, c["block_tables"][rows],
+                                               c["seq_lens"][rows], c["scale"], out, window=37)
+                finally:
+                    torch.set_num_threads(n)
+            torch.testing.assert_close(out.double(), ref[rows], atol=1e-4, rtol=1e-4)
+
+
 def test_paged_attention_uses_the_kernel_for_decode_rows_of_a_mixed_batch(monkeypatch):
     calls = []
     real = cpu_attention.paged_decode

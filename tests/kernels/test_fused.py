@@ -102,4 +102,4 @@ def test_fused_kernels_compile_for_sm90():
     r = subprocess.run([sys.executable, "scripts/compile_sm90.py"], cwd=root, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert r.stdout.count("ok   ") == 12     # 3 dtypes x (norm, silu, rope+store) + 3 quantized stores
+    assert r.stdout.count("ok   ") == 15     # 3 dtypes x (norm, silu, gelu, rope+store) + 3 quantized stores

@@ -1,10 +1,12 @@
-"""Llama-family decoder (llama, mistral, qwen2) over a packed batch of tokens.
+"""The decoder (llama, mistral, qwen2, qwen3, smollm3, phi3, gemma3 text) over a packed batch.
 
 Tokens of many sequences — prefill chunks and decode tokens alike — are concatenated into one
 [num_tokens] batch. Every linear layer runs once over the whole batch; only attention needs to
 know where sequences begin and end, and it gets that from `AttentionMetadata` and the block
-tables. New K/V go into the pool through `kernels.store_kv`; attention reads the pool through
-`kernels.paged_attention`. Numerics follow transformers' LlamaForCausalLM so greedy outputs match.
+tables (engine/exec/models/attention_block.py: RoPE, the KV store, paged attention). What differs
+between families is data (engine/exec/models/decoder_spec.py): per layer a window and a RoPE
+table; per model q/k norms, Gemma's sandwich norms and embedding scale, the MLP activation, the
+final soft-cap. Numerics follow transformers' models so greedy outputs match.
 """
 from __future__ import annotations
 
@@ -17,7 +19,13 @@ import torch.nn.functional as F
 import kernels
 from kernels import kv_quant
 from engine.exec.cpu_linear import layer_linear as _linear
+from engine.exec.models.attention_block import LayerAttention, rms_norm
+from engine.exec.models.decoder_spec import describe, describe_layers, head_dim_of
 from engine.exec.models.llama_weights import LINEAR_NAMES, prepared_weights
+from engine.exec.models.rope import apply_rope, identity_table, rope_table
+
+__all__ = ["AttentionMetadata", "LlamaModel", "apply_rope", "head_dim_of", "make_lean_step", "rms_norm",
+           "rope_tables"]
 
 log = logging.getLogger("paged_chat.engine")
 
@@ -33,44 +41,32 @@ class AttentionMetadata:
 
 
 def rope_tables(config, max_positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin for every position, computed exactly as transformers does (incl. scaled RoPE)."""
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-    params = getattr(config, "rope_parameters", None) or {}
-    rope_type = params.get("rope_type", "default")
-    if rope_type == "default":
-        base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-        dim = head_dim_of(config)
-        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-        scaling = 1.0
-    elif rope_type == "dynamic":
-        raise ValueError("dynamic NTK RoPE scaling is not supported (its tables change with length)")
-    else:
-        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
-    freqs = torch.arange(max_positions, dtype=torch.int64).float()[:, None] * inv_freq.float()[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return (emb.cos() * scaling).to(device), (emb.sin() * scaling).to(device)
-
-
-def head_dim_of(config) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, d]; cos/sin: [T, d]. The rotate-half convention of HF checkpoints."""
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    """cos/sin of the model's first RoPE table for every position (engine/exec/models/rope.py)."""
+    spec = describe(config)
+    cos, sin = rope_table(config, spec, spec.ropes[0][0], max_positions)
+    return cos.to(device), sin.to(device)
 
 
 LEAN_STEP_MODES = ("auto", "on", "off")
 LEAN_AUTO_MAX_EXTRA_BYTES = 3 * 2**29   # "auto" keeps a second, plain weight copy only up to 1.5 GiB
+
+
+def lean_ext(model) -> tuple[list[dict] | None, str]:
+    """The lean step's per-layer extension table for a family beyond plain Llama (kernels/
+    cpu_lean_step.py EXT_KEYS), or None for a plain Llama (the C++ runs its old path), and a phrase
+    naming what the C++ step computes for this family."""
+    spec = model.spec
+    plain = (not spec.qk_norm and not spec.sandwich_norms and len(spec.ropes) == 1
+             and all(s.rope is not None and not s.window for s in spec.layers))
+    if plain:
+        return None, ""
+    ext = []
+    for L, s in zip(model.layers, spec.layers):
+        cos, sin = model.ropes[s.rope] if s.rope is not None else model.identity_rope
+        ext.append({"q_norm": L.get("q_norm"), "k_norm": L.get("k_norm"), "post_attn": L.get("post_attn"),
+                    "post_ff": L.get("post_ff"), "cos": cos, "sin": sin, "no_rope": int(s.rope is None),
+                    "window": s.window or 0})
+    return ext, f"{spec.family} layers: {describe_layers(spec)}"
 
 
 def make_lean_step(model, plain: list[dict] | None, mode: str, plain_bytes: int = 0):
@@ -109,36 +105,42 @@ def make_lean_step(model, plain: list[dict] | None, mode: str, plain_bytes: int 
         return None, 0, f"loop (lean step would copy {extra / 2**30:.1f} GiB of weights; --lean-step on to allow)"
     head = model.lm_head_linear
     lm_head, lm_scale = (head.q, head.scale.float()) if isinstance(head, Int8Linear) else (model.lm_head, None)
+    ext, family = lean_ext(model)
     try:
         lean = cpu_lean_step.LeanStep(
             layers=layers, embed=model.embed, norm=model.norm, lm_head=lm_head, lm_scale=lm_scale,
             cos=model.cos, sin=model.sin, num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
             head_dim=model.head_dim, intermediate=model.config.intermediate_size, eps=model.eps,
-            dtype=model.dtype, tiled=tiled)
+            dtype=model.dtype, tiled=tiled, ext=ext, embed_scale=model.spec.embed_scale, act=model.spec.act)
     except ValueError as e:
         return None, 0, f"loop ({e})"
-    return lean, extra, f"lean C++ step (+{extra / 2**20:.0f} MiB {'tiled' if lean.tiled else 'plain'} weights)"
+    kind = f"; {family}" if family else ""
+    return lean, extra, f"lean C++ step (+{extra / 2**20:.0f} MiB {'tiled' if lean.tiled else 'plain'} weights{kind})"
 
 
 class LlamaModel:
     """Weights held as plain tensors. q/k/v and gate/up are fused into one GEMM each (fewer ops
     per layer matter at batch 1); each output column is the same dot product as in the unfused
-    GEMM, and the tests check logits and greedy tokens against HF."""
+    GEMM, and the tests check logits and greedy tokens against HF. `spec` (decoder_spec.py) says
+    what each layer is; `ropes` holds one (cos, sin) table per RoPE kind the layers use."""
 
     def __init__(self, config, weights: dict, dtype: torch.dtype, device, max_positions: int,
-                 quantization: str | None = None, lean_step: str = "auto", weights_key: tuple | None = None):
+                 quantization: str | None = None, lean_step: str = "auto", weights_key: tuple | None = None,
+                 rope_context: int | None = None):
         """weights_key: the loader's name for these weights (LoadedModel.weights_key), under which
-        their prepared form is shared; None prepares them for this model alone."""
+        their prepared form is shared; None prepares them for this model alone. rope_context: the
+        longest context the engine will hold (picks Phi's long or short RoPE factors)."""
         if lean_step not in LEAN_STEP_MODES:
             raise ValueError(f"lean_step must be one of {LEAN_STEP_MODES}, got {lean_step!r}")
         self.config = config
+        self.spec = spec = describe(config)
         self.quantization = quantization
         self.num_layers = config.num_hidden_layers
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = head_dim_of(config)
+        self.head_dim = spec.head_dim
         self.eps = config.rms_norm_eps
-        self.scale = self.head_dim ** -0.5
+        self.scale = spec.attn_scale
         self.dtype, self.device = dtype, device
         # [d, d] fp32 (kernels/kv_quant.hadamard) when the pool is stored rotated (set by ModelRunner
         # for int8/fp8 KV): q, k, v go in rotated per head, the attention output comes back through it
@@ -147,17 +149,25 @@ class LlamaModel:
         # fused, on the device, CPU linears packed: shared with this process's other engines of the
         # same checkpoint (engine/exec/models/llama_weights.py); the layer dicts are this model's own
         prep = prepared_weights(config, weights, dtype, device, quantization, weights_key,
-                                keep_plain_upto=LEAN_AUTO_MAX_EXTRA_BYTES)
+                                keep_plain_upto=LEAN_AUTO_MAX_EXTRA_BYTES, spec=spec)
         if lean_step == "on" and prep.layers and not prep.plain:      # its plain copy was not kept
-            prep = prepared_weights(config, weights, dtype, device, quantization)
+            prep = prepared_weights(config, weights, dtype, device, quantization, spec=spec)
         self.embed, self.lm_head, self.norm = prep.embed, prep.lm_head, prep.norm
         self.layers = [dict(L) for L in prep.layers]
         self.lm_head_linear, self.linear_kind = prep.lm_head_linear, prep.linear_kind
         self.lean = None            # kernels/cpu_lean_step.LeanStep: a few tokens' step in one C++ call
         self.lean_extra_bytes = 0   # the plain weight copy it holds beside the packed one
         self.cpu_path = ""          # CPU: which loop, linears and lean step run (start-up log, ModelInfo)
-        self.cos, self.sin = rope_tables(config, max_positions, device)
-        self.cos, self.sin = self.cos.to(dtype), self.sin.to(dtype)
+        self.ropes = {}
+        for name, _ in spec.ropes:
+            cos, sin = rope_table(config, spec, name, max_positions, rope_context)
+            self.ropes[name] = (cos.to(device=device, dtype=dtype), sin.to(device=device, dtype=dtype))
+        cos, sin = identity_table(self.head_dim)
+        self.identity_rope = (cos.to(device=device, dtype=dtype), sin.to(device=device, dtype=dtype))
+        self.cos, self.sin = self.ropes[spec.ropes[0][0]]     # the first table (lean step, tests)
+        # Gemma: embeddings times sqrt(hidden) rounded to the dtype (transformers' scaled embedding)
+        self.embed_scale = (None if spec.embed_scale is None
+                            else torch.tensor(spec.embed_scale, dtype=torch.float32).to(dtype=dtype, device=device))
         if torch.device(device).type == "cpu":
             plain = list(prep.plain) if prep.plain or not prep.layers else None
             self.lean, self.lean_extra_bytes, lean_why = make_lean_step(self, plain, lean_step,
@@ -178,6 +188,26 @@ class LlamaModel:
             n += sum(t.numel() for t in layer.values() if t is not None)
         return n
 
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = F.embedding(input_ids, self.embed)
+        return x if self.embed_scale is None else x * self.embed_scale
+
+    def act_mul(self, gu: torch.Tensor) -> torch.Tensor:
+        """act(gate) * up over the fused gate_up GEMM's output [T, 2I] (rounded as transformers)."""
+        inter = gu.shape[-1] // 2
+        g = gu[:, :inter]
+        a = F.silu(g) if self.spec.act == "silu" else F.gelu(g, approximate="tanh")
+        return a * gu[:, inter:]
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The LM head over final-normed rows, fp32 (and Gemma's soft-cap where the config sets one)."""
+        out = (self.lm_head_linear(x) if self.lm_head_linear is not None else F.linear(x, self.lm_head)).float()
+        return self.softcap(out)
+
+    def softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        cap = self.spec.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: torch.Tensor,
                 meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
@@ -188,8 +218,9 @@ class LlamaModel:
             # a few tokens (one chat's, a speculative step's, a small batch's decode): weights read once
             from kernels.cpu_lean_step import LeanStepFailed
             try:
-                return self.lean(input_ids, positions, meta.slot_mapping, meta.block_tables, meta.seq_lens,
-                                 meta.cu_seqlens_q, kv_pool, self.scale, logits_indices, self.kv_rotation)
+                return self.softcap(self.lean(input_ids, positions, meta.slot_mapping, meta.block_tables,
+                                              meta.seq_lens, meta.cu_seqlens_q, kv_pool, self.scale,
+                                              logits_indices, self.kv_rotation))
             except LeanStepFailed as e:        # the loop below serves this step and every later one
                 log.warning("lean CPU step off: %s", e)
                 self.lean = None
@@ -200,29 +231,26 @@ class LlamaModel:
             from engine.exec.models.llama_cpu_fused import forward_cpu_fused
             return forward_cpu_fused(self, input_ids, positions, kv_pool, meta, logits_indices)
         T = input_ids.shape[0]
-        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
-        inter = self.config.intermediate_size
-        cos, sin = self.cos[positions], self.sin[positions]
-        R = self.kv_rotation
-        x = F.embedding(input_ids, self.embed)
+        h, d, eps = self.num_heads, self.head_dim, self.eps
+        sandwich = self.spec.sandwich_norms
+        attend = LayerAttention(self, positions, kv_pool, meta, self._torch_rope_store(meta.backend), converts=True)
+        x = self.embed_tokens(input_ids)
         for i, L in enumerate(self.layers):
-            a = rms_norm(x, L["ln1"], self.eps)
-            qkv = _linear(L, "qkv", a).view(T, h + 2 * kvh, d)
-            qk = apply_rope(qkv[:, :h + kvh], cos, sin)        # q and k heads rotated together
-            q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kvh:]
-            if R is not None:           # rotated pool: every kernel sees rotated q, k, v (exact: R @ R = I)
-                q, k, v = kv_quant.rotate(q, R, q.dtype), kv_quant.rotate(k, R), kv_quant.rotate(v, R)
-            k_cache, v_cache = kv_pool[0, i], kv_pool[1, i]
-            kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
-            o = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                        meta.cu_seqlens_q, self.scale, max_seqlen_q=meta.max_seqlen_q,
-                                        backend=meta.backend)
-            if R is not None:
-                o = kv_quant.rotate(o, R, o.dtype)
-            x = x + _linear(L, "o", o.reshape(T, h * d))
-            gu = _linear(L, "gate_up", rms_norm(x, L["ln2"], self.eps))
-            x = x + _linear(L, "down", F.silu(gu[:, :inter]) * gu[:, inter:])
-        x = rms_norm(x[logits_indices], self.norm, self.eps)
-        if self.lm_head_linear is not None:
-            return self.lm_head_linear(x).float()
-        return F.linear(x, self.lm_head).float()
+            qkv = _linear(L, "qkv", rms_norm(x, L["ln1"], eps))
+            o = _linear(L, "o", attend(i, qkv).reshape(T, h * d))
+            x = x + (rms_norm(o, L["post_attn"], eps) if sandwich else o)
+            m = _linear(L, "down", self.act_mul(_linear(L, "gate_up", rms_norm(x, L["ln2"], eps))))
+            x = x + (rms_norm(m, L["post_ff"], eps) if sandwich else m)
+        return self.logits(rms_norm(x[logits_indices], self.norm, eps))
+
+    def _torch_rope_store(self, backend: str):
+        """The eager loop's RoPE + store (attention_block.LayerAttention's `rope_store`): q and k
+        heads rotated together in torch, k and v stored by kernels.store_kv (any pool format)."""
+        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+
+        def rope_store(qkv, cos, sin, positions, k_cache, v_cache, slots):
+            heads = qkv.view(qkv.shape[0], h + 2 * kvh, d)
+            qk = apply_rope(heads[:, :h + kvh], cos[positions], sin[positions])
+            kernels.store_kv(qk[:, h:], heads[:, h + kvh:], k_cache, v_cache, slots, backend=backend)
+            return qk[:, :h]
+        return rope_store

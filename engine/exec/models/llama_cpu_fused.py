@@ -5,21 +5,22 @@ its four GEMMs and attention; at decode sizes their dispatch cost rivals the mat
 is: add+RMSNorm, QKV GEMM, RoPE+KV store, attention, o GEMM, add+RMSNorm, gate/up GEMM, SiLU*up,
 down GEMM — nine calls. The residual stream `x` is updated in place by the next add+RMSNorm, so a
 layer allocates only its GEMM outputs. The same expressions as llama.py's loop, op by op (the
-tests compare the two loops and HF).
+tests compare the two loops and HF). Attention (q/k norm, RoPE kind, window, foreign pools) is
+engine/exec/models/attention_block.py's, shared with the other loops; Gemma's sandwich norms and
+GELU are the same C++ ops on other weights.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-import kernels
 from engine.exec.cpu_linear import layer_linear as _linear
-from kernels import cpu_layer_ops as ops, kv_quant
+from engine.exec.models.attention_block import LayerAttention
+from kernels import cpu_layer_ops as ops
 
 
 def forward_cpu_fused(model, input_ids, positions, kv_pool, meta, logits_indices) -> torch.Tensor:
     T = input_ids.shape[0]
-    h, kvh, d = model.num_heads, model.num_kv_heads, model.head_dim
+    h, kvh, d, eps = model.num_heads, model.num_kv_heads, model.head_dim, model.eps
     positions = positions.to(torch.int64).contiguous()
     slots = meta.slot_mapping.to(torch.int64).contiguous()
     # the C++ ops index tables and pool slots without bounds checks: check the ranges once here
@@ -29,38 +30,27 @@ def forward_cpu_fused(model, input_ids, positions, kv_pool, meta, logits_indices
     num_slots = kv_pool.shape[2] * kv_pool.shape[3]
     if T and int(slots.max()) >= num_slots:
         raise ValueError(f"KV slot {int(slots.max())} is beyond the pool ({num_slots} slots)")
-    # a pool of another dtype (int8 / bf16 KV under fp32 weights, ...) or a rotated one: RoPE goes
-    # into a scratch [T, 1, kvh, d] "cache" at slots 0..T-1, and kernels.store_kv converts (quantizes)
-    R = model.kv_rotation
-    own_kv = kv_pool.dtype == model.cos.dtype and R is None
-    if not own_kv:
-        scratch = torch.empty(2, T, 1, kvh, d, dtype=model.cos.dtype)
-        scratch_slots = torch.arange(T, dtype=torch.int64)
-    x = F.embedding(input_ids, model.embed)
+
+    def rope_store(qkv, cos, sin, pos, k_cache, v_cache, slot_mapping):
+        return ops.rope_store(qkv.contiguous(), h, kvh, d, cos, sin, pos, slot_mapping.to(torch.int64).contiguous(),
+                              k_cache, v_cache)
+
+    attend = LayerAttention(model, positions, kv_pool, meta, rope_store)
+    sandwich, gelu = model.spec.sandwich_norms, model.spec.act != "silu"
+    x = model.embed_tokens(input_ids).contiguous()
     delta = None                                   # what the next norm adds to x first
     for i, L in enumerate(model.layers):
-        a = ops.add_rms_norm(x, delta, L["ln1"], model.eps)
-        qkv = _linear(L, "qkv", a).contiguous()
-        k_cache, v_cache = kv_pool[0, i], kv_pool[1, i]
-        if own_kv:
-            q = ops.rope_store(qkv, h, kvh, d, model.cos, model.sin, positions, slots, k_cache, v_cache)
-        else:
-            q = ops.rope_store(qkv, h, kvh, d, model.cos, model.sin, positions, scratch_slots,
-                               scratch[0], scratch[1])
-            k, v = scratch[0, :, 0], scratch[1, :, 0]
-            if R is not None:           # rotated pool (kernels/kv_quant.py): q, k, v per head, exact
-                q, k, v = kv_quant.rotate(q, R, q.dtype), kv_quant.rotate(k, R), kv_quant.rotate(v, R)
-            kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
-        o = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                    meta.cu_seqlens_q, model.scale, max_seqlen_q=meta.max_seqlen_q,
-                                    backend=meta.backend)
-        if R is not None:
-            o = kv_quant.rotate(o, R, o.dtype)
-        a = ops.add_rms_norm(x, _linear(L, "o", o.reshape(T, h * d)).contiguous(), L["ln2"], model.eps)
+        a = ops.add_rms_norm(x, delta, L["ln1"], eps)
+        o = _linear(L, "o", attend(i, _linear(L, "qkv", a).contiguous()).reshape(T, h * d)).contiguous()
+        if sandwich:
+            o = ops.add_rms_norm(o, None, L["post_attn"], eps)
+        a = ops.add_rms_norm(x, o, L["ln2"], eps)
         gu = _linear(L, "gate_up", a).contiguous()
-        delta = _linear(L, "down", ops.silu_mul(gu)).contiguous()
+        delta = _linear(L, "down", model.act_mul(gu).contiguous() if gelu else ops.silu_mul(gu)).contiguous()
+        if sandwich:
+            delta = ops.add_rms_norm(delta, None, L["post_ff"], eps)
     if delta is not None:
         x += delta
     x = x[logits_indices].contiguous()
-    x = ops.add_rms_norm(x, None, model.norm, model.eps)
-    return model.lm_head_linear(x).float()
+    x = ops.add_rms_norm(x, None, model.norm, eps)
+    return model.softcap(model.lm_head_linear(x).float())

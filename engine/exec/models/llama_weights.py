@@ -1,8 +1,11 @@
-"""A Llama checkpoint's weights in the form the forward pass runs them, and one copy per process.
+"""A decoder checkpoint's weights in the form the forward pass runs them, and one copy per process.
 
 Preparing means: every tensor in the model's dtype on its device; q/k/v and gate/up fused into one
-matrix each; on CPU, each layer's GEMM weight made a callable from engine/exec/cpu_linear.py (dense,
-oneDNN-packed or int8, biases inside). Packing is a reorder of every weight, ~0.5 s of CPU for the
+matrix each (Phi-3 stores them fused already); the family's layout made the one the loops read
+(engine/exec/models/decoder_spec.py): Gemma's (1 + w) norm weights added up in fp32, a partial
+rotary model's q and k rows permuted per head (engine/exec/models/rope.py); on CPU, each layer's
+GEMM weight made a callable from engine/exec/cpu_linear.py (dense, oneDNN-packed or int8, biases
+inside). Packing is a reorder of every weight, ~0.5 s of CPU for the
 135M default model and proportionally more for bigger ones, paid again by every engine a process
 builds (the benchmarks and the tests build hundreds).
 
@@ -29,7 +32,8 @@ class PreparedWeights:
     embed: torch.Tensor
     lm_head: torch.Tensor
     norm: torch.Tensor
-    layers: tuple            # per layer: {"ln1", "ln2", "qkv", "o", "gate_up", "down"[, "*_b" on CUDA]}
+    layers: tuple            # per layer: {"ln1", "ln2", "qkv", "o", "gate_up", "down"[, "*_b" on CUDA]
+                             # [, "q_norm", "k_norm" (per head), "post_attn", "post_ff" (Gemma)]}
     lm_head_linear: object   # CPU: a cpu_linear callable; CUDA: None
     linear_kind: str         # cpu_linear.describe() of the layers' linears ("dense" on CUDA)
     plain: tuple             # CPU: per layer, the tensors the lean step reads: those the linears were
@@ -44,19 +48,22 @@ _shared: dict = {}           # at most one entry: (key, dtype, device, quantizat
 
 
 def prepared_weights(config, weights: dict, dtype: torch.dtype, device, quantization: str | None,
-                     key: tuple | None = None, keep_plain_upto: int = 0) -> PreparedWeights:
+                     key: tuple | None = None, keep_plain_upto: int = 0, spec=None) -> PreparedWeights:
     """The prepared form of `weights`: shared with earlier engines of this process when `key`
     (see the module docstring) and the form asked for are the same. A shared entry keeps the plain
     copy only up to `keep_plain_upto` bytes (what a lean step on "auto" would keep); unshared
     ones keep it for the caller to use or drop."""
+    if spec is None:
+        from engine.exec.models.decoder_spec import describe
+        spec = describe(config)
     if key is None:
-        return _prepare(config, weights, dtype, device, quantization, keep_plain_upto)
+        return _prepare(config, weights, dtype, device, quantization, keep_plain_upto, spec)
     from engine.exec.cpu_linear import packed_fp32_enabled
     full = (key, str(dtype), str(torch.device(device)), quantization, packed_fp32_enabled())
     with _lock:
         if full not in _shared:
             _shared.clear()                     # drop the previous model before building the next
-            prep = _prepare(config, weights, dtype, device, quantization, keep_plain_upto)
+            prep = _prepare(config, weights, dtype, device, quantization, keep_plain_upto, spec)
             if prep.plain_extra_bytes > keep_plain_upto:
                 prep = replace(prep, plain=())
             _shared[full] = prep
@@ -67,10 +74,15 @@ def _cat(*ts):
     return None if ts[0] is None else torch.cat(ts, dim=0).contiguous()
 
 
-def _prepare(config, weights: dict, dtype, device, quantization, tile_upto: int = 0) -> PreparedWeights:
+def _prepare(config, weights: dict, dtype, device, quantization, tile_upto: int = 0, spec=None) -> PreparedWeights:
     """`tile_upto`: the packed linears' plain copy is tiled only up to this many bytes (where a lean
     step on "auto" would keep it): tiling a copy that is then dropped would be wasted time, and the
     tiled tensors are new memory while the checkpoint's own tensors are still held."""
+    from engine.exec.models.rope import partial_rotary_perm
+    if spec is None:
+        from engine.exec.models.decoder_spec import describe
+        spec = describe(config)
+
     def w(name):
         if name not in weights:
             raise ValueError(f"checkpoint is missing weight {name!r}")
@@ -79,6 +91,24 @@ def _prepare(config, weights: dict, dtype, device, quantization, tile_upto: int 
     def opt(name):
         return w(name) if name in weights else None
 
+    def norm(name):             # Gemma: (1 + w) in fp32 first, as its RMSNorm computes it
+        if not spec.norm_plus_one:
+            return w(name)
+        if name not in weights:
+            raise ValueError(f"checkpoint is missing weight {name!r}")
+        return (1.0 + weights[name].float()).to(device=device, dtype=dtype).contiguous()
+
+    h, kvh, d = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or \
+        config.num_attention_heads, spec.head_dim
+    perm = partial_rotary_perm(d, spec.rotary_dim)
+
+    def qk_rows(t):             # partial rotary: permute each q and k head's rows (v untouched)
+        if perm is None or t is None:
+            return t
+        heads = t.view(h + 2 * kvh, d, *t.shape[1:])
+        qk = heads[:h + kvh].index_select(1, perm.to(t.device))
+        return torch.cat((qk, heads[h + kvh:])).reshape(t.shape).contiguous()
+
     embed = w("model.embed_tokens.weight")
     tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights
     lm_head = embed if tied else w("lm_head.weight")
@@ -86,21 +116,35 @@ def _prepare(config, weights: dict, dtype, device, quantization, tile_upto: int 
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
         a = p + "self_attn."
-        biases = [opt(a + f"{n}_proj.bias") for n in "qkv"]
+        if spec.fused_weights:
+            qkv, biases = w(a + "qkv_proj.weight"), [opt(a + "qkv_proj.bias")]
+            gate_up = w(p + "mlp.gate_up_proj.weight")
+        else:
+            qkv = _cat(*(w(a + f"{n}_proj.weight") for n in "qkv"))
+            biases = [opt(a + f"{n}_proj.bias") for n in "qkv"]
+            gate_up = _cat(w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight"))
         if any(b is not None for b in biases) and any(b is None for b in biases):
             raise ValueError(f"layer {i}: q/k/v projections must all have a bias or none")
-        layers.append({
-            "ln1": w(p + "input_layernorm.weight"),
-            "ln2": w(p + "post_attention_layernorm.weight"),
-            "qkv": _cat(*(w(a + f"{n}_proj.weight") for n in "qkv")), "qkv_b": _cat(*biases),
+        L = {
+            "ln1": norm(p + "input_layernorm.weight"),
+            "ln2": norm(p + ("pre_feedforward_layernorm.weight" if spec.sandwich_norms
+                             else "post_attention_layernorm.weight")),
+            "qkv": qk_rows(qkv), "qkv_b": qk_rows(_cat(*biases)),
             "o": w(a + "o_proj.weight"), "o_b": opt(a + "o_proj.bias"),
-            "gate_up": _cat(w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")),
-            "down": w(p + "mlp.down_proj.weight"),
-        })
+            "gate_up": gate_up, "down": w(p + "mlp.down_proj.weight"),
+        }
+        if spec.qk_norm:
+            qn, kn = norm(a + "q_norm.weight"), norm(a + "k_norm.weight")
+            L["q_norm"], L["k_norm"] = (qn, kn) if perm is None else (qn[perm], kn[perm])
+        if spec.sandwich_norms:
+            L["post_attn"] = norm(p + "post_attention_layernorm.weight")
+            L["post_ff"] = norm(p + "post_feedforward_layernorm.weight")
+        layers.append(L)
+    final_norm = norm("model.norm.weight")
     if torch.device(device).type != "cpu":
         if quantization is not None:
             raise ValueError("quantization='int8' is a CPU option (torch's CPU int8 weight kernel)")
-        return PreparedWeights(embed, lm_head, w("model.norm.weight"), tuple(layers), None, "dense", (), 0)
+        return PreparedWeights(embed, lm_head, final_norm, tuple(layers), None, "dense", (), 0)
     # CPU: each layer's GEMM weights become callables (dense fp32, oneDNN-packed, or int8), biases
     # inside them; the plain tensors they were made from are kept for the lean step to keep or drop.
     # Beside packed linears that copy is the lean step's alone, so it is kept in the lean step's
@@ -124,4 +168,4 @@ def _prepare(config, weights: dict, dtype, device, quantization, tile_upto: int 
                     P[name] = tile_rows(P[name])
     head = make_linear(lm_head, None, quantization=quantization)
     kind = describe(layers[0]["qkv"]) if layers else "dense"
-    return PreparedWeights(embed, lm_head, w("model.norm.weight"), tuple(layers), head, kind, tuple(plain), extra)
+    return PreparedWeights(embed, lm_head, final_norm, tuple(layers), head, kind, tuple(plain), extra)
