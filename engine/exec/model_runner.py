@@ -16,7 +16,7 @@ from kernels import kv_quant
 from engine.config import EngineConfig, DEFAULT_CPU_KV_CACHE_GIB, DEFAULT_GPU_MEMORY_FRACTION
 from engine.exec.models.llama import AttentionMetadata, LlamaModel, head_dim_of
 from engine.exec.step_inputs import StagingBuffer, pack_step
-from engine.kv.cache_spec import KVCacheLayout, layer_windows
+from engine.kv.cache_spec import KVCacheLayout
 from engine.step_plan import StepPlan
 
 log = logging.getLogger("paged_chat.engine")
@@ -65,7 +65,8 @@ class ModelRunner:
         m.kv_rotation = kv_quant.hadamard(m.head_dim, device=self.device) if self.kv_rotation == "hadamard" else None
         # KV cache groups (engine/kv/cache_spec.py): layers of one attention kind share a group;
         # every group has P layer slots in the one pool (P = num_layers for a model of one kind)
-        self.kv_layout = KVCacheLayout.from_layer_windows(layer_windows(hf_config))
+        self.kv_layout = KVCacheLayout.from_layer_windows([s.window for s in m.spec.layers])
+        m.kv_layer = self.kv_layout.layer_kv
         P = self.kv_layout.pool_layers
         # bytes of one block / block_size: 2 x P layer slots x KV heads x row bytes
         self.kv_bytes_per_token = kv_quant.bytes_per_token(P, m.num_kv_heads, m.head_dim, self.kv_dtype)
@@ -116,6 +117,9 @@ class ModelRunner:
         ids, pos, slots, tables, seq_lens, cu, logits_idx, copy_t, max_q = pack_step(self.staging, plan)
         if copy_t is not None and copies:
             kernels.copy_blocks(self.kv_pool, copy_t, backend=self.backend)
-        meta = AttentionMetadata(slot_mapping=slots, block_tables=tables, seq_lens=seq_lens,
-                                 cu_seqlens_q=cu, max_seqlen_q=max_q, backend=self.backend)
+        groups = len(slots) > 1             # KV cache groups: each its own slots and tables
+        meta = AttentionMetadata(slot_mapping=slots[0], block_tables=tables[0], seq_lens=seq_lens,
+                                 cu_seqlens_q=cu, max_seqlen_q=max_q, backend=self.backend,
+                                 group_slots=tuple(slots) if groups else None,
+                                 group_tables=tuple(tables) if groups else None)
         return self.model.forward(ids, pos, self.kv_pool, meta, logits_idx)

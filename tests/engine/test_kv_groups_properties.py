@@ -16,14 +16,19 @@ hits and salts, next turns adopting parked sessions, chunked growth, speculative
 rollback, forks, free / preempt / park, releasing parked sessions.
 """
 import os
+import shutil
+import tempfile
+from array import array
 
 from hypothesis import event, settings, strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from engine.kv.cache_spec import NULL_BLOCK, KVCacheLayout
 from engine.kv.kv_cache_manager import KVCacheManager
+from engine.kv.kv_tier import FileStore, KVTier
 from engine.observe.kv_snapshot import kv_stats
 from tests.engine.test_kv_cache_properties import BS, MAX_LEN, KVMachine
+from tests.engine.test_kv_tier_properties import FP, TierMachine
 
 settings.register_profile("kv-groups-ci", max_examples=60, stateful_step_count=60, deadline=None)
 settings.register_profile("kv-groups-long", max_examples=1000, stateful_step_count=100, deadline=None)
@@ -152,3 +157,70 @@ class GroupsMachine(KVMachine):
 GroupsMachine.TestCase.settings = settings.get_profile(
     os.environ.get("KV_GROUPS_HYPOTHESIS_PROFILE", "kv-groups-ci"))
 TestKVGroupsProperties = GroupsMachine.TestCase
+
+
+# ---- the second tier, per group ---------------------------------------------------------------
+class _GroupIO:
+    """A block's slots as int64 bytes, (group, token) coded as group * 1000 + token."""
+
+    def __init__(self, machine):
+        self.mc = machine
+
+    def read(self, bid):
+        vals = [-1 if x is None else x[0] * 1000 + x[1] for x in self.mc.kv[bid * BS:(bid + 1) * BS]]
+        return array("q", vals).tobytes()
+
+    def write(self, bid, data):
+        self.mc.kv[bid * BS:(bid + 1) * BS] = [None if v < 0 else (v // 1000, v % 1000)
+                                               for v in array("q", data).tolist()]
+
+
+class GroupsTierMachine(GroupsMachine):
+    """The groups machine with a file tier behind the pool: evicted blocks written back, hits
+    continued in the tier and loaded into fresh blocks of their own group, swap on preemption,
+    write-through on park, restarts, corrupted files, deleted conversations."""
+
+    @initialize(num_blocks=st.integers(24, 64), layout=st.sampled_from(sorted(LAYOUTS)),
+                cap_blocks=st.integers(4, 60))
+    def setup(self, num_blocks, layout, cap_blocks):
+        self.folder = tempfile.mkdtemp(prefix="kvtier-groups-")
+        self.layout, self.num_blocks, self.cap = LAYOUTS[layout], num_blocks, cap_blocks * BS * 8
+        self._new_manager()
+        self.running, self.idle, self.next_id, self.last_start = {}, {}, 0, {}
+
+    def _new_manager(self):
+        self.m = KVCacheManager(self.num_blocks, BS, max_model_len=MAX_LEN, layout=self.layout,
+                                kv_bytes_per_token=8)
+        self.kv = [None] * (self.num_blocks * BS)
+        self.tier = KVTier(FileStore(self.folder), FP, self.cap)
+        self.m.attach_tier(self.tier, _GroupIO(self))
+
+    restart = TierMachine.restart
+    corrupt_a_file = TierMachine.corrupt_a_file
+    delete_conversation = TierMachine.delete_conversation
+
+    @invariant()
+    def tier_holds_each_group_s_own_tokens(self):
+        t = self.tier
+        if t.stats().loads_blocks:
+            event("tier load")
+        entries = t.entries()
+        assert FileStore(self.folder).names_on_disk() == {f"{i.block_hash:016x}" for i, _, _ in entries}
+        assert t.bytes == sum(n for _, n, _ in entries) <= self.cap
+        for ident, _, _ in entries[:6]:
+            meta, data = t._parse(t.store.read(t._name(ident.block_hash)), with_data=True)
+            vals = array("q", data).tolist()
+            assert len({v // 1000 for v in vals}) == 1, "a tier block mixes groups"
+            assert [v % 1000 for v in vals] == list(ident.token_ids)
+
+    def teardown(self):
+        try:
+            super().teardown()
+        finally:
+            if hasattr(self, "folder"):
+                shutil.rmtree(self.folder, ignore_errors=True)
+
+
+GroupsTierMachine.TestCase.settings = settings.get_profile(
+    os.environ.get("KV_GROUPS_HYPOTHESIS_PROFILE", "kv-groups-ci"))
+TestKVGroupsTierProperties = GroupsTierMachine.TestCase
