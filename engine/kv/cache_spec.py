@@ -20,7 +20,9 @@ group with P = num_layers: exactly the layout, block counts and hashes of a mode
 Window semantics (transformers' `sliding_window_overlay`, masking_utils: kv_idx > q_idx - W): the
 query at position p reads positions p-W+1 .. p (W keys, itself included).
 
-This module is the only part of engine/kv that execution imports (tests/engine/test_engine_wings.py).
+Which layer keeps which window is the model's description (engine/exec/models/decoder_spec.py reads
+each family's config as transformers does); the runner builds the layout from it. This module is
+the only part of engine/kv that execution imports (tests/engine/test_engine_wings.py).
 """
 from __future__ import annotations
 
@@ -152,37 +154,3 @@ class KVCacheLayout:
         a full group, the blocks of the last window before it in a sliding group."""
         k, pos = num_full_blocks, num_full_blocks * block_size
         return sum(k - min(k, s.first_live_block(pos, block_size)) for s in self.groups)
-
-
-_SLIDING_NAMES = ("sliding_attention",)
-_FULL_NAMES = ("full_attention",)
-
-
-def layer_windows(config) -> list[int | None]:
-    """Each layer's sliding window (None: full attention) from a transformers config, as the
-    families name it: `layer_types` ("sliding_attention" / "full_attention": gemma2/3, gpt-oss,
-    qwen2/3, ministral...), else the older `sliding_window_pattern` (every n-th layer global), else
-    `sliding_window` on every layer (mistral; qwen2/3 only with `use_sliding_window`)."""
-    n = int(config.num_hidden_layers)
-    window = getattr(config, "sliding_window", None)
-    if getattr(config, "use_sliding_window", True) is False:
-        window = None
-    types = getattr(config, "layer_types", None)
-    if types:
-        if len(types) != n:
-            raise ValueError(f"layer_types names {len(types)} layers, the model has {n}")
-        out = []
-        for t in types:
-            if t in _FULL_NAMES:
-                out.append(None)
-            elif t in _SLIDING_NAMES:
-                if not window:
-                    raise ValueError("layer_types has sliding layers but the config has no sliding_window")
-                out.append(int(window))
-            else:
-                raise ValueError(f"unsupported attention layer type {t!r}")
-        return out
-    pattern = getattr(config, "sliding_window_pattern", None)
-    if window and pattern:
-        return [None if (i + 1) % int(pattern) == 0 else int(window) for i in range(n)]
-    return [int(window) if window else None] * n
