@@ -99,6 +99,8 @@ class EngineConfig:
     speculative_adaptive: bool = True  # False: always draft the longest the proposer finds (tests, benches)
     lean_step: str = "auto"            # CPU, one chat or a few tokens: the whole step in one C++ call (kernels/cpu_lean_step.py)
     max_pin_fraction: float = 0.10     # pinned prefixes may hold at most this share of the pool (engine/kv/pinning.py)
+    kv_cache_groups: bool = True       # False: one block table for every layer, windows never give blocks back
+                                       # (the layout before KV cache groups; for comparisons: bench --kv-groups)
 
     def __post_init__(self):
         import torch                   # here, not at module level: the KV manager imports this file

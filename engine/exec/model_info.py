@@ -33,6 +33,9 @@ class ModelInfo:
     eos_token_ids: tuple = ()    # ids that end a reply (engine/text/end_of_turn.py); () = unknown (remote)
     compute_path: str = ""       # CPU: which loop, linears and lean step run (engine/exec/models/llama.py)
     lean_step_bytes: int = 0     # CPU: the plain weight copy the lean step keeps (0 = none)
+    # each layer's sliding window (None: global), for engine/observe/kv_groups.kv_arithmetic; with
+    # KV cache groups kv_bytes_per_token counts the pool's P layer slots, not every layer
+    kv_layer_windows: tuple = ()
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -67,4 +70,5 @@ def build_model_info(source: str, hf_config, cfg, runner, eos_token_ids=()) -> M
         num_blocks=int(runner.num_blocks), kv_bytes_per_token=int(runner.kv_bytes_per_token),
         max_num_seqs=int(cfg.max_num_seqs), attention_backend=str(runner.backend), device=str(cfg.device),
         kv_cache_dtype=kv_dtype_name(runner.kv_dtype), eos_token_ids=tuple(sorted(eos_token_ids)),
-        compute_path=str(runner.model.cpu_path), lean_step_bytes=int(runner.model.lean_extra_bytes))
+        compute_path=str(runner.model.cpu_path), lean_step_bytes=int(runner.model.lean_extra_bytes),
+        kv_layer_windows=tuple(runner.kv_layout.layer_windows))

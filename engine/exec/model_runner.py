@@ -65,7 +65,10 @@ class ModelRunner:
         m.kv_rotation = kv_quant.hadamard(m.head_dim, device=self.device) if self.kv_rotation == "hadamard" else None
         # KV cache groups (engine/kv/cache_spec.py): layers of one attention kind share a group;
         # every group has P layer slots in the one pool (P = num_layers for a model of one kind)
-        self.kv_layout = KVCacheLayout.from_layer_windows([s.window for s in m.spec.layers])
+        # (kv_cache_groups=False: one full-attention group of every layer; attention still applies
+        # each layer's window, but no block is ever given back: the layout before groups)
+        self.kv_layout = KVCacheLayout.from_layer_windows([s.window for s in m.spec.layers]) \
+            if cfg.kv_cache_groups else KVCacheLayout.single(m.num_layers)
         m.kv_layer = self.kv_layout.layer_kv
         P = self.kv_layout.pool_layers
         # bytes of one block / block_size: 2 x P layer slots x KV heads x row bytes

@@ -45,7 +45,7 @@ class LLM:
                  queue_bounds: QueueBounds | None = None,
                  kv_offload_gib: float | str | None = None, kv_offload_dir: str | None = None,
                  speculative: str | None = None, num_speculative_tokens: int = 5,
-                 speculative_adaptive: bool = True, lean_step: str = "auto"):
+                 speculative_adaptive: bool = True, lean_step: str = "auto", kv_cache_groups: bool = True):
         cfg = EngineConfig(model=model, block_size=block_size, num_blocks=num_blocks,
                            kv_cache_gib=kv_cache_gib, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens, device=device, dtype=dtype,
@@ -57,6 +57,7 @@ class LLM:
                            kv_offload_gib=kv_offload_gib, kv_offload_dir=kv_offload_dir,
                            speculative=speculative, num_speculative_tokens=num_speculative_tokens,
                            speculative_adaptive=speculative_adaptive, lean_step=lean_step,
+                           kv_cache_groups=kv_cache_groups,
                            **({} if max_pin_fraction is None else {"max_pin_fraction": float(max_pin_fraction)}))
         if hf_overrides and load_format != "dummy":
             raise ValueError("hf_overrides is only used with load_format='dummy'")
