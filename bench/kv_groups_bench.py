@@ -92,43 +92,43 @@ def capacity(pool_gib: float, contexts: list[int]) -> list[dict]:
 
 
 def decode_speed(batch: int, context: int, new_tokens: int, rounds: int, device: str | None, dtype: str) -> dict:
+    """Groups on, then off (one engine at a time: a 1B model's weights twice would not fit a small
+    box), the same seeded weights and prompts; the lean C++ step off in both (it serves one-group
+    layouts only, so it would time different code, not the layouts)."""
     from engine import LLM
     from engine.sampling.sampling_params import SamplingParams
     rng = random.Random(0)
-    engines = {}
-    out = {"batch": batch, "context": context, "new_tokens": new_tokens}
-    try:
-        for groups in (True, False):
-            llm = LLM(model="gemma-3-1b", load_format="dummy", dtype=dtype, device=device, kv_cache_groups=groups,
-                      kv_cache_gib=1.0, max_num_seqs=batch, max_model_len=context + new_tokens + 64,
-                      progress=lambda f, m: None)
-            engines[groups] = llm
-        vocab = engines[True].model_info().vocab_size
-        prompts = [{"prompt_token_ids": [rng.randrange(1000, vocab) for _ in range(context)]} for _ in range(batch)]
-        p = lambda n: SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-        ids = {}
-        for groups, llm in engines.items():
+    out = {"batch": batch, "context": context, "new_tokens": new_tokens, "dtype": dtype}
+    p = lambda n: SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    prompts, ids, samples, released = None, {}, {}, 0
+    for groups in (True, False):
+        llm = LLM(model="gemma-3-1b", load_format="dummy", dtype=dtype, device=device, kv_cache_groups=groups,
+                  kv_cache_gib=1.0, max_num_seqs=batch, max_model_len=context + new_tokens + 64,
+                  lean_step="off", progress=lambda f, m: None)
+        try:
+            if prompts is None:
+                vocab = llm.model_info().vocab_size
+                prompts = [{"prompt_token_ids": [rng.randrange(1000, vocab) for _ in range(context)]}
+                           for _ in range(batch)]
             llm.generate(prompts, p(1))             # prefill once: every later run hits the prefix cache
             ids[groups] = [o.outputs[0].token_ids for o in llm.generate(prompts, p(new_tokens))]
-        samples = {True: [], False: []}
-        for _ in range(rounds):
-            for groups, llm in engines.items():
+            samples[groups] = []
+            for _ in range(rounds):
                 t0 = time.perf_counter()
                 llm.generate(prompts, p(1))
                 t1 = time.perf_counter()
                 llm.generate(prompts, p(1 + new_tokens))
                 t2 = time.perf_counter()
                 samples[groups].append(batch * new_tokens / max(1e-9, (t2 - t1) - (t1 - t0)))
-        st = {g: llm.stats() for g, llm in engines.items()}
-        out.update(groups_tok_s=statistics.median(samples[True]), paging_tok_s=statistics.median(samples[False]),
-                   samples={"groups": samples[True], "paging": samples[False]}, same_ids=ids[True] == ids[False],
-                   groups_blocks_per_block_bytes=(st[True]["kv_bytes_per_block"], st[False]["kv_bytes_per_block"]),
-                   window_released_blocks=st[True]["window_released_blocks"],
-                   device=engines[True].model_info().device, dtype=dtype)
-        return out
-    finally:
-        for llm in engines.values():
+            if groups:
+                released = llm.stats()["window_released_blocks"]
+            out["device"] = llm.model_info().device
+        finally:
             llm.shutdown()
+    out.update(groups_tok_s=statistics.median(samples[True]), paging_tok_s=statistics.median(samples[False]),
+               samples={"groups": samples[True], "paging": samples[False]}, same_ids=ids[True] == ids[False],
+               window_released_blocks=released)
+    return out
 
 
 def render(cap: list[dict], speed: dict | None, pool_gib: float) -> str:

@@ -1,6 +1,6 @@
-"""What KV cache groups show: the per-layer-kind arithmetic (engine/observe/kv_groups.py) on the
+"""KV cache groups in small pieces: the per-layer-kind arithmetic (engine/observe/kv_groups.py) on the
 shipped Gemma-3-1B shape, and the v8 contract of a two-group pool (per-block group, per-group
-stats, compact and full JSON round trips). Pure: no model runs."""
+stats, compact and full JSON round trips), the layout's bounds and a pin over groups. Pure: no model runs."""
 import json
 
 from engine.kv.cache_spec import KVCacheLayout
@@ -59,3 +59,26 @@ def test_a_two_group_pool_in_the_contract():
     rows = group_rows(full["stats"])
     assert [r["kind"] for r in rows] == ["global (all tokens)", "local (last 16)"]
     assert "without sliding windows" in window_line(full["stats"])
+
+
+def test_layout_bounds_and_a_pin_over_groups():
+    layout = KVCacheLayout.from_layer_windows([None, 16, 16, None])
+    assert layout.layer_kv == ((0, 0), (0, 1), (1, 1), (1, 0)) and layout.pool_layers == 2
+    # a lone sequence must fit: the full group's blocks + a chunk's worth of window in the other
+    assert layout.max_tokens(40, 8, 32) == 8 * (40 - 7)             # 33 + min(n, ceil(47/8)+1 = 7)
+    assert KVCacheLayout.single(30).max_tokens(100, 16, 512) == 1600  # one full group: the pool
+    assert KVCacheLayout.single(2, 32).max_tokens(10, 8, 16) > 10_000  # windows alone: no pool bound
+    m = KVCacheManager(40, 8, max_model_len=200, layout=layout, max_pin_fraction=0.2)
+    prompt = list(range(40))
+    m.add_sequence("p", prompt, num_new_tokens=40)
+    m.free("p")                                                       # prefilled, cached
+    assert m.pins.blocks_for(40) == 5 + 2                             # every full block + the window's
+    info = m.pins.pin("sys", prompt)
+    assert info.num_tokens == 40 and len(info.block_ids) == 7
+    assert [m.pool.blocks[i].group for i in info.block_ids] == [0] * 5 + [1] * 2
+    for i in range(10):                                               # pressure: other chats evict the rest
+        m.add_sequence(f"o{i}", [1000 + i] * 30, num_new_tokens=30)
+        m.free(f"o{i}")
+    assert m.lookup_prefix(prompt + [7, 7, 7]) == 40                  # the pin still serves the hit
+    m.pins.unpin("sys")
+    assert kv_stats(m).used_blocks == 0
