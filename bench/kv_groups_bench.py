@@ -91,44 +91,47 @@ def capacity(pool_gib: float, contexts: list[int]) -> list[dict]:
     return rows
 
 
-def decode_speed(batch: int, context: int, new_tokens: int, rounds: int, device: str | None, dtype: str) -> dict:
-    """Groups on, then off (one engine at a time: a 1B model's weights twice would not fit a small
-    box), the same seeded weights and prompts; the lean C++ step off in both (it serves one-group
-    layouts only, so it would time different code, not the layouts)."""
+def decode_speed(batch: int, context: int, new_tokens: int, rounds: int, device: str | None, dtype: str,
+                 overrides: dict | None = None) -> dict:
+    """Groups on and off side by side (both engines alive, rounds alternating: the machine's load
+    moves under a long run), the same seeded weights and prompts; the lean C++ step off in both
+    (it serves one-group layouts only, so it would time different code, not the layouts)."""
     from engine import LLM
     from engine.sampling.sampling_params import SamplingParams
     rng = random.Random(0)
-    out = {"batch": batch, "context": context, "new_tokens": new_tokens, "dtype": dtype}
+    out = {"batch": batch, "context": context, "new_tokens": new_tokens, "dtype": dtype, "overrides": overrides or {}}
     p = lambda n: SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-    prompts, ids, samples, released = None, {}, {}, 0
-    for groups in (True, False):
-        llm = LLM(model="gemma-3-1b", load_format="dummy", dtype=dtype, device=device, kv_cache_groups=groups,
-                  kv_cache_gib=1.0, max_num_seqs=batch, max_model_len=context + new_tokens + 64,
-                  lean_step="off", progress=lambda f, m: None)
-        try:
-            if prompts is None:
-                vocab = llm.model_info().vocab_size
-                prompts = [{"prompt_token_ids": [rng.randrange(1000, vocab) for _ in range(context)]}
-                           for _ in range(batch)]
+    engines: dict = {}
+    try:
+        for groups in (True, False):
+            engines[groups] = LLM(model="gemma-3-1b", load_format="dummy", dtype=dtype, device=device,
+                                  kv_cache_groups=groups, kv_cache_gib=1.0, max_num_seqs=batch,
+                                  max_model_len=context + new_tokens + 64, lean_step="off",
+                                  hf_overrides=overrides or None, progress=lambda f, m: None)
+        vocab = engines[True].model_info().vocab_size
+        prompts = [{"prompt_token_ids": [rng.randrange(1000, vocab) for _ in range(context)]} for _ in range(batch)]
+        ids = {}
+        for groups, llm in engines.items():
             llm.generate(prompts, p(1))             # prefill once: every later run hits the prefix cache
             ids[groups] = [o.outputs[0].token_ids for o in llm.generate(prompts, p(new_tokens))]
-            samples[groups] = []
-            for _ in range(rounds):
+        samples: dict = {True: [], False: []}
+        for r in range(rounds):
+            for groups in ((True, False) if r % 2 == 0 else (False, True)):
+                llm = engines[groups]
                 t0 = time.perf_counter()
                 llm.generate(prompts, p(1))
                 t1 = time.perf_counter()
                 llm.generate(prompts, p(1 + new_tokens))
                 t2 = time.perf_counter()
                 samples[groups].append(batch * new_tokens / max(1e-9, (t2 - t1) - (t1 - t0)))
-            if groups:
-                released = llm.stats()["window_released_blocks"]
-            out["device"] = llm.model_info().device
-        finally:
+        out.update(groups_tok_s=statistics.median(samples[True]), paging_tok_s=statistics.median(samples[False]),
+                   samples={"groups": samples[True], "paging": samples[False]}, same_ids=ids[True] == ids[False],
+                   window_released_blocks=engines[True].stats()["window_released_blocks"],
+                   device=engines[True].model_info().device)
+        return out
+    finally:
+        for llm in engines.values():
             llm.shutdown()
-    out.update(groups_tok_s=statistics.median(samples[True]), paging_tok_s=statistics.median(samples[False]),
-               samples={"groups": samples[True], "paging": samples[False]}, same_ids=ids[True] == ids[False],
-               window_released_blocks=released)
-    return out
 
 
 def render(cap: list[dict], speed: dict | None, pool_gib: float) -> str:
@@ -144,8 +147,9 @@ def render(cap: list[dict], speed: dict | None, pool_gib: float) -> str:
     lines += [""] + [f"- {r['sentence']}" for r in cap]
     if speed:
         ratio = speed["groups_tok_s"] / speed["paging_tok_s"]
+        shape = ", ".join(f"{k}={v}" for k, v in speed.get("overrides", {}).items())
         lines += ["", f"| decode, B={speed['batch']} x {speed['context']:,} ctx, {speed['dtype']} on "
-                  f"{speed['device']} | tok/s (median) | samples |", "|---|---|---|",
+                  f"{speed['device']}{', ' + shape if shape else ''} | tok/s (median) | samples |", "|---|---|---|",
                   f"| groups | {speed['groups_tok_s']:.2f} | {', '.join(f'{x:.2f}' for x in speed['samples']['groups'])} |",
                   f"| full-attention paging | {speed['paging_tok_s']:.2f} | "
                   f"{', '.join(f'{x:.2f}' for x in speed['samples']['paging'])} |",
@@ -163,14 +167,18 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on CUDA")
+    p.add_argument("--decode-layers", type=int, default=None,
+                   help="decode run only: the first N layers of the config (6 = one local/global cycle)")
+    p.add_argument("--decode-vocab", type=int, default=None, help="decode run only: a smaller vocabulary")
     p.add_argument("--no-speed", action="store_true", help="capacity only (no model runs)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     load0, t0 = os.getloadavg(), time.time()
     cap = capacity(a.pool_gib, [int(x) for x in a.contexts.split(",")])
+    over = {k: v for k, v in (("num_hidden_layers", a.decode_layers), ("vocab_size", a.decode_vocab)) if v}
     speed = None if a.no_speed else decode_speed(a.batch, a.decode_context, a.new_tokens, a.rounds, a.device,
                                                   a.dtype or ("bfloat16" if (a.device or "").startswith("cuda")
-                                                              else "float32"))
+                                                              else "float32"), over)
     md = render(cap, speed, a.pool_gib)
     md += f"\n\nload average start {load0}, end {os.getloadavg()}; {time.time() - t0:.0f} s"
     print(md)

@@ -71,4 +71,4 @@ def build_model_info(source: str, hf_config, cfg, runner, eos_token_ids=()) -> M
         max_num_seqs=int(cfg.max_num_seqs), attention_backend=str(runner.backend), device=str(cfg.device),
         kv_cache_dtype=kv_dtype_name(runner.kv_dtype), eos_token_ids=tuple(sorted(eos_token_ids)),
         compute_path=str(runner.model.cpu_path), lean_step_bytes=int(runner.model.lean_extra_bytes),
-        kv_layer_windows=tuple(runner.kv_layout.layer_windows))
+        kv_layer_windows=tuple(s.window for s in runner.model.spec.layers))
