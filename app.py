@@ -209,15 +209,11 @@ def main(argv=None) -> int:
         raise SystemExit(f"error: {e}")
     started = time.time()
     print("Loading the model…", file=sys.stderr)
-    llm = LLM(model=args.model, block_size=args.block_size, num_blocks=args.num_blocks,
-              kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,
-              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              dtype=args.dtype, quantization=args.quantization, lean_step=args.lean_step,
-              kv_cache_dtype=args.kv_cache_dtype, kv_cache_rotation=args.kv_cache_rotation, progress=terminal_progress,
-              scheduling_policy=args.scheduling_policy, tenant_weights=weights,
-              queue_bounds=bounds, kv_offload_gib=args.kv_offload_gib, kv_offload_dir=args.kv_offload_dir,
-              speculative=None if args.speculative == "off" else args.speculative,
-              num_speculative_tokens=args.num_speculative_tokens)
+    from engine.errors import ModelLoadError
+    try:
+        llm = _load_engine(LLM, args, weights, bounds)
+    except ModelLoadError as e:           # a model we cannot serve: one sentence, no traceback
+        raise SystemExit(f"error: {e}")
     storage = None
     try:
         storage = Storage(args.db)
@@ -270,6 +266,20 @@ def serve(llm, storage, args, auth) -> None:
     """Build the app (server/assembly.py) and run it until Ctrl-C / SIGTERM (server/run.py)."""
     from server import serve as run_server
     run_server(llm, storage, args, auth)
+
+
+
+def _load_engine(LLM, args, weights, bounds):
+    """The embedded engine from the command line's flags (a ModelLoadError says why it cannot)."""
+    return LLM(model=args.model, block_size=args.block_size, num_blocks=args.num_blocks,
+               kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,
+               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+               dtype=args.dtype, quantization=args.quantization, lean_step=args.lean_step,
+               kv_cache_dtype=args.kv_cache_dtype, kv_cache_rotation=args.kv_cache_rotation, progress=terminal_progress,
+               scheduling_policy=args.scheduling_policy, tenant_weights=weights,
+               queue_bounds=bounds, kv_offload_gib=args.kv_offload_gib, kv_offload_dir=args.kv_offload_dir,
+               speculative=None if args.speculative == "off" else args.speculative,
+               num_speculative_tokens=args.num_speculative_tokens)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from engine.front.engine_thread import SHUT_DOWN, EngineThread
 from engine.front.request_stream import RequestStream, collect
 from engine.core.sequence import Request, RequestOutputDelta
 from engine.kv.salt_rule import prompt_salt
+from engine.text.reasoning import split_outputs
 from engine.text.session_prompt import continue_session_prompt
 from engine.observe.snapshot_cache import SharedSnapshot
 
@@ -70,7 +71,8 @@ class LLM:
         self.engine = LLMEngine(cfg, loaded, tenant_weights)
         self.admission = AdmissionControl(queue_bounds)   # queued-request bounds (engine/core/admission.py)
         self.tokenizer = loaded.tokenizer
-        self._info = build_model_info(loaded.source, loaded.config, cfg, self.engine.runner, self.engine.eos_ids)
+        self._info = build_model_info(loaded.source, loaded.config, cfg, self.engine.runner, self.engine.eos_ids,
+                                      tokenizer=loaded.tokenizer)
         self._ids = itertools.count()
         self._live: set[str] = set()                 # request ids not yet finished
         self._live_lock = threading.Lock()
@@ -193,16 +195,18 @@ class LLM:
     def submit_chat(self, messages: list[dict], params: SamplingParams | None = None, *,
                     session_id: str | None = None, request_id: str | None = None,
                     previous_ids: list[int] | None = None, cache_salt: str | None = None,
-                    tenant: str | None = None, priority: int = 0) -> RequestStream:
+                    tenant: str | None = None, priority: int = 0, thinking: bool | None = None) -> RequestStream:
         """Chat turn. The previous turn's exact token ids are reused as the prefix: `previous_ids`
         when the caller kept them (e.g. read back from storage after a restart, or the branch being
         continued), else the session's last turn. They are used only if they decode to the start
         of the rendered conversation, so a wrong guess costs cache hits, never correctness.
         `cache_salt` (e.g. the user name under --auth): prefix-cache hits only between requests
-        with the same salt, except for the leading system messages, shared by everyone."""
+        with the same salt, except for the leading system messages, shared by everyone.
+        `thinking`: the template's enable_thinking switch (None: its default; ModelInfo.thinking_switch
+        says whether it has one)."""
         previous = previous_ids if previous_ids else (self.engine.sessions.token_ids(session_id)
                                                       if session_id else None)
-        ids = continue_session_prompt(self.tokenizer, messages, previous)
+        ids = continue_session_prompt(self.tokenizer, messages, previous, enable_thinking=thinking)
         salt = prompt_salt(self.tokenizer, messages, ids, cache_salt)   # engine/kv/salt_rule.py
         return self.submit({"prompt_token_ids": ids}, params, session_id=session_id, request_id=request_id,
                            cache_salt=salt, tenant=tenant, priority=priority)
@@ -268,7 +272,8 @@ class LLM:
         self._enqueue_add([req for req, _ in prepared])     # one command: one step admits them all
         streams = [stream for _, stream in prepared]
         try:
-            return [collect(s, p or SamplingParams()) for s, p in zip(streams, params)]
+            return [split_outputs(collect(s, p or SamplingParams()), self.tokenizer, self._info.reasoning_markers)
+                    for s, p in zip(streams, params)]
         except BaseException:
             for s in streams:               # do not leave the rest of the batch running
                 try:
@@ -277,9 +282,14 @@ class LLM:
                     pass
             raise
 
-    def chat(self, messages, sampling_params=None, use_tqdm: bool = False) -> list[RequestOutput]:
+    def chat(self, messages, sampling_params=None, use_tqdm: bool = False,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """vLLM-shaped. chat_template_kwargs: {"enable_thinking": bool} (other keys are ignored). A
+        thinking model's outputs carry their reasoning split off (CompletionOutput.reasoning)."""
+        thinking = (chat_template_kwargs or {}).get("enable_thinking")
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = [{"prompt_token_ids": continue_session_prompt(self.tokenizer, c, None)} for c in convs]
+        prompts = [{"prompt_token_ids": continue_session_prompt(self.tokenizer, c, None, enable_thinking=thinking)}
+                   for c in convs]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     # ---- beam search (engine/core/beam_search.py) ------------------------------------------------------
@@ -320,10 +330,18 @@ class LLM:
     def model_info(self) -> ModelInfo:
         return self._info
 
-    def count_prompt_tokens(self, messages: list[dict]) -> int:
+    def count_prompt_tokens(self, messages: list[dict], thinking: bool | None = None) -> int:
         """Length of the prompt these chat messages render to (no session reuse), for a
         "too long" answer before anything is stored or submitted."""
-        return len(continue_session_prompt(self.tokenizer, messages, None))
+        return len(continue_session_prompt(self.tokenizer, messages, None, enable_thinking=thinking))
+
+        from engine.text.reasoning import prompt_opens_reasoning, split_reasoning
+        inside = prompt_opens_reasoning(out.prompt_token_ids, self.tokenizer, markers)
+        ids = tuple(self.tokenizer.convert_tokens_to_ids(m) for m in markers)
+        for o in out.outputs:
+            sp = split_reasoning(o.text, o.token_ids, markers, inside, ids)
+            o.reasoning, o.content, o.reasoning_tokens = sp.reasoning, sp.content, sp.reasoning_tokens
+        return out
 
     # ---- pinned prefixes (engine/kv/pinning.py, engine/front/pin_api.py) ---------------------------------
     def pin_prefix(self, name: str, token_ids: list[int]):

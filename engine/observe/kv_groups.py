@@ -5,7 +5,7 @@ Why here: the sentence ("Gemma-3-1B, an 8,192-token chat: 4 global layers keep a
 22 local layers keep the last 512: 43 MiB instead of 208 MiB, 4.8x less") is arithmetic on the
 model's per-layer windows and KV shape, the same for the UI, the routes and the bench; and the
 per-group rows come from the stats contract (engine/observe/kv_contract.py, v8 `kv_groups`).
-Nothing here reads the engine: callers pass numbers (e.g. `ModelInfo.kv_layer_windows`) or the
+Nothing here reads the engine: callers pass numbers (e.g. `ModelInfo.layer_windows`) or the
 stats JSON.
 
 Words: a full-attention layer is "global" (it keeps every token of the chat), a sliding-window
@@ -23,13 +23,14 @@ def _mib(n: float) -> str:
 
 def kv_arithmetic(layer_windows, *, kv_heads: int, head_dim: int, dtype_bytes: float, context_tokens: int,
                   max_model_len: int | None = None, name: str = "") -> dict:
-    """KV bytes of one chat of `context_tokens` tokens, per layer kind: with groups (a local layer
+    """KV bytes of one chat of `context_tokens` tokens, per layer kind (`layer_windows`: one window
+    per layer, None or 0 for a global one, as `ModelInfo.layer_windows`): with groups (a local layer
     keeps min(context, W) tokens), with full-attention paging (every layer keeps every token) and
     with contiguous caches (every layer reserves max_model_len). `dtype_bytes` per element (an
     int8 row's scale spread over it is fine). Returns the numbers and the sentence."""
     per_token_layer = 2 * kv_heads * head_dim * dtype_bytes
     kinds: dict = {}
-    for w in layer_windows:
+    for w in (w or None for w in layer_windows):        # 0 or None: full attention (global)
         kinds[w] = kinds.get(w, 0) + 1
     rows = []
     for w in sorted(kinds, key=lambda w: (w is not None, -(w or 0))):
