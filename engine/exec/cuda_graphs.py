@@ -66,8 +66,8 @@ class DecodeGraphs:
         return AttentionMetadata(slot_mapping=self.slots[0, :B], block_tables=self.tables[0, :B],
                                  seq_lens=self.seq_lens[:B], cu_seqlens_q=self.cu[:B + 1], max_seqlen_q=1,
                                  backend=self.backend,
-                                 group_slots=tuple(self.slots[g, :B] for g in range(self.groups)) if groups else None,
-                                 group_tables=tuple(self.tables[g, :B] for g in range(self.groups)) if groups else None)
+                                 group_slots=self.slots[:, :B] if groups else None,
+                                 group_tables=self.tables[:, :B] if groups else None)
 
     def _forward(self, B: int) -> torch.Tensor:
         return self.model.forward(self.ids[:B], self.pos[:B], self.kv_pool, self._meta(B), self.logits_idx[:B])

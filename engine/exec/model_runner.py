@@ -123,6 +123,6 @@ class ModelRunner:
         groups = len(slots) > 1             # KV cache groups: each its own slots and tables
         meta = AttentionMetadata(slot_mapping=slots[0], block_tables=tables[0], seq_lens=seq_lens,
                                  cu_seqlens_q=cu, max_seqlen_q=max_q, backend=self.backend,
-                                 group_slots=tuple(slots) if groups else None,
-                                 group_tables=tuple(tables) if groups else None)
+                                 group_slots=slots if groups else None,
+                                 group_tables=tables if groups else None)
         return self.model.forward(ids, pos, self.kv_pool, meta, logits_idx)

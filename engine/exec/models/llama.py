@@ -42,8 +42,8 @@ class AttentionMetadata:
     cu_seqlens_q: torch.Tensor    # int32 [num_seqs + 1]
     max_seqlen_q: int
     backend: str
-    group_slots: tuple | None = None      # per KV cache group: int64 [num_tokens]
-    group_tables: tuple | None = None     # per KV cache group: int32 [num_seqs, max_blocks]
+    group_slots: torch.Tensor | None = None    # int64 [groups, num_tokens]: row g is group g's
+    group_tables: torch.Tensor | None = None   # int32 [groups, num_seqs, max_blocks]
 
     def slots_of(self, group: int) -> torch.Tensor:
         return self.group_slots[group] if self.group_slots is not None else self.slot_mapping
@@ -160,6 +160,7 @@ class LlamaModel:
         # (pool layer slot, KV cache group) of each layer (engine/kv/cache_spec.py; ModelRunner sets
         # it with the pool): layer i reads kv_pool[:, slot] through its group's tables and slots
         self.kv_layer: tuple = tuple((i, 0) for i in range(self.num_layers))
+        self._kv_layer_t = None     # (kv_layer, its int32 [layers, 2] tensor) for the lean step
 
         # fused, on the device, CPU linears packed: shared with this process's other engines of the
         # same checkpoint (engine/exec/models/llama_weights.py); the layer dicts are this model's own
@@ -214,6 +215,13 @@ class LlamaModel:
         a = F.silu(g) if self.spec.act == "silu" else F.gelu(g, approximate="tanh")
         return a * gu[:, inter:]
 
+    def kv_layer_tensor(self) -> torch.Tensor:
+        """`kv_layer` as int32 [layers, 2] (the lean C++ step's form), built once per mapping."""
+        cached = self._kv_layer_t
+        if cached is None or cached[0] != self.kv_layer:
+            cached = self._kv_layer_t = (self.kv_layer, torch.tensor(self.kv_layer, dtype=torch.int32))
+        return cached[1]
+
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """The LM head over final-normed rows, fp32 (and Gemma's soft-cap where the config sets one)."""
         out = (self.lm_head_linear(x) if self.lm_head_linear is not None else F.linear(x, self.lm_head)).float()
@@ -227,15 +235,18 @@ class LlamaModel:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: torch.Tensor,
                 meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
         """Run the packed batch; return fp32 logits for the tokens at `logits_indices`."""
+        groups = meta.group_tables is not None      # KV cache groups: every group's slots and tables
         if (self.lean is not None and meta.backend == "torch"
                 and self.lean.takes(input_ids.shape[0], meta.seq_lens.shape[0], kv_quant.is_quantized(kv_pool))
-                and self.lean.can_run(kv_pool, self.kv_rotation) and meta.group_tables is None):
+                and self.lean.can_run(kv_pool, self.kv_rotation, groups=groups)):
             # a few tokens (one chat's, a speculative step's, a small batch's decode): weights read once
             from kernels.cpu_lean_step import LeanStepFailed
             try:
-                return self.softcap(self.lean(input_ids, positions, meta.slot_mapping, meta.block_tables,
-                                              meta.seq_lens, meta.cu_seqlens_q, kv_pool, self.scale,
-                                              logits_indices, self.kv_rotation))
+                return self.softcap(self.lean(
+                    input_ids, positions, meta.group_slots.contiguous() if groups else meta.slot_mapping,
+                    meta.group_tables.contiguous() if groups else meta.block_tables, meta.seq_lens, meta.cu_seqlens_q,
+                    kv_pool, self.scale, logits_indices, self.kv_rotation,
+                    self.kv_layer_tensor() if groups else None))
             except LeanStepFailed as e:        # the loop below serves this step and every later one
                 log.warning("lean CPU step off: %s", e)
                 self.lean = None
