@@ -30,7 +30,7 @@ from engine.observe.kv_snapshot import kv_stats
 from tests.engine.test_kv_cache_properties import BS, MAX_LEN, KVMachine
 from tests.engine.test_kv_tier_properties import FP, TierMachine
 
-settings.register_profile("kv-groups-ci", max_examples=60, stateful_step_count=60, deadline=None)
+settings.register_profile("kv-groups-ci", max_examples=100, stateful_step_count=60, deadline=None)
 settings.register_profile("kv-groups-long", max_examples=1000, stateful_step_count=100, deadline=None)
 
 LAYOUTS = {
