@@ -219,7 +219,7 @@ def test_logits_within_1e4_of_hf_and_phi_short_factors(family, n):
     that holds at most the original 32 positions must use the short LongRoPE factors (as HF does for
     any sequence within the original context), not the long ones the engine tests exercise (there
     every prompt is longer than 32, and HF too switches to the long factors)."""
-    cfg, m = _model(family, rope_context=32 if family == "phi4" else None)
+    _, m = _model(family, rope_context=32 if family == "phi4" else None)
     ids = A[:n + 3]
     pool = torch.full((2, m.num_layers, 6, 16, m.num_kv_heads, m.head_dim), float("nan"))
     ours = _steps(m, ids, [n, 1, 1, 1], pool)
@@ -237,7 +237,7 @@ def test_int8_kv_lean_step_reads_and_writes_like_the_loop():
     ids = A[:60]
     res = []
     for lean in ("off", "on"):
-        cfg, m = _model("gemma3", lean_step=lean)
+        _, m = _model("gemma3", lean_step=lean)
         m.kv_rotation = kv_quant.hadamard(m.head_dim)
         pool = torch.zeros(2, m.num_layers, 6, 16, m.num_kv_heads, kv_quant.row_width(m.head_dim, torch.int8),
                            dtype=torch.int8)
@@ -254,7 +254,7 @@ def test_cuda_fused_loop_matches_eager(family="gemma3"):
     ids = A[:31]
     res = []
     for fused in (False, True):
-        cfg, m = _model(family)
+        _, m = _model(family)
         m.use_fused, m.use_cpu_fused = fused, False
         pool = torch.full((2, m.num_layers, 3, 16, m.num_kv_heads, m.head_dim), float("nan"))
         res.append(_steps(m, ids, [30, 1], pool))
@@ -282,3 +282,23 @@ def test_decode_graph_buckets_match_hf():
         assert 4 in calls                  # 4 rows padded to bucket 4 (... 6)
     finally:
         llm.shutdown()
+
+
+def test_gemma_bf16_norms_round_as_transformers():
+    """Gemma's RMSNorm multiplies by (1 + w) in fp32 and rounds once; the engine keeps those weights
+    in fp32 for a 16-bit model (the eager loop and the Triton norm; the C++ ops and lean step stand
+    aside, as the CPU path line says). bf16 logits: within twice HF bf16's own error against HF fp32
+    (the repo's bf16 rule), same argmax (Llama-style rounding of these norms flipped 10% of them)."""
+    name, over = FAMILIES["gemma3"]
+    cfg = dw.load_config(name, {**SHRINK, **over})
+    w = dw.random_weights(cfg, seed=0)
+    m = LlamaModel(cfg, w, torch.bfloat16, "cpu", max_positions=128)
+    assert "Gemma's fp32 norm weights" in m.cpu_path and not m.use_cpu_fused
+    pool = torch.full((2, m.num_layers, 6, 16, m.num_kv_heads, m.head_dim), float("nan"), dtype=torch.bfloat16)
+    ours = _steps(m, A[:60], [57, 1, 1, 1], pool)
+    x = torch.tensor([A[:60]])
+    with torch.no_grad():
+        ref = hf_model("gemma3")(x).logits[0]
+        hf16 = dw.hf_model_with_weights(cfg, w, dtype=torch.bfloat16)(x).logits[0].float()
+    assert (ours - ref).abs().max() <= 2 * (hf16 - ref).abs().max()
+    assert torch.equal(ours.argmax(-1), hf16.argmax(-1))

@@ -63,6 +63,12 @@ LEAN_STEP_MODES = ("auto", "on", "off")
 LEAN_AUTO_MAX_EXTRA_BYTES = 3 * 2**29   # "auto" keeps a second, plain weight copy only up to 1.5 GiB
 
 
+def gemma_16bit(spec, dtype) -> bool:
+    """Gemma in bf16/fp16: its norms multiply by (1 + w) in fp32 (weights kept in fp32), which the
+    C++ layer ops and lean step (weights in the activation dtype) do not; the eager loop does."""
+    return spec.norm_plus_one and dtype != torch.float32
+
+
 def lean_ext(model) -> tuple[list[dict] | None, str]:
     """The lean step's per-layer extension table for a family beyond plain Llama (kernels/
     cpu_lean_step.py EXT_KEYS), or None for a plain Llama (the C++ runs its old path), and a phrase
@@ -90,6 +96,8 @@ def make_lean_step(model, plain: list[dict] | None, mode: str, plain_bytes: int 
     from kernels import cpu_lean_step
     if mode == "off":
         return None, 0, "loop (lean step off)"
+    if gemma_16bit(model.spec, model.dtype):
+        return None, 0, "loop (lean step: Gemma's fp32 norm weights under 16-bit activations are not in C++)"
     int8 = model.quantization == "int8"
     if not cpu_lean_step.available(model.dtype, int8):
         return None, 0, f"loop (lean step: {cpu_lean_step.active_path()})"
@@ -194,7 +202,8 @@ class LlamaModel:
         self.use_cpu_fused = False
         if torch.device(device).type == "cpu":
             from kernels import cpu_layer_ops
-            self.use_cpu_fused = cpu_layer_ops.available(dtype) and self.lm_head_linear is not None
+            self.use_cpu_fused = (cpu_layer_ops.available(dtype) and self.lm_head_linear is not None
+                                  and not gemma_16bit(spec, dtype))
             self.cpu_path = ("fused C++ layer ops" if self.use_cpu_fused else "eager torch ops") + \
                 f" ({cpu_layer_ops.active_path()}); linears: {self.linear_kind}; few-token steps: {lean_why}"
 
@@ -228,8 +237,12 @@ class LlamaModel:
         return self.softcap(out)
 
     def softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        """Gemma's final soft-cap, in the model's dtype as transformers applies it, returned in fp32."""
         cap = self.spec.final_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        if cap is None:
+            return logits
+        x = logits.to(self.dtype)
+        return (torch.tanh(x / cap) * cap).float()
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: torch.Tensor,
