@@ -46,13 +46,15 @@ class DecodeGraphs:
         self.groups = G = 1 + max(g for _, g in model.kv_layer)     # KV cache groups
         dev = kv_pool.device
         i64, i32 = torch.int64, torch.int32
-        self.layout = Layout([("ids", self.bmax, i64), ("pos", self.bmax, i64), ("slots", G * self.bmax, i64),
-                              ("seq_lens", self.bmax, i32), ("tables", G * self.bmax * self.width, i32)])
+        self.layout = Layout([("ids", self.bmax, i64), ("pos", self.bmax, i64),
+                              ("slots", G * self.bmax, i64), ("seq_lens", self.bmax, i32),
+                              ("tables", G * self.bmax * self.width, i32)])
         self.buf = StagingBuffer(dev, self.layout.nbytes)
         L, b = self.layout, self.buf
         self.h_ids, self.h_pos = L.host(b, "ids"), L.host(b, "pos")
         self.h_slots = L.host(b, "slots").reshape(G, self.bmax)
-        self.h_lens, self.h_tab = L.host(b, "seq_lens"), L.host(b, "tables").reshape(G, self.bmax, self.width)
+        self.h_lens = L.host(b, "seq_lens")
+        self.h_tab = L.host(b, "tables").reshape(G, self.bmax, self.width)
         self.ids, self.pos = L.dev(b, "ids"), L.dev(b, "pos")
         self.slots = L.dev(b, "slots").view(G, self.bmax)
         self.seq_lens = L.dev(b, "seq_lens")
