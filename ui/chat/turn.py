@@ -169,7 +169,7 @@ async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
             return
         if turn.stopping:    # Stop came before the request existed (its abort found nothing): end it now
             ctx.tabs.abort(turn.rid, turn.submitted)
-        prompt_ids = getattr(stream, "prompt_ids", None)
+        prompt_ids = stream.prompt_ids
         if prompt_ids is not None and turn.continues is None:   # exact ids of this turn's prompt
             st.update_message(turn.user_id, token_ids=list(prompt_ids))
         async for d in stream:
