@@ -23,6 +23,7 @@ from engine.outputs import STATE_PREEMPTED, STATE_RESUMED, STATE_RUNNING
 from storage import NotFoundError
 from ui.chat.reattach import watch_abandoned
 from ui.chat.tabs import in_daemon_thread
+from ui.chat.wakeup import Wakeup
 
 FLUSH_S = 2.0          # partial replies reach the database at least this often
 STAT_KEYS = ("prompt_tokens", "cached_tokens", "cached_blocks", "output_tokens", "ttft_s", "tokens_per_s",
@@ -99,6 +100,7 @@ class Turn:
     abandoned: bool = False           # aborted by the idle timeout: no tab showed it (ui/chat/reattach.py)
     stopping: bool = False            # Stop or the idle timeout asked the engine to end it
     watchdog: asyncio.Task | None = None
+    wakeup: Wakeup = field(default_factory=Wakeup)   # the tabs painting it (ui/chat/wakeup.py)
 
     def __post_init__(self):
         self.texts, self.toks = [""] * self.n, [[] for _ in range(self.n)]
@@ -136,6 +138,7 @@ def start_turn(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
     ctx.tabs.attach(turn)
     loop = asyncio.get_running_loop()
     turn.task = loop.create_task(_run(ctx, turn, messages, kw, sibling_of))
+    turn.task.add_done_callback(lambda _task: turn.wakeup.wake())     # followers see it end
     # the reply outlives its page (ui/chat/reattach.py); only a reply nobody watches times out
     turn.watchdog = loop.create_task(watch_abandoned(ctx, turn, ctx.abandon_s))
     return turn
@@ -185,6 +188,7 @@ async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
             if i == 0:
                 reply.update(turn.texts[0])
             turn.version += 1
+            turn.wakeup.wake()
     except NotFoundError:       # deleted in another window or process: stop, say so (#12.14)
         turn.lost = True
     finally:
