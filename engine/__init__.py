@@ -12,9 +12,11 @@ import sys as _sys
 if "torch" not in _sys.modules:
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-__all__ = ["LLM", "SamplingParams", "RequestStream", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "BeamSearchParams", "RequestStream", "RequestOutput",
+           "CompletionOutput"]
 
 _WHERE = {"LLM": "engine.front.llm", "RequestStream": "engine.front.llm", "SamplingParams": "engine.sampling.sampling_params",
+          "BeamSearchParams": "engine.core.beam_search",
           "RequestOutput": "engine.outputs", "CompletionOutput": "engine.outputs"}
 
 

@@ -98,6 +98,7 @@ class EngineConfig:
     num_speculative_tokens: int = 5    # the longest draft; the adaptive rule picks 0..this per request and step
     speculative_adaptive: bool = True  # False: always draft the longest the proposer finds (tests, benches)
     lean_step: str = "auto"            # CPU, one chat or a few tokens: the whole step in one C++ call (kernels/cpu_lean_step.py)
+    max_pin_fraction: float = 0.10     # pinned prefixes may hold at most this share of the pool (engine/kv/pinning.py)
 
     def __post_init__(self):
         import torch                   # here, not at module level: the KV manager imports this file
@@ -123,6 +124,8 @@ class EngineConfig:
             raise ValueError(f"speculative must be 'ngram', 'suffix' or None, got {self.speculative!r}")
         if not 1 <= self.num_speculative_tokens <= 16:
             raise ValueError(f"num_speculative_tokens must be in 1..16, got {self.num_speculative_tokens}")
+        if not 0.0 <= self.max_pin_fraction <= 1.0:
+            raise ValueError(f"max_pin_fraction must be in 0..1, got {self.max_pin_fraction}")
         if self.device is None:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.quantization not in (None, "int8"):

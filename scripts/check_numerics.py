@@ -42,11 +42,11 @@ class Recorder:
         self.rows: list[tuple[object, int, torch.Tensor]] = []
         self._inner = runner.run_on_device
 
-        def run_on_device(batch, kv, copies, sample_rows):
-            logits = self._inner(batch, kv, copies, sample_rows)
-            for i, r in enumerate(sample_rows):
-                seq, start, n = batch[r]
-                self.rows.append((seq, start + n, logits[i].float().cpu()))
+        def run_on_device(plan):
+            logits = self._inner(plan)
+            for i, lr in enumerate(plan.sampled):
+                row = plan.rows[lr.row]
+                self.rows.append((row.seq, row.start + lr.offset + 1, logits[i].float().cpu()))
             return logits
         runner.run_on_device = run_on_device
 

@@ -38,9 +38,10 @@ def build(blocks: int, seqs: int) -> KVCacheManager:
 
 def decode_step(m: KVCacheManager) -> None:
     """One token for every running sequence (what happens between two dashboard ticks, at least)."""
-    for sid, seq in list(m._seqs.items()):
+    running, _ = m.holders()
+    for seq in list(running):
         seq.tokens.append(7)
-        m.allocate_slots(sid, 1)
+        m.allocate_slots(seq.seq_id, 1)
 
 
 def measure(blocks: int, seqs: int, repeat: int) -> dict:

@@ -251,10 +251,12 @@ class FairPolicy:
                 return seq
         return None
 
-    def charge(self, batch) -> None:
-        """Add this step's service to each tenant's counter: new prefill and decode tokens only."""
+    def charge(self, plan) -> None:
+        """Add this step's service (a StepPlan) to each tenant's counter: new prefill and decode
+        tokens only."""
         now = int(self.clock())
-        for seq, start, n in batch:
+        for row in plan.rows:
+            seq, start, n = row.seq, row.start, row.num_tokens
             hw = self._high_water.get(seq.seq_id, 0)
             lo, hi = max(start, hw), start + n
             if hi <= lo:

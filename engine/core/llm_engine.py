@@ -46,10 +46,12 @@ class LLMEngine:
         self.max_model_len = self.runner.max_model_len
         self.kv = KVCacheManager(self.runner.num_blocks, cfg.block_size, max_model_len=self.max_model_len,
                                  kv_bytes_per_token=self.runner.kv_bytes_per_token,
-                                 enable_prefix_caching=cfg.enable_prefix_caching)
+                                 enable_prefix_caching=cfg.enable_prefix_caching,
+                                 max_pin_fraction=cfg.max_pin_fraction)
         from engine.kv.kv_tier_setup import build_tier       # second KV tier (off unless asked for)
-        self.tier = build_tier(self.kv, self.runner, loaded.weights, gib=cfg.kv_offload_gib,
-                               folder=cfg.kv_offload_dir, device=cfg.device, dtype=cfg.dtype)
+        self.tier_link = build_tier(self.kv, self.runner.kv_pool, loaded.weights,
+                                    kv_rotation=self.runner.kv_rotation, gib=cfg.kv_offload_gib,
+                                    folder=cfg.kv_offload_dir, device=cfg.device, dtype=cfg.dtype)
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    make_policy(cfg.scheduling_policy, tenant_weights))
         self.requests: dict[str, Request] = {}
@@ -202,37 +204,32 @@ class LLMEngine:
                 log.exception("speculative drafting failed; this step runs without drafts")
                 for seq in self.scheduler.running:
                     seq.draft = []
-        batch = self.scheduler.schedule()
-        self._signal_preemptions(batch)
-        for seq, start, n in batch:
-            if start == seq.cached_tokens and seq.first_token_time is None and start + n <= seq.prompt_len:
+        plan = self.scheduler.schedule()        # engine/step_plan.py: what this step computes
+        self._signal_preemptions(plan)
+        for row in plan.rows:
+            seq = row.seq
+            if row.start == seq.cached_tokens and seq.first_token_time is None and row.end <= seq.prompt_len:
                 self._emit(seq, "", [], state=STATE_RUNNING)
-        if not batch:
+        if not plan:
             return
-        copies = self.kv.take_pending_copies()
-        # rows that sample: a chunk reaching the end of its tokens, or past it into a draft
-        rows = [r for r, (seq, start, n) in enumerate(batch) if start + n >= len(seq.token_ids)]
-        # a speculative row scores every position of its chunk: k + 1 logits rows
-        want = [r if batch[r][1] + batch[r][2] == len(batch[r][0].token_ids) else (r, j)
-                for r in rows for j in range(batch[r][1] + batch[r][2] - len(batch[r][0].token_ids) + 1)]
-        plp = prompt_logprobs.positions(batch)      # (row, offset) pairs: extra logits rows
         # logits stay on the model's device: the sampler runs there; only token ids (and requested
         # logprobs) come back to the host. Prefill chunks need KV even when unsampled.
         t0 = time.perf_counter()
         if self.spec is not None:
-            self.spec.step_started(batch)
-        logits = self.runner.run_on_device(batch, self.kv, copies, want + [(r, k) for r, k, _, _ in plp])
-        if self.tier is not None and self.runner.device.type == "cpu":   # synchronous: a real cost
-            self.kv.tier_link.policy.observe_compute(sum(n for _, _, n in batch), time.perf_counter() - t0)
-        if plp:
-            prompt_logprobs.record(plp, logits[len(want):])
-            logits = logits[:len(want)]
+            self.spec.step_started(plan)
+        logits = self.runner.run_on_device(plan)
+        if self.tier_link is not None and self.runner.device.type == "cpu":   # synchronous: a real cost
+            self.tier_link.observe_compute(plan.num_tokens, time.perf_counter() - t0)
+        sample_rows = plan.sampled
+        if len(sample_rows) < len(plan.logits):     # prompt-logprob rows follow the sampled ones
+            prompt_logprobs.record(plan, logits[len(sample_rows):])
+            logits = logits[:len(sample_rows)]
         self.steps += 1
         self.prompt_tokens_computed_total += sum(
-            max(0, min(start + n, seq.prompt_len) - start) for seq, start, n in batch)
-        if not rows:
+            max(0, min(row.end, row.seq.prompt_len) - row.start) for row in plan.rows)
+        if not sample_rows:
             return
-        seqs = [batch[r if isinstance(r, int) else r[0]][0] for r in want]
+        seqs = [plan.rows[lr.row].seq for lr in sample_rows]
         if self.drivers:                    # driven requests' rows go to their driver, not the sampler
             seqs, logits = self._route_driven_rows(seqs, logits)
         seqs, logits = self._fork_after_prefill(seqs, logits)
@@ -289,7 +286,7 @@ class LLMEngine:
                 if seq.status is SeqStatus.FINISHED:
                     break
 
-    def _signal_preemptions(self, batch) -> None:
+    def _signal_preemptions(self, plan) -> None:
         """Tell a preempted request's own stream that it is paused (state "preempted"), and once it
         is scheduled again that it resumed (state "resumed"): the chat shows "paused: memory full"
         from the engine's word, not from guessing at a gap between tokens. A sequence preempted in
@@ -298,7 +295,8 @@ class LLMEngine:
             self._paused.add(seq.seq_id)
             self._emit(seq, "", [], state=STATE_PREEMPTED)
         if self._paused:
-            for seq, _, _ in batch:
+            for row in plan.rows:
+                seq = row.seq
                 if seq.seq_id in self._paused:
                     self._paused.discard(seq.seq_id)
                     self._emit(seq, "", [], state=STATE_RESUMED)

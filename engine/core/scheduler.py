@@ -18,10 +18,11 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from engine.core.sequence import Sequence, SeqStatus
 from engine.core.tenancy import FCFSPolicy, Occupancy, SchedulingPolicy, slots_of, tenant_of
 from engine.kv.kv_cache_manager import KVCacheManager
-from engine.core.sequence import Sequence, SeqStatus
-
+from engine.sampling import prompt_logprobs
+from engine.step_plan import LogitsRow, ScheduledRow, StepPlan
 
 
 class Scheduler:
@@ -97,7 +98,7 @@ class Scheduler:
         for seq in self.running:
             t = tenant_of(seq)
             slots[t] = slots.get(t, 0) + slots_of(seq)
-            blocks[t] = blocks.get(t, 0) + len(self.kv.block_table(seq.seq_id))
+            blocks[t] = blocks.get(t, 0) + self.kv.num_blocks_held(seq.seq_id)
         return Occupancy(slots, blocks, self.max_num_seqs, self.kv.num_blocks)
 
     def _fair_preemptions(self) -> None:
@@ -123,16 +124,42 @@ class Scheduler:
             self._reserved.append(cand)     # the freed room is cand's, not the victim's back
             waiting.remove(cand)
 
-    def schedule(self) -> list[tuple[Sequence, int, int]]:
-        """Return [(seq, first_position, num_new_tokens)] for this step; the manager is updated."""
+    def schedule(self) -> StepPlan:
+        """Decide this step (the manager is updated) and return it as a StepPlan
+        (engine/step_plan.py): rows, their block tables and slots, the logits rows, the copies."""
         self.policy.sync(self.running, self.waiting)
         self.running = self.policy.order_running(self.running)
         if self.policy.preempts_for_fairness:
             self._fair_preemptions()
-        batch = self._schedule()
-        self.policy.charge(batch)
+        plan = self._plan(self._schedule())
+        self.policy.charge(plan)
         self.policy.sync(self.running, self.waiting)
-        return batch
+        return plan
+
+    def _plan(self, batch: list[tuple[Sequence, int, int]]) -> StepPlan:
+        """Fill the step's plan from the chosen chunks: the data execution reads, so the runner
+        never asks the KV manager. A row whose chunk reaches the end of its sequence's tokens
+        samples its last real token; past the end (a speculative step) each draft token's logits
+        verify the next draft. Copy-on-write copies are taken only with a non-empty step (an
+        empty step leaves them queued for the next one)."""
+        kv = self.kv
+        rows: list[ScheduledRow] = []
+        logits: list[LogitsRow] = []
+        for r, (seq, start, n) in enumerate(batch):
+            end = start + n
+            toks = seq.token_ids
+            ids = toks[start:end] if end <= len(toks) else toks[start:] + seq.draft[:end - len(toks)]
+            tables, slots = kv.step_kv(seq.seq_id, start, end)
+            rows.append(ScheduledRow(seq.seq_id, seq, start, n, ids, tables, slots))
+            past = end - len(toks)          # >= 0: the chunk reaches the sequence's last token
+            if past >= 0:
+                logits.append(LogitsRow(r, n - 1 - past, "sample"))
+                logits.extend(LogitsRow(r, n - past + j, "draft") for j in range(past))
+        plan = StepPlan(rows, logits)
+        plan.logits.extend(prompt_logprobs.positions(plan))
+        if rows:
+            plan.copies = kv.take_pending_copies()
+        return plan
 
     def _schedule(self) -> list[tuple[Sequence, int, int]]:
         budget = self.max_num_batched_tokens

@@ -106,11 +106,11 @@ class Speculator:
                 st.shadow = (len(toks), draft[0])
 
     # ---- around the forward -----------------------------------------------------------------
-    def step_started(self, batch) -> None:
-        """Remember whether this step is pure decode (only those fit the step cost)."""
+    def step_started(self, plan) -> None:
+        """Remember whether this step (a StepPlan) is pure decode (only those fit the step cost)."""
         self._t0 = time.perf_counter()
-        decode = all(start == len(seq.token_ids) - 1 for seq, start, _ in batch)
-        self._decode_tokens = sum(n for _, _, n in batch) if decode else 0
+        decode = all(row.start == len(row.seq.token_ids) - 1 for row in plan.rows)
+        self._decode_tokens = plan.num_tokens if decode else 0
 
     def step_finished(self) -> None:
         if self._decode_tokens:

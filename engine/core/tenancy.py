@@ -86,7 +86,7 @@ class SchedulingPolicy(Protocol):
     def pick_waiting(self, waiting, cached_len, starvation: bool = True) -> Sequence | None: ...
     def fair_victim(self, cand: Sequence, running: list[Sequence], occ: Occupancy,
                     by_blocks: bool) -> Sequence | None: ...
-    def charge(self, batch) -> None: ...
+    def charge(self, plan) -> None: ...
 
 
 @runtime_checkable
@@ -111,4 +111,4 @@ class FCFSPolicy:
     def order_running(self, running): return running
     def pick_waiting(self, waiting, cached_len, starvation=True): return waiting[0] if waiting else None
     def fair_victim(self, cand, running, occ, by_blocks): return None
-    def charge(self, batch): pass
+    def charge(self, plan): pass

@@ -23,6 +23,7 @@ import torch
 
 from engine.exec.models.llama import AttentionMetadata
 from engine.exec.step_inputs import Layout, StagingBuffer
+from engine.step_plan import StepPlan
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
@@ -96,25 +97,26 @@ class DecodeGraphs:
         torch.cuda.synchronize()
         return time.perf_counter() - t0
 
-    def can_run(self, batch, sample_rows) -> bool:
-        return (bool(self.graphs) and 0 < len(batch) <= self.bmax and len(sample_rows) == len(batch)
-                and all(n == 1 and start < self.max_len for _, start, n in batch))
+    def can_run(self, plan: StepPlan) -> bool:
+        return (bool(self.graphs) and 0 < len(plan) <= self.bmax and plan.is_pure_decode
+                and all(row.start < self.max_len for row in plan.rows))
 
-    def run(self, batch, kv) -> torch.Tensor | None:
-        """Replay the bucket for this pure-decode batch; returns logits [len(batch), vocab] (a view
+    def run(self, plan: StepPlan) -> torch.Tensor | None:
+        """Replay the bucket for this pure-decode step; returns logits [len(plan), vocab] (a view
         of the graph's output, valid until the next replay), or None (nothing done) if a block
         table is wider than the graphs' tables."""
-        n = len(batch)
+        rows = plan.rows
+        n = len(rows)
         B = next(b for b in self.buckets if b >= n)
-        tables = [kv.block_table(seq.seq_id) for seq, _, _ in batch]
-        if any(len(t) > self.width for t in tables):
+        if any(len(row.block_tables[0]) > self.width for row in rows):
             return None
         self.buf.reserve(self.layout.nbytes)          # previous step's copy must be done
-        for r, ((seq, start, _), table) in enumerate(zip(batch, tables)):
-            self.h_ids[r] = seq.token_ids[start]
-            self.h_pos[r] = start
-            self.h_slots[r] = kv.slots_for(seq.seq_id, start, start + 1)[0]
-            self.h_lens[r] = start + 1
+        for r, row in enumerate(rows):
+            table = row.block_tables[0]
+            self.h_ids[r] = row.token_ids[0]
+            self.h_pos[r] = row.start
+            self.h_slots[r] = row.slots[0][0]
+            self.h_lens[r] = row.end
             self.h_tab[r, :len(table)] = table
         self._fill_pads(n, B)
         off_tab = self.layout.fields["tables"][0]

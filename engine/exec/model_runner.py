@@ -14,9 +14,9 @@ import torch
 import kernels
 from kernels import kv_quant
 from engine.config import EngineConfig, DEFAULT_CPU_KV_CACHE_GIB, DEFAULT_GPU_MEMORY_FRACTION
-from engine.kv.kv_cache_manager import KVCacheManager
 from engine.exec.models.llama import AttentionMetadata, LlamaModel, head_dim_of
-from engine.exec.step_inputs import StagingBuffer, StepSequence, pack_step
+from engine.exec.step_inputs import StagingBuffer, pack_step
+from engine.step_plan import StepPlan
 
 log = logging.getLogger("paged_chat.engine")
 GRAPH_MAX_LEN = 8192   # decode graphs cover contexts up to this; longer ones run eagerly
@@ -93,26 +93,22 @@ class ModelRunner:
                                        min(self.max_model_len, GRAPH_MAX_LEN), self.backend)
             self.warmup_stats["graph_capture_s"] = self.graphs.capture()
 
-    def run(self, batch: list[tuple[StepSequence, int, int]], kv: KVCacheManager,
-            copies: list[tuple[int, int]], sample_rows: list[int]) -> torch.Tensor:
-        """batch: [(seq, start, n)]; sample_rows: indices into batch that need next-token logits.
-        Returns fp32 logits [len(sample_rows), vocab] on CPU."""
-        return self.run_on_device(batch, kv, copies, sample_rows).cpu()
-
-    def run_on_device(self, batch, kv, copies, sample_rows) -> torch.Tensor:
-        """As run(), but the logits stay on the model's device (for device-side sampling). A graph's
-        logits are a view valid until the next step."""
-        if self.graphs is not None and self.graphs.can_run(batch, sample_rows):
+    def run_on_device(self, plan: StepPlan) -> torch.Tensor:
+        """One forward over the step's plan (engine/step_plan.py): the copy-on-write copies, then
+        the packed rows. Returns logits [len(plan.logits), vocab], one row per logits entry in
+        order, on the model's device (the sampler runs there); a graph's logits are a view valid
+        until the next step. The runner reads the plan only: it never asks the KV manager."""
+        copies = plan.copies
+        if self.graphs is not None and self.graphs.can_run(plan):
             if copies:
                 kernels.copy_blocks(self.kv_pool, torch.tensor(copies, dtype=torch.int64, device=self.device),
                                     backend=self.backend)
                 copies = []
-            logits = self.graphs.run(batch, kv)
+            logits = self.graphs.run(plan)
             if logits is not None:
                 return logits
-        ids, pos, slots, tables, seq_lens, cu, logits_idx, copy_t, max_q = pack_step(
-            self.staging, batch, kv, copies, sample_rows)
-        if copy_t is not None:
+        ids, pos, slots, tables, seq_lens, cu, logits_idx, copy_t, max_q = pack_step(self.staging, plan)
+        if copy_t is not None and copies:
             kernels.copy_blocks(self.kv_pool, copy_t, backend=self.backend)
         meta = AttentionMetadata(slot_mapping=slots, block_tables=tables, seq_lens=seq_lens,
                                  cu_seqlens_q=cu, max_seqlen_q=max_q, backend=self.backend)

@@ -13,24 +13,13 @@ layout (fields at fixed offsets sized for the largest bucket; CUDA graphs read f
 """
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
-
 import numpy as np
 import torch
 
+from engine.step_plan import StepPlan
+
 _NP = {torch.int64: np.int64, torch.int32: np.int32}
 _SIZE = {torch.int64: 8, torch.int32: 4, torch.uint8: 1}    # itemsize without a torch.empty per field
-
-
-@runtime_checkable
-class StepSequence(Protocol):
-    """What a forward step reads of a sequence: its id (the KV manager's key for its block table
-    and slots) and its token ids. The engine's `Sequence` (engine/core) is one; the runner names
-    this instead so the execution wing never imports the request core above it. `draft`: tokens
-    scored past the real ones in a speculative step (a step's end may run into them)."""
-    seq_id: object
-    token_ids: list[int]
-    draft: list[int]
 
 
 class StagingBuffer:
@@ -94,18 +83,18 @@ class Layout:
         return buf.dev_view(off, count, dtype)
 
 
-def pack_step(buf: StagingBuffer, batch, kv, copies, sample_rows):
-    """Fill and upload one eager step. batch: [(seq, start, n)]. Returns device tensors
-    (ids, positions, slots, block_tables, seq_lens, cu_seqlens_q, logits_idx, copies or None)
-    and max_seqlen_q."""
-    tables = [kv.block_table(seq.seq_id) for seq, _, _ in batch]
-    T = sum(n for _, _, n in batch)
-    S = len(batch)
-    W = max(len(t) for t in tables)
+def pack_step(buf: StagingBuffer, plan: StepPlan):
+    """Fill and upload one eager step from its plan (engine/step_plan.py; KV cache group 0).
+    Returns device tensors (ids, positions, slots, block_tables, seq_lens, cu_seqlens_q,
+    logits_idx, copies or None) and max_seqlen_q."""
+    rows = plan.rows
+    T = plan.num_tokens
+    S = len(rows)
+    W = max(len(r.block_tables[0]) for r in rows)
     i64, i32 = torch.int64, torch.int32
-    lay = Layout([("ids", T, i64), ("pos", T, i64), ("slots", T, i64), ("logits_idx", len(sample_rows), i64),
-                  ("copies", 2 * len(copies), i64), ("seq_lens", S, i32), ("cu", S + 1, i32),
-                  ("tables", S * W, i32)])
+    lay = Layout([("ids", T, i64), ("pos", T, i64), ("slots", T, i64),
+                  ("logits_idx", len(plan.logits), i64), ("copies", 2 * len(plan.copies), i64),
+                  ("seq_lens", S, i32), ("cu", S + 1, i32), ("tables", S * W, i32)])
     buf.reserve(lay.nbytes)
     ids, pos, slots = lay.host(buf, "ids"), lay.host(buf, "pos"), lay.host(buf, "slots")
     seq_lens, cu = lay.host(buf, "seq_lens"), lay.host(buf, "cu")
@@ -113,23 +102,20 @@ def pack_step(buf: StagingBuffer, batch, kv, copies, sample_rows):
     tab[:] = 0
     cu[0] = 0
     t = 0
-    for r, ((seq, start, n), table) in enumerate(zip(batch, tables)):
-        end = start + n
-        toks = seq.token_ids
-        ids[t:t + n] = toks[start:end] if end <= len(toks) else toks[start:] + seq.draft[:end - len(toks)]
-        pos[t:t + n] = np.arange(start, end)
-        slots[t:t + n] = kv.slots_for(seq.seq_id, start, end)
+    for r, row in enumerate(rows):
+        n, table = row.num_tokens, row.block_tables[0]
+        ids[t:t + n] = row.token_ids
+        pos[t:t + n] = np.arange(row.start, row.end)
+        slots[t:t + n] = row.slots[0]
         tab[r, :len(table)] = table
-        seq_lens[r] = end
+        seq_lens[r] = row.end
         t += n
         cu[r + 1] = t
-    # an int row: its chunk's last token; a (row, offset) pair: that token of the chunk (prompt logprobs)
-    lay.host(buf, "logits_idx")[:] = [int(cu[r + 1]) - 1 if isinstance(r, int) else int(cu[r[0]]) + r[1]
-                                      for r in sample_rows]
-    if copies:
-        lay.host(buf, "copies")[:] = np.asarray(copies, dtype=np.int64).reshape(-1)
+    lay.host(buf, "logits_idx")[:] = [int(cu[lr.row]) + lr.offset for lr in plan.logits]
+    if plan.copies:
+        lay.host(buf, "copies")[:] = np.asarray(plan.copies, dtype=np.int64).reshape(-1)
     buf.upload(lay.nbytes)
     d = lambda name: lay.dev(buf, name)
     return (d("ids"), d("pos"), d("slots"), d("tables").view(S, W), d("seq_lens"), d("cu"),
-            d("logits_idx"), d("copies").view(-1, 2) if copies else None,
-            max(n for _, _, n in batch))
+            d("logits_idx"), d("copies").view(-1, 2) if plan.copies else None,
+            plan.max_num_tokens)

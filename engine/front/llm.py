@@ -56,7 +56,8 @@ class LLM:
                            scheduling_policy=scheduling_policy,
                            kv_offload_gib=kv_offload_gib, kv_offload_dir=kv_offload_dir,
                            speculative=speculative, num_speculative_tokens=num_speculative_tokens,
-                           speculative_adaptive=speculative_adaptive, lean_step=lean_step)
+                           speculative_adaptive=speculative_adaptive, lean_step=lean_step,
+                           **({} if max_pin_fraction is None else {"max_pin_fraction": float(max_pin_fraction)}))
         if hf_overrides and load_format != "dummy":
             raise ValueError("hf_overrides is only used with load_format='dummy'")
         dummy_kw = dict(seed=seed, device=cfg.device, dtype=cfg.torch_dtype, hf_overrides=hf_overrides) \
@@ -67,8 +68,6 @@ class LLM:
         self.hf_folder = loaded.hf_folder
         self.engine = LLMEngine(cfg, loaded, tenant_weights)
         self.admission = AdmissionControl(queue_bounds)   # queued-request bounds (engine/core/admission.py)
-        if max_pin_fraction is not None:            # before the engine thread starts
-            self.engine.kv.pins.max_fraction = float(max_pin_fraction)
         self.tokenizer = loaded.tokenizer
         self._info = build_model_info(loaded.source, loaded.config, cfg, self.engine.runner, self.engine.eos_ids)
         self._ids = itertools.count()
@@ -285,7 +284,7 @@ class LLM:
     # ---- beam search (engine/core/beam_search.py) ------------------------------------------------------
     def beam_search(self, prompts, params, use_tqdm: bool = False) -> list:
         """vLLM-shaped: the params.beam_width best sequences per prompt (BeamSearchOutput each)."""
-        from engine.core.beam_search import submit_beam_searches
+        from engine.front.beam_api import submit_beam_searches
         handles = submit_beam_searches(self, _as_prompt_list(prompts), params)
         try:
             return [h.result() for h in handles]
@@ -303,7 +302,7 @@ class LLM:
         BeamStepEvent per step in the engine thread (forks, frees, current beams) for live views.
         cache_salt, tenant, priority: as for submit (engine/kv/salt_rule.prompt_salt gives a chat's
         salt); the search counts against the tenant's queue bounds (QueueFull) until it starts."""
-        from engine.core.beam_search import submit_beam_searches
+        from engine.front.beam_api import submit_beam_searches
         return submit_beam_searches(self, [prompt], params, on_step,
                                     [request_id] if request_id else None, cache_salt=cache_salt,
                                     tenant=tenant, priority=priority)[0]

@@ -98,12 +98,14 @@ class KVCacheManager:
         self.spec_rolled_back_slots = 0           # slots of rejected draft tokens given back
 
     # ---- second tier --------------------------------------------------------------------
-    def attach_tier(self, tier: KVTier, io, policy: TierPolicy | None = None) -> None:
-        """Put `tier` behind the pool. io: read(block_id) -> bytes, write(block_id, bytes)."""
+    def attach_tier(self, tier: KVTier, io, policy: TierPolicy | None = None) -> TierLink:
+        """Put `tier` behind the pool; returns the link that moves blocks to and from it.
+        io: read(block_id) -> bytes, write(block_id, bytes)."""
         if not self.enable_prefix_caching:
             raise KVCacheError("a KV tier needs the prefix cache (its keys are the block hashes)")
         self.tier_link = TierLink(tier, io, self._bs, self.kv_bytes_per_token, policy)
         self.pool.on_evict = self.tier_link.write_back
+        return self.tier_link
 
     @property
     def tier(self) -> KVTier | None:
@@ -122,7 +124,7 @@ class KVCacheManager:
     def new_step(self) -> None:
         """The engine starts a step: a fresh per-step budget of tier loads."""
         if self.tier_link is not None:
-            self.tier_link.policy.new_step()
+            self.tier_link.new_step()
 
     def forget_owner(self, owner) -> int:
         """The owner's conversation is deleted: free its parked blocks, drop the free cached blocks
@@ -144,6 +146,12 @@ class KVCacheManager:
     num_used_blocks = property(lambda self: self.pool.num_used)
 
     def has_sequence(self, seq_id) -> bool: return seq_id in self._seqs
+
+    def holders(self):
+        """Read-only views of who holds blocks, for snapshots (engine/observe/kv_snapshot.py):
+        the running sequences and the parked sessions (LRU first), each with `table`, `tokens`,
+        `session_id` (and, running, `seq_id` and `num_computed`)."""
+        return self._seqs.values(), self._parked.values()
 
     def parked_owners(self) -> list:
         """Owner ids with parked blocks, least recently parked first."""
@@ -461,12 +469,12 @@ class KVCacheManager:
         self._release(sess.table)
         return True
 
-    # ---- runner accessors ---------------------------------------------------------------
-    def slot(self, seq_id, position: int) -> int:
-        table = self._get(seq_id).table
-        if not 0 <= position < len(table) * self._bs:
-            raise KVCacheError(f"sequence {seq_id!r} has no slot for position {position}")
-        return table[position // self._bs].block_id * self._bs + position % self._bs
+    # ---- what a step reads ---------------------------------------------------------------
+    def step_kv(self, seq_id, start: int, end: int) -> tuple[tuple[list[int], ...], tuple[list[int], ...]]:
+        """A scheduled row's KV, per KV cache group: the sequence's block table and the slots of
+        positions [start, end). The scheduler copies them into the step's plan
+        (engine/step_plan.py), so execution never asks the manager."""
+        return (self.block_table(seq_id),), (self.slots_for(seq_id, start, end),)
 
     def slots_for(self, seq_id, start: int, end: int) -> list[int]:
         """Slots of positions [start, end), in one pass."""
@@ -477,6 +485,9 @@ class KVCacheManager:
 
     def block_table(self, seq_id) -> list[int]:
         return [b.block_id for b in self._get(seq_id).table]
+
+    def num_blocks_held(self, seq_id) -> int:
+        return len(self._get(seq_id).table)
 
     def num_computed(self, seq_id) -> int:
         return self._get(seq_id).num_computed

@@ -53,17 +53,19 @@ def resolve_capacity(gib, device: str, folder: str) -> int:
     return int(gib * 2**30)
 
 
-def build_tier(kv, runner, weights: dict, *, gib, folder: str | None, device: str, dtype: str):
-    """Attach a tier to the manager `kv` when asked for; returns it (or None)."""
+def build_tier(kv, kv_pool, weights: dict, *, kv_rotation, gib, folder: str | None, device: str,
+               dtype: str):
+    """Attach a tier to the manager `kv` when asked for; returns its link (engine/kv/tier_link.py)
+    or None. Built from values (the pool tensor, its rotation, the weights), not from the runner."""
     if gib is None or gib == 0 or not kv.enable_prefix_caching:
         return None
     folder = folder or default_dir()
     cap = resolve_capacity(gib, device, folder)
     if cap <= 0:
         return None
-    io = PoolSlabIO(runner.kv_pool)
-    fp = model_fingerprint(weights, dtype=dtype, kv_pool=runner.kv_pool, block_size=kv.block_size,
-                           kv_rotation=runner.kv_rotation)
+    io = PoolSlabIO(kv_pool)
+    fp = model_fingerprint(weights, dtype=dtype, kv_pool=kv_pool, block_size=kv.block_size,
+                           kv_rotation=kv_rotation)
     if device.startswith("cuda"):
         store, kind = MemoryStore(), "host"
     else:
@@ -71,7 +73,7 @@ def build_tier(kv, runner, weights: dict, *, gib, folder: str | None, device: st
         os.chmod(folder, 0o700)
         store, kind = FileStore(os.path.join(folder, fp)), "disk"
     tier = KVTier(store, fp, max(cap, io.nbytes), kind=kind)
-    kv.attach_tier(tier, io)
+    link = kv.attach_tier(tier, io)
     log.info("KV tier: %s, %.2f GiB, %d blocks restored (fingerprint %s)", kind, cap / 2**30,
              tier.restored, fp)
-    return tier
+    return link

@@ -25,7 +25,7 @@ from engine.kv.block_pool import Block, BlockPool
 from engine.errors import KVCacheError
 from engine.observe.kv_contract import PinView
 
-DEFAULT_MAX_PIN_FRACTION = 0.10
+DEFAULT_MAX_PIN_FRACTION = 0.10     # EngineConfig.max_pin_fraction's default too
 
 
 class PinCapError(KVCacheError, ValueError):

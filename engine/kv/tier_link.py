@@ -40,6 +40,16 @@ class TierLink:
         self.tokens_swapped_out = 0
         self.load_events: deque = deque(maxlen=50)   # {seq_id, session_id, tokens_loaded, ...}
 
+    # ---- the policy's clock ---------------------------------------------------------------
+    def new_step(self) -> None:
+        """The engine starts a step: a fresh per-step budget of tier loads."""
+        self.policy.new_step()
+
+    def observe_compute(self, tokens: int, seconds: float) -> None:
+        """A step computed `tokens` in `seconds`: what a recompute costs, against which a load
+        or a swap is priced (engine/kv/kv_tier_policy.py)."""
+        self.policy.observe_compute(tokens, seconds)
+
     # ---- writing blocks out -------------------------------------------------------------
     def write_back(self, b: Block) -> None:
         """Pool eviction hook: keep the block's bytes in the tier (never raises into the pool)."""

@@ -41,10 +41,11 @@ def table_ids(holder) -> array:
 
 def take_snapshot(m, request_of) -> KVSnapshot:
     """KVCacheManager.kv_snapshot: running sequences first, then parked sessions (LRU first)."""
+    running, parked = m.holders()
     raw = [(s.seq_id, s.session_id, "running", len(s.tokens), s.num_computed, table_ids(s),
-            request_of(s.seq_id)) for s in m._seqs.values()]
+            request_of(s.seq_id)) for s in running]
     raw += [(None, s.session_id, "idle_session", len(s.tokens), len(s.tokens), table_ids(s), None)
-            for s in m._parked.values()]
+            for s in parked]
     ref, filled, hashed = m.pool.columns()
     pins = m.pins.views()
     pinned = {b for p in pins for b in p.block_table}      # an app pin is its own state (engine/kv/pinning.py)

@@ -36,9 +36,10 @@ class Sim:
         return seq
 
     def step(self) -> list:
-        batch = self.sched.schedule()
+        plan = self.sched.schedule()
         self.step_no += 1
-        for seq, start, n in batch:
+        for row in plan.rows:
+            seq, start, n = row.seq, row.start, row.num_tokens
             rid = seq.request.request_id
             if rid not in self.admissions:
                 self.admissions.append(rid)
@@ -53,7 +54,7 @@ class Sim:
                     self.kv.free(seq.seq_id)
                     seq.status = SeqStatus.FINISHED
                     self.finished[rid] = seq
-        return batch
+        return plan
 
     def run(self, max_steps=10_000, until=None):
         while self.sched.has_work() and self.step_no < max_steps:

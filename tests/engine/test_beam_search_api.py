@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from engine import SamplingParams
-from engine.core.beam_search import BeamSearchParams
+from engine import BeamSearchParams
 from engine.text.session_prompt import continue_session_prompt
 
 CHAT = [{"role": "user", "content": "Give me three tips for writing clean Python code."}]
@@ -117,11 +117,11 @@ def test_failed_step_fails_the_search_without_leaks_or_stale_cache(llm):
     real_run = ModelRunner.run_on_device
     calls = {"n": 0}
 
-    def flaky(self, batch, *a, **kw):           # patched on the class: no reach into the LLM
+    def flaky(self, plan):                      # patched on the class: no reach into the LLM
         calls["n"] += 1
         if calls["n"] == 5:
             raise RuntimeError("injected failure")
-        return real_run(self, batch, *a, **kw)
+        return real_run(self, plan)
     ModelRunner.run_on_device = flaky
     try:
         with pytest.raises(RuntimeError, match="injected"):

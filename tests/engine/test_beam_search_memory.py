@@ -10,7 +10,7 @@ Measured on the real engine, not derived from the algorithm:
 """
 import math
 
-from engine.core.beam_search import BeamSearchParams
+from engine import BeamSearchParams
 
 K, PROMPT_LEN, GEN, BS = 4, 300, 40, 16
 TEXT = " ".join(f"Line {i}: paged attention stores keys and values in fixed-size blocks." for i in range(60))

@@ -15,7 +15,7 @@ import functools
 import pytest
 import torch
 
-from engine.core.beam_search import BeamSearchParams
+from engine import BeamSearchParams
 from engine.text.session_prompt import continue_session_prompt
 
 CHATS = [

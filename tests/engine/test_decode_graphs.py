@@ -40,7 +40,7 @@ def test_padded_bucket_decode_matches_hf_generate(monkeypatch):
         graphs = DecodeGraphs(runner.model, runner.kv_pool, llm.config.block_size, 6, 200, runner.backend)
         calls = []
         real_run = graphs.run
-        graphs.run = lambda batch, kv: calls.append(len(batch)) or real_run(batch, kv)
+        graphs.run = lambda plan: calls.append(len(plan)) or real_run(plan)
         # 5 sequences of different lengths decode together: bucket 8 > max 6 -> buckets 1,2,4,6;
         # 5 and 3 rows are padded, and tables are rewritten row by row as sequences finish
         graphs.capture()

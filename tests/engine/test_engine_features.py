@@ -189,12 +189,12 @@ def test_engine_error_fails_running_requests_without_leaking(make_llm, hf_greedy
     real_run = ModelRunner.run_on_device
     calls = {"n": 0}
 
-    def flaky(self, batch, *a, **kw):            # patched on the class: no reach into the LLM
-        reqs = {seq.request.request_id for seq, _, _ in batch}
+    def flaky(self, plan):                       # patched on the class: no reach into the LLM
+        reqs = {row.seq.request.request_id for row in plan.rows}
         if len(reqs) == 2 and not calls["n"]:   # both requests in one step, before the n=2 fork
             calls["n"] += 1
             raise RuntimeError("injected failure")
-        return real_run(self, batch, *a, **kw)
+        return real_run(self, plan)
     ModelRunner.run_on_device = flaky
     try:
         streams = [llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=20, n=n)) for n in (1, 2)]

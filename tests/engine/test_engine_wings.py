@@ -10,6 +10,7 @@ its own floor or above. `engine/__init__.py` is the public face (it may name any
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from tests.import_walk import find_cycles, imports_of
@@ -77,13 +78,43 @@ def module_cycles() -> list[list[str]]:
 
 def test_every_engine_module_lives_in_a_wing():
     loose = [p.name for p in ENGINE.glob("*.py")
-             if p.stem not in ("__init__", "errors", "config", "outputs", "protocol")]
+             if p.stem not in ("__init__", "errors", "config", "outputs", "protocol", "step_plan")]
     assert not loose, f"engine/ top level holds only the face and the base modules; move {loose} into a wing"
 
 
 def test_imports_run_down_the_floors_only():
     bad = violations()
     assert not bad, "imports that run up or sideways between the engine's wings:\n" + "\n".join(bad)
+
+
+# Value types execution may take from the KV wing (issue 46): execution reads a step's plan
+# (engine/step_plan.py), never the manager, so that memory management can change under it.
+EXEC_MAY_IMPORT_FROM_KV: frozenset[str] = frozenset()
+
+
+def exec_kv_imports() -> list[str]:
+    bad = []
+    for path in sorted((ENGINE / "exec").rglob("*.py")):
+        for line, target in engine_imports(path):
+            if wing_of(target) == "kv" and target not in EXEC_MAY_IMPORT_FROM_KV:
+                bad.append(f"{module_name(path)}:{line} imports {target}")
+    return bad
+
+
+def test_execution_takes_only_value_types_from_the_kv_wing():
+    bad = exec_kv_imports()
+    assert not bad, "engine/exec reads the step plan, not the KV manager:\n" + "\n".join(bad)
+
+
+def test_execution_and_the_loop_read_the_plan_not_the_manager():
+    """The step's block tables and slots are filled once, by the scheduler, into the StepPlan;
+    no one in the loop or in execution asks the manager for them again, and logits rows are
+    named (LogitsRow), never told apart by type."""
+    pattern = re.compile(r"kv\.(block_table|slots_for)\(|isinstance\(r, int\)")
+    hits = [f"{p.relative_to(ROOT)}:{i}" for wing in ("exec", "core")
+            for p in sorted((ENGINE / wing).rglob("*.py"))
+            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not hits, hits
 
 
 def test_no_import_cycle_inside_the_engine():
@@ -103,4 +134,7 @@ def test_the_checker_sees_an_upward_import(tmp_path, monkeypatch):
     monkeypatch.setattr(__import__(__name__, fromlist=["x"]), "ROOT", tmp_path)
     monkeypatch.setattr(__import__(__name__, fromlist=["x"]), "ENGINE", tmp_path / "engine")
     assert any("engine.kv.bad" in v and "upward" in v for v in violations())
+    (tmp_path / "engine" / "exec").mkdir()
+    (tmp_path / "engine" / "exec" / "runner.py").write_text("from engine.kv import kv_cache_manager\n")
+    assert any("engine.exec.runner" in v for v in exec_kv_imports())
     assert any("engine.core.a" in c and "engine.core.b" in c for c in module_cycles())

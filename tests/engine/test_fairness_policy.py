@@ -203,7 +203,7 @@ def test_one_tenant_one_class_is_exactly_fcfs(reqs, max_seqs, blocks):
             if pending and (sim.step_no % 3 == 0):
                 plen, mt, _ = pending.pop(0)
                 sim.add("only", prompt_len=min(plen, blocks * 16 - 13), max_tokens=mt)
-            trace.append([(s.seq_id, a, n) for s, a, n in sim.step()])
+            trace.append([(r.seq_id, r.start, r.num_tokens) for r in sim.step().rows])
             assert sim.step_no < 5000
         runs.append((trace, sim.kv.num_preemptions))
     assert runs[0] == runs[1]

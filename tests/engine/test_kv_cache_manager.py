@@ -46,7 +46,7 @@ def test_deterministic_ids_and_slots():
     assert m.block_table("a") == [0, 1, 2] and m.num_computed("a") == 20
     assert add_all(m, "b", toks(3, 100)) == 0
     assert m.block_table("b") == [3]
-    assert m.slot("a", 17) == 2 * BS + 1
+    assert m.slots_for("a", 17, 18) == [2 * BS + 1]
     assert m.slots_for("a", 6, 10) == [6, 7, 8, 9]
     assert m.slots_for("b", 0, 3) == [24, 25, 26]
 
@@ -318,7 +318,7 @@ def test_misuse_errors_name_the_sequence():
     with pytest.raises(KVCacheError):
         m.fork("a", "a", [])
     with pytest.raises(KVCacheError):
-        m.slot("a", 24)
+        m.slots_for("a", 24, 25)
     m.free("a")
     with pytest.raises(KVCacheError, match="'a'"):
         m.free("a")

@@ -111,7 +111,7 @@ def test_restart_first_turn_hits_the_tier_and_delete_removes_the_conversation_fr
         assert a2 == r2                                              # greedy output unchanged by the restart
         assert m2["cached_tokens"] >= (len(q1) + len(a1) - 1) // 16 * 16 > 0
         assert m2["cached_tokens"] > 0 and m2_ref["cached_tokens"] > 0
-        tier = second.engine.tier
+        tier = second.engine.tier_link.tier
         folder = tier.store.folder
         mine = {f"{i.block_hash:016x}" for i, _, o in tier.entries() if o == owner_tag("c")}
         assert mine and mine <= FileStore(folder).names_on_disk()

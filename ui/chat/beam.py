@@ -18,7 +18,7 @@ import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from engine.core.beam_search import BeamSearchParams
+from engine import BeamSearchParams
 from engine.text.chat_tokens import encode_chat
 from engine.kv.salt_rule import prompt_salt
 from storage import NotFoundError
