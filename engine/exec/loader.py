@@ -121,6 +121,24 @@ def resolve_hf_folder(model: str | None) -> tuple[str, str]:
     return source, source
 
 
+def text_model(config, weights: dict | None = None):
+    """(config, weights) of the text decoder the engine runs: a multimodal wrapper's config
+    (Qwen3.5's ForConditionalGeneration: `text_config`) is replaced by its text config, and its
+    checkpoint names ("model.language_model.*") become the text model's ("model.*"); the vision
+    tower and the multi-token-prediction head ("mtp.*") are not loaded. Anything else as it is."""
+    from engine.exec.models.hybrid_spec import text_config
+    text = text_config(config)
+    if text is config or weights is None:
+        return text, weights
+    out = {}
+    for k, v in weights.items():
+        if k.startswith("model.language_model."):
+            out["model." + k[len("model.language_model."):]] = v
+        elif k == "lm_head.weight":
+            out[k] = v
+    return text, out
+
+
 def check_architecture(config) -> None:
     """Refuse, in a sentence, a config the engine cannot compute exactly (decoder_spec.describe)."""
     from engine.exec.models.decoder_spec import UnsupportedModel, describe
@@ -181,6 +199,7 @@ def load_dummy(model: str, progress=None, *, seed: int = 0, device="cpu", dtype=
         config = dw.load_config(model, hf_overrides)
     except (OSError, ValueError, KeyError) as e:
         raise ModelLoadError(str(e)) from e
+    config, _ = text_model(config)
     check_architecture(config)
     report(0.3, f"drawing random weights for {model} (seed {seed}) on {device}")
     weights = dw.random_weights(config, seed=seed, device=device, dtype=dtype)
@@ -217,6 +236,7 @@ def load_model(model: str | None = None, progress=None, *, load_format: str = "a
     tokenizer = _tokenizer(folder, _stamp(folder, weights=False))
     report(0.6, "reading weights")
     weights = {k: v.float() if v.is_floating_point() else v for k, v in _read_weights(folder).items()}
+    config, weights = text_model(config, weights)
     report(1.0, f"loaded {source}")
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, source=source, hf_folder=folder,
                        weights_key=(os.path.realpath(folder), _stamp(folder, weights=True)))

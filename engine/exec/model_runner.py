@@ -26,9 +26,11 @@ from engine.exec.model_info import kv_bytes_per_token as kv_bytes_per_token_of  
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
     """2 (K and V) x layers x KV heads x head_dim x dtype bytes — KV heads, not attention heads."""
+    from engine.exec.models.decoder_spec import describe
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return kv_bytes_per_token_of(config.num_hidden_layers, kv_heads, head_dim_of(config), itemsize)
+    layers = len(describe(config).kv_layers)     # linear-attention layers keep no KV
+    return kv_bytes_per_token_of(layers, kv_heads, head_dim_of(config), itemsize)
 
 
 def choose_num_blocks(cfg: EngineConfig, bytes_per_block: int) -> int:
@@ -62,16 +64,16 @@ class ModelRunner:
         # int8/fp8 pools hold K and V rotated per head (kernels/kv_quant.py): 'hadamard' or 'none'
         self.kv_rotation = kv_quant.rotation_for(cfg.kv_cache_rotation, self.kv_dtype, m.head_dim)
         m.kv_rotation = kv_quant.hadamard(m.head_dim, device=self.device) if self.kv_rotation == "hadamard" else None
-        self.kv_bytes_per_token = kv_quant.bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim,
+        self.kv_bytes_per_token = kv_quant.bytes_per_token(m.num_kv_layers, m.num_kv_heads, m.head_dim,
                                                            self.kv_dtype)
-        self.weights_kv_bytes_per_token = kv_quant.bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim,
+        self.weights_kv_bytes_per_token = kv_quant.bytes_per_token(m.num_kv_layers, m.num_kv_heads, m.head_dim,
                                                                    self.dtype)   # for "what it buys"
         self.kv_bytes_per_block = self.kv_bytes_per_token * cfg.block_size
         self.num_blocks = choose_num_blocks(cfg, self.kv_bytes_per_block)
         # one sequence must always fit in the pool on its own, or preemption could never help
         self.max_model_len = min(cfg.max_model_len or max_pos, self.num_blocks * cfg.block_size)
         # one allocation for the whole life of the engine; a quantized row carries its scale
-        self.kv_pool = torch.zeros(2, m.num_layers, self.num_blocks, cfg.block_size, m.num_kv_heads,
+        self.kv_pool = torch.zeros(2, m.num_kv_layers, self.num_blocks, cfg.block_size, m.num_kv_heads,
                                    kv_quant.row_width(m.head_dim, self.kv_dtype), dtype=self.kv_dtype,
                                    device=self.device)
         self.staging = StagingBuffer(self.device)     # one pinned buffer, one copy per step

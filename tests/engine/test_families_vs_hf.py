@@ -264,7 +264,7 @@ def test_decode_graph_buckets_match_hf():
         graphs.capture()
         calls = []
         real = graphs.run
-        graphs.run = lambda batch, kv: calls.append(len(batch)) or real(batch, kv)
+        graphs.run = lambda plan: calls.append(len(plan)) or real(plan)
         runner.graphs = graphs
         prompts = BURST_PROMPTS[:3] + [A]
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], BURST)

@@ -73,7 +73,8 @@ class LayerAttention:
         if m.spec.qk_norm:
             qkv = qk_norm(qkv, L["q_norm"], L["k_norm"], m.num_heads, m.num_kv_heads, m.head_dim, m.eps)
         cos, sin, pos = self._rope(spec.rope)
-        k_cache, v_cache = self.pool[0, i], self.pool[1, i]
+        kv = m.kv_index[i]              # only attention layers keep KV (a hybrid model's pool is smaller)
+        k_cache, v_cache = self.pool[0, kv], self.pool[1, kv]
         R = m.kv_rotation
         if self.direct:
             q = self.rope_store(qkv, cos, sin, pos, k_cache, v_cache, meta.slot_mapping)
@@ -86,7 +87,7 @@ class LayerAttention:
             kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
         o = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                     meta.cu_seqlens_q, m.scale, max_seqlen_q=meta.max_seqlen_q,
-                                    backend=meta.backend, window=spec.window)
+                                    backend=meta.backend, window=spec.window, sinks=L.get("sinks"))
         if R is not None:
             o = kv_quant.rotate(o, R, o.dtype)
         return o
