@@ -18,63 +18,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _offload_gib(v: str):
-    """--kv-offload-gib: 'auto' or a number of GiB >= 0."""
-    if v == "auto":
-        return v
-    x = float(v)
-    if x < 0:
-        raise ValueError(v)
-    return x
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Local LLM chat server with a paged KV cache.")
-    p.add_argument("--model", default=None, help="HF folder or .gguf file (default: SmolLM2-135M-Instruct)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=7860)
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    pool = p.add_mutually_exclusive_group()
-    pool.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks")
-    pool.add_argument("--kv-cache-gib", type=float, default=None, help="KV pool size in GiB")
-    p.add_argument("--max-model-len", type=int, default=None, help="context length (prompt + reply)")
-    p.add_argument("--kv-offload-gib", type=_offload_gib, default="auto", metavar="GIB",
-                   help="second KV tier behind the pool (CPU: files under --kv-offload-dir, survive a "
-                        "restart; CUDA: host memory): evicted, parked and preempted blocks are kept there "
-                        "instead of recomputed. 'auto' (default): min(8 GiB, 10%% of free disk) on CPU, a "
-                        "quarter of free RAM on CUDA; 0 turns it off")
-    p.add_argument("--kv-offload-dir", default=None, metavar="DIR",
-                   help="folder of the disk KV tier (default: <cache>/kv-tier; 0700, files 0600)")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="sequences decoded together; more wait")
-    p.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
-                   help="tokens one engine step may compute (prefill chunks + decodes); default 512 on "
-                        "CPU, 8192 on CUDA")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
-                   help="weights and KV dtype. auto (default): bfloat16 on CUDA or on a CPU with "
-                        "AVX512-BF16/AMX (~2.4x faster decode, no longer bit-matches HF fp32), else float32")
-    p.add_argument("--quantization", choices=["int8"], default=None,
-                   help="int8: weight-only int8 weights with per-channel scales (CPU, bf16 activations); "
-                        "fastest at batch 1, slightly less accurate")
-    p.add_argument("--lean-step", choices=["auto", "on", "off"], default="auto",
-                   help="CPU, one conversation decoding: run the whole step in one C++ call (1.5-2.3x tokens/s "
-                        "at fp32 here). It reads plain weights, so fp32/bf16 keep a second copy of the layer "
-                        "weights (+405 MiB fp32 for the default model; int8: none). auto (default): on when "
-                        "that copy is under 1.5 GiB; off: the per-layer loop only")
-    p.add_argument("--kv-cache-dtype", choices=["auto", "float32", "bfloat16", "float16", "int8", "fp8"],
-                   default="auto", help="KV pool format (vLLM's flag). auto (default): the weights' dtype; "
-                        "int8: ~1.9x the bf16 tokens in the same memory, any device (accuracy: docs/BENCHMARKS.md); "
-                        "fp8: e4m3, CUDA sm_89+ only")
-    p.add_argument("--kv-cache-rotation", choices=["auto", "hadamard", "none"], default="auto",
-                   help="int8/fp8 KV: rotate K, V (and q, and the attention output back) per head by a fixed "
-                        "Hadamard matrix before quantizing; auto (default): on for int8/fp8 with a power-of-two "
-                        "head_dim (~4x lower KL vs fp32, docs/BENCHMARKS.md); none: off")
-    p.add_argument("--speculative", choices=["ngram", "suffix", "off"], default="off",
-                   help="speculative decoding: draft the next tokens from the conversation itself and verify "
-                        "them in one step (exact for greedy, same distribution when sampling). ngram: prompt "
-                        "lookup over this chat; suffix: also the user's recent replies. It backs off by itself "
-                        "where it would not pay (low acceptance, large batches). Default off")
-    p.add_argument("--num-speculative-tokens", type=int, default=5, metavar="K",
-                   help="the longest draft (1..16, default 5); the adaptive rule picks 0..K per request and step")
+    from engine.config import add_arguments as add_engine_flags     # every EngineConfig field
+    add_engine_flags(p)
     p.add_argument("--db", default="data/chat.db", help="SQLite file for the chat history")
     p.add_argument("--trusted-proxy", action="append", default=[], metavar="IP",
                    help="a reverse proxy whose X-Forwarded-For is believed (repeatable); by default none is, "
@@ -92,21 +41,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="require this key (Authorization: Bearer KEY) on the OpenAI API at /v1; repeatable; "
                         "NAME (letters, digits, _.@-) is the caller's tenant for fair scheduling. "
                         "Also read from PAGED_CHAT_API_KEYS (comma separated)")
-    fair = p.add_argument_group("fair scheduling (engine/core/fairness.py, docs/DESIGN.md)")
-    fair.add_argument("--scheduling-policy", choices=["fair", "fcfs"], default="fair",
-                      help="fair (default): per-user virtual token counters + priorities; fcfs: arrival order")
-    fair.add_argument("--tenant-weight", action="append", default=[], metavar="NAME=W",
-                      help="a tenant's share weight (default 1); tenants: user:NAME under --auth, the "
-                           "--api-key name, api (keyless /v1), local, demo-user-K. Repeatable")
-    fair.add_argument("--api-priority", type=int, default=1,
-                      help="priority of /v1 calls that send none (lower first; chat turns are 0). Default 1")
-    fair.add_argument("--max-queued-requests", type=int, default=None,
-                      help="requests that may wait, over all tenants; more get 429 / a busy sentence")
-    fair.add_argument("--max-queued-tokens", type=int, default=None, help="prompt tokens that may wait, overall")
-    fair.add_argument("--tenant-max-queued-requests", type=int, default=None,
-                      help="requests one tenant may have waiting")
-    fair.add_argument("--tenant-max-queued-tokens", type=int, default=None,
-                      help="prompt tokens one tenant may have waiting")
+    p.add_argument("--api-priority", type=int, default=1,
+                   help="priority of /v1 calls that send none (lower first; chat turns are 0). Default 1")
     p.add_argument("--allowed-origin", action="append", default=None, metavar="URL",
                    help="let web pages from this origin call /v1 (CORS); repeatable. Default: none")
     p.add_argument("--backend", default=None, metavar="URL",
@@ -196,28 +132,22 @@ def main(argv=None) -> int:
     if args.backend:
         return main_remote(args, auth)
 
-    from engine import LLM
-    from engine.core.admission import QueueBounds
-    from engine.core.fairness import parse_tenant_weights
+    from engine.config import from_args
+    from engine.exec.loader import ModelLoadError
+    from engine.front.model_host import ModelHost, model_catalog
     from storage import Storage
 
     try:
-        weights = parse_tenant_weights(args.tenant_weight)
-        bounds = QueueBounds(args.max_queued_requests, args.max_queued_tokens,
-                             args.tenant_max_queued_requests, args.tenant_max_queued_tokens)
+        config = from_args(args)            # the engine's options, validated once
+        catalog = model_catalog(args.model)     # --model PATH ... (or a folder of .gguf files)
     except ValueError as e:
         raise SystemExit(f"error: {e}")
     started = time.time()
     print("Loading the model…", file=sys.stderr)
-    llm = LLM(model=args.model, block_size=args.block_size, num_blocks=args.num_blocks,
-              kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,
-              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              dtype=args.dtype, quantization=args.quantization, lean_step=args.lean_step,
-              kv_cache_dtype=args.kv_cache_dtype, kv_cache_rotation=args.kv_cache_rotation, progress=terminal_progress,
-              scheduling_policy=args.scheduling_policy, tenant_weights=weights,
-              queue_bounds=bounds, kv_offload_gib=args.kv_offload_gib, kv_offload_dir=args.kv_offload_dir,
-              speculative=None if args.speculative == "off" else args.speculative,
-              num_speculative_tokens=args.num_speculative_tokens)
+    try:
+        llm = ModelHost(catalog, config, progress=terminal_progress)
+    except ModelLoadError as e:
+        raise SystemExit(f"error: {e}")
     storage = None
     try:
         storage = Storage(args.db)

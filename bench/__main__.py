@@ -69,7 +69,7 @@ def main(argv=None) -> int:
 
     from bench import machine, report, suite
     from bench.hf_runner import load_hf
-    from engine import LLM
+    from engine import ServingLLM
 
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     t_start, load_start = time.perf_counter(), os.getloadavg()
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
         bar.set_postfix_str(msg[:60])
         bar.update(1)
 
-    llm = LLM(kv_cache_gib=args.kv_cache_gib, progress=lambda f, m: None)
+    llm = ServingLLM(kv_cache_gib=args.kv_cache_gib, progress=lambda f, m: None)
     tick("engine loaded")
     hf = load_hf(llm.hf_folder)
     tick("HF model loaded")

@@ -173,8 +173,8 @@ def run_backlogged(llm, tok, a) -> dict:
 
 
 def run_policy(policy: str, a, baseline: bool) -> dict:
-    from engine import LLM
-    llm = LLM(max_num_seqs=a.max_num_seqs, num_blocks=a.num_blocks, max_model_len=a.max_model_len,
+    from engine import ServingLLM
+    llm = ServingLLM(max_num_seqs=a.max_num_seqs, num_blocks=a.num_blocks, max_model_len=a.max_model_len,
               dtype=a.dtype, scheduling_policy=policy)
     tok = llm.get_tokenizer()
     try:

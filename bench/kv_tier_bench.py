@@ -64,8 +64,8 @@ class Run:
         self.start()
 
     def start(self):
-        from engine import LLM
-        self.llm = LLM(num_blocks=self.num_blocks, kv_offload_gib=2.0 if self.tier else None,
+        from engine import ServingLLM
+        self.llm = ServingLLM(num_blocks=self.num_blocks, kv_offload_gib=2.0 if self.tier else None,
                        kv_offload_dir=self.folder, progress=lambda f, m: None)
         self.totals["restored_blocks"] += self.llm.stats()["tier_restored_blocks"]
         self._base = self.llm.stats()

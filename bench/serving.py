@@ -81,9 +81,9 @@ def _arrivals(llm, prompts, k, offsets, salt):
 
 
 def run_engine(jobs: dict, a) -> dict:
-    from engine import LLM
+    from engine import ServingLLM
     out = {}
-    llm = LLM(dtype=a.dtype, kv_cache_gib=1.0, quantization=a.quantization, progress=lambda f, m: None)
+    llm = ServingLLM(dtype=a.dtype, kv_cache_gib=1.0, quantization=a.quantization, progress=lambda f, m: None)
     try:
         out["dtype"] = llm.config.dtype
         out["quantization"] = a.quantization
@@ -101,7 +101,7 @@ def run_engine(jobs: dict, a) -> dict:
     finally:
         llm.shutdown()
     for budget in a.budgets:
-        llm = LLM(dtype=a.dtype, kv_cache_gib=1.0, max_num_batched_tokens=budget, quantization=a.quantization,
+        llm = ServingLLM(dtype=a.dtype, kv_cache_gib=1.0, max_num_batched_tokens=budget, quantization=a.quantization,
                   progress=lambda f, m: None)
         try:
             _burst(llm, jobs["decode"]["32"][:8], 8, "warm")

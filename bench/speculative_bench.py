@@ -87,8 +87,8 @@ def parse(argv):
 
 
 def _engine(args, spec, lean_step="auto"):
-    from engine import LLM
-    return LLM(device="cpu", num_blocks=2048, dtype=args.dtype, quantization=args.quantization,
+    from engine import ServingLLM
+    return ServingLLM(device="cpu", num_blocks=2048, dtype=args.dtype, quantization=args.quantization,
                max_num_seqs=64, speculative=spec, num_speculative_tokens=args.num_speculative_tokens,
                lean_step=lean_step)
 

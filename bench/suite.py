@@ -53,8 +53,8 @@ class Ctx:
     def bf16_engine(self):
         """A second engine with bf16 weights and KV (decode only): what the CPU's bf16 GEMMs give."""
         if getattr(self, "_bf16", None) is None:
-            from engine import LLM
-            self._bf16 = LLM(kv_cache_gib=0.5, dtype="bfloat16", progress=lambda f, m: None)
+            from engine import ServingLLM
+            self._bf16 = ServingLLM(kv_cache_gib=0.5, dtype="bfloat16", progress=lambda f, m: None)
         return self._bf16
 
     def close(self):

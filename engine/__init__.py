@@ -1,4 +1,5 @@
-"""Paged-KV inference engine: `LLM` and `SamplingParams` are the public API.
+"""Paged-KV inference engine: `LLM` (the vLLM-shaped batch API), `ServingLLM` (its serving face:
+sessions, pins, snapshots, tenants) and `SamplingParams` are the public API.
 
 Imports are lazy so that `import engine.kv.block_pool` (tests, tools) does not load torch models.
 """
@@ -12,10 +13,10 @@ import sys as _sys
 if "torch" not in _sys.modules:
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-__all__ = ["LLM", "SamplingParams", "BeamSearchParams", "RequestStream", "RequestOutput",
+__all__ = ["LLM", "ServingLLM", "SamplingParams", "BeamSearchParams", "RequestStream", "RequestOutput",
            "CompletionOutput"]
 
-_WHERE = {"LLM": "engine.front.llm", "RequestStream": "engine.front.llm", "SamplingParams": "engine.sampling.sampling_params",
+_WHERE = {"LLM": "engine.front.llm", "ServingLLM": "engine.front.serving", "RequestStream": "engine.front.llm", "SamplingParams": "engine.sampling.sampling_params",
           "BeamSearchParams": "engine.core.beam_search",
           "RequestOutput": "engine.outputs", "CompletionOutput": "engine.outputs"}
 

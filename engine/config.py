@@ -1,8 +1,9 @@
 """Engine configuration, validated once, with defaults that suit a 2-core CPU or one GPU."""
 from __future__ import annotations
 
+import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -72,33 +73,120 @@ def check_kv_cache_dtype(kv_cache_dtype: str, device: str) -> None:
                              f"sm_{cap[0]}{cap[1]}: use kv_cache_dtype='int8'")
 
 
+def parse_offload_gib(v):
+    """--kv-offload-gib: 'auto' or a number of GiB >= 0."""
+    if v is None or v == "auto":
+        return v
+    x = float(v)
+    if x < 0:
+        raise ValueError(f"kv_offload_gib must be >= 0 or 'auto', got {v!r}")
+    return x
+
+
+def parse_tenant_weights(values: list[str] | None) -> dict[str, float]:
+    """--tenant-weight name=2 (repeatable) -> {"name": 2.0}."""
+    out: dict[str, float] = {}
+    for v in values or []:
+        name, sep, w = v.rpartition("=")
+        try:
+            weight = float(w)
+        except ValueError:
+            weight = -1.0
+        if not sep or not name or not weight > 0:
+            raise ValueError(f"--tenant-weight expects NAME=WEIGHT with WEIGHT > 0, got {v!r}")
+        out[name] = weight
+    return out
+
+
+def opt(default, help: str, *, flag: bool = True, cli_default=MISSING, group: str | None = None,
+        parse=None, **argparse_kw):
+    """A config field that is also a command-line flag (`--field-name`, app.py): its help text,
+    argparse options, the flag's default where it differs from the library's (`cli_default`; e.g.
+    the app turns the KV tier on, `LLM()` leaves it off), and `parse`, a converter from the flag's
+    value to the field's. flag=False: a library-only field. One place per engine option."""
+    return field(default=default, metadata=dict(help=help, flag=flag, cli_default=cli_default, group=group,
+                                                parse=parse, argparse=argparse_kw))
+
+
 @dataclass
 class EngineConfig:
-    model: str | None = None
-    block_size: int = 16
-    num_blocks: int | None = None
-    kv_cache_gib: float | None = None
-    max_model_len: int | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int | None = None
-    device: str | None = None
-    dtype: str | None = None
-    seed: int = 0
-    attention_backend: str = "auto"
-    enable_prefix_caching: bool = True
-    load_format: str = "auto"          # "dummy": config + seeded random weights (engine/exec/dummy_weights.py)
-    enforce_eager: bool = False        # True: no CUDA graphs for decode (always eager on CPU)
-    quantization: str | None = None    # "int8": weight-only int8, per-channel scales (CPU; engine/exec/cpu_linear.py)
-    kv_cache_dtype: str = "auto"       # the pool's format (kernels/kv_quant.py); "auto" = the weights' dtype
-    kv_cache_rotation: str = "auto"    # int8/fp8 pools: "auto"/"hadamard" rotate q, k, v per head (kv_quant.hadamard); "none"
-    scheduling_policy: str = "fair"    # "fair": per-tenant VTC + priorities; "fcfs" (engine/core/fairness.py)
-    kv_offload_gib: float | str | None = None   # second KV tier (engine/kv/kv_tier_setup.py): None/0 off, "auto"
-    kv_offload_dir: str | None = None  # its folder on CPU (default <cache>/kv-tier)
-    speculative: str | None = None     # "ngram" / "suffix": drafts from the conversation (engine/core/speculation.py)
-    num_speculative_tokens: int = 5    # the longest draft; the adaptive rule picks 0..this per request and step
-    speculative_adaptive: bool = True  # False: always draft the longest the proposer finds (tests, benches)
-    lean_step: str = "auto"            # CPU, one chat or a few tokens: the whole step in one C++ call (kernels/cpu_lean_step.py)
-    max_pin_fraction: float = 0.10     # pinned prefixes may hold at most this share of the pool (engine/kv/pinning.py)
+    """Every engine option, validated once. Adding one is one field here: `LLM(field=...)` takes it
+    and app.py's flags are made from these fields (`add_arguments` / `from_args`)."""
+    model: str | None = opt(
+        None, "HF folder or .gguf file (default: SmolLM2-135M-Instruct). The app takes several, or a folder "
+        "of .gguf files: the first is served, the chat page's model picker switches to the others",
+        nargs="+", metavar="PATH", parse=lambda v: v[0] if isinstance(v, list) else v)
+    block_size: int = opt(16, "tokens per KV block", type=int)
+    num_blocks: int | None = opt(None, "KV pool size in blocks", type=int, group="pool")
+    kv_cache_gib: float | None = opt(None, "KV pool size in GiB", type=float, group="pool")
+    max_model_len: int | None = opt(None, "context length (prompt + reply)", type=int)
+    max_num_seqs: int = opt(64, "sequences decoded together; more wait", type=int)
+    max_num_batched_tokens: int | None = opt(
+        None, "tokens one engine step may compute (prefill chunks + decodes); default 512 on CPU, "
+        "8192 on CUDA", type=int, metavar="N")
+    device: str | None = opt(None, "cpu or cuda[:N] (default: cuda when available)")
+    dtype: str | None = opt(
+        None, "weights and KV dtype. auto (default): bfloat16 on CUDA or on a CPU with AVX512-BF16/AMX "
+        "(~2.4x faster decode, no longer bit-matches HF fp32), else float32",
+        cli_default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    seed: int = opt(0, "seed of requests that send none", type=int)
+    attention_backend: str = opt("auto", "attention kernels: auto (Triton on CUDA, else torch), torch, triton",
+                                 choices=list(("auto", "torch", "triton")))
+    enable_prefix_caching: bool = opt(True, "reuse the KV of shared prefixes (--no-enable-prefix-caching: off)",
+                                      action=argparse.BooleanOptionalAction)
+    load_format: str = opt("auto", "auto, or dummy: the model's config with seeded random weights "
+                           "(engine/exec/dummy_weights.py)", choices=["auto", "dummy"])
+    enforce_eager: bool = opt(False, "CUDA: no decode CUDA graphs", action="store_true")
+    quantization: str | None = opt(
+        None, "int8: weight-only int8 weights with per-channel scales (CPU, bf16 activations); fastest "
+        "at batch 1, slightly less accurate", choices=["int8"])
+    kv_cache_dtype: str = opt(
+        "auto", "KV pool format (vLLM's flag). auto (default): the weights' dtype; int8: ~1.9x the bf16 "
+        "tokens in the same memory, any device (accuracy: docs/BENCHMARKS.md); fp8: e4m3, CUDA sm_89+ only",
+        choices=["auto", "float32", "bfloat16", "float16", "int8", "fp8"])
+    kv_cache_rotation: str = opt(
+        "auto", "int8/fp8 KV: rotate K, V (and q, and the attention output back) per head by a fixed "
+        "Hadamard matrix before quantizing; auto (default): on for int8/fp8 with a power-of-two head_dim; "
+        "none: off", choices=list(("auto", "hadamard", "none")))
+    scheduling_policy: str = opt(
+        "fair", "fair (default): per-user virtual token counters + priorities; fcfs: arrival order",
+        choices=["fair", "fcfs"], group="fair scheduling")
+    tenant_weights: dict | None = opt(
+        None, "a tenant's share weight (default 1); tenants: user:NAME under --auth, the --api-key name, "
+        "api (keyless /v1), local, demo-user-K. Repeatable", group="fair scheduling", parse=parse_tenant_weights,
+        action="append", metavar="NAME=W", dest_flag="--tenant-weight")
+    max_queued_requests: int | None = opt(
+        None, "requests that may wait, over all tenants; more get 429 / a busy sentence", type=int,
+        group="fair scheduling")
+    max_queued_tokens: int | None = opt(None, "prompt tokens that may wait, overall", type=int,
+                                        group="fair scheduling")
+    tenant_max_queued_requests: int | None = opt(None, "requests one tenant may have waiting", type=int,
+                                                 group="fair scheduling")
+    tenant_max_queued_tokens: int | None = opt(None, "prompt tokens one tenant may have waiting", type=int,
+                                               group="fair scheduling")
+    kv_offload_gib: float | str | None = opt(
+        None, "second KV tier behind the pool (CPU: files under --kv-offload-dir, survive a restart; CUDA: "
+        "host memory): evicted, parked and preempted blocks are kept there instead of recomputed. 'auto' "
+        "(the app's default): min(8 GiB, 10%% of free disk) on CPU, a quarter of free RAM on CUDA; 0 turns "
+        "it off", cli_default="auto", parse=parse_offload_gib, metavar="GIB")
+    kv_offload_dir: str | None = opt(None, "folder of the disk KV tier (default: <cache>/kv-tier; 0700, files 0600)",
+                                     metavar="DIR")
+    speculative: str | None = opt(
+        None, "speculative decoding: draft the next tokens from the conversation itself and verify them in "
+        "one step (exact for greedy, same distribution when sampling). ngram: prompt lookup over this chat; "
+        "suffix: also the user's recent replies. It backs off by itself where it would not pay. Default off",
+        cli_default="off", choices=["ngram", "suffix", "off"])
+    num_speculative_tokens: int = opt(5, "the longest draft (1..16, default 5); the adaptive rule picks 0..K "
+                                      "per request and step", type=int, metavar="K")
+    speculative_adaptive: bool = opt(True, "False: always draft the longest the proposer finds (tests, benches)",
+                                     flag=False)
+    lean_step: str = opt(
+        "auto", "CPU, one conversation decoding: run the whole step in one C++ call (1.5-2.3x tokens/s at "
+        "fp32 here). It reads plain weights, so fp32/bf16 keep a second copy of the layer weights (+405 MiB "
+        "fp32 for the default model; int8: none). auto (default): on when that copy is under 1.5 GiB; off: "
+        "the per-layer loop only", choices=["auto", "on", "off"])
+    max_pin_fraction: float = opt(0.10, "pinned shared prompts may hold at most this share of the pool",
+                                  type=float)
 
     def __post_init__(self):
         import torch                   # here, not at module level: the KV manager imports this file
@@ -120,6 +208,9 @@ class EngineConfig:
             raise ValueError(f"scheduling_policy must be 'fair' or 'fcfs', got {self.scheduling_policy!r}")
         if self.lean_step not in ("auto", "on", "off"):
             raise ValueError(f"lean_step must be 'auto', 'on' or 'off', got {self.lean_step!r}")
+        if self.speculative == "off":
+            self.speculative = None
+        self.kv_offload_gib = parse_offload_gib(self.kv_offload_gib)
         if self.speculative not in (None, "ngram", "suffix"):
             raise ValueError(f"speculative must be 'ngram', 'suffix' or None, got {self.speculative!r}")
         if not 1 <= self.num_speculative_tokens <= 16:
@@ -155,3 +246,49 @@ class EngineConfig:
     def torch_dtype(self) -> "torch.dtype":
         import torch
         return getattr(torch, self.dtype)
+
+    @property
+    def queue_bounds(self) -> tuple[int | None, int | None, int | None, int | None]:
+        """(max_queued_requests, max_queued_tokens, tenant_max_queued_requests,
+        tenant_max_queued_tokens): engine/core/admission.QueueBounds' fields, in order."""
+        return (self.max_queued_requests, self.max_queued_tokens, self.tenant_max_queued_requests,
+                self.tenant_max_queued_tokens)
+
+
+def _flag_name(f) -> str:
+    return f.metadata["argparse"].get("dest_flag") or "--" + f.name.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One command-line flag per EngineConfig field (help, choices and the app's defaults from the
+    field's metadata): app.py adds no engine flag by hand, so a new option is one field."""
+    groups: dict[str, object] = {}
+    for f in fields(EngineConfig):
+        m = f.metadata
+        if not m.get("flag", False):
+            continue
+        kw = {k: v for k, v in m["argparse"].items() if k != "dest_flag"}
+        default = m["cli_default"] if m["cli_default"] is not MISSING else f.default
+        g = m["group"]
+        if g and g not in groups:       # pool: --num-blocks / --kv-cache-gib, one or the other
+            groups[g] = parser.add_mutually_exclusive_group() if g == "pool" else parser.add_argument_group(g)
+        target = groups[g] if g else parser
+        target.add_argument(_flag_name(f), dest=f.name, default=default, help=m["help"], **kw)
+
+
+def from_args(args: argparse.Namespace, **extra) -> EngineConfig:
+    """The EngineConfig of parsed flags (`add_arguments`); `extra` sets fields that have no flag.
+    ValueError (with the flag's name) when a value is refused."""
+    kw = {}
+    for f in fields(EngineConfig):
+        if not f.metadata.get("flag", False) or not hasattr(args, f.name):
+            continue
+        v = getattr(args, f.name)
+        parse = f.metadata["parse"]
+        if parse is not None and v is not None:
+            try:
+                v = parse(v)
+            except ValueError as e:
+                raise ValueError(f"{_flag_name(f)}: {e}") from None
+        kw[f.name] = v
+    return EngineConfig(**kw, **extra)

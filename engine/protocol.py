@@ -143,6 +143,20 @@ class ServesCompletions(Protocol):
 
 
 @runtime_checkable
+class SwitchesModels(Protocol):
+    """An app that may serve several models, one at a time (engine/front/model_host.ModelHost):
+    the models it may load, the one it serves, and a switch (the old model keeps serving until
+    the new one is ready; a model that cannot load is refused in plain words)."""
+    def loadable_models(self) -> list: ...                       # [ModelChoice(name, path)]
+
+    def current_model(self) -> str: ...
+
+    def switch_model(self, name: str, progress=None) -> str: ...  # -> what the new pool holds
+
+    def on_switch(self, callback) -> None: ...                   # callback(new engine)
+
+
+@runtime_checkable
 class RemoteBackend(Protocol):
     """A chat engine on another server (backends/remote.py): where it is, its own /metrics."""
     root: str
@@ -152,7 +166,8 @@ class RemoteBackend(Protocol):
 
 
 ABILITIES = (ReportsStats, ServesSnapshotForms, ServesTenants, Configured, ReportsQueuePosition,
-             ConstrainsOutput, ContinuesReplies, BeamSearches, PinsPrompts, ServesCompletions, RemoteBackend)
+             ConstrainsOutput, ContinuesReplies, BeamSearches, PinsPrompts, ServesCompletions, SwitchesModels,
+             RemoteBackend)
 PROTOCOLS = (ChatEngine, *ABILITIES)
 
 

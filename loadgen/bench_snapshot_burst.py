@@ -6,9 +6,9 @@ the shared snapshot's bounded wait (0.2 s), alternated in one process.
     PYTHONPATH=. python loadgen/bench_snapshot_burst.py
 """
 import threading, time
-from engine import LLM, SamplingParams
+from engine import ServingLLM, SamplingParams
 def main():
-    llm = LLM(num_blocks=1200, max_num_batched_tokens=8192, max_model_len=2048, device="cpu")
+    llm = ServingLLM(num_blocks=1200, max_num_batched_tokens=8192, max_model_len=2048, device="cpu")
     llm.latest_snapshot()
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
     def burst(tag, wait):

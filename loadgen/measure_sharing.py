@@ -40,11 +40,11 @@ def main(argv=None) -> dict:
     a = p.parse_args(argv)
     import gradio as gr
 
-    from engine import LLM
+    from engine import ServingLLM
     from ui.dashboard.demo_users import DEFAULT_SYSTEM_PROMPT, DemoLoad
     from ui.dashboard import page as D
 
-    llm = LLM(num_blocks=a.num_blocks)
+    llm = ServingLLM(num_blocks=a.num_blocks)
     try:
         pin = llm.pin_system_prompt("shared", DEFAULT_SYSTEM_PROMPT)
         with gr.Blocks() as demo:

@@ -11,7 +11,7 @@ import atexit
 import fastapi
 import gradio as gr
 
-from engine.protocol import PinsPrompts
+from engine.protocol import PinsPrompts, SwitchesModels
 from routes.exports import register_export_route
 from routes.kv import register_kv_route
 from routes.metrics import register_routes
@@ -79,6 +79,8 @@ def pin_shared_prompts(ctx: ChatContext, llm, storage) -> None:
     if note:
         print(f"[app] {note}", flush=True)
     ctx.pins.pin_startup()
+    if isinstance(llm, SwitchesModels):     # another model's pool: pin its shared prompts again
+        llm.on_switch(lambda _engine: ctx.pins.pin_startup())
 
 
 def _serve_exports(app, ctx: ChatContext, demo, auth) -> None:

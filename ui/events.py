@@ -12,7 +12,7 @@ import gradio as gr
 from engine.protocol import BeamSearches, ConstrainsOutput
 from ui.chat import beam, branches, confirm, context_meter, documents, shortcuts, summary
 from ui.chat import handlers as chat
-from ui.chat import limits, reply_format, view
+from ui.chat import limits, model_picker, reply_format, view
 from ui.chat import sidebar as side
 from ui.chat.context import ChatContext
 from ui.page_assets import PAGE_JS, URL_JS
@@ -34,6 +34,7 @@ def wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     demo.load(None, None, None, js=shortcuts.JS)      # the `?` overlay's keys (ui/chat/shortcuts.py)
     _wire_navigation(ctx, demo, c, chat_out, view_out)
     _wire_management(ctx, c, view_out)
+    model_picker.wire(ctx, c)                 # several models: the picker switches (admins under --auth)
 
 
 NO_BEAM_SEARCH = "Beam search runs only on the built-in engine; this app serves a remote backend (--backend)."

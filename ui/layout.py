@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ui.chat import beam, context_meter, documents, reply_format, shortcuts, view
+from ui.chat import beam, context_meter, documents, model_picker, reply_format, shortcuts, view
 from ui.chat.context import ChatContext
 from ui.chat.prompt_picker import build_prompt_picker
 from ui.dashboard.page import build_dashboard
@@ -103,9 +103,9 @@ def _sidebar() -> dict:
 
 def _chat_view(ctx: ChatContext) -> dict:
     """The model line, the chat, its status line, the context meter and the n alternatives."""
-    info = ctx.llm.model_info()
-    gr.Markdown(f"Model **{info.name}** · context {ctx.max_model_len} tokens "
-                f"(prompt + reply) · KV blocks of {info.block_size} tokens", elem_id="model-line")
+    model_head = gr.Markdown(model_picker.model_line(ctx), elem_id="model-line")
+    picker = model_picker.build(ctx)        # shown when the app has several models (--model A B ...)
+    model_picker_c, model_note = picker["model_picker"], picker["model_note"]
     chatbot = gr.Chatbot(height=520, editable="user", label="Chat", show_label=False, elem_id="chatbot",
                          placeholder="Start a conversation: every open chat is a live engine session "
                                      "that keeps its KV blocks between turns.",
@@ -123,7 +123,7 @@ def _chat_view(ctx: ChatContext) -> dict:
                                            container=True))
                 pick_btns.append(gr.Button("Continue with this one", size="sm", visible=False,
                                            elem_id=f"pick-{i}"))
-    return {k: v for k, v in locals().items() if k not in ("ctx", "info", "i")}
+    return {k: v for k, v in locals().items() if k not in ("ctx", "i", "picker", "model_picker_c")} | picker
 
 
 def _composer() -> dict:

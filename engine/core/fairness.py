@@ -298,18 +298,3 @@ def make_policy(name: str, weights: dict[str, float] | None = None, **kw) -> Sch
     if name == "fair":
         return FairPolicy(weights, **kw)
     raise ValueError(f"scheduling policy must be 'fair' or 'fcfs', got {name!r}")
-
-
-def parse_tenant_weights(values: list[str] | None) -> dict[str, float]:
-    """--tenant-weight name=2 (repeatable) -> {"name": 2.0}."""
-    out: dict[str, float] = {}
-    for v in values or []:
-        name, sep, w = v.rpartition("=")
-        try:
-            weight = float(w)
-        except ValueError:
-            weight = -1.0
-        if not sep or not name or not weight > 0:
-            raise ValueError(f"--tenant-weight expects NAME=WEIGHT with WEIGHT > 0, got {v!r}")
-        out[name] = weight
-    return out

@@ -36,7 +36,7 @@ log = logging.getLogger("paged_chat.engine")
 
 
 class LLMEngine:
-    def __init__(self, cfg: EngineConfig, loaded: LoadedModel, tenant_weights: dict[str, float] | None = None):
+    def __init__(self, cfg: EngineConfig, loaded: LoadedModel):
         self.cfg = cfg
         self.tokenizer = loaded.tokenizer
         self.hf_config = loaded.config
@@ -53,7 +53,7 @@ class LLMEngine:
                                     kv_rotation=self.runner.kv_rotation, gib=cfg.kv_offload_gib,
                                     folder=cfg.kv_offload_dir, device=cfg.device, dtype=cfg.dtype)
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens,
-                                   make_policy(cfg.scheduling_policy, tenant_weights))
+                                   make_policy(cfg.scheduling_policy, cfg.tenant_weights))
         self.requests: dict[str, Request] = {}
         self.sessions = SessionTable()      # chat sessions: exact ids + life cycle (engine/core/sessions.py)
         self.eos_ids = set(end_of_turn_ids(self.hf_config, self.tokenizer))   # engine/text/end_of_turn.py

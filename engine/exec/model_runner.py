@@ -14,23 +14,12 @@ import torch
 import kernels
 from kernels import kv_quant
 from engine.config import EngineConfig, DEFAULT_CPU_KV_CACHE_GIB, DEFAULT_GPU_MEMORY_FRACTION
-from engine.exec.models.llama import AttentionMetadata, LlamaModel, head_dim_of
+from engine.exec.models.llama import AttentionMetadata, LlamaModel
 from engine.exec.step_inputs import StagingBuffer, pack_step
 from engine.step_plan import StepPlan
 
 log = logging.getLogger("paged_chat.engine")
 GRAPH_MAX_LEN = 8192   # decode graphs cover contexts up to this; longer ones run eagerly
-
-
-from engine.exec.model_info import kv_bytes_per_token as kv_bytes_per_token_of  # noqa: E402
-
-def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
-    """2 (K and V) x layers x KV heads x head_dim x dtype bytes — KV heads, not attention heads."""
-    from engine.exec.models.decoder_spec import describe
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    layers = len(describe(config).kv_layers)     # linear-attention layers keep no KV
-    return kv_bytes_per_token_of(layers, kv_heads, head_dim_of(config), itemsize)
 
 
 def choose_num_blocks(cfg: EngineConfig, bytes_per_block: int) -> int:

@@ -2,16 +2,14 @@
 
 Why its own file: it is the one hand-over point between the engine thread and the callers'
 threads or event loops. The engine thread calls `_put`; a caller iterates (blocking, in a worker
-thread) or uses `async for` (in an asyncio handler, without holding a thread). Switching from the
-blocking queue to the event loop's queue happens under a lock, so no delta is lost or reordered.
+thread) or uses `async for` (in an asyncio handler, without holding a thread); the switch from the
+blocking queue to the event loop's is engine/front/handover.py's (no delta lost or reordered).
 """
 from __future__ import annotations
 
-import asyncio
-import queue
-import threading
 from typing import Protocol
 
+from engine.front.handover import Handover
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling.sampling_params import SamplingParams
 from engine.core.sequence import RequestOutputDelta
@@ -30,20 +28,13 @@ class RequestStream:
         self.prompt_ids = prompt_ids
         self.n = n
         self._llm = llm
-        self._q: queue.Queue = queue.Queue()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._aq: asyncio.Queue | None = None
-        self._lock = threading.Lock()
+        self._handover = Handover()      # engine/front/handover.py: blocking or async consumer
         self._open = n
 
     def _put(self, delta: RequestOutputDelta) -> None:
-        with self._lock:            # held while delivering, so _agen cannot switch queues midway
-            if self._loop is None:
-                self._q.put(delta)
-                return
-            # raises RuntimeError if the consumer's event loop is closed: the engine then aborts
-            # this request (nobody is listening) and carries on with the others
-            self._loop.call_soon_threadsafe(self._aq.put_nowait, delta)
+        # raises RuntimeError if the consumer's event loop is closed: the engine then aborts
+        # this request (nobody is listening) and carries on with the others
+        self._handover.put(delta)
 
     def _done(self, delta: RequestOutputDelta) -> bool:
         if delta.finished:
@@ -52,7 +43,7 @@ class RequestStream:
 
     def __iter__(self):
         while self._open > 0:
-            d = self._q.get()
+            d = self._handover.get()
             self._done(d)
             yield d
 
@@ -60,13 +51,8 @@ class RequestStream:
         return self._agen()
 
     async def _agen(self):
-        with self._lock:
-            self._loop = asyncio.get_running_loop()
-            self._aq = asyncio.Queue()
-            while not self._q.empty():          # deltas that arrived before we switched
-                self._aq.put_nowait(self._q.get_nowait())
         while self._open > 0:
-            d = await self._aq.get()
+            d = await self._handover.aget()
             self._done(d)
             yield d
 

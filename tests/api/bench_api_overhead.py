@@ -86,9 +86,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args(argv)
     import tests.conftest  # noqa: F401  (same environment settings as the tests)
-    from engine import LLM
+    from engine import ServingLLM
     from tests.api.conftest import LiveServer, build_server_app
-    llm = LLM(num_blocks=1024, max_model_len=1024, max_num_seqs=64, enable_prefix_caching=False)
+    llm = ServingLLM(num_blocks=1024, max_model_len=1024, max_num_seqs=64, enable_prefix_caching=False)
     srv = LiveServer(build_server_app(llm))
     try:
         model = json.loads(__import__("urllib.request").request.urlopen(srv.url + "v1/models").read())["data"][0]["id"]

@@ -54,8 +54,8 @@ def build_server_app(llm, **api_kw):
 
 @pytest.fixture(scope="session")
 def llm():
-    from engine import LLM
-    m = LLM(num_blocks=NUM_BLOCKS, max_model_len=1024, max_num_seqs=64)
+    from engine import ServingLLM
+    m = ServingLLM(num_blocks=NUM_BLOCKS, max_model_len=1024, max_num_seqs=64)
     yield m
     try:
         assert wait_idle(m)["used_blocks"] == 0, "blocks leaked by the API tests"

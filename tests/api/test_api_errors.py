@@ -231,8 +231,8 @@ def test_over_the_queue_bound_is_429_with_retry_after(keyed_server, model_id, ll
 
 
 def test_engine_shut_down_is_503():
-    from engine import LLM
-    small = LLM(num_blocks=16, max_model_len=256)
+    from engine import ServingLLM
+    small = ServingLLM(num_blocks=16, max_model_len=256)
     srv = LiveServer(build_server_app(small))
     try:
         model = raw(srv.url + "v1/models")[1]["data"][0]["id"]

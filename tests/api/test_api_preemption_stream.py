@@ -12,8 +12,8 @@ from tests.api.conftest import LiveServer, build_server_app, wait_idle
 
 @pytest.fixture(scope="module")
 def small_server():
-    from engine import LLM
-    llm = LLM(num_blocks=6, max_model_len=96, max_num_seqs=3)
+    from engine import ServingLLM
+    llm = ServingLLM(num_blocks=6, max_model_len=96, max_num_seqs=3)
     srv = LiveServer(build_server_app(llm))
     yield srv, llm
     srv.stop()

@@ -16,8 +16,8 @@ MESSAGES = [{"role": "user", "content": f"Rename w to width and h to height; sho
 
 @pytest.fixture(scope="module")
 def spec_server():
-    from engine import LLM
-    llm = LLM(num_blocks=256, max_model_len=1024, speculative="ngram", speculative_adaptive=False)
+    from engine import ServingLLM
+    llm = ServingLLM(num_blocks=256, max_model_len=1024, speculative="ngram", speculative_adaptive=False)
     server = LiveServer(build_server_app(llm, api_keys=[API_KEY]))
     yield llm, server
     server.stop()

@@ -12,9 +12,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def tenant_llm():
-    from engine import LLM
+    from engine import ServingLLM
     from engine.core.admission import QueueBounds
-    m = LLM(num_blocks=256, max_model_len=512, max_num_seqs=2,
+    m = ServingLLM(num_blocks=256, max_model_len=512, max_num_seqs=2,
             queue_bounds=QueueBounds(tenant_max_queued_requests=1))
     yield m
     try:

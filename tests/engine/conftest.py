@@ -56,7 +56,7 @@ def _engines_built_by_this_test(request):
 def make_llm(_engines):
     """Build engines with small pools; every one is shut down and checked for leaks when the test
     (or, for a module fixture's engine, the module) that built it ends."""
-    from engine import LLM
+    from engine import ServingLLM
 
     def make(**kw):
         kw.setdefault("num_blocks", 512)
@@ -67,7 +67,7 @@ def make_llm(_engines):
             reason = deps.bundled_model_skip_reason(torch.cuda.is_available() or deps.ASSUME_CUDA)
             if reason:
                 pytest.skip(reason)
-        llm = LLM(**kw)
+        llm = ServingLLM(**kw)
         _engines.made.append(llm)
         return llm
     return make

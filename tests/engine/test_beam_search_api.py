@@ -135,8 +135,8 @@ def test_failed_step_fails_the_search_without_leaks_or_stale_cache(llm):
 
 
 def test_shutdown_ends_a_search_in_flight():
-    from engine import LLM
-    llm = LLM(num_blocks=64)
+    from engine import ServingLLM
+    llm = ServingLLM(num_blocks=64)
     started = threading.Event()
     h = llm.submit_beam_search(_ids(llm), BeamSearchParams(beam_width=2, max_tokens=300, ignore_eos=True),
                                on_step=lambda ev: started.set())

@@ -136,13 +136,13 @@ def test_generation_stops_at_max_model_len(make_llm):
 
 
 def test_unknown_model_path_and_architecture(tmp_path):
-    from engine import LLM
+    from engine import ServingLLM
     from engine.exec.loader import ModelLoadError
     with pytest.raises(ModelLoadError, match="not found"):
-        LLM(model=str(tmp_path / "nope"))
+        ServingLLM(model=str(tmp_path / "nope"))
     (tmp_path / "config.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}')
     with pytest.raises(ModelLoadError, match="GPT2LMHeadModel"):
-        LLM(model=str(tmp_path))
+        ServingLLM(model=str(tmp_path))
 
 
 def test_engines_of_one_process_share_a_tokenizer_until_its_files_change(model_folder, tmp_path):
@@ -220,8 +220,8 @@ def test_generate_admits_a_whole_batch_in_one_step(make_llm):
 
 
 def test_shutdown_closes_streams_in_flight_and_refuses_new_work(make_llm):
-    from engine import LLM
-    llm = LLM(num_blocks=64)
+    from engine import ServingLLM
+    llm = ServingLLM(num_blocks=64)
     stream = llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
     llm.shutdown()
     last = list(stream)[-1]                      # must end, not block forever

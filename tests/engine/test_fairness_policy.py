@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from engine.core.admission import AdmissionControl, QueueBounds, QueueFull
-from engine.core.fairness import FairPolicy, parse_tenant_weights
+from engine.config import parse_tenant_weights
+from engine.core.fairness import FairPolicy
 from engine.core.tenancy import FCFSPolicy, SchedulingPolicy
 from tests.engine.fair_sim import Sim
 

@@ -4,7 +4,7 @@ sharing, n > 1 (copy-on-write of a quantized partial block) and frees leave no b
 import pytest
 import torch
 
-from engine import LLM
+from engine import LLM, ServingLLM
 from engine.config import EngineConfig
 from engine.sampling.sampling_params import SamplingParams
 from kernels import kv_quant
@@ -14,7 +14,7 @@ SMALL = {"num_hidden_layers": 2, "vocab_size": 8192}
 
 
 def dummy(kv: str, **kw) -> LLM:
-    return LLM(model="llama-3.2-1b", load_format="dummy", hf_overrides=SMALL, num_blocks=64, seed=5,
+    return ServingLLM(model="llama-3.2-1b", load_format="dummy", hf_overrides=SMALL, num_blocks=64, seed=5,
                device="cpu", dtype="float32", kv_cache_dtype=kv, **kw)
 
 

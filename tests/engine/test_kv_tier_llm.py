@@ -4,7 +4,7 @@ really served the tokens (loads, write-backs, swaps counted; fewer prompt tokens
 a restart the first turn hits the tier; deleting the conversation deletes its blocks from disk."""
 import pytest
 
-from engine import LLM, SamplingParams
+from engine import ServingLLM, SamplingParams
 from engine.kv.kv_tier import FileStore, owner_tag
 
 pytestmark = pytest.mark.slow
@@ -40,7 +40,7 @@ def _workload(llm, prompts):
 
 @pytest.fixture(scope="module")
 def reference(model_folder):
-    llm = LLM(model=model_folder, device="cpu", num_blocks=24, max_model_len=384)
+    llm = ServingLLM(model=model_folder, device="cpu", num_blocks=24, max_model_len=384)
     try:
         prompts = _prompts(llm.tokenizer)
         ids, _ = _workload(llm, prompts)
@@ -87,7 +87,7 @@ def test_restart_first_turn_hits_the_tier_and_delete_removes_the_conversation_fr
         return conv + [{"role": "assistant", "content": reply_text},
                        {"role": "user", "content": "And the sun?"}]
 
-    ref = LLM(**kw)                     # no tier, no restart: the reference
+    ref = ServingLLM(**kw)                     # no tier, no restart: the reference
     try:
         r1, _, p1 = _turn(ref, "c", conv)
         text1 = ref.tokenizer.decode(r1, skip_special_tokens=True)
@@ -95,7 +95,7 @@ def test_restart_first_turn_hits_the_tier_and_delete_removes_the_conversation_fr
     finally:
         ref.shutdown()
 
-    first = LLM(**kw, kv_offload_gib=0.5, kv_offload_dir=str(tmp_path))
+    first = ServingLLM(**kw, kv_offload_gib=0.5, kv_offload_dir=str(tmp_path))
     try:
         a1, _, q1 = _turn(first, "c", conv)
         assert a1 == r1
@@ -103,7 +103,7 @@ def test_restart_first_turn_hits_the_tier_and_delete_removes_the_conversation_fr
     finally:
         first.shutdown()
 
-    second = LLM(**kw, kv_offload_gib=0.5, kv_offload_dir=str(tmp_path))
+    second = ServingLLM(**kw, kv_offload_gib=0.5, kv_offload_dir=str(tmp_path))
     try:
         st = second.stats()
         assert st["tier_restored_blocks"] > 0

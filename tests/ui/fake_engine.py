@@ -126,6 +126,29 @@ class FakeLLM:
         self.pinned: dict[str, list[int]] = {}       # pin name -> token ids
         self.snapshot_wait_s = 0.2
         self.shut_down = False
+        self.models = ["fake-model", "other-model"]  # SwitchesModels: names; the first is served
+        self.switches: list[str] = []
+        self._on_switch: list = []
+
+    # ---- SwitchesModels -----------------------------------------------------------------------
+    def loadable_models(self):
+        return [types.SimpleNamespace(name=n, path=n) for n in self.models]
+
+    def current_model(self):
+        return self.models[0]
+
+    def switch_model(self, name, progress=None):
+        if name not in self.models:
+            raise ValueError(f"{name!r} is not one of this app's models")
+        self.switches.append(name)
+        self.models.remove(name)
+        self.models.insert(0, name)
+        for callback in self._on_switch:
+            callback(self)
+        return f"now serving {name}"
+
+    def on_switch(self, callback):
+        self._on_switch.append(callback)
 
     # ---- ChatEngine ---------------------------------------------------------------------------
     @property

@@ -57,7 +57,7 @@ def test_non_local_host_without_auth_warns(monkeypatch, capsys):
 
     def no_engine(*a, **k):
         raise Stop
-    monkeypatch.setattr("engine.LLM", no_engine)
+    monkeypatch.setattr("engine.front.model_host.ModelHost", no_engine)
     monkeypatch.setattr(app.signal, "signal", lambda *a: None)      # leave pytest's handlers alone
     with pytest.raises(Stop):
         app.main(["--host", "0.0.0.0"])

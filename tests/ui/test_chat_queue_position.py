@@ -12,8 +12,8 @@ from ui.chat.turn import Turn
 
 @pytest.fixture(scope="module")
 def llm():
-    from engine import LLM
-    m = LLM(num_blocks=64, max_model_len=256, max_num_seqs=1)      # one slot: everything else waits
+    from engine import ServingLLM
+    m = ServingLLM(num_blocks=64, max_model_len=256, max_num_seqs=1)      # one slot: everything else waits
     yield m
     m.shutdown()
 

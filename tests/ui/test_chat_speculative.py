@@ -14,8 +14,8 @@ CODE = "def area(w, h):\n    return w * h\n\ndef perimeter(w, h):\n    return 2 
 
 @pytest.fixture(scope="module")
 def llm():
-    from engine import LLM
-    m = LLM(num_blocks=256, max_model_len=1024, speculative="ngram", speculative_adaptive=False)
+    from engine import ServingLLM
+    m = ServingLLM(num_blocks=256, max_model_len=1024, speculative="ngram", speculative_adaptive=False)
     yield m
     m.shutdown()
 

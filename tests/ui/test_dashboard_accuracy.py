@@ -20,8 +20,8 @@ USERS = 32
 
 @pytest.fixture(scope="module")
 def llm():
-    from engine import LLM
-    engine = LLM(num_blocks=1500, max_num_seqs=64)
+    from engine import ServingLLM
+    engine = ServingLLM(num_blocks=1500, max_num_seqs=64)
     yield engine
     engine.shutdown()
 

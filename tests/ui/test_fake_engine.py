@@ -5,8 +5,9 @@ import inspect
 
 import pytest
 
-from engine import LLM
-from engine.protocol import ABILITIES, PROTOCOLS, ChatEngine, RemoteBackend, protocol_members
+from engine import LLM, ServingLLM
+from engine.front.model_host import ModelHost
+from engine.protocol import ABILITIES, PROTOCOLS, ChatEngine, RemoteBackend, SwitchesModels, protocol_members
 from tests.ui.fake_engine import FakeLLM
 
 MEMBERS = sorted((p.__name__, m) for p in PROTOCOLS for m in protocol_members(p))
@@ -31,22 +32,24 @@ def test_every_protocol_is_runtime_checkable_and_the_fake_implements_them_all():
 
 def test_the_real_llm_implements_every_ability_of_a_local_engine():
     for proto in (ChatEngine, *ABILITIES):
-        if proto is RemoteBackend:     # where a remote engine is (backends/remote.py), not the LLM's
+        if proto in (RemoteBackend, SwitchesModels):   # a remote engine's / the model host's
             continue
         for name in protocol_members(proto):
-            assert hasattr(LLM, name) or name in LLM.__init__.__code__.co_names, \
-                f"engine.LLM lacks {proto.__name__}.{name}"
+            in_init = name in ServingLLM.__init__.__code__.co_names or name in LLM.__init__.__code__.co_names
+            assert hasattr(ServingLLM, name) or in_init, f"engine.ServingLLM lacks {proto.__name__}.{name}"
 
 
 @pytest.mark.parametrize("proto_name,name", MEMBERS)
 def test_each_declared_member_has_a_compatible_signature(proto_name, name):
     proto = next(p for p in PROTOCOLS if p.__name__ == proto_name)
-    impls = [FakeLLM] + ([LLM] if proto is not RemoteBackend else [])
+    impls = [FakeLLM] + ({RemoteBackend: [], SwitchesModels: [ModelHost]}.get(proto, [ServingLLM]))
     for impl in impls:
         member = inspect.getattr_static(impl, name, None)
         if not _callable_member(proto, name):            # a property or a data member
             if member is None:                           # set in __init__ (FakeLLM.config, LLM.admission)
-                assert name in impl.__init__.__code__.co_names, f"{impl.__name__} lacks {name}"
+                inits = {n for c in impl.__mro__ if c is not object and "__init__" in vars(c)
+                         for n in c.__init__.__code__.co_names}
+                assert name in inits, f"{impl.__name__} lacks {name}"
             continue
         assert callable(member), f"{impl.__name__}.{name} is not callable"
         want, have = _params(getattr(proto, name)), _params(getattr(impl, name))
