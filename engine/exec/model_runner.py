@@ -16,6 +16,7 @@ from kernels import kv_quant
 from engine.config import EngineConfig, DEFAULT_CPU_KV_CACHE_GIB, DEFAULT_GPU_MEMORY_FRACTION
 from engine.exec.models.llama import AttentionMetadata, LlamaModel
 from engine.exec.step_inputs import StagingBuffer, pack_step
+from engine.kv.cache_spec import KVCacheLayout
 from engine.step_plan import StepPlan
 
 log = logging.getLogger("paged_chat.engine")
@@ -33,6 +34,14 @@ def choose_num_blocks(cfg: EngineConfig, bytes_per_block: int) -> int:
     else:
         budget = DEFAULT_CPU_KV_CACHE_GIB * 2**30
     return max(1, int(budget // bytes_per_block))
+
+
+def _layer_kv(layout: KVCacheLayout, kv_layers: tuple, num_layers: int) -> tuple:
+    """(pool slot, group) of each model layer; None for a layer that keeps no KV."""
+    out: list = [None] * num_layers
+    for ordinal, i in enumerate(kv_layers):
+        out[i] = layout.layer_kv[ordinal]
+    return tuple(out)
 
 
 class ModelRunner:
@@ -53,16 +62,24 @@ class ModelRunner:
         # int8/fp8 pools hold K and V rotated per head (kernels/kv_quant.py): 'hadamard' or 'none'
         self.kv_rotation = kv_quant.rotation_for(cfg.kv_cache_rotation, self.kv_dtype, m.head_dim)
         m.kv_rotation = kv_quant.hadamard(m.head_dim, device=self.device) if self.kv_rotation == "hadamard" else None
-        self.kv_bytes_per_token = kv_quant.bytes_per_token(m.num_kv_layers, m.num_kv_heads, m.head_dim,
-                                                           self.kv_dtype)
-        self.weights_kv_bytes_per_token = kv_quant.bytes_per_token(m.num_kv_layers, m.num_kv_heads, m.head_dim,
+        # KV cache groups (engine/kv/cache_spec.py): layers of one attention kind share a group;
+        # every group has P layer slots in the one pool (P = num_layers for a model of one kind)
+        # (only attention layers keep KV: a Gated DeltaNet layer has no slot and no group)
+        kv_layers = m.spec.kv_layers
+        self.kv_layout = KVCacheLayout.from_layer_windows([m.spec.layers[i].window for i in kv_layers])
+        m.kv_layer = _layer_kv(self.kv_layout, kv_layers, m.num_layers)
+        P = self.kv_layout.pool_layers
+        # bytes of one block / block_size: 2 x P layer slots x KV heads x row bytes
+        self.kv_bytes_per_token = kv_quant.bytes_per_token(P, m.num_kv_heads, m.head_dim, self.kv_dtype)
+        self.weights_kv_bytes_per_token = kv_quant.bytes_per_token(P, m.num_kv_heads, m.head_dim,
                                                                    self.dtype)   # for "what it buys"
         self.kv_bytes_per_block = self.kv_bytes_per_token * cfg.block_size
         self.num_blocks = choose_num_blocks(cfg, self.kv_bytes_per_block)
         # one sequence must always fit in the pool on its own, or preemption could never help
-        self.max_model_len = min(cfg.max_model_len or max_pos, self.num_blocks * cfg.block_size)
+        self.max_model_len = min(cfg.max_model_len or max_pos, self.kv_layout.max_tokens(
+            self.num_blocks, cfg.block_size, cfg.max_num_batched_tokens))
         # one allocation for the whole life of the engine; a quantized row carries its scale
-        self.kv_pool = torch.zeros(2, m.num_kv_layers, self.num_blocks, cfg.block_size, m.num_kv_heads,
+        self.kv_pool = torch.zeros(2, P, self.num_blocks, cfg.block_size, m.num_kv_heads,
                                    kv_quant.row_width(m.head_dim, self.kv_dtype), dtype=self.kv_dtype,
                                    device=self.device)
         self.staging = StagingBuffer(self.device)     # one pinned buffer, one copy per step
@@ -78,7 +95,8 @@ class ModelRunner:
         from engine.exec.warmup import warm_up
         width = -(-self.max_model_len // self.cfg.block_size)
         self.warmup_stats = warm_up(self.model, self.kv_pool, self.backend, width)
-        if not self.cfg.enforce_eager and self.backend == "triton":   # the torch reference syncs
+        # (the torch reference syncs; routed experts and linear-attention states are not captured)
+        if not self.cfg.enforce_eager and self.backend == "triton" and self.model.spec.plain_layers:
             from engine.exec.cuda_graphs import DecodeGraphs
             self.graphs = DecodeGraphs(self.model, self.kv_pool, self.cfg.block_size, self.cfg.max_num_seqs,
                                        min(self.max_model_len, GRAPH_MAX_LEN), self.backend)
@@ -101,6 +119,9 @@ class ModelRunner:
         ids, pos, slots, tables, seq_lens, cu, logits_idx, copy_t, max_q = pack_step(self.staging, plan)
         if copy_t is not None and copies:
             kernels.copy_blocks(self.kv_pool, copy_t, backend=self.backend)
-        meta = AttentionMetadata(slot_mapping=slots, block_tables=tables, seq_lens=seq_lens,
-                                 cu_seqlens_q=cu, max_seqlen_q=max_q, backend=self.backend)
+        groups = len(slots) > 1             # KV cache groups: each its own slots and tables
+        meta = AttentionMetadata(slot_mapping=slots[0], block_tables=tables[0], seq_lens=seq_lens,
+                                 cu_seqlens_q=cu, max_seqlen_q=max_q, backend=self.backend,
+                                 group_slots=tuple(slots) if groups else None,
+                                 group_tables=tuple(tables) if groups else None)
         return self.model.forward(ids, pos, self.kv_pool, meta, logits_idx)

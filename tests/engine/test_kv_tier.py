@@ -10,6 +10,7 @@ import pytest
 from engine.kv.kv_cache_manager import KVCacheManager
 from engine.kv.kv_tier import BlockIdentity, FileStore, KVTier, MemoryStore, owner_tag
 from engine.kv.prefix_salt import SharedPrefixSalt
+from engine.observe.kv_snapshot import kv_stats
 
 FP = "f" * 24
 
@@ -142,10 +143,10 @@ def test_evicted_blocks_come_back_from_the_tier_with_their_exact_content(tmp_pat
     b = list(range(500, 541))                       # evicts all of a's cached blocks
     run_turn(m, io, "b", b)
     m.free("b")
-    assert m.tier.stats().writebacks_blocks == 5
+    assert m.tier_link.tier.stats().writebacks_blocks == 5
     assert run_turn(m, io, "a2", a) == 40           # every full block loaded, the last token computed
     assert [io.kv[s] for s in m.slots_for("a2", 0, 41)] == a
-    assert m.kv_stats().tier_loaded_tokens == 40
+    assert kv_stats(m).tier_loaded_tokens == 40
     m.free("a2")
 
 

@@ -14,6 +14,7 @@ from tests.ui.fake_engine import FakeLLM, request
 from tests.ui.test_chat_flow import chat_context
 from ui.chat import context_meter as CM
 from ui.chat import summary
+from engine.observe.kv_snapshot import take_snapshot
 
 BS = 16
 
@@ -25,7 +26,7 @@ class ManagerLLM:
         self.m = m
 
     def latest_snapshot(self, compact=False):
-        return self.m.kv_snapshot().to_json(compact=compact)
+        return take_snapshot(self.m).to_json(compact=compact)
 
     def snapshot(self):
         return self.latest_snapshot()
@@ -64,7 +65,7 @@ def test_a_pinned_prompt_counts_as_shared_even_for_one_chat():
     system = list(range(32))
     m.add_sequence("a#0", system + [900, 901], num_new_tokens=10**9, session_id="a")
     m.pins.pin("shared", system)                               # ref_count 2 (pin + a) but state pinned
-    got = CM.from_snapshot(m.kv_snapshot().to_json(), "a", 256)
+    got = CM.from_snapshot(take_snapshot(m).to_json(), "a", 256)
     assert (got.shared_blocks, got.shared_tokens, got.own_tokens) == (2, 32, 2)
 
 

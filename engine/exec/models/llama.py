@@ -34,13 +34,25 @@ log = logging.getLogger("paged_chat.engine")
 
 @dataclass
 class AttentionMetadata:
+    """Where a step's K/V go and where attention reads them. With KV cache groups
+    (engine/kv/cache_spec.py) each group has its own slots and block tables (`group_slots[g]`,
+    `group_tables[g]`); `slot_mapping` / `block_tables` are group 0's, and without the group
+    fields every layer uses them (a model of one kind, warm-up)."""
     slot_mapping: torch.Tensor    # int64 [num_tokens]
     block_tables: torch.Tensor    # int32 [num_seqs, max_blocks]
     seq_lens: torch.Tensor        # int32 [num_seqs], context incl. this step's tokens
     cu_seqlens_q: torch.Tensor    # int32 [num_seqs + 1]
     max_seqlen_q: int
     backend: str
+    group_slots: tuple | None = None      # per KV cache group: int64 [num_tokens]
+    group_tables: tuple | None = None     # per KV cache group: int32 [num_seqs, max_blocks]
     state_slots: torch.Tensor | None = None   # int64 [num_seqs]: each row's linear-attention state slot
+
+    def slots_of(self, group: int) -> torch.Tensor:
+        return self.group_slots[group] if self.group_slots is not None else self.slot_mapping
+
+    def tables_of(self, group: int) -> torch.Tensor:
+        return self.group_tables[group] if self.group_tables is not None else self.block_tables
 
 
 def rope_tables(config, max_positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,9 +168,7 @@ class LlamaModel:
         self.quantization = quantization
         config = self.config = self._text_config(config)
         self.num_layers = config.num_hidden_layers
-        # only attention layers keep KV: KV pool layer kv_index[i] is model layer i's (None: linear)
-        self.num_kv_layers = len(spec.kv_layers)
-        self.kv_index = [spec.kv_layers.index(i) if i in spec.kv_layers else None for i in range(self.num_layers)]
+        self.num_kv_layers = len(spec.kv_layers)     # only attention layers keep KV
         self.linear_index = [spec.linear_layers.index(i) if i in spec.linear_layers else None
                              for i in range(self.num_layers)]
         self.linear_state = None    # linear_state.LinearState, set by ModelRunner for a hybrid model
@@ -171,6 +181,11 @@ class LlamaModel:
         # [d, d] fp32 (kernels/kv_quant.hadamard) when the pool is stored rotated (set by ModelRunner
         # for int8/fp8 KV): q, k, v go in rotated per head, the attention output comes back through it
         self.kv_rotation: torch.Tensor | None = None
+        # (pool layer slot, KV cache group) of each layer (engine/kv/cache_spec.py; ModelRunner sets
+        # it with the pool): layer i reads kv_pool[:, slot] through its group's tables and slots
+        # (a linear-attention layer keeps no KV: None)
+        self.kv_layer: tuple = tuple((spec.kv_layers.index(i), 0) if i in spec.kv_layers else None
+                                     for i in range(self.num_layers))
 
         # fused, on the device, CPU linears packed: shared with this process's other engines of the
         # same checkpoint (engine/exec/models/llama_weights.py); the layer dicts are this model's own
@@ -250,7 +265,7 @@ class LlamaModel:
         """Run the packed batch; return fp32 logits for the tokens at `logits_indices`."""
         if (self.lean is not None and meta.backend == "torch"
                 and self.lean.takes(input_ids.shape[0], meta.seq_lens.shape[0], kv_quant.is_quantized(kv_pool))
-                and self.lean.can_run(kv_pool, self.kv_rotation)):
+                and self.lean.can_run(kv_pool, self.kv_rotation) and meta.group_tables is None):
             # a few tokens (one chat's, a speculative step's, a small batch's decode): weights read once
             from kernels.cpu_lean_step import LeanStepFailed
             try:
