@@ -23,9 +23,25 @@ log = logging.getLogger("paged_chat.engine")
 GRAPH_MAX_LEN = 8192   # decode graphs cover contexts up to this; longer ones run eagerly
 
 
-def choose_num_blocks(cfg: EngineConfig, bytes_per_block: int) -> int:
+def choose_num_blocks(cfg: EngineConfig, bytes_per_block: int, reserved: int = 0,
+                      budget: float | None = None) -> int:
+    """Blocks of the pool: cfg.num_blocks, or the KV budget less `reserved` bytes (state slots)."""
     if cfg.num_blocks is not None:
         return cfg.num_blocks
+    budget = kv_budget(cfg) if budget is None else budget
+    return max(1, int((budget - reserved) // bytes_per_block))
+
+
+def choose_state_slots(cfg: EngineConfig, bytes_per_slot: int, budget: float | None) -> int:
+    """State slots of a model with linear-attention layers (engine/kv/state_pool.py): running
+    sequences, parked chats and checkpoints; slot 0 is reserved. Within half the KV budget."""
+    n = cfg.state_slots or (cfg.max_num_seqs * 3 // 2 + 16)
+    if cfg.state_slots is None and budget is not None:
+        n = min(n, max(4, int(budget // 2 // bytes_per_slot)))
+    return n + 1
+
+
+def kv_budget(cfg: EngineConfig) -> float:
     if cfg.kv_cache_gib is not None:
         budget = cfg.kv_cache_gib * 2**30
     elif cfg.device.startswith("cuda"):
@@ -33,7 +49,7 @@ def choose_num_blocks(cfg: EngineConfig, bytes_per_block: int) -> int:
         budget = free * DEFAULT_GPU_MEMORY_FRACTION
     else:
         budget = DEFAULT_CPU_KV_CACHE_GIB * 2**30
-    return max(1, int(budget // bytes_per_block))
+    return budget
 
 
 def _layer_kv(layout: KVCacheLayout, kv_layers: tuple, num_layers: int) -> tuple:
@@ -74,7 +90,18 @@ class ModelRunner:
         self.weights_kv_bytes_per_token = kv_quant.bytes_per_token(P, m.num_kv_heads, m.head_dim,
                                                                    self.dtype)   # for "what it buys"
         self.kv_bytes_per_block = self.kv_bytes_per_token * cfg.block_size
-        self.num_blocks = choose_num_blocks(cfg, self.kv_bytes_per_block)
+        # linear-attention layers: one fixed-size state per holder (engine/exec/models/linear_state.py)
+        self.linear_state, self.num_state_slots, self.state_bytes_per_slot = None, 0, 0
+        budget = kv_budget(cfg) if cfg.num_blocks is None else None     # measured once (CUDA: free memory)
+        if m.spec.linear_layers:
+            from engine.exec.models.linear_state import LinearState
+            n_lin = len(m.spec.linear_layers)
+            self.state_bytes_per_slot = LinearState.bytes_per_slot(m.spec.linear, n_lin, self.dtype)
+            self.num_state_slots = choose_state_slots(cfg, self.state_bytes_per_slot, budget)
+            m.linear_state = self.linear_state = LinearState(m.spec.linear, n_lin, self.num_state_slots,
+                                                             self.dtype, self.device)
+        self.num_blocks = choose_num_blocks(cfg, self.kv_bytes_per_block,
+                                            self.num_state_slots * self.state_bytes_per_slot, budget)
         # one sequence must always fit in the pool on its own, or preemption could never help
         self.max_model_len = min(cfg.max_model_len or max_pos, self.kv_layout.max_tokens(
             self.num_blocks, cfg.block_size, cfg.max_num_batched_tokens))
@@ -119,9 +146,13 @@ class ModelRunner:
         ids, pos, slots, tables, seq_lens, cu, logits_idx, copy_t, max_q = pack_step(self.staging, plan)
         if copy_t is not None and copies:
             kernels.copy_blocks(self.kv_pool, copy_t, backend=self.backend)
+        state_slots = None
+        if self.linear_state is not None:    # copies first (forks, checkpoints), then the rows' slots
+            self.linear_state.copy_slots(plan.state_copies)
+            state_slots = torch.tensor([r.state_slots[0] for r in plan.rows], dtype=torch.int64, device=self.device)
         groups = len(slots) > 1             # KV cache groups: each its own slots and tables
         meta = AttentionMetadata(slot_mapping=slots[0], block_tables=tables[0], seq_lens=seq_lens,
                                  cu_seqlens_q=cu, max_seqlen_q=max_q, backend=self.backend,
                                  group_slots=tuple(slots) if groups else None,
-                                 group_tables=tuple(tables) if groups else None)
+                                 group_tables=tuple(tables) if groups else None, state_slots=state_slots)
         return self.model.forward(ids, pos, self.kv_pool, meta, logits_idx)

@@ -65,7 +65,7 @@ class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, *, max_model_len: int,
                  layout: KVCacheLayout | None = None, kv_bytes_per_token: int = 0,
                  enable_prefix_caching: bool = True,
-                 max_pin_fraction: float = DEFAULT_MAX_PIN_FRACTION):
+                 max_pin_fraction: float = DEFAULT_MAX_PIN_FRACTION, states=None):
         if block_size not in BLOCK_SIZES:
             raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {block_size}")
         if num_blocks < 1:
@@ -91,6 +91,9 @@ class KVCacheManager:
         self.spec_rollbacks = 0                   # speculative steps that gave slots back (rollback)
         self.spec_rolled_back_slots = 0           # slots of rejected draft tokens given back
         self.window_released_blocks = [0] * self.layout.num_groups   # per group, since start
+        # state groups (engine/kv/state_groups.py): the state slots of a model with linear-attention
+        # layers, held by the same tables (lists of GroupTables) that hold the blocks; None otherwise
+        self.states = states
 
     def attach_tier(self, tier: KVTier, io, policy: TierPolicy | None = None) -> TierLink:
         """Put `tier` behind the pool; returns the link that moves blocks to and from it.
@@ -130,8 +133,13 @@ class KVCacheManager:
     def _plan(self, token_ids, salt, session_id) -> HitPlan:
         if not self.enable_prefix_caching:
             return HitPlan.empty(self.layout, self._bs)
-        return plan_hit(self.layout, self._bs, self.pool, self.tier_link, token_ids, salt,
+        plan = plan_hit(self.layout, self._bs, self.pool, self.tier_link, token_ids, salt,
                         self.parked.get(session_id))
+        if self.states is not None:             # a hit needs a state to start from (state_hit.py)
+            from engine.kv import state_hit
+            plan = state_hit.clamp(self.states, plan, self.layout, self._bs, lambda: plan_hit(
+                self.layout, self._bs, self.pool, self.tier_link, token_ids, salt, None))
+        return plan
 
     def lookup_prefix(self, token_ids, *, cache_salt=None, session_id=None) -> int:
         """Tokens whose KV add_sequence would reuse right now (no state change)."""
@@ -181,12 +189,62 @@ class KVCacheManager:
             self.parked.release(sid)
         return True
 
+    def _state_room(self, n: int, keep=None, dry: bool = False, restore=None) -> bool:
+        """`n` free state slots: checkpoints no pin holds go first (dead ones, then least recently
+        used; never `restore`, the one a hit is about to copy), then parked sessions LRU (never
+        `keep`). False, with nothing released, if even that is not enough (`_shortfall` says so);
+        dry=True only answers."""
+        st = self.states
+        if st is None or n <= 0 or st.pool.num_free >= n:
+            return True
+        pinned_ids = self.pins.pinned_ids()
+        drops = [k for k in st.reclaimable(self.pool, lambda b: b.block_id in pinned_ids)
+                 if restore is None or k != restore.key]
+        free, victims = st.pool.num_free + len(drops), []
+        for sess in self.parked:
+            if free >= n:
+                break
+            if sess.session_id != keep and st.holds(sess.tables) and st.pool.ref[st.slot_of(sess.tables)] == 1:
+                victims.append(sess.session_id)
+                free += 1
+        if free < n:
+            self._shortfall = (n, free)
+            return False
+        if not dry:
+            for key in drops:
+                if st.pool.num_free >= n:
+                    break
+                st.drop(key)
+            for sid in victims:
+                if st.pool.num_free >= n:
+                    break
+                self.parked.release(sid)
+        return True
+
+    def chunk_end(self, seq_id, start: int, n: int) -> int:
+        """How many of the n tokens from `start` one step should compute: a prefill chunk ends at
+        a wanted state checkpoint (engine/kv/state_groups.py) so the state there can be kept."""
+        if self.states is None or n <= 1:
+            return n
+        seq = self._seqs.get(seq_id)
+        pos = self.states.wanted_pos(seq.tables) if seq is not None else None
+        return pos - start if pos is not None and start < pos < start + n else n
+
+    def step_state(self, seq_id) -> tuple[int, ...]:
+        """A scheduled row's state slot per state group (() for a model without them)."""
+        return () if self.states is None else (self.states.slot_of(self._get(seq_id).tables),)
+
+    def take_state_copies(self) -> list[tuple[int, int]]:
+        return [] if self.states is None else self.states.take_pending_copies()
+
     # ---- growing the tables -------------------------------------------------------------
     def _grow(self, seq: _Seq, n: int) -> None:
         """Give tokens [num_computed, num_computed+n) slots in every group, after releasing what
         the window no longer shows the step's first query; capacity already checked."""
         if n <= 0:
             return
+        if self.states is not None:     # the step writes the state: a shared slot is copied first
+            self.states.writable(seq.tables)
         self._hash_full(seq)        # blocks an accepted draft completed: hashed before release
         pool, bs = self.pool, self._bs
         nc, end = seq.num_computed, seq.num_computed + n
@@ -217,6 +275,8 @@ class KVCacheManager:
             pool.set_filled(t[last_i], end - last_i * bs)
         seq.num_computed = end
         self._hash_full(seq)
+        if self.states is not None:
+            self.states.reached(seq.tables, end, seq.hashes)
 
     def _register(self, b: Block, group: int, c: ChainBlock, seq) -> None:
         if self.pool.register(b, group_key(c.hash, group), c.tokens, group_key(c.parent, group), c.salt) \
@@ -274,8 +334,15 @@ class KVCacheManager:
                 break
             plan = self._plan(token_ids, cache_salt, session_id)
         if plan.session is not None:
+            if self.states is not None and not self._state_room(
+                    int(self.states.needs_copy(plan.session.tables)), keep=plan.session.session_id, dry=True):
+                return None
             return self._adopt(seq_id, token_ids, plan, num_new_tokens, cache_salt)
-        if not self._room_for_hit(seq_id, plan, token_ids, num_new_tokens):
+        restore = getattr(plan, "state_restore", None)
+        if not self._state_room(1, dry=True, restore=restore) or \
+                not self._room_for_hit(seq_id, plan, token_ids, num_new_tokens):
+            return None
+        if not self._state_room(1, restore=restore):
             return None
         return self._admit(seq_id, token_ids, plan, datas, num_new_tokens, cache_salt, session_id)
 
@@ -313,6 +380,10 @@ class KVCacheManager:
         cached, start = plan.cached, plan.num_blocks * bs
         seq.num_computed = start
         self._seqs[seq_id] = seq
+        if self.states is not None:     # a fresh slot, or the checkpoint's state copied into one
+            self.states.attach(tables, getattr(plan, "state_restore", None))
+            self.states.want_checkpoint(tables, len(token_ids) // bs * bs)
+            num_new_tokens = self.chunk_end(seq_id, start, num_new_tokens)
         self.prefix_cache_queries += len(token_ids)
         self.prefix_cache_hits += start
         self._grow(seq, max(0, min(num_new_tokens, len(token_ids) - start)))
@@ -337,10 +408,15 @@ class KVCacheManager:
         need, _ = self._needed(tables, c, n)
         if not self._make_room(need, keep=sess.session_id, dropping=dropping):
             return None
+        if self.states is not None:     # the parked slot shared with a fork: room for its copy (checked dry)
+            self._state_room(int(self.states.needs_copy(sess.tables)), keep=sess.session_id)
         self.parked.take(sess.session_id)
         self._free_blocks(dropping)
         seq = _Seq(seq_id, token_ids, salt, sess.session_id, tables)
         seq.hashes, seq.num_computed = sess.hashes[:c // bs], c
+        if self.states is not None:     # the parked state is the next turn's
+            self.states.adopt(sess.tables, tables)
+            self.states.want_checkpoint(tables, len(token_ids) // bs * bs)
         if c % bs:
             for t in tables:
                 last = t[-1]
@@ -349,7 +425,7 @@ class KVCacheManager:
         self._seqs[seq_id] = seq
         self.prefix_cache_queries += len(token_ids)
         self.prefix_cache_hits += c
-        self._grow(seq, n)
+        self._grow(seq, self.chunk_end(seq_id, c, n))
         return c
 
     def allocate_slots(self, seq_id, num_new_tokens: int) -> None:
@@ -367,7 +443,10 @@ class KVCacheManager:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
         self._check_len(seq_id, seq.num_computed + num_new_tokens)
         need, dying = self._needed(seq.tables, seq.num_computed, num_new_tokens)
-        if not self._make_room(need, dropping=dying):
+        copy = int(self.states is not None and num_new_tokens > 0 and self.states.needs_copy(seq.tables))
+        if not self._state_room(copy, dry=True) or not self._make_room(need, dropping=dying):
+            return False
+        if not self._state_room(copy):
             return False
         self._grow(seq, num_new_tokens)
         return True
@@ -415,6 +494,8 @@ class KVCacheManager:
         for t in child.tables:
             self.pool.touch(t.blocks)
         self._seqs[child_id] = child
+        if self.states is not None:
+            self.states.share(parent.tables, child.tables)
 
     def _free_blocks(self, blocks: list[Block]) -> None:
         """Drop one reference each (in eviction order) and the copies into blocks now free."""
@@ -423,8 +504,11 @@ class KVCacheManager:
             self._pending = [(s, d) for s, d in self._pending if self.pool.blocks[d].ref_count > 0]
 
     def _release_tables(self, tables: list[GroupTable]) -> None:
-        """Tail first, group 0 last: the private tail is evicted before the (likely shared) head."""
+        """Tail first, group 0 last: the private tail is evicted before the (likely shared) head.
+        The tables' state slot (a model with linear-attention layers) goes with them."""
         self._free_blocks([b for t in reversed(tables) for b in reversed(t.blocks)])
+        if self.states is not None:
+            self.states.release(tables)
 
     def free(self, seq_id) -> None:
         seq = self._get(seq_id)

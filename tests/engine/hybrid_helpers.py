@@ -66,5 +66,6 @@ def make_llm(family, **kw):
     from engine import LLM
     name, over = FAMILIES[family]
     kw.setdefault("num_blocks", 24)
+    kw.setdefault("max_num_batched_tokens", 32)
     return LLM(model=name, load_format="dummy", hf_overrides={**SHRINK, **over}, seed=0, device="cpu",
-               block_size=16, max_num_batched_tokens=32, **kw)
+               block_size=16, **kw)

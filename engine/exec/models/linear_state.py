@@ -32,13 +32,11 @@ class LinearState:
         return num_layers * spec.state_bytes(torch.empty((), dtype=dtype).element_size())
 
     def copy_slots(self, src_dst) -> None:
-        """Copy slot src -> dst for every (src, dst) pair (all layers). Sources are read before any
-        destination is written, so chains read old contents (as kernels.copy_blocks)."""
-        if not len(src_dst):
-            return
-        idx = torch.as_tensor(src_dst, dtype=torch.long, device=self.rec.device).reshape(-1, 2)
-        self.rec[:, idx[:, 1]] = self.rec[:, idx[:, 0]]
-        self.conv[:, idx[:, 1]] = self.conv[:, idx[:, 0]]
+        """Copy slot src -> dst for every (src, dst) pair (all layers), in order: a later pair may
+        read what an earlier one wrote (a checkpoint taken, then restored for a prefix hit)."""
+        for src, dst in src_dst:
+            self.rec[:, dst] = self.rec[:, src]
+            self.conv[:, dst] = self.conv[:, src]
 
     def read(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One slot's tensors (copies), e.g. for the KV tier."""
