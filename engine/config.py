@@ -187,6 +187,8 @@ class EngineConfig:
         "the per-layer loop only", choices=["auto", "on", "off"])
     max_pin_fraction: float = opt(0.10, "pinned shared prompts may hold at most this share of the pool",
                                   type=float)
+    kv_cache_groups: bool = opt(True, "False: one block table for every layer, windows never give blocks back (the "
+                                "layout before KV cache groups; for comparisons: bench --kv-groups)", flag=False)
     state_slots: int | None = opt(
         None, "models with linear-attention layers (Qwen3.5): fixed-size state slots beside the KV pool, held "
         "by running sequences, parked chats and prefix checkpoints; default 1.5 x max-num-seqs + 16, at most "

@@ -18,3 +18,9 @@ class NoFreeBlocksError(RuntimeError):
 
 class KVCacheError(RuntimeError):
     """Misuse: unknown, duplicate or double-freed sequence, or writing past max_model_len."""
+
+
+class ModelLoadError(ValueError):
+    """A model that cannot be served, said in plain words: a missing or unreadable path, a damaged
+    or cut-short GGUF, an architecture or feature the engine cannot compute, a model too large for
+    memory, a chat template that cannot be rendered (engine/exec/loader.py raises it)."""

@@ -23,6 +23,9 @@ class CompletionOutput:
     metrics: dict = field(default_factory=dict)
     logprobs: list[TokenLogprob] | None = None
     cumulative_logprob: float | None = None
+    reasoning: str | None = None      # a thinking model's reasoning (engine/text/reasoning.py); None: none
+    content: str | None = None        # the reply without its reasoning block (None: not split)
+    reasoning_tokens: int = 0         # generated tokens inside the reasoning block
 
 
 @dataclass

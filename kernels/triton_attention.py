@@ -169,6 +169,7 @@ def _prefill_kernel(
         d_mask = offs_d[None, :] < HEAD_DIM
         n_full = (first_pos + 1) // TILE_N
         j0 = 0
+        lo = 0
         if HAS_WINDOW:      # keys before lo are outside every row's window: never loaded
             lo = tl.maximum(first_pos - window + 1, 0)
             j0 = lo // TILE_N
@@ -206,6 +207,8 @@ def _prefill_kernel(
         for t0 in range(n_full * TILE_N, kv_end, TILE_N):  # diagonal tiles: causal mask
             pos = t0 + offs_n
             valid = pos < kv_end
+            if HAS_WINDOW:      # this tile may start before lo (both in the first row's tile)
+                valid = valid & (pos >= lo)
             blk = tl.load(bt_row + pos // block_size, mask=valid, other=0).to(tl.int64)
             rows = blk * stride_cb + (pos % block_size) * stride_cs + kvh * stride_ch
             kv_mask = valid[:, None] & d_mask

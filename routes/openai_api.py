@@ -38,7 +38,7 @@ from routes.openai_params import LogprobFormatter, to_sampling_params
 from routes.request_limits import RequestLimits
 from routes.openai_stream import DONE, Generation, Submitted, sse, watch_disconnect
 from routes import openai_tools
-from routes.openai_render import ChatRender, CompletionRender
+from routes.openai_render import ChatRender, CompletionRender, ReasoningSplit
 from routes.openai_structured import structured_spec
 
 KEY_THROTTLE_USER = "\x00api-key"     # the throttle's user slot for API keys (no login name has a NUL)
@@ -116,6 +116,8 @@ class OpenAIServer:
         self.max_num_seqs = llm.config.max_num_seqs
         self.max_pending = max_pending if max_pending is not None else 2 * self.max_num_seqs
         self.tokenizer = llm.get_tokenizer()
+        # a thinking model's markers (engine/text/reasoning.py): replies split into reasoning_content
+        self.reasoning_markers = tuple(getattr(llm.model_info(), "reasoning_markers", ()) or ())
         self.fmt = LogprobFormatter(self.tokenizer)
         self.metrics = ApiMetrics()
         self.access = access or ApiAccess()
@@ -265,15 +267,16 @@ class OpenAIServer:
             raise APIError(400, "response_format / structured_outputs cannot be combined with tools unless "
                                 "tool_choice is 'none'", param="response_format", code="invalid_value")
         mode = dict(add_generation_prompt=body.add_generation_prompt,
-                    continue_final_message=body.continue_final_message)
+                    continue_final_message=body.continue_final_message, enable_thinking=body.enable_thinking())
         try:
             messages = openai_tools.template_messages(body, tools)
             ids = await asyncio.to_thread(continue_session_prompt, self.tokenizer, messages, None, **mode)
         except ValueError as e:
             raise APIError(400, str(e), param="messages", code="invalid_value") from e
         cid = S.new_id("chatcmpl")
+        thinking = ReasoningSplit.of(self.tokenizer, self.reasoning_markers, ids)     # None: not a thinking model
         return await self._run("chat_completions", request, body, [ids], cid,
-                               ChatRender(self, body, cid, tools if tools and tools.parses else None),
+                               ChatRender(self, body, cid, tools if tools and tools.parses else None, thinking),
                                messages=messages, structured=spec or tool_spec)
 
     async def completions(self, body: S.CompletionRequest, request: Request):

@@ -5,11 +5,18 @@ object, for /v1/chat/completions (`ChatRender`) and /v1/completions (`Completion
 Why its own file: routes/openai_api.py owns the calls' lifecycle (admission, slots, aborts, the SSE
 response); this owns only their shape, and reads from the server just its model name, tokenizer and
 logprob formatter. The JSON builders themselves are routes/openai_schemas.py's.
+
+A thinking model's (Qwen3, SmolLM3) replies are split as vLLM's reasoning parsers split them:
+`reasoning_content` beside `content` in the message and in the streamed deltas, and the reasoning
+tokens in `usage.completion_tokens_details` (engine/text/reasoning.py holds the rule).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from engine.text.reasoning import (ReasoningParser, prompt_opens_reasoning, reasoning_token_count,
+                                   split_reasoning)
 from routes import openai_schemas as S
 from routes import openai_tools
 
@@ -17,12 +24,36 @@ if TYPE_CHECKING:
     from routes.openai_api import OpenAIServer
 
 
+@dataclass(frozen=True)
+class ReasoningSplit:
+    """How one call's replies split: the model's markers, their ids, whether the prompt opened a block."""
+    markers: tuple
+    ids: tuple
+    inside: bool
+
+    @classmethod
+    def of(cls, tokenizer, markers, prompt_ids) -> "ReasoningSplit | None":
+        if not markers:
+            return None
+        return cls(tuple(markers), tuple(tokenizer.convert_tokens_to_ids(m) for m in markers),
+                   prompt_opens_reasoning(prompt_ids, tokenizer, markers))
+
+    def parser(self) -> ReasoningParser:
+        return ReasoningParser(self.markers, self.inside)
+
+    def tokens(self, token_ids) -> int:
+        return reasoning_token_count(token_ids, self.ids, self.inside)
+
+
 class ChatRender:
-    def __init__(self, srv: "OpenAIServer", body, cid: str, tools=None):
+    def __init__(self, srv: "OpenAIServer", body, cid: str, tools=None, thinking: ReasoningSplit | None = None):
         self.srv, self.body, self.cid = srv, body, cid
         self.lp = body.num_logprobs() is not None
         self.tools = tools          # routes/openai_tools.ToolPlan when tool calls are parsed
+        self.thinking = thinking    # a thinking model's split (None: replies are all content)
         self.parsers: dict[int, openai_tools.ToolCallParser] = {}
+        self.splitters: dict[int, ReasoningParser] = {}
+        self.gen = None
 
     def _parser(self, i: int) -> "openai_tools.ToolCallParser":
         return self.parsers.setdefault(i, openai_tools.ToolCallParser())
@@ -39,23 +70,44 @@ class ChatRender:
         return [self._chunk(created, [S.chat_chunk_choice(i, {"role": "assistant", "content": ""})])
                 for i in range(len(gen.choices))]
 
+    def _split(self, i, d) -> tuple[str, str]:
+        """(reasoning, content) of delta d of choice i (all content for a model that does not think)."""
+        if self.thinking is None:
+            return "", d.text
+        p = self.splitters.setdefault(i, self.thinking.parser())
+        r, c = p.feed(d.text)
+        if d.finished:
+            r2, c2 = p.finish()
+            r, c = r + r2, c + c2
+        return r, c
+
     def chunks(self, created, gen, i, d):
+        self.gen = gen
         out = []
         if self.tools is not None:
             return self._tool_chunks(created, i, d)
-        if d.text or d.token_ids:
-            lp = self.srv.fmt.chat(getattr(d, "logprobs", None) or []) if self.lp else None
-            out.append(self._chunk(created, [S.chat_chunk_choice(i, {"content": d.text}, None, lp)]))
+        reasoning, content = self._split(i, d)
+        lp = self.srv.fmt.chat(getattr(d, "logprobs", None) or []) if self.lp and (d.text or d.token_ids) else None
+        if reasoning:
+            out.append(self._chunk(created, [S.chat_chunk_choice(i, {"reasoning_content": reasoning}, None, lp)]))
+            lp = None
+        if content or (self.thinking is None and (d.text or d.token_ids)) or lp is not None:
+            out.append(self._chunk(created, [S.chat_chunk_choice(i, {"content": content}, None, lp)]))
         if d.finished:
             out.append(self._chunk(created, [S.chat_chunk_choice(i, {}, d.finish_reason)]))
         return out
 
     def _tool_chunks(self, created, i, d):
-        """Text and tool-call deltas as OpenAI streams them (routes/openai_tools.ToolCallParser)."""
+        """Text and tool-call deltas as OpenAI streams them (routes/openai_tools.ToolCallParser);
+        a thinking model's reasoning goes out first as reasoning_content, only its answer is parsed."""
         p = self._parser(i)
-        events = p.feed(d.text) + (p.finish() if d.finished else [])
+        reasoning, content = self._split(i, d)
+        events = p.feed(content) + (p.finish() if d.finished else [])
         lp = self.srv.fmt.chat(getattr(d, "logprobs", None) or []) if self.lp and d.token_ids else None
         out = []
+        if reasoning:
+            out.append(self._chunk(created, [S.chat_chunk_choice(i, {"reasoning_content": reasoning}, None, lp)]))
+            lp = None
         for k, ev in enumerate(events):
             out.append(self._chunk(created, [S.chat_chunk_choice(i, openai_tools.stream_delta(ev), None,
                                                                  lp if k == 0 else None)]))
@@ -63,21 +115,32 @@ class ChatRender:
             out.append(self._chunk(created, [S.chat_chunk_choice(i, {}, self._finish_reason(p, d.finish_reason))]))
         return out
 
+    def _usage(self, gen, usage):
+        if self.thinking is None or gen is None:
+            return usage
+        return S.with_reasoning_tokens(usage, sum(self.thinking.tokens(c.token_ids) for c in gen.choices))
+
     def usage_chunk(self, created, usage):
-        return S.chat_chunk(self.cid, self.srv.model, created, [], usage)
+        return S.chat_chunk(self.cid, self.srv.model, created, [], self._usage(self.gen, usage))
 
     def final(self, cid, gen, usage):
         choices = []
         for i, c in enumerate(gen.choices):
-            ch = S.chat_choice(i, c.text, c.finish_reason, self.srv.fmt.chat(c.logprobs) if self.lp else None)
+            text, reasoning = c.text, None
+            if self.thinking is not None:
+                sp = split_reasoning(c.text, c.token_ids, self.thinking.markers, self.thinking.inside)
+                text, reasoning = sp.content, sp.reasoning
+            ch = S.chat_choice(i, text, c.finish_reason, self.srv.fmt.chat(c.logprobs) if self.lp else None)
+            if self.thinking is not None:
+                ch["message"]["reasoning_content"] = reasoning
             if self.tools is not None:
                 p = openai_tools.ToolCallParser()
-                p.feed(c.text)
+                p.feed(text)
                 p.finish()
                 ch["message"].update(p.message_fields())
                 ch["finish_reason"] = self._finish_reason(p, c.finish_reason)
             choices.append(ch)
-        return S.chat_completion(cid, self.srv.model, choices, usage)
+        return S.chat_completion(cid, self.srv.model, choices, self._usage(gen, usage))
 
 
 class CompletionRender:

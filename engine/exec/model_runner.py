@@ -80,9 +80,12 @@ class ModelRunner:
         m.kv_rotation = kv_quant.hadamard(m.head_dim, device=self.device) if self.kv_rotation == "hadamard" else None
         # KV cache groups (engine/kv/cache_spec.py): layers of one attention kind share a group;
         # every group has P layer slots in the one pool (P = num_layers for a model of one kind)
-        # (only attention layers keep KV: a Gated DeltaNet layer has no slot and no group)
+        # (only attention layers keep KV: a Gated DeltaNet layer has no slot and no group;
+        # kv_cache_groups=False: one full-attention group of every attention layer; attention still
+        # applies each layer's window, but no block is ever given back: the layout before groups)
         kv_layers = m.spec.kv_layers
-        self.kv_layout = KVCacheLayout.from_layer_windows([m.spec.layers[i].window for i in kv_layers])
+        self.kv_layout = KVCacheLayout.from_layer_windows([m.spec.layers[i].window for i in kv_layers]) \
+            if cfg.kv_cache_groups else KVCacheLayout.single(len(kv_layers))
         m.kv_layer = _layer_kv(self.kv_layout, kv_layers, m.num_layers)
         P = self.kv_layout.pool_layers
         # bytes of one block / block_size: 2 x P layer slots x KV heads x row bytes

@@ -39,14 +39,14 @@ def _prefill(model, kv_pool, width: int, n_tok: int, backend: str) -> None:
                   kv_pool, meta, torch.tensor([n_tok - 1], device=dev))
 
 
-def _decode_splits(model, kv_pool, width: int, splits: int) -> None:
+def _decode_splits(model, kv_pool, width: int, splits: int, window: int | None = None) -> None:
     from kernels import triton_attention
     dev = kv_pool.device
     q = torch.zeros(1, model.num_heads, model.head_dim, dtype=model.cos.dtype, device=dev)
     triton_attention.paged_attention(
         q, kv_pool[0, 0], kv_pool[1, 0], torch.zeros(1, width, dtype=torch.int32, device=dev),
         torch.ones(1, dtype=torch.int32, device=dev), torch.tensor([0, 1], dtype=torch.int32, device=dev),
-        model.scale, max_seqlen_q=1, num_splits=splits)
+        model.scale, max_seqlen_q=1, num_splits=splits, window=window)
 
 
 def effective_splits(width: int, block_size: int, splits: int, tile: int | None = None) -> int:
@@ -91,9 +91,12 @@ def warm_up(model, kv_pool: torch.Tensor, backend: str, max_blocks_per_seq: int,
     launches = len(widths)
     if backend == "triton":
         plan = decode_plan(min(max_blocks_per_seq, 8192), bs)
-        for j, (w, splits) in enumerate(plan):
-            _decode_splits(model, kv_pool, w, splits)
-            launches += 1
+        # a window is a runtime int: only one not divisible by 16 is another specialization (issue 45)
+        windows = [None] + sorted({w for w in getattr(model.spec, "windows", ()) if w % 16})
+        for window in windows:
+            for j, (w, splits) in enumerate(plan):
+                _decode_splits(model, kv_pool, w, splits, window)
+                launches += 1
         log(f"decode split-K variants {len(plan)}/{len(plan)} (table widths 1..{max_blocks_per_seq})")
     if num_blocks > 1:    # copy-on-write kernel
         kernels.copy_blocks(kv_pool, torch.tensor([[0, 1]], device=kv_pool.device), backend=backend)

@@ -24,6 +24,7 @@ from engine.sampling.sampling_params import SamplingParams
 from engine.front.engine_thread import SHUT_DOWN, EngineThread
 from engine.front.request_stream import RequestStream, collect
 from engine.core.sequence import Request, RequestOutputDelta
+from engine.text.reasoning import split_outputs
 from engine.text.session_prompt import continue_session_prompt
 
 class LLM:
@@ -53,7 +54,8 @@ class LLM:
         self.engine = LLMEngine(cfg, loaded)
         self.admission = AdmissionControl(QueueBounds(*cfg.queue_bounds))   # engine/core/admission.py
         self.tokenizer = loaded.tokenizer
-        self._info = build_model_info(loaded.source, loaded.config, cfg, self.engine.runner, self.engine.eos_ids)
+        self._info = build_model_info(loaded.source, loaded.config, cfg, self.engine.runner, self.engine.eos_ids,
+                                      tokenizer=loaded.tokenizer)
         self._ids = itertools.count()
         self._live: set[str] = set()                 # request ids not yet finished
         self._live_lock = threading.Lock()
@@ -175,7 +177,8 @@ class LLM:
         self._enqueue_add([req for req, _ in prepared])     # one command: one step admits them all
         streams = [stream for _, stream in prepared]
         try:
-            return [collect(s, p or SamplingParams()) for s, p in zip(streams, params)]
+            return [split_outputs(collect(s, p or SamplingParams()), self.tokenizer, self._info.reasoning_markers)
+                    for s, p in zip(streams, params)]
         except BaseException:
             for s in streams:               # do not leave the rest of the batch running
                 try:
@@ -184,9 +187,14 @@ class LLM:
                     pass
             raise
 
-    def chat(self, messages, sampling_params=None, use_tqdm: bool = False) -> list[RequestOutput]:
+    def chat(self, messages, sampling_params=None, use_tqdm: bool = False,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """vLLM-shaped. chat_template_kwargs: {"enable_thinking": bool} (other keys are ignored). A
+        thinking model's outputs carry their reasoning split off (CompletionOutput.reasoning)."""
+        thinking = (chat_template_kwargs or {}).get("enable_thinking")
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = [{"prompt_token_ids": continue_session_prompt(self.tokenizer, c, None)} for c in convs]
+        prompts = [{"prompt_token_ids": continue_session_prompt(self.tokenizer, c, None, enable_thinking=thinking)}
+                   for c in convs]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     # ---- beam search (engine/core/beam_search.py) ------------------------------------------------------

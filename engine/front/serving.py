@@ -62,16 +62,18 @@ class ServingLLM(LLM):
     def submit_chat(self, messages: list[dict], params: SamplingParams | None = None, *,
                     session_id: str | None = None, request_id: str | None = None,
                     previous_ids: list[int] | None = None, cache_salt: str | None = None,
-                    tenant: str | None = None, priority: int = 0) -> RequestStream:
+                    tenant: str | None = None, priority: int = 0, thinking: bool | None = None) -> RequestStream:
         """Chat turn. The previous turn's exact token ids are reused as the prefix: `previous_ids`
         when the caller kept them (e.g. read back from storage after a restart, or the branch being
         continued), else the session's last turn. They are used only if they decode to the start
         of the rendered conversation, so a wrong guess costs cache hits, never correctness.
         `cache_salt` (e.g. the user name under --auth): prefix-cache hits only between requests
-        with the same salt, except for the leading system messages, shared by everyone."""
+        with the same salt, except for the leading system messages, shared by everyone.
+        `thinking`: the template's enable_thinking switch (None: its default; ModelInfo.thinking_switch
+        says whether it has one)."""
         previous = previous_ids if previous_ids else (self.engine.sessions.token_ids(session_id)
                                                       if session_id else None)
-        ids = continue_session_prompt(self.tokenizer, messages, previous)
+        ids = continue_session_prompt(self.tokenizer, messages, previous, enable_thinking=thinking)
         salt = prompt_salt(self.tokenizer, messages, ids, cache_salt)   # engine/kv/salt_rule.py
         return self.submit({"prompt_token_ids": ids}, params, session_id=session_id, request_id=request_id,
                            cache_salt=salt, tenant=tenant, priority=priority)
@@ -118,10 +120,10 @@ class ServingLLM(LLM):
                                     [request_id] if request_id else None, cache_salt=cache_salt,
                                     tenant=tenant, priority=priority)[0]
 
-    def count_prompt_tokens(self, messages: list[dict]) -> int:
+    def count_prompt_tokens(self, messages: list[dict], thinking: bool | None = None) -> int:
         """Length of the prompt these chat messages render to (no session reuse), for a
         "too long" answer before anything is stored or submitted."""
-        return len(continue_session_prompt(self.tokenizer, messages, None))
+        return len(continue_session_prompt(self.tokenizer, messages, None, enable_thinking=thinking))
 
     def pin_prefix(self, name: str, token_ids: list[int]):
         """Prefill and pin token_ids' full blocks under name (never evicted); returns PinInfo."""

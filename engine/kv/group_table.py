@@ -5,11 +5,13 @@ fork holds one table per group, and a sliding-window group's table releases its 
 once no query can read them. Logical entry i is position range [i*bs, (i+1)*bs); entries
 [0, released) are gone (the step's plan shows them as NULL_BLOCK), the rest are `blocks`.
 
-`ids` mirrors the table as block ids (NULL_BLOCK for released entries), kept up to date by every
-change, so a step's plan and a snapshot copy a list (one C-level copy) instead of walking Block
-objects each step. Nothing outside these methods changes `blocks`, `released` or `ids`.
+`ids` mirrors the table as block ids (NULL_BLOCK for released entries) in an array("i"), kept up to
+date by every change, so a step's plan (`tolist`) and a snapshot (a slice: memcpy) copy it in C
+instead of walking Block objects each step. Nothing outside these methods changes `blocks`, `released` or `ids`.
 """
 from __future__ import annotations
+
+from array import array
 
 from engine.kv.block_pool import Block
 from engine.kv.cache_spec import NULL_BLOCK
@@ -21,7 +23,7 @@ class GroupTable:
     def __init__(self, blocks=(), released: int = 0):
         self.released = released
         self.blocks: list[Block] = list(blocks)
-        self.ids: list[int] = [NULL_BLOCK] * released + [b.block_id for b in self.blocks]
+        self.ids = array("i", [NULL_BLOCK] * released + [b.block_id for b in self.blocks])
 
     def __len__(self) -> int:
         """Logical length: released entries included."""
@@ -39,11 +41,11 @@ class GroupTable:
         return f"GroupTable(released={self.released}, ids={self.ids[self.released:]})"
 
     def live_ids(self) -> list[int]:
-        return self.ids[self.released:]
+        return self.ids[self.released:].tolist()
 
     def copy(self) -> "GroupTable":
         out = GroupTable.__new__(GroupTable)
-        out.released, out.blocks, out.ids = self.released, list(self.blocks), list(self.ids)
+        out.released, out.blocks, out.ids = self.released, list(self.blocks), self.ids[:]
         return out
 
     def extend(self, blocks: list[Block]) -> None:
@@ -62,7 +64,7 @@ class GroupTable:
             return []
         out = self.blocks[:k]
         del self.blocks[:k]
-        self.ids[self.released:upto] = [NULL_BLOCK] * k
+        self.ids[self.released:upto] = array("i", [NULL_BLOCK] * k)
         self.released = upto
         return out
 

@@ -35,7 +35,6 @@ from collections import deque
 
 from engine.config import BLOCK_SIZES
 from engine.errors import KVCacheError, NoFreeBlocksError
-from engine.kv.block_hash import ChainBlock, group_key, walk_blocks
 from engine.kv.block_pool import Block, BlockPool
 from engine.kv.cache_spec import KVCacheLayout
 from engine.kv.group_table import GroupTable
@@ -44,7 +43,8 @@ from engine.kv.kv_tier_policy import TierPolicy
 from engine.kv.parking import Parked, ParkedSessions
 from engine.kv.pinning import DEFAULT_MAX_PIN_FRACTION, PinTable
 from engine.kv.prefix_hit import HitPlan, plan_hit
-from engine.kv.prefix_salt import SharedPrefixSalt
+from engine.kv.table_growth import TableGrowth
+from engine.kv.state_hooks import StateHooks
 from engine.kv.tier_link import TierLink
 
 log = logging.getLogger("paged_chat.engine")
@@ -61,7 +61,7 @@ class _Seq:
         self.hashes: list[int] = []     # token chain hash of each full block already hashed
 
 
-class KVCacheManager:
+class KVCacheManager(TableGrowth, StateHooks):
     def __init__(self, num_blocks: int, block_size: int, *, max_model_len: int,
                  layout: KVCacheLayout | None = None, kv_bytes_per_token: int = 0,
                  enable_prefix_caching: bool = True,
@@ -91,8 +91,8 @@ class KVCacheManager:
         self.spec_rollbacks = 0                   # speculative steps that gave slots back (rollback)
         self.spec_rolled_back_slots = 0           # slots of rejected draft tokens given back
         self.window_released_blocks = [0] * self.layout.num_groups   # per group, since start
-        # state groups (engine/kv/state_groups.py): the state slots of a model with linear-attention
-        # layers, held by the same tables (lists of GroupTables) that hold the blocks; None otherwise
+        # state groups (engine/kv/state_groups.py, engine/kv/state_hooks.py): the state slots of a
+        # model with linear-attention layers, held by the same table lists as the blocks; else None
         self.states = states
 
     def attach_tier(self, tier: KVTier, io, policy: TierPolicy | None = None) -> TierLink:
@@ -146,157 +146,6 @@ class KVCacheManager:
         plan = self._plan(token_ids, cache_salt, session_id)
         return plan.cached if plan.session is not None else plan.num_blocks * self._bs
 
-    # ---- capacity -----------------------------------------------------------------------
-    def _needed(self, tables: list[GroupTable], nc: int, n: int) -> tuple[int, list[Block]]:
-        """(blocks to pop so tokens [nc, nc+n) have slots in every group, CoW included; the
-        blocks the window releases when that step is scheduled, which may free some)."""
-        if n <= 0:
-            return 0, []
-        bs, need, dying = self._bs, 0, []
-        for spec, t in zip(self.layout.groups, tables):
-            need += -(-(nc + n) // bs) - len(t)
-            if nc % bs and t[-1].ref_count >= 2:
-                need += 1
-            if spec.sliding_window is not None:
-                dying += t.blocks[:spec.first_live_block(nc, bs) - t.released]
-        return need, dying
-
-    def _make_room(self, need: int, reserved=(), keep=None, dropping=()) -> bool:
-        """Ensure `need` blocks can be popped without evicting `reserved` (about to be revived),
-        counting `dropping` (blocks about to lose one ref); release parked blocks LRU (never
-        `keep`) only if required and only when that suffices. False (and no state change) when
-        even that is not enough; `_shortfall` then says (needed, available)."""
-        pool = self.pool
-        avail = pool.num_free - sum(1 for b in reserved if b.ref_count == 0)
-        avail += sum(1 for b in dropping if b.ref_count == 1)
-        if need <= avail:
-            return True
-        reserved, drops, victims = set(reserved), dict.fromkeys(dropping, 1), []
-        for sess in self.parked:
-            if sess.session_id == keep:
-                continue
-            victims.append(sess.session_id)
-            for b in sess.blocks():
-                k = drops[b] = drops.get(b, 0) + 1
-                if k == b.ref_count and b not in reserved:
-                    avail += 1
-            if avail >= need:
-                break
-        if avail < need:
-            self._shortfall = (need, avail)
-            return False
-        for sid in victims:
-            self.parked.release(sid)
-        return True
-
-    def _state_room(self, n: int, keep=None, dry: bool = False, restore=None) -> bool:
-        """`n` free state slots: checkpoints no pin holds go first (dead ones, then least recently
-        used; never `restore`, the one a hit is about to copy), then parked sessions LRU (never
-        `keep`). False, with nothing released, if even that is not enough (`_shortfall` says so);
-        dry=True only answers."""
-        st = self.states
-        if st is None or n <= 0 or st.pool.num_free >= n:
-            return True
-        pinned_ids = self.pins.pinned_ids()
-        drops = [k for k in st.reclaimable(self.pool, lambda b: b.block_id in pinned_ids)
-                 if restore is None or k != restore.key]
-        free, victims = st.pool.num_free + len(drops), []
-        for sess in self.parked:
-            if free >= n:
-                break
-            if sess.session_id != keep and st.holds(sess.tables) and st.pool.ref[st.slot_of(sess.tables)] == 1:
-                victims.append(sess.session_id)
-                free += 1
-        if free < n:
-            self._shortfall = (n, free)
-            return False
-        if not dry:
-            for key in drops:
-                if st.pool.num_free >= n:
-                    break
-                st.drop(key)
-            for sid in victims:
-                if st.pool.num_free >= n:
-                    break
-                self.parked.release(sid)
-        return True
-
-    def chunk_end(self, seq_id, start: int, n: int) -> int:
-        """How many of the n tokens from `start` one step should compute: a prefill chunk ends at
-        a wanted state checkpoint (engine/kv/state_groups.py) so the state there can be kept."""
-        if self.states is None or n <= 1:
-            return n
-        seq = self._seqs.get(seq_id)
-        pos = self.states.wanted_pos(seq.tables) if seq is not None else None
-        return pos - start if pos is not None and start < pos < start + n else n
-
-    def step_state(self, seq_id) -> tuple[int, ...]:
-        """A scheduled row's state slot per state group (() for a model without them)."""
-        return () if self.states is None else (self.states.slot_of(self._get(seq_id).tables),)
-
-    def take_state_copies(self) -> list[tuple[int, int]]:
-        return [] if self.states is None else self.states.take_pending_copies()
-
-    # ---- growing the tables -------------------------------------------------------------
-    def _grow(self, seq: _Seq, n: int) -> None:
-        """Give tokens [num_computed, num_computed+n) slots in every group, after releasing what
-        the window no longer shows the step's first query; capacity already checked."""
-        if n <= 0:
-            return
-        if self.states is not None:     # the step writes the state: a shared slot is copied first
-            self.states.writable(seq.tables)
-        self._hash_full(seq)        # blocks an accepted draft completed: hashed before release
-        pool, bs = self.pool, self._bs
-        nc, end = seq.num_computed, seq.num_computed + n
-        for g, (spec, t) in enumerate(zip(self.layout.groups, seq.tables)):
-            if spec.sliding_window is not None:     # every group's release before any allocation
-                dead = t.release_front(spec.first_live_block(nc, bs))
-                if dead:
-                    self._free_blocks(dead[::-1])
-                    self.window_released_blocks[g] += len(dead)
-        for g, t in enumerate(seq.tables):
-            if nc % bs:
-                last = t[-1]
-                if last.ref_count >= 2:                     # shared partial block: copy-on-write
-                    new = pool.get_new_blocks(1, g)[0]
-                    self._pending.append((last.block_id, new.block_id))
-                    pool.free_blocks((last,))
-                    pool.set_filled(new, nc % bs)
-                    t.replace_last(new)
-                elif last.block_hash is not None:           # adopted full block, tail overwritten
-                    pool.drop_hash(last)
-            extra = -(-end // bs) - len(t)
-            if extra > 0:
-                t.extend(pool.get_new_blocks(extra, g))
-            last_i = (end - 1) // bs
-            for i in range(nc // bs, last_i):
-                if t[i].filled != bs:
-                    pool.set_filled(t[i], bs)
-            pool.set_filled(t[last_i], end - last_i * bs)
-        seq.num_computed = end
-        self._hash_full(seq)
-        if self.states is not None:
-            self.states.reached(seq.tables, end, seq.hashes)
-
-    def _register(self, b: Block, group: int, c: ChainBlock, seq) -> None:
-        if self.pool.register(b, group_key(c.hash, group), c.tokens, group_key(c.parent, group), c.salt) \
-                and seq.owner is not None and not (c.salt is None and isinstance(seq.salt, SharedPrefixSalt)):
-            b.owner = seq.owner             # the chat's own block (not the shared system prompt)
-
-    def _hash_full(self, seq: _Seq) -> None:
-        """Hash the blocks that are full within num_computed (and the token list); register
-        each group's live block under its group's key."""
-        if not self.enable_prefix_caching:
-            return
-        bs, hashes, toks = self._bs, seq.hashes, seq.tokens
-        full = min(seq.num_computed, len(toks)) // bs
-        for c in walk_blocks(toks, seq.salt, bs, start=len(hashes), stop=full,
-                             parent=hashes[-1] if hashes else None):
-            hashes.append(c.hash)
-            for g, t in enumerate(seq.tables):
-                if c.index >= t.released:
-                    self._register(t[c.index], g, c, seq)
-
     # ---- sequence lifecycle -------------------------------------------------------------
     def add_sequence(self, seq_id, token_ids, *, num_new_tokens, cache_salt=None,
                      session_id=None) -> int:
@@ -338,7 +187,7 @@ class KVCacheManager:
                     int(self.states.needs_copy(plan.session.tables)), keep=plan.session.session_id, dry=True):
                 return None
             return self._adopt(seq_id, token_ids, plan, num_new_tokens, cache_salt)
-        restore = getattr(plan, "state_restore", None)
+        restore = getattr(plan, "state_restore", None)      # state groups: a checkpoint to copy in
         if not self._state_room(1, dry=True, restore=restore) or \
                 not self._room_for_hit(seq_id, plan, token_ids, num_new_tokens):
             return None
@@ -446,7 +295,7 @@ class KVCacheManager:
         copy = int(self.states is not None and num_new_tokens > 0 and self.states.needs_copy(seq.tables))
         if not self._state_room(copy, dry=True) or not self._make_room(need, dropping=dying):
             return False
-        if not self._state_room(copy):
+        if not self._state_room(copy):          # a shared state slot is copied before the step
             return False
         self._grow(seq, num_new_tokens)
         return True
@@ -494,21 +343,8 @@ class KVCacheManager:
         for t in child.tables:
             self.pool.touch(t.blocks)
         self._seqs[child_id] = child
-        if self.states is not None:
+        if self.states is not None:     # the child reads its parent's state until one writes
             self.states.share(parent.tables, child.tables)
-
-    def _free_blocks(self, blocks: list[Block]) -> None:
-        """Drop one reference each (in eviction order) and the copies into blocks now free."""
-        self.pool.free_blocks(blocks)
-        if self._pending:       # a copy into a block nobody holds any more must not run
-            self._pending = [(s, d) for s, d in self._pending if self.pool.blocks[d].ref_count > 0]
-
-    def _release_tables(self, tables: list[GroupTable]) -> None:
-        """Tail first, group 0 last: the private tail is evicted before the (likely shared) head.
-        The tables' state slot (a model with linear-attention layers) goes with them."""
-        self._free_blocks([b for t in reversed(tables) for b in reversed(t.blocks)])
-        if self.states is not None:
-            self.states.release(tables)
 
     def free(self, seq_id) -> None:
         seq = self._get(seq_id)
@@ -581,7 +417,7 @@ class KVCacheManager:
         the window released an entry) and the slots of positions [start, end). The scheduler
         copies them into the step's plan (engine/step_plan.py), so execution never asks."""
         seq, bs = self._get(seq_id), self._bs
-        tables = tuple(list(t.ids) for t in seq.tables)
+        tables = tuple(t.ids.tolist() for t in seq.tables)
         for t in seq.tables:
             if start < t.released * bs or end > len(t) * bs:
                 raise KVCacheError(f"sequence {seq_id!r} has no slots for [{start}, {end})")

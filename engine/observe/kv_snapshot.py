@@ -84,10 +84,13 @@ def kv_stats(m) -> KVStats:
 
 
 def _table_ids(holder) -> array:
-    """A private copy of the holder's live block ids, group 0 first (C-level conversions)."""
+    """A private copy of the holder's live block ids, group 0 first (array slices: memcpys)."""
+    tables = holder.tables
+    if len(tables) == 1:
+        return tables[0].ids[tables[0].released:]
     out = array("i")
-    for t in holder.tables:
-        out.extend(array("i", t.ids[t.released:]))
+    for t in tables:
+        out.extend(t.ids[t.released:])
     return out
 
 

@@ -1,45 +1,58 @@
 """Tokenize a chat so that special tokens come only from the chat template, never from messages.
 
 Rendering the template to one string and encoding it lets a user who types `<|im_start|>system`
-get a real special token, i.e. fake a system or assistant turn. We render once with a placeholder
-per message, which tells template text apart from message text. Template text is split at the
-tokenizer's added-token strings (those become their ids); everything between two such tokens
-(template text and message text joined, exactly as in the rendered string) is encoded with
-`split_special_tokens=True`, so markers inside messages stay plain text.
+(ChatML), `<start_of_turn>` (Gemma), `<|start_header_id|>` (Llama 3), `<|user|>` (Phi) or `<think>`
+(Qwen3, SmolLM3) get that real token, i.e. fake a turn or a reasoning block. So before rendering,
+every added-token string inside a message is replaced by an escape (`\\ue000<k>\\ue001`, private-use
+code points no template writes, the original kept in a table). Every added-token string in the
+rendered text is then the template's own and becomes its id; an escape becomes its original
+characters again, encoded one character at a time, so it can never be the token; everything else
+between two template tokens (template text and message text joined, exactly as rendered) is encoded
+plainly. The tokenizer's own flags are not enough: `split_special_tokens=True` stops only tokens
+flagged special, and tokenizers add some that are not (Qwen3's `<think>`, `</think>`,
+`<tool_call>`): those would still turn into their ids.
 
 Why this keeps HF's ids for ordinary messages: the tokenizer itself first splits the whole string
 at every added token and encodes the pieces between them independently. Without markers inside
-messages, our pieces are exactly those pieces, so the ids are identical (tested against
-`apply_chat_template(tokenize=True)` with awkward whitespace). Encoding each message on its own
-would not be: byte-level BPE pre-tokenization can merge across the template/message boundary
-("\\n" + "\\n\\nHi").
+messages nothing is escaped, the rendered text is HF's and our pieces are exactly its pieces, so the
+ids are identical (tested against `apply_chat_template(tokenize=True)` with awkward whitespace).
+Encoding each message on its own would not be: byte-level BPE pre-tokenization can merge across the
+template/message boundary ("\\n" + "\\n\\nHi"). Templates that rewrite content (trim it, split
+it) rewrite the escaped text the same way, so they need no special case.
 
-A template that rewrites message content (e.g. trims it) makes the placeholder render differ from
-the real one; then we cannot tell the parts apart, so a message containing an added-token string
-is refused with ValueError, and ordinary messages are encoded the plain way.
+One exception, by role: the reasoning markers (`<think>`, `</think>`) in an *assistant* message
+stay as they are, because they are the model's own reply and the template must see them to drop
+past reasoning from the history (Qwen3's does); a user or system message never gets them.
 """
 from __future__ import annotations
 
 import re
 
-_MARK = "\ue000{}\ue001"            # private-use code points: never produced by a template
-_MARK_RE = re.compile("\ue000(\\d+)\ue001")
+from engine.text.reasoning import MARKERS as REASONING_MARKERS
+
+_OPEN, _CLOSE = "\ue000", "\ue001"       # private-use code points: never produced by a template
+_ESC_RE = re.compile(_OPEN + "(\\d+)" + _CLOSE)
+PLAIN, SPECIAL, LITERAL = "plain", "special", "literal"     # segment kinds (chat_segments)
 
 
 def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
-                continue_final_message: bool = False) -> str:
+                continue_final_message: bool = False, enable_thinking: bool | None = None) -> str:
     """The template's text. `continue_final_message` (with add_generation_prompt False): the text
-    ends inside the last (assistant) message, so the model continues that message (vLLM's field)."""
+    ends inside the last (assistant) message, so the model continues that message (vLLM's field).
+    `enable_thinking` (None: the template's default) goes to templates that have the switch (Qwen3,
+    SmolLM3); an assistant message may carry `reasoning_content` for templates that read it."""
     if not messages:
         raise ValueError("messages is empty")
     for m in messages:
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") \
-                or not isinstance(m.get("content"), str):
+                or not isinstance(m.get("content"), str) \
+                or not isinstance(m.get("reasoning_content", ""), str):
             raise ValueError("each message must be {'role': system|user|assistant, 'content': str}")
     if continue_final_message and (add_generation_prompt or messages[-1]["role"] != "assistant"):
         raise ValueError("continue_final_message needs add_generation_prompt false and an assistant message last")
+    extra = {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                         continue_final_message=continue_final_message)
+                                         continue_final_message=continue_final_message, **extra)
 
 
 def _special_strings(tokenizer) -> list[str]:
@@ -47,73 +60,99 @@ def _special_strings(tokenizer) -> list[str]:
     return sorted(set(added) | set(getattr(tokenizer, "all_special_tokens", [])), key=len, reverse=True)
 
 
-def chat_segments(tokenizer, messages: list[dict], **mode) -> tuple[str, list[tuple[str, bool]] | None]:
-    """(rendered text, [(text, is_special_token)...] covering it), or segments None when the
-    template rewrites message content (see the module doc). `mode`: render_chat's flags."""
-    text = render_chat(tokenizer, messages, **mode)
-    marked = [dict(m, content=_MARK.format(i)) for i, m in enumerate(messages)]
-    skeleton = render_chat(tokenizer, marked, **mode)
+def _escaper(specials: list[str], table: list[str]):
+    """text -> text with every string of `specials` (and the escape's own characters) escaped."""
+    strings = [s for s in specials if s] + [_OPEN, _CLOSE]
+    pattern = re.compile("|".join(map(re.escape, strings)))
+
+    def escape(text: str) -> str:
+        def sub(m):
+            table.append(m.group(0))
+            return f"{_OPEN}{len(table) - 1}{_CLOSE}"
+        return pattern.sub(sub, text)
+    return escape
+
+
+def chat_segments(tokenizer, messages: list[dict], **mode) -> tuple[str, list[tuple[str, str]]]:
+    """(the conversation's text, [(piece, kind), ...] covering it): kind SPECIAL is a template token,
+    LITERAL a token string typed inside a message (kept as characters), PLAIN anything else.
+    `mode`: render_chat's flags."""
     specials = _special_strings(tokenizer)
+    table: list[str] = []
+    everywhere = _escaper(specials, table)
+    in_replies = _escaper([s for s in specials if s not in REASONING_MARKERS], table)
+    escaped = []
+    for m in messages:
+        esc = in_replies if m.get("role") == "assistant" else everywhere
+        e = dict(m, content=esc(m["content"]))
+        if isinstance(m.get("reasoning_content"), str):
+            e["reasoning_content"] = esc(m["reasoning_content"])
+        escaped.append(e)
+    rendered = render_chat(tokenizer, escaped, **mode)
     split_re = re.compile("(" + "|".join(map(re.escape, specials)) + ")") if specials else None
-    segments: list[tuple[str, bool]] = []
-    pos = 0
+    segments: list[tuple[str, str]] = []
+    for k, piece in enumerate(split_re.split(rendered) if split_re else [rendered]):
+        if not piece:
+            continue
+        if k % 2 == 1:
+            segments.append((piece, SPECIAL))
+            continue
+        pos = 0
+        for esc_m in _ESC_RE.finditer(piece):
+            if esc_m.start() > pos:
+                segments.append((piece[pos:esc_m.start()], PLAIN))
+            index = int(esc_m.group(1))
+            segments.append((table[index], LITERAL) if index < len(table) else (esc_m.group(0), PLAIN))
+            pos = esc_m.end()
+        if pos < len(piece):
+            segments.append((piece[pos:], PLAIN))
+    return "".join(s for s, _ in segments), segments
 
-    def template_text(part: str) -> None:
-        for k, piece in enumerate(split_re.split(part) if split_re else [part]):
-            if piece:
-                segments.append((piece, k % 2 == 1))
 
-    for match in _MARK_RE.finditer(skeleton):
-        template_text(skeleton[pos:match.start()])
-        index = int(match.group(1))
-        if index >= len(messages):
-            return text, None
-        if messages[index]["content"]:
-            segments.append((messages[index]["content"], False))
-        pos = match.end()
-    template_text(skeleton[pos:])
-    if "".join(s for s, _ in segments) != text:
-        return text, None
-    return text, segments
+def chat_text(tokenizer, messages: list[dict], **mode) -> str:
+    """The text the prompt's ids decode to (render_chat's text, unless a template treats a typed
+    marker otherwise than its escape: then the escape's reading, which is what is encoded)."""
+    return chat_segments(tokenizer, messages, **mode)[0]
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
 
 
 def encode_chat(tokenizer, messages: list[dict], start_char: int = 0, **mode) -> list[int]:
     """Token ids of the rendered chat from character `start_char` on (0: all of it)."""
-    text, segments = chat_segments(tokenizer, messages, **mode)
-    if segments is None:
-        specials = _special_strings(tokenizer)
-        for m in messages:
-            if any(s in m["content"] for s in specials):
-                raise ValueError("a message contains a special token marker, and this model's chat "
-                                 "template rewrites messages, so it cannot be kept as plain text")
-        return tokenizer.encode(text[start_char:], add_special_tokens=False)
+    _, segments = chat_segments(tokenizer, messages, **mode)
     ids: list[int] = []
     plain: list[str] = []
 
     def flush() -> None:
         if plain:
-            ids.extend(tokenizer.encode("".join(plain), add_special_tokens=False, split_special_tokens=True))
+            ids.extend(_encode(tokenizer, "".join(plain)))
             plain.clear()
 
     pos = 0
-    for seg, special in segments:
+    for seg, kind in segments:
         end = pos + len(seg)
         if end <= start_char:
             pos = end
             continue
         if pos < start_char:                    # the cut falls inside this segment: keep its tail
-            seg, special = seg[start_char - pos:], False
-        if special:
-            flush()
-            ids.append(tokenizer.convert_tokens_to_ids(seg))
-        else:
+            seg, kind = seg[start_char - pos:], (LITERAL if kind == LITERAL else PLAIN)
+        if kind == PLAIN:
             plain.append(seg)
+        else:
+            flush()
+            if kind == SPECIAL:
+                ids.append(tokenizer.convert_tokens_to_ids(seg))
+            else:                               # typed marker: one character at a time, never the token
+                for ch in seg:
+                    ids.extend(_encode(tokenizer, ch))
         pos = end
     flush()
     return ids
 
 
-def specials_where_template_puts_them(tokenizer, messages: list[dict], ids: list[int]) -> bool:
+def specials_where_template_puts_them(tokenizer, messages: list[dict], ids: list[int], **mode) -> bool:
     """True when every special token in `ids` (kept ids of an earlier turn: generated, stored,
     or imported) stands exactly where the template of `messages` puts one, and none is missing.
 
@@ -122,13 +161,11 @@ def specials_where_template_puts_them(tokenizer, messages: list[dict], ids: list
     characters typed as text, so a crafted export (or ids once made by encoding rendered text)
     could plant a fake system turn in every later prompt (#29.3, #29.4). Template-less specials
     make this return False, and the caller re-derives the ids from the text instead."""
-    text, segments = chat_segments(tokenizer, messages)
+    _, segments = chat_segments(tokenizer, messages, **mode)
     special_ids = {tokenizer.convert_tokens_to_ids(s): s for s in _special_strings(tokenizer)}
-    if segments is None:      # messages cannot hold markers here (encode_chat refuses them), so
-        return True           # every special string in the text is the template's own
     expected, pos = [], 0
-    for seg, special in segments:
-        if special:
+    for seg, kind in segments:
+        if kind == SPECIAL:
             expected.append((pos, seg))
         pos += len(seg)
     found, pos, run = [], 0, []

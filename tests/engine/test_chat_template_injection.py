@@ -74,16 +74,20 @@ def test_session_continuation_keeps_previous_ids_and_plain_markers(tokenizer):
         add_special_tokens=False)
 
 
-def test_template_that_rewrites_content_refuses_markers(tokenizer):
+def test_template_that_rewrites_content_keeps_markers_plain(tokenizer):
+    """A template that trims content rewrites the escaped markers as it rewrites anything else: the
+    markers stay plain text, ordinary messages stay HF's ids (before issue 45 such a template made
+    the engine refuse the message)."""
     tok = copy.deepcopy(tokenizer)
     tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | trim }}"
                          "<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
     ordinary = [{"role": "user", "content": "  padded  "}]
     assert encode_chat(tok, ordinary) == _hf_ids(tok, ordinary)
-    unchanged_by_trim = encode_chat(tok, [{"role": "user", "content": INJECTION}])
-    assert unchanged_by_trim.count(IM_START) == 2                # still told apart: markers plain
-    with pytest.raises(ValueError, match="special token"):
-        encode_chat(tok, [{"role": "user", "content": "  " + INJECTION + "  "}])
+    for content in (INJECTION, "  " + INJECTION + "  "):
+        ids = encode_chat(tok, [{"role": "user", "content": content}])
+        assert ids.count(IM_START) == 2 and ids.count(IM_END) == 1
+        rendered = tok.apply_chat_template([{"role": "user", "content": content}], tokenize=False)
+        assert tok.decode(ids, skip_special_tokens=False) == rendered
 
 
 def test_engine_greedy_on_chat_prompt_equals_hf(make_llm, hf_greedy, tokenizer):

@@ -213,7 +213,7 @@ def test_sliding_window(case, backend, monkeypatch):
     wholly outside every query's window are NaN: a kernel that reads one fails."""
     bs, d, H, kvh, dtype, window, tile = case
     mixed = [(0, 1), (3, 1), (window + 30, 1), (bs * 6 + 3, 1), (0, 90), (bs * 4 + 2, 40),
-             (window - 2, 3), (bs * 5, 9), (7, 20)]
+             (window - 2, 3), (bs * 5, 9), (7, 20), (window + 15, 4)]      # the last: window and prefix in one tile
     decode = [(c - 1, 1) for c in (1, window - 1, window, window + 1, 300, bs * 9 + 5)]
     for seqs, seed in ((mixed, 6), (decode, 7)):
         c = build_case(bs, H, kvh, d, seqs, dtype, seed=seed)

@@ -191,3 +191,29 @@ def test_triton_copy_blocks_copies_codes_and_scales(dtype):
     assert torch.equal(pool[:, :, 4].view(torch.uint8), before[:, :, 2].view(torch.uint8))
     assert torch.equal(pool[:, :, 1].view(torch.uint8), before[:, :, 0].view(torch.uint8))
     assert torch.equal(pool[:, :, [0, 2, 3]].view(torch.uint8), before[:, :, [0, 2, 3]].view(torch.uint8))
+
+
+@pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
+def test_sliding_window_on_an_int8_pool(backend, monkeypatch):
+    """A window over int8 rows (Gemma 3's local layers with --kv-cache-dtype int8): the C++ decode
+    kernel, the torch gather path and Triton, decode and prefill after a prefix longer than the
+    window; blocks wholly before every query's window hold NaN scales and must not be read."""
+    from tests.kernels.test_attention import release_outside_window
+    monkeypatch.setattr(reference, "USE_CPU_KERNEL", backend == "cpp")
+    for seqs in ([(c - 1, 1) for c in (3, 24, 25, 90, 161)], [(0, 40), (50, 9), (70, 1), (33, 20)]):
+        fp = build_case(16, 9, 3, 64, seqs, torch.float32, seed=8)
+        assert release_outside_window(fp, 24) > 0
+        c, deq = quantize_case(fp, torch.int8)
+        pool = c["pool"]
+        out = torch.full_like(c["query"], float("nan"))
+        args = (c["query"], pool[0, 1], pool[1, 1], c["block_tables"], c["seq_lens"], c["cu_seqlens_q"],
+                c["scale"], c["max_seqlen_q"])
+        if backend == "triton":
+            from kernels import triton_attention
+            triton_attention.paged_attention(*args, out=out, window=24)
+        else:
+            reference.paged_attention(*args, out=out, window=24)
+        want = dense_attention_fp64(c["query"], deq[0, 1], deq[1, 1], c["block_tables"], c["seq_lens"],
+                                    c["cu_seqlens_q"], c["scale"], window=24)
+        assert not out.isnan().any()
+        torch.testing.assert_close(out.double().cpu(), want.cpu(), atol=1e-4, rtol=1e-4)

@@ -105,7 +105,7 @@ def describe(config) -> DecoderSpec:
     if mt not in FAMILIES:
         archs = getattr(config, "architectures", None) or [mt]
         raise UnsupportedModel(
-            f"unsupported architecture: this engine cannot run {archs[0]} models (model_type {mt!r}); it runs "
+            f"unsupported architecture {archs[0]} (model_type {mt!r}): this engine runs "
             f"{', '.join(FAMILIES)} decoders")
     n = int(config.num_hidden_layers)
     d = head_dim_of(config)

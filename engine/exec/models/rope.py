@@ -23,7 +23,13 @@ def _inv_freq(config, spec, name: str, params: dict, rope_context: int) -> tuple
     if kind == "default":
         dim = spec.rotary_dim
         base = params.get("rope_theta", 10000.0)
-        return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)), 1.0
+        inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        factors = getattr(config, "rope_freq_factors", None)     # a Llama 3 GGUF's (gguf_families.py)
+        if factors is not None:
+            if len(factors) != inv.numel():
+                raise ValueError(f"rope_freq_factors: {len(factors)} for {inv.numel()} frequencies")
+            inv = inv / torch.tensor(factors, dtype=torch.float32)
+        return inv, 1.0
     if kind not in ROPE_INIT_FUNCTIONS:
         from engine.exec.models.decoder_spec import UnsupportedModel
         raise UnsupportedModel(f"RoPE scaling {kind!r} is not supported")

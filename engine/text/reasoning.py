@@ -1,0 +1,144 @@
+"""A thinking model's reply split into its reasoning and its answer (Qwen3, SmolLM3: <think>...</think>).
+
+Why here: the OpenAI routes (`reasoning_content`, streamed and not), the chat (reasoning folded under
+the reply, with its token count) and the batch API (`CompletionOutput.reasoning`) must split the same
+way, and a stream must split as it arrives without ever showing half a marker.
+
+The rule (as vLLM's reasoning parsers): a reply that starts (after whitespace) with the start
+marker is reasoning up to the end marker, then answer; a reply that does not is all answer. When the
+prompt itself opened a reasoning block (its last start marker is after its last end marker: a
+template that writes "<think>\\n" into the generation prompt), the reply starts inside reasoning.
+The newlines templates put right after either marker are dropped, as are those just before the end
+marker; nothing else is changed. A reply cut short inside reasoning has reasoning and no answer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MARKERS = ("<think>", "</think>")
+
+
+def reasoning_markers(tokenizer) -> tuple[str, str] | tuple:
+    """The model's (start, end) markers when its tokenizer has both as tokens of their own, else ()."""
+    added = getattr(tokenizer, "get_added_vocab", lambda: {})() or {}
+    return MARKERS if all(m in added for m in MARKERS) else ()
+
+
+def prompt_opens_reasoning(prompt_ids, tokenizer, markers) -> bool:
+    """The prompt ends inside a reasoning block (its last start marker after its last end marker)."""
+    if not markers:
+        return False
+    start, end = (tokenizer.convert_tokens_to_ids(m) for m in markers)
+    ids = list(prompt_ids)
+    last = {t: i for i, t in enumerate(ids) if t in (start, end)}
+    return last.get(start, -1) > last.get(end, -1)
+
+
+@dataclass(frozen=True)
+class Split:
+    reasoning: str | None        # None: the reply has no reasoning block
+    content: str
+    reasoning_tokens: int = 0    # generated tokens strictly inside the block
+
+
+class ReasoningParser:
+    """Streaming split: feed() each text delta, finish() once; both return (reasoning, content) deltas."""
+
+    def __init__(self, markers=MARKERS, inside: bool = False):
+        self.start, self.end = markers
+        self.state = "reasoning" if inside else "undecided"
+        self.seen_reasoning = inside
+        self.buf = ""
+        self._lead = True            # drop newlines at the start of the current part
+
+    def _emit(self, text: str) -> str:
+        if self._lead:
+            text = text.lstrip("\n")
+            self._lead = not text
+        return text
+
+    def feed(self, text: str) -> tuple[str, str]:
+        self.buf += text
+        reasoning = content = ""
+        while True:
+            if self.state == "undecided":
+                head = self.buf.lstrip()
+                if not head or (self.start.startswith(head) and head != self.start):
+                    return reasoning, content                  # still could be the start marker
+                if head.startswith(self.start):
+                    self.state, self.seen_reasoning, self._lead = "reasoning", True, True
+                    self.buf = head[len(self.start):]
+                    continue
+                self.state, self._lead = "content", False      # no reasoning: the reply as it is
+                continue
+            if self.state == "reasoning":
+                k = self.buf.find(self.end)
+                if k >= 0:
+                    reasoning += self._emit(self.buf[:k].rstrip("\n"))
+                    self.buf, self.state, self._lead = self.buf[k + len(self.end):], "content", True
+                    continue
+                keep = _partial_suffix(self.buf, self.end)
+                body = self.buf[:len(self.buf) - keep]
+                hold = len(body) - len(body.rstrip("\n"))     # newlines may precede the end marker
+                reasoning += self._emit(body[:len(body) - hold])
+                self.buf = self.buf[len(body) - hold:]
+                return reasoning, content
+            content += self._emit(self.buf)
+            self.buf = ""
+            return reasoning, content
+
+    def finish(self) -> tuple[str, str]:
+        """Whatever was held back: an unclosed block's tail is reasoning, anything else answer."""
+        rest, self.buf = self.buf, ""
+        if self.state == "reasoning":
+            return self._emit(rest.rstrip("\n")), ""
+        return "", self._emit(rest) if self.state == "content" else rest
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest end of `text` that is a proper beginning of `marker`."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
+
+
+def split_reasoning(text: str, token_ids=(), markers=MARKERS, inside: bool = False,
+                    marker_ids: tuple[int, int] | None = None) -> Split:
+    """The whole reply at once (the batch API, stored replies); token count from `marker_ids`."""
+    p = ReasoningParser(markers, inside)
+    r1, c1 = p.feed(text)
+    r2, c2 = p.finish()
+    if not p.seen_reasoning:
+        return Split(None, c1 + c2, 0)
+    return Split(r1 + r2, c1 + c2, reasoning_token_count(token_ids, marker_ids, inside))
+
+
+def reasoning_token_count(token_ids, marker_ids: tuple[int, int] | None, inside: bool = False) -> int:
+    """Generated tokens strictly between the start and end marker tokens (from the first token when
+    the prompt opened the block; to the end when it never closed)."""
+    if not marker_ids:
+        return 0
+    start, end = marker_ids
+    ids = list(token_ids)
+    if inside:
+        i = -1
+    elif start in ids:
+        i = ids.index(start)
+    else:
+        return 0
+    j = ids.index(end, i + 1) if end in ids[i + 1:] else len(ids)
+    return j - i - 1
+
+
+def split_outputs(out, tokenizer, markers):
+    """A finished RequestOutput's replies with reasoning, answer and reasoning token count filled in
+    (engine/outputs.CompletionOutput); unchanged for a model without markers."""
+    if not markers:
+        return out
+    inside = prompt_opens_reasoning(out.prompt_token_ids, tokenizer, markers)
+    ids = tuple(tokenizer.convert_tokens_to_ids(m) for m in markers)
+    for o in out.outputs:
+        sp = split_reasoning(o.text, o.token_ids, markers, inside, ids)
+        o.reasoning, o.content, o.reasoning_tokens = sp.reasoning, sp.content, sp.reasoning_tokens
+    return out
