@@ -37,17 +37,40 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="with --auth: a user who may start the Memory tab's demo users (repeatable)")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="extra Host name to answer to (DNS-rebinding guard; loopback names always work)")
-    p.add_argument("--api-key", action="append", default=None, metavar="[NAME:]KEY",
+    p.add_argument("--api-key", action="append", default=None, metavar="[NAME:]KEY[:PRIORITY]",
                    help="require this key (Authorization: Bearer KEY) on the OpenAI API at /v1; repeatable; "
-                        "NAME (letters, digits, _.@-) is the caller's tenant for fair scheduling. "
-                        "Also read from PAGED_CHAT_API_KEYS (comma separated)")
+                        "NAME (letters, digits, _.@-) is the caller's tenant for fair scheduling "
+                        "and its own prefix cache; PRIORITY (-1000..1000, after a NAME) its class "
+                        "instead of --api-priority. Also read from PAGED_CHAT_API_KEYS (comma "
+                        "separated)")
+    p.add_argument("--metrics-token", default=None, metavar="TOKEN",
+                   help="with --auth: /metrics shows per-tenant lines to requests with "
+                        "'Authorization: Bearer TOKEN' (and to --admin users); others get the "
+                        "aggregates only. Also $PAGED_CHAT_METRICS_TOKEN")
     p.add_argument("--api-priority", type=int, default=1,
-                   help="priority of /v1 calls that send none (lower first; chat turns are 0). Default 1")
+                   help="the class of /v1 calls (lower first; chat turns are 0); a call's own "
+                        "'priority' may lower it, never raise it. Default 1")
     p.add_argument("--allowed-origin", action="append", default=None, metavar="URL",
                    help="let web pages from this origin call /v1 (CORS); repeatable. Default: none")
-    p.add_argument("--backend", default=None, metavar="URL",
+    p.add_argument("--backend", action="append", default=None, metavar="URL",
                    help="run the UI, history and dashboard on a remote OpenAI-compatible server (vLLM, "
-                        "SGLang, llama.cpp, another app.py) instead of loading a model here")
+                        "SGLang, llama.cpp, another app.py) instead of loading a model here; "
+                        "repeat it for several replicas (each turn picks one: --backend-routing)")
+    p.add_argument("--backend-kv-events", action="append", default=None,
+                   metavar="ENDPOINT[,REPLAY]",
+                   help="a replica's KV-event stream (vLLM --kv-events-config), e.g. "
+                        "tcp://gpu1:5557,tcp://gpu1:5558 (replay endpoint optional): one per "
+                        "--backend, same order (or one per replica behind a single --backend "
+                        "router). The Memory tab then draws each replica's cached blocks "
+                        "(docs/SCALE_OUT.md)")
+    p.add_argument("--backend-routing", choices=["conversation", "round-robin"],
+                   default="conversation",
+                   help="several --backend: conversation (default) keeps each chat on one replica, "
+                        "picked by its first messages; round-robin sends each turn to the next one")
+    p.add_argument("--backend-tokenizer", default=None, metavar="FOLDER",
+                   help="a folder with the backend model's tokenizer.json, to show cached "
+                        "prefixes by their first words (default: the folder the backend "
+                        "reports, if it is here)")
     p.add_argument("--backend-key", default=None, metavar="KEY",
                    help="API key for --backend (also $PAGED_CHAT_BACKEND_KEY)")
     p.add_argument("--backend-model", default=None, metavar="NAME",
@@ -123,8 +146,12 @@ def main(argv=None) -> int:
         print("WARNING: --share without --auth: anyone with the public link can read and write every "
               "conversation.", file=sys.stderr)
 
-    from routes.openai_keys import keys_from_env
+    from routes.openai_keys import ApiAccess, keys_from_env
     api_keys = (args.api_key or []) + keys_from_env()
+    try:
+        ApiAccess(api_keys)                     # a bad PRIORITY stops here, not at the first call
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
     if not is_local(args.host) and not auth and not api_keys:
         print(f"WARNING: binding to {args.host} without --api-key: anyone who can reach this machine "
               f"can use the OpenAI API at /v1.", file=sys.stderr)
@@ -177,8 +204,17 @@ def main_remote(args, auth) -> int:
     from backends import RemoteEngine
     from storage import Storage
 
-    llm = RemoteEngine(args.backend, api_key=args.backend_key or os.environ.get("PAGED_CHAT_BACKEND_KEY"),
-                       model=args.backend_model)
+    key = args.backend_key or os.environ.get("PAGED_CHAT_BACKEND_KEY")
+    if len(args.backend) > 1 or args.backend_kv_events:      # several replicas / their KV events
+        from backends.cluster_engine import ClusterEngine
+        try:
+            llm = ClusterEngine(args.backend, api_key=key, model=args.backend_model,
+                                kv_events=args.backend_kv_events, routing=args.backend_routing,
+                                tokenizer=args.backend_tokenizer).start()
+        except ValueError as e:
+            raise SystemExit(f"error: {e}")
+    else:
+        llm = RemoteEngine(args.backend[0], api_key=key, model=args.backend_model)
     if llm.startup_error:
         print(f"WARNING: {llm.startup_error}. Serving the stored chats anyway; each message will say "
               f"whether the backend answers.", file=sys.stderr)

@@ -50,7 +50,10 @@ class RemoteEngine:
     kind = "remote"
 
     def __init__(self, url: str, *, api_key: str | None = None, model: str | None = None,
-                 timeout: float = 10.0):
+                 timeout: float = 10.0, name: str | None = None, on_finished=None):
+        """name: this replica's name in reply stats when the app spreads over several (None: one
+        backend, no name shown); on_finished(stream): called once per reply when its stream ends."""
+        self.name, self.on_finished = name, on_finished
         root = url.rstrip("/")
         self.root = root[:-3] if root.endswith("/v1") else root
         self.url, self.api_key = self.root + "/v1", api_key
@@ -60,6 +63,7 @@ class RemoteEngine:
         self._streams: dict[str, RemoteStream] = {}
         self._lock = threading.Lock()
         self.model, self._max_model_len, self.startup_error = model, DEFAULT_MAX_MODEL_LEN, None
+        self.model_root: str | None = None      # where the server loaded it from (vLLM: "root")
         self.discover()
 
     # ---- discovery ---------------------------------------------------------------------------
@@ -74,6 +78,7 @@ class RemoteEngine:
             card = next((m for m in data if m.get("id") == self.model), data[0])
             self.model = self.model or card.get("id")
             self._max_model_len = int(card.get("max_model_len") or self._max_model_len)
+            self.model_root = card.get("root") if isinstance(card.get("root"), str) else None
             self.startup_error = None
             return True
         except (httpx.HTTPError, BackendError, ValueError) as e:
@@ -143,7 +148,9 @@ class RemoteEngine:
             finally:
                 response.close()
             raise BackendError(f"The backend at {self.root} answered HTTP {response.status_code}: {msg}")
-        stream = RemoteStream(response, rid, getattr(params, "n", 1) or 1, sent, on_close=self._forget)
+        stream = RemoteStream(response, rid, getattr(params, "n", 1) or 1, sent,
+                              on_close=self._forget, served_by=self.name,
+                              on_finished=self.on_finished)
         with self._lock:
             if not stream._aborted.is_set():
                 self._streams[rid] = stream

@@ -13,14 +13,13 @@ first text; cached tokens only when the server reports `prompt_tokens_details.ca
 """
 from __future__ import annotations
 
-import asyncio
 import json
-import queue
 import socket
 import threading
 import time
 
 from engine.core.sequence import RequestOutputDelta
+from engine.front.handover import Handover
 
 _END = object()
 
@@ -40,13 +39,14 @@ def iter_sse_events(lines):
 
 
 class RemoteStream:
-    def __init__(self, response, request_id: str, n: int, sent_at: float, on_close=None):
+    def __init__(self, response, request_id: str, n: int, sent_at: float, on_close=None,
+                 served_by: str | None = None, on_finished=None):
         self.request_id, self.n, self.sent_at = request_id, n, sent_at
+        self._on_finished = on_finished          # called with this stream once it has ended
+        self.served_by = served_by              # which replica, when the app spreads over several
         self.prompt_ids = None                  # the remote side tokenizes; we never see the ids
         self._response, self._on_close = response, on_close
-        self._q: queue.Queue = queue.Queue()      # sync consumers (and anything before `async for`)
-        self._loop = self._aq = None                 # an `async for` consumer: fed via its loop
-        self._emit_lock = threading.Lock()
+        self._handover = Handover()              # blocking or `async for` consumer (engine/front/handover.py)
         self._aborted = threading.Event()
         self._first: float | None = None
         self._counts = [0] * n
@@ -64,6 +64,8 @@ class RemoteStream:
         cached = (self._usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         if cached is not None:
             m["cached_tokens"] = cached
+        if self.served_by:
+            m["served_by"] = self.served_by
         if self._first is not None:
             m["ttft_s"] = self._first - self.sent_at
             decode = time.monotonic() - self._first
@@ -111,19 +113,20 @@ class RemoteStream:
             m["state"] = "finished"
             self._emit(RequestOutputDelta(self.request_id, i, "", [], finished=True, finish_reason=reason,
                                           error=err, metrics=m))
+        if self._on_finished is not None:
+            try:
+                self._on_finished(self)
+            except Exception:                   # bookkeeping must never break the reply
+                pass
         self._emit(_END)
 
     def _emit(self, item) -> None:
         """Hand one item to the consumer: straight onto its event loop once it iterates with
         `async for` (no thread parked per stream), else onto the thread-safe queue."""
-        with self._emit_lock:
-            if self._loop is None:
-                self._q.put(item)
-                return
-            try:
-                self._loop.call_soon_threadsafe(self._aq.put_nowait, item)
-            except RuntimeError:                # the consumer's loop is closed: nobody listens
-                pass
+        try:
+            self._handover.put(item)
+        except RuntimeError:        # the consumer's event loop is closed: nobody listens any more
+            pass
 
     def _close_response(self) -> None:
         try:
@@ -132,6 +135,10 @@ class RemoteStream:
             pass
         if self._on_close is not None:
             self._on_close(self.request_id)
+
+    def usage(self) -> dict:
+        """The server's `usage` object of this reply (empty until it arrives, at the end)."""
+        return dict(self._usage)
 
     # ---- consumer side -----------------------------------------------------------------------
     def abort(self) -> None:
@@ -154,7 +161,7 @@ class RemoteStream:
 
     def __iter__(self):
         while True:
-            d = self._q.get()
+            d = self._handover.get()
             if d is _END:
                 return
             yield d
@@ -163,15 +170,8 @@ class RemoteStream:
         return self._agen()
 
     async def _agen(self):
-        with self._emit_lock:
-            self._loop, self._aq = asyncio.get_running_loop(), asyncio.Queue()
-            while True:                         # what arrived before iteration began, in order
-                try:
-                    self._aq.put_nowait(self._q.get_nowait())
-                except queue.Empty:
-                    break
         while True:
-            d = await self._aq.get()
+            d = await self._handover.aget()
             if d is _END:
                 return
             yield d

@@ -164,6 +164,10 @@ class EngineConfig:
                                                  group="fair scheduling")
     tenant_max_queued_tokens: int | None = opt(None, "prompt tokens one tenant may have waiting", type=int,
                                                group="fair scheduling")
+    starvation_wait_s: float = opt(
+        5.0, "fair: the longest a lower-priority request that could run waits while higher ones are "
+        "served; then one of theirs is paused for it (issue 48.1)", type=float, metavar="SECONDS",
+        group="fair scheduling", dest_flag="--starvation-wait")
     kv_offload_gib: float | str | None = opt(
         None, "second KV tier behind the pool (CPU: files under --kv-offload-dir, survive a restart; CUDA: "
         "host memory): evicted, parked and preempted blocks are kept there instead of recomputed. 'auto' "
@@ -214,6 +218,8 @@ class EngineConfig:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         if self.scheduling_policy not in ("fair", "fcfs"):
             raise ValueError(f"scheduling_policy must be 'fair' or 'fcfs', got {self.scheduling_policy!r}")
+        if not 0 < self.starvation_wait_s <= 3600:
+            raise ValueError(f"starvation_wait_s must be in (0, 3600] seconds, got {self.starvation_wait_s}")
         if self.lean_step not in ("auto", "on", "off"):
             raise ValueError(f"lean_step must be 'auto', 'on' or 'off', got {self.lean_step!r}")
         if self.speculative == "off":

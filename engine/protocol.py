@@ -165,9 +165,20 @@ class RemoteBackend(Protocol):
     def metrics_text(self) -> str | None: ...
 
 
+@runtime_checkable
+class ServesReplicas(Protocol):
+    """Several remote replicas behind one chat (backends/cluster_engine.py): their KV-event models
+    and /metrics for the cluster Memory tab, the turns' landings, and how turns are routed."""
+    routing: str
+
+    def cluster_view(self): ...                                  # backends.kv_cluster.Cluster
+
+    def recent_landings(self) -> list: ...                       # [{replica, tokens, ...}]
+
+
 ABILITIES = (ReportsStats, ServesSnapshotForms, ServesTenants, Configured, ReportsQueuePosition,
              ConstrainsOutput, ContinuesReplies, BeamSearches, PinsPrompts, ServesCompletions, SwitchesModels,
-             RemoteBackend)
+             RemoteBackend, ServesReplicas)
 PROTOCOLS = (ChatEngine, *ABILITIES)
 
 

@@ -7,6 +7,8 @@ snapshot shared per 0.25 s by every caller); `/api/kv?fresh=1` asks for an exact
 """
 from __future__ import annotations
 
+from fastapi import Request        # module level: the route's annotation is resolved from here
+
 from engine.protocol import ChatEngine, ServesSnapshotForms
 from engine.observe.savings import sharing_savings
 
@@ -146,9 +148,14 @@ def model_name_of(llm) -> str:
     return llm.model_info().name if isinstance(llm, ChatEngine) else ""
 
 
-def register_routes(app, llm, *, kv_route: bool = True, auth: bool = False) -> None:
+def register_routes(app, llm, *, kv_route: bool = True, auth: bool = False,
+                    tenant_viewer=None) -> None:
     """Add GET /metrics and GET /api/kv to a FastAPI app (call before mounting Gradio at '/').
-    kv_route=False: the app registers its viewer-scoped /api/kv itself (routes/kv.py)."""
+    kv_route=False: the app registers its viewer-scoped /api/kv itself (routes/kv.py).
+    Under --auth (auth=True) the per-tenant lines go only to requests `tenant_viewer(request)`
+    accepts (an --admin login, the --metrics-token; server/assembly.py); everyone else gets the
+    aggregates (issue 48.6: from a user's own label and the other's token counts and times, one
+    user could read the length and time of each message of another)."""
     from fastapi.responses import JSONResponse, PlainTextResponse
 
     name = model_name_of(llm)
@@ -157,15 +164,17 @@ def register_routes(app, llm, *, kv_route: bool = True, auth: bool = False) -> N
 
     from routes.tenant_metrics import tenant_metrics_source
     tenants = tenant_metrics_source(llm, anonymous_users=auth)   # per-tenant lines, bounded labels
-    if tenants is not None:
-        extra_metrics = getattr(app.state, "extra_metrics", None)
-        if extra_metrics is None:
-            extra_metrics = app.state.extra_metrics = []
-        extra_metrics.append(tenants)
+
+    def sees_tenants(request) -> bool:
+        if tenants is None:
+            return False
+        return not auth or (tenant_viewer is not None and bool(tenant_viewer(request)))
 
     @app.get("/metrics", include_in_schema=False)
-    def metrics() -> PlainTextResponse:
+    def metrics(request: Request) -> PlainTextResponse:
         extra = "".join(f() for f in getattr(app.state, "extra_metrics", ()))    # e.g. the /v1 API's counters
+        if sees_tenants(request):
+            extra += tenants()
         return PlainTextResponse(prometheus_text(llm.latest_snapshot(**compact), name) + extra,
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 

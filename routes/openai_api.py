@@ -5,20 +5,24 @@ It is its own small FastAPI app mounted at /v1 next to the Gradio page, so its e
 check and CORS policy apply to /v1 only and cannot change the UI's. It uses only LLM's public
 calls (submit, abort, stats, latest_snapshot, get_tokenizer, encode_prompt). Chat prompts are
 rendered by the same template code as the browser's chats. Their cache salt follows
-engine/kv/salt_rule.py: none without --auth (one local user), `api:...` under --auth; the leading
-system prompt is never salted, so one shared with browser chats hits the same blocks.
+engine/kv/salt_rule.py: none without --auth and with at most one key (one local user), else
+`api:NAME`, one per key; the leading system prompt is never salted, so one shared with browser
+chats hits the same blocks.
 
 Queue bound: at most `max_pending` API sequences (n per prompt) in flight, default
 2 x max_num_seqs, and none admitted while the engine already has `max_num_seqs` requests waiting;
 past either bound the call gets 429 with Retry-After. Under fair scheduling both bounds count each
-caller (API key = tenant) separately, and the engine's admission bounds (--max-queued-*) answer
-429 + Retry-After too. 503 means the engine has shut down.
+caller (API key = tenant) separately, in the pre-parse gate as in the route (the 429 names the
+key's own bound), and the engine's admission bounds (--max-queued-*, per tenant first, then
+overall) answer 429 + Retry-After too. 503 means the engine has shut down.
+
+Priority: a call runs at the class the operator gave its key (`--api-priority`, or
+`NAME:KEY:PRIORITY`); its own `priority` field may only lower it (routes/openai_keys.py).
 """
 from __future__ import annotations
 
 import asyncio
 import os
-import threading
 import time
 
 from fastapi import FastAPI, Request
@@ -26,13 +30,15 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import Headers
 
 from engine.core.admission import QueueFull
+from engine.protocol import SwitchesModels
 from engine.kv.salt_rule import principal_salt, prompt_salt
 from engine.text.session_prompt import continue_session_prompt
 from routes import openai_schemas as S
 from routes.openai_errors import APIError, error_body, install_error_handlers
 from routes.auth import LoginThrottle
 from routes.cross_site import foreign_origin
-from routes.openai_keys import ApiAccess, add_cors
+from routes.openai_admission import ApiAdmission
+from routes.openai_keys import ApiAccess, add_cors, effective_priority
 from routes.openai_metrics import ApiMetrics
 from routes.openai_params import LogprobFormatter, to_sampling_params
 from routes.request_limits import RequestLimits
@@ -108,25 +114,46 @@ class OpenAIServer:
                  multi_user: bool = False, access: ApiAccess | None = None,
                  default_priority: int = DEFAULT_API_PRIORITY):
         self.llm = llm
-        self.salt = principal_salt("api", multi_user=multi_user)     # engine/kv/salt_rule.py (#29.2)
-        self.model = model_name or served_model_name(llm)
+        self.access = access or ApiAccess(default_priority=default_priority)
+        # one principal per key (issue 48.2): under --auth, or whenever several keys are configured
+        # (each key holder is then someone else), every key has its own cache salt `api:NAME`
+        self.multi_user = bool(multi_user) or len(self.access.keys) > 1
+        self._model_name = model_name
         self.created = int(time.time())
-        st = llm.stats()
-        self.max_model_len = st["max_model_len"]
         self.max_num_seqs = llm.config.max_num_seqs
         self.max_pending = max_pending if max_pending is not None else 2 * self.max_num_seqs
-        self.tokenizer = llm.get_tokenizer()
-        # a thinking model's markers (engine/text/reasoning.py): replies split into reasoning_content
-        self.reasoning_markers = tuple(getattr(llm.model_info(), "reasoning_markers", ()) or ())
-        self.fmt = LogprobFormatter(self.tokenizer)
+        self._fmt: tuple | None = None          # (tokenizer, LogprobFormatter) of the served model
         self.metrics = ApiMetrics()
-        self.access = access or ApiAccess()
-        self.default_priority = default_priority
         # fair scheduling: the waiting and in-flight bounds count each tenant (API key) on its own,
         # so one key that floods /v1 is refused, not every other key with it
         self.per_tenant = llm.config.scheduling_policy == "fair"
-        self._tenant_flight: dict[str, int] = {}
-        self._tenant_lock = threading.Lock()
+        self.admission = ApiAdmission(llm, self.metrics, max_pending=self.max_pending,
+                                      max_num_seqs=self.max_num_seqs, per_tenant=self.per_tenant)
+
+    # ---- the model served now (an app with several models may switch: engine/front/model_host.py) --
+    @property
+    def model(self) -> str:
+        return self._model_name or served_model_name(self.llm)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.llm.max_model_len
+
+    @property
+    def tokenizer(self):
+        return self.llm.get_tokenizer()
+
+    @property
+    def reasoning_markers(self) -> tuple:
+        """A thinking model's markers (engine/text/reasoning.py): its replies split into reasoning_content."""
+        return tuple(self.llm.model_info().reasoning_markers or ())
+
+    @property
+    def fmt(self) -> LogprobFormatter:
+        tok = self.tokenizer
+        if self._fmt is None or self._fmt[0] is not tok:
+            self._fmt = (tok, LogprobFormatter(tok))
+        return self._fmt[1]
 
     # ---- shared steps ------------------------------------------------------------------------------
     def _check_model(self, name: str) -> None:
@@ -134,36 +161,21 @@ class OpenAIServer:
             raise APIError(404, f"the model '{name}' does not exist; this server serves '{self.model}'",
                            param="model", code="model_not_found")
 
+    def salt_of(self, tenant: str):
+        """The cache salt of a caller (engine/kv/salt_rule.py): its key's name, one per key."""
+        return principal_salt("api", tenant if self.access.keys else "", multi_user=self.multi_user)
+
+    def capacity_refusal(self, seqs: int, tenant: str) -> str | None:
+        """Why `seqs` more sequences of `tenant` cannot start now, or None: the pre-parse gate's
+        question (routes/request_limits.py), answered by the route's own rule."""
+        return self.admission.refusal(seqs, tenant)
+
     def _admit(self, seqs: int, tenant: str = "api") -> None:
-        try:
-            waiting = self.llm.load()[1]
-        except RuntimeError as e:
-            raise APIError(503, f"the engine is not serving: {e}", code="engine_unavailable") from e
-        if self.per_tenant:
-            waiting = self.llm.admission.queued(tenant)[0]
-            with self._tenant_lock:
-                mine = self._tenant_flight.get(tenant, 0)
-                ok = waiting < self.max_num_seqs and mine + seqs <= self.max_pending
-                if ok:
-                    self._tenant_flight[tenant] = mine + seqs
-            ok = ok and self.metrics.try_admit(seqs, 10**9)
-        else:
-            ok = waiting < self.max_num_seqs and self.metrics.try_admit(seqs, self.max_pending)
-        if not ok:
-            raise APIError(429, f"the server is busy ({waiting} requests waiting, bound {self.max_num_seqs}; "
-                                f"API sequences in flight bound {self.max_pending}); retry shortly",
-                           code="queue_full", headers={"Retry-After": "1"})
+        self.admission.admit(seqs, tenant)
 
     def release(self, seqs: int, tenant: str, usage: dict | None = None) -> None:
         """Give back what _admit reserved (once per admitted call)."""
-        if self.per_tenant:
-            with self._tenant_lock:
-                left = self._tenant_flight.get(tenant, 0) - seqs
-                if left > 0:
-                    self._tenant_flight[tenant] = left
-                else:
-                    self._tenant_flight.pop(tenant, None)
-        self.metrics.release(seqs, usage)
+        self.admission.release(seqs, tenant, usage)
 
     def _submit(self, prompts: list[list[int]], params_list, cid: str, n: int, messages=None,
                 tenant: str = "api", priority: int = DEFAULT_API_PRIORITY) -> Generation:
@@ -171,8 +183,9 @@ class OpenAIServer:
         try:
             for k, (ids, params) in enumerate(zip(prompts, params_list)):
                 rid = f"{API_PREFIX}{cid}" if len(prompts) == 1 else f"{API_PREFIX}{cid}-{k}"
+                salt = prompt_salt(self.tokenizer, messages, ids, self.salt_of(tenant))
                 stream = self.llm.submit({"prompt_token_ids": ids}, params, request_id=rid,
-                                         cache_salt=prompt_salt(self.tokenizer, messages, ids, self.salt),
+                                         cache_salt=salt,
                                          tenant=tenant, priority=priority)
                 subs.append(Submitted(stream, len(ids), k * n))
         except QueueFull as e:              # an admission bound (--max-queued-requests / -tokens)
@@ -206,7 +219,7 @@ class OpenAIServer:
                 raise APIError(400, str(e), param=param, code="invalid_value") from e
         seqs = len(prompts) * body.n
         tenant = self.access.tenant_of(request.headers)
-        priority = body.priority if body.priority is not None else self.default_priority
+        priority = effective_priority(body.priority, self.access.priority_class(tenant))   # 48.1
         self._admit(seqs, tenant)
         try:
             gen = self._submit(prompts, params, cid, body.n, messages, tenant, priority)
@@ -257,7 +270,9 @@ class OpenAIServer:
 
     # ---- endpoints ---------------------------------------------------------------------------------
     def models(self) -> dict:
-        return S.model_list(self.model, self.created, self.max_model_len)
+        others = [c.name.removesuffix(".gguf") for c in self.llm.loadable_models()
+                  if c.name != self.llm.current_model()] if isinstance(self.llm, SwitchesModels) else []
+        return S.model_list(self.model, self.created, self.max_model_len, loadable=others)
 
     async def chat(self, body: S.ChatCompletionRequest, request: Request):
         self._check_model(body.model)
@@ -328,9 +343,11 @@ def create_openai_app(llm, *, api_keys: list[str] | None = None, require_key: bo
                       model_name: str | None = None, multi_user: bool = False,
                       default_priority: int = DEFAULT_API_PRIORITY) -> FastAPI:
     """The /v1 sub-application (mount it with `mount_openai_api`, or serve it alone in tests).
-    multi_user: the app has logins (--auth), so API calls get their own cache salt.
-    api_keys: "KEY" or "NAME:KEY" (the name is the caller's tenant for fair scheduling)."""
-    access = ApiAccess(api_keys, require_key=require_key)
+    multi_user: the app has logins (--auth), so API calls get their own cache salt (as do
+    several keys).
+    api_keys: "KEY", "NAME:KEY" or "NAME:KEY:PRIORITY" (the name is the caller's tenant for fair
+    scheduling and its cache salt; PRIORITY its class, else default_priority: --api-priority)."""
+    access = ApiAccess(api_keys, require_key=require_key, default_priority=default_priority)
     srv = OpenAIServer(llm, model_name=model_name, max_pending=max_pending, multi_user=multi_user,
                        access=access, default_priority=default_priority)
     app = FastAPI(title="Paged Chat OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None)

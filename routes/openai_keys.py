@@ -9,6 +9,10 @@
 - CORS: no `Access-Control-Allow-*` headers (so browsers block other origins' pages) unless
   `--allowed-origin` names the origin.
 Keys are compared in constant time so a wrong key's timing says nothing about the right one.
+
+Priority is the operator's (issue 48.1): each key has a class, `--api-priority` for all or
+`NAME:KEY:PRIORITY` for one; a call's own `priority` field may only lower it (a larger number),
+never rise above it, so a key holder cannot claim to go before the chat users.
 """
 from __future__ import annotations
 
@@ -28,23 +32,52 @@ def keys_from_env(environ=None) -> list[str]:
 
 
 _KEY_NAME = re.compile(r"[A-Za-z0-9_.@-]{1,40}")
+_PRIORITY = re.compile(r"-?[0-9]{1,4}")
+PRIORITY_RANGE = (-1000, 1000)          # vLLM's field, as routes/openai_schemas.py accepts it
 
 
 def split_named_key(value: str, index: int) -> tuple[str, str]:
     """`--api-key name:key` -> (name, key); a plain key is named "api-key-<index>" (1-based), so
     the scheduler and /metrics never see the secret itself."""
-    name, sep, key = value.partition(":")
-    if sep and key and _KEY_NAME.fullmatch(name):
-        return name, key
-    return f"api-key-{index}", value
+    name, key, _ = parse_key(value, index)
+    return name, key
+
+
+def parse_key(value: str, index: int) -> tuple[str, str, int | None]:
+    """`[NAME:]KEY` or `NAME:KEY:PRIORITY` -> (name, key, the key's class or None for the default).
+    A PRIORITY is read only after a valid NAME and a non-empty KEY, as an integer in -1000..1000;
+    a named key whose own text ends in ':<integer>' must therefore be given with its PRIORITY."""
+    name, sep, rest = value.partition(":")
+    if not (sep and rest and _KEY_NAME.fullmatch(name)):
+        return f"api-key-{index}", value, None
+    key, sep2, prio = rest.rpartition(":")
+    if sep2 and key and _PRIORITY.fullmatch(prio):
+        p = int(prio)
+        if not PRIORITY_RANGE[0] <= p <= PRIORITY_RANGE[1]:
+            raise ValueError(f"--api-key {name}:...: PRIORITY must be in -1000..1000, got {p}")
+        return name, key, p
+    return name, rest, None
+
+
+def effective_priority(asked: int | None, operator_class: int) -> int:
+    """The priority a call runs at: its own field may lower it (a larger number), never raise it
+    above the class the operator gave its key (lower first, as vLLM's)."""
+    return operator_class if asked is None else max(int(asked), operator_class)
 
 
 class ApiAccess:
-    def __init__(self, api_keys: list[str] | None = None, *, require_key: bool = False):
-        named = [split_named_key(k, i + 1) for i, k in enumerate(k for k in (api_keys or []) if k)]
-        self.keys = [k for _, k in named]
-        self.key_names = [n for n, _ in named]          # the tenant of each key (engine/core/fairness.py)
+    def __init__(self, api_keys: list[str] | None = None, *, require_key: bool = False,
+                 default_priority: int = 1):
+        named = [parse_key(k, i + 1) for i, k in enumerate(k for k in (api_keys or []) if k)]
+        self.keys = [k for _, k, _ in named]
+        self.key_names = [n for n, _, _ in named]       # each key's tenant (core/fairness.py)
+        self.default_priority = int(default_priority)
+        self.key_priority = {n: p for n, _, p in named if p is not None}
         self.require_key = require_key or bool(self.keys)
+
+    def priority_class(self, tenant: str) -> int:
+        """The operator's class for a caller: its key's own PRIORITY, else --api-priority."""
+        return self.key_priority.get(tenant, self.default_priority)
 
     def tenant_of(self, headers) -> str:
         """Who is calling, for fair scheduling: the matching key's name; "api" when no key is needed.

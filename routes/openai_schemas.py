@@ -189,9 +189,14 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
-def model_list(model_id: str, created: int, max_model_len: int) -> dict:
-    return {"object": "list", "data": [{"id": model_id, "object": "model", "created": created,
-                                        "owned_by": "paged-chat", "max_model_len": max_model_len}]}
+def model_list(model_id: str, created: int, max_model_len: int, loadable: list[str] = ()) -> dict:
+    """The served model first ("loaded": true), then the models this app may switch to (the chat
+    page's picker; "loaded": false: a request naming one gets a 404 saying which one is served)."""
+    served = {"id": model_id, "object": "model", "created": created, "owned_by": "paged-chat",
+              "max_model_len": max_model_len, "loaded": True}
+    return {"object": "list", "data": [served] + [
+        {"id": name, "object": "model", "created": created, "owned_by": "paged-chat", "loaded": False}
+        for name in loadable]}
 
 
 def chat_completion(cid: str, model: str, choices: list[dict], usage_: dict) -> dict:

@@ -12,7 +12,8 @@ said 429. Here one pass, in a worker thread, decides from the raw bytes:
   -> 400 in OpenAI's error shape, never FastAPI's `{"detail": ...}`;
 - work: more than MAX_MESSAGES messages, more than MAX_CHARS characters of text, more than
   MAX_VALUES JSON values, or more prompts x n than the API could ever admit -> 400; the queue
-  already full for this many sequences -> 429 (Retry-After), before a prompt is tokenized.
+  already full for this many sequences -> 429 (Retry-After), before a prompt is tokenized. Under
+  fair scheduling "full" is the caller's own bound (its key's sequences), never all tenants'.
 Everything else passes through with its body replayed; the route still validates fields itself.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 
 from routes.asgi_body import BodyTooLarge, read_body, replaying
@@ -127,7 +129,7 @@ class RequestLimits:
             if body is None:
                 return
             doc = await asyncio.to_thread(self.limits.check, body)
-            self._check_capacity(sequences_asked(doc))
+            self._check_capacity(sequences_asked(doc), scope)
         except RequestRefused as e:
             if self.server is not None:
                 self.server.metrics.count(_endpoint(scope.get("path", "")), e.status)
@@ -149,20 +151,22 @@ class RequestLimits:
             await _drain(receive, DRAIN_BYTES)
             raise too_big from None
 
-    def _check_capacity(self, seqs: int) -> None:
+    def _check_capacity(self, seqs: int, scope=None) -> None:
+        """The route's own capacity rule (OpenAIServer.capacity_refusal), before anything is parsed
+        or tokenized: per caller first (its key's bounds), then the server's (issue 48.3)."""
         srv = self.server
         if srv is None or seqs == 0:
             return
         if seqs > srv.max_pending:
             raise RequestRefused(400, f"this request asks for {seqs:,} sequences (prompts x n); this server "
                                       f"runs at most {srv.max_pending:,} API sequences at once", "prompt")
+        tenant = srv.access.tenant_of(Headers(scope=scope)) if scope is not None else "api"
         try:
-            waiting = srv.llm.load()[1]
-        except RuntimeError:
-            return                       # the route answers 503 with its own words
-        if waiting >= srv.max_num_seqs or srv.metrics.in_flight + seqs > srv.max_pending:
-            raise RequestRefused(429, "the server is busy; retry shortly", code="queue_full",
-                                 headers={"Retry-After": "1"})
+            reason = srv.capacity_refusal(seqs, tenant)
+        except Exception:                # engine gone: the route answers 503 with its own words
+            return
+        if reason is not None:
+            raise RequestRefused(429, reason, code="queue_full", headers={"Retry-After": "1"})
 
 
 async def _drain(receive, limit: int) -> None:

@@ -26,9 +26,11 @@ from server.page_head import HeadFirst
 
 def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_host: str = "127.0.0.1",
               allowed_hosts=(), api_options: dict | None = None, engine_routes: bool = True, admins=(),
-              share_hosts: set | None = None):
+              share_hosts: set | None = None, metrics_token: str | None = None):
     """(FastAPI app serving the page at / plus /metrics, /api/kv and the OpenAI API at /v1, the Blocks
     demo). api_options: api_keys, allowed_origins, ... for routes.openai_api.mount_openai_api.
+    metrics_token: under --auth, a bearer token that shows /metrics' per-tenant lines (--admin
+    logins see them too; nobody else does).
     engine_routes=False (app.py --backend): no /metrics, /api/kv, /v1 here; the backend serves its own."""
     ctx = ctx or ChatContext(llm, storage, TabRegistry(llm, release_grace_s=RELEASE_GRACE_S), auth=bool(auth),
                              admins=frozenset(admins))
@@ -40,7 +42,8 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
     app = fastapi.FastAPI()
     _serve_exports(app, ctx, demo, auth)
     if engine_routes:                    # before mounting Gradio at "/", which would shadow them
-        _register_engine_routes(app, llm, storage, demo, auth, api_options)
+        _register_engine_routes(app, llm, storage, demo, auth, api_options,
+                                tenant_viewer(demo, frozenset(admins), metrics_token))
     app = gr.mount_gradio_app(app, demo, path="/", auth=auth, css=page_css(), ssr_mode=False,
                               footer_links=["api", "gradio"])
     if engine_routes:
@@ -91,8 +94,27 @@ def _serve_exports(app, ctx: ChatContext, demo, auth) -> None:
     register_export_route(app, ctx.exports, demo=demo, auth=bool(auth))
 
 
-def _register_engine_routes(app, llm, storage, demo, auth, api_options: dict | None) -> None:
-    register_routes(app, llm, kv_route=False, auth=bool(auth))
+def tenant_viewer(demo, admins: frozenset, token: str | None):
+    """Who may read /metrics' per-tenant lines under --auth: a request with the metrics token as
+    its bearer token, or the login cookie of an --admin user (issue 48.6)."""
+    import hmac
+
+    from routes.kv import gradio_user
+
+    def allowed(request) -> bool:
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if token and scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
+                                                                          token.encode()):
+            return True
+        return bool(admins) and gradio_user(demo, request) in admins
+
+    return allowed
+
+
+def _register_engine_routes(app, llm, storage, demo, auth, api_options: dict | None,
+                            viewer=None) -> None:
+    register_routes(app, llm, kv_route=False, auth=bool(auth), tenant_viewer=viewer)
     register_kv_route(app, llm, storage=storage, demo=demo, auth=bool(auth))   # viewer-scoped /api/kv
     from routes.openai_api import mount_openai_api
     mount_openai_api(app, llm, require_key=bool(auth), multi_user=bool(auth), **(api_options or {}))

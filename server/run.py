@@ -4,6 +4,7 @@ the --share link (routes/share.py). app.py parses the flags and loads the engine
 from __future__ import annotations
 
 import gc
+import os
 import signal
 import sys
 import time
@@ -23,7 +24,9 @@ def serve(llm, storage, args, auth) -> None:
                           api_options=dict(api_keys=(args.api_key or []) + keys_from_env(),
                                            allowed_origins=args.allowed_origin,
                                            default_priority=args.api_priority),
-                          engine_routes=not args.backend)
+                          engine_routes=not args.backend,
+                          metrics_token=getattr(args, "metrics_token", None)
+                          or os.environ.get("PAGED_CHAT_METRICS_TOKEN") or None)
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     url = f"http://{shown_host}:{args.port}/"
     # X-Forwarded-For only from proxies named with --trusted-proxy (uvicorn would believe any local

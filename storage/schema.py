@@ -15,7 +15,8 @@ STATUSES = ("complete", "stopped", "error")
 INT_STATS = ("prompt_tokens", "cached_tokens", "output_tokens", "cached_blocks", "spec_accepted_tokens",
              "decode_steps")
 FLOAT_STATS = ("ttft_s", "tokens_per_s")
-STAT_FIELDS = INT_STATS + FLOAT_STATS + ("finish_reason",)
+TEXT_STATS = ("finish_reason", "served_by")
+STAT_FIELDS = INT_STATS + FLOAT_STATS + TEXT_STATS
 
 MIGRATIONS = Migrations("chat_storage")
 
@@ -104,6 +105,12 @@ def m006_reply_speculative(db):
     db.execute("ALTER TABLE reply_stats ADD COLUMN decode_steps INTEGER")
 
 
+@MIGRATIONS()
+def m007_reply_served_by(db):
+    # which replica served a reply when the app spreads over several (--backend ... --backend ...)
+    db.execute("ALTER TABLE reply_stats ADD COLUMN served_by TEXT")
+
+
 def check_choice(name, value, choices):
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
@@ -147,6 +154,6 @@ def check_stats(stats):
             (_is_int(value) or isinstance(value, float)) and math.isfinite(value) and value >= 0
         ):
             raise ValueError(f"{name} must be a non-negative number; got {value!r}")
-        if name == "finish_reason" and not isinstance(value, str):
-            raise ValueError(f"finish_reason must be a string; got {value!r}")
+        if name in TEXT_STATS and not (isinstance(value, str) and len(value) <= 200):
+            raise ValueError(f"{name} must be a string of at most 200 characters; got {value!r}")
     return dict(stats)

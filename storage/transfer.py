@@ -43,6 +43,8 @@ def _stats_line(stats):
         cached = stats.get("cached_tokens")
         cached = f" ({cached} cached)" if cached is not None else ""
         parts.append(f"prompt {stats['prompt_tokens']}{cached}")
+    if stats.get("served_by"):
+        parts.append(f"served by {stats['served_by']}")
     if stats.get("finish_reason"):
         parts.append(f"finish: {stats['finish_reason']}")
     return "_" + " · ".join(parts) + "_" if parts else ""

@@ -114,11 +114,18 @@ def _wire_replies(ctx: ChatContext, c: dict, chat_out: list) -> list:
 
 
 def _wire_attachments(ctx: ChatContext, c: dict, events: list) -> None:
+    slots = documents.UploadSlots()         # documents being read at once, per user (issue 48.4)
+
     def attach(file, request: gr.Request):
         """A document for the next message, refused (with the numbers) if it cannot fit."""
         tab = ctx.tab(request)
         path = getattr(file, "name", None) or (file.get("path") if isinstance(file, dict) else file)
         tok = ctx.llm.get_tokenizer()
+        who = ctx.tenant(request)
+        busy = slots.enter(who)
+        if busy is not None:
+            gr.Warning(f"Not attached: {busy}")
+            return documents.chips_html(tab.attachments)
         try:
             doc = documents.read_document(path, getattr(file, "orig_name", None) or path,
                                           lambda t: len(tok.encode(t, add_special_tokens=False)))
@@ -127,6 +134,8 @@ def _wire_attachments(ctx: ChatContext, c: dict, events: list) -> None:
         except (OSError, ValueError) as e:
             gr.Warning(f"Not attached: {e}")
             return documents.chips_html(tab.attachments)
+        finally:
+            slots.leave(who)
         tab.attachments = tab.attachments + [doc]
         return documents.chips_html(tab.attachments)
 

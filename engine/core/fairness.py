@@ -18,9 +18,14 @@ sequence may take a slot or blocks from a running one, and what the step cost ea
 - running sequences are ordered by (priority, counter): the memory-pressure victim is the newest
   sequence of the tenant furthest ahead, and a waiting request of a tenant below its fair share
   of slots or blocks may preempt a running sequence of a tenant above its share;
-- priority classes (lower value first, as vLLM's `priority`) sit on top, with one no-starvation
-  rule: while requests of a lower class wait, at least one admission in every `starvation_every`
-  goes to the lower class that has waited longest.
+- priority classes (lower value first, as vLLM's `priority`) sit on top, with two no-starvation
+  rules: while requests of a lower class wait, at least one admission in every `starvation_every`
+  goes to the lower class that has waited longest; and no lower-class request that could run
+  waits longer than `starvation_wait_s` seconds (issue 48.1): once it has waited that long while
+  a higher class waits or runs and its tenant has nothing running, it is admitted next, and if
+  no slot or block is free the newest running sequence of a higher class is preempted for it (at
+  most one per starved tenant at a time: once it runs, its tenant is served, so no thrash). The first rule alone counts admissions, so long replies of the higher
+  class stretched a lower class's wait to minutes; the second bounds the time.
 With one tenant and one class it reduces to first-come first-served, except for the same-step
 cached-prefix tie-break.
 """
@@ -34,6 +39,7 @@ from engine.core.tenancy import (FairnessEvent, FCFSPolicy, Occupancy, Schedulin
                                  slots_of, tenant_of)
 
 SHARE_WINDOW_S = 60.0           # "share of tokens in the last minute"
+DEFAULT_STARVATION_WAIT_S = 5.0     # the longest a runnable lower-class request waits (--starvation-wait)
 
 
 class _Tenant:
@@ -61,12 +67,17 @@ class FairPolicy:
 
     def __init__(self, weights: dict[str, float] | None = None, *, prefill_cost: float = 1.0,
                  decode_cost: float = 2.0, starvation_every: int = 4, tie_break_lookups: int = 8,
-                 clock=time.time):
+                 starvation_wait_s: float = DEFAULT_STARVATION_WAIT_S, clock=time.time):
         for k, w in (weights or {}).items():
             if not w > 0:
                 raise ValueError(f"tenant weight for {k!r} must be > 0, got {w}")
         if starvation_every < 2:
             raise ValueError("starvation_every must be >= 2")
+        if not 0 < starvation_wait_s < math.inf:
+            raise ValueError(f"starvation_wait_s must be > 0 seconds, got {starvation_wait_s}")
+        self.starvation_wait_s = float(starvation_wait_s)
+        self._waiting_since: dict[str, float] = {}    # seq id -> clock() when it last began waiting
+        self._top_running: int | None = None         # the highest class running (lowest value)
         self.weights = dict(weights or {})
         self.prefill_cost, self.decode_cost = float(prefill_cost), float(decode_cost)
         self.starvation_every = starvation_every
@@ -99,6 +110,7 @@ class FairPolicy:
             if floor is not None:
                 t.counter = max(t.counter, floor)
         t.waiting += 1
+        self._waiting_since[seq.seq_id] = self.clock()
         if self._steps_since_add:
             self._adds += 1
             self._steps_since_add = 0
@@ -108,6 +120,7 @@ class FairPolicy:
         t = self._tenant(tenant_of(seq))
         t.waiting -= 1
         t.running += 1
+        self._waiting_since.pop(seq.seq_id, None)
         if seq.seq_id not in self._admitted_before and seq.index == 0:
             self._admitted_before.add(seq.seq_id)
             t.queue_s += max(0.0, now - seq.request.arrival_time)
@@ -118,6 +131,7 @@ class FairPolicy:
         t.running -= 1
         t.waiting += 1
         t.preemptions += 1
+        self._waiting_since[seq.seq_id] = self.clock()
 
     def on_fork(self, seq: Sequence) -> None:
         self._tenant(tenant_of(seq)).running += 1
@@ -131,6 +145,7 @@ class FairPolicy:
             self._tenant(tenant_of(seq)).running += 1
         for seq in waiting:
             self._tenant(tenant_of(seq)).waiting += 1
+        self._top_running = min((priority_of(s) for s in running), default=None)
 
     def on_remove(self, seq: Sequence, was_running: bool) -> None:
         t = self._tenant(tenant_of(seq))
@@ -141,6 +156,7 @@ class FairPolicy:
         self._high_water.pop(seq.seq_id, None)
         self._arrival_step.pop(seq.seq_id, None)
         self._admitted_before.discard(seq.seq_id)
+        self._waiting_since.pop(seq.seq_id, None)
 
     # ---- decisions ---------------------------------------------------------------------------
     def _key(self, seq: Sequence) -> tuple:
@@ -150,10 +166,33 @@ class FairPolicy:
         """Most deserving first (stable: admission order within a tenant); the last is the victim."""
         return sorted(running, key=self._key)
 
+    def _overdue(self, heads) -> Sequence | None:
+        """The longest-waiting head that has waited `starvation_wait_s` while a higher class waits
+        or runs and its tenant has nothing running (the time bound of the no-starvation rule: a
+        tenant that is being served is not starved; its other requests wait their turn), or None."""
+        top = min(priority_of(s) for s in heads)
+        if self._top_running is not None:
+            top = min(top, self._top_running)
+        now, best, since = self.clock(), None, math.inf
+        for s in heads:
+            t = self._waiting_since.setdefault(s.seq_id, now)
+            if priority_of(s) > top and now - t >= self.starvation_wait_s and t < since \
+                    and not self._tenant(tenant_of(s)).running:
+                best, since = s, t
+        return best
+
+    def is_overdue(self, seq: Sequence) -> bool:
+        """seq has waited past the time bound and its tenant has nothing running (it may preempt
+        a higher class, fair_victim)."""
+        t = self._waiting_since.get(seq.seq_id)
+        return t is not None and self.clock() - t >= self.starvation_wait_s \
+            and not self._tenant(tenant_of(seq)).running
+
     def pick_waiting(self, waiting, cached_len, starvation: bool = True) -> Sequence | None:
         """The next waiting sequence to admit. cached_len(seq) -> prefix-cache hit length (pure).
-        starvation=False: ignore the no-starvation turn (the scheduler asks so for fair-share
-        preemption, which frees a slot for the top-class candidate only)."""
+        starvation=False: ignore the 1-in-`starvation_every` turn (the scheduler asks so for
+        fair-share preemption, which frees a slot for the top-class candidate only); the time
+        bound applies either way: an overdue lower-class request is the candidate."""
         self._steps_since_add += 1
         heads: dict[str, Sequence] = {}
         for seq in waiting:
@@ -162,6 +201,9 @@ class FairPolicy:
             return None
         classes = sorted({priority_of(s) for s in heads.values()})
         pool = [s for s in heads.values() if priority_of(s) == classes[0]]
+        overdue = self._overdue(heads.values())
+        if overdue is not None:
+            return overdue                  # its own tenant's head: arrival order kept
         if starvation and len(classes) > 1 and self._top_streak >= self.starvation_every - 1:
             lower = [s for s in heads.values() if priority_of(s) > classes[0]]
             pool = [min(lower, key=lambda s: s.request.arrival_time)]   # longest-waiting lower class
@@ -223,7 +265,17 @@ class FairPolicy:
     def fair_victim(self, cand: Sequence, running: list[Sequence], occ: Occupancy,
                     by_blocks: bool) -> Sequence | None:
         """A running sequence `cand` may take over: the newest of the tenant most above its fair
-        share of slots (or blocks), if cand's tenant is below its own share and not of a lower class."""
+        share of slots (or blocks), if cand's tenant is below its own share and not of a lower class.
+        An overdue lower-class cand (the time bound) takes the newest running sequence of a higher
+        class instead, whatever the shares."""
+        if self.is_overdue(cand):
+            for seq in reversed(running):
+                if priority_of(seq) < priority_of(cand) and tenant_of(seq) != tenant_of(cand):
+                    self._events.append(FairnessEvent(
+                        self.clock(), "starvation_preempt", tenant_of(seq), tenant_of(cand),
+                        f"preempted {tenant_of(seq)} (priority {priority_of(seq)}) so {tenant_of(cand)} "
+                        f"(priority {priority_of(cand)}) waits no more than {self.starvation_wait_s:g} s"))
+                    return seq
         used = occ.blocks if by_blocks else occ.slots
         total = occ.total_blocks if by_blocks else occ.max_slots
         backlogged = [t for t in self.tenants.values() if t.backlogged]
@@ -294,7 +346,7 @@ class FairPolicy:
 
 def make_policy(name: str, weights: dict[str, float] | None = None, **kw) -> SchedulingPolicy:
     if name == "fcfs":
-        return FCFSPolicy()
+        return FCFSPolicy()             # arrival order: no classes, nothing to bound
     if name == "fair":
         return FairPolicy(weights, **kw)
     raise ValueError(f"scheduling policy must be 'fair' or 'fcfs', got {name!r}")

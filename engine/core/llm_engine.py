@@ -64,7 +64,8 @@ class LLMEngine:
                                     kv_rotation=self.runner.kv_rotation, gib=cfg.kv_offload_gib,
                                     folder=cfg.kv_offload_dir, device=cfg.device, dtype=cfg.dtype)
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens,
-                                   make_policy(cfg.scheduling_policy, cfg.tenant_weights))
+                                   make_policy(cfg.scheduling_policy, cfg.tenant_weights,
+                                               starvation_wait_s=cfg.starvation_wait_s))
         self.requests: dict[str, Request] = {}
         self.sessions = SessionTable()      # chat sessions: exact ids + life cycle (engine/core/sessions.py)
         self.eos_ids = set(end_of_turn_ids(self.hf_config, self.tokenizer))   # engine/text/end_of_turn.py

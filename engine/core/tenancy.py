@@ -23,11 +23,11 @@ def slots_of(seq: Sequence) -> int:
 
 
 def tenant_of(seq: Sequence) -> str:
-    return getattr(seq.request, "tenant", None) or LOCAL_TENANT
+    return seq.request.tenant or LOCAL_TENANT
 
 
 def priority_of(seq: Sequence) -> int:
-    return int(getattr(seq.request, "priority", 0) or 0)
+    return int(seq.request.priority or 0)
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class TenantStats:
 class FairnessEvent:
     """A decision worth a line in the dashboard's event feed."""
     t: float
-    kind: str           # "held_back" | "fair_preempt"
+    kind: str           # "held_back" | "fair_preempt" | "starvation_preempt"
     tenant: str         # the tenant held back or preempted
     favoured: str       # the tenant served instead
     text: str

@@ -16,7 +16,9 @@ layout version), so KV of another model or layout is never even looked at; each 
 repeats the fingerprint, the hash and the block's identity (parent hash, token ids, salt), and a
 checksum covers header and bytes, so a torn or corrupted file is dropped, never loaded. Files are
 0600 in a 0700 folder, written to a temporary name and renamed (a crash leaves the old file or
-none). An entry may carry an owner (a hash of the chat session id) so deleting a conversation
+none). The capacity counts what the store holds (header + checksum + bytes, a file's size) and
+room is made before a block is written, so the folder never holds more than its cap, not even
+for a moment (issue 48.7: a temporary file used to go past it before the shrink). An entry may carry an owner (a hash of the chat session id) so deleting a conversation
 deletes its private blocks.
 
 One engine thread calls it (through KVCacheManager), so there are no locks.
@@ -65,8 +67,9 @@ class BlockIdentity:
 @dataclass
 class _Entry:
     ident: BlockIdentity
-    nbytes: int
+    nbytes: int               # the block's KV bytes
     owner: str | None
+    stored: int = 0           # what the store holds for it (the file's size): what the cap counts
 
 
 @runtime_checkable
@@ -173,7 +176,7 @@ class FileStore:
 class TierStats:
     kind: str                 # "disk" or "host"
     blocks: int
-    bytes: int
+    bytes: int                # what the store holds: file sizes (header + checksum + KV)
     capacity_bytes: int
     hits_blocks: int          # lookups that found a block here
     loads_blocks: int         # blocks copied back into the pool
@@ -250,8 +253,9 @@ class KVTier:
                 self.store.delete(name)
                 self.dropped_corrupt += 1
                 continue
-            self._index[ident.block_hash] = _Entry(ident, int(meta["nbytes"]), meta.get("owner"))
-            self.bytes += int(meta["nbytes"])
+            stored = len(head) + 16 + int(meta["nbytes"])      # header, checksum, bytes
+            self._index[ident.block_hash] = _Entry(ident, int(meta["nbytes"]), meta.get("owner"), stored)
+            self.bytes += stored
             n += 1
         self._shrink(0)
         return n
@@ -272,31 +276,36 @@ class KVTier:
         return [(e.ident, e.nbytes, e.owner) for e in self._index.values()]
 
     def has_room(self, nbytes: int) -> bool:
+        """nbytes of KV could ever be held (a file adds a header of a few hundred bytes)."""
         return nbytes <= self.capacity_bytes
 
     def put(self, ident: BlockIdentity, data: bytes, *, owner=None, reason: str = "writeback") -> bool:
-        """Store a block (no-op if it is already here). False if it cannot fit or the write failed."""
+        """Store a block (no-op if it is already here). False if it cannot fit or the write failed.
+        Room is made first (least recently used out), then the file is written: the store never
+        holds more than the capacity, the temporary file included."""
         e = self._index.get(ident.block_hash)
         if e is not None and e.ident == ident:
             self._index.move_to_end(ident.block_hash)
             return True
-        if len(data) > self.capacity_bytes:
+        payload = self._payload(ident, data, owner)
+        if len(payload) > self.capacity_bytes:
             return False
         t0 = time.perf_counter()
+        if e is not None:               # same hash, other identity (collision): replaced
+            self._forget(ident.block_hash)
+            self.store.delete(self._name(ident.block_hash))
+        self._shrink(len(payload))
         try:
-            self.store.write(self._name(ident.block_hash), self._payload(ident, data, owner))
+            self.store.write(self._name(ident.block_hash), payload)
         except OSError as err:          # disk full, permissions: the tier is an optimisation only
             log.warning("KV tier write failed: %s", err)
             return False
-        if e is not None:               # same hash, other identity (collision): replaced
-            self._forget(ident.block_hash)
-        self._index[ident.block_hash] = _Entry(ident, len(data), owner)
-        self.bytes += len(data)
+        self._index[ident.block_hash] = _Entry(ident, len(data), owner, len(payload))
+        self.bytes += len(payload)
         self.writes += 1
         self.writebacks += reason == "writeback"
         self.swapouts += reason == "swap"
         self.write_s_per_block = _ema(self.write_s_per_block, time.perf_counter() - t0)
-        self._shrink(0, keep=ident.block_hash)
         return True
 
     def get(self, ident: BlockIdentity) -> bytes | None:
@@ -340,7 +349,7 @@ class KVTier:
 
     def _forget(self, block_hash: int) -> None:
         e = self._index.pop(block_hash)
-        self.bytes -= e.nbytes
+        self.bytes -= e.stored
 
     def _shrink(self, extra: int, keep=None) -> None:
         """Drop least recently used entries until bytes + extra fits the capacity."""

@@ -207,7 +207,9 @@ def test_cors_only_for_allowed_origins(server, keyed_server):
 
 
 def test_over_the_queue_bound_is_429_with_retry_after(keyed_server, model_id, llm):
-    """keyed_server admits at most 2 API sequences in flight: a running n=2 stream fills it."""
+    """keyed_server admits at most 2 API sequences in flight per key: a running n=2 stream fills
+    the first key's bound. Its next calls get 429 naming its own bound; the second key is still
+    served (issue 48.3: the pre-parse gate counted every key's sequences, so it got 429 too)."""
     import httpx
     headers = {"Authorization": f"Bearer {API_KEY}"}
     body = {"model": model_id, "messages": MSG, "n": 2, "max_tokens": 600, "ignore_eos": True, "stream": True}
@@ -220,9 +222,16 @@ def test_over_the_queue_bound_is_429_with_retry_after(keyed_server, model_id, ll
                                {"model": model_id, "messages": MSG, "max_tokens": 2}, headers)
             assert code == 429, (code, err)
             assert err["error"]["type"] == "rate_limit_error" and h["Retry-After"] == "1"
+            message = err["error"]["message"]
+            assert "your key (api-key-1)" in message and "bound 2 per key" in message
             with pytest.raises(openai.RateLimitError):
                 openai.OpenAI(base_url=keyed_server.url + "v1", api_key=API_KEY, max_retries=0) \
                     .completions.create(model=model_id, prompt="x", max_tokens=2)
+            other = openai.OpenAI(base_url=keyed_server.url + "v1", api_key="sk-second",
+                                  max_retries=0)
+            served = other.chat.completions.create(model=model_id, messages=MSG, max_tokens=2,
+                                                   extra_body={"ignore_eos": True})
+            assert served.usage.completion_tokens == 2
     # the first stream was dropped: its slots and blocks come back, and the API admits again
     assert wait_idle(llm)["used_blocks"] == 0
     code, _, _ = raw(keyed_server.url + "v1/chat/completions", {"model": model_id, "messages": MSG, "max_tokens": 2},

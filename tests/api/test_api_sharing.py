@@ -146,3 +146,31 @@ def test_non_streaming_disconnect_aborts_and_frees_blocks(server, model_id, llm)
     assert llm.stats()["generated_tokens_total"] - before < 900
     assert in_flight_drains(server)                                          # its admission slot is back
     assert 'paged_chat_api_requests_total{endpoint="completions",status="499"}' in metrics(server)
+
+
+def test_one_key_cannot_confirm_another_keys_prompt_through_cached_tokens(keyed_server, model_id):
+    """Issue 48.2: every key is its own principal (`api:NAME` cache salt, engine/kv/salt_rule.py)
+    once several keys are configured, so the second key's message is never a prefix-cache hit for
+    the first: a right guess, a wrong guess and an unrelated prompt get the same `cached_tokens`
+    (the shared system prompt's). Before, all keys shared one salt: the right guess hit more."""
+    import openai
+
+    from tests.api.conftest import API_KEY
+    secret = "The vault code of the Lyon bakery is 5521 TANGO ECHO. Confirm it with one word."
+    wrong = "Our shop alarm code was 9038 KILO MIKE, written on the fridge. Confirm it in a word."
+    unrelated = "How long should bread dough rest before baking?"
+
+    def ask(key, text):
+        c = openai.OpenAI(base_url=keyed_server.url + "v1", api_key=key, max_retries=0, timeout=120)
+        r = c.chat.completions.create(model=model_id, max_tokens=1, temperature=0, messages=[
+            {"role": "system", "content": SYSTEM}, {"role": "user", "content": text}])
+        return r.usage.prompt_tokens_details.cached_tokens, r.usage.prompt_tokens
+
+    ask("sk-second", secret)                  # beta's message is now in the prefix cache
+    ask(API_KEY, unrelated)                   # alpha's own copy of the first user-turn block
+    right, total = ask(API_KEY, secret)
+    wrong_hit, _ = ask(API_KEY, wrong)
+    baseline, _ = ask(API_KEY, "Which flour gives a baguette its crisp crust, and why?")
+    assert right == wrong_hit == baseline, (right, wrong_hit, baseline)
+    assert 0 < right < total                  # the system prompt is still shared on purpose
+    assert ask("sk-second", secret)[0] > right     # beta's own repeat does hit its own blocks

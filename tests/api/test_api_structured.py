@@ -327,3 +327,19 @@ def test_without_the_grammar_library_structured_requests_are_400_and_others_run(
                                        tool_choice="required")
     r = client.chat.completions.create(model=model_id, messages=ASK, max_tokens=3)
     assert r.choices[0].message.content
+
+
+@pytest.mark.parametrize("extra", [
+    {"structured_outputs": {"regex": "a{1000}{1000}"}},
+    {"structured_outputs": {"regex": "(a{1000}){1000}"}},
+    {"guided_grammar": 'start: x{1000}\nx: "a"{1000}'},
+    {"structured_outputs": {"json": {"type": "string", "pattern": "^(ab{100}){200}$"}}},
+])
+def test_a_constraint_that_would_blow_up_mid_generation_is_400_at_validation(client, model_id, extra):
+    """Issue 48.5: these compile, then fail mid-generation ("lexer error: too many expressions
+    constructed": a 500 after tokens were sent, not every time) and slow every step until then.
+    Nested counts are now bounded before compiling (engine/sampling/structured/bounds.py)."""
+    with pytest.raises(openai.BadRequestError, match="use \\* or \\+ for long runs") as e:
+        client.chat.completions.create(model=model_id, max_tokens=8, temperature=0, extra_body=extra,
+                                       messages=[{"role": "user", "content": "Write some letters."}])
+    assert e.value.status_code == 400

@@ -14,8 +14,10 @@ pytestmark = pytest.mark.slow
 def tenant_llm():
     from engine import ServingLLM
     from engine.core.admission import QueueBounds
+    # the no-starvation time bound far away: in the priority test below only the key's class
+    # (the operator's, issue 48.1) can let the chat user in before an API reply ends
     m = ServingLLM(num_blocks=256, max_model_len=512, max_num_seqs=2,
-            queue_bounds=QueueBounds(tenant_max_queued_requests=1))
+                   queue_bounds=QueueBounds(tenant_max_queued_requests=1), starvation_wait_s=3600)
     yield m
     try:
         assert wait_idle(m)["used_blocks"] == 0
@@ -84,3 +86,36 @@ def test_over_the_tenant_bound_is_429_with_retry_after_and_others_are_served(ten
     finally:
         for s in held:
             s.abort()
+
+
+def test_a_key_claiming_priority_minus_1000_cannot_starve_a_chat_user(tenant_server, tenant_llm):
+    """Issue 48.1, the flood: a key opens 8 long streams claiming `"priority": -1000` (those over
+    its bounds get 429) on an engine of 2 slots; then a chat user (class 0, as ui/chat submits)
+    sends a message. The key's class is the operator's (--api-priority 1): the chat reply is
+    admitted and finishes while every accepted API stream is still running or waiting. Before, the
+    claimed class put the chat reply behind a whole 300-token API reply."""
+    import contextlib
+
+    import httpx
+    from engine import SamplingParams
+    night = _client(tenant_server, "sk-night")
+    model = night.models.list().data[0].id
+    body = {"model": model, "prompt": "Tell a long story about the sea", "max_tokens": 300,
+            "ignore_eos": True, "temperature": 0, "stream": True, "priority": -1000}
+    with httpx.Client(base_url=tenant_server.url, headers={"Authorization": "Bearer sk-night"},
+                      timeout=120) as http, contextlib.ExitStack() as streams:
+        codes = [streams.enter_context(http.stream("POST", "v1/completions", json=body)).status_code
+                 for _ in range(8)]
+        accepted = codes.count(200)
+        assert accepted >= 2 and set(codes) <= {200, 429}, codes
+        deadline = time.time() + 60
+        while tenant_llm.load()[0] < 2:                   # both slots are the key's
+            assert time.time() < deadline, tenant_llm.load()
+            time.sleep(0.01)
+        chat = tenant_llm.submit("Hello, how are you?", SamplingParams(temperature=0, max_tokens=4,
+                                                                       ignore_eos=True),
+                                 tenant="user:alice", priority=0)
+        assert sum(len(d.token_ids) for d in chat) == 4
+        rows = {t.tenant: t for t in tenant_llm.tenant_stats(fresh=True)}
+        assert rows["nightly-batch"].running + rows["nightly-batch"].waiting == accepted
+    assert wait_idle(tenant_llm)["used_blocks"] == 0

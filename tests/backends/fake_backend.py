@@ -40,8 +40,9 @@ def chunk(text=None, finish=None, usage=None, index=0) -> str:
 
 
 class FakeBackend:
-    def __init__(self, mode: str = "ok", key: str | None = None):
+    def __init__(self, mode: str = "ok", key: str | None = None, extra_metrics: str = ""):
         self.mode, self.key = mode, key       # mode: ok | 500 | drop | slow; key: required Bearer key
+        self.extra_metrics = extra_metrics    # more /metrics lines (e.g. vllm:cache_config_info)
         self.requests: list[dict] = []
         self.disconnected = threading.Event()
         self.counters = {"usage": 0.25, "running": 0, "queries": 0, "hits": 0, "gen": 0}
@@ -57,7 +58,7 @@ class FakeBackend:
 
         @app.get("/metrics")
         def metrics():
-            return PlainTextResponse(VLLM_METRICS % self.counters)
+            return PlainTextResponse(VLLM_METRICS % self.counters + self.extra_metrics)
 
         @app.post("/v1/chat/completions")
         async def chat(body: dict, authorization: str | None = Header(None)):

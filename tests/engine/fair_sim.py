@@ -1,6 +1,8 @@
 """A model-free driver for the real Scheduler + KVCacheManager: each step, every scheduled sequence
 whose last token was computed "samples" one more token (a fixed id); a sequence ends after
-max_tokens. What the policy decides is then exactly what the scheduler does with real blocks."""
+max_tokens. What the policy decides is then exactly what the scheduler does with real blocks.
+The fair policy's clock is the step count times STEP_S (deterministic: the time bound of the
+no-starvation rule is reached after a known number of steps, whatever the machine's load)."""
 from __future__ import annotations
 
 from engine.core.fairness import make_policy
@@ -10,10 +12,16 @@ from engine.core.scheduler import Scheduler
 from engine.core.sequence import Request, Sequence, SeqStatus
 
 
+STEP_S = 0.01          # simulated seconds per step
+
+
 class Sim:
     def __init__(self, policy="fair", *, num_blocks=64, block_size=16, max_num_seqs=4, budget=64,
                  weights=None, **policy_kw):
         self.kv = KVCacheManager(num_blocks, block_size, max_model_len=4096)
+        self.step_no = 0
+        if policy == "fair":
+            policy_kw.setdefault("clock", lambda: 1e6 + self.step_no * STEP_S)   # far from 0
         self.policy = make_policy(policy, weights, **policy_kw) if isinstance(policy, str) else policy
         self.sched = Scheduler(self.kv, max_num_seqs, budget, self.policy)
         self.step_no = 0

@@ -296,3 +296,64 @@ def test_no_starvation_turn_does_not_hold_a_below_share_tenant_behind_a_full_hou
         sim.step()
         assert f"c{k}" in sim.admissions, (k, sim.admissions[-6:])
         assert sim.first_token_step[f"c{k}"] == arrived + 1
+
+
+def _flood_then_lower_class(wait_s):
+    """Two chat tenants (class 0) fill both slots with long replies and keep two more waiting; an
+    API request of class 1 arrives at step 3. Returns (sim, arrival step)."""
+    sim = Sim(max_num_seqs=2, budget=256, num_blocks=256, starvation_wait_s=wait_s)
+    for k in range(4):
+        sim.add(f"chat{k % 2}", prompt_len=20, max_tokens=400, priority=0, rid=f"c{k}")
+    for _ in range(3):
+        sim.step()
+    sim.add("api", prompt_len=20, max_tokens=4, priority=1, rid="low")
+    return sim, sim.step_no
+
+
+def test_a_lower_class_waits_at_most_starvation_wait_s_even_behind_long_replies():
+    """Issue 48.1: the no-starvation rule bounds time. With the clock at STEP_S per step and a
+    bound of 0.5 s, the class-1 request is admitted within 50 steps (+1 to act on it) of arriving,
+    while every chat reply is still running: one higher-class sequence is paused for it, once."""
+    from tests.engine.fair_sim import STEP_S
+    sim, arrived = _flood_then_lower_class(0.5)
+    sim.run(until=lambda s: "low" in s.finished)
+    admitted = sim.first_token_step["low"]
+    assert admitted <= arrived + round(0.5 / STEP_S) + 2, (arrived, admitted)
+    assert admitted > arrived + round(0.5 / STEP_S) - 2        # not before the bound: classes still rule
+    assert not any(r.startswith("c") for r in sim.finished)       # no chat reply had to end first
+    assert sum(t.preemptions for t in sim.policy.tenant_stats()) == 1
+    assert any(e.kind == "starvation_preempt" and e.favoured == "api" for e in sim.policy.events())
+    sim.run()
+    assert sim.kv.num_free_blocks == sim.kv.num_blocks and len(sim.finished) == 5
+    # the admission-count rule alone (a bound far beyond the run): it waits for a whole chat reply
+    slow, arrived = _flood_then_lower_class(3600)
+    slow.run(until=lambda s: "low" in s.finished)
+    assert slow.first_token_step["low"] > arrived + 390
+    assert any(r.startswith("c") for r in slow.finished)
+
+
+def test_the_time_bound_never_reorders_one_class():
+    """Within one class the time bound does nothing: long waits there are fairness's business."""
+    sim = Sim(max_num_seqs=1, budget=64, starvation_wait_s=0.05)
+    for k in range(4):
+        sim.add(f"t{k % 2}", prompt_len=10, max_tokens=30, priority=1, rid=f"r{k}")
+    sim.run()
+    assert sum(t.preemptions for t in sim.policy.tenant_stats()) == 0
+    assert not any(e.kind == "starvation_preempt" for e in sim.policy.events())
+    with pytest.raises(ValueError):
+        FairPolicy(starvation_wait_s=0)
+
+
+def test_a_lower_class_tenant_that_is_being_served_is_not_starved():
+    """The time bound is for a tenant that gets nothing: one with a reply running waits its turn
+    for its other requests (a key holding n = 8 forks must not keep pausing a chat reply)."""
+    sim = Sim(max_num_seqs=2, budget=256, num_blocks=256, starvation_wait_s=0.05)
+    sim.add("api", prompt_len=20, max_tokens=300, priority=1, rid="a0")
+    sim.step()
+    for k in range(3):
+        sim.add("api", prompt_len=20, max_tokens=300, priority=1, rid=f"a{k + 1}")
+    sim.add("chat", prompt_len=20, max_tokens=300, priority=0, rid="c0")
+    for _ in range(100):
+        sim.step()
+    assert not any(e.kind == "starvation_preempt" for e in sim.policy.events())
+    assert sim.policy.tenants["chat"].preemptions == 0

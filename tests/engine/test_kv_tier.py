@@ -61,7 +61,7 @@ def test_reopen_finds_blocks_and_other_fingerprints_never_load(tmp_path):
     for h in range(3):
         t.put(ident(h, toks=(h,) * 4), bytes([h]) * 64, owner=owner_tag("conv"))
     again = tier_at(tmp_path)
-    assert again.restored == 3 and again.bytes == 3 * 64
+    assert again.restored == 3 and again.bytes == _disk_bytes(tmp_path) == t.bytes
     assert again.get(ident(1, toks=(1,) * 4)) == bytes([1]) * 64
     other = tier_at(tmp_path, fp="0" * 24)          # same folder, another model: nothing is used
     assert other.restored == 0 and other.get(ident(2, toks=(2,) * 4)) is None
@@ -73,15 +73,38 @@ def test_leftover_tmp_file_of_a_crash_is_removed(tmp_path):
     assert tier_at(tmp_path).restored == 1 and not (tmp_path / "00000000000000ff.kv.tmp").exists()
 
 
+def _disk_bytes(folder) -> int:
+    return sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+
+
+class _MeasuredStore(FileStore):
+    """A real FileStore that records the folder's size right after every write (the new file and
+    every old one are on disk at that moment)."""
+
+    def __init__(self, folder):
+        super().__init__(folder)
+        self.sizes = []
+
+    def write(self, name, payload):
+        super().write(name, payload)
+        self.sizes.append(_disk_bytes(self.folder))
+
+
 def test_capacity_is_lru_and_never_exceeded(tmp_path):
-    t = tier_at(tmp_path, cap=300)
+    one = len(tier_at(tmp_path / "probe")._payload(ident(0), b"z" * 100, None))   # a file's size
+    store = _MeasuredStore(str(tmp_path / "t"))
+    t = KVTier(store, FP, 3 * one)
     for h in range(3):
         t.put(ident(h), b"z" * 100)
     t.get(ident(0))                                 # 0 is now the most recently used
     t.put(ident(3), b"z" * 100)
     assert [e[0].block_hash for e in t.entries()] == [2, 0, 3]
-    assert t.bytes <= 300 and FileStore(str(tmp_path)).names_on_disk() == {f"{h:016x}" for h in (0, 2, 3)}
-    assert not t.put(ident(9), b"z" * 301)          # bigger than the whole tier
+    assert store.names_on_disk() == {f"{h:016x}" for h in (0, 2, 3)}
+    # issue 48.7: the folder never holds more than the cap, not even right after a write (the
+    # old order wrote the 4th file, then shrank: 4 files for a moment)
+    assert store.sizes == [one, 2 * one, 3 * one, 3 * one]
+    assert t.bytes == _disk_bytes(store.folder) == 3 * one
+    assert not t.put(ident(9), b"z" * (3 * one))    # bigger than the whole tier
 
 
 def test_delete_owner_removes_only_that_conversations_files(tmp_path):

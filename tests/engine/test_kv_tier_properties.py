@@ -4,9 +4,10 @@ sequences against KVCacheManager with a file-backed KV tier, checking after ever
 - everything tests/engine/test_kv_cache_properties.py checks (refcounts, free list, cached map,
   counters, and the simulated pool: every slot holds the token whose KV it should hold, so a block
   loaded from the tier with the wrong bytes shows);
-- the tier: its index equals the files on disk, its byte count equals the entries' sizes and stays
-  within capacity, every entry's bytes are exactly its block's token ids, salted chains keep their
-  salt, and a corrupted file is dropped when read, never loaded.
+- the tier: its index equals the files on disk, its byte count equals the files' sizes and stays
+  within capacity, the folder never held more than the capacity right after any write (issue
+  48.7), every entry's bytes are exactly its block's token ids, salted chains keep their salt, and
+  a corrupted file is dropped when read, never loaded.
 The simulated pool is a list of token ids; the tier stores a block's slots as int64 bytes.
 """
 import os
@@ -37,11 +38,21 @@ class _IO:
         self.mc.kv[bid * BS:(bid + 1) * BS] = array("q", data).tolist()
 
 
+class _MeasuredStore(FileStore):
+    """The real FileStore; the folder's largest size right after a write is kept."""
+    peak = 0
+
+    def write(self, name, payload):
+        super().write(name, payload)
+        size = sum(os.path.getsize(os.path.join(self.folder, f)) for f in os.listdir(self.folder))
+        self.peak = max(self.peak, size)
+
+
 class TierMachine(KVMachine):
     @initialize(num_blocks=st.integers(12, 32), cap_blocks=st.integers(4, 40))
     def setup(self, num_blocks, cap_blocks):
         self.folder = tempfile.mkdtemp(prefix="kvtier-prop-")
-        self.cap = cap_blocks * BS * 8
+        self.cap = cap_blocks * (BS * 8 + 300)     # a file: ~64 B of KV + its header
         self.num_blocks = num_blocks
         self._new_manager()
         self.running, self.idle, self.next_id = {}, {}, 0
@@ -49,7 +60,7 @@ class TierMachine(KVMachine):
     def _new_manager(self):
         self.m = KVCacheManager(self.num_blocks, BS, max_model_len=MAX_LEN, kv_bytes_per_token=8)
         self.kv = [None] * (self.num_blocks * BS)
-        self.tier = KVTier(FileStore(self.folder), FP, self.cap)
+        self.tier = KVTier(_MeasuredStore(self.folder), FP, self.cap)
         self.m.attach_tier(self.tier, _IO(self))
 
     @precondition(lambda self: len(self.tier))
@@ -94,7 +105,8 @@ class TierMachine(KVMachine):
                 event(name)
         entries = t.entries()
         assert FileStore(self.folder).names_on_disk() == {f"{i.block_hash:016x}" for i, _, _ in entries}
-        assert t.bytes == sum(n for _, n, _ in entries) <= self.cap
+        on_disk = sum(os.path.getsize(os.path.join(self.folder, f)) for f in os.listdir(self.folder))
+        assert t.bytes == on_disk <= self.cap and t.store.peak <= self.cap
         for ident, n, _ in entries:
             assert n == BS * 8
         # bytes are exactly the block's tokens (read without disturbing the LRU order via the store)

@@ -3,42 +3,21 @@ random-weight checkpoints of different shapes, the real engine on each, HF as th
 import os
 
 import pytest
-import torch
-
 from engine import SamplingParams
 from engine.config import EngineConfig
 from engine.exec.loader import ModelLoadError
 from engine.front.model_host import ModelChoice, ModelHost, model_catalog
 from engine.protocol import ChatEngine, PinsPrompts, ServesCompletions, SwitchesModels
+from tests.tiny_models import hf_greedy, save_tiny_llama
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-
-
-def _tiny(folder, tokenizer, kv_heads, seed):
-    from transformers import AutoModelForCausalLM, LlamaConfig
-    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=256,
-                      tie_word_embeddings=False)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg).eval()
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return model
-
-
-def _hf_greedy(model, prompt, n=8):
-    x = torch.tensor([prompt])
-    with torch.no_grad():
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
-                             eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 @pytest.fixture(scope="module")
 def two_models(tmp_path_factory, tokenizer):
     root = tmp_path_factory.mktemp("models")
-    a = _tiny(root / "alpha", tokenizer, kv_heads=2, seed=1)
-    b = _tiny(root / "beta", tokenizer, kv_heads=4, seed=2)
+    a = save_tiny_llama(root / "alpha", tokenizer, kv_heads=2, seed=1)
+    b = save_tiny_llama(root / "beta", tokenizer, kv_heads=4, seed=2)
     bad = root / "broken"
     bad.mkdir()
     (bad / "config.json").write_text('{"model_type": "no-such-architecture"}')
@@ -56,7 +35,7 @@ def test_switch_serves_the_new_model_and_keeps_serving_after_a_refused_one(two_m
         for proto in (ChatEngine, PinsPrompts, ServesCompletions, SwitchesModels):
             assert isinstance(host, proto)
         prompt = list(range(3, 30))
-        assert host.generate({"prompt_token_ids": prompt}, GREEDY)[0].outputs[0].token_ids == _hf_greedy(hf_a, prompt)
+        assert host.generate({"prompt_token_ids": prompt}, GREEDY)[0].outputs[0].token_ids == hf_greedy(hf_a, prompt)
         per_token_a = host.stats()["kv_bytes_per_token"]
         stream = host.submit({"prompt_token_ids": prompt},      # in flight on alpha when we switch
                              SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
@@ -66,11 +45,11 @@ def test_switch_serves_the_new_model_and_keeps_serving_after_a_refused_one(two_m
         last = list(stream)[-1]
         assert last.finished                                      # closed, not left hanging
         assert host.stats()["kv_bytes_per_token"] == 2 * per_token_a   # 4 KV heads instead of 2
-        assert host.generate({"prompt_token_ids": prompt}, GREEDY)[0].outputs[0].token_ids == _hf_greedy(hf_b, prompt)
+        assert host.generate({"prompt_token_ids": prompt}, GREEDY)[0].outputs[0].token_ids == hf_greedy(hf_b, prompt)
         with pytest.raises(ModelLoadError, match="cannot read config"):
             host.switch_model("broken")
         assert host.current_model() == "beta" and len(seen) == 1     # still serving, nothing fired
-        assert host.generate({"prompt_token_ids": prompt}, GREEDY)[0].outputs[0].token_ids == _hf_greedy(hf_b, prompt)
+        assert host.generate({"prompt_token_ids": prompt}, GREEDY)[0].outputs[0].token_ids == hf_greedy(hf_b, prompt)
         with pytest.raises(ValueError, match="not one of this app's models"):
             host.switch_model("gamma")
     finally:

@@ -17,7 +17,8 @@ def test_creates_schema_and_pragmas(store):
     assert next(store.db.query("PRAGMA foreign_keys"))["foreign_keys"] == 1
     names = [m.name for m in MIGRATIONS.applied(store.db)]
     assert names == ["m001_tables", "m002_message_search", "m003_user_prompts",
-                     "m004_reply_cached_blocks", "m005_active_branch", "m006_reply_speculative"]
+                     "m004_reply_cached_blocks", "m005_active_branch", "m006_reply_speculative",
+                     "m007_reply_served_by"]
 
 
 def test_default_path_creates_data_dir(tmp_path, monkeypatch):

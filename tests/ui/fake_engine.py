@@ -292,6 +292,14 @@ class FakeLLM:
     def metrics_text(self):                          # RemoteBackend: a local engine serves none
         return None
 
+    routing = "none"                       # ServesReplicas: a local engine has no replicas
+
+    def cluster_view(self):
+        return None
+
+    def recent_landings(self) -> list:
+        return []
+
 
 def request(session="s1", username=None):
     """What Gradio passes handlers as gr.Request, as far as the UI reads it."""

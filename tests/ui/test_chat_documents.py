@@ -104,3 +104,65 @@ def test_a_pdf_without_text_or_over_the_limits_is_refused_in_plain_words(tmp_pat
     monkeypatch.setattr(D, "MAX_PDF_BYTES", 100)
     with pytest.raises(ValueError, match="a PDF may have at most 100"):
         D.read_document(str(many), "long.pdf", count)
+
+
+def _bomb(pages: int, content: bytes) -> bytes:
+    """Issue 48.4's PDF bomb, by hand: every page draws the same FlateDecode content stream, so
+    the file stays a few KB while each page makes the reader inflate and parse it again."""
+    import zlib
+    packed = zlib.compress(content, 9)
+    objs = [b"<< /Type /Catalog /Pages 2 0 R >>",
+            b"<< /Type /Pages /Kids [" + b" ".join(b"%d 0 R" % (5 + i) for i in range(pages))
+            + b"] /Count %d >>" % pages,
+            b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+            b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(packed) + packed
+            + b"\nendstream"]
+    objs += [b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+             b"/Resources << /Font << /F1 3 0 R >> >> >>"] * pages
+    out, offsets = b"%PDF-1.4\n", []
+    for k, body in enumerate(objs, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % k + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, xref)
+    return out
+
+
+def _ops(n: int) -> bytes:
+    """One short text line, then n graphics operators that draw nothing: slow to parse, no text."""
+    return b"BT /F1 12 Tf 72 720 Td (boom) Tj ET\n" + b"1 0 0 1 0 0 cm\n" * n
+
+
+@pytest.mark.timeout(120)
+def test_a_pdf_bomb_is_refused_in_plain_words_before_any_page_is_parsed(tmp_path):
+    """40 pages sharing one stream of 1.2 MB (48 MB to parse, a ~4 KB file) are over the inflated
+    budget: refused by the worker before extraction. Before, it was parsed page by page (the
+    issue's 7.6 KB bomb took 74 s of CPU) and then attached."""
+    f = tmp_path / "bomb.pdf"
+    f.write_bytes(_bomb(40, _ops(80_000)))
+    assert f.stat().st_size < 16_000
+    with pytest.raises(ValueError, match="bomb.pdf unpacks to more than 33,554,432 bytes of page"):
+        D.read_document(str(f), "bomb.pdf", count)
+
+
+def test_a_slow_pdf_within_the_budget_is_stopped_at_the_time_limit(tmp_path, monkeypatch):
+    """16 MB of operators to parse is inside the inflated budget; the worker's wall-clock limit
+    (shortened here to 0.5 s; parsing alone takes seconds) stops it and says so."""
+    from ui.chat import pdf_text
+    f = tmp_path / "slow.pdf"
+    f.write_bytes(_bomb(40, _ops(27_000)))
+    monkeypatch.setattr(pdf_text, "TIME_S", 0.5)
+    with pytest.raises(ValueError, match=r"slow.pdf took more than 0.5 s to read"):
+        D.read_document(str(f), "slow.pdf", count)
+
+
+def test_one_user_reads_one_document_at_a_time_and_everyone_a_few():
+    slots = D.UploadSlots(per_user=1, total=2)
+    assert slots.enter("user:alice") is None
+    assert "another document of yours is still being read" in slots.enter("user:alice")
+    assert slots.enter("user:bob") is None
+    assert "reading 2 documents already" in slots.enter("user:carol")
+    slots.leave("user:alice")
+    assert slots.enter("user:carol") is None and slots.enter("user:alice") is not None

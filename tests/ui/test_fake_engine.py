@@ -7,7 +7,8 @@ import pytest
 
 from engine import LLM, ServingLLM
 from engine.front.model_host import ModelHost
-from engine.protocol import ABILITIES, PROTOCOLS, ChatEngine, RemoteBackend, SwitchesModels, protocol_members
+from engine.protocol import (ABILITIES, PROTOCOLS, ChatEngine, RemoteBackend, ServesReplicas, SwitchesModels,
+                             protocol_members)
 from tests.ui.fake_engine import FakeLLM
 
 MEMBERS = sorted((p.__name__, m) for p in PROTOCOLS for m in protocol_members(p))
@@ -32,7 +33,7 @@ def test_every_protocol_is_runtime_checkable_and_the_fake_implements_them_all():
 
 def test_the_real_llm_implements_every_ability_of_a_local_engine():
     for proto in (ChatEngine, *ABILITIES):
-        if proto in (RemoteBackend, SwitchesModels):   # a remote engine's / the model host's
+        if proto in (RemoteBackend, ServesReplicas, SwitchesModels):   # remote engines' / the model host's
             continue
         for name in protocol_members(proto):
             in_init = name in ServingLLM.__init__.__code__.co_names or name in LLM.__init__.__code__.co_names
@@ -42,7 +43,7 @@ def test_the_real_llm_implements_every_ability_of_a_local_engine():
 @pytest.mark.parametrize("proto_name,name", MEMBERS)
 def test_each_declared_member_has_a_compatible_signature(proto_name, name):
     proto = next(p for p in PROTOCOLS if p.__name__ == proto_name)
-    impls = [FakeLLM] + ({RemoteBackend: [], SwitchesModels: [ModelHost]}.get(proto, [ServingLLM]))
+    impls = [FakeLLM] + ({RemoteBackend: [], ServesReplicas: [], SwitchesModels: [ModelHost]}.get(proto, [ServingLLM]))
     for impl in impls:
         member = inspect.getattr_static(impl, name, None)
         if not _callable_member(proto, name):            # a property or a data member

@@ -9,8 +9,10 @@ Memory tab), like the system prompt. The wrapper is plain text the model reads
 Refusals come before anything is sent: an unsupported or binary file, a file over MAX_BYTES, or a
 document that would not fit the context beside what the chat already holds (with the numbers).
 PDF: the text layer is extracted with pypdf (pure Python, maintained; requirements.txt), page by
-page, up to MAX_PDF_PAGES and MAX_PDF_BYTES; a scanned PDF without a text layer is refused (no OCR).
-Without pypdf installed, a PDF is refused with a sentence saying so.
+page, up to MAX_PDF_PAGES and MAX_PDF_BYTES, in a worker process with time, memory and
+inflated-content limits (ui/chat/pdf_text.py); a scanned PDF without a text layer is refused (no
+OCR). Without pypdf installed, a PDF is refused with a sentence saying so. `UploadSlots` bounds
+how many documents one user (and everyone) may have being read at once.
 """
 from __future__ import annotations
 
@@ -65,42 +67,59 @@ def _plain_text(path: str, name: str, ext: str) -> str:
         raise ValueError(f"{name} is not UTF-8 text") from None
 
 
-class _Refused(ValueError):
-    """A refusal of ours, raised inside the pypdf block and passed through as it is."""
-
-
 def _pdf_text(path: str, name: str) -> str:
-    """The PDF's text layer, pages joined by blank lines. Any parse failure is the file's fault and
-    is reported as such (pypdf raises its own errors on malformed or encrypted files)."""
+    """The PDF's text layer, pages joined by blank lines, read by a bounded worker process
+    (ui/chat/pdf_text.py: time, memory and inflated-content limits; issue 48.4). Any failure is
+    the file's fault and is reported as such, in a sentence."""
     size = os.path.getsize(path)
     if size > MAX_PDF_BYTES:
         raise ValueError(f"{name} is {size:,} bytes; a PDF may have at most {MAX_PDF_BYTES:,}")
-    try:
-        import pypdf
-    except ImportError:
+    from ui.chat.pdf_text import read_pdf
+    out = read_pdf(path, MAX_PDF_PAGES, MAX_BYTES)
+    if "missing" in out:
         raise ValueError(f"{name}: PDF needs the pypdf package, which is not installed here "
-                         "(attach the text instead)") from None
-    try:
-        reader = pypdf.PdfReader(path)
-        if reader.is_encrypted:
-            raise _Refused(f"{name} is an encrypted PDF")
-        if len(reader.pages) > MAX_PDF_PAGES:
-            raise _Refused(f"{name} has {len(reader.pages):,} pages; a PDF may have at most {MAX_PDF_PAGES}")
-        parts, total = [], 0
-        for page in reader.pages:
-            t = (page.extract_text() or "").strip()
-            total += len(t.encode("utf-8"))
-            if total > MAX_BYTES:
-                raise _Refused(f"{name}'s text is over {MAX_BYTES:,} bytes, the most a document may have")
-            parts.append(t)
-    except _Refused:
-        raise
-    except Exception as e:                # malformed, truncated, unsupported: this file only
-        raise _Refused(f"{name} could not be read as a PDF ({type(e).__name__})") from None
-    text = "\n\n".join(p for p in parts if p)
+                         "(attach the text instead)")
+    if "refused" in out:
+        sentence = str(out["refused"])
+        raise ValueError(f"{name}{'' if sentence.startswith(chr(39)) else ' '}{sentence}")
+    text = str(out.get("text", ""))
     if not text.strip():
         raise ValueError(f"{name} has no text layer (a scanned PDF?); only PDFs with text can be attached")
     return text
+
+
+class UploadSlots:
+    """At most `per_user` documents of one user (and `total` of everyone) are read at a time
+    (issue 48.4): a user who uploads PDFs in a loop holds one worker, never every core. Past a
+    bound the upload is refused at once with a sentence; nothing waits. Thread-safe."""
+
+    def __init__(self, per_user: int = 1, total: int | None = None):
+        import threading
+        self.per_user = per_user
+        self.total = total if total is not None else max(2, os.cpu_count() or 2)
+        self._lock = threading.Lock()
+        self._busy: dict[str, int] = {}
+
+    def enter(self, user: str) -> str | None:
+        """None: go ahead (call leave(user) after); else why not, in plain words."""
+        with self._lock:
+            mine = self._busy.get(user, 0)
+            if mine >= self.per_user:
+                return ("another document of yours is still being read; attach this one when it "
+                        f"is done (at most {self.per_user} at a time per user)")
+            if sum(self._busy.values()) >= self.total:
+                return (f"the server is reading {self.total} documents already; try again in a few "
+                        f"seconds")
+            self._busy[user] = mine + 1
+            return None
+
+    def leave(self, user: str) -> None:
+        with self._lock:
+            left = self._busy.get(user, 0) - 1
+            if left > 0:
+                self._busy[user] = left
+            else:
+                self._busy.pop(user, None)
 
 
 def check_fits(doc: Document, used_tokens: int, max_model_len: int, attached=()) -> None:

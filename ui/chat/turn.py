@@ -26,7 +26,8 @@ from ui.chat.tabs import in_daemon_thread
 
 FLUSH_S = 2.0          # partial replies reach the database at least this often
 STAT_KEYS = ("prompt_tokens", "cached_tokens", "cached_blocks", "output_tokens", "ttft_s", "tokens_per_s",
-             "spec_accepted_tokens", "decode_steps")       # the last two with --speculative
+             "spec_accepted_tokens", "decode_steps",       # these two with --speculative
+             "served_by")                                  # with several --backend replicas
 
 
 def reply_stats(metrics: dict, finish_reason: str | None) -> dict:

@@ -82,7 +82,11 @@ def stats_line(stats: dict | None, status: str | None = None, finish: str | None
         cached = stats.get("cached_tokens") or 0
         blocks = stats.get("cached_blocks")
         shared = f" ({blocks} shared block{'s' if blocks != 1 else ''})" if blocks is not None else ""
-        parts.append(f"reused {cached} of {stats['prompt_tokens']} prompt tokens from cache{shared}")
+        where = f" on {stats['served_by']}" if stats.get("served_by") else ""
+        parts.append(f"reused {cached} of {stats['prompt_tokens']} prompt tokens from cache"
+                     f"{shared}{where}")
+    elif stats.get("served_by"):
+        parts.append(f"served by {stats['served_by']}")
     if finish is None:
         finish = finish_text(stats, status)
     if finish:

@@ -210,7 +210,7 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
     """
     from ui.dashboard.remote import build_remote_dashboard, is_remote
     if is_remote(llm):      # app.py --backend URL: only what the server exposes (ui/dashboard/remote.py)
-        return build_remote_dashboard(llm, tick_s=tick_s)
+        return build_remote_dashboard(llm, tick_s=tick_s, auth=auth)
     state = state_for(llm, system_prompt)
     if chat_states is not None:
         state.chat_states = chat_states

@@ -15,6 +15,7 @@ import gradio as gr
 import pandas as pd
 
 from backends.monitor import BackendMonitor
+from engine.protocol import ServesReplicas
 from ui.dashboard import panels as H
 from ui.dashboard import view as V
 from ui.dashboard.history import HEADROOM, y_limits
@@ -93,8 +94,12 @@ def _with_headroom(frame, column: str):
     return gr.update(value=frame, y_lim=y_limits(frame, column))
 
 
-def build_remote_dashboard(llm, *, tick_s: float = 1.0) -> DashboardTimers:
-    """The Memory tab's components and timer for a RemoteEngine, in the current Blocks."""
+def build_remote_dashboard(llm, *, tick_s: float = 1.0, auth: bool = False) -> DashboardTimers:
+    """The Memory tab's components and timer for a RemoteEngine, in the current Blocks; several
+    replicas (backends/cluster_engine.py) get the cluster tab (ui/dashboard/cluster_tab.py)."""
+    if isinstance(llm, ServesReplicas):
+        from ui.dashboard.cluster_tab import build_cluster_dashboard
+        return build_cluster_dashboard(llm, tick_s=tick_s, auth=auth)
     mon = monitor_for(llm)
     html = dict(css_template=H.CSS, apply_default_css=True)
     with gr.Column(elem_id="kv-dashboard-remote"):

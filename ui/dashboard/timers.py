@@ -30,10 +30,16 @@ def wire_memory_tab(memory_tab, other_tab, dash: DashboardTimers) -> None:
     the other tab stops them. Works for the remote view too (one timer, no selection)."""
     timers = list(dash.timers)
     quiet = dict(api_visibility="private", show_progress="hidden")
-    shown = memory_tab.select(lambda: [gr.Timer(active=True)] * len(timers), None, timers, **quiet)
+
+    def switch(active: bool):
+        # one output takes the return value whole: a one-item list would leave the timer as it was
+        # (the remote views' single timer never started before this)
+        one = gr.Timer(active=active)
+        return [one] * len(timers) if len(timers) > 1 else one
+    shown = memory_tab.select(lambda: switch(True), None, timers, **quiet)
     if dash.select_own is not None:
         shown = shown.then(**dash.select_own)
     shown.then(**dash.refresh)
     if dash.refresh_slow is not None:
         shown.then(**dash.refresh_slow)
-    other_tab.select(lambda: [gr.Timer(active=False)] * len(timers), None, timers, **quiet)
+    other_tab.select(lambda: switch(False), None, timers, **quiet)

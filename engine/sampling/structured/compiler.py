@@ -7,6 +7,9 @@ microseconds); JSON schema, regex and Lark grammars (with embedded `%json`) thro
 point; bad schemas come back as a readable error rather than an exception deep in a step. Its mask
 costs ~0.02 ms per token here (xgrammar ~0.002 ms): both are far below a decode step.
 
+Before compiling, nested counted repetition is bounded (bounds.py): llguidance builds its lexer
+lazily, so `a{1000}{1000}` would compile and then fail mid-generation; it is refused here instead.
+
 Compilation runs in the submitting thread (`LLM.submit`), never in the engine's step loop: a
 request that compiles a large schema waits alone, not the batch. Each compiled grammar is kept as
 a pristine matcher; a request gets a `deep_copy` of it, so a repeated schema costs no compile.
@@ -18,6 +21,7 @@ import json
 import threading
 from collections import OrderedDict
 
+from engine.sampling.structured.bounds import check_repetition
 from engine.sampling.structured.spec import StructuredSpec, StructuredUnavailable
 
 try:                                    # optional: see requirements-engine.txt
@@ -105,6 +109,7 @@ class GrammarCompiler:
                 return pristine.deep_copy()
             t = time.perf_counter()
             try:
+                check_repetition(spec.kind, spec.value)      # a 400 now, not a 500 mid-reply
                 text = grammar_text(spec)
             except ValueError:
                 raise
