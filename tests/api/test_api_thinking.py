@@ -17,8 +17,8 @@ GRAMMAR = (r"start: <[300]> /\n[a-z]{2,6}( [a-z]{2,6}){2,4}\n/ <[301]> /\n\n[a-z
 
 @pytest.fixture(scope="module")
 def thinking_server(tmp_path_factory):
-    from engine import LLM
     from engine.exec import dummy_weights as dw
+    from engine.front.serving import ServingLLM
     folder = tmp_path_factory.mktemp("tiny-qwen3")
     tok = family_tokenizer("qwen3")
     cfg = dw.load_config("qwen3-0.6b", dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
@@ -27,7 +27,7 @@ def thinking_server(tmp_path_factory):
                                             eos_token_id=tok.convert_tokens_to_ids("<|im_end|>")))
     cfg.save_pretrained(folder)
     tok.save_pretrained(folder)
-    llm = LLM(model=str(folder), load_format="dummy", num_blocks=64, device="cpu", max_model_len=256)
+    llm = ServingLLM(model=str(folder), load_format="dummy", num_blocks=64, device="cpu", max_model_len=256)
     server = LiveServer(build_server_app(llm))
     yield llm, server
     server.stop()

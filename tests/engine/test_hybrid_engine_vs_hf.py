@@ -36,12 +36,18 @@ def test_engine_matches_hf(family):
         assert st["prefix_cache_hits"] >= 64, st
         assert st["num_preemptions"] > 0, st
         states = llm.engine.kv.states
+        snap = llm.run_on_engine(lambda eng: eng.kv_snapshot().to_json())      # what /api/kv serves
+        info = llm.model_info()
         if family in LINEAR:
-            s = states.stats()
+            s = st["state_groups"]
             assert s["state_checkpoint_hits"] >= 1 and s["state_checkpoints_taken"] >= 2, s
             assert s["state_slots_used"] == len(states.checkpoints), s      # nothing else holds one
+            assert [v["holders"] for v in snap["state_slots"]] == [["checkpoint"]] * len(states.checkpoints)
+            assert {v["bytes"] for v in snap["state_slots"]} == {info.state_bytes_per_slot} and s["state_bytes_per_slot"]
+            assert "linear" in info.layer_mixers and info.experts == ((8, 2) if family == "qwen3_5_moe" else ())
         else:
-            assert states is None
+            assert states is None and st["state_groups"] == {} and snap["state_slots"] == []
+            assert info.experts == (8, 2) and info.weights_read_per_token_bytes < info.weights_bytes
     finally:
         llm.shutdown()
 

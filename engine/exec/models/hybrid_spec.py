@@ -129,3 +129,34 @@ def text_config(config):
     if getattr(config, "model_type", None) in TEXT_OF and getattr(config, "text_config", None) is not None:
         return config.text_config
     return config
+
+
+def params_per_token(spec, config) -> tuple[int, int]:
+    """(weights held, weights one decoded token reads), as parameter counts from the description:
+    per layer its mixer (attention projections, or a linear-attention layer's projections and conv
+    taps) and its MLP (dense, or the router, k experts and the shared one of E), plus the LM head
+    (every token reads all of it; the embedding only its row). Norms are left out (tiny)."""
+    hidden, vocab = int(config.hidden_size), int(config.vocab_size)
+    h = int(config.num_attention_heads)
+    kvh = int(getattr(config, "num_key_value_heads", None) or h)
+    d = spec.head_dim
+    total = active = vocab * hidden                     # the LM head (tied or not: read per token)
+    if not getattr(config, "tie_word_embeddings", False):
+        total += vocab * hidden                         # the embedding table, one row read
+    active += hidden
+    for s in spec.layers:
+        if s.mixer == "linear":
+            lin = spec.linear
+            mix = hidden * (lin.conv_dim + lin.value_dim + 2 * lin.num_v_heads) + lin.value_dim * hidden \
+                + lin.conv_dim * lin.conv_kernel
+        else:
+            mix = hidden * (h + 2 * kvh) * d + h * d * hidden + (hidden * h * d if spec.attn_gate else 0)
+        if s.moe is not None:
+            held = s.moe.num_experts * 3 * hidden * s.moe.intermediate + s.moe.num_experts * hidden \
+                + 3 * hidden * s.moe.shared
+            read = s.moe.active_params_per_layer(hidden)
+        else:
+            held = read = 3 * hidden * int(config.intermediate_size)
+        total += mix + held
+        active += mix + read
+    return total, active
