@@ -20,8 +20,7 @@ FAMILIES = {    # shipped config -> what keeps its layer kinds at this size
     "qwen3_5": ("qwen3.5-0.8b", dict(num_hidden_layers=4, **LINEAR,
                                      layer_types=["linear_attention"] * 3 + ["full_attention"])),
     "qwen3_5_moe": ("qwen3.5-35b-a3b", dict(num_hidden_layers=4, shared_expert_intermediate_size=48, **MOE,
-                                            **LINEAR, layer_types=["linear_attention", "full_attention",
-                                                                   "linear_attention", "linear_attention"])),
+                                            **LINEAR, layer_types=["linear_attention", "full_attention"] * 2)),
 }
 
 
