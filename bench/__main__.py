@@ -4,6 +4,7 @@
    python -m bench --fairness [bench/fairness.py options]              (fair scheduling vs FCFS)
    python -m bench --tier [--with-vllm] [bench/kv_tier_bench.py options]   (the KV tier on vs off, vLLM-CPU)
    python -m bench --speculative [bench/speculative_bench.py options]   (speculation on / off, llama.cpp)
+   python -m bench --state [bench/state_bench.py options]   (linear-attention states and MoE: capacity, TTFT, decode)
    python -m bench --kv-groups [bench/kv_groups_bench.py options]   (KV cache groups vs full-attention paging)
    python -m bench --kv-events [bench/kv_events_reader.py options]   (the KV-event reader: memory, CPU per 10^5 events)
 
@@ -50,6 +51,10 @@ def main(argv=None) -> int:
     if "--speculative" in rest:     # speculative decoding on vs off, llama.cpp (issue 28): bench/speculative_bench.py
         from bench import speculative_bench
         return speculative_bench.main([x for x in rest if x != "--speculative"])
+
+    if "--state" in rest:           # what is not KV: linear-attention states, MoE (issue 51): bench/state_bench.py
+        from bench import state_bench
+        return state_bench.main([x for x in rest if x != "--state"])
 
     if "--kv-groups" in rest:       # KV cache groups: capacity and decode, Gemma-3-1B shapes (issue 45)
         from bench import kv_groups_bench

@@ -229,9 +229,10 @@ class KVCacheManager(TableGrowth, StateHooks):
         cached, start = plan.cached, plan.num_blocks * bs
         seq.num_computed = start
         self._seqs[seq_id] = seq
-        if self.states is not None:     # a fresh slot, or the checkpoint's state copied into one
-            self.states.attach(tables, getattr(plan, "state_restore", None))
-            self.states.want_checkpoint(tables, len(token_ids) // bs * bs)
+        if self.states is not None:     # a fresh slot, or the checkpoint's state copied into one; keep
+            self.states.attach(tables, getattr(plan, "state_restore", None))      # one where the KV hit
+            self.states.want_checkpoint(tables, getattr(plan, "kv_hit_blocks", 0) * bs)   # ended, one at
+            self.states.want_checkpoint(tables, len(token_ids) // bs * bs)      # the prompt's last block
             num_new_tokens = self.chunk_end(seq_id, start, num_new_tokens)
         self.prefix_cache_queries += len(token_ids)
         self.prefix_cache_hits += start

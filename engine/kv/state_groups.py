@@ -59,7 +59,8 @@ class StateGroups:
         self._pending: list[tuple[int, int]] = []  # copies the next plan runs before its forward
         self._deferred: list[tuple[int, int]] = []  # checkpoint copies: after the step that reached them
         self.checkpoints: OrderedDict[int, Checkpoint] = OrderedDict()   # key -> checkpoint, LRU first
-        self._wanted: dict[int, int] = {}           # id(tables) -> the boundary to checkpoint at
+        self._wanted: dict[int, list] = {}          # id(tables) -> boundaries to checkpoint at, ascending
+        self.take_checkpoints = True
         self.checkpoints_taken = 0
         self.checkpoint_hits = 0
         self.checkpoints_dropped = 0
@@ -131,22 +132,31 @@ class StateGroups:
 
     # ---- checkpoints --------------------------------------------------------------------------
     def want_checkpoint(self, tables, pos: int) -> None:
-        """Keep the holder's state after `pos` tokens (a block boundary) once a step reaches it."""
-        if pos > 0 and pos % self.bs == 0:
-            self._wanted[id(tables)] = pos
+        """Keep the holder's state after `pos` tokens (a block boundary) once a step reaches it
+        (not when `take_checkpoints` is off: the bench's "no checkpoints" side)."""
+        if self.take_checkpoints and pos > 0 and pos % self.bs == 0:
+            w = self._wanted.setdefault(id(tables), [])
+            if pos not in w:
+                w.append(pos)
+                w.sort()
 
-    def wanted_pos(self, tables) -> int | None:
-        return self._wanted.get(id(tables))
+    def wanted_pos(self, tables, after: int = 0) -> int | None:
+        """The first wanted boundary past `after` (where the next prefill chunk should end)."""
+        return next((p for p in self._wanted.get(id(tables), ()) if p > after), None)
 
     def reached(self, tables, end: int, hashes: list) -> None:
         """A step computing up to `end` was scheduled for the holder: at the wanted boundary,
         set a slot aside and defer the copy into it (see the module docstring). `hashes`: the
         holder's chain hashes so far (the checkpoint's key is its last block's). Without a free
         slot (the caller made room when it could) the checkpoint is not taken."""
-        pos = self._wanted.get(id(tables))
-        if pos is None or end < pos:
+        w = self._wanted.get(id(tables))
+        if not w or end < w[0]:
             return
-        del self._wanted[id(tables)]
+        passed = [p for p in w if p <= end]
+        del w[:len(passed)]
+        if not w:
+            del self._wanted[id(tables)]
+        pos = passed[-1]
         if end != pos or len(hashes) < pos // self.bs:
             return
         key = hashes[pos // self.bs - 1]

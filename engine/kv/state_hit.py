@@ -20,23 +20,28 @@ def cut(plan: HitPlan, k: int, bs: int) -> HitPlan:
     """The plan's first k blocks (k <= its pool hit)."""
     out = HitPlan(cached=min(plan.cached, k * bs), num_blocks=k, first=[0] * len(plan.picks),
                   picks=[list(p[:k]) for p in plan.picks], chain=list(plan.chain[:k]), block_size=bs)
-    out.state_restore = None
+    out.state_restore, out.kv_hit_blocks = None, 0
     return out
 
 
 def clamp(states, plan: HitPlan, layout, bs: int, replan) -> HitPlan:
     """The plan cut to a state boundary; `plan.state_restore` is the checkpoint to copy into the
-    sequence's fresh slot (None: start from the parked state, or from zero). `replan()` gives the
-    pool/tier plan without the parked session (when the session's state does not fit)."""
+    sequence's fresh slot (None: start from the parked state, or from zero); `plan.kv_hit_blocks`
+    the KV-only hit it was cut from (a shared prefix without a state yet: the admission keeps one
+    there, so the next prompt sharing it hits). `replan()` gives the pool/tier plan without the
+    parked session (when the session's state does not fit)."""
     if plan.session is not None:
         sess = plan.session
         if states.holds(sess.tables) and plan.cached == len(sess.tokens):
-            plan.state_restore = None
+            plan.state_restore, plan.kv_hit_blocks = None, 0
             return plan
         plan = replan()
+    kv_blocks = min(plan.num_blocks, plan.cached // bs)
     if plan.num_blocks == 0 or any(g.sliding_window is not None for g in layout.groups):
-        return cut(plan, 0, bs)
-    k, ck = states.find(plan.chain, min(plan.num_blocks, plan.cached // bs))
-    out = cut(plan, k, bs)
-    out.state_restore = ck
+        out = cut(plan, 0, bs)
+    else:
+        k, ck = states.find(plan.chain, kv_blocks)
+        out = cut(plan, k, bs)
+        out.state_restore = ck
+    out.kv_hit_blocks = kv_blocks
     return out

@@ -54,7 +54,7 @@ class StateHooks:
         if self.states is None or n <= 1:
             return n
         seq = self._seqs.get(seq_id)
-        pos = self.states.wanted_pos(seq.tables) if seq is not None else None
+        pos = self.states.wanted_pos(seq.tables, start) if seq is not None else None
         return pos - start if pos is not None and start < pos < start + n else n
 
     def step_state(self, seq_id) -> tuple[int, ...]:
