@@ -6,8 +6,9 @@ layer kinds, seeded random weights), one workload: a 70-token prompt prefilled i
 there), a prompt sharing its first 64 tokens (a prefix hit: Qwen3.5 restores the checkpointed
 state with the KV), then a burst of four on a pool that cannot hold them (preemption: the state is
 dropped and recomputed). Every reply must be HF's greedy choice token by token (one HF forward over
-prompt + reply). Then n > 1 and beam search (the state slot shared by forks, copied on write), and
-a chat's next turn adopting its parked state.
+prompt + reply). Then n > 1 and beam search (the state slot shared by forks, copied on write), a
+chat's next turn adopting its parked state, and the Triton kernels (interpreted) for the attention
+layers. The model and stats views (/api/kv's state slots, ModelInfo) are checked on the way.
 """
 import pytest
 import torch
@@ -101,3 +102,19 @@ def test_next_turn_adopts_the_parked_state():
 def test_speculative_decoding_is_refused_for_linear_attention():
     with pytest.raises(ValueError, match="cannot be rolled back"):
         H.make_llm("qwen3_5", speculative="ngram")
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_moe"])
+def test_triton_kernels_match_hf(family):
+    """Triton attention and KV store (interpreted on CPU) for the attention layers, around the
+    linear-attention states and the experts; the second prompt a prefix hit (Qwen3.5: restoring its
+    checkpointed state)."""
+    llm = H.make_llm(family, attention_backend="triton", num_blocks=24)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+        outs = [llm.generate([{"prompt_token_ids": p}], params)[0] for p in (A, B)]
+        assert llm.stats()["prefix_cache_hits"] >= 64
+        for p, o in zip((A, B), outs):
+            H.assert_hf_greedy(family, p, o.outputs[0].token_ids)
+    finally:
+        llm.shutdown()
