@@ -32,6 +32,7 @@ hits from then on ("ready"): a restore is queued after the copy that fills it, a
 run in order. Every destination is a slot handed out when its copy is queued, so a slot freed and
 handed out again is only written by copies queued after the ones that still read it.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -44,9 +45,9 @@ from engine.kv.state_pool import StatePool
 @dataclass
 class Checkpoint:
     slot: int
-    pos: int            # tokens the state has seen (a block boundary)
-    key: int            # chain hash of the block that ends at pos
-    uses: int = 0       # prefix hits it served
+    pos: int  # tokens the state has seen (a block boundary)
+    key: int  # chain hash of the block that ends at pos
+    uses: int = 0  # prefix hits it served
     ready: bool = False  # its copy is in a plan (restores queued after it read the right state)
 
 
@@ -55,11 +56,15 @@ class StateGroups:
         self.pool = StatePool(num_slots)
         self.bs = block_size
         self.bytes_per_slot = bytes_per_slot
-        self._holders: dict[int, list] = {}        # id(tables) -> [tables, slot]
+        self._holders: dict[int, list] = {}  # id(tables) -> [tables, slot]
         self._pending: list[tuple[int, int]] = []  # copies the next plan runs before its forward
-        self._deferred: list[tuple[int, int]] = []  # checkpoint copies: after the step that reached them
-        self.checkpoints: OrderedDict[int, Checkpoint] = OrderedDict()   # key -> checkpoint, LRU first
-        self._wanted: dict[int, list] = {}          # id(tables) -> boundaries to checkpoint at, ascending
+        self._deferred: list[
+            tuple[int, int]
+        ] = []  # checkpoint copies: after the step that reached them
+        self.checkpoints: OrderedDict[int, Checkpoint] = (
+            OrderedDict()
+        )  # key -> checkpoint, LRU first
+        self._wanted: dict[int, list] = {}  # id(tables) -> boundaries to checkpoint at, ascending
         self.take_checkpoints = True
         self.checkpoints_taken = 0
         self.checkpoint_hits = 0
@@ -153,7 +158,7 @@ class StateGroups:
         if not w or end < w[0]:
             return
         passed = [p for p in w if p <= end]
-        del w[:len(passed)]
+        del w[: len(passed)]
         if not w:
             del self._wanted[id(tables)]
         pos = passed[-1]
@@ -200,7 +205,8 @@ class StateGroups:
 
     def reclaimable(self, block_pool, pinned) -> list[int]:
         """Checkpoint keys that may be dropped to free slots, in order: the dead (their block left
-        the pool), then those whose block no pin holds (`pinned(block)`), least recently used first."""
+        the pool), then those whose block no pin holds (`pinned(block)`), least recently used
+        first."""
         dead, live = [], []
         for key in self.checkpoints:
             b = block_pool.cached.get(group_key(key, 0))
@@ -215,8 +221,15 @@ class StateGroups:
         """Counters for KVStats (engine/observe/kv_contract.py)."""
         held = [h[1] for h in self._holders.values()]
         shared = sum(1 for s in set(held) if self.pool.ref[s] > 1)
-        return dict(state_slots_total=self.pool.num_slots - 1, state_slots_used=self.pool.num_used,
-                    state_slots_free=self.pool.num_free, state_slots_shared=shared,
-                    state_bytes_per_slot=self.bytes_per_slot, state_checkpoints=len(self.checkpoints),
-                    state_checkpoint_hits=self.checkpoint_hits, state_checkpoints_taken=self.checkpoints_taken,
-                    state_cow_copies=self.cow_copies, state_peak_used_slots=self.pool.peak_used)
+        return dict(
+            state_slots_total=self.pool.num_slots - 1,
+            state_slots_used=self.pool.num_used,
+            state_slots_free=self.pool.num_free,
+            state_slots_shared=shared,
+            state_bytes_per_slot=self.bytes_per_slot,
+            state_checkpoints=len(self.checkpoints),
+            state_checkpoint_hits=self.checkpoint_hits,
+            state_checkpoints_taken=self.checkpoints_taken,
+            state_cow_copies=self.cow_copies,
+            state_peak_used_slots=self.pool.peak_used,
+        )

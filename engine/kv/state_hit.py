@@ -11,6 +11,7 @@ Cutting a plan keeps blocks [0, k) of every group; only full-attention groups ca
 (a sliding group's window at k would need other blocks), so a model that mixes sliding-window
 and linear-attention layers starts from 0 (none of the families we run does).
 """
+
 from __future__ import annotations
 
 from engine.kv.prefix_hit import HitPlan
@@ -18,8 +19,14 @@ from engine.kv.prefix_hit import HitPlan
 
 def cut(plan: HitPlan, k: int, bs: int) -> HitPlan:
     """The plan's first k blocks (k <= its pool hit)."""
-    out = HitPlan(cached=min(plan.cached, k * bs), num_blocks=k, first=[0] * len(plan.picks),
-                  picks=[list(p[:k]) for p in plan.picks], chain=list(plan.chain[:k]), block_size=bs)
+    out = HitPlan(
+        cached=min(plan.cached, k * bs),
+        num_blocks=k,
+        first=[0] * len(plan.picks),
+        picks=[list(p[:k]) for p in plan.picks],
+        chain=list(plan.chain[:k]),
+        block_size=bs,
+    )
     out.state_restore, out.kv_hit_blocks = None, 0
     return out
 

@@ -8,13 +8,14 @@ points where a state slot is needed (admission, a step that writes a shared slot
 the scheduler at the two places a step's shape is decided (`chunk_end`, the plan's `step_state` and
 `take_state_copies`).
 """
+
 from __future__ import annotations
 
 from engine.kv.block_hash import group_key
 
 
 class StateHooks:
-    states: object          # engine/kv/state_groups.StateGroups, or None
+    states: object  # engine/kv/state_groups.StateGroups, or None
 
     def _state_room(self, n: int, keep=None, dry: bool = False, restore=None) -> bool:
         """`n` free state slots: checkpoints no pin holds go first (dead ones, then least recently
@@ -25,13 +26,20 @@ class StateHooks:
         if st is None or n <= 0 or st.pool.num_free >= n:
             return True
         pinned_ids = self.pins.pinned_ids()
-        drops = [k for k in st.reclaimable(self.pool, lambda b: b.block_id in pinned_ids)
-                 if restore is None or k != restore.key]
+        drops = [
+            k
+            for k in st.reclaimable(self.pool, lambda b: b.block_id in pinned_ids)
+            if restore is None or k != restore.key
+        ]
         free, victims = st.pool.num_free + len(drops), []
         for sess in self.parked:
             if free >= n:
                 break
-            if sess.session_id != keep and st.holds(sess.tables) and st.pool.ref[st.slot_of(sess.tables)] == 1:
+            if (
+                sess.session_id != keep
+                and st.holds(sess.tables)
+                and st.pool.ref[st.slot_of(sess.tables)] == 1
+            ):
                 victims.append(sess.session_id)
                 free += 1
         if free < n:

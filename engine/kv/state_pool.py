@@ -12,6 +12,7 @@ Holders: running sequences, parked sessions and checkpoints (engine/kv/state_gro
 holds what); the pool only counts. Slot 0 is never handed out: a row of a model without
 linear-attention layers carries no slot, and a stray 0 in a plan is never someone's state.
 """
+
 from __future__ import annotations
 
 from engine.errors import KVCacheError
@@ -20,10 +21,12 @@ from engine.errors import KVCacheError
 class StatePool:
     def __init__(self, num_slots: int):
         if num_slots < 2:
-            raise ValueError(f"a state pool needs at least 2 slots (slot 0 is reserved), got {num_slots}")
+            raise ValueError(
+                f"a state pool needs at least 2 slots (slot 0 is reserved), got {num_slots}"
+            )
         self.num_slots = num_slots
         self.ref = [0] * num_slots
-        self._free = list(range(num_slots - 1, 0, -1))      # pop() hands out 1, 2, 3, ... first
+        self._free = list(range(num_slots - 1, 0, -1))  # pop() hands out 1, 2, 3, ... first
         self.peak_used = 0
 
     @property

@@ -5,6 +5,7 @@ writer: Qwen3-MoE (experts as [E, out, in]), gpt-oss (gate / up split from the i
 grouped -> tiled). Quantization: "Q8_0" (every tensor whose rows are a multiple of 32, experts
 included) or "MXFP4" (gpt-oss's experts, as its release ships them; the rest F32). The tokenizer
 is issue 45's tiny byte-level BPE (tests/engine/gguf_write.py)."""
+
 from __future__ import annotations
 
 import json
@@ -14,12 +15,19 @@ import torch
 
 from tests.engine.gguf_write import tiny_tokenizer
 
-ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe"}
+ARCH = {
+    "qwen3_moe": "qwen3moe",
+    "gpt_oss": "gpt-oss",
+    "qwen3_5_text": "qwen35",
+    "qwen3_5_moe_text": "qwen35moe",
+}
 
 
-def _grouped_to_tiled(t: torch.Tensor, dim: int, k_heads: int, per_k: int, head: int) -> torch.Tensor:
+def _grouped_to_tiled(
+    t: torch.Tensor, dim: int, k_heads: int, per_k: int, head: int
+) -> torch.Tensor:
     shape = list(t.shape)
-    t = t.reshape(*shape[:dim], k_heads, per_k, head, *shape[dim + 1:])
+    t = t.reshape(*shape[:dim], k_heads, per_k, head, *shape[dim + 1 :])
     return t.transpose(dim, dim + 1).contiguous().reshape(shape)
 
 
@@ -39,10 +47,18 @@ def _tensors(cfg, weights: dict) -> dict[str, torch.Tensor]:
         out[b + post + ".weight"] = weights[p + "post_attention_layernorm.weight"] + plus
         if qwen35 and cfg.layer_types[i] == "linear_attention":
             la = p + "linear_attn."
-            kh, vh, dk, dv = (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
-                              cfg.linear_value_head_dim)
+            kh, vh, dk, dv = (
+                cfg.linear_num_key_heads,
+                cfg.linear_num_value_heads,
+                cfg.linear_key_head_dim,
+                cfg.linear_value_head_dim,
+            )
             r = vh // kh
-            tile = (lambda x, dim, head: _grouped_to_tiled(x, dim, kh, r, head)) if r > 1 else (lambda x, d, h: x)
+            tile = (
+                (lambda x, dim, head: _grouped_to_tiled(x, dim, kh, r, head))
+                if r > 1
+                else (lambda x, d, h: x)
+            )
             qkv, q_end = weights[la + "in_proj_qkv.weight"], 2 * kh * dk
             out[b + "attn_qkv.weight"] = torch.cat((qkv[:q_end], tile(qkv[q_end:], 0, dv)))
             out[b + "attn_gate.weight"] = tile(weights[la + "in_proj_z.weight"], 0, dv)
@@ -56,7 +72,12 @@ def _tensors(cfg, weights: dict) -> dict[str, torch.Tensor]:
             out[b + "ssm_out.weight"] = tile(weights[la + "out_proj.weight"], 1, dv)
         else:
             a = p + "self_attn."
-            for hf, g in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output")):
+            for hf, g in (
+                ("q_proj", "attn_q"),
+                ("k_proj", "attn_k"),
+                ("v_proj", "attn_v"),
+                ("o_proj", "attn_output"),
+            ):
                 out[f"{b}{g}.weight"] = weights[a + hf + ".weight"]
                 if a + hf + ".bias" in weights:
                     out[f"{b}{g}.bias"] = weights[a + hf + ".bias"]
@@ -67,34 +88,55 @@ def _tensors(cfg, weights: dict) -> dict[str, torch.Tensor]:
                 out[b + "attn_sinks.weight"] = weights[a + "sinks"]
         m = p + "mlp."
         if mt == "gpt_oss":
-            out[b + "ffn_gate_inp.weight"], out[b + "ffn_gate_inp.bias"] = weights[m + "router.weight"], \
-                weights[m + "router.bias"]
-            gu = weights[m + "experts.gate_up_proj"].transpose(1, 2)                  # [E, 2I, H]
+            out[b + "ffn_gate_inp.weight"], out[b + "ffn_gate_inp.bias"] = (
+                weights[m + "router.weight"],
+                weights[m + "router.bias"],
+            )
+            gu = weights[m + "experts.gate_up_proj"].transpose(1, 2)  # [E, 2I, H]
             out[b + "ffn_gate_exps.weight"], out[b + "ffn_up_exps.weight"] = gu[:, ::2], gu[:, 1::2]
             gb = weights[m + "experts.gate_up_proj_bias"]
             out[b + "ffn_gate_exps.bias"], out[b + "ffn_up_exps.bias"] = gb[:, ::2], gb[:, 1::2]
             out[b + "ffn_down_exps.weight"] = weights[m + "experts.down_proj"].transpose(1, 2)
             out[b + "ffn_down_exps.bias"] = weights[m + "experts.down_proj_bias"]
         elif m + "experts.gate_up_proj" in weights:
-            gu = weights[m + "experts.gate_up_proj"]                                   # [E, 2I, H]
+            gu = weights[m + "experts.gate_up_proj"]  # [E, 2I, H]
             inter = gu.shape[1] // 2
             out[b + "ffn_gate_inp.weight"] = weights[m + "gate.weight"]
-            out[b + "ffn_gate_exps.weight"], out[b + "ffn_up_exps.weight"] = gu[:, :inter], gu[:, inter:]
+            out[b + "ffn_gate_exps.weight"], out[b + "ffn_up_exps.weight"] = (
+                gu[:, :inter],
+                gu[:, inter:],
+            )
             out[b + "ffn_down_exps.weight"] = weights[m + "experts.down_proj"]
             if m + "shared_expert.gate_proj.weight" in weights:
-                for hf, g in (("gate_proj", "ffn_gate_shexp"), ("up_proj", "ffn_up_shexp"), ("down_proj", "ffn_down_shexp")):
+                for hf, g in (
+                    ("gate_proj", "ffn_gate_shexp"),
+                    ("up_proj", "ffn_up_shexp"),
+                    ("down_proj", "ffn_down_shexp"),
+                ):
                     out[f"{b}{g}.weight"] = weights[f"{m}shared_expert.{hf}.weight"]
-                out[b + "ffn_gate_inp_shexp.weight"] = weights[m + "shared_expert_gate.weight"].reshape(-1)
+                out[b + "ffn_gate_inp_shexp.weight"] = weights[
+                    m + "shared_expert_gate.weight"
+                ].reshape(-1)
         else:
-            for hf, g in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
+            for hf, g in (
+                ("gate_proj", "ffn_gate"),
+                ("up_proj", "ffn_up"),
+                ("down_proj", "ffn_down"),
+            ):
                 out[f"{b}{g}.weight"] = weights[f"{m}{hf}.weight"]
     return out
 
 
-def write_gguf(path, cfg, weights: dict, quant: str | None = None,
-               specials=("<|endoftext|>", "<|im_start|>", "<|im_end|>")) -> None:
+def write_gguf(
+    path,
+    cfg,
+    weights: dict,
+    quant: str | None = None,
+    specials=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+) -> None:
     import gguf
     from gguf import GGMLQuantizationType as Q
+
     mt = cfg.model_type
     arch = ARCH[mt]
     w = gguf.GGUFWriter(str(path), arch)
@@ -130,19 +172,30 @@ def write_gguf(path, cfg, weights: dict, quant: str | None = None,
         w.add_uint32(f"{arch}.ssm.state_size", cfg.linear_key_head_dim)
         w.add_uint32(f"{arch}.ssm.group_count", cfg.linear_num_key_heads)
         w.add_uint32(f"{arch}.ssm.time_step_rank", cfg.linear_num_value_heads)
-        w.add_uint32(f"{arch}.ssm.inner_size", cfg.linear_value_head_dim * cfg.linear_num_value_heads)
+        w.add_uint32(
+            f"{arch}.ssm.inner_size", cfg.linear_value_head_dim * cfg.linear_num_value_heads
+        )
         w.add_uint32(f"{arch}.full_attention_interval", cfg.layer_types.index("full_attention") + 1)
         w.add_rope_dimension_count(int(d * params.get("partial_rotary_factor", 0.25)))
-        w.add_array(f"{arch}.rope.dimension_sections", [11, 11, 10, 0])     # llama.cpp writes Qwen3.5's mrope
+        w.add_array(
+            f"{arch}.rope.dimension_sections", [11, 11, 10, 0]
+        )  # llama.cpp writes Qwen3.5's mrope
         if mt == "qwen3_5_moe_text":
             w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
-            w.add_uint32(f"{arch}.expert_shared_feed_forward_length", cfg.shared_expert_intermediate_size)
+            w.add_uint32(
+                f"{arch}.expert_shared_feed_forward_length", cfg.shared_expert_intermediate_size
+            )
             w.add_expert_count(cfg.num_experts)
             w.add_expert_used_count(cfg.num_experts_per_tok)
     for name, t in _tensors(cfg, weights).items():
         a = t.float().contiguous().numpy().astype(np.float32)
         exps = "_exps.weight" in name
-        if quant == "Q8_0" and a.ndim >= 2 and a.shape[-1] % 32 == 0 and name != "token_embd.weight":
+        if (
+            quant == "Q8_0"
+            and a.ndim >= 2
+            and a.shape[-1] % 32 == 0
+            and name != "token_embd.weight"
+        ):
             w.add_tensor(name, gguf.quants.quantize(a, Q.Q8_0), raw_dtype=Q.Q8_0)
         elif quant == "MXFP4" and exps and a.shape[-1] % 32 == 0:
             w.add_tensor(name, gguf.quants.quantize(a, Q.MXFP4), raw_dtype=Q.MXFP4)

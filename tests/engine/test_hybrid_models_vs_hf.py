@@ -1,4 +1,5 @@
-"""The MoE and linear-attention families at the model level, against transformers' own modules in fp32.
+"""The MoE and linear-attention families at the model level, against transformers' own modules in
+fp32.
 
 Per family (tests/engine/hybrid_helpers.py shrinks the shipped config, keeping its layer kinds):
 fp32 logits of a chunked prefill and decode steps within 1e-4 of HF's forward over the whole
@@ -6,6 +7,7 @@ sequence. Units: the grouped-per-expert MoE against HF's experts module on the s
 MXFP4 dequantization against transformers' converter, the chunked gated delta rule (with an
 initial state, chunks that do not divide the length) against HF's token-by-token recurrence.
 """
+
 import pytest
 import torch
 
@@ -18,24 +20,37 @@ def _model(family, **kw):
     cfg = H.config(family)
     m = LlamaModel(cfg, H.weights(family, cfg), torch.float32, "cpu", max_positions=256, **kw)
     if m.spec.linear_layers:
-        m.linear_state = LinearState(m.spec.linear, len(m.spec.linear_layers), 3, torch.float32, "cpu")
+        m.linear_state = LinearState(
+            m.spec.linear, len(m.spec.linear_layers), 3, torch.float32, "cpu"
+        )
     return m
 
 
 def _steps(model, ids, chunks, slot=1):
     """Prefill then decode `ids` as one sequence in the given chunk sizes; logits of every token."""
     bs = 16
-    pool = torch.full((2, model.num_kv_layers, 12, bs, model.num_kv_heads, model.head_dim), float("nan"))
+    pool = torch.full(
+        (2, model.num_kv_layers, 12, bs, model.num_kv_heads, model.head_dim), float("nan")
+    )
     table = torch.arange(1, 12, dtype=torch.int32).flip(0)[None]
     out, start = [], 0
     for n in chunks:
         end = start + n
         slots = torch.tensor([int(table[0, p // bs]) * bs + p % bs for p in range(start, end)])
-        meta = AttentionMetadata(slots, table, torch.tensor([end], dtype=torch.int32),
-                                 torch.tensor([0, n], dtype=torch.int32), n, "torch",
-                                 state_slots=torch.tensor([slot]))
-        out.append(model.forward(torch.tensor(ids[start:end]), torch.arange(start, end), pool, meta,
-                                 torch.arange(n)))
+        meta = AttentionMetadata(
+            slots,
+            table,
+            torch.tensor([end], dtype=torch.int32),
+            torch.tensor([0, n], dtype=torch.int32),
+            n,
+            "torch",
+            state_slots=torch.tensor([slot]),
+        )
+        out.append(
+            model.forward(
+                torch.tensor(ids[start:end]), torch.arange(start, end), pool, meta, torch.arange(n)
+            )
+        )
         start = end
     return torch.cat(out)
 
@@ -65,8 +80,12 @@ def test_gpt_oss_sinks_and_window_change_the_logits():
         L.pop("sinks")
     assert (_steps(m, ids, [60]) - ref).abs().max().item() > 1e-2
     m = _model("gpt_oss")
-    m.spec = type(m.spec)(**{**m.spec.__dict__, "layers": tuple(type(s)(**{**s.__dict__, "window": None})
-                                                                    for s in m.spec.layers)})
+    m.spec = type(m.spec)(
+        **{
+            **m.spec.__dict__,
+            "layers": tuple(type(s)(**{**s.__dict__, "window": None}) for s in m.spec.layers),
+        }
+    )
     assert (_steps(m, ids, [60]) - ref).abs().max().item() > 1e-2
 
 
@@ -74,6 +93,7 @@ def test_gpt_oss_sinks_and_window_change_the_logits():
 def test_grouped_experts_equal_hf_experts(family):
     """One GEMM pair per active expert over its group of rows gives HF's eager experts' sums."""
     from engine.exec.models.moe import moe_forward
+
     m = _model(family)
     i = 0
     layer = H.hf_model(family).model.layers[i].mlp
@@ -89,10 +109,11 @@ def test_mxfp4_dequantization_matches_transformers():
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
     from engine.exec.models.moe import dequantize_mxfp4
+
     g = torch.Generator().manual_seed(0)
     blocks = torch.randint(0, 256, (3, 8, 2, 16), generator=g, dtype=torch.int32).to(torch.uint8)
     scales = torch.randint(120, 134, (3, 8, 2), generator=g, dtype=torch.int32).to(torch.uint8)
-    ref = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)     # HF's [E, in, out]
+    ref = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)  # HF's [E, in, out]
     assert torch.equal(dequantize_mxfp4(blocks, scales), ref.transpose(1, 2))
 
 
@@ -100,6 +121,7 @@ def test_chunked_delta_rule_equals_the_recurrence():
     from transformers.models.qwen3_5.modeling_qwen3_5 import torch_recurrent_gated_delta_rule
 
     from engine.exec.models.gated_deltanet import chunked_delta_rule, l2norm
+
     g = torch.Generator().manual_seed(0)
     n, Hh, dk, dv = 150, 3, 8, 6
     q, k = torch.randn(n, Hh, dk, generator=g), torch.randn(n, Hh, dk, generator=g)
@@ -107,10 +129,17 @@ def test_chunked_delta_rule_equals_the_recurrence():
     gate = -torch.rand(n, Hh, generator=g) * 2
     beta = torch.rand(n, Hh, generator=g)
     S0 = torch.randn(Hh, dk, dv, generator=g)
-    ref, ref_S = torch_recurrent_gated_delta_rule(q[None], k[None], v[None], gate[None], beta[None],
-                                                  initial_state=S0[None], output_final_state=True,
-                                                  use_qk_l2norm_in_kernel=True)
-    qn, kn = l2norm(q) * dk ** -0.5, l2norm(k)
+    ref, ref_S = torch_recurrent_gated_delta_rule(
+        q[None],
+        k[None],
+        v[None],
+        gate[None],
+        beta[None],
+        initial_state=S0[None],
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
+    qn, kn = l2norm(q) * dk**-0.5, l2norm(k)
     for chunk in (64, 7):
         o, S = chunked_delta_rule(qn, kn, v, gate, beta, S0, chunk=chunk)
         assert (o - ref[0]).abs().max().item() < 1e-4

@@ -15,6 +15,7 @@ releasing parked sessions) on a small state pool, checking after every step:
   key block is in the pool's prefix cache and is the new sequence's block k - 1, and the
   sequence starts at exactly k blocks).
 """
+
 import os
 
 from hypothesis import event, settings, strategies as st
@@ -34,23 +35,24 @@ class StateMachine(KVMachine):
         self.states = StateGroups(num_slots, BS)
         self.m = KVCacheManager(num_blocks, BS, max_model_len=MAX_LEN, states=self.states)
         self.kv = [None] * (num_blocks * BS)
-        self.sim = [None] * num_slots               # simulated state pool: tokens consumed per slot
+        self.sim = [None] * num_slots  # simulated state pool: tokens consumed per slot
         self.running, self.idle, self.next_id = {}, {}, 0
-        self.materialized: list = []                # checkpoints whose copy has run (by identity)
+        self.materialized: list = []  # checkpoints whose copy has run (by identity)
         real_attach = self.states.attach
 
-        def attach(tables, restore=None):           # every restore, checked where it happens
+        def attach(tables, restore=None):  # every restore, checked where it happens
             if restore is not None:
                 event("state checkpoint restored")
                 k = restore.pos // BS
                 b = self.m.pool.cached.get(group_key(restore.key, 0))
                 assert b is not None, "a checkpoint used after its block left the pool"
                 assert tables[0][k - 1] is b and len(tables[0]) >= k
-                assert restore.ready        # its copy is queued before this restore's
+                assert restore.ready  # its copy is queued before this restore's
             return real_attach(tables, restore)
+
         self.states.attach = attach
 
-    def speculate(self, data, draft, bonus):        # not a rule here: a state cannot roll back
+    def speculate(self, data, draft, bonus):  # not a rule here: a state cannot roll back
         pass
 
     def write(self, seq_id, start, end):
@@ -64,7 +66,9 @@ class StateMachine(KVMachine):
         if end > start:
             slot = self.m.step_state(seq_id)[0]
             before = self.sim[slot] if start else ()
-            assert start == 0 or len(before) == start, f"state of {seq_id} has {len(before)} tokens, step from {start}"
+            assert start == 0 or len(before) == start, (
+                f"state of {seq_id} has {len(before)} tokens, step from {start}"
+            )
             self.sim[slot] = tuple(before) + tuple(self.running[seq_id][start:end])
 
     @invariant()
@@ -112,5 +116,7 @@ class StateMachine(KVMachine):
         assert st_.pool.num_used == 0 and st_.pool.num_free == st_.pool.num_slots - 1
 
 
-StateMachine.TestCase.settings = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "state-ci"))
+StateMachine.TestCase.settings = settings.get_profile(
+    os.environ.get("HYPOTHESIS_PROFILE", "state-ci")
+)
 TestStatePoolProperties = StateMachine.TestCase

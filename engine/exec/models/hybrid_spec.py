@@ -8,6 +8,7 @@ clamped SwiGLU); and three of every four Qwen3.5 layers replace attention by gat
 data for the one forward loop (engine/exec/models/llama.py), like the window and RoPE table of a
 layer; a config asking for something the loop does not compute is refused in words.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 class UnsupportedModel(ValueError):
     """The config names something this engine cannot compute exactly (a sentence for the user);
     decoder_spec.describe raises it too."""
+
 
 MOE_FAMILIES = ("qwen3_moe", "qwen3_5_moe_text", "gpt_oss")
 LINEAR_FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text")
@@ -31,6 +33,7 @@ class MoESpec:
     (gpt-oss): gate clamped above at `limit`, up to [-limit, limit], gate * sigmoid(alpha * gate)
     * (up + 1). `shared`: the intermediate size of an always-on expert (0: none), scaled by
     sigmoid(x . w) (Qwen3.5-MoE, Qwen3-Next)."""
+
     num_experts: int
     top_k: int
     intermediate: int
@@ -55,6 +58,7 @@ class LinearAttnSpec:
     a multiple of num_k_heads), a causal depthwise convolution of `conv_kernel` taps over the
     concatenated q, k, v channels. Per sequence and layer it keeps a recurrent state
     [num_v_heads, k_dim, v_dim] (fp32) and the last conv_kernel - 1 inputs of the convolution."""
+
     num_k_heads: int
     num_v_heads: int
     k_dim: int
@@ -80,36 +84,67 @@ def describe_moe(config, layer_index: int, mt: str) -> MoESpec | None:
     if mt not in MOE_FAMILIES:
         return None
     if mt == "gpt_oss":
-        return MoESpec(int(config.num_local_experts), int(config.num_experts_per_tok),
-                       int(config.intermediate_size), "topk_softmax", False, True, "swiglu_clamp", True,
-                       alpha=float(config.swiglu_alpha), limit=float(config.swiglu_limit))
+        return MoESpec(
+            int(config.num_local_experts),
+            int(config.num_experts_per_tok),
+            int(config.intermediate_size),
+            "topk_softmax",
+            False,
+            True,
+            "swiglu_clamp",
+            True,
+            alpha=float(config.swiglu_alpha),
+            limit=float(config.swiglu_limit),
+        )
     experts = int(getattr(config, "num_experts", 0) or 0)
     if mt == "qwen3_moe":
-        sparse = (layer_index not in (getattr(config, "mlp_only_layers", None) or [])
-                  and experts > 0 and (layer_index + 1) % int(config.decoder_sparse_step) == 0)
+        sparse = (
+            layer_index not in (getattr(config, "mlp_only_layers", None) or [])
+            and experts > 0
+            and (layer_index + 1) % int(config.decoder_sparse_step) == 0
+        )
         if not sparse:
             return None
     if getattr(config, "hidden_act", "silu") != "silu":
         raise UnsupportedModel(f"expert activation {config.hidden_act!r} is not supported (silu)")
     renorm = bool(getattr(config, "norm_topk_prob", True)) if mt == "qwen3_moe" else True
-    shared = int(getattr(config, "shared_expert_intermediate_size", 0) or 0) if mt != "qwen3_moe" else 0
-    return MoESpec(experts, int(config.num_experts_per_tok), int(config.moe_intermediate_size),
-                   "softmax_topk", renorm, False, "silu", False, shared=shared)
+    shared = (
+        int(getattr(config, "shared_expert_intermediate_size", 0) or 0) if mt != "qwen3_moe" else 0
+    )
+    return MoESpec(
+        experts,
+        int(config.num_experts_per_tok),
+        int(config.moe_intermediate_size),
+        "softmax_topk",
+        renorm,
+        False,
+        "silu",
+        False,
+        shared=shared,
+    )
 
 
 def describe_linear(config, mt: str) -> LinearAttnSpec | None:
     """The Gated DeltaNet layers' shape, or None for a model without linear attention."""
     if mt not in LINEAR_FAMILIES:
         return None
-    spec = LinearAttnSpec(int(config.linear_num_key_heads), int(config.linear_num_value_heads),
-                          int(config.linear_key_head_dim), int(config.linear_value_head_dim),
-                          int(config.linear_conv_kernel_dim))
+    spec = LinearAttnSpec(
+        int(config.linear_num_key_heads),
+        int(config.linear_num_value_heads),
+        int(config.linear_key_head_dim),
+        int(config.linear_value_head_dim),
+        int(config.linear_conv_kernel_dim),
+    )
     if spec.num_v_heads % spec.num_k_heads:
         raise UnsupportedModel("linear attention needs num_value_heads a multiple of num_key_heads")
     if spec.conv_kernel < 2:
-        raise UnsupportedModel("a linear-attention convolution of fewer than 2 taps is not supported")
+        raise UnsupportedModel(
+            "a linear-attention convolution of fewer than 2 taps is not supported"
+        )
     if getattr(config, "hidden_act", "silu") != "silu":
-        raise UnsupportedModel(f"linear-attention activation {config.hidden_act!r} is not supported")
+        raise UnsupportedModel(
+            f"linear-attention activation {config.hidden_act!r} is not supported"
+        )
     return spec
 
 
@@ -119,14 +154,17 @@ def mixer_of(config, n: int, mt: str) -> list[str]:
         return ["attention"] * n
     types = list(getattr(config, "layer_types", None) or [])
     if len(types) != n:
-            raise UnsupportedModel(f"layer_types names {len(types)} layers, the model has {n}")
+        raise UnsupportedModel(f"layer_types names {len(types)} layers, the model has {n}")
     return ["linear" if t == "linear_attention" else "attention" for t in types]
 
 
 def text_config(config):
     """A multimodal wrapper (Qwen3.5's ForConditionalGeneration config) -> its text config, which is
     what the engine runs; any other config as it is."""
-    if getattr(config, "model_type", None) in TEXT_OF and getattr(config, "text_config", None) is not None:
+    if (
+        getattr(config, "model_type", None) in TEXT_OF
+        and getattr(config, "text_config", None) is not None
+    ):
         return config.text_config
     return config
 
@@ -140,20 +178,30 @@ def params_per_token(spec, config) -> tuple[int, int]:
     h = int(config.num_attention_heads)
     kvh = int(getattr(config, "num_key_value_heads", None) or h)
     d = spec.head_dim
-    total = active = vocab * hidden                     # the LM head (tied or not: read per token)
+    total = active = vocab * hidden  # the LM head (tied or not: read per token)
     if not getattr(config, "tie_word_embeddings", False):
-        total += vocab * hidden                         # the embedding table, one row read
+        total += vocab * hidden  # the embedding table, one row read
     active += hidden
     for s in spec.layers:
         if s.mixer == "linear":
             lin = spec.linear
-            mix = hidden * (lin.conv_dim + lin.value_dim + 2 * lin.num_v_heads) + lin.value_dim * hidden \
+            mix = (
+                hidden * (lin.conv_dim + lin.value_dim + 2 * lin.num_v_heads)
+                + lin.value_dim * hidden
                 + lin.conv_dim * lin.conv_kernel
+            )
         else:
-            mix = hidden * (h + 2 * kvh) * d + h * d * hidden + (hidden * h * d if spec.attn_gate else 0)
+            mix = (
+                hidden * (h + 2 * kvh) * d
+                + h * d * hidden
+                + (hidden * h * d if spec.attn_gate else 0)
+            )
         if s.moe is not None:
-            held = s.moe.num_experts * 3 * hidden * s.moe.intermediate + s.moe.num_experts * hidden \
+            held = (
+                s.moe.num_experts * 3 * hidden * s.moe.intermediate
+                + s.moe.num_experts * hidden
                 + 3 * hidden * s.moe.shared
+            )
             read = s.moe.active_params_per_layer(hidden)
         else:
             held = read = 3 * hidden * int(config.intermediate_size)

@@ -12,6 +12,7 @@ per tensor.
     rec  [linear layers, slots, v_heads, k_dim, v_dim]  fp32 (the recurrence accumulates in fp32)
     conv [linear layers, slots, conv channels, K - 1]   the model's dtype
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,10 +22,18 @@ class LinearState:
     def __init__(self, spec, num_layers: int, num_slots: int, dtype: torch.dtype, device):
         self.spec = spec
         self.num_slots = num_slots
-        self.rec = torch.zeros(num_layers, num_slots, spec.num_v_heads, spec.k_dim, spec.v_dim,
-                               dtype=torch.float32, device=device)
-        self.conv = torch.zeros(num_layers, num_slots, spec.conv_dim, spec.conv_kernel - 1, dtype=dtype,
-                                device=device)
+        self.rec = torch.zeros(
+            num_layers,
+            num_slots,
+            spec.num_v_heads,
+            spec.k_dim,
+            spec.v_dim,
+            dtype=torch.float32,
+            device=device,
+        )
+        self.conv = torch.zeros(
+            num_layers, num_slots, spec.conv_dim, spec.conv_kernel - 1, dtype=dtype, device=device
+        )
 
     @staticmethod
     def bytes_per_slot(spec, num_layers: int, dtype: torch.dtype) -> int:

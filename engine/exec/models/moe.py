@@ -14,6 +14,7 @@ rows), w2 [E, H, I] and their biases (gpt-oss); gpt-oss's interleaved, transpose
 and its MXFP4 expert blocks are turned into this one layout on load. Experts stay dense under
 quantization="int8" (the int8 path quantizes the attention and dense linears only).
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,7 +31,7 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
     b = blocks.to(torch.uint8)
     if b.shape[:-1] != scales.shape:
         raise ValueError(f"MXFP4 blocks {tuple(b.shape)} do not fit scales {tuple(scales.shape)}")
-    vals = torch.stack((lut[(b & 0x0F).long()], lut[(b >> 4).long()]), dim=-1)    # [..., G, 16, 2]
+    vals = torch.stack((lut[(b & 0x0F).long()], lut[(b >> 4).long()]), dim=-1)  # [..., G, 16, 2]
     vals = vals.reshape(*b.shape[:-1], 32)
     vals = torch.ldexp(vals, (scales.to(torch.int32) - 127)[..., None])
     return vals.reshape(*b.shape[:-2], -1)
@@ -48,38 +49,50 @@ def prepare_moe(weights: dict, prefix: str, spec, w, opt) -> dict:
     w(name) / opt(name) read a checkpoint tensor (in the model's dtype on its device, or None)."""
     E = spec.num_experts
     out: dict = {}
-    if spec.router == "topk_softmax":                  # gpt-oss
+    if spec.router == "topk_softmax":  # gpt-oss
         out["router"], out["router_b"] = w(prefix + "router.weight"), opt(prefix + "router.bias")
         ex = prefix + "experts."
-        if ex + "gate_up_proj_blocks" in weights:      # MXFP4 checkpoint: [E, out, in] after dequant
-            gu = dequantize_mxfp4(weights[ex + "gate_up_proj_blocks"], weights[ex + "gate_up_proj_scales"])
-            dn = dequantize_mxfp4(weights[ex + "down_proj_blocks"], weights[ex + "down_proj_scales"])
+        if ex + "gate_up_proj_blocks" in weights:  # MXFP4 checkpoint: [E, out, in] after dequant
+            gu = dequantize_mxfp4(
+                weights[ex + "gate_up_proj_blocks"], weights[ex + "gate_up_proj_scales"]
+            )
+            dn = dequantize_mxfp4(
+                weights[ex + "down_proj_blocks"], weights[ex + "down_proj_scales"]
+            )
             like = w(ex + "gate_up_proj_bias")
             gu, dn = gu.to(like), dn.to(like)
-        else:                                          # HF's layout: [E, in, out]
+        else:  # HF's layout: [E, in, out]
             gu, dn = w(ex + "gate_up_proj").transpose(1, 2), w(ex + "down_proj").transpose(1, 2)
         out["w13"] = _deinterleave(gu, 1).contiguous()
         out["w13_b"] = _deinterleave(w(ex + "gate_up_proj_bias"), 1).contiguous()
         out["w2"], out["w2_b"] = dn.contiguous(), w(ex + "down_proj_bias")
-    else:                                              # Qwen3-MoE / Qwen3.5-MoE / Qwen3-Next
+    else:  # Qwen3-MoE / Qwen3.5-MoE / Qwen3-Next
         out["router"], out["router_b"] = w(prefix + "gate.weight"), None
         ex = prefix + "experts."
-        if ex + "gate_up_proj" in weights:             # transformers' fused in-memory layout
+        if ex + "gate_up_proj" in weights:  # transformers' fused in-memory layout
             out["w13"], out["w2"] = w(ex + "gate_up_proj"), w(ex + "down_proj")
-        else:                                          # checkpoint layout: one module per expert
-            out["w13"] = torch.stack([torch.cat((w(f"{ex}{e}.gate_proj.weight"), w(f"{ex}{e}.up_proj.weight")))
-                                      for e in range(E)]).contiguous()
+        else:  # checkpoint layout: one module per expert
+            out["w13"] = torch.stack(
+                [
+                    torch.cat((w(f"{ex}{e}.gate_proj.weight"), w(f"{ex}{e}.up_proj.weight")))
+                    for e in range(E)
+                ]
+            ).contiguous()
             out["w2"] = torch.stack([w(f"{ex}{e}.down_proj.weight") for e in range(E)]).contiguous()
         out["w13_b"] = out["w2_b"] = None
         if spec.shared:
             sh = prefix + "shared_expert."
-            out["sh_gate_up"] = torch.cat((w(sh + "gate_proj.weight"), w(sh + "up_proj.weight"))).contiguous()
+            out["sh_gate_up"] = torch.cat(
+                (w(sh + "gate_proj.weight"), w(sh + "up_proj.weight"))
+            ).contiguous()
             out["sh_down"] = w(sh + "down_proj.weight")
             out["sh_gate"] = w(prefix + "shared_expert_gate.weight")
     want = (E, 2 * spec.intermediate)
     if tuple(out["w13"].shape[:2]) != want:
-        raise ValueError(f"{prefix}experts: gate/up weights {tuple(out['w13'].shape)} do not fit {E} experts "
-                         f"of {spec.intermediate}")
+        raise ValueError(
+            f"{prefix}experts: gate/up weights {tuple(out['w13'].shape)} do not fit {E} experts "
+            f"of {spec.intermediate}"
+        )
     return out
 
 
@@ -125,10 +138,10 @@ def moe_forward(x: torch.Tensor, L: dict, spec) -> torch.Tensor:
         tok_of, choice_of = order // k, order % k
         w13, w2, b13, b2 = L["w13"], L["w2"], L["w13_b"], L["w2_b"]
         start = 0
-        for e, n in enumerate(counts.tolist()):       # one host sync for the whole layer
+        for e, n in enumerate(counts.tolist()):  # one host sync for the whole layer
             if not n:
                 continue
-            rows, choice = tok_of[start:start + n], choice_of[start:start + n]
+            rows, choice = tok_of[start : start + n], choice_of[start : start + n]
             start += n
             h = _act(F.linear(x[rows], w13[e], None if b13 is None else b13[e]), spec)
             y = F.linear(h, w2[e], None if b2 is None else b2[e])
