@@ -192,7 +192,12 @@ def main(argv=None) -> int:
         serve(llm, storage, args, auth)
     finally:
         print("Shutting down…", file=sys.stderr)
-        llm.shutdown()
+        saved = llm.shutdown()
+        if saved:           # the KV tier keeps the pool's blocks for the next start (issue 47)
+            print(f"KV tier: kept {saved['saved']} more blocks of the pool for the next start in "
+                  f"{saved['seconds']:.1f} s ({saved['already']} were there already"
+                  + (f", {saved['left']} left out of time or room" if saved["left"] else "") + ")",
+                  file=sys.stderr)
         if storage is not None:
             storage.close()
         print("Bye.", file=sys.stderr)

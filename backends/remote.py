@@ -16,6 +16,7 @@ What differs, and why behaviour stays correct:
 """
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -27,6 +28,20 @@ from engine.exec.model_info import ModelInfo
 
 DEFAULT_MAX_MODEL_LEN = 4096        # when /v1/models does not say (vLLM and app.py do)
 CHARS_PER_TOKEN = 4                 # estimate only: an underestimate lets the server decide
+
+
+_BLOCK_SIZE = (re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.M),      # vLLM
+               re.compile(r"^paged_chat_kv_block_size_tokens(?:\{[^}]*\})? (\d+)", re.M))   # app.py
+
+
+def block_size_of(metrics_text: str) -> int:
+    """The KV block size a backend's Prometheus text states (vLLM's cache_config_info label, or
+    this app's own gauge); 0 when it states none (the chat header then says it is not known)."""
+    for pattern in _BLOCK_SIZE:
+        m = pattern.search(metrics_text)
+        if m:
+            return int(m.group(1))
+    return 0
 
 
 class BackendError(ValueError):
@@ -64,6 +79,7 @@ class RemoteEngine:
         self._lock = threading.Lock()
         self.model, self._max_model_len, self.startup_error = model, DEFAULT_MAX_MODEL_LEN, None
         self.model_root: str | None = None      # where the server loaded it from (vLLM: "root")
+        self._block_size = 0        # the backend's KV block size, if its /metrics say (0: unknown)
         self.discover()
 
     # ---- discovery ---------------------------------------------------------------------------
@@ -80,6 +96,7 @@ class RemoteEngine:
             self._max_model_len = int(card.get("max_model_len") or self._max_model_len)
             self.model_root = card.get("root") if isinstance(card.get("root"), str) else None
             self.startup_error = None
+            self._block_size = block_size_of(self.metrics_text() or "")
             return True
         except (httpx.HTTPError, BackendError, ValueError) as e:
             self.startup_error = f"backend {self.root} unavailable: {e}"
@@ -96,7 +113,8 @@ class RemoteEngine:
     def model_info(self) -> ModelInfo:
         return ModelInfo(name=self.model or "remote", source=self.root, architecture="remote", num_layers=0,
                          num_attention_heads=0, num_kv_heads=0, head_dim=0, hidden_size=0, vocab_size=0,
-                         dtype="?", max_model_len=self._max_model_len, block_size=0, num_blocks=0,
+                         dtype="?", max_model_len=self._max_model_len, block_size=self._block_size,
+                         num_blocks=0,
                          kv_bytes_per_token=0, max_num_seqs=0, attention_backend="remote", device="remote")
 
     def get_tokenizer(self):

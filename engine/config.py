@@ -191,12 +191,15 @@ class EngineConfig:
         "the per-layer loop only", choices=["auto", "on", "off"])
     max_pin_fraction: float = opt(0.10, "pinned shared prompts may hold at most this share of the pool",
                                   type=float)
-    kv_cache_groups: bool = opt(True, "False: one block table for every layer, windows never give blocks back (the "
-                                "layout before KV cache groups; for comparisons: bench --kv-groups)", flag=False)
+    kv_cache_groups: bool = opt(
+        True, "layers of one attention kind share a KV cache group, and a sliding-window group gives back "
+        "the blocks its window has passed (--no-kv-cache-groups: one block table for every layer, the "
+        "layout before groups; for comparisons: python -m bench --kv-groups)",
+        action=argparse.BooleanOptionalAction)
     state_slots: int | None = opt(
-        None, "models with linear-attention layers (Qwen3.5): fixed-size state slots beside the KV pool, held "
-        "by running sequences, parked chats and prefix checkpoints; default 1.5 x max-num-seqs + 16, at most "
-        "half the KV budget", type=int, group="pool")
+        None, "models with linear-attention layers (Qwen3.5): fixed-size state slots beside the KV "
+        "pool, held by running sequences, parked chats and prefix checkpoints; default "
+        "1.5 x max-num-seqs + 16, at most half the KV budget", type=int, metavar="N")
 
     def __post_init__(self):
         import torch                   # here, not at module level: the KV manager imports this file

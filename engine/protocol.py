@@ -54,7 +54,7 @@ class ChatEngine(Protocol):
 
     def load(self) -> tuple[int, int]: ...                       # (running, waiting), a plain read
 
-    def shutdown(self) -> None: ...
+    def shutdown(self) -> dict | None: ...             # a graceful stop; what it kept in the KV tier
 
 
 # ---- optional abilities ---------------------------------------------------------------------------

@@ -6,7 +6,8 @@ row does add + norm in one read and one write of the row.
 
 Numerics follow transformers' LlamaRMSNorm exactly: the residual sum is rounded to the model dtype
 (as `residual + hidden` in that dtype is), normalised in fp32, rounded to the dtype, then
-multiplied by the weight and rounded again.
+multiplied by the weight and rounded again. An fp32 weight under a 16-bit model is Gemma's (1 + w):
+Gemma's RMSNorm multiplies in fp32 and rounds once (FP32_WEIGHT).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from .triton_rounding import round_as
 @triton.jit
 def _add_rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stride_r, stride_o, stride_ro,
-    n_cols, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+    n_cols, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr, FP32_WEIGHT: tl.constexpr = False,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -32,7 +33,9 @@ def _add_rms_norm_kernel(
         x = round_as(x + r, dt)                  # the sum as the dtype holds it
         tl.store(res_out_ptr + row * stride_ro + cols, x.to(dt), mask=mask)   # exact: x already rounded
     var = tl.sum(x * x, 0) / n_cols
-    y = round_as(x * (1.0 / tl.sqrt(var + eps)), dt)
+    y = x * (1.0 / tl.sqrt(var + eps))
+    if not FP32_WEIGHT:
+        y = round_as(y, dt)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_o + cols, round_as(w * y, dt).to(dt), mask=mask)
 
@@ -52,5 +55,6 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
         ro = residual_out if has_res else out
         _add_rms_norm_kernel[(T,)](x, r, weight, out, ro, x.stride(0), r.stride(0), out.stride(0),
                                    ro.stride(0), n, float(eps), HAS_RES=has_res,
-                                   BLOCK=triton.next_power_of_2(n), num_warps=4 if n <= 4096 else 8)
+                                   BLOCK=triton.next_power_of_2(n), num_warps=4 if n <= 4096 else 8,
+                                   FP32_WEIGHT=weight.dtype == torch.float32 and x.dtype != torch.float32)
     return (out, residual_out) if has_res else out

@@ -58,11 +58,15 @@ def _wait(pred, timeout: float, what: str):
 
 
 def start_app(blocks: int, max_model_len: int, log: Path) -> tuple[subprocess.Popen, str]:
+    return start_app_args(["--num-blocks", str(blocks), "--max-model-len", str(max_model_len)], log)
+
+
+def start_app_args(args: list[str], log: Path) -> tuple[subprocess.Popen, str]:
+    """`python app.py ARGS` on a free port with its own database; (process, url) once it serves."""
     port = _port()
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--db", str(log.with_suffix(".db")),
-                             "--num-blocks", str(blocks), "--max-model-len", str(max_model_len)],
-                            cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)
+                             *args], cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}/"
 
     def ready():

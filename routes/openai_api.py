@@ -145,7 +145,7 @@ class OpenAIServer:
 
     @property
     def reasoning_markers(self) -> tuple:
-        """A thinking model's markers (engine/text/reasoning.py): its replies split into reasoning_content."""
+        """A thinking model's markers (engine/text/reasoning.py): replies split into reasoning_content."""
         return tuple(self.llm.model_info().reasoning_markers or ())
 
     @property

@@ -42,7 +42,8 @@ def fused_variants():
         yield (f"add_rms_norm {dt}", triton_norm._add_rms_norm_kernel,
                {"x_ptr": p, "res_ptr": p, "w_ptr": p, "out_ptr": p, "res_out_ptr": p, "stride_x": "i32",
                 "stride_r": "i32", "stride_o": "i32", "stride_ro": "i32", "n_cols": "i32", "eps": "fp32",
-                "HAS_RES": "constexpr", "BLOCK": "constexpr"}, {"HAS_RES": True, "BLOCK": 4096}, 4)
+                "HAS_RES": "constexpr", "BLOCK": "constexpr", "FP32_WEIGHT": "constexpr"},
+               {"HAS_RES": True, "BLOCK": 4096, "FP32_WEIGHT": False}, 4)
         for act, code in triton_act.ACTS.items():
             yield (f"{act}_and_mul {dt}", triton_act._act_mul_kernel,
                    {"gu_ptr": p, "out_ptr": p, "stride_gu": "i32", "stride_o": "i32", "inter": "i32",

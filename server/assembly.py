@@ -10,6 +10,7 @@ import atexit
 
 import fastapi
 import gradio as gr
+from fastapi import Request        # module level: the goodbye route's annotation resolves here
 
 from engine.protocol import PinsPrompts, SwitchesModels
 from routes.exports import register_export_route
@@ -41,6 +42,7 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
     demo.chat_context = ctx
     app = fastapi.FastAPI()
     _serve_exports(app, ctx, demo, auth)
+    _serve_goodbyes(app, ctx, demo, auth)
     if engine_routes:                    # before mounting Gradio at "/", which would shadow them
         _register_engine_routes(app, llm, storage, demo, auth, api_options,
                                 tenant_viewer(demo, frozenset(admins), metrics_token))
@@ -55,6 +57,25 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
         from routes.cancel_guard import install_cancel_guard
         install_cancel_guard(app, ctx.tabs)
     return app, demo
+
+
+def _serve_goodbyes(app, ctx: ChatContext, demo, auth) -> None:
+    """POST /api/tab/goodbye (a page going away, ui/chat/tab_goodbye.py) and the sweep of tabs
+    that went silent without one."""
+    from fastapi.responses import Response
+
+    from routes.kv import gradio_user
+    from ui.chat import tab_goodbye
+
+    @app.post("/" + tab_goodbye.GOODBYE_PATH, include_in_schema=False)
+    async def goodbye(request: Request) -> Response:
+        session, token = tab_goodbye.parse(await request.body())
+        user = gradio_user(demo, request) if auth else None
+        if session and token:
+            ctx.tabs.goodbye(session, token, user)
+        return Response(status_code=204)          # the same answer either way: nothing to probe
+
+    app.state.tab_sweep = tab_goodbye.start_sweeper(ctx.tabs)
 
 
 # Gradio's event queue polls for work every 1 ms and for progress every 10 ms on Linux, even with no

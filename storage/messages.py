@@ -16,6 +16,7 @@ not renamed the chat (the title still equals the one derived from the old first 
 """
 
 import json
+import re
 
 from . import schema
 from .base import locked
@@ -30,9 +31,26 @@ _OPTIONAL_STATS = ("cached_blocks", "spec_accepted_tokens", "decode_steps", "ser
 _STATS_SELECT = ", ".join(f"s.{f} AS stat_{f}" for f in STAT_FIELDS)
 
 
+# Documents attached to a message are stored before its text, each in this wrapper
+# (ui/chat/documents.py writes them; this is the one pattern that reads them back).
+DOCUMENT_BLOCK = re.compile(r'<document name="([^"\n]{1,200})">\n(.*?)\n</document>\n\n', re.S)
+
+
+def typed_text(content):
+    """(names of the documents a message starts with, the text the user typed after them)."""
+    names, pos = [], 0
+    while (m := DOCUMENT_BLOCK.match(content, pos)) is not None:
+        names.append(m.group(1))
+        pos = m.end()
+    return names, content[pos:]
+
+
 def title_from(content):
-    """First ~40 characters of a message, cut at a word boundary, for the sidebar."""
-    text = " ".join(content.split())
+    """First ~40 characters of what the user typed, cut at a word boundary, for the sidebar; a
+    message that is only attached documents is titled by their names (issue 47: the title was the
+    `<document name=...>` wrapper)."""
+    names, typed = typed_text(content)
+    text = " ".join(typed.split()) or ", ".join(names)
     if len(text) <= _TITLE_CHARS:
         return text
     cut = text[:_TITLE_CHARS]

@@ -11,6 +11,7 @@ These functions run under the Storage lock (they are called from its locked meth
 import json
 
 from . import schema
+from .md_fences import close_open_fence
 
 FORMAT = "llm-chat-conversation"
 VERSION = 1
@@ -59,7 +60,9 @@ def export_markdown(store, conv_id, owner):
     if prompt.strip():
         lines += ["**System prompt:**", ""] + [f"> {line}" for line in prompt.splitlines()] + [""]
     for msg in store._branch(conv_id):          # the branch on screen (active_branch), not the newest leaf
-        lines += [f"## {msg['role'].capitalize()}", "", msg["content"], ""]
+        # each text exactly as written, with a closing fence after it if it ends inside a code
+        # block (a reply cut by max tokens): else the rest of the document would read as code
+        lines += [f"## {msg['role'].capitalize()}", "", close_open_fence(msg["content"]), ""]
         if msg["status"] != "complete":
             lines += [f"_({msg['status']})_", ""]
         if msg["stats"] and _stats_line(msg["stats"]):

@@ -10,7 +10,8 @@ from __future__ import annotations
 import gradio as gr
 
 from engine.protocol import BeamSearches, ConstrainsOutput
-from ui.chat import beam, branches, confirm, context_meter, documents, shortcuts, summary
+from ui.chat import (beam, branches, confirm, context_meter, documents, shortcuts, summary,
+                     tab_goodbye)
 from ui.chat import handlers as chat
 from ui.chat import limits, model_picker, reply_format, view
 from ui.chat import sidebar as side
@@ -29,14 +30,22 @@ def wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     _wire_attachments(ctx, c, events)
     meter = _wire_meter(ctx, c, events)
     _wire_summary_and_stop(ctx, c, view_out, meter)
-    _wire_branches(ctx, c)
+    _wire_branches(ctx, c, meter)
     demo.load(None, None, None, js=PAGE_JS)
     demo.load(None, None, None, js=shortcuts.JS)      # the `?` overlay's keys (ui/chat/shortcuts.py)
+    demo.load(None, None, None, js=tab_goodbye.JS)    # the page's goodbye (no unload: see there)
     _wire_navigation(ctx, demo, c, chat_out, view_out)
     _wire_management(ctx, c, view_out)
     model_picker.wire(ctx, c)                 # several models: the picker switches (admins under --auth)
 
 
+NO_CHAT_IN_URL_JS = """() => {
+  const u = new URL(window.location.href);
+  if (!u.searchParams.has("c")) { return; }
+  u.searchParams.delete("c");
+  window.history.replaceState(null, "", u.href);
+}"""
+DOWNLOAD_JS = "() => { document.querySelector('#export-link a')?.click(); }"
 NO_BEAM_SEARCH = "Beam search runs only on the built-in engine; this app serves a remote backend (--backend)."
 NO_REPLY_FORMAT = ("A JSON reply format runs only on the built-in engine; this app serves a remote backend "
                    "(--backend).")
@@ -116,27 +125,32 @@ def _wire_replies(ctx: ChatContext, c: dict, chat_out: list) -> list:
 def _wire_attachments(ctx: ChatContext, c: dict, events: list) -> None:
     slots = documents.UploadSlots()         # documents being read at once, per user (issue 48.4)
 
-    def attach(file, request: gr.Request):
-        """A document for the next message, refused (with the numbers) if it cannot fit."""
+    def attach(files, request: gr.Request):
+        """Documents for the next message (several at once, or dropped on the chat), each refused
+        (with the numbers) if it cannot fit; the others are attached. A user's documents are read
+        one at a time (issue 48.4): a file that finds its user's slot taken is refused."""
         tab = ctx.tab(request)
-        path = getattr(file, "name", None) or (file.get("path") if isinstance(file, dict) else file)
         tok = ctx.llm.get_tokenizer()
         who = ctx.tenant(request)
-        busy = slots.enter(who)
-        if busy is not None:
-            gr.Warning(f"Not attached: {busy}")
-            return documents.chips_html(tab.attachments)
-        try:
-            doc = documents.read_document(path, getattr(file, "orig_name", None) or path,
-                                          lambda t: len(tok.encode(t, add_special_tokens=False)))
-            m = context_meter.for_tab(ctx, request)
-            documents.check_fits(doc, m.tokens if m else 0, ctx.max_model_len, tab.attachments)
-        except (OSError, ValueError) as e:
-            gr.Warning(f"Not attached: {e}")
-            return documents.chips_html(tab.attachments)
-        finally:
-            slots.leave(who)
-        tab.attachments = tab.attachments + [doc]
+        for file in files if isinstance(files, (list, tuple)) else [files]:
+            path = getattr(file, "name", None) or (file.get("path") if isinstance(file, dict)
+                                                   else file)
+            busy = slots.enter(who)
+            if busy is not None:
+                gr.Warning(f"Not attached: {busy}")
+                break
+            try:
+                doc = documents.read_document(
+                    path, getattr(file, "orig_name", None) or path,
+                    lambda t: len(tok.encode(t, add_special_tokens=False)))
+                m = context_meter.for_tab(ctx, request)
+                documents.check_fits(doc, m.tokens if m else 0, ctx.max_model_len, tab.attachments)
+            except (OSError, ValueError) as e:
+                gr.Warning(f"Not attached: {e}")
+                continue
+            finally:
+                slots.leave(who)
+            tab.attachments = tab.attachments + [doc]
         return documents.chips_html(tab.attachments)
 
     c["attach_btn"].upload(attach, c["attach_btn"], c["doc_chips"], api_name="attach_document",
@@ -189,25 +203,28 @@ def _wire_summary_and_stop(ctx: ChatContext, c: dict, view_out: list, meter: dic
                         api_name="stop", concurrency_limit=None, show_progress="hidden")
 
 
-def _wire_branches(ctx: ChatContext, c: dict) -> None:
-    """`< k/n >` version links and the "Continue with this one" buttons under the alternatives."""
+def _wire_branches(ctx: ChatContext, c: dict, meter: dict) -> None:
+    """`< k/n >` version links and the "Continue with this one" buttons under the alternatives;
+    the context meter follows the version now on screen."""
     def switch_branch(command, request: gr.Request):
         return branches.switch(ctx, command, request)
 
     c["branch_go"].click(switch_branch, c["branch_cmd"], [c["chatbot"], c["status"], c["conv_list"]],
-                         api_name="switch_branch", concurrency_limit=None, show_progress="hidden")
+                         api_name="switch_branch", concurrency_limit=None,
+                         show_progress="hidden").then(**meter)
     for k, btn in enumerate(c["pick_btns"]):
         def pick(request: gr.Request, k=k):
             return branches.pick(ctx, k, request)
         btn.click(pick, None, [c["chatbot"], c["status"], c["conv_list"], *c["alt_mds"], *c["pick_btns"]],
                   api_name=f"pick_alternative_{k + 1}",
-                  concurrency_limit=None, show_progress="hidden")
+                  concurrency_limit=None, show_progress="hidden").then(**meter)
 
 
 def _wire_navigation(ctx: ChatContext, demo: gr.Blocks, c: dict, chat_out: list, view_out: list) -> None:
     """Page load and unload, new chat, opening a chat (list, address, API), search, the list's tick."""
     def on_load(request: gr.Request):
-        return side.on_load(ctx, request)
+        return side.on_load(ctx, request) + (tab_goodbye.html(ctx.tab(request)),
+                                             side.signed_in(ctx, request))
 
     async def follow(request: gr.Request):
         async for out in chat.follow(ctx, request):
@@ -225,16 +242,15 @@ def _wire_navigation(ctx: ChatContext, demo: gr.Blocks, c: dict, chat_out: list,
     def search(query, request: gr.Request):
         return side.search(ctx, query, request)
 
-    def on_unload(request: gr.Request):
-        side.on_unload(ctx, request)
-
     quick = dict(concurrency_limit=None, show_progress="hidden")
     conv_list, chatbot = c["conv_list"], c["chatbot"]
-    demo.load(on_load, None, view_out + [c["shared_prompt"]], api_name=False, **quick).then(
+    loaded = view_out + [c["shared_prompt"], c["tab_id"], c["signed_in"]]
+    demo.load(on_load, None, loaded, api_name=False, **quick).then(
         follow, None, chat_out, api_name=False, **quick)
-    demo.unload(on_unload)
-    c["new_btn"].click(new_chat, None, view_out, api_name="new_chat", **quick)
-    chatbot.clear(new_chat, None, view_out, api_name=False, **quick)     # the chatbot's own trash icon
+    # a new chat has no address yet: the old chat's ?c= goes at once (a reload reopened it)
+    c["new_btn"].click(new_chat, None, view_out, api_name="new_chat", js=NO_CHAT_IN_URL_JS, **quick)
+    chatbot.clear(new_chat, None, view_out, api_name=False, js=NO_CHAT_IN_URL_JS,  # its trash icon
+                  **quick)
     # A click shows the chosen chat at once, then paints its reply live if one is being generated.
     conv_list.input(open_conv, conv_list, view_out, api_name=False, **quick).then(
         follow, None, chat_out, api_name=False, **quick)
@@ -302,8 +318,10 @@ def _wire_exports_and_prompts(ctx: ChatContext, c: dict, view_out: list, quick: 
         return side.close_tab(ctx, request)
 
     prompt_out = [c["override"], c["prompt_line"], c["conv_list"]]
-    c["export_json_btn"].click(export_json, None, c["export_file"], api_name="export_json", **quick)
-    c["export_md_btn"].click(export_md, None, c["export_file"], api_name="export_markdown", **quick)
+    # one click: the file downloads at once (the link stays, for its owner, for 15 minutes)
+    for btn, fn, name in ((c["export_json_btn"], export_json, "export_json"),
+                          (c["export_md_btn"], export_md, "export_markdown")):
+        btn.click(fn, None, c["export_file"], api_name=name, **quick).then(None, None, None, js=DOWNLOAD_JS)
     c["import_file"].upload(import_json, c["import_file"], view_out, api_name="import_json", **quick)
     c["save_prompt_btn"].click(save_prompt, c["shared_prompt"], [c["shared_prompt"], c["prompt_line"]],
                                api_name="set_shared_prompt", **quick).then(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ui.chat import beam, context_meter, documents, model_picker, reply_format, shortcuts, view
+from ui.chat import beam, context_meter, documents, model_picker, reply_format, shortcuts, tab_goodbye, view
 from ui.chat.context import ChatContext
 from ui.chat.prompt_picker import build_prompt_picker
 from ui.dashboard.page import build_dashboard
@@ -20,26 +20,34 @@ from ui.page_assets import CSS, LIST_REFRESH_MEMORY_TAB_S, LIST_REFRESH_S
 
 def _sampling_controls(llm):
     with gr.Accordion("Sampling", open=False, elem_id="sampling"):
+        # short labels (a long one wrapped onto five lines in a narrow column); what a setting
+        # means is its `info` line
         with gr.Row():
-            temperature = gr.Slider(0.0, 2.0, value=0.7, step=0.05, label="Temperature (0 = greedy)",
-                                    elem_id="temperature")
-            top_p = gr.Slider(0.05, 1.0, value=0.95, step=0.05, label="Top-p", elem_id="top-p")
-            top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)", elem_id="top-k")
-        with gr.Row():
+            temperature = gr.Slider(0.0, 2.0, value=0.7, step=0.05, label="Temperature",
+                                    info="0 = greedy", elem_id="temperature", min_width=180)
+            top_p = gr.Slider(0.05, 1.0, value=0.95, step=0.05, label="Top-p", elem_id="top-p",
+                              min_width=180)
+            top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k", info="0 = off",
+                              elem_id="top-k", min_width=180)
             max_tokens = gr.Slider(1, min(2048, llm.max_model_len - 1), value=256, step=1,
-                                   label="Max new tokens", elem_id="max-tokens")
-            rep = gr.Slider(0.8, 2.0, value=1.1, step=0.01, label="Repetition penalty", elem_id="rep-penalty")
-            seed = gr.Number(value=-1, precision=0, label="Seed (-1 = random)", elem_id="seed")
-            n = gr.Slider(1, view.MAX_ALTERNATIVES, value=1, step=1,
-                          label="Alternatives (n, side by side; they share the prompt's blocks)",
-                          elem_id="n-alternatives")
-            decoding = gr.Dropdown(beam.CHOICES, value=beam.SAMPLE, label="Decoding (beam search: the k best "
-                                   "replies side by side; they share the prompt's blocks)", elem_id="decoding")
+                                   label="Max new tokens", elem_id="max-tokens", min_width=180)
         with gr.Row():
-            fmt = gr.Dropdown(reply_format.CHOICES, value=reply_format.FREE, label="Reply format (JSON: "
-                              "constrained decoding, token by token)", elem_id="reply-format")
-            schema = gr.Textbox("", label="JSON schema (for \"JSON matching a schema\")", lines=2, max_lines=10,
-                                elem_id="reply-schema")
+            rep = gr.Slider(0.8, 2.0, value=1.1, step=0.01, label="Repetition penalty",
+                            elem_id="rep-penalty", min_width=180)
+            seed = gr.Number(value=-1, precision=0, label="Seed", info="-1 = random", elem_id="seed",
+                             min_width=140)
+            n = gr.Slider(1, view.MAX_ALTERNATIVES, value=1, step=1, label="Alternatives",
+                          info="n replies side by side, sharing the prompt's blocks",
+                          elem_id="n-alternatives", min_width=180)
+            decoding = gr.Dropdown(beam.CHOICES, value=beam.SAMPLE, label="Decoding",
+                                   info="beam search: the k best replies side by side",
+                                   elem_id="decoding", min_width=180)
+        with gr.Row():
+            fmt = gr.Dropdown(reply_format.CHOICES, value=reply_format.FREE, label="Reply format",
+                              info="JSON: constrained decoding, token by token",
+                              elem_id="reply-format")
+            schema = gr.Textbox("", label="JSON schema", info="for \"JSON matching a schema\"",
+                                lines=2, max_lines=10, elem_id="reply-schema")
     return [temperature, top_p, top_k, max_tokens, rep, seed, n, decoding, fmt, schema]
 
 
@@ -47,6 +55,7 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
     with gr.Blocks(title="Paged chat") as demo:
         c = _sidebar()
         gr.HTML(shortcuts.overlay_html(), elem_id="shortcuts", padding=False)
+        c["tab_id"] = gr.HTML("", elem_id="tab-id", padding=False)    # ui/chat/tab_goodbye.py
         with gr.Tab("Chat") as chat_tab:
             c.update(_chat_view(ctx))
             c.update(_composer())
@@ -75,11 +84,14 @@ def _sidebar() -> dict:
     {local name: component} for the wiring."""
     with gr.Sidebar(open=True, width=300, elem_id="sidebar"):
         gr.Markdown("### Conversations")
+        signed_in = gr.HTML("", elem_id="signed-in", padding=False)   # --auth: who, and Log out
         new_btn = gr.Button("+ New chat", variant="primary", size="sm", elem_id="new-chat")
         with gr.Row():
             query = gr.Textbox(placeholder="Search chats…", show_label=False,
                                container=False, scale=5)
-            refresh_btn = gr.Button("↻", size="sm", scale=1, min_width=40, elem_id="refresh-list")
+            # an icon drawn by CSS (no font glyph), its tooltip and label set by the page's script
+            refresh_btn = gr.Button("Refresh", size="sm", scale=1, min_width=40,
+                                    elem_id="refresh-list")
         conv_list = gr.Radio(choices=[], value=None, show_label=False, elem_id="conv-list")
         timer = gr.Timer(LIST_REFRESH_S)
         open_id = gr.Textbox(visible=False, label="Conversation id")   # API: open any id
@@ -110,11 +122,7 @@ def _chat_view(ctx: ChatContext) -> dict:
                          placeholder="Start a conversation: every open chat is a live engine session "
                                      "that keeps its KV blocks between turns.",
                          buttons=["copy"])
-    status = gr.Markdown(" ", elem_id="chat-status")
-    with gr.Row(elem_id="ctx-row"):      # the context meter (ui/chat/context_meter.py), always shown
-        meter = gr.HTML(context_meter.html(None), elem_id="ctx-meter")
-        summary_btn = gr.Button("Start a new chat with a summary", size="sm", visible=False, scale=0,
-                                min_width=120, elem_id="ctx-summary")
+    # the n alternatives / k beams right under the chat they belong to (not below the meter)
     with gr.Row(visible=False, elem_id="alt-row") as alt_row:
         alt_mds, pick_btns = [], []
         for i in range(view.MAX_ALTERNATIVES):
@@ -123,6 +131,11 @@ def _chat_view(ctx: ChatContext) -> dict:
                                            container=True))
                 pick_btns.append(gr.Button("Continue with this one", size="sm", visible=False,
                                            elem_id=f"pick-{i}"))
+    status = gr.Markdown(" ", elem_id="chat-status")
+    with gr.Row(elem_id="ctx-row"):      # the context meter (ui/chat/context_meter.py), always shown
+        meter = gr.HTML(context_meter.html(None), elem_id="ctx-meter")
+        summary_btn = gr.Button("Start a new chat with a summary", size="sm", visible=False, scale=0,
+                                min_width=120, elem_id="ctx-summary")
     return {k: v for k, v in locals().items() if k not in ("ctx", "i", "picker", "model_picker_c")} | picker
 
 
@@ -131,8 +144,10 @@ def _composer() -> dict:
     branch switch the `< k/n >` links click."""
     doc_chips = gr.HTML("", elem_id="doc-chips")       # attached documents (ui/chat/documents.py)
     with gr.Row(elem_id="composer"):
-        attach_btn = gr.UploadButton("📎", file_types=sorted(documents.TEXT_EXTENSIONS | {".pdf"}), scale=0,
-                                     min_width=44, elem_id="attach")
+        # an icon drawn by CSS (ui/page_assets.py: no emoji font needed), its tooltip and label
+        # set by the page's script; several files at once, or dropped on the chat
+        attach_btn = gr.UploadButton("Attach", file_types=sorted(documents.TEXT_EXTENSIONS | {".pdf"}),
+                                     scale=0, min_width=44, elem_id="attach", file_count="multiple")
         msg = gr.Textbox(label="Message", placeholder="Message (Enter to send, Shift+Enter for a new line)",
                          show_label=False, scale=8, lines=1, max_lines=8, elem_id="msg", autofocus=True)
         # one place, one button: Send while idle, Stop (or Esc) while a reply is generated
@@ -166,4 +181,4 @@ def _system_prompt_box(ctx: ChatContext) -> dict:
 
 def page_css() -> str:
     """The page's style sheet: the chat's, the dashboard's theme, and each widget's own."""
-    return CSS + THEME_CSS + context_meter.CSS + shortcuts.CSS + documents.CSS
+    return CSS + THEME_CSS + context_meter.CSS + shortcuts.CSS + documents.CSS + tab_goodbye.CSS

@@ -26,6 +26,18 @@ CSS = """
 .offscreen { position: absolute !important; left: -10000px !important; width: 1px !important;
              height: 1px !important; overflow: hidden !important; }
 #composer { flex-wrap: nowrap !important; align-items: flex-end; }
+/* icons drawn from SVG masks in the text colour: no emoji or symbol font needed (issue 47: the
+   paperclip was a tofu box); the words stay for screen readers, the page's script adds tooltips */
+#attach, #refresh-list { font-size: 0 !important; }
+#attach::before, #refresh-list::before { content: ""; display: inline-block; width: 18px; height: 18px;
+  vertical-align: middle; background-color: currentColor; -webkit-mask: var(--ico) center / contain no-repeat;
+  mask: var(--ico) center / contain no-repeat; }
+#attach { --ico: url("data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 24 24' fill='none' stroke='black' stroke-width='2' stroke-linecap='round' stroke-linejoin='round'%3E%3Cpath d='M21 11.5l-8.6 8.6a5.2 5.2 0 0 1-7.4-7.4l8.6-8.6a3.5 3.5 0 0 1 4.9 4.9l-8.6 8.6a1.7 1.7 0 0 1-2.5-2.5l7.9-7.9'/%3E%3C/svg%3E"); }
+#refresh-list { --ico: url("data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 24 24' fill='none' stroke='black' stroke-width='2' stroke-linecap='round' stroke-linejoin='round'%3E%3Cpath d='M20 11a8 8 0 1 0-2.3 5.7'/%3E%3Cpath d='M20 4v7h-7'/%3E%3C/svg%3E"); }
+body.drop-files #chatbot { outline: 3px dashed var(--color-accent, #f97316); outline-offset: -3px; }
+#delete-confirm { padding: 10px 12px !important; gap: 8px; }
+#signed-in .signed-in { font-size: 0.85em; opacity: 0.85; margin: -4px 0 6px; }
+#alt-row .alternative { max-height: 420px; overflow-y: auto; }
 @media (max-width: 640px) {
   #composer { position: sticky; bottom: 0; z-index: 5; background: var(--body-background-fill); }
   #composer #send, #composer #stop { min-width: 64px !important; flex-grow: 0 !important; }
@@ -36,8 +48,13 @@ CSS = """
 /* The Memory tab on a phone (issue 26.6): bars get the full width under their labels, tiles two
    per row, tables scroll inside their panel, the demo strip wraps with buttons in proportion. */
 #kv-dashboard { max-width: 100%; overflow-x: hidden; }
-#kv-dashboard .kvd table { display: block; max-width: 100%; overflow-x: auto; }
 #kv-dashboard .kvd code { white-space: normal; word-break: break-all; }
+/* "who is served" and the KV tier side by side where they fit, one above the other on a phone */
+#kv-who-tier { flex-wrap: wrap !important; }
+#kv-who { flex: 3 1 700px !important; min-width: min(100%, 320px) !important; }
+#kv-tier { flex: 2 1 300px !important; min-width: min(100%, 300px) !important; }
+#kv-dashboard .kvd table, #kv-dashboard .kv-tier table { border: none !important; }
+#kv-demo-n { padding: 2px 8px !important; }
 /* Start / Stop as buttons, not as tall as the number box's whole block (equal_height stretches them) */
 #kv-demo-strip button { height: 36px !important; align-self: center !important; }
 @media (max-width: 640px) {
@@ -56,6 +73,10 @@ CSS = """
   #kv-demo-status { flex: 1 1 100% !important; word-break: normal; overflow-wrap: normal; }
   #kv-dashboard .kvl { gap: 8px; font-size: 12px; }
   #kv-dashboard .gr-row, #kv-dashboard .row { flex-wrap: wrap; }
+  #kv-dashboard .row:has(#kv-select) { flex-direction: column !important; }
+  /* tables wrap their text first; what still does not fit scrolls, with a shadow saying so */
+  #kv-dashboard .kvd th, #kv-dashboard .kvd td { white-space: normal; padding: 2px 5px; }
+  #kv-dashboard .kvd td:first-child { min-width: 7em; }
 }
 """ + view.BUTTONS_CSS
 
@@ -80,15 +101,19 @@ PAGE_JS = """() => {
   // base64 of UTF-8); a reply still streaming is rebuilt from the page as far as it can be: code
   // blocks keep their fences (and language), inline code its backticks; no stats line, no arrows,
   // never HTML (issue 26.7).
+  // `msg`: a message's bubble or anything in it; a reply's bubble has parts (its text, then our
+  // footer with the stats and the source mark: ui/chat/view.row_content), each a .message-content.
   window.__pagedChatMarkdownOf = (msg) => {
-    const src = msg.querySelector(".md-src[title]");
+    const bubble = (msg.closest && msg.closest(".message.bot, .message.user"))
+      || (msg.querySelector && msg.querySelector(".message.bot, .message.user")) || msg;
+    const src = bubble.querySelector(".md-src[title]");
     if (src) {
       try {
         const bytes = Uint8Array.from(atob(src.getAttribute("title")), (c) => c.charCodeAt(0));
         return new TextDecoder().decode(bytes);
       } catch (err) { /* a damaged mark: rebuild from the page below */ }
     }
-    const body = msg.cloneNode(true);
+    const body = (bubble.querySelector(".message-content") || bubble).cloneNode(true);
     body.querySelectorAll(".reply-stats, .md-src, .branch-nav, button, svg").forEach((n) => n.remove());
     body.querySelectorAll("pre").forEach((pre) => {
       const code = pre.querySelector("code") || pre;
@@ -112,7 +137,7 @@ PAGE_JS = """() => {
       while (row && !(row.classList && row.classList.contains("message-row"))) {
         row = row.previousElementSibling || null;
       }
-      const msg = (row || copy.closest(".message-row"))?.querySelector(".message-content");
+      const msg = (row || copy.closest(".message-row"))?.querySelector(".message.bot, .message.user");
       if (!msg) { return; }
       e.preventDefault(); e.stopPropagation();
       const text = window.__pagedChatMarkdownOf(msg);
@@ -128,6 +153,35 @@ PAGE_JS = """() => {
       }, 50);
     }
   }, true);
+  // (5) tooltips and labels of the icon buttons; (6) files dropped on the chat are attached, as
+  // if picked with the attach button (several at once)
+  const label = (sel, text) => {
+    const el = document.querySelector(sel);
+    if (el) { el.title = text; el.setAttribute("aria-label", text); }
+  };
+  label("#attach", "Attach files (text, Markdown, code, PDF) to your next message; you can also drop them on the chat");
+  label("#refresh-list", "Refresh the list (chats made in your other tabs)");
+  const dropZone = (e) => e.target && e.target.closest && e.target.closest("#chatbot, #composer, #doc-chips");
+  const withFiles = (e) => e.dataTransfer && [...(e.dataTransfer.types || [])].includes("Files");
+  document.addEventListener("dragover", (e) => {
+    if (withFiles(e) && dropZone(e)) { e.preventDefault(); document.body.classList.add("drop-files"); }
+  });
+  document.addEventListener("dragleave", (e) => {
+    if (!e.relatedTarget || !dropZone({ target: e.relatedTarget })) { document.body.classList.remove("drop-files"); }
+  });
+  document.addEventListener("drop", (e) => {
+    document.body.classList.remove("drop-files");
+    const files = e.dataTransfer && e.dataTransfer.files;
+    if (!files || !files.length || !dropZone(e)) { return; }
+    const input = document.querySelector("#attach input[type=file]")
+      || document.querySelector("#attach")?.parentElement?.querySelector("input[type=file]");
+    if (!input) { return; }
+    e.preventDefault();
+    const dt = new DataTransfer();
+    for (const f of files) { dt.items.add(f); }
+    input.files = dt.files;
+    input.dispatchEvent(new Event("change", { bubbles: true }));
+  });
   if (window.innerWidth <= 640) {       // a phone opens on the chat; the list is a drawer
     setTimeout(() => document.querySelector(".sidebar.open > .toggle-button")?.click(), 300);
   }

@@ -176,6 +176,13 @@ class LLMEngine:
         self.kv.forget_owner(session_id)      # its private blocks leave the pool and the KV tier
         return had
 
+    def keep_pool_in_tier(self, budget_s: float) -> dict | None:
+        """A graceful stop: keep the pool's computed blocks in the KV tier, for at most budget_s
+        (engine/kv/tier_link.save_pool); None without a tier."""
+        if self.tier_link is None:
+            return None
+        return self.tier_link.save_pool(self.block_pool, budget_s)
+
     def fail_request_outputs(self, req: Request, message: str) -> None:
         """Close every output of a request that never got into the engine."""
         if req.on_output is not None:

@@ -46,13 +46,15 @@ class DecodeGraphs:
         self.groups = G = 1 + max(g for _, g in model.kv_layer)     # KV cache groups
         dev = kv_pool.device
         i64, i32 = torch.int64, torch.int32
-        self.layout = Layout([("ids", self.bmax, i64), ("pos", self.bmax, i64), ("slots", G * self.bmax, i64),
-                              ("seq_lens", self.bmax, i32), ("tables", G * self.bmax * self.width, i32)])
+        self.layout = Layout([("ids", self.bmax, i64), ("pos", self.bmax, i64),
+                              ("slots", G * self.bmax, i64), ("seq_lens", self.bmax, i32),
+                              ("tables", G * self.bmax * self.width, i32)])
         self.buf = StagingBuffer(dev, self.layout.nbytes)
         L, b = self.layout, self.buf
         self.h_ids, self.h_pos = L.host(b, "ids"), L.host(b, "pos")
         self.h_slots = L.host(b, "slots").reshape(G, self.bmax)
-        self.h_lens, self.h_tab = L.host(b, "seq_lens"), L.host(b, "tables").reshape(G, self.bmax, self.width)
+        self.h_lens = L.host(b, "seq_lens")
+        self.h_tab = L.host(b, "tables").reshape(G, self.bmax, self.width)
         self.ids, self.pos = L.dev(b, "ids"), L.dev(b, "pos")
         self.slots = L.dev(b, "slots").view(G, self.bmax)
         self.seq_lens = L.dev(b, "seq_lens")
@@ -66,8 +68,8 @@ class DecodeGraphs:
         return AttentionMetadata(slot_mapping=self.slots[0, :B], block_tables=self.tables[0, :B],
                                  seq_lens=self.seq_lens[:B], cu_seqlens_q=self.cu[:B + 1], max_seqlen_q=1,
                                  backend=self.backend,
-                                 group_slots=tuple(self.slots[g, :B] for g in range(self.groups)) if groups else None,
-                                 group_tables=tuple(self.tables[g, :B] for g in range(self.groups)) if groups else None)
+                                 group_slots=self.slots[:, :B] if groups else None,
+                                 group_tables=self.tables[:, :B] if groups else None)
 
     def _forward(self, B: int) -> torch.Tensor:
         return self.model.forward(self.ids[:B], self.pos[:B], self.kv_pool, self._meta(B), self.logits_idx[:B])

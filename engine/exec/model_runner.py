@@ -152,10 +152,11 @@ class ModelRunner:
         state_slots = None
         if self.linear_state is not None:    # copies first (forks, checkpoints), then the rows' slots
             self.linear_state.copy_slots(plan.state_copies)
-            state_slots = torch.tensor([r.state_slots[0] for r in plan.rows], dtype=torch.int64, device=self.device)
+            state_slots = torch.tensor([r.state_slots[0] for r in plan.rows], dtype=torch.int64,
+                                       device=self.device)
         groups = len(slots) > 1             # KV cache groups: each its own slots and tables
         meta = AttentionMetadata(slot_mapping=slots[0], block_tables=tables[0], seq_lens=seq_lens,
                                  cu_seqlens_q=cu, max_seqlen_q=max_q, backend=self.backend,
-                                 group_slots=tuple(slots) if groups else None,
-                                 group_tables=tuple(tables) if groups else None, state_slots=state_slots)
+                                 group_slots=slots if groups else None,
+                                 group_tables=tables if groups else None, state_slots=state_slots)
         return self.model.forward(ids, pos, self.kv_pool, meta, logits_idx)

@@ -123,6 +123,7 @@ def pack_step(buf: StagingBuffer, plan: StepPlan):
         lay.host(buf, "copies")[:] = np.asarray(plan.copies, dtype=np.int64).reshape(-1)
     buf.upload(lay.nbytes)
     d = lambda name: lay.dev(buf, name)
-    return (d("ids"), d("pos"), d("slots").view(G, T), d("tables").view(G, S, W), d("seq_lens"), d("cu"),
+    return (d("ids"), d("pos"), d("slots").view(G, T), d("tables").view(G, S, W), d("seq_lens"),
+            d("cu"),
             d("logits_idx"), d("copies").view(-1, 2) if plan.copies else None,
             plan.max_num_tokens)

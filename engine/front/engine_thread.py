@@ -20,6 +20,7 @@ from concurrent.futures import Future
 from typing import Callable
 
 SHUT_DOWN = "the engine has been shut down"
+SAVE_BUDGET_S = 5.0      # a graceful stop keeps the pool's blocks in the KV tier at most this long
 
 
 class EngineThread:
@@ -34,6 +35,7 @@ class EngineThread:
         self._lock = threading.Lock()           # `closed` and the last puts agree (see _close)
         self._stopping = False
         self.closed = False
+        self.saved_to_tier: dict | None = None    # what the stop kept in the KV tier (None: none)
         self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -55,10 +57,12 @@ class EngineThread:
             self._commands.put(("add", requests, None))
             return True
 
-    def stop(self, timeout: float = 30) -> None:
+    def stop(self, timeout: float = 30) -> dict | None:
+        """End the loop after the current step; returns what was kept in the KV tier (or None)."""
         if self._thread.is_alive():
             self._commands.put(("stop", None, None))
             self._thread.join(timeout=timeout)
+        return self.saved_to_tier
 
     def _ask(self, kind: str, arg, timeout: float | None):
         fut: Future = Future()
@@ -124,10 +128,16 @@ class EngineThread:
                 fut.set_exception(e)
 
     def _close(self) -> None:
-        """The loop is over: end every request and answer every command still queued."""
+        """The loop is over: end every request, keep the pool's computed blocks in the KV tier (a
+        graceful stop, within SAVE_BUDGET_S: engine/kv/tier_link.py) and answer every command still
+        queued."""
         with self._lock:
             self.closed = True
         self.engine.fail_all("the engine was shut down")
+        try:
+            self.saved_to_tier = self.engine.keep_pool_in_tier(SAVE_BUDGET_S)
+        except Exception:                 # keeping them is an optimisation; stopping is not
+            traceback.print_exc()
         while True:
             try:
                 kind, arg, fut = self._commands.get_nowait()

@@ -237,8 +237,10 @@ class LLM:
         """The stats contract, typed (engine/observe/kv_contract.KVStats)."""
         return self.run_on_engine(lambda eng: eng.kv_stats())
 
-    def shutdown(self) -> None:
-        self.engine_thread.stop(timeout=30)
+    def shutdown(self) -> dict | None:
+        """Stop the engine; with a KV tier, the pool's computed blocks are kept in it first (for at
+        most a few seconds): returns {"saved", "already", "left", "seconds"}, else None."""
+        return self.engine_thread.stop(timeout=30)
 
     def __enter__(self):
         return self

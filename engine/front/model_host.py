@@ -154,5 +154,5 @@ class ModelHost:
                 f"tokens = {s['kv_capacity_tokens']:,} tokens ({s['kv_bytes_per_token']:,} B/token), "
                 f"context {self._engine.max_model_len:,}")
 
-    def shutdown(self) -> None:
-        self._engine.shutdown()
+    def shutdown(self) -> dict | None:
+        return self._engine.shutdown()

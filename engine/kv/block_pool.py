@@ -138,6 +138,15 @@ class BlockPool:
                 yield b
             b = b.next
 
+    def iter_cached_newest(self) -> Iterator[Block]:
+        """Free blocks that still hold a prefix, most recently freed first (the reverse of
+        eviction order): what a graceful stop keeps in the KV tier first (kv/tier_link.py)."""
+        b = self._tail.prev
+        while b is not self._head:
+            if b is not self._fresh and b.block_hash is not None:
+                yield b
+            b = b.prev
+
     # ---- allocation ----------------------------------------------------------------------
     def get_new_blocks(self, n: int, group: int = 0) -> list[Block]:
         """Pop n blocks from the head with ref_count 1 for KV cache group `group`, evicting any

@@ -7,7 +7,8 @@ once no query can read them. Logical entry i is position range [i*bs, (i+1)*bs);
 
 `ids` mirrors the table as block ids (NULL_BLOCK for released entries) in an array("i"), kept up to
 date by every change, so a step's plan (`tolist`) and a snapshot (a slice: memcpy) copy it in C
-instead of walking Block objects each step. Nothing outside these methods changes `blocks`, `released` or `ids`.
+instead of walking Block objects each step. Nothing outside these methods changes `blocks`,
+`released` or `ids`.
 """
 from __future__ import annotations
 

@@ -35,30 +35,18 @@ from collections import deque
 
 from engine.config import BLOCK_SIZES
 from engine.errors import KVCacheError, NoFreeBlocksError
-from engine.kv.block_pool import Block, BlockPool
+from engine.kv.block_pool import BlockPool
 from engine.kv.cache_spec import KVCacheLayout
-from engine.kv.group_table import GroupTable
 from engine.kv.kv_tier import KVTier, owner_tag
 from engine.kv.kv_tier_policy import TierPolicy
 from engine.kv.parking import Parked, ParkedSessions
 from engine.kv.pinning import DEFAULT_MAX_PIN_FRACTION, PinTable
 from engine.kv.prefix_hit import HitPlan, plan_hit
-from engine.kv.table_growth import TableGrowth
 from engine.kv.state_hooks import StateHooks
+from engine.kv.table_growth import SeqTables, TableGrowth
 from engine.kv.tier_link import TierLink
 
 log = logging.getLogger("paged_chat.engine")
-
-
-class _Seq:
-    __slots__ = ("seq_id", "tokens", "tables", "num_computed", "salt", "session_id", "hashes", "owner")
-
-    def __init__(self, seq_id, tokens, salt, session_id, tables, owner=None):
-        self.seq_id, self.tokens, self.salt, self.session_id = seq_id, tokens, salt, session_id
-        self.owner = owner if owner is not None else owner_tag(session_id)   # tier tag of private blocks
-        self.tables: list[GroupTable] = tables
-        self.num_computed = 0
-        self.hashes: list[int] = []     # token chain hash of each full block already hashed
 
 
 class KVCacheManager(TableGrowth, StateHooks):
@@ -81,14 +69,14 @@ class KVCacheManager(TableGrowth, StateHooks):
         self.pins = PinTable(self.pool, block_size, self.layout, max_fraction=max_pin_fraction)
         self.tier_link: TierLink | None = None    # second tier, see attach_tier
         self._pending: list[tuple[int, int]] = []
-        self._shortfall = (0, 0)                    # (needed, available) of the last allocation that failed
+        self._shortfall = (0, 0)          # (needed, available) of the last allocation that failed
         # counters, read by engine/observe/kv_snapshot.kv_stats
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         self.num_preemptions = 0
         self.preemption_events: deque = deque(maxlen=50)
         self.tokens_recomputed_after_preempt = 0  # tokens a preemption dropped (recompute)
-        self.spec_rollbacks = 0                   # speculative steps that gave slots back (rollback)
+        self.spec_rollbacks = 0                   # speculative steps that gave slots back
         self.spec_rolled_back_slots = 0           # slots of rejected draft tokens given back
         self.window_released_blocks = [0] * self.layout.num_groups   # per group, since start
         # state groups (engine/kv/state_groups.py, engine/kv/state_hooks.py): the state slots of a
@@ -118,16 +106,11 @@ class KVCacheManager(TableGrowth, StateHooks):
         `session_id` (and, running, `seq_id` and `num_computed`)."""
         return self._seqs.values(), iter(self.parked)
 
-    def _get(self, seq_id) -> _Seq:
+    def _get(self, seq_id) -> SeqTables:
         seq = self._seqs.get(seq_id)
         if seq is None:
             raise KVCacheError(f"unknown sequence {seq_id!r} (never added, or already freed)")
         return seq
-
-    def _check_len(self, seq_id, end: int) -> None:
-        if end > self.max_model_len:
-            raise KVCacheError(f"sequence {seq_id!r} would hold {end} tokens, "
-                               f"past max_model_len={self.max_model_len}")
 
     # ---- prefix lookup ------------------------------------------------------------------
     def _plan(self, token_ids, salt, session_id) -> HitPlan:
@@ -183,8 +166,9 @@ class KVCacheManager(TableGrowth, StateHooks):
                 break
             plan = self._plan(token_ids, cache_salt, session_id)
         if plan.session is not None:
+            sess = plan.session
             if self.states is not None and not self._state_room(
-                    int(self.states.needs_copy(plan.session.tables)), keep=plan.session.session_id, dry=True):
+                    int(self.states.needs_copy(sess.tables)), keep=sess.session_id, dry=True):
                 return None
             return self._adopt(seq_id, token_ids, plan, num_new_tokens, cache_salt)
         restore = getattr(plan, "state_restore", None)      # state groups: a checkpoint to copy in
@@ -194,89 +178,6 @@ class KVCacheManager(TableGrowth, StateHooks):
         if not self._state_room(1, restore=restore):
             return None
         return self._admit(seq_id, token_ids, plan, datas, num_new_tokens, cache_salt, session_id)
-
-    def _room_for_hit(self, seq_id, plan: HitPlan, token_ids, num_new_tokens: int) -> bool:
-        start = plan.num_blocks * self._bs
-        n = max(0, min(num_new_tokens, len(token_ids) - start))
-        self._check_len(seq_id, start + n)
-        need = len(plan.loads) + len(self.layout.groups) * -(-n // self._bs)
-        return self._make_room(need, reserved=[b for ps in plan.picks for b in ps if isinstance(b, Block)])
-
-    def _admit(self, seq_id, token_ids, plan: HitPlan, datas: dict, num_new_tokens, salt, session_id) -> int:
-        """Mutate: revive the pool's blocks, fresh blocks for the loaded ones (their bytes copied
-        in before any forward reads them), then the new tokens' slots."""
-        bs, pool = self._bs, self.pool
-        tables, loaded_blocks, loaded_datas = [], [], []
-        seq = _Seq(seq_id, token_ids, salt, session_id, tables)
-        hits = [[b for b in picks if isinstance(b, Block)] for picks in plan.picks]
-        for h in hits:              # every group's hits first: a fresh block never evicts one
-            pool.touch(h)
-        for g, (lo, picks) in enumerate(zip(plan.first, plan.picks)):
-            fresh = iter(pool.get_new_blocks(len(picks) - len(hits[g]), g))
-            row = []
-            for i, x in enumerate(picks, lo):
-                if isinstance(x, Block):
-                    row.append(x)
-                    continue
-                b = next(fresh)
-                pool.set_filled(b, bs)
-                self._register(b, g, plan.chain[i], seq)
-                loaded_blocks.append(b)
-                loaded_datas.append(datas[x])
-                row.append(b)
-            tables.append(GroupTable(row, released=lo))
-        seq.hashes = [c.hash for c in plan.chain]
-        cached, start = plan.cached, plan.num_blocks * bs
-        seq.num_computed = start
-        self._seqs[seq_id] = seq
-        if self.states is not None:     # a fresh slot, or the checkpoint's state copied into one; keep
-            self.states.attach(tables, getattr(plan, "state_restore", None))      # one where the KV hit
-            self.states.want_checkpoint(tables, getattr(plan, "kv_hit_blocks", 0) * bs)   # ended, one at
-            self.states.want_checkpoint(tables, len(token_ids) // bs * bs)      # the prompt's last block
-            num_new_tokens = self.chunk_end(seq_id, start, num_new_tokens)
-        self.prefix_cache_queries += len(token_ids)
-        self.prefix_cache_hits += start
-        self._grow(seq, max(0, min(num_new_tokens, len(token_ids) - start)))
-        if loaded_blocks:
-            self.tier_link.install(loaded_blocks, loaded_datas,
-                                   {"seq_id": seq_id, "session_id": session_id, "tokens_loaded": start - cached,
-                                    "tokens_cached": cached, "tokens_computed": len(token_ids) - start})
-        return start
-
-    def _adopt(self, seq_id, token_ids, plan: HitPlan, num_new_tokens, salt) -> int | None:
-        """The owner's parked tables become the sequence's, cut to the common prefix (and, in a
-        sliding group, to its window): ownership moves, no reference changes."""
-        sess, c, bs = plan.session, plan.cached, self._bs
-        n = max(0, min(num_new_tokens, len(token_ids) - c))
-        self._check_len(seq_id, c + n)
-        tables, dropping = [], []
-        for spec, t in zip(self.layout.groups, sess.tables):
-            nt = t.copy()
-            tail = nt.truncate(-(-c // bs))
-            dropping += tail[::-1] + nt.release_front(spec.first_live_block(c, bs))[::-1]
-            tables.append(nt)
-        need, _ = self._needed(tables, c, n)
-        if not self._make_room(need, keep=sess.session_id, dropping=dropping):
-            return None
-        if self.states is not None:     # the parked slot shared with a fork: room for its copy (checked dry)
-            self._state_room(int(self.states.needs_copy(sess.tables)), keep=sess.session_id)
-        self.parked.take(sess.session_id)
-        self._free_blocks(dropping)
-        seq = _Seq(seq_id, token_ids, salt, sess.session_id, tables)
-        seq.hashes, seq.num_computed = sess.hashes[:c // bs], c
-        if self.states is not None:     # the parked state is the next turn's
-            self.states.adopt(sess.tables, tables)
-            self.states.want_checkpoint(tables, len(token_ids) // bs * bs)
-        if c % bs:
-            for t in tables:
-                last = t[-1]
-                if last.ref_count == 1 and last.block_hash is None:
-                    self.pool.set_filled(last, c % bs)      # the rest is stale
-        self._seqs[seq_id] = seq
-        self.prefix_cache_queries += len(token_ids)
-        self.prefix_cache_hits += c
-        self._grow(seq, self.chunk_end(seq_id, c, n))
-        return c
 
     def allocate_slots(self, seq_id, num_new_tokens: int) -> None:
         """`try_allocate_slots` for callers that treat no room as an error: NoFreeBlocksError."""
@@ -293,7 +194,8 @@ class KVCacheManager(TableGrowth, StateHooks):
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
         self._check_len(seq_id, seq.num_computed + num_new_tokens)
         need, dying = self._needed(seq.tables, seq.num_computed, num_new_tokens)
-        copy = int(self.states is not None and num_new_tokens > 0 and self.states.needs_copy(seq.tables))
+        copy = int(self.states is not None and num_new_tokens > 0
+                   and self.states.needs_copy(seq.tables))
         if not self._state_room(copy, dry=True) or not self._make_room(need, dropping=dying):
             return False
         if not self._state_room(copy):          # a shared state slot is copied before the step
@@ -314,7 +216,8 @@ class KVCacheManager(TableGrowth, StateHooks):
         the token list (the next `_grow`, or `park`)."""
         seq = self._get(seq_id)
         nc, bs = seq.num_computed, self._bs
-        windowed = [(s, t) for s, t in zip(self.layout.groups, seq.tables) if s.sliding_window is not None]
+        windowed = [(s, t) for s, t in zip(self.layout.groups, seq.tables)
+                    if s.sliding_window is not None]
         if not len(seq.hashes) * bs <= num_computed <= nc or \
                 any(s.first_live_block(num_computed, bs) < t.released for s, t in windowed):
             raise KVCacheError(f"sequence {seq_id!r}: cannot roll back to {num_computed} "
@@ -322,7 +225,8 @@ class KVCacheManager(TableGrowth, StateHooks):
         if num_computed == nc:
             return 0
         keep = -(-num_computed // bs)
-        if any(b.ref_count != 1 or b.block_hash is not None for t in seq.tables for b in t.blocks[keep - t.released:]):
+        if any(b.ref_count != 1 or b.block_hash is not None
+               for t in seq.tables for b in t.blocks[keep - t.released:]):
             raise KVCacheError(f"sequence {seq_id!r}: a rolled-back block is shared or cached")
         for t in seq.tables:
             self._free_blocks(t.truncate(keep)[::-1])
@@ -338,8 +242,8 @@ class KVCacheManager(TableGrowth, StateHooks):
         parent = self._get(parent_id)
         if child_id in self._seqs:
             raise KVCacheError(f"sequence {child_id!r} already exists")
-        child = _Seq(child_id, child_token_ids, parent.salt, None, [t.copy() for t in parent.tables],
-                     owner=parent.owner)
+        child = SeqTables(child_id, child_token_ids, parent.salt, None,
+                     [t.copy() for t in parent.tables], owner=parent.owner)
         child.num_computed, child.hashes = parent.num_computed, list(parent.hashes)
         for t in child.tables:
             self.pool.touch(t.blocks)
@@ -377,7 +281,8 @@ class KVCacheManager(TableGrowth, StateHooks):
         lost = max(0, seq.num_computed - swapped)
         self.num_preemptions += 1
         self.tokens_recomputed_after_preempt += lost
-        log.info("preempted %s by %s: %d tokens swapped out, %d to recompute", seq_id, mode, swapped, lost)
+        log.info("preempted %s by %s: %d tokens swapped out, %d to recompute", seq_id, mode,
+                 swapped, lost)
         self.preemption_events.append(
             {"seq_id": seq_id, "tokens_lost": lost, "time": time.time(), "mode": mode,
              "tokens_swapped": swapped})
@@ -397,7 +302,8 @@ class KVCacheManager(TableGrowth, StateHooks):
         link = self.tier_link
         if link is not None and link.policy.write_through_parked:   # survives eviction and restarts
             link.write_through([b for t in seq.tables for b in t.blocks], reason="park")
-        self.parked.put(Parked(owner, list(seq.tokens[:seq.num_computed]), seq.tables, seq.salt, seq.hashes))
+        self.parked.put(Parked(owner, list(seq.tokens[:seq.num_computed]), seq.tables, seq.salt,
+                               seq.hashes))
 
     def forget_owner(self, owner) -> int:
         """The owner's conversation is deleted: free its parked blocks, drop the free cached blocks
@@ -413,7 +319,8 @@ class KVCacheManager(TableGrowth, StateHooks):
         return self.tier_link.delete_owner(owner) if self.tier_link is not None else 0
 
     # ---- what a step reads ---------------------------------------------------------------
-    def step_kv(self, seq_id, start: int, end: int) -> tuple[tuple[list[int], ...], tuple[list[int], ...]]:
+    def step_kv(self, seq_id, start: int, end: int) -> tuple[tuple[list[int], ...],
+                                                              tuple[list[int], ...]]:
         """A scheduled row's KV, per KV cache group: the sequence's block table (NULL_BLOCK where
         the window released an entry) and the slots of positions [start, end). The scheduler
         copies them into the step's plan (engine/step_plan.py), so execution never asks."""
@@ -422,7 +329,8 @@ class KVCacheManager(TableGrowth, StateHooks):
         for t in seq.tables:
             if start < t.released * bs or end > len(t) * bs:
                 raise KVCacheError(f"sequence {seq_id!r} has no slots for [{start}, {end})")
-        return tables, tuple([ids[p // bs] * bs + p % bs for p in range(start, end)] for ids in tables)
+        return tables, tuple([ids[p // bs] * bs + p % bs for p in range(start, end)]
+                             for ids in tables)
 
     def block_table(self, seq_id, group: int = 0) -> list[int]:
         """Group `group`'s live block ids, in table order (a view for tests and tools)."""

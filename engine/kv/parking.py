@@ -23,7 +23,8 @@ class Parked:
     names the owner id as the session table hands it over."""
     __slots__ = ("session_id", "tokens", "tables", "salt", "hashes")
 
-    def __init__(self, session_id, tokens: list[int], tables: list[GroupTable], salt, hashes: list[int]):
+    def __init__(self, session_id, tokens: list[int], tables: list[GroupTable], salt,
+                 hashes: list[int]):
         self.session_id, self.tokens, self.tables = session_id, tokens, tables
         self.salt, self.hashes = salt, hashes
 

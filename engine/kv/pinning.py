@@ -143,6 +143,12 @@ class PinTable:
         return len(self._held())
 
     @property
+    def num_pinned_shared(self) -> int:
+        """Pinned blocks with ref_count >= 2: the pool counts them as shared, the one vocabulary
+        (ui/dashboard/vocabulary.py) as pinned, so the stats' shared_blocks leaves them out."""
+        return sum(1 for i in self._held() if self._pool.blocks[i].ref_count >= 2)
+
+    @property
     def num_pin_only_blocks(self) -> int:
         """Pinned blocks no sequence or session holds (every reference is a pin's): the pool keeps
         them for chats to come, so they are not counted as memory the live chats use."""

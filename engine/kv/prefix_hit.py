@@ -164,4 +164,5 @@ def _picks(layout: KVCacheLayout, bs: int, chain: _Chain, k: int, in_pool) -> Hi
         lo = min(k, spec.first_live_block(k * bs, bs))
         first.append(lo)
         picks.append([in_pool(g, i) or tier_identity(chain[i], g) for i in range(lo, k)])
-    return HitPlan(num_blocks=k, first=first, picks=picks, chain=[chain[i] for i in range(k)], block_size=bs)
+    return HitPlan(num_blocks=k, first=first, picks=picks, chain=[chain[i] for i in range(k)],
+                   block_size=bs)

@@ -1,25 +1,49 @@
-"""Growing and giving back one holder's tables over KV cache groups: the mechanics under the KV
-manager (engine/kv/kv_cache_manager.py builds the sequence life cycle on them).
+"""Building, growing and giving back a sequence's tables over KV cache groups: the mechanics under
+the KV manager (engine/kv/kv_cache_manager.py builds the sequence life cycle on them).
 
 Why a file of its own: capacity (how many blocks a step needs in every group, counting what the
-same step's window gives back, and which parked sessions to release for it) and growth (window
-release, copy-on-write of a shared partial block, fresh blocks, hashing full blocks under each
-group's key) are one rule each, used by admission, growth and adoption alike. Nothing here is
-public: `TableGrowth` is the manager's base, and its state (pool, layout, parked sessions, the
-pending copies) is the manager's.
+same step's window gives back, and which parked sessions to release for it), admission (the tables
+a hit plan describes: revived pool blocks, blocks loaded from the tier, or a parked session's
+tables adopted) and growth (window release, copy-on-write of a shared partial block, fresh blocks,
+hashing full blocks under each group's key) are one rule each, used by every life-cycle call.
+Nothing here is public: `TableGrowth` is the manager's base, and its state (pool, layout, parked
+sessions, the pending copies, the counters) is the manager's.
 
 Order inside a step (`_grow`): hash what became full, release every group's out-of-window blocks,
 and only then copy or allocate, so the blocks the capacity check counted as free are free before
 the first one is popped.
+
+A model with linear-attention layers also holds a state slot per sequence
+(engine/kv/state_groups.py, `states`): admission attaches or adopts it, `_grow` copies a shared
+one before the step writes it and takes wanted checkpoints, `_release_tables` lets it go; the
+room checks and chunk ends are the manager's StateHooks (engine/kv/state_hooks.py).
 """
 from __future__ import annotations
 
+from engine.errors import KVCacheError
 from engine.kv.block_hash import ChainBlock, group_key, walk_blocks
 from engine.kv.block_pool import Block, BlockPool
 from engine.kv.cache_spec import KVCacheLayout
 from engine.kv.group_table import GroupTable
+from engine.kv.kv_tier import owner_tag
 from engine.kv.parking import ParkedSessions
+from engine.kv.prefix_hit import HitPlan
 from engine.kv.prefix_salt import SharedPrefixSalt
+
+
+class SeqTables:
+    """A running sequence as the manager holds it: its tables per group, computed count, salt,
+    owner tag (for the tier) and the chain hashes of its full blocks."""
+    __slots__ = ("seq_id", "tokens", "tables", "num_computed", "salt", "session_id", "hashes",
+                 "owner")
+
+    def __init__(self, seq_id, tokens, salt, session_id, tables, owner=None):
+        self.seq_id, self.tokens, self.salt, self.session_id = seq_id, tokens, salt, session_id
+        # the tier's tag of its private blocks
+        self.owner = owner if owner is not None else owner_tag(session_id)
+        self.tables: list[GroupTable] = tables
+        self.num_computed = 0
+        self.hashes: list[int] = []     # token chain hash of each full block already hashed
 
 
 class TableGrowth:
@@ -31,7 +55,104 @@ class TableGrowth:
     _pending: list
     _shortfall: tuple
     window_released_blocks: list
-    states: object              # engine/kv/state_groups.StateGroups of a linear-attention model, or None
+    _seqs: dict
+    max_model_len: int
+    tier_link: object
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    states: object      # engine/kv/state_groups.StateGroups of a linear-attention model, or None
+
+    def _check_len(self, seq_id, end: int) -> None:
+        if end > self.max_model_len:
+            raise KVCacheError(f"sequence {seq_id!r} would hold {end} tokens, "
+                               f"past max_model_len={self.max_model_len}")
+
+    def _room_for_hit(self, seq_id, plan: HitPlan, token_ids, num_new_tokens: int) -> bool:
+        start = plan.num_blocks * self._bs
+        n = max(0, min(num_new_tokens, len(token_ids) - start))
+        self._check_len(seq_id, start + n)
+        need = len(plan.loads) + len(self.layout.groups) * -(-n // self._bs)
+        revived = [b for ps in plan.picks for b in ps if isinstance(b, Block)]
+        return self._make_room(need, reserved=revived)
+
+    def _admit(self, seq_id, token_ids, plan: HitPlan, datas: dict, num_new_tokens, salt,
+               session_id) -> int:
+        """Mutate: revive the pool's blocks, fresh blocks for the loaded ones (their bytes copied
+        in before any forward reads them), then the new tokens' slots."""
+        bs, pool = self._bs, self.pool
+        tables, loaded_blocks, loaded_datas = [], [], []
+        seq = SeqTables(seq_id, token_ids, salt, session_id, tables)
+        hits = [[b for b in picks if isinstance(b, Block)] for picks in plan.picks]
+        for h in hits:              # every group's hits first: a fresh block never evicts one
+            pool.touch(h)
+        for g, (lo, picks) in enumerate(zip(plan.first, plan.picks)):
+            fresh = iter(pool.get_new_blocks(len(picks) - len(hits[g]), g))
+            row = []
+            for i, x in enumerate(picks, lo):
+                if isinstance(x, Block):
+                    row.append(x)
+                    continue
+                b = next(fresh)
+                pool.set_filled(b, bs)
+                self._register(b, g, plan.chain[i], seq)
+                loaded_blocks.append(b)
+                loaded_datas.append(datas[x])
+                row.append(b)
+            tables.append(GroupTable(row, released=lo))
+        seq.hashes = [c.hash for c in plan.chain]
+        cached, start = plan.cached, plan.num_blocks * bs
+        seq.num_computed = start
+        self._seqs[seq_id] = seq
+        if self.states is not None:
+            # a fresh slot, or the checkpoint's state copied into one; keep one where the KV hit
+            # ended and one at the prompt's last block boundary
+            self.states.attach(tables, getattr(plan, "state_restore", None))
+            self.states.want_checkpoint(tables, getattr(plan, "kv_hit_blocks", 0) * bs)
+            self.states.want_checkpoint(tables, len(token_ids) // bs * bs)
+            num_new_tokens = self.chunk_end(seq_id, start, num_new_tokens)
+        self.prefix_cache_queries += len(token_ids)
+        self.prefix_cache_hits += start
+        self._grow(seq, max(0, min(num_new_tokens, len(token_ids) - start)))
+        if loaded_blocks:
+            event = {"seq_id": seq_id, "session_id": session_id, "tokens_loaded": start - cached,
+                     "tokens_cached": cached, "tokens_computed": len(token_ids) - start}
+            self.tier_link.install(loaded_blocks, loaded_datas, event)
+        return start
+
+    def _adopt(self, seq_id, token_ids, plan: HitPlan, num_new_tokens, salt) -> int | None:
+        """The owner's parked tables become the sequence's, cut to the common prefix (and, in a
+        sliding group, to its window): ownership moves, no reference changes."""
+        sess, c, bs = plan.session, plan.cached, self._bs
+        n = max(0, min(num_new_tokens, len(token_ids) - c))
+        self._check_len(seq_id, c + n)
+        tables, dropping = [], []
+        for spec, t in zip(self.layout.groups, sess.tables):
+            nt = t.copy()
+            tail = nt.truncate(-(-c // bs))
+            dropping += tail[::-1] + nt.release_front(spec.first_live_block(c, bs))[::-1]
+            tables.append(nt)
+        need, _ = self._needed(tables, c, n)
+        if not self._make_room(need, keep=sess.session_id, dropping=dropping):
+            return None
+        if self.states is not None:     # the parked slot shared with a fork: room for its copy
+            self._state_room(int(self.states.needs_copy(sess.tables)), keep=sess.session_id)
+        self.parked.take(sess.session_id)
+        self._free_blocks(dropping)
+        seq = SeqTables(seq_id, token_ids, salt, sess.session_id, tables)
+        seq.hashes, seq.num_computed = sess.hashes[:c // bs], c
+        if self.states is not None:     # the parked state is the next turn's
+            self.states.adopt(sess.tables, tables)
+            self.states.want_checkpoint(tables, len(token_ids) // bs * bs)
+        if c % bs:
+            for t in tables:
+                last = t[-1]
+                if last.ref_count == 1 and last.block_hash is None:
+                    self.pool.set_filled(last, c % bs)      # the rest is stale
+        self._seqs[seq_id] = seq
+        self.prefix_cache_queries += len(token_ids)
+        self.prefix_cache_hits += c
+        self._grow(seq, self.chunk_end(seq_id, c, n))
+        return c
 
     # ---- capacity -----------------------------------------------------------------------
     def _needed(self, tables: list[GroupTable], nc: int, n: int) -> tuple[int, list[Block]]:
@@ -119,8 +240,10 @@ class TableGrowth:
             states.reached(seq.tables, end, seq.hashes)
 
     def _register(self, b: Block, group: int, c: ChainBlock, seq) -> None:
-        if self.pool.register(b, group_key(c.hash, group), c.tokens, group_key(c.parent, group), c.salt) \
-                and seq.owner is not None and not (c.salt is None and isinstance(seq.salt, SharedPrefixSalt)):
+        key, parent = group_key(c.hash, group), group_key(c.parent, group)
+        shared = c.salt is None and isinstance(seq.salt, SharedPrefixSalt)    # the system prompt
+        if self.pool.register(b, key, c.tokens, parent, c.salt) and seq.owner is not None \
+                and not shared:
             b.owner = seq.owner             # the chat's own block (not the shared system prompt)
 
     def _hash_full(self, seq) -> None:

@@ -91,6 +91,34 @@ class TierLink:
         self.tokens_swapped_out += swapped
         return swapped
 
+    def save_pool(self, pool, budget_s: float = 5.0) -> dict:
+        """A graceful stop (issue 47): keep the pool's computed blocks in the tier so the next start
+        serves them from there. Chat sessions and pins are written through already; what only the
+        pool held (the blocks of finished API requests, cached but never evicted) would be lost.
+        Blocks held now first, then cached ones, most recently freed first, until `budget_s`.
+        Returns {"saved", "already", "left", "seconds"}."""
+        t0 = time.monotonic()
+        out = {"saved": 0, "already": 0, "left": 0}
+        held = (b for b in pool.blocks.built() if b.ref_count > 0 and b.block_hash is not None)
+        for src in (held, pool.iter_cached_newest()):
+            for b in src:
+                if time.monotonic() - t0 > budget_s:
+                    out["left"] += 1
+                    continue
+                ident = identity_of(b)
+                if self.tier.has(ident):
+                    out["already"] += 1
+                    continue
+                try:
+                    ok = self.tier.put(ident, self.io.read(b.block_id), owner=b.owner,
+                                       reason="shutdown")
+                except Exception:       # a full or failing tier: these blocks are recomputed later
+                    log.exception("KV tier save at shutdown failed")
+                    ok = False
+                out["saved" if ok else "left"] += 1
+        out["seconds"] = round(time.monotonic() - t0, 3)
+        return out
+
     def delete_owner(self, owner) -> int:
         return self.tier.delete_owner(owner)
 

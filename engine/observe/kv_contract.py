@@ -33,9 +33,11 @@ VERSION = 9          # 1: the untyped dict before issue 10; 2: this module (adds
                      # 6: the second KV tier (stats tier_*, swap_preemptions, tokens_swapped_out,
                      #    tokens_recomputed_after_preempt; preemption events "mode", "tokens_swapped")
                      # 7: speculative decoding counters (stats spec_*)
-                     # 8: KV cache groups (stats num_groups, kv_groups, window_released_blocks,
-                     #    full_attention_blocks, savings_vs_full_attention; blocks "group";
-                     #    sequences "group_blocks", "released_blocks"); one group: group 0 everywhere
+                     # 8: stats shared_blocks leaves pinned blocks out (one vocabulary, issue 47:
+                     #    shared = held by 2+ chats, not pinned), stats saved_blocks; KV cache groups
+                     #    (stats num_groups, kv_groups, window_released_blocks, full_attention_blocks,
+                     #    savings_vs_full_attention; blocks "group"; sequences "group_blocks",
+                     #    "released_blocks"); one group: group 0 everywhere
                      # 9: state groups of linear-attention models (stats "state_groups", snapshot
                      #    "state_slots"); {} and [] for every other model
 
@@ -48,7 +50,7 @@ class KVStats:
     free_blocks: int
     used_blocks: int
     cached_blocks: int            # free but still holding a prefix-cache hash (revivable)
-    shared_blocks: int            # ref_count >= 2
+    shared_blocks: int            # held by 2+ block tables (ref_count >= 2), not pinned (issue 47)
     peak_used_blocks: int
     logical_blocks: int           # sum of every live table's length (what no sharing would use)
     kv_bytes_per_token: int
@@ -122,11 +124,18 @@ class KVStats:
     @property
     def shared_tokens_saved(self) -> int:
         """Tokens of KV that sharing avoided storing (sharing savings, in tokens)."""
-        return max(0, self.logical_blocks - self.chat_used_blocks) * self.block_size
+        return self.saved_blocks * self.block_size
+
+    @property
+    def saved_blocks(self) -> int:
+        """Saved by sharing: blocks paging without sharing would hold (every table entry) minus the
+        blocks the chats hold. The one definition the dashboard, /metrics and /api/kv report."""
+        return max(0, self.logical_blocks - self.chat_used_blocks)
 
     def to_json(self) -> dict:
         out = asdict(self)
         out["shared_tokens_saved"] = self.shared_tokens_saved
+        out["saved_blocks"] = self.saved_blocks
         return out
 
     @classmethod

@@ -16,7 +16,7 @@ def sharing_savings(snap: dict) -> dict:
     table entry; what an unshared pager allocates) - used blocks. Not recomputed here."""
     st = snap["stats"]
     total_refs, used = st["logical_blocks"], st.get("chat_used_blocks", st["used_blocks"])
-    saved = total_refs - used
+    saved = st.get("saved_blocks", max(0, total_refs - used))    # the contract's definition (v8)
     live = st["num_sequences"] + st["num_idle_sessions"]
     contiguous = live * blocks_for(st["max_model_len"], st["block_size"]) if "max_model_len" in st else None
     return {"ref_sum": total_refs, "used_blocks": used, "saved_blocks": saved,

@@ -20,7 +20,7 @@ MARKERS = ("<think>", "</think>")
 
 def reasoning_markers(tokenizer) -> tuple[str, str] | tuple:
     """The model's (start, end) markers when its tokenizer has both as tokens of their own, else ()."""
-    added = getattr(tokenizer, "get_added_vocab", lambda: {})() or {}
+    added = getattr(tokenizer, "get_added_vocab", dict)() or {}
     return MARKERS if all(m in added for m in MARKERS) else ()
 
 

@@ -85,16 +85,30 @@ def test_ui_login_without_api_key_closes_the_api(llm, tmp_path):
         st.close()
 
 
-def test_the_idle_page_queue_polls_at_most_every_10_ms(llm, tmp_path):
+def test_the_idle_page_queue_polls_at_most_every_10_ms_and_a_page_holds_no_heartbeat(llm, tmp_path):
     """Gradio's queue looks for work every 1 ms by default (~8% of a core with nobody connected);
-    the server slows both of its polls (server/assembly.py)."""
+    the server slows both of its polls (server/assembly.py). The page holds no heartbeat stream (a
+    gr.State or an unload event would add one per tab: ui/chat/tab_goodbye.py); a page's goodbye
+    closes its tab only with that tab's secret."""
+    from starlette.testclient import TestClient
     from storage import Storage
     from server import assembly
+    from ui.chat import tab_goodbye
     st = Storage(tmp_path / "chat.db")
     try:
-        _, demo = assembly.build_app(llm, st)
+        app, demo = assembly.build_app(llm, st)
         assert demo._queue.sleep_when_free >= assembly.QUEUE_POLL_S == 0.01
         assert demo._queue.progress_update_sleep_when_free >= assembly.PROGRESS_POLL_S
+        assert demo.get_config_file()["connect_heartbeat"] is False
+        tabs = demo.chat_context.tabs
+        tab = tabs.get("s-goodbye")
+        tabs.open(tab, "conv-x")
+        client = TestClient(app, base_url="http://127.0.0.1")
+        for body in (b"s-goodbye wrong", b"s-goodbye", b"", b"x" * 5000):
+            assert client.post("/" + tab_goodbye.GOODBYE_PATH, content=body).status_code == 204
+        assert tabs.open_conversations() == {"conv-x": 1}
+        r = client.post("/" + tab_goodbye.GOODBYE_PATH, content=f"s-goodbye {tab.goodbye}".encode())
+        assert r.status_code == 204 and tabs.open_conversations() == {}
     finally:
         _wait_for_pins(llm)
         _unpin_all(llm)

@@ -17,8 +17,8 @@ GRAMMAR = (r"start: <[300]> /\n[a-z]{2,6}( [a-z]{2,6}){2,4}\n/ <[301]> /\n\n[a-z
 
 @pytest.fixture(scope="module")
 def thinking_server(tmp_path_factory):
+    from engine import ServingLLM
     from engine.exec import dummy_weights as dw
-    from engine.front.serving import ServingLLM
     folder = tmp_path_factory.mktemp("tiny-qwen3")
     tok = family_tokenizer("qwen3")
     cfg = dw.load_config("qwen3-0.6b", dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128,

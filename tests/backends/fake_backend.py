@@ -27,6 +27,7 @@ vllm:prefix_cache_hits_total{engine="0",model_name="fake"} %(hits)s
 vllm:num_preemptions_total{engine="0",model_name="fake"} 0.0
 vllm:generation_tokens_total{engine="0",model_name="fake"} %(gen)s
 vllm:prompt_tokens_total{engine="0",model_name="fake"} %(queries)s
+vllm:cache_config_info{block_size="128",cache_dtype="auto",engine="0",num_gpu_blocks="1024"} 1.0
 """
 
 

@@ -26,6 +26,9 @@ def test_implements_the_ui_protocol(fake):
     assert isinstance(eng, ChatEngine)
     assert eng.model == "fake" and eng.max_model_len == 2048 and eng.startup_error is None
     assert eng.end_session("c1") is False and eng.close_session("c1") is False     # no remote sessions
+    assert eng.model_info().block_size == 128            # from vLLM's cache_config_info (issue 47)
+    from backends.remote import block_size_of
+    assert block_size_of("paged_chat_kv_block_size_tokens 16\n") == 16 and block_size_of("x 1\n") == 0
 
 
 def test_stream_text_finish_and_stats(fake):

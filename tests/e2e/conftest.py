@@ -137,8 +137,8 @@ def sampling(max_tokens: int = 16, n: int = 1, temperature: float = 0.0, seed=No
 def text_of(content) -> str:
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        return "".join(text_of(c) for c in content)
+    if isinstance(content, list):        # a reply's parts (ui/chat/view.row_content): text, then footer
+        return "\n\n".join(text_of(c) for c in content)
     if isinstance(content, dict):
         return content.get("text") or ""
     return ""

@@ -58,8 +58,9 @@ def test_two_clients_stream_at_once_and_share_the_system_prompt_blocks(module_se
 
     # Finished conversations stay open (parked) until their tabs close; then nothing is held.
     assert module_server.kv()["stats"]["used_blocks"] > 0
-    assert a.predict(api_name="/close_tab") == "closed"      # explicit goodbye
-    b.close()                                                 # or just disconnect: unload fires
+    assert a.predict(api_name="/close_tab") == "closed"      # explicit goodbye (a client that only
+    assert b.predict(api_name="/close_tab") == "closed"      # disconnects is swept after ui/chat/tab_goodbye.SILENT_S)
+    b.close()
     snap = module_server.wait_kv(lambda s: s["stats"]["used_blocks"] == s["stats"]["pinned_blocks"])
     assert snap["stats"]["used_blocks"] == snap["stats"]["pinned_blocks"], snap["sequences"]
     a.close()

@@ -179,10 +179,29 @@ def test_enter_while_busy_esc_copy_and_delete_confirmation(module_server, browse
     page.context.close()
 
 
+def _meter_tokens(page) -> int:
+    shown = page.eval_on_selector_all("#ctx-meter [data-k]", "els => Object.fromEntries(els.map(e => [e.dataset.k, e.dataset.v]))")
+    return int(shown.get("ctx_tokens", 0))
+
+
+def _stored_tokens(db, conv: str, reply_id: int) -> int:
+    """Prompt + reply tokens of the branch through `reply_id`, from the stored ids."""
+    import json
+    from tests.e2e.conftest import read_db
+    rows = {r["id"]: r for r in read_db(db, "SELECT id, parent_id, token_ids FROM messages WHERE conversation_id = ?",
+                                         (conv,))}
+    reply = rows[reply_id]
+    return len(json.loads(rows[reply["parent_id"]]["token_ids"])) + len(json.loads(reply["token_ids"]))
+
+
 def test_beam_search_option_shows_k_beams_side_by_side_and_one_can_be_picked(module_server, browser):  # noqa: F811
+    """Also (issue 47): the context meter follows the version on screen after a beam turn, a picked
+    beam and a `‹` switch (the engine's session still holds the ordinary turn before them)."""
     page = _open(browser, module_server.url)
     page.locator("#new-chat").click()
-    _sampling(page, max_tokens=8)
+    _sampling(page, max_tokens=8, temperature=0)
+    _send(page, "Hello!")                                    # an ordinary turn first: the chat's session
+    before = _meter_tokens(page)
     page.locator("#sampling .label-wrap").first.click()
     page.locator("#decoding input").click()
     page.locator("#decoding input").fill("width 3")
@@ -197,10 +216,20 @@ def test_beam_search_option_shows_k_beams_side_by_side_and_one_can_be_picked(mod
     rows = read_db(module_server.db, "SELECT id, parent_id, role, content FROM messages ORDER BY id")
     replies = [r for r in rows if r["role"] == "assistant"][-3:]
     assert len({r["parent_id"] for r in replies}) == 1                # all 3 stored as versions of one reply
+    conv = page.url.split("c=")[1].split("&")[0]
+    want = _stored_tokens(module_server.db, conv, replies[0]["id"])
+    _wait(lambda: _meter_tokens(page) == want > before, timeout=20, what="the meter after the beam turn")
+    assert "not in memory now" in page.inner_text("#ctx-meter")
     page.locator("#pick-2").click()
     _wait(lambda: "alternative 3" in _status(page), timeout=20)
     shown = _rows(page, "bot")[-1]
     assert replies[2]["content"].split()[0] in shown and "3/3" in shown
+    _wait(lambda: _meter_tokens(page) == _stored_tokens(module_server.db, conv, replies[2]["id"]), timeout=20,
+          what="the meter after picking beam 3")
+    _nav(page, "‹")                                          # beam 3 -> beam 2, by the version arrow
+    _wait(lambda: "2/3" in _rows(page, "bot")[-1], timeout=20, what="version 2")
+    _wait(lambda: _meter_tokens(page) == _stored_tokens(module_server.db, conv, replies[1]["id"]), timeout=20,
+          what="the meter after the version switch")
 
 
 def test_a_beam_search_outlives_a_reload_and_the_reloaded_page_shows_its_beams(module_server, browser):  # noqa: F811

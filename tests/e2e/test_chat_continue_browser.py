@@ -64,6 +64,7 @@ def test_continue_extends_the_same_reply_like_an_uninterrupted_greedy_one(module
     assert after[0]["content"].startswith(first[0]["content"])
     shown = page.locator("#chatbot .message.bot").last.inner_text()
     assert after[0]["content"][-20:].strip() in shown
+    assert "+10 tokens (20 total)" in shown                   # the line counts the whole reply (issue 47)
     prompt = read_db(module_server.db, "SELECT token_ids FROM messages WHERE id = ?", (after[0]["parent_id"],))
     prompt_len = len(json.loads(prompt[0]["token_ids"]))
     assert after[0]["cached_tokens"] >= (prompt_len + 10) // 16 * 16    # the reply's blocks were reused

@@ -31,7 +31,24 @@ def _ids(row) -> list[int]:
     return json.loads(row["token_ids"])
 
 
+# An API conversation (issue 47): its own ~520-token system prompt, not the app's pinned one
+API_SYSTEM = ("You are the help desk of a small public library. " + " ".join(
+    f"Rule {i}: answer questions about opening hours, loans, renewals, fines, room bookings and "
+    f"the reading club politely, in at most three sentences, and say so when you do not know." for i in range(14)))
+API_TURNS = ["Can I renew a book online?", "And how many times?"]
+
+
+def _api_turn(client, model, history: list[dict], text: str):
+    msgs = [{"role": "system", "content": API_SYSTEM}, *history, {"role": "user", "content": text}]
+    r = client.chat.completions.create(model=model, messages=msgs, temperature=0, max_tokens=MAX_TOKENS)
+    return r.choices[0].message.content, r.usage
+
+
 def test_three_turns_sigterm_restart_fourth_turn_equals_the_uninterrupted_run(launch, tmp_path, chat_api):
+    """Also an API conversation (issue 47): the blocks of a finished /v1 request are only cached in
+    the pool (never parked, never evicted here); a graceful stop keeps them in the KV tier and says
+    so, and after the restart the next turn is served from there, with the same greedy reply."""
+    import openai
     api = chat_api
     db = tmp_path / "chat.db"
     first = launch(db)
@@ -40,9 +57,21 @@ def test_three_turns_sigterm_restart_fourth_turn_equals_the_uninterrupted_run(la
     c.predict(api_name="/new_chat")
     uninterrupted = _chat(api, c, TURNS)                     # the reference: same four turns, no restart
     c.close()
+    oai = openai.OpenAI(base_url=first.url + "v1", api_key="unused", max_retries=0, timeout=300)
+    model = oai.models.list().data[0].id
+    reply1, usage1 = _api_turn(oai, model, [], API_TURNS[0])
+    history = [{"role": "user", "content": API_TURNS[0]}, {"role": "assistant", "content": reply1}]
+    reference2, _ = _api_turn(oai, model, history, API_TURNS[1])
+    assert usage1.prompt_tokens > 500
     assert first.stop() == 0
+    kept = [ln for ln in first.log().splitlines() if ln.startswith("KV tier: kept ")]
+    assert kept and int(kept[0].split()[3]) > 0, first.log()[-2000:]
 
     second = launch(db)
+    oai = openai.OpenAI(base_url=second.url + "v1", api_key="unused", max_retries=0, timeout=300)
+    reply2, usage2 = _api_turn(oai, model, history, API_TURNS[1])
+    assert usage2.prompt_tokens_details.cached_tokens >= 0.8 * usage1.prompt_tokens, (usage1, usage2)
+    assert reply2 == reference2
     c = Client(second.url, verbose=False)
     c.predict(restarted, api_name="/open_conversation")
     out = c.predict(TURNS[3], *api.sampling(max_tokens=MAX_TOKENS), api_name="/send")

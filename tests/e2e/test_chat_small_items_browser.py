@@ -28,6 +28,24 @@ def count(text: str) -> int:
 - done with `count()`
 - then **print** it"""
 LONG_CHAT = 8                      # user/reply pairs: enough for the chatbot to scroll
+# a reply cut by max tokens inside a code block the model never closed (issue 47), after a table and
+# a ```markdown block holding a ```python line (content, not a closer): an even number of fence
+# lines, so counting them said "closed"
+OPEN_FENCE = """| planet | moons |
+|---|---|
+| Mars | 2 |
+
+```markdown
+Say hello:
+```python
+print("hello, world")
+```
+
+Then run it:
+
+```bash
+python hello.py
+echo and then the essay"""
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +64,17 @@ def server(tmp_path_factory):
             st.add_message(long["id"], "user", f"Question {i}: what comes after {i}?")
             last = st.add_message(long["id"], "assistant", f"After {i} comes {i + 1}.\n\n" + "More words. " * 30)
         st.add_sibling(last["id"], "Another version of the last reply.")   # ‹ 2/2 › under it
+        cut = st.create_conversation(title="Planets")
+        st.add_message(cut["id"], "user", "A table of 3 planets, hello world in Python, then a long essay.",
+                       token_ids=list(range(30)))
+        reply = st.add_message(cut["id"], "assistant", OPEN_FENCE, status="stopped", token_ids=list(range(100, 700)))
+        st.add_reply_stats(reply["id"], output_tokens=600, ttft_s=0.1, tokens_per_s=20.0, prompt_tokens=30,
+                           cached_tokens=16, finish_reason="length")
     finally:
         st.close()
     app = AppServer(db, SMALL, tmp / "app.log")
     try:
-        yield app.wait_ready(), {"markdown": md["id"], "long": long["id"]}
+        yield app.wait_ready(), {"markdown": md["id"], "long": long["id"], "cut": cut["id"]}
     finally:
         app.kill()
 
@@ -82,6 +106,48 @@ def test_copy_gives_the_replys_markdown_source(server, browser):  # noqa: F811
     page.keyboard.press("Control+Shift+C")                 # the shortcut copies the same source
     _wait(lambda: page.evaluate("window.__lastCopied || ''") != "", 5, what="the shortcut's copy")
     assert page.evaluate("window.__lastCopied") == MARKDOWN
+    page.context.close()
+
+
+# Where the reply's footer landed: inside a code block (the defect) or not, and the text shown as code
+_FOOTER = """() => {
+  const bot = [...document.querySelectorAll('#chatbot .message.bot')].pop();
+  const stats = bot.querySelector('.reply-stats');
+  return {stats_in_code: !!(stats && stats.closest('pre, code')), src_in_code: !!bot.querySelector('pre .md-src, code .md-src'),
+          code: [...bot.querySelectorAll('pre')].map((p) => p.innerText), text: bot.innerText};
+}"""
+
+
+def test_a_reply_left_inside_a_code_block_renders_and_copies_safely(server, browser):  # noqa: F811
+    """Issue 47: a reply whose code fence was never closed swallowed the stats line and the hidden
+    source span (raw HTML in the code block), and Copy copied that HTML. Now the footer is its own
+    part of the message, the fence is closed for display, and Copy gives exactly the stored Markdown."""
+    app, convs = server
+    page = _open(browser, app.url + f"?c={convs['cut']}", permissions=["clipboard-read", "clipboard-write"])
+    _wait(lambda: "tok/s" in page.locator("#chatbot .message.bot").last.inner_text(), 60, what="the reply")
+    shown = page.evaluate(_FOOTER)
+    assert not shown["stats_in_code"] and not shown["src_in_code"], shown
+    assert all("reply-stats" not in c and "md-src" not in c and "tok/s" not in c for c in shown["code"]), shown
+    assert "600 tokens" in shown["text"] and "<span" not in shown["text"]
+    page.locator("#chatbot .message.bot").last.hover()
+    page.locator("#chatbot button[title='Copy message'], #chatbot button[aria-label*='opy']").last.click()
+    _wait(lambda: page.evaluate("window.__lastCopied || ''") != "", 5, what="the copy")
+    assert page.evaluate("window.__lastCopied") == OPEN_FENCE == page.evaluate("navigator.clipboard.readText()")
+    assert page.locator("#continue-reply").is_visible()           # cut by max tokens: something to continue
+    # Export Markdown: the reply exactly, then a closing fence so the rest is not code (one click: a download)
+    page.locator("#sidebar .label-wrap", has_text="Rename").click()
+    with page.expect_download() as dl:
+        page.get_by_role("button", name="Export Markdown").click()
+    md = open(dl.value.path(), encoding="utf-8").read()
+    assert f"## Assistant\n\n{OPEN_FENCE}\n```\n\n_(stopped)_" in md
+    # New chat: the address forgets the old chat at once, and nothing to continue any more
+    page.click("#new-chat")
+    _wait(lambda: "c=" not in page.url, 10, what="the address without ?c=")
+    _wait(lambda: _bot_rows(page) == 0 and not page.locator("#continue-reply").is_visible(), 20,
+          what="an empty chat, nothing to continue")
+    # a search that matches nothing says so
+    page.get_by_placeholder("Search chats…").fill("zebra crossing")
+    _wait(lambda: "No chats match" in page.inner_text("#conv-list"), 20, what="'No chats match'")
     page.context.close()
 
 
@@ -157,7 +223,8 @@ def test_save_hint_export_link_import_title(server, browser, tmp_path):  # noqa:
     assert "Markdown reply" in labels and "Markdown reply (imported)" in labels, labels
     # the imported chat is on screen: export it, delete it, and its download link goes with it
     link = page.locator("#export-link a")
-    page.get_by_role("button", name="Export JSON").click()
+    with page.expect_download():                                 # one click: it downloads at once
+        page.get_by_role("button", name="Export JSON").click()
     _wait(lambda: link.count() >= 1, 20, what="the download link")
     page.locator("#delete").click()
     page.locator("#delete-yes").click()

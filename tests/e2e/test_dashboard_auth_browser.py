@@ -66,6 +66,13 @@ def test_bob_sees_nothing_of_alice(launch, chat_api):
             page.wait_for_timeout(1500)
             assert "simulated users chatting" not in page.inner_text("#kv-demo-status")
             assert json.loads(page.evaluate("() => fetch('/api/kv').then(r => r.text())"))["stats"]["running"] == 0
+            # issue 47: who is signed in, and a way out
+            page.get_by_role("tab", name="Chat").click()
+            assert "Signed in as bob" in page.inner_text("#signed-in")
+            page.click("#log-out")
+            page.wait_for_selector("input[type=password]", timeout=60_000)      # the login page again
+            status = page.evaluate("() => fetch('/api/kv').then(r => r.status)")
+            assert status == 401                                               # the login is gone
         finally:
             browser.close()
     for c in (alice, bob):

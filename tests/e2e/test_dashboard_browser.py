@@ -132,6 +132,7 @@ def test_pinned_prompt_titles_headline_timer_and_theme(launch, screenshot_dir):
             dark.get_by_role("tab", name="Memory").click()
             wait_until(lambda: pinned_cells(dark) == len(pinned), 30, what="dark grid")
             assert rgb(DARK["pinned"]) == dark.evaluate(PIXEL, pinned[0])
+            dark.locator("#kv-dashboard").screenshot(path=str(screenshot_dir / "dashboard-dark.png"))
             assert errors == []
         finally:
             browser.close()

@@ -107,7 +107,8 @@ def test_f32_gguf_is_the_original_model(tmp_path, family):
 
 def test_damaged_gguf_files_get_a_sentence(tmp_path):
     path, _, _ = _write(tmp_path, "qwen3", None)
-    data = open(path, "rb").read()
+    with open(path, "rb") as f:
+        data = f.read()
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(data[: len(data) * 2 // 3])
     with pytest.raises(ModelLoadError, match="cut short"):

@@ -217,3 +217,23 @@ def test_delete_conversation_removes_its_private_blocks_from_pool_and_disk(tmp_p
     assert len(left) == 2                            # only the shared system prompt's blocks
     assert all(b.owner is None for b in m.pool.cached.values())
     assert {f"{b.block_hash:016x}" for b in m.pool.cached.values()} == left
+
+
+def test_a_graceful_stop_keeps_the_pools_cached_blocks_and_a_restart_loads_them(tmp_path):
+    """Issue 47: a finished request's blocks are only cached in the pool; save_pool (run when the
+    engine stops) writes them, newest first, and a new manager on the same folder loads them."""
+    m, io = manager_with_tier(tmp_path, num_blocks=16)
+    a, b = list(range(100, 141)), list(range(300, 325))     # 5 and 3 full blocks
+    run_turn(m, io, "a", a)
+    m.free("a")
+    run_turn(m, io, "b", b)
+    m.free("b")
+    assert m.tier_link.tier.stats().blocks == 0             # nothing evicted, nothing written yet
+    newest = list(m.pool.iter_cached_newest())            # the reverse of eviction order: a finished
+    assert len(newest) == 8 and newest[0].token_ids == tuple(b[:8])     # request frees tail first
+    assert m.tier_link.save_pool(m.pool, budget_s=0.0)["left"] == 8         # no time: nothing written
+    got = m.tier_link.save_pool(m.pool, budget_s=5.0)
+    assert (got["saved"], got["already"], got["left"]) == (8, 0, 0)
+    m2, io2 = manager_with_tier(tmp_path, num_blocks=16)                   # the next start
+    assert run_turn(m2, io2, "a2", a) == 40
+    assert [io2.kv[s] for s in m2.slots_for("a2", 0, 41)] == a

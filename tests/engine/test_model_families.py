@@ -25,7 +25,9 @@ def _tiny(kind, tmp_path, tokenizer):
     return model, str(tmp_path / kind)
 
 
-@pytest.mark.parametrize("kind", ["llama3-rope", "mistral", "qwen2"])
+# mistral and qwen2 (with and without windows), qwen3, gemma3, smollm3, phi3 and YaRN run through
+# the whole engine in tests/engine/test_families_vs_hf.py; this one keeps the HF-folder path
+@pytest.mark.parametrize("kind", ["llama3-rope"])
 def test_tiny_checkpoint_matches_transformers(kind, tmp_path, tokenizer):
     model, folder = _tiny(kind, tmp_path, tokenizer)
     llm = LLM(model=folder, num_blocks=64)

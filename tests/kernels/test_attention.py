@@ -196,7 +196,8 @@ def test_shared_prefix_blocks(decode, backend):
 
 
 # (block_size, head_dim, q_heads, kv_heads, dtype, window, tile_n): windows shorter than a block,
-# not a multiple of one, and a multiple; tiles smaller and larger than a block
+# not a multiple of one, and a multiple; tiles smaller and larger than a block (Triton: the first
+# two; the interpreter is the slow side, and the third adds no Triton path the others miss)
 WINDOW = [
     (16, 64, 9, 3, torch.float32, 37, None),
     (16, 64, 8, 2, torch.float16, 5, 32),
@@ -204,8 +205,9 @@ WINDOW = [
 ]
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("case", WINDOW, ids=_id)
+@pytest.mark.parametrize("case,backend", [(c, b) for c in WINDOW for b in ("torch", "triton")
+                                          if b == "torch" or c is not WINDOW[2]],
+                         ids=lambda v: v if isinstance(v, str) else _id(v))
 def test_sliding_window(case, backend, monkeypatch):
     """Sliding-window attention (Mistral, Gemma 3's local layers): decode rows, chunks after a
     prefix longer than the window, a whole prompt longer than it, short contexts inside it, and

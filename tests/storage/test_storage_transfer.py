@@ -124,3 +124,24 @@ def test_markdown_export(store, branched):
     assert "_(stopped)_" in md and "_2 tokens · 12.5 tok/s_" in md
     assert "\na2\n" not in md  # only the active branch
     assert md.endswith("\n") and not md.endswith("\n\n")
+
+
+def test_markdown_export_closes_a_reply_left_inside_a_code_block(store):
+    """Issue 47: a reply cut by max tokens inside a code block kept its open fence in the export,
+    and the rest of the document read as code. Each text is exact, then a closing fence if needed."""
+    conv = store.create_conversation()
+    store.add_message(conv["id"], "user", "Show code")
+    reply = "Here:\n\n````md\n```python\nprint('hi')\n```\nstill inside"
+    store.add_message(conv["id"], "assistant", reply, status="stopped")
+    store.add_message(conv["id"], "user", "Thanks")
+    md = store.export_markdown(conv["id"])
+    assert f"## Assistant\n\n{reply}\n````\n\n_(stopped)_\n\n## User\n\nThanks\n" in md
+
+
+def test_a_chat_is_titled_by_what_was_typed_not_by_an_attached_documents_wrapper(store):
+    conv = store.create_conversation()
+    store.add_message(conv["id"], "user", '<document name="memo.pdf">\nProject plan\n</document>\n\nSummarize it please')
+    assert store.get_conversation(conv["id"])["title"] == "Summarize it please"
+    only = store.create_conversation()
+    store.add_message(only["id"], "user", '<document name="a.txt">\nx\n</document>\n\n<document name="b.md">\ny\n</document>\n\n')
+    assert store.get_conversation(only["id"])["title"] == "a.txt, b.md"

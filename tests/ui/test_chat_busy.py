@@ -5,6 +5,7 @@ from engine.core.admission import AdmissionControl, QueueBounds
 from tests.ui.test_chat_flow import KW, collect, ctx, req, run  # noqa: F401 (ctx is a fixture)
 from ui.chat import handlers as chat
 from ui.chat.context import ChatContext
+from ui.chat import view
 
 
 def test_turns_are_submitted_for_the_local_user(ctx):  # noqa: F811
@@ -35,7 +36,7 @@ def test_over_the_bound_the_chat_says_busy_in_a_sentence(ctx):  # noqa: F811
         return real_submit(messages, params, **kw)
     ctx.llm.submit_chat = bounded
     outs = run(collect(chat.send(ctx, "Hi", dict(KW), req())))
-    shown = outs[-1][1][-1]["content"]
+    shown = view.shown_text(outs[-1][1][-1]["content"])
     assert "Server busy" in shown and "not queued" in shown and "Try again in about" in shown
     conv = ctx.storage.list_conversations()[0]
     assert not ctx.tabs.is_busy(conv["id"])

@@ -56,17 +56,21 @@ def test_the_meter_equals_api_kv_for_that_chat():
     assert not a.warn and b.warn                               # 109 / 128 = 85% >= 80%
     shown = dict(re.findall(r'data-k="([^"]+)" data-v="([^"]*)"', CM.html(b)))
     assert shown == {"ctx_tokens": "109", "ctx_max": "128", "ctx_shared_tokens": "64", "ctx_shared_blocks": "4",
-                     "ctx_own_tokens": "45", "ctx_own_blocks": "3", "ctx_warn": "1"}
+                     "ctx_pinned_blocks": "0", "ctx_own_tokens": "45", "ctx_own_blocks": "3", "ctx_warn": "1"}
     assert CM.from_snapshot(served, "nobody", 128) is None
 
 
-def test_a_pinned_prompt_counts_as_shared_even_for_one_chat():
+def test_a_pinned_prompt_counts_as_pinned_in_the_one_vocabulary():
     m = KVCacheManager(64, BS, max_model_len=256)
     system = list(range(32))
     m.add_sequence("a#0", system + [900, 901], num_new_tokens=10**9, session_id="a")
     m.pins.pin("shared", system)                               # ref_count 2 (pin + a) but state pinned
-    got = CM.from_snapshot(take_snapshot(m).to_json(), "a", 256)
-    assert (got.shared_blocks, got.shared_tokens, got.own_tokens) == (2, 32, 2)
+    snap = take_snapshot(m).to_json()
+    got = CM.from_snapshot(snap, "a", 256)
+    assert (got.pinned_blocks, got.pinned_tokens, got.shared_blocks, got.own_tokens) == (2, 32, 0, 2)
+    assert snap["stats"]["shared_blocks"] == 0 and snap["stats"]["pinned_blocks"] == 2     # as /api/kv says
+    shown = dict(re.findall(r'data-k="([^"]+)" data-v="([^"]*)"', CM.html(got)))
+    assert (shown["ctx_pinned_blocks"], shown["ctx_shared_blocks"], shown["ctx_own_blocks"]) == ("2", "0", "1")
 
 
 @pytest.fixture
@@ -84,6 +88,34 @@ def test_a_released_chat_is_measured_from_its_stored_ids(ctx):
     m = CM.for_tab(ctx, request("s1"))
     assert (m.tokens, m.in_memory, m.max_model_len) == (12, False, 40)
     assert "not in memory now" in CM.html(m)
+
+
+def test_the_meter_follows_the_version_on_screen_not_the_one_the_session_holds(ctx):
+    """Issue 47: after `< 1/2 >` (or a beam / alternative picked) the engine's session still holds
+    the branch its last turn ran; the meter then measures the branch on screen, from storage, and
+    says the engine holds another version. A remote backend gives no ids: the reply's usage."""
+    conv = ctx.storage.create_conversation()
+    user = ctx.storage.add_message(conv["id"], "user", "Hi", token_ids=list(range(9)))
+    first = ctx.storage.add_message(conv["id"], "assistant", "Hello", parent_id=user["id"], token_ids=[1, 2, 3])
+    second = ctx.storage.add_sibling(first["id"], "Hello there, friend", token_ids=list(range(8)))
+    m = KVCacheManager(16, BS, max_model_len=40)
+    m.add_sequence("c#0", list(range(17)), num_new_tokens=10**9, session_id=conv["id"])   # 9 + 8: the second
+    ctx.llm.snap = take_snapshot(m).to_json()
+    tab = ctx.tab(request("s1"))
+    ctx.tabs.open(tab, conv["id"])
+    ctx.tabs.held_by_session(conv["id"], second["id"])
+    tab.shown_ids = [user["id"], second["id"]]
+    got = CM.for_tab(ctx, request("s1"))
+    assert (got.tokens, got.in_memory) == (17, True)                   # the engine's, for the version shown
+    ctx.storage.select_branch(first["id"])
+    tab.shown_ids = [user["id"], first["id"]]                          # `‹` to version 1
+    got = CM.for_tab(ctx, request("s1"))
+    assert (got.tokens, got.in_memory, got.why_not) == (12, False, CM.OTHER_VERSION)
+    assert 'data-k="ctx_other_version"' in CM.html(got)
+    ctx.storage.update_message(user["id"], token_ids=[])               # a backend's turn: no ids, its usage
+    ctx.storage.add_reply_stats(first["id"], prompt_tokens=558, output_tokens=40)
+    got = CM.for_tab(ctx, request("s1"))
+    assert got.tokens == 558 + 3 and "from the backend's usage" in CM.html(got)
 
 
 def test_new_chat_from_a_summary_keeps_the_old_chat(ctx):

@@ -55,7 +55,8 @@ def test_documents_come_first_in_the_message_and_show_as_chips():
     assert D.split(stored) == ([("a.py", "def f():\n    return 1"), ("b.md", "# B")], "What does f return?")
     shown, _ = view.display_messages([{"id": 1, "role": "user", "content": stored, "status": "complete"}])
     text = shown[0]["content"]
-    assert "📄 a.py · 2 lines" in text and "📄 b.md · 1 lines" in text and "What does f return?" in text
+    assert "a.py · 2 lines" in text and "b.md · 1 lines" in text and "What does f return?" in text
+    assert "📄" not in text and text.count('class="doc-ico"') == 2             # an icon no font has to draw
     assert "return 1" not in text                  # the chip, not the document's text
     assert view.engine_messages(None, [{"role": "user", "content": stored}])[0]["content"] == stored
 

@@ -18,7 +18,7 @@ ORIGINALS = [
 @pytest.mark.parametrize("original", ORIGINALS)
 def test_an_untouched_edit_box_gives_back_the_original(original):
     assert typed_text(displayed(original), original) == original
-    nav = view.branch_nav(7, [3, 7, 9])                 # the version links shown under the message
+    nav = "\n\n" + view.branch_nav(7, [3, 7, 9])        # the version links shown under the message
     assert typed_text(displayed(original) + nav, original) == original
 
 

@@ -10,6 +10,7 @@ from tests.ui.fake_engine import FakeLLM, request
 from ui.chat import handlers as chat
 from ui.chat.context import ChatContext
 from ui.chat.tabs import TabRegistry
+from ui.chat import view
 
 
 KW = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_tokens": 8, "repetition_penalty": 1.0,
@@ -49,7 +50,7 @@ def run(coro):
 
 
 def texts(out):
-    return [(m["role"], m["content"].split("\n\n<span")[0]) for m in out[1]]
+    return [(m["role"], view.shown_text(m["content"]).split("\n\n<span")[0]) for m in out[1]]
 
 
 def prop(update, key):
@@ -73,9 +74,9 @@ def test_send_commits_the_user_message_then_streams_and_stores_the_reply(ctx):
     messages, params, session = ctx.llm.submitted[0]
     assert session == conv["id"] and messages[0]["role"] == "system" and messages[-1]["content"] == "Hi bot"
     assert outs[0][0] == ""                                        # the textbox is cleared
-    assert "queued" in outs[0][1][-1]["content"]                   # until the engine admits it
+    assert "queued" in view.shown_text(outs[0][1][-1]["content"])                   # until the engine admits it
     assert texts(outs[-1]) == [("user", "Hi bot"), ("assistant", "Hello there!")]
-    assert "reused 4 of 9 prompt tokens from cache" in outs[-1][1][-1]["content"]
+    assert "reused 4 of 9 prompt tokens from cache" in view.shown_text(outs[-1][1][-1]["content"])
     assert prop(outs[-1][3], "value") == conv["id"]
     assert not ctx.tabs.is_busy(conv["id"]) and ctx.llm.aborted == []
 
@@ -96,7 +97,7 @@ def test_empty_message_is_ignored(ctx):
 
 def test_too_long_message_is_explained_in_the_chat_and_not_sent_or_stored(ctx):
     outs = run(collect(chat.send(ctx, "word " * 50, dict(KW), req())))
-    assert "too long" in outs[-1][1][-1]["content"] and "40 tokens" in outs[-1][1][-1]["content"]
+    assert "too long" in view.shown_text(outs[-1][1][-1]["content"]) and "40 tokens" in view.shown_text(outs[-1][1][-1]["content"])
     assert ctx.llm.submitted == [] and ctx.storage.list_conversations() == []
 
 
@@ -105,7 +106,7 @@ def test_engine_value_error_is_shown_and_nothing_is_left_running(ctx):
         raise ValueError("prompt has 99 tokens; this engine's max_model_len is 40")
     ctx.llm.submit_chat = refuse                     # the real engine's answer to a too-long prompt
     outs = run(collect(chat.send(ctx, "Hi", dict(KW), req())))
-    assert "max_model_len" in outs[-1][1][-1]["content"]
+    assert "max_model_len" in view.shown_text(outs[-1][1][-1]["content"])
     conv = ctx.storage.list_conversations()[0]
     assert not ctx.tabs.is_busy(conv["id"])
 
@@ -128,7 +129,7 @@ def test_stop_button_aborts_in_the_engine_and_shows_the_stored_partial_reply(ctx
         return outs, await stop
     outs, (shown, line, send_btn, stop_btn) = run(scenario())
     assert prop(send_btn, "visible") and not prop(stop_btn, "visible")     # one button: Send again
-    assert "stopped" in line and shown[-1]["content"].startswith("Once upon")
+    assert "stopped" in line and view.shown_text(shown[-1]["content"]).startswith("Once upon")
     conv = ctx.storage.list_conversations()[0]
     assert ctx.storage.get_messages(conv["id"])[-1]["status"] == "stopped"
     assert ctx.llm.ended == []                               # the tab still shows it

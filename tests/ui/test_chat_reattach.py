@@ -17,6 +17,7 @@ from ui.chat import handlers as chat
 from ui.chat import reattach
 from ui.chat import sidebar as side
 from ui.chat.tabs import TabRegistry
+from ui.chat import view
 
 KW = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_tokens": 8, "repetition_penalty": 1.0,
       "seed": None, "n": 1}
@@ -331,7 +332,7 @@ def test_a_beam_search_outlives_its_reloaded_page_and_is_stored(beam_ctx):
     assert ctx.llm.aborted == [] and len(bt.stored) == 2
     assert ctx.llm.searches[bt.rid].tenant == bt.tenant == "local"     # scheduled as the chat's user
     shown = ctx.storage.get_messages(conv)
-    assert [m["role"] for m in shown] == ["user", "assistant"] and shown[-1]["content"] == "Beam text 0"
+    assert [m["role"] for m in shown] == ["user", "assistant"] and view.shown_text(shown[-1]["content"]).startswith("Beam text 0")
     assert shown[-1]["token_ids"] == [200, 300] and shown[-1]["id"] == bt.stored[0]
     assert ctx.storage.get_message(bt.stored[1])["content"] == "Beam text 1"
     assert not ctx.tabs.is_busy(conv)

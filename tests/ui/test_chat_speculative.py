@@ -8,6 +8,7 @@ import pytest
 from tests.ui.fake_engine import request
 from tests.ui.test_chat_flow import KW, chat_context, collect
 from ui.chat import handlers as chat
+from ui.chat import view
 
 CODE = "def area(w, h):\n    return w * h\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n"
 
@@ -29,5 +30,5 @@ def test_a_speculative_reply_is_stored_with_its_draft_stats(llm, tmp_path):
         assert reply["role"] == "assistant" and reply["status"] == "complete"
         st = reply["stats"]
         assert st["spec_accepted_tokens"] > 0 and 0 < st["decode_steps"] < st["output_tokens"]
-        line = outs[-1][1][-1]["content"]
+        line = view.shown_text(outs[-1][1][-1]["content"])
         assert f"{st['spec_accepted_tokens']} accepted from drafts" in line and "tokens/step" in line

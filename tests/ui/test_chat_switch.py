@@ -7,6 +7,7 @@ import asyncio
 from tests.ui.test_chat_flow import KW, ctx, req, run, texts  # noqa: F401
 from ui.chat import handlers as chat
 from ui.chat import sidebar as side
+from ui.chat import view as V
 
 
 def _conv_with(st, first: str) -> str:
@@ -34,7 +35,7 @@ def test_switching_chats_mid_reply_stops_painting_and_the_reply_lands_in_its_own
                 break
         conv_b = _conv_with(st, "Chat B")
         view = side.open_conversation(ctx, conv_a, req())         # the click on chat A
-        assert [m["content"].split("\n\n<span")[0] for m in view[0]] == ["Chat A", "Hello there!"]
+        assert [V.shown_text(m["content"]).split("\n\n<span")[0] for m in view[0]] == ["Chat A", "Hello there!"]
         after = [out async for out in agen]                        # B's handler lets go at once...
         assert len(after) == 1          # ...and its last paint is chat A, so a late B paint cannot stick
         assert texts(after[0]) == [("user", "Chat A"), ("assistant", "Hello there!")]
@@ -97,5 +98,5 @@ def test_the_tick_sends_the_list_and_the_chat_only_when_they_changed(ctx):  # no
     ctx.storage.create_conversation()                               # and starts another chat
     radio, shown = chat.refresh(ctx, "", req("s2"))
     assert len(radio.choices) == 2 and radio.value == conv         # tab 2's list, its chat still selected
-    assert [m["content"].split("\n\n<span")[0] for m in shown][-2:] == ["More", "Hello there!"]
+    assert [V.shown_text(m["content"]).split("\n\n<span")[0] for m in shown][-2:] == ["More", "Hello there!"]
     assert chat.refresh(ctx, "", req("s2")) == ({"__type__": "update"}, {"__type__": "update"})

@@ -92,3 +92,35 @@ def test_engine_shut_down_is_not_an_error(reg):
         raise RuntimeError("the engine has been shut down")
     reg.llm.end_session = boom
     reg.release("A").result(timeout=5)
+
+
+def test_a_goodbye_needs_the_tabs_own_secret_and_owner(reg):
+    tab = reg.get("s1", "ann")
+    reg.open(tab, "A")
+    assert not reg.goodbye("s1", "not-the-secret", "ann")
+    assert not reg.goodbye("s1", tab.goodbye, "bob")            # another login, right secret
+    assert not reg.goodbye("s2", tab.goodbye, "ann")            # another tab
+    assert settle(reg) == [] and reg.open_conversations() == {"A": 1}
+    assert reg.goodbye("s1", tab.goodbye, "ann")
+    assert settle(reg) == [("end", "A")] and reg.open_conversations() == {}
+
+
+def test_a_silent_tab_is_swept_and_continues_its_chat_when_it_speaks_again(reg, monkeypatch):
+    import ui.chat.tabs as T
+    now = [1000.0]
+    monkeypatch.setattr(T.time, "monotonic", lambda: now[0])
+    quiet, busy = reg.get("quiet"), reg.get("busy")
+    reg.open(quiet, "A")
+    reg.open(busy, "B")
+    now[0] += 100
+    reg.get("busy")                                             # the other tab keeps speaking
+    now[0] += 100
+    assert reg.sweep(silent_s=150) == 1                         # "quiet": 200 s without a word
+    assert settle(reg) == [("end", "A")] and reg.open_conversations() == {"B": 1}
+    assert reg.sweep(silent_s=150) == 0                         # swept once
+    assert reg.get("quiet") is quiet and quiet.conv_id == "A"   # it was only asleep: same chat
+    assert reg.open_conversations() == {"A": 1, "B": 1}
+    now[0] += 10 ** 6
+    reg.sweep(silent_s=150, forget_s=3600)
+    reg.sweep(silent_s=150, forget_s=3600)                      # dormant for long: forgotten
+    assert reg.get("quiet") is not quiet

@@ -41,21 +41,27 @@ def test_stats_line_formats_tokens_ttft_speed_and_cache():
     assert v.stats_line({"output_tokens": 3, "finish_reason": "length"}).endswith("max tokens reached")
     assert v.stats_line({"prompt_tokens": 10, "cached_tokens": None}) == "reused 0 of 10 prompt tokens from cache"
     assert v.stats_line({"prompt_tokens": 330, "cached_tokens": 312, "cached_blocks": 19}) == \
-        "reused 312 of 330 prompt tokens from cache (19 shared blocks)"
+        "reused 312 of 330 prompt tokens from cache (19 blocks)"
     assert v.stats_line(None) == "" and v.stats_line({}, "error") == "error"
     spec = {"output_tokens": 42, "spec_accepted_tokens": 17, "decode_steps": 25, "ttft_s": 0.2}
     assert v.stats_line(spec) == "42 tokens · 17 accepted from drafts (1.7 tokens/step) · TTFT 200 ms"
     assert v.stats_line({"output_tokens": 5, "spec_accepted_tokens": 0, "decode_steps": 4}) == "5 tokens"
 
 
-def test_footer_is_escaped_and_closes_an_open_code_fence():
+def test_the_footer_is_a_part_of_its_own_and_an_open_code_fence_is_closed():
     out = v.with_footer("```python\ndef f():", {"output_tokens": 2})
-    body, footer = out.rsplit("\n\n", 1)
-    assert body == "```python\ndef f():\n```"
-    assert footer == '<span class="reply-stats">2 tokens</span>'
+    assert out == [{"type": "text", "text": "```python\ndef f():\n```"},
+                   {"type": "text", "text": '<span class="reply-stats">2 tokens</span>'}]
     assert v.with_footer("plain", None) == "plain"
     assert v.close_fences("```\ncode\n```\ntext") == "```\ncode\n```\ntext"
     assert v.close_fences("~~~\ncode\n") == "~~~\ncode\n~~~"
+    # what counting fence lines got wrong (issue 47): a longer fence, a fence line that is content,
+    # a fence inside a list item (closed by its list: a closer there would open a new block)
+    assert v.close_fences("````md\n```python\nx\n```\nmore") == "````md\n```python\nx\n```\nmore\n````"
+    assert v.close_fences("```markdown\n```python\nprint()\n```\nessay") == "```markdown\n```python\nprint()\n```\nessay"
+    assert v.close_fences("1. Here:\n\n   ```python\n   code") == "1. Here:\n\n   ```python\n   code"
+    assert v.stats_line({"output_tokens": 256}, total_tokens=512) == "+256 tokens (512 total)"
+    assert v.stats_line({"output_tokens": 256}, total_tokens=256) == "256 tokens"
 
 
 def test_display_messages_show_user_and_assistant_rows_with_their_stored_ids():
@@ -64,7 +70,8 @@ def test_display_messages_show_user_and_assistant_rows_with_their_stored_ids():
     shown, ids = v.display_messages(path)
     assert ids == [2, 3]
     assert shown[0] == {"role": "user", "content": "Hi"}
-    assert shown[1]["content"].startswith("Hello\n\n") and "1 token · stopped" in shown[1]["content"]
+    body, footer = shown[1]["content"]
+    assert body["text"] == "Hello" and "1 token · stopped" in footer["text"]
 
 
 def test_live_reply_goes_from_queued_to_text():
@@ -72,7 +79,7 @@ def test_live_reply_goes_from_queued_to_text():
     assert "queued" in v.QUEUED
     assert v.live_reply("", admitted=True) == v.STARTING
     assert v.live_reply("Hel", admitted=True) == "Hel"
-    assert "1 token" in v.live_reply("Hel", True, {"output_tokens": 1})
+    assert "1 token" in v.shown_text(v.live_reply("Hel", True, {"output_tokens": 1}))
 
 
 def test_notices():
@@ -120,8 +127,9 @@ def test_stored_replies_carry_their_markdown_source_for_copying_and_user_rows_do
             msg(3, "user", "Again"), msg(4, "assistant", source)]             # the second without stats
     shown, _ = v.display_messages(path)
     for row in (shown[1], shown[3]):
-        titles = re.findall(r'<span class="md-src" hidden title="([A-Za-z0-9+/=]*)"></span>', row["content"])
+        titles = re.findall(r'<span class="md-src" hidden title="([A-Za-z0-9+/=]*)"></span>', v.shown_text(row["content"]))
         assert len(titles) == 1 and base64.b64decode(titles[0]).decode() == source
-    assert shown[1]["content"].split("\n\n<span")[0].startswith("**Bold**")
+        assert "md-src" not in row["content"][0]["text"]           # the source rides in the footer part
+    assert shown[1]["content"][0]["text"].startswith("**Bold**")
     assert "md-src" not in shown[0]["content"] + shown[2]["content"]     # a user row is what the edit box shows
-    assert "md-src" not in v.live_reply("partial", True, {"output_tokens": 1})   # not on streamed repaints
+    assert "md-src" not in v.shown_text(v.live_reply("partial", True, {"output_tokens": 1}))   # not on streamed repaints

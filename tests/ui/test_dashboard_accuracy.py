@@ -53,7 +53,7 @@ def check_tick(state, snap: dict) -> dict:
     # the grid: one cell per block, coloured by the snapshot's state and ref_count
     grid = json.loads(v["grid"])
     f, c, p, s, n = grid["counts"]
-    assert s == st["shared_blocks"] - sum(1 for x, r in zip(snap["blocks"]["state"], refs) if x == "pinned" and r >= 2)
+    assert s == st["shared_blocks"] == sum(1 for x, r in zip(snap["blocks"]["state"], refs) if x != "pinned" and r >= 2)
     assert p + s + n == st["used_blocks"] and n == st.get("pinned_blocks", 0)
     assert c == st["cached_blocks"] and f + c == st["free_blocks"]
     # one vocabulary (issue 26.5): the tiles count shared and pinned blocks as the grid colours them

@@ -86,24 +86,25 @@ def test_build_dashboard_wires_a_non_queuing_timer():
     for d in ticks:
         fn = demo.fns[d["id"]]
         assert fn.concurrency_limit is None and fn.show_progress == "hidden"
-    # the 1 s tick has ONE output (the bus): a message with the changed panels, nothing when unchanged
+    # the fast tick has ONE output (the bus): a message with the changed panels and, always, the
+    # time of the snapshot they show (the page's "as of ... ago"): only that when nothing changed
     fast = demo.fns[fast_dep["id"]].fn
     first = json.loads(fast(None, D.LIVE, None))
     assert set(first) == {"kv-story", "kv-headline", "kv-grid", "kv-tables", "kv-feed", "kv-arith", "kv-whatif",
-                          "kv-who", "kv-tier"}
+                          "kv-who", "kv-tier", "kv-demo-status", "kv-asof"}
+    assert first["kv-asof"]["snap"] == 3000.0 and first["kv-asof"]["at"] >= first["kv-asof"]["snap"]
     assert '"runs":' in first["kv-grid"] and "All live block tables" in first["kv-tables"]
-    again = fast(None, D.LIVE, None)
-    assert isinstance(again, dict) and again.get("__type__") == "update" and len(again) == 1   # gr.skip()
+    again = json.loads(fast(None, D.LIVE, None))
+    assert set(again) == {"kv-asof"} and again["kv-asof"]["snap"] == 3000.0
     fresh = json.loads(timer.tick_fns["fast"](None, D.LIVE, None, fresh=True))   # tab shown again: all
-    assert fresh == first
+    assert {k: v for k, v in fresh.items() if k != "kv-asof"} == {k: v for k, v in first.items() if k != "kv-asof"}
     slow = timer.tick_fns["slow"](None, D.LIVE)
     assert len(slow) == len(T.SLOW) and "choices" in slow[T.SLOW.index("selector")]
 
     def down():
         raise RuntimeError("the engine has been shut down")
     llm.latest_snapshot = down                       # a tick after shutdown: no error toast
-    assert fast(None, D.LIVE, None).get("__type__") == "update"
-    assert timer.tick_fns["slow"](None, D.LIVE, fresh=True)[-1].startswith("Engine unavailable")
+    assert json.loads(fast(None, D.LIVE, None)) == {"kv-demo-status": "Engine unavailable: the engine has been shut down"}
 
 
 def FakeChatLLM(tokens=5):
@@ -167,15 +168,17 @@ def test_closed_panels_send_nothing_until_opened():
     closed = json.loads(fast(None, D.LIVE, ()))
     assert "kv-arith" not in closed and "kv-whatif" not in closed and "kv-grid" in closed
     opened = json.loads(fast(None, D.LIVE, ("arith",)))                # opening sends it, once
-    assert set(opened) == {"kv-arith"} and "KV bytes per token" in opened["kv-arith"]
-    again = fast(None, D.LIVE, ("arith",))
-    assert again.get("__type__") == "update"
+    assert set(opened) == {"kv-arith", "kv-asof"} and "KV bytes per token" in opened["kv-arith"]
+    again = json.loads(fast(None, D.LIVE, ("arith",)))
+    assert set(again) == {"kv-asof"}
 
 
 def test_bus_message_names_the_panels_by_element_id():
     from ui.dashboard import bus
     msg = json.loads(bus.message({"story": "<b>s</b>", "grid": '{"n":1}'}))
     assert msg == {"kv-story": "<b>s</b>", "kv-grid": '{"n":1}'}
+    stamped = json.loads(bus.message({}, snap_time=5.0, now=5.5, slow_time=4.0))
+    assert stamped == {"kv-asof": {"snap": 5.0, "at": 5.5, "slow": 4.0}}
     assert set(bus.PANELS) == set(T.FAST) and set(T.FAST) | set(T.SLOW) == set(T.OUTPUT_NAMES)
 
 

@@ -60,9 +60,10 @@ def test_tier_panel_shows_pool_and_tier_side_by_side(tmp_path):
     assert r["tier_hits_blocks"] == (snap["stats"]["tier_hits_blocks"] - prev["stats"]["tier_hits_blocks"]) / 2
     html = tier_html(snap["stats"], r)
     st = snap["stats"]
-    assert "KV tier (disk)" in html and f"<td>{st['tier_blocks']:,}</td>" in html
-    assert f"<td>{st['tier_loaded_tokens']:,}</td>" in html and st["tier_loaded_tokens"] == 40
-    assert "off" in tier_html({"kv_bytes_per_block": 1, "prefix_cache_hits": 0}, {})
+    assert "KV tier (disk)" in html and f"{st['tier_blocks']:,} blocks, " in html
+    assert f"· {st['tier_loaded_tokens']:,} from the tier" in html and st["tier_loaded_tokens"] == 40
+    assert html.count("<tr title=") == 6 and "integrity check" in html      # every row explained on hover
+    assert "Off" in tier_html({"kv_bytes_per_block": 1, "prefix_cache_hits": 0}, {})
     m.free("conv-alice-1#1")
 
 

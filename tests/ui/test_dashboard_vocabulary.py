@@ -40,7 +40,10 @@ def numbers(html: str) -> dict:
 def test_tiles_legend_grid_and_tables_count_and_colour_each_block_the_same_way():
     snap = pool_with_a_pinned_prompt()
     st = snap["stats"]
-    assert st["shared_blocks"] == 4 and st["pinned_blocks"] == 6     # the engine's own counters
+    # the engine's own counters use the one vocabulary (issue 47): its 4 blocks of ref_count >= 2 are
+    # pinned ones, so none is "shared"
+    assert st["shared_blocks"] == 0 and st["pinned_blocks"] == 6
+    assert sum(1 for r in snap["blocks"]["ref_count"] if r >= 2) == 4
     counts = VOC.counts(snap)
     assert sum(counts.values()) == st["total_blocks"]
     assert counts["pinned"] == 6 and counts["shared"] == 0 and counts["private"] == 4
@@ -51,7 +54,7 @@ def test_tiles_legend_grid_and_tables_count_and_colour_each_block_the_same_way()
     by_code = dict(zip(V.KINDS, payload["counts"]))
     for code, name in VOC.NAMES.items():
         assert int(legend[f"cells_{code}"]) == counts[name] == by_code[code], name
-    assert int(tiles["shared_blocks"]) == counts["shared"]           # not the engine's 4 (those are pinned)
+    assert int(tiles["shared_blocks"]) == counts["shared"] == st["shared_blocks"]
     assert int(tiles["pinned_blocks"]) == counts["pinned"]
     assert int(tiles["used_blocks"]) == counts["pinned"] + counts["shared"] + counts["private"]
     # each block's cell is painted in its one state

@@ -6,11 +6,12 @@ import subprocess
 
 import pytest
 
-from ui.chat import shortcuts
+from ui.chat import shortcuts, tab_goodbye
 from ui.page_assets import PAGE_JS, URL_JS
 
 
-@pytest.mark.parametrize("name,js", [("PAGE_JS", PAGE_JS), ("URL_JS", URL_JS), ("shortcuts.JS", shortcuts.JS)])
+@pytest.mark.parametrize("name,js", [("PAGE_JS", PAGE_JS), ("URL_JS", URL_JS), ("shortcuts.JS", shortcuts.JS),
+                                     ("tab_goodbye.JS", tab_goodbye.JS)])
 def test_page_script_parses(tmp_path, name, js):
     node = shutil.which("node") or shutil.which("nodejs")
     if node is None:

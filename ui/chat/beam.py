@@ -61,8 +61,14 @@ def store(st, user_id: int, conv_id: str, ids: list[int], out) -> list[int]:
     return stored
 
 
+SCORE_TIP = ("How beam search ranks its replies: the sum of the log-probabilities of the reply's "
+             "tokens divided by its length; closer to 0 is more likely")
+LOGPROB_TIP = "The sum of the log-probabilities of the reply's tokens (0 would be certain)"
+
+
 def beam_markdown(k: int, seq, chosen: bool) -> str:
-    line = f"score {seq.score:.3f} · cumulative logprob {seq.cum_logprob:.2f}"
+    line = (f'<span title="{SCORE_TIP}">score</span> {seq.score:.3f} · '
+            f'<span title="{LOGPROB_TIP}">cumulative logprob</span> {seq.cum_logprob:.2f}')
     return view.alternative_markdown(k, seq.text, {"output_tokens": len(seq.token_ids)}, label="Beam",
                                      chosen=chosen) + f"\n\n*{line}*"
 

@@ -18,6 +18,11 @@ from html import escape
 from ui.dashboard.vocabulary import state_of
 
 WARN_FRACTION = 0.8
+TIPS = {"pinned": "pinned: blocks of the shared system prompt, stored once and kept by the app "
+                  "for every chat",
+        "shared": "shared: blocks this chat holds together with at least one other chat (not "
+                  "pinned)",
+        "own": "own: blocks only this chat holds (ref_count 1)"}
 
 
 @dataclass(frozen=True)
@@ -25,10 +30,14 @@ class Meter:
     tokens: int               # prompt + reply so far (what the next turn starts from)
     max_model_len: int
     blocks: int               # blocks of this chat's table (0 when none are held)
-    shared_blocks: int        # of them shared with other chats or pinned (ref_count >= 2 or pinned)
+    shared_blocks: int        # of them held by 2+ chats, not pinned (ui/dashboard/vocabulary.py)
     shared_tokens: int        # tokens in those shared blocks
     own_tokens: int           # tokens in this chat's own blocks
     in_memory: bool           # the engine holds blocks for this chat now
+    pinned_blocks: int = 0    # of them pinned (the shared system prompt)
+    pinned_tokens: int = 0
+    why_not: str = ""         # not in memory: why (another version is, or nothing is)
+    source: str = ""          # where the count comes from when not from the engine's blocks
 
     @property
     def fraction(self) -> float:
@@ -47,26 +56,42 @@ def from_snapshot(snap: dict, conv_id: str, max_model_len: int) -> Meter | None:
         return None
     b = snap["blocks"]
     table = list(seq["block_table"])
-    shared = [state_of(b["state"][i], b["ref_count"][i]) in "sn" for i in table]
+    codes = [state_of(b["state"][i], b["ref_count"][i]) for i in table]
     filled = [b["filled"][i] for i in table]
-    shared_tokens = sum(f for f, s in zip(filled, shared) if s)
+    shared_tokens = sum(f for f, c in zip(filled, codes) if c == "s")
+    pinned_tokens = sum(f for f, c in zip(filled, codes) if c == "n")
     tokens = seq["num_tokens"]
-    return Meter(tokens=tokens, max_model_len=max_model_len, blocks=len(table), shared_blocks=sum(shared),
-                 shared_tokens=shared_tokens, own_tokens=max(0, min(tokens, sum(filled)) - shared_tokens),
-                 in_memory=True)
+    return Meter(tokens=tokens, max_model_len=max_model_len, blocks=len(table),
+                 shared_blocks=codes.count("s"),
+                 shared_tokens=shared_tokens,
+                 own_tokens=max(0, min(tokens, sum(filled)) - shared_tokens - pinned_tokens),
+                 in_memory=True, pinned_blocks=codes.count("n"), pinned_tokens=pinned_tokens)
 
 
-def from_storage(path: list[dict], max_model_len: int) -> Meter | None:
-    """The meter of a chat the engine holds no blocks for, from its stored ids: the last user
-    message's prompt ids + the reply after it."""
+def from_storage(path: list[dict], max_model_len: int, why_not: str = "") -> Meter | None:
+    """The meter of a chat the engine holds no blocks for (or holds another version of), from the
+    branch on screen as stored: the last user message's prompt ids + the reply after it. Without
+    ids (a remote backend gives none), the reply's usage: its prompt and output tokens."""
     last_user = next((i for i in range(len(path) - 1, -1, -1) if path[i]["role"] == "user"), None)
-    if last_user is None or not path[last_user].get("token_ids"):
+    if last_user is None:
         return None
-    tokens = len(path[last_user]["token_ids"])
-    if last_user + 1 < len(path):
-        tokens += len(path[last_user + 1].get("token_ids") or [])
+    reply = path[last_user + 1] if last_user + 1 < len(path) else None
+    usage = (reply or {}).get("stats") or {}
+    ids = path[last_user].get("token_ids")
+    if ids:
+        tokens, source = len(ids), ""
+    elif usage.get("prompt_tokens") is not None:
+        tokens, source = int(usage["prompt_tokens"]), "usage"
+    else:
+        return None
+    if reply is not None:
+        tokens += len(reply.get("token_ids") or []) or int(usage.get("output_tokens") or 0)
     return Meter(tokens=tokens, max_model_len=max_model_len, blocks=0, shared_blocks=0, shared_tokens=0,
-                 own_tokens=0, in_memory=False)
+                 own_tokens=0, in_memory=False, why_not=why_not, source=source)
+
+
+OTHER_VERSION = ("this version is not in memory now: the engine holds the version generated last "
+                 "(a message here reuses the blocks both versions share)")
 
 
 def html(m: Meter | None) -> str:
@@ -77,11 +102,23 @@ def html(m: Meter | None) -> str:
 
     def n(key, v, text=None):
         return f'<b data-k="{key}" data-v="{v}">{escape(text or format(v, ","))}</b>'
-    parts = [f'Context {n("ctx_tokens", m.tokens)} / {n("ctx_max", m.max_model_len)} tokens ({pct:.0f}%)']
+    parts = [f'Context {n("ctx_tokens", m.tokens)} / {n("ctx_max", m.max_model_len)} tokens '
+             f'({pct:.0f}%)' + (" (from the backend's usage)" if m.source == "usage" else "")]
     if m.in_memory:
-        parts.append(f'{n("ctx_shared_tokens", m.shared_tokens)} in {n("ctx_shared_blocks", m.shared_blocks)} '
-                     f'shared blocks · {n("ctx_own_tokens", m.own_tokens)} in this chat\'s own '
-                     f'{n("ctx_own_blocks", m.blocks - m.shared_blocks)} blocks')
+        own, none = m.blocks - m.shared_blocks - m.pinned_blocks, ""
+        for key, tokens, blocks, word, tip in (
+                ("pinned", m.pinned_tokens, m.pinned_blocks, "pinned", TIPS["pinned"]),
+                ("shared", m.shared_tokens, m.shared_blocks, "shared", TIPS["shared"])):
+            if blocks:
+                plural = "s" if blocks != 1 else ""
+                parts.append(f'<span title="{tip}">{n(f"ctx_{key}_tokens", tokens)} in '
+                             f'{n(f"ctx_{key}_blocks", blocks)} {word} block{plural}</span>')
+            else:                          # none of this kind: its number for readers, no words
+                none += f'<span hidden data-k="ctx_{key}_blocks" data-v="0"></span>'
+        parts.append(f'<span title="{TIPS["own"]}">{n("ctx_own_tokens", m.own_tokens)} in this '
+                     f'chat\'s own {n("ctx_own_blocks", own)} block{"s" if own != 1 else ""}</span>{none}')
+    elif m.why_not:
+        parts.append(f'<span data-k="ctx_other_version" data-v="1">{escape(m.why_not)}</span>')
     else:
         parts.append("not in memory now (the next message is prefilled again, mostly from the prefix cache)")
     warn = (f'<div class="ctx-warn" data-k="ctx_warn" data-v="1">The context is {pct:.0f}% full: at '
@@ -112,10 +149,15 @@ def for_tab(ctx, request) -> Meter | None:
     except RuntimeError:                    # the engine is shutting down
         snap = {}
     m = from_snapshot(snap, tab.conv_id, ctx.max_model_len) if snap.get("blocks") else None
-    if m is None:
+    # the engine's session holds the branch its last turn ran; the screen may show another one (a
+    # version switched to, a beam or alternative picked): then the screen's, from storage
+    held = ctx.tabs.session_leaf(tab.conv_id)
+    other = (m is not None and held is not None and tab.shown_ids and tab.shown_ids[-1] != held
+             and not ctx.tabs.is_busy(tab.conv_id))
+    if m is None or other:
         try:
             path = ctx.storage.get_messages(tab.conv_id, owner=ctx.check(request))
         except (KeyError, PermissionError):
             return None
-        m = from_storage(path, ctx.max_model_len)
+        m = from_storage(path, ctx.max_model_len, OTHER_VERSION if other else "") or m
     return m

@@ -17,9 +17,10 @@ how many documents one user (and everyone) may have being read at once.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from html import escape
+
+from storage.messages import DOCUMENT_BLOCK
 
 MAX_BYTES = 256 * 1024
 MAX_PDF_BYTES = 16 * 1024 * 1024      # a PDF's file; its extracted text is held to MAX_BYTES like any text
@@ -27,7 +28,7 @@ MAX_PDF_PAGES = 300
 TEXT_EXTENSIONS = frozenset(
     ".txt .md .markdown .rst .py .js .ts .tsx .jsx .json .csv .tsv .yaml .yml .toml .ini .cfg .html .css .xml "
     ".c .h .cc .cpp .hpp .rs .go .java .kt .rb .php .sh .sql .log .tex".split())
-_BLOCK = re.compile(r'<document name="([^"\n]{1,200})">\n(.*?)\n</document>\n\n', re.S)
+_BLOCK = DOCUMENT_BLOCK      # the wrapper's one pattern (storage/messages.py: titles read it too)
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ def split(content: str) -> tuple[list[tuple[str, str]], str]:
 
 def chip(name: str, tokens: int | None = None) -> str:
     count = f" · {tokens:,} tokens" if tokens is not None else ""
-    return f'<span class="doc-chip" title="attached document">📄 {escape(name)}{count}</span>'
+    return f'<span class="doc-chip" title="attached document">{ICON}{escape(name)}{count}</span>'
 
 
 def chips_html(docs) -> str:
@@ -167,11 +168,17 @@ def display(content: str, render) -> str:
     docs, rest = split(content)
     if not docs:
         return render(content)
-    chips = " ".join(f'<span class="doc-chip">📄 {escape(n)} · {t.count(chr(10)) + 1:,} lines</span>' for n, t in docs)
+    chips = " ".join(f'<span class="doc-chip" title="attached document">{ICON}{escape(n)} · '
+                     f'{t.count(chr(10)) + 1:,} lines</span>' for n, t in docs)
     return f"{chips}\n\n{render(rest)}"
 
 
+# a page drawn in CSS, not an emoji (issue 47: a tofu box where no emoji font is installed)
+ICON = '<span class="doc-ico" aria-hidden="true"></span>'
+
 CSS = """
+.doc-chip .doc-ico { display: inline-block; width: 0.62em; height: 0.8em; margin-right: 5px;
+  vertical-align: -1px; border: 1.5px solid currentColor; border-radius: 1px 4px 1px 1px; opacity: .7; }
 .doc-chip { display: inline-block; font-size: 0.85em; border: 1px solid var(--border-color-primary, #d1d5db);
   border-radius: 999px; padding: 1px 9px; margin: 2px 4px 2px 0; background: var(--background-fill-secondary, #f9fafb); }
 .doc-chips .doc-note { font-size: 0.8em; opacity: .7; }

@@ -23,8 +23,8 @@ from storage import ConversationDeletedError
 from ui.chat.edit_text import typed_text
 from ui.chat import beam, limits, states, view
 from ui.chat.context import ChatContext
-from ui.chat.painting import (conversation_list, eos_ids, follow_beam, follow_turn, generate, outputs,
-                              show, view_signature)
+from ui.chat.painting import (conversation_list, eos_ids, follow_beam, follow_turn, generate,
+                              list_radio, outputs, show, view_signature)
 from ui.chat.turn import Turn, abort_turn, start_turn
 
 # a chat event's outputs: msg box, chatbot, status, conversation list, alt row, alts, pick buttons, send, stop
@@ -56,13 +56,14 @@ def refresh(ctx: ChatContext, query: str | None, request):
         query = limits.search_query(query)
     except gr.Error:                # refused where it was typed (search); the tick lists all
         query = None
-    rows = ctx.storage.list_conversations(owner=ctx.check(request), query=(query or "").strip() or None)
+    query = (query or "").strip() or None
+    rows = ctx.storage.list_conversations(owner=ctx.check(request), query=query)
     choices = view.conversation_choices(rows)
     value = tab.conv_id if any(c[1] == tab.conv_id for c in choices) else None
     radio = gr.skip()
-    if (tuple(choices), value) != tab.list_sig:
-        tab.list_sig = (tuple(choices), value)
-        radio = gr.Radio(choices=choices, value=value)
+    if (tuple(choices), value, query) != tab.list_sig:
+        tab.list_sig = (tuple(choices), value, query)
+        radio = list_radio(choices, value, query)
     chat = gr.skip()
     if tab.conv_id is not None and tab.following is None:
         try:

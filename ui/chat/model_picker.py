@@ -20,8 +20,9 @@ from ui.chat.context import ChatContext
 def model_line(ctx: ChatContext) -> str:
     """'Model **X** · context N tokens (prompt + reply) · KV blocks of B tokens' (the chat's header)."""
     info = ctx.llm.model_info()
-    return (f"Model **{info.name}** · context {ctx.max_model_len:,} tokens (prompt + reply) · "
-            f"KV blocks of {info.block_size} tokens")
+    blocks = (f"KV blocks of {info.block_size} tokens" if info.block_size else
+              "KV block size: not reported by the backend")      # --backend without it in /metrics
+    return f"Model **{info.name}** · context {ctx.max_model_len:,} tokens (prompt + reply) · {blocks}"
 
 
 def choices(ctx: ChatContext) -> list[str]:

@@ -45,12 +45,20 @@ def eos_ids(ctx: ChatContext) -> frozenset:
     return frozenset(ctx.llm.model_info().eos_token_ids)
 
 
+def list_radio(choices: list, value, query: str | None = None):
+    """The conversation list; a search that matches nothing says so instead of an empty box."""
+    if query and not choices:
+        return gr.Radio(choices=[], value=None, label=f"No chats match “{query}”",
+                        show_label=True)
+    return gr.Radio(choices=choices, value=value, label="Conversations", show_label=False)
+
+
 def conversation_list(ctx: ChatContext, request, selected: str | None):
     rows = ctx.storage.list_conversations(owner=ctx.check(request))
     choices = view.conversation_choices(rows)
     tab = ctx.tab(request)
-    tab.list_sig = (tuple(choices), selected)
-    return gr.Radio(choices=choices, value=selected)
+    tab.list_sig = (tuple(choices), selected, None)
+    return list_radio(choices, selected)
 
 
 def show(tab, path: list[dict], ctx: ChatContext | None = None) -> list[dict]:
@@ -177,10 +185,13 @@ async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[di
             now_state = live_state(ctx, turn)
             if turn.version != last or now_state != state:
                 last, state = turn.version, now_state
+                generating = state == states.live_status(states.GENERATING)
+                total = len(turn.toks[0]) if turn.continues is not None else None
                 live = view.live_reply(turn.texts[0], turn.admitted, turn.metrics[0] if turn.texts[0] else None,
-                                       state=None if state == states.live_status(states.GENERATING) else state)
+                                       state=None if generating else state, total_tokens=total)
                 alts = [view.alternative_markdown(k, turn.texts[k], turn.metrics[k] if turn.texts[k] else None,
-                                                  turn.admitted) for k in range(turn.n)] if turn.n > 1 else None
+                                                  turn.admitted, chosen=k == 0)
+                        for k in range(turn.n)] if turn.n > 1 else None
                 # Stop replaces Send once, on the first paint: re-sending the same button update with
                 # every token only re-renders the button a person is about to click
                 yield outputs(chat=shown + [{"role": "assistant", "content": live}], status=state, alts=alts,

@@ -55,7 +55,7 @@ JS = """() => {
       setTimeout(() => document.querySelector('#sidebar input[placeholder^="Search"], input[placeholder^="Search chats"]')?.focus(), side ? 250 : 0);
     },
     copy: () => {
-      const bots = document.querySelectorAll('#chatbot .message.bot .message-content, #chatbot .bot .message-content');
+      const bots = document.querySelectorAll('#chatbot .message.bot');
       const last = bots[bots.length - 1];
       if (!last || !window.__pagedChatMarkdownOf) { return; }
       const text = window.__pagedChatMarkdownOf(last);

@@ -6,6 +6,7 @@ conversation id raises PermissionError, which becomes a refusal notice here.
 from __future__ import annotations
 
 import atexit
+import html
 import json
 import os
 
@@ -13,7 +14,7 @@ import gradio as gr
 
 from storage.exports import export_url
 from ui.chat import limits, view
-from ui.chat.painting import conversation_list, show
+from ui.chat.painting import conversation_list, list_radio, show
 from ui.chat.context import ChatContext
 
 
@@ -57,11 +58,13 @@ def on_load(ctx: ChatContext, request):
     return _conversation_view(ctx, request, tab, conv) + (ctx.shared_prompt(request)["text"],)
 
 
-def on_unload(ctx: ChatContext, request) -> None:
-    """The tab closed or reloaded: its conversation's blocks are released unless another tab shows
-    it within the registry's grace (a reload reopens it: it stays a live session)."""
-    ctx.tab(request)                         # owner check (#12.10)
-    ctx.tabs.close(request.session_hash, grace=True)
+def signed_in(ctx: ChatContext, request) -> str:
+    """Under --auth: who is signed in, and the way out (Gradio's /logout ends the login)."""
+    user = getattr(request, "username", None) if ctx.auth else None
+    if not user:
+        return ""
+    return (f'<div class="signed-in">Signed in as <b>{html.escape(str(user))}</b> · '
+            f'<a href="logout" id="log-out">Log out</a></div>')
 
 
 def new_chat(ctx: ChatContext, request):
@@ -95,7 +98,8 @@ def search(ctx: ChatContext, query: str, request):
     rows = ctx.storage.list_conversations(owner=ctx.check(request), query=query or None)
     choices = view.conversation_choices(rows)
     value = tab.conv_id if any(c[1] == tab.conv_id for c in choices) else None
-    return gr.Radio(choices=choices, value=value)
+    tab.list_sig = (tuple(choices), value, (query or "").strip() or None)
+    return list_radio(choices, value, (query or "").strip() or None)
 
 
 def _tab_conversation(ctx: ChatContext, request):

@@ -11,7 +11,9 @@ is always processed before the release that follows it and no handler blocks the
 """
 from __future__ import annotations
 
+import hmac
 import queue
+import secrets
 import threading
 import time
 from concurrent.futures import Future
@@ -80,6 +82,11 @@ class Tab:
     following: object = None                             # the Turn this tab is painting, if any
     alt_ids: list[int] = field(default_factory=list)     # stored ids of the alternatives on screen
     attachments: list = field(default_factory=list)      # documents for the next message (ui/chat/documents.py)
+    # its goodbye (ui/chat/tab_goodbye.py): a secret only its page holds, when it was last heard
+    # from, and whether the sweep released its chat for silence (it is re-attached when it speaks)
+    goodbye: str = field(default_factory=lambda: secrets.token_urlsafe(18))
+    seen: float = field(default_factory=time.monotonic)
+    dormant: bool = False
 
 
 RELEASE_GRACE_S = 5.0   # the app's: a closed tab's chat keeps its blocks this long ("parked")
@@ -100,6 +107,8 @@ class TabRegistry:
         self._viewers: dict[str, set[str]] = {}          # conversation id -> session hashes
         self._busy: set[str] = set()                     # conversations generating right now
         self._turns: dict[str, object] = {}              # conversation id -> its running Turn
+        # conversation id -> the stored message its engine session's tokens end with (the meter)
+        self._leaves: dict[str, int] = {}
         self._jobs = SerialWorker("kv-release")
 
     # ---- tabs ----------------------------------------------------------------------------
@@ -108,7 +117,41 @@ class TabRegistry:
             tab = self._tabs.get(session_hash)
             if tab is None:
                 tab = self._tabs[session_hash] = Tab(session_hash, username)
+            tab.seen = time.monotonic()
+            if tab.dormant:                  # swept for silence, yet alive: it shows its chat again
+                tab.dormant = False
+                if tab.conv_id is not None:
+                    self._viewers.setdefault(tab.conv_id, set()).add(session_hash)
+                    self._parked.pop(tab.conv_id, None)
             return tab
+
+    def goodbye(self, session_hash: str, token: str, username: str | None = None) -> bool:
+        """The page said it is going away (ui/chat/tab_goodbye.py): closed as an unload (parked
+        first), if the secret is that tab's own and the login (None without --auth) its owner's."""
+        with self._lock:
+            tab = self._tabs.get(session_hash)
+            ok = (tab is not None and hmac.compare_digest(tab.goodbye.encode(), str(token).encode())
+                  and (tab.username or None) == (username or None))
+        if ok:
+            self.close(session_hash, grace=True)
+        return ok
+
+    def sweep(self, silent_s: float, forget_s: float = 86400.0) -> int:
+        """Tabs not heard from for `silent_s` (a crashed browser, a lost network: no goodbye came)
+        release their chat as if closed (parked first) but stay known, dormant, so a tab that was
+        only asleep continues its chat; dormant ones silent for `forget_s` are forgotten. Returns
+        how many went dormant."""
+        now, went = time.monotonic(), []
+        with self._lock:
+            for sh, tab in list(self._tabs.items()):
+                if tab.dormant and now - tab.seen > forget_s:
+                    del self._tabs[sh]
+                elif not tab.dormant and now - tab.seen > silent_s:
+                    tab.dormant = True
+                    went.append((sh, tab.conv_id))
+        for sh, conv in went:
+            self._park(sh, conv)
+        return len(went)
 
     def owner_of(self, session_hash: str) -> str | None:
         """The user who opened this tab (None: no such tab, or no login) - for guards."""
@@ -134,13 +177,20 @@ class TabRegistry:
             self.release(release)
 
     def close(self, session_hash: str, grace: bool = False) -> None:
-        """The tab closed (demo.unload, grace=True: the chat is parked for release_grace_s first)
-        or the API client said goodbye (released at once)."""
-        release = None
+        """The tab closed (its page's goodbye, grace=True: the chat is parked for release_grace_s
+        first) or the API client said goodbye (released at once)."""
         with self._lock:
             tab = self._tabs.pop(session_hash, None)
-            if tab is not None and tab.conv_id is not None:
-                release = self._leave(session_hash, tab.conv_id)
+        if tab is not None:
+            self._park(session_hash, tab.conv_id, grace)
+
+    def _park(self, session_hash: str, conv_id: str | None, grace: bool = True) -> None:
+        """`session_hash` no longer shows `conv_id`: released when no tab shows it (after
+        release_grace_s with `grace`), unless a reply is generating in it."""
+        release = None
+        with self._lock:
+            if conv_id is not None:
+                release = self._leave(session_hash, conv_id)
             if release and grace and self.release_grace_s > 0:
                 self._parked[release] = time.monotonic() + self.release_grace_s
                 timer = threading.Timer(self.release_grace_s, self._release_parked, (release,))
@@ -222,6 +272,21 @@ class TabRegistry:
         with self._lock:
             ahead = [t for t in self._turns.values() if not t.admitted and t.created < turn.created]
         return 1 + len(ahead)
+
+    def held_by_session(self, conv_id: str, message_id: int | None) -> None:
+        """The conversation's engine session now holds the branch through `message_id` (a turn
+        ended); the context meter tells it from the version on screen."""
+        with self._lock:
+            if message_id is None:
+                self._leaves.pop(conv_id, None)
+            else:
+                self._leaves[conv_id] = message_id
+                while len(self._leaves) > 4096:
+                    self._leaves.pop(next(iter(self._leaves)))
+
+    def session_leaf(self, conv_id: str) -> int | None:
+        with self._lock:
+            return self._leaves.get(conv_id)
 
     def turn(self, conv_id: str | None):
         """The running Turn of a conversation, or None."""

@@ -194,6 +194,8 @@ async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
             if turn.refused is None and not turn.lost:
                 reply.finish(turn.texts[0], turn.toks[0], turn.status, turn.stats(0))
                 turn.stored_ids = [reply.id] if reply.id is not None else []
+                if turn.submitted is not None:       # the session now holds this reply's branch
+                    ctx.tabs.held_by_session(turn.conv_id, reply.id)
                 if reply.id is not None and turn.n > 1:
                     _store_alternatives(st, turn, reply.id)
         except NotFoundError:

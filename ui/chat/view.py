@@ -11,6 +11,7 @@ import html
 import math
 import re
 
+from storage.md_fences import close_open_fence
 from ui.safe_markdown import safe_markdown
 from ui.chat import documents
 from ui.chat.states import finish_text
@@ -61,15 +62,21 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-def stats_line(stats: dict | None, status: str | None = None, finish: str | None = None) -> str:
+def stats_line(stats: dict | None, status: str | None = None, finish: str | None = None,
+               total_tokens: int | None = None) -> str:
     """One line under a reply: tokens (and, with speculative decoding, how many came from accepted
-    drafts and the tokens per decoding step), time to first token, tokens/s, prompt tokens from cache,
-    and why it ended (`finish`, from states.finish_text; derived from the stats when not given)."""
+    drafts and the tokens per decoding step), time to first token, tokens/s, prompt tokens reused
+    from cache, and why it ended (`finish`, from states.finish_text; derived from the stats when not
+    given). total_tokens: the whole reply's, when this run only continued it ("+256 (512
+    total)")."""
     stats = stats or {}
     parts = []
     if stats.get("output_tokens") is not None:
         n = stats["output_tokens"]
-        parts.append(f"{n} token{'s' if n != 1 else ''}")
+        if total_tokens is not None and total_tokens > n:
+            parts.append(f"+{n} token{'s' if n != 1 else ''} ({total_tokens:,} total)")
+        else:
+            parts.append(f"{n} token{'s' if n != 1 else ''}")
         acc, steps = stats.get("spec_accepted_tokens"), stats.get("decode_steps")
         if acc and steps:       # speculative decoding: tokens that came from checked guesses
             parts.append(f"{acc} accepted from drafts ({(steps + acc) / steps:.1f} tokens/step)")
@@ -81,10 +88,9 @@ def stats_line(stats: dict | None, status: str | None = None, finish: str | None
     if stats.get("prompt_tokens") is not None:
         cached = stats.get("cached_tokens") or 0
         blocks = stats.get("cached_blocks")
-        shared = f" ({blocks} shared block{'s' if blocks != 1 else ''})" if blocks is not None else ""
+        held = f" ({blocks} block{'s' if blocks != 1 else ''})" if blocks is not None else ""
         where = f" on {stats['served_by']}" if stats.get("served_by") else ""
-        parts.append(f"reused {cached} of {stats['prompt_tokens']} prompt tokens from cache"
-                     f"{shared}{where}")
+        parts.append(f"reused {cached} of {stats['prompt_tokens']} prompt tokens from cache{held}{where}")
     elif stats.get("served_by"):
         parts.append(f"served by {stats['served_by']}")
     if finish is None:
@@ -95,11 +101,28 @@ def stats_line(stats: dict | None, status: str | None = None, finish: str | None
 
 
 def close_fences(text: str) -> str:
-    """Close a code fence left open (a reply cut by max tokens or Stop), so what follows is not code."""
-    fences = [line for line in text.splitlines() if line.lstrip().startswith(("```", "~~~"))]
-    if len(fences) % 2 == 1:
-        return text + ("\n" if not text.endswith("\n") else "") + fences[-1].lstrip()[:3]
-    return text
+    """Close a code fence left open (a reply cut by max tokens or Stop), so what follows is not
+    code: decided as a CommonMark renderer decides (storage/md_fences.py)."""
+    return close_open_fence(text)
+
+
+def row_content(*parts: str):
+    """A chat row's content: the message's Markdown, then our own parts (stats line, copy source,
+    version arrows), each rendered by the chatbot as a Markdown block of its own (issue 47). Why
+    separate: appended to the message's text, a part sat inside whatever the text left open, e.g.
+    a code fence the model never closed, and showed as raw HTML in the code block (and Copy then
+    read that HTML). One part: the plain string."""
+    parts = tuple(p for p in parts if p)
+    if len(parts) <= 1:
+        return parts[0] if parts else ""
+    return [{"type": "text", "text": p} for p in parts]
+
+
+def shown_text(content) -> str:
+    """A row's content as one text, parts separated by a blank line (tests, notices)."""
+    if isinstance(content, list):
+        return "\n\n".join(text_of(p) for p in content)
+    return text_of(content)
 
 
 def rendered(text: str) -> str:
@@ -110,15 +133,14 @@ def rendered(text: str) -> str:
 
 
 def with_footer(text: str, stats: dict | None, status: str | None = None, finish: str | None = None,
-                source: bool = False) -> str:
-    """Reply text (made safe) plus its stats line, small and muted (display only; never sent to
-    the model). source: also carry the text's Markdown for copying (source_mark), in the footer's
-    paragraph so it adds no empty one."""
-    line = stats_line(stats, status, finish)
+                source: bool = False, nav: str = "", total_tokens: int | None = None):
+    """A reply's row content (row_content): its text (made safe), then its stats line, small and
+    muted (display only; never sent to the model), the text's Markdown for copying (source_mark,
+    with `source`) and the version arrows (`nav`), in a part of their own."""
+    line = stats_line(stats, status, finish, total_tokens)
     mark = source_mark(text) if source else ""
-    if not line:
-        return rendered(text) + (f"\n\n{mark}" if mark else "")
-    return f'{rendered(text)}\n\n<span class="{STATS_CLASS}">{html.escape(line)}</span>{mark}'
+    stats_html = f'<span class="{STATS_CLASS}">{html.escape(line)}</span>' if line else ""
+    return row_content(rendered(text), stats_html + mark + nav)
 
 
 SOURCE_CLASS = "md-src"
@@ -144,9 +166,10 @@ def branch_nav(message_id: int, versions: list[int]) -> str:
     """`< 2/3 >` under a message with several versions: two links the page's script turns into a
     branch switch (ui/events.py); a link at either end is left out rather than doing nothing."""
     pos = versions.index(message_id)
-    prev = f"[‹]({BRANCH_HREF}{versions[pos - 1]})" if pos > 0 else "‹"
-    nxt = f"[›]({BRANCH_HREF}{versions[pos + 1]})" if pos + 1 < len(versions) else "›"
-    return f'\n\n<span class="branch-nav">{prev} {pos + 1}/{len(versions)} {nxt}</span>'
+    prev = f"[‹]({BRANCH_HREF}{versions[pos - 1]} \"previous version\")" if pos > 0 else "‹"
+    nxt = (f"[›]({BRANCH_HREF}{versions[pos + 1]} \"next version\")" if pos + 1 < len(versions)
+           else "›")
+    return f'<span class="branch-nav">{prev} {pos + 1}/{len(versions)} {nxt}</span>'
 
 
 def display_messages(path: list[dict], versions: dict | None = None, max_model_len: int | None = None,
@@ -154,37 +177,50 @@ def display_messages(path: list[dict], versions: dict | None = None, max_model_l
     """Chatbot messages for a stored branch, and the stored id of each shown row. `versions`
     (storage.branch_versions) adds `< k/n >` to messages that have other versions."""
     shown, ids = [], []
-    for m in path:
+    for i, m in enumerate(path):
         if m["role"] not in ("user", "assistant"):
             continue
-        content = documents.display(m["content"], rendered) if m["role"] == "user" else rendered(m["content"])
+        nav = branch_nav(m["id"], versions[m["id"]]) if versions and m["id"] in versions else ""
         if m["role"] == "assistant":
             toks = m.get("token_ids") or []
             finish = finish_text(m.get("stats"), m.get("status"), max_model_len,
                                  toks[-1] if toks else None, eos_ids)
-            content = with_footer(m["content"], m.get("stats"), m.get("status"), finish, source=True)
-        if versions and m["id"] in versions:
-            content += branch_nav(m["id"], versions[m["id"]])
+            more = CONTINUE_MARK if i == len(path) - 1 and can_continue(m, finish, eos_ids) else ""
+            content = with_footer(m["content"], m.get("stats"), m.get("status"), finish, source=True,
+                                  nav=nav + more, total_tokens=len(toks) or None)
+        else:   # one part: Gradio edits a user row part by part and hands back only the last
+            content = documents.display(m["content"], rendered) + (f"\n\n{nav}" if nav else "")
         shown.append({"role": m["role"], "content": content})
         ids.append(m["id"])
     return shown, ids
 
 
-def live_reply(text: str, admitted: bool, metrics: dict | None = None, state: str | None = None) -> str:
+def live_reply(text: str, admitted: bool, metrics: dict | None = None, state: str | None = None,
+               total_tokens: int | None = None):
     """The reply bubble while streaming: queued -> starting -> text with a running stats line
     (`state`: a live status from states.live_status, shown in place of the stats while paused)."""
     if not admitted:
         return f"*{state}*" if state else QUEUED
     if state and "paused" in state:
-        return (text + "\n\n" if text else "") + f"*{state}*"
+        return row_content(rendered(text) if text else "", f"*{state}*")
     if not text:
         return STARTING
-    return with_footer(text, metrics) if metrics else rendered(text)
+    return with_footer(text, metrics, total_tokens=total_tokens) if metrics else rendered(text)
 
 
 # Marks a reply row that is only a notice (nothing was sent or saved): BUTTONS_CSS hides
 # Regenerate while one is on screen.
 NOTICE_MARK = '<span class="chat-notice"></span>'
+# Marks the last reply when Continue can extend it (stopped, or cut by max tokens, with its ids):
+# BUTTONS_CSS shows Continue only then (issue 47: it was offered with nothing to continue).
+CONTINUE_MARK = '<span class="can-continue"></span>'
+
+
+def can_continue(m: dict, finish: str | None, eos_ids=()) -> bool:
+    toks = m.get("token_ids") or []
+    cut = m.get("status") == "stopped" or (m.get("stats") or {}).get("finish_reason") == "length"
+    full = (finish or "").startswith("context full")
+    return bool(toks) and cut and toks[-1] not in eos_ids and not full
 
 # No button that does nothing (#11), decided in the page from what it shows (no round trip):
 # Regenerate (#regen-row) only with a reply on screen, no notice in place of one, and no reply
@@ -194,6 +230,7 @@ NOTICE_MARK = '<span class="chat-notice"></span>'
 BUTTONS_CSS = """
 .gradio-container:not(:has(#chatbot .message.bot)) #regen-row, .gradio-container:has(#chatbot .chat-notice) #regen-row,
 .gradio-container:has(#stop) #regen-row { display: none !important; }
+.gradio-container:not(:has(#chatbot .can-continue)) #continue-reply { display: none !important; }
 .gradio-container:not(:has(#chatbot .message)):not(:has(#conv-list input:checked)) :is(#chat-title, #manage-row,
 #export-row) { display: none !important; }
 """
@@ -243,10 +280,11 @@ def conversation_choices(rows: list[dict]) -> list[tuple[str, str]]:
 def alternative_markdown(index: int, text: str, stats: dict | None, admitted: bool = True,
                          status: str | None = None, label: str = "Alternative", chosen: bool = False) -> str:
     head = f"**{label} {index + 1}**"
-    if chosen:
-        head += " · shown in the conversation"
-    body = live_reply(text, admitted) if not text or not admitted else rendered(text)
     line = stats_line(stats, status)
+    if chosen and text and admitted:      # its text is the reply in the chat just above: not twice
+        return (f"{head} · shown in the conversation above"
+                + (f'\n\n<span class="{STATS_CLASS}">{html.escape(line)}</span>' if line else ""))
+    body = shown_text(live_reply(text, admitted)) if not text or not admitted else rendered(text)
     return f"{head}\n\n{body}" + (f'\n\n<span class="{STATS_CLASS}">{html.escape(line)}</span>' if line else "")
 
 

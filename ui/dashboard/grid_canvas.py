@@ -16,20 +16,24 @@ For tests the element exposes `kvCellAt(block)` -> {x, y} (CSS pixels inside the
 from __future__ import annotations
 
 import json
+from html import escape
 
+from ui.dashboard.bus import STAMP
 from ui.dashboard.view import KIND_NAMES, KINDS
-from ui.dashboard.vocabulary import NAMES as VOC_NAMES
+from ui.dashboard.vocabulary import BY_CODE, NAMES as VOC_NAMES
 
-TEMPLATE = ('<div class="kvd kvgc"><div class="kvl"></div><div class="muted kvscale"></div>'
+TEMPLATE = (STAMP + '<div class="kvd kvgc"><div class="kvl"></div><div class="muted kvscale"></div>'
             '<canvas data-painted="0"></canvas></div>')
 
 CSS = ".kvgc canvas { display: block; width: 100%; } .kvl .sel b { outline: 2px solid var(--kv-outline); }"
 
 _NAMES = [KIND_NAMES[k] for k in KINDS]
 _VARS = [VOC_NAMES[k] for k in KINDS]       # --kv-<name>: one colour per state (ui/dashboard/vocabulary.py)
+# the legend's hover text: each state's one-line meaning
+_TIPS = [escape(f"{BY_CODE[k].name}: {BY_CODE[k].meaning}", quote=True) for k in KINDS]
 
 JS = """
-const NAMES = __NAMES__, VARS = __VARS__, PITCH = 14, CELL = 13, BAND = 16;
+const NAMES = __NAMES__, VARS = __VARS__, TIPS = __TIPS__, PITCH = 14, CELL = 13, BAND = 16;
 const rootOf = () => element.querySelector('.kvgc') || element;
 const st = { p: null, items: [], cols: 1, n: 0, src: null };
 const fmt = (x) => x.toLocaleString('en-US');
@@ -38,13 +42,15 @@ const holders = (p, set) => {
   const who = p.sets[set].map((h) => p.names[h]);
   return ' · held by ' + who.slice(0, 3).join(', ') + (who.length > 3 ? ` and ${who.length - 3} more` : '');
 };
+// a band's first and last block (its cells aggregate p.per blocks each above MAX_CELLS)
+const bandBlocks = (p, it) => [it.first * p.per, Math.min(p.n, (it.first + it.len) * p.per) - 1];
 const layout = (p, width) => {
   const cols = Math.max(8, Math.floor(width / PITCH));
   const items = []; let x = 0, y = 0, cell = 0;
   const r = p.runs;
   for (let i = 0; i < r.length; i += 5) {
     const [k, len, ref, set, fill] = [r[i], r[i + 1], r[i + 2], r[i + 3], r[i + 4]];
-    if (k <= 1 && len >= p.band && p.per === 1) {
+    if (k <= 1 && len >= p.band) {                  // a long free / cached run: one counted band
       if (x) { x = 0; y += PITCH; }
       items.push({ band: true, k, first: cell, len, y });
       y += BAND + 1; cell += len; continue;
@@ -91,7 +97,9 @@ const paint = (src) => {
     if (it.band) {
       g.fillRect(0, it.y, width, BAND);
       g.fillStyle = text; g.font = '500 11px sans-serif'; g.textAlign = 'left';
-      g.fillText(`${fmt(it.len)} ${NAMES[it.k]} blocks (#${fmt(it.first)}–#${fmt(it.first + it.len - 1)})`, 6, it.y + BAND / 2);
+      const [a, b] = bandBlocks(p, it);
+      const label = `${fmt(b - a + 1)} ${NAMES[it.k]} blocks (#${fmt(a)}–#${fmt(b)})`;
+      g.fillText(label, 6, it.y + BAND / 2);
       continue;
     }
     g.fillRect(it.x, it.y, CELL, CELL);
@@ -104,11 +112,7 @@ const paint = (src) => {
     }
   }
   st.p = p; st.items = L.items;
-  const legend = NAMES.map((name, k) => `<span><b style="background:${colour[k]}"></b>${name}: ` +
-    `<span data-k="cells_${k}" data-v="${p.counts[k]}">${fmt(p.counts[k])}</span></span>`).join('');
-  const nsel = p.hl.reduce((s, v, i) => s + (i % 2 ? v : 0), 0);
-  root.querySelector('.kvl').innerHTML = legend + (nsel ?
-    `<span class="sel"><b></b>selected conversation (<span data-k="selected_blocks" data-v="${nsel}">${nsel}</span> blocks)</span>` : '');
+  legend(root, p, colour);
   root.querySelector('.kvscale').innerHTML = `<span data-k="per_cell" data-v="${p.per}"></span>` + (p.per === 1 ?
     `${fmt(p.n)} blocks, one cell per block; the number in a shared cell is its ref_count; hover a cell for its holders` :
     `${fmt(p.n)} blocks, more than the grid shows: each cell aggregates ${p.per} blocks (colour = the most common state, number = highest ref_count)`);
@@ -116,11 +120,41 @@ const paint = (src) => {
   cv.dataset.painted = String(Number(cv.dataset.painted || 0) + 1);
   cv.dataset.lit = String(nlit);
 };
+// The legend is built once and then only its numbers and colours change, in place: rebuilding it
+// on every paint replaced its elements under anyone reading them (a test read a swatch's colour
+// from an element the next paint had just detached: '' instead of the colour, issue 47).
+const legend = (root, p, colour) => {
+  const box = root.querySelector('.kvl');
+  if (!box) { return; }
+  if (box.dataset.built !== String(NAMES.length)) {
+    box.innerHTML = NAMES.map((name, k) => `<span title="${TIPS[k]}"><b></b>${name}: ` +
+      `<span data-k="cells_${k}" data-v=""></span></span>`).join('') +
+      '<span class="sel" hidden><b></b>selected conversation (' +
+      '<span data-k="selected_blocks" data-v=""></span> blocks)</span>';
+    box.dataset.built = String(NAMES.length);
+  }
+  const set = (el, v, text) => {
+    if (el && el.dataset.v !== String(v)) { el.dataset.v = String(v); el.textContent = text; }
+  };
+  const spans = box.children;
+  NAMES.forEach((name, k) => {
+    const sw = spans[k].querySelector('b');
+    if (sw.dataset.c !== colour[k]) { sw.dataset.c = colour[k]; sw.style.background = colour[k]; }
+    set(spans[k].querySelector('[data-k]'), p.counts[k], fmt(p.counts[k]));
+  });
+  const nsel = p.hl.reduce((s, v, i) => s + (i % 2 ? v : 0), 0);
+  const sel = box.querySelector('.sel');
+  sel.hidden = !nsel;
+  set(sel.querySelector('[data-k]'), nsel, fmt(nsel));
+};
 const itemOf = (cell) => st.items.find((it) => cell >= it.first && cell < it.first + (it.band ? it.len : 1));
 const titleOf = (it) => {
   const p = st.p;
   if (!it) { return ''; }
-  if (it.band) { return `blocks ${fmt(it.first)}–${fmt(it.first + it.len - 1)} · ${NAMES[it.k]}`; }
+  if (it.band) {
+    const [a, b] = bandBlocks(p, it);
+    return `blocks ${fmt(a)}–${fmt(b)} · ${NAMES[it.k]}`;
+  }
   if (p.per > 1) {
     const a = it.first * p.per;
     return `blocks ${fmt(a)}–${fmt(a + it.fill - 1)} · mostly ${NAMES[it.k]}` + (it.ref ? ` · max ref_count ${it.ref}` : '');
@@ -147,4 +181,5 @@ const cv0 = rootOf().querySelector('canvas');
 if (cv0) { cv0.kvPaint = paint; }
 watch('value', () => paint(props.value));
 paint(window.__kvGrid || props.value);
-""".replace("__NAMES__", json.dumps(_NAMES)).replace("__VARS__", json.dumps(_VARS))
+""".replace("__NAMES__", json.dumps(_NAMES)).replace("__VARS__", json.dumps(_VARS)).replace(
+    "__TIPS__", json.dumps(_TIPS))

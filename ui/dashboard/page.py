@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from html import escape
 
 import gradio as gr
 
@@ -34,8 +35,8 @@ from ui.dashboard import open_chats as OPEN
 from ui.dashboard.story import pin_use, story_html
 from engine.protocol import Configured, ServesTenants
 from ui.dashboard.who import event_lines, served, who_html
-from ui.dashboard.history import (HEADROOM, PLOT_STEP_S, SERIES_BLOCKS, SERIES_COLORS, SERIES_HIT, History,
-                                  blocks_frame, hit_rate_frame)
+from ui.dashboard.history import (HEADROOM, PLOT_STEP_S, PLOT_WINDOW_S, SERIES_BLOCKS, SERIES_COLORS,
+                                  SERIES_HIT, History, blocks_frame, hit_rate_frame)
 from ui.dashboard.demo_users import MAX_DEMO_USERS, DemoLoad, PromptSource
 from ui.dashboard.kv_math import PRESETS, shape_of
 
@@ -75,6 +76,18 @@ class DashboardState:
         return ("# HELP paged_chat_dashboard_ticks_total Memory-tab ticks served (none while the tab is hidden).\n"
                 "# TYPE paged_chat_dashboard_ticks_total counter\n"
                 f"paged_chat_dashboard_ticks_total {self.ticks}\n")
+
+    def opened(self, who, name: str | None = None, is_open: bool = False) -> tuple:
+        """The accordions viewer `who` has open (closed ones get no bytes); with `name`, record
+        that one opening or closing first."""
+        key = ("opened", who)
+        with self._lock:
+            now = set(self._sent.get(key) or ())
+            if name is not None:
+                now = now | {name} if is_open else now - {name}
+                self._sent[key] = tuple(sorted(now))
+                self._sent.move_to_end(key)
+            return tuple(sorted(now))
 
     def sent_to(self, who, digests: dict | None = None) -> dict:
         """Digests of what viewer `who` was last sent (read, or record with `digests`)."""
@@ -232,10 +245,14 @@ def _components(state: DashboardState) -> dict:
                                 scale=0, min_width=110, elem_id="kv-demo-n")
             start = gr.Button("Start", size="sm", scale=0, min_width=70, elem_id="kv-demo-start")
             stop = gr.Button("Stop", size="sm", scale=0, min_width=70, elem_id="kv-demo-stop")
-            demo_md = gr.Markdown(state.demo.status(), elem_id="kv-demo-status")
+            gr.HTML(escape(state.demo.status()),          # then kept current by the bus
+                    html_template=BUS.STAMP + '<div class="kvbody">${value}</div>',
+                    css_template=H.CSS, elem_id="kv-demo-status")
         gr.HTML(**html, elem_id="kv-headline")
-        gr.HTML(**html, elem_id="kv-who")        # "who is served" (ui/dashboard/who.py), via the bus
-        gr.HTML(**html, elem_id="kv-tier")          # the KV tier beside the pool (filled by the bus)
+        # above: what fits a laptop screen (headline, demo users, tiles); below, in sections
+        with gr.Row(equal_height=False, elem_id="kv-who-tier"):
+            gr.HTML(**html, elem_id="kv-who", min_width=320)    # "who is served" (who.py), by the bus
+            gr.HTML(**html, elem_id="kv-tier", min_width=320)   # the KV tier beside the pool, by the bus
         gr.HTML(**html, elem_id="kv-feed")
         with gr.Row(equal_height=True):
             selector = gr.Dropdown(choices=[], value=None, label="Highlight a conversation",
@@ -247,23 +264,29 @@ def _components(state: DashboardState) -> dict:
         gr.HTML("", html_template=GC.TEMPLATE, css_template=H.CSS + GC.CSS, js_on_load=GC.JS,
                 apply_default_css=True, elem_id="kv-grid")
         gr.HTML(**html, elem_id="kv-tables")
-        plots = _plots()
+        with gr.Accordion("History: blocks used and prefix-cache hits, last 5 minutes", open=True,
+                          elem_id="kv-history"):
+            plots = _plots()
         with gr.Accordion("KV arithmetic: bytes per token, traditional vs paged", open=False) as arith_acc:
             arith_model = gr.Radio([LIVE] + [p.name for p in PRESETS], value=LIVE,
                                    label="Batch table for", elem_id="kv-arith-model")
             gr.HTML(**html, elem_id="kv-arith")
         with gr.Accordion("Block-size what-if (live sequences)", open=False) as whatif_acc:
             gr.HTML(**html, elem_id="kv-whatif")
-        opened = gr.State(())        # the accordions this viewer has open: closed ones get no bytes
-    return dict(n_users=n_users, start=start, stop=stop, demo_md=demo_md, selector=selector, bus=bus,
-                arith_acc=arith_acc, arith_model=arith_model, whatif_acc=whatif_acc, opened=opened,
-                slow_outputs=[*plots, selector, demo_md])
+    return dict(n_users=n_users, start=start, stop=stop, selector=selector, bus=bus,
+                arith_acc=arith_acc, arith_model=arith_model, whatif_acc=whatif_acc,
+                slow_outputs=[*plots, selector])
 
 
 def _plots() -> list:
     """The three history plots (paged, contiguous, hit rate), side by side."""
     colors = dict(zip(SERIES_BLOCKS, SERIES_COLORS))
-    plot = dict(x="seconds", color="series", x_title="seconds ago", height=250, color_map=colors)
+    # a fixed x range: with one point Vega labelled its only tick "0.000000" (issue 47)
+    plot = dict(x="seconds", color="series", x_title="seconds ago", height=210, color_map=colors,
+                x_lim=[-PLOT_WINDOW_S, 0])
+    gr.HTML(BUS.STAMP_SLOW.format(tip="How old the plots are: the snapshot of their last update "
+                                      f"(every {SLOW_TICK_S:g} s); each point is one 10 s bucket."),
+            css_template=H.CSS, padding=False, elem_id="kv-plots-asof")
     with gr.Row():
         paged_plot = gr.LinePlot(y="blocks", title="Used vs paging without sharing",
                                  y_title="blocks", elem_id="kv-paged-plot", **plot)
@@ -274,7 +297,8 @@ def _plots() -> list:
                                   colors_in_legend=list(CONTIG_SERIES[:2]), **plot)
         # headroom above 100%, so a hit rate of 100% is drawn inside the plot, not on its edge
         hit_plot = gr.LinePlot(x="seconds", y="hit rate %", color="series", y_lim=[0, 100 * (1 + HEADROOM)],
-                               title="Prefix-cache hit rate", x_title="seconds ago", height=250,
+                               title="Prefix-cache hit rate", x_title="seconds ago", height=210,
+                               x_lim=[-PLOT_WINDOW_S, 0],
                                color_map=dict(zip(SERIES_HIT, ("#60a5fa", "#f97316"))),
                                elem_id="kv-hit-plot")
     return [paged_plot, contig_plot, hit_plot]
@@ -288,15 +312,16 @@ def _wire_demo_strip(state: DashboardState, c: dict, may_start_demo) -> None:
     def on_start(n, request: gr.Request = None):
         if not allowed(request):
             gr.Warning("Only the local user or an admin may start demo users.")
-            return state.demo.status()
-        state.demo.start(int(n or 16))
-        return state.demo.status()
+        else:
+            state.demo.start(int(n or 16))
+        return BUS.message({"demo": escape(state.demo.status())})
 
     def on_stop(request: gr.Request = None):
         if allowed(request):
             state.demo.stop()
-        return state.demo.status()
+        return BUS.message({"demo": escape(state.demo.status())})
 
-    c["start"].click(on_start, inputs=[c["n_users"]], outputs=[c["demo_md"]], concurrency_limit=None,
-                     api_visibility="private")
-    c["stop"].click(on_stop, outputs=[c["demo_md"]], concurrency_limit=None, api_visibility="private")
+    # the status line says what happens (no progress timer over it); the bus carries it
+    quiet = dict(concurrency_limit=None, api_visibility="private", show_progress="hidden")
+    c["start"].click(on_start, inputs=[c["n_users"]], outputs=[c["bus"]], **quiet)
+    c["stop"].click(on_stop, outputs=[c["bus"]], **quiet)

@@ -23,11 +23,13 @@ THEME_CSS = (":root { " + " ".join(f"--kv-{k}: {v};" for k, v in LIGHT.items()) 
 BAND_MIN = 24             # a run of at least this many free / cached-free blocks is drawn as one band
 
 CSS = """
+.kv-asof { float: right; margin-left: 8px; font-size: 11px; font-variant-numeric: tabular-nums;
+  color: var(--body-text-color-subdued, #6b7280); }
+.kv-asof.old { color: #b91c1c; font-weight: 600; }
 .kvd { font-size: 13px; line-height: 1.35; color: var(--body-text-color, #111); }
 .kvd h4 { margin: 6px 0 4px; font-size: 14px; }
 .kvd .muted { color: var(--body-text-color-subdued, #6b7280); font-size: 12px; }
 .kvd table { border-collapse: collapse; margin: 4px 0; }
-.kvd .scroll { overflow-x: auto; max-width: 100%; }
 .kvd th, .kvd td { border-bottom: 1px solid var(--border-color-primary, #e5e7eb); padding: 2px 8px;
   text-align: right; white-space: nowrap; }
 .kvd th:first-child, .kvd td:first-child { text-align: left; }
@@ -45,21 +47,42 @@ CSS = """
 .kvl { display: flex; flex-wrap: wrap; gap: 14px; margin: 6px 0; align-items: center; }
 .kvl span b { display: inline-block; width: 12px; height: 12px; border-radius: 2px;
   vertical-align: -2px; margin-right: 4px; }
-.kvn { display: grid; grid-template-columns: repeat(auto-fill, minmax(165px, 1fr)); gap: 6px; }
-.kvn > div { border: 1px solid var(--border-color-primary, #e5e7eb); border-radius: 6px; padding: 5px 8px; }
-.kvn .l { font-size: 11px; text-transform: uppercase; letter-spacing: .03em;
-  color: var(--body-text-color-subdued, #6b7280); }
-.kvn .v { font-size: 18px; font-weight: 700; }
-.kvn .s { font-size: 11px; color: var(--body-text-color-subdued, #6b7280); }
+.kvgrps { display: grid; grid-template-columns: repeat(auto-fit, minmax(270px, 1fr)); gap: 4px 12px; }
+.kvn { display: grid; grid-template-columns: repeat(auto-fill, minmax(140px, 1fr)); gap: 4px; }
+.kvn > div { border: 1px solid var(--border-color-primary, #e5e7eb); border-radius: 6px; padding: 3px 7px; }
+.kvn .l { font-size: 11px; color: var(--body-text-color-subdued, #6b7280); }
+.kvn .v { font-size: 16px; font-weight: 700; line-height: 1.25; }
+.kvn .s { font-size: 11px; line-height: 1.25; color: var(--body-text-color-subdued, #6b7280); }
+/* a table wider than its panel scrolls inside it, and says so: a shadow on the side with more */
+.kvd .scroll, .kv-tier .scroll { overflow-x: auto; max-width: 100%;
+  background: linear-gradient(to right, var(--body-background-fill, #fff) 30%, transparent),
+    linear-gradient(to left, var(--body-background-fill, #fff) 30%, transparent),
+    radial-gradient(farthest-side at 0 50%, rgba(0,0,0,.25), transparent),
+    radial-gradient(farthest-side at 100% 50%, rgba(0,0,0,.25), transparent);
+  background-repeat: no-repeat; background-size: 40px 100%, 40px 100%, 12px 100%, 12px 100%;
+  background-position: left center, right center, left center, right center;
+  background-attachment: local, local, scroll, scroll; }
+.kvf ul { max-height: 150px; overflow-y: auto; }
+.kv-tier table { border-collapse: collapse; font-size: 13px; }
+.kv-tier th, .kv-tier td { padding: 2px 10px 2px 0; text-align: left; white-space: normal;
+  border-bottom: 1px solid var(--border-color-primary, #e5e7eb); }
+.kvwho table { font-size: 12px; } .kvwho th, .kvwho td { padding: 2px 6px; }
+.kv-tier th { font-weight: 500; color: var(--body-text-color-subdued, #6b7280); }
 .kvt { display: flex; flex-wrap: wrap; gap: 3px; margin: 4px 0; }
 .kvt span { border-radius: 3px; padding: 1px 5px; font: 11px monospace; background: #60a5fa; color: #fff; }
 .kvt span { background: var(--kv-private); }
 .kvt span.s { background: var(--kv-shared); } .kvt span.n { background: var(--kv-pinned); }
 .kvt span.last { outline: 2px dashed var(--kv-outline); }
 .kvd code { font-size: 12px; }
-.kvgrp { margin-bottom: 4px; } .kvgrp h4 { margin: 4px 0 2px; font-size: 12px; text-transform: uppercase;
-  letter-spacing: .04em; color: var(--body-text-color-subdued, #6b7280); }
+.kvgrp { margin-bottom: 2px; } .kvgrp h4 { margin: 2px 0 2px; font-size: 12px; font-weight: 600;
+  color: var(--body-text-color-subdued, #6b7280); }
 """ + STORY_CSS
+
+
+STATE_WORDS = {"running": "running", "idle_session": "between turns"}
+STATE_TIP = ("running: in the batch now; between turns: a chat waiting for its next message, its blocks "
+             "kept so the next turn prefills only the new tokens (an idle session)")
+TABLE_SHARED_TIP = "Blocks of this table held by another chat too, or pinned (ref_count >= 2)"
 
 
 def _table_state(e: dict) -> str:
@@ -121,18 +144,41 @@ def grid_html(grid: dict, highlight: frozenset = frozenset()) -> str:
             f'<div class="kvg">{"".join(parts)}</div></div>')
 
 
-TILE_GROUPS = (   # what each tile explains; shown under the headline in this order
+TILE_GROUPS = (   # what each tile explains; shown under the headline in this order, side by side
     ("Pool", ("used_blocks", "kv_capacity_tokens", "used_tokens", "free_tokens",
               "internal_fragmentation_tokens")),
-    ("Sharing", ("shared_blocks", "saved_blocks", "savings_vs_unshared", "savings_vs_contiguous")),
-    ("Prefix cache", ("hit_rate_run", "hit_rate_minute")),
-    ("Scheduler", ("running", "num_preemptions", "tokens_per_s")),
+    ("Sharing", ("pinned_blocks", "shared_blocks", "saved_blocks", "savings_vs_unshared", "savings_vs_contiguous")),
+    ("Prefix cache · scheduler", ("hit_rate_run", "hit_rate_minute", "running", "num_preemptions", "tokens_per_s")),
 )
+# one line on hover for every tile: what a newcomer needs to read it (issue 47)
+TILE_TIPS = {
+    "used_blocks": "Blocks of the pool that hold KV now (pinned + shared + private), of all there are.",
+    "kv_capacity_tokens": "How many tokens of KV the whole pool can hold: blocks x tokens per block.",
+    "used_tokens": "Token slots in used blocks that hold real KV (a block's last slots may be empty).",
+    "free_tokens": "Token slots in free blocks; cached ones still hold a prefix a later prompt can reuse.",
+    "internal_fragmentation_tokens": "Slots allocated but empty: the unfilled end of each chat's last block.",
+    "pinned_blocks": "pinned: blocks of the shared system prompt, stored once and kept by the app for every chat.",
+    "shared_blocks": "shared: blocks held by 2 or more chats at once (ref_count >= 2); pinned ones count as pinned.",
+    "saved_blocks": "saved by sharing: the block-table entries of the live chats (what paging without sharing "
+                    "would store) minus the blocks they hold.",
+    "savings_vs_unshared": "1 - blocks used / blocks paging without sharing would need.",
+    "savings_vs_contiguous": "1 - blocks used / blocks a contiguous cache would reserve (max length per chat).",
+    "hit_rate_run": "reused from cache: prompt tokens found in the prefix cache (or the KV tier) instead of "
+                    "computed, since start.",
+    "hit_rate_minute": "The same over the last 60 seconds ('–': no prompt in that time).",
+    "running": "Requests in the batch now / waiting for a slot; idle sessions are chats parked between turns "
+               "with their blocks kept.",
+    "num_preemptions": "Requests whose blocks were taken for others; their KV is recomputed (or loaded from "
+                       "the KV tier) when they resume.",
+    "tokens_per_s": "Tokens generated per second, all requests, over the last few seconds.",
+}
 
 
 def _tile(it: dict) -> str:
     v = "" if it["value"] is None else it["value"]
-    return (f'<div data-k="{it["key"]}" data-v="{v}"><div class="l">{escape(it["label"])}</div>'
+    tip = TILE_TIPS.get(it["key"], "")
+    return (f'<div data-k="{it["key"]}" data-v="{v}" title="{escape(tip, quote=True)}">'
+            f'<div class="l">{escape(it["label"])}</div>'
             f'<div class="v">{escape(it["text"])}</div><div class="s">{escape(it["sub"])}</div></div>')
 
 
@@ -154,8 +200,8 @@ def headline_html(items: list[dict], preemptions: list[dict]) -> str:
                        f"{e['tokens_recomputed']} tokens to recompute" for e in preemptions)
         pre = f'<div class="muted">Last preemptions (newest first): {ev}</div>'
     else:
-        pre = '<div class="muted">No preemptions so far.</div>'
-    return f'<div class="kvd">{"".join(groups)}{pre}</div>'
+        pre = ""
+    return f'<div class="kvd"><div class="kvgrps">{"".join(groups)}</div>{pre}</div>'
 
 
 def tables_html(convs: list[dict], selected: str | None, block_size: int, max_rows: int = 24) -> str:
@@ -177,24 +223,27 @@ def tables_html(convs: list[dict], selected: str | None, block_size: int, max_ro
             cells.append(f'<span class="{cls.strip()}" title="{tip}">{e["logical"]}→#{e["physical"]}'
                          f'{"×" + str(e["ref_count"]) if e["shared"] else ""}{fill}</span>')
         out.append(
-            f'<h4>Block table of {escape(sel["label"])} <span class="muted">({sel["state"]}'
+            f'<h4>Block table of {escape(sel["label"])} <span class="muted">({STATE_WORDS.get(sel["state"], sel["state"])}'
             f'{", " + escape(str(sel["request_id"])) if sel["request_id"] else ""})</span></h4>'
             f'<div class="muted">{sel["num_computed"]:,} tokens with KV in {sel["num_blocks"]} blocks, '
             f'{_table_counts(sel)} (×ref_count where 2 or more); last block '
             f'{sel["last_block_filled"]}/{block_size} filled → {sel["frag_tokens"]} slots of internal '
             f'fragmentation</div><div class="kvt">{"".join(cells)}</div>')
-    out.append(f'<h4>All live block tables ({len(convs)})</h4><table><tr><th>conversation</th>'
-               '<th>state</th><th>request</th><th>tokens</th><th>blocks</th><th>shared</th>'
-               '<th>last block</th><th>logical → physical</th></tr>')
+    out.append(f'<h4>All live block tables ({len(convs)})</h4><div class="scroll"><table><tr><th>conversation</th>'
+               f'<th title="{STATE_TIP}">state</th><th>request</th><th>tokens</th><th>blocks</th>'
+               f'<th title="{TABLE_SHARED_TIP}">shared</th><th title="Tokens in the last block, of its size: '
+               f'the rest is internal fragmentation">last block</th><th title="The block table: each logical '
+               f'block of the chat and the physical block of the pool that holds it (the first 10)">logical → '
+               f'physical</th></tr>')
     for c in convs[:max_rows]:
         ids = [("<b>%d</b>" if e["shared"] else "%d") % e["physical"] for e in c["table"][:10]]
         more = f" … +{c['num_blocks'] - 10}" if c["num_blocks"] > 10 else ""
         out.append(f'<tr class="{"cur" if c["key"] == selected else ""}"><td>{escape(c["label"])}</td>'
-                   f'<td>{c["state"]}</td><td>{escape(str(c["request_id"] or "–"))}</td>'
+                   f'<td>{STATE_WORDS.get(c["state"], escape(c["state"]))}</td><td>{escape(str(c["request_id"] or "–"))}</td>'
                    f'<td>{c["num_computed"]:,}</td><td>{c["num_blocks"]}</td><td>{c["shared_blocks"]}</td>'
                    f'<td>{c["last_block_filled"]}/{block_size}</td>'
                    f'<td style="text-align:left"><code>[{", ".join(ids)}{more}]</code></td></tr>')
-    out.append("</table>")
+    out.append("</table></div>")
     if len(convs) > max_rows:
         out.append(f'<div class="muted">… and {len(convs) - max_rows} more</div>')
     if not convs:
@@ -277,5 +326,6 @@ def whatif_html(sequences: list[dict], block_size: int) -> str:
     return (f'<div class="kvd"><div class="muted">{len(sequences)} live sequences/sessions, each counted on '
             f'its own (no sharing): smaller blocks waste less of the last block but need longer block '
             f'tables (int32 per entry) and more, smaller attention reads.</div>'
-            f'<table><tr><th>block size</th><th>table entries</th><th>longest table</th><th>table memory</th>'
-            f'<th>internal frag. (tok)</th><th>of allocated</th><th>avg waste/seq</th></tr>{body}</table></div>')
+            f'<div class="scroll"><table><tr><th>block size</th><th>table entries</th><th>longest table</th>'
+            f'<th>table memory</th><th>internal frag. (tok)</th><th>of allocated</th><th>avg waste/seq</th></tr>'
+            f'{body}</table></div></div>')

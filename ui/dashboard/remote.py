@@ -14,7 +14,7 @@ from html import escape
 import gradio as gr
 import pandas as pd
 
-from backends.monitor import BackendMonitor
+from backends.monitor import WINDOW_S as MONITOR_WINDOW_S, BackendMonitor
 from engine.protocol import ServesReplicas
 from ui.dashboard import panels as H
 from ui.dashboard import view as V
@@ -33,6 +33,9 @@ def monitor_for(llm) -> BackendMonitor:
     if mon is None or mon.engine is not llm:
         mon = _MONITORS[id(llm)] = BackendMonitor(llm)
     return mon
+
+
+REMOTE_WINDOW_S = MONITOR_WINDOW_S   # a fixed x range: one point alone was labelled "0.000000" (issue 47)
 
 
 def long_frame(rows: list[dict], y: str, series: dict[str, str]) -> pd.DataFrame:
@@ -107,13 +110,14 @@ def build_remote_dashboard(llm, *, tick_s: float = 1.0, auth: bool = False) -> D
                     "model and its KV cache live there. Below is what that server exposes, every second.")
         head = gr.HTML(**html, elem_id="kv-remote-head")
         with gr.Row():
-            pct = gr.LinePlot(x="seconds", y="percent", color="series", y_lim=[0, 100 * (1 + HEADROOM)], height=250,
+            pct = gr.LinePlot(x="seconds", y="percent", x_lim=[-REMOTE_WINDOW_S, 0], color="series",
+                              y_lim=[0, 100 * (1 + HEADROOM)], height=250,
                               title="KV usage and prefix-cache hit rate", x_title="seconds ago",
                               elem_id="kv-remote-pct")
-            reqs = gr.LinePlot(x="seconds", y="requests", color="series", height=250,
+            reqs = gr.LinePlot(x="seconds", y="requests", x_lim=[-REMOTE_WINDOW_S, 0], color="series", height=250,
                                title="Running, waiting, preemptions", x_title="seconds ago",
                                elem_id="kv-remote-reqs")
-            tps = gr.LinePlot(x="seconds", y="tokens/s", color="series", height=250,
+            tps = gr.LinePlot(x="seconds", y="tokens/s", x_lim=[-REMOTE_WINDOW_S, 0], color="series", height=250,
                               title="Token throughput", x_title="seconds ago", elem_id="kv-remote-tps")
         grid_note = gr.Markdown(elem_id="kv-remote-grid-note")
         grid = gr.HTML(**html, elem_id="kv-grid")

@@ -25,22 +25,23 @@ def story_numbers(st: dict) -> dict:
     return {
         "chats": chats, "used_blocks": used, "unshared_blocks": unshared, "contiguous_blocks": contiguous,
         "total_blocks": total, "pinned_blocks": st.get("pinned_blocks", 0),
-        "saved_blocks": max(0, unshared - used), "saved_frac": st["savings_vs_unshared"],
+        "saved_blocks": st.get("saved_blocks", max(0, unshared - used)), "saved_frac": st["savings_vs_unshared"],
         "per_chat_blocks": per_chat, "contiguous_x_pool": contiguous / total if total else 0.0,
         "contiguous_fit": total // per_chat if per_chat else 0, "bpb": st["kv_bytes_per_block"],
-        "max_model_len": st.get("max_model_len", 0),
+        "max_model_len": st.get("max_model_len", 0), "block_size": bs,
+        "kv_dtype": st.get("kv_cache_dtype", ""), "bpt": st.get("kv_bytes_per_token", 0),
     }
 
 
 def _n(key: str, value, text: str) -> str:
-    return f'<b data-k="{key}" data-v="{value}">{escape(text)}</b>'
+    return f'<b data-k="{key}" data-v="{escape(str(value), quote=True)}">{escape(text)}</b>'
 
 
 def story_sentence(n: dict) -> str:
     """HTML of the one sentence (numbers wrapped with their raw values)."""
     bpb = n["bpb"]
     pool = (f'The pool holds {_n("total_blocks", n["total_blocks"], format(n["total_blocks"], ","))} '
-            f'blocks ({fmt_bytes(n["total_blocks"] * bpb)})')
+            f'blocks of {n["block_size"]} tokens ({fmt_bytes(n["total_blocks"] * bpb)})')
     pinned = (f', {_n("pinned_blocks", n["pinned_blocks"], format(n["pinned_blocks"], ","))} of them '
               f'pinned for the shared system prompt' if n["pinned_blocks"] else "")
     if not n["chats"]:
@@ -89,22 +90,44 @@ def pin_use(snap: dict) -> dict:
     chats = sum(1 for s in snap.get("sequences") or [] if s["block_table"][:1] == [first])
     held = {b for s in snap.get("sequences") or [] for b in s["block_table"]}
     pin_only = sum(1 for p in pins for b in p["block_table"] if b not in held)
-    return {"tokens": pin["num_tokens"], "chats": chats, "pin_only": pin_only}
+    return {"tokens": pin["num_tokens"], "chats": chats, "pin_only": pin_only, "blocks": len(pin["block_table"])}
 
 
 def first_line(n: dict, pin: dict | None) -> str:
     """The headline's short, concrete first line (issue 26.8), e.g. "One 544-token system prompt
-    stored once for 4 chats: sharing saves 102 blocks (36 MiB)"."""
+    stored once for 4 chats: sharing saves 102 blocks (36 MiB)". With one chat on the pinned
+    prompt nothing is saved yet, so it says what the pin will save (issue 47): "every new chat
+    shares its 34 blocks (24 MiB) instead of storing them again"."""
     bpb = n["bpb"]
     saved = (f'sharing saves {_n("saved_blocks", n["saved_blocks"], format(n["saved_blocks"], ","))} blocks '
              f'({fmt_bytes(n["saved_blocks"] * bpb)})')
+    if pin and pin["chats"] == 1 and pin.get("blocks"):
+        return (f'One chat uses the pinned {_n("pin_tokens", pin["tokens"], format(pin["tokens"], ","))}-token '
+                f'system prompt: every new chat will share its '
+                f'{_n("pin_blocks", pin["blocks"], format(pin["blocks"], ","))} blocks '
+                f'({fmt_bytes(pin["blocks"] * bpb)}) instead of storing them again.')
     if pin and pin["chats"]:
         chats = "1 chat" if pin["chats"] == 1 else f'{pin["chats"]:,} chats'
         return (f'One {_n("pin_tokens", pin["tokens"], format(pin["tokens"], ","))}-token system prompt stored '
                 f'once for {_n("pin_chats", pin["chats"], chats)}: {saved}.')
+    if n["chats"] == 1:
+        return ("One chat holds blocks: sharing starts with a second chat that begins the same way "
+                "(the same system prompt or document).")
     if n["chats"]:
-        return f'{n["chats"]:,} chat{"s" if n["chats"] != 1 else ""} open: {saved}.'
+        return f'{n["chats"]:,} chats open: {saved}.'
     return "No chats hold blocks now."
+
+
+def kv_format_line(n: dict) -> str:
+    """The KV cache's format, up front (issue 47: `--kv-cache-dtype int8` was visible only in a
+    closed accordion): dtype, bytes per token and per block."""
+    if not n["bpt"]:
+        return ""
+    return (f'<div class="muted kvs-fmt" title="Bytes of K and V the pool stores for each token (2 x layers x '
+            f'KV heads x head size x dtype bytes); open KV arithmetic below for the formula.">KV cache: '
+            f'{_n("kv_cache_dtype", n["kv_dtype"], n["kv_dtype"] or "unknown dtype")} · '
+            f'{_n("kv_bytes_per_token", n["bpt"], format(n["bpt"], ","))} B per token · '
+            f'{fmt_bytes(n["bpb"])} per {n["block_size"]}-token block</div>')
 
 
 def used_line(st: dict, pin: dict | None) -> str:
@@ -128,7 +151,8 @@ def story_html(st: dict, others: dict | None = None, pin: dict | None = None, op
                  f'other chat{"s" if others["chats"] != 1 else ""} (other users, demo users, API calls) '
                  f'hold {others["blocks"]:,} blocks; they are counted above but not named.</div>')
     return (f'<div class="kvd kvs"><p class="kvs-1">{first_line(n, pin)}</p>'
-            f'<p class="kvs-s">{story_sentence(n)}</p>{used_line(st, pin)}{bars_html(n)}{extra}</div>')
+            f'<p class="kvs-s">{story_sentence(n)}</p>{kv_format_line(n)}{used_line(st, pin)}{bars_html(n)}'
+            f'{extra}</div>')
 
 
 STORY_CSS = """

@@ -3,12 +3,15 @@
 `Ticks` scopes the engine's latest snapshot to what this viewer may see (by title; only their own
 chats under --auth), renders it through the page's DashboardState (cached per snapshot), and sends
 only the panels whose digest changed since this viewer was last sent something: the fast tick as
-one bus message (ui/dashboard/bus.py), the slow one (plots, picker, demo status) through Gradio.
+one bus message (ui/dashboard/bus.py, with the demo users' status and the snapshot's time), the
+slow one (plots, picker) through Gradio.
 `wire_ticks` attaches them to two inactive timers; ui/dashboard/timers.py turns them on with the tab.
 """
 from __future__ import annotations
 
+import time
 import zlib
+from html import escape
 from typing import TYPE_CHECKING
 
 import gradio as gr
@@ -27,8 +30,11 @@ FOLDED = ("arith", "whatif")      # in closed-by-default accordions: sent only w
 OUTPUT_NAMES = ("story", "headline", "grid", "tables", "paged_plot", "contig_plot", "hit_plot", "arith",
                 "whatif", "feed", "selector", "demo", "who", "tier")
 FAST = tuple(BUS.PANELS)                          # through the one-output bus, every TICK_S
-SLOW = ("paged_plot", "contig_plot", "hit_plot", "selector", "demo")   # through Gradio, every SLOW_TICK_S
+SLOW = ("paged_plot", "contig_plot", "hit_plot", "selector")   # through Gradio, every SLOW_TICK_S
 BLOCK_PLOTS = ("paged_plot", "contig_plot")       # their y axis follows the data (history.y_limits)
+# "the open accordions as this viewer's page last said": kept on the server by session (not in a
+# gr.State: any State makes every page hold a second long-lived connection, see ui/layout.py)
+SESSION = object()
 
 
 def digest(v) -> int:
@@ -81,7 +87,7 @@ class Ticks:
         if "selector" in names:
             values["selector"] = tuple(v["choices"]) + self.missing_choice(v["choices"], selected, request)
         if "demo" in names:
-            values["demo"] = state.demo.status()
+            values["demo"] = escape(state.demo.status())     # an error's text is not ours: escaped
         if "tier" in names:
             values["tier"] = v["tier"]
         return values
@@ -94,9 +100,9 @@ class Ticks:
         try:
             snap = self.llm.latest_snapshot()
         except RuntimeError as e:                  # engine shut down: keep the last picture
-            return {"demo": f"Engine unavailable: {e}"} if "demo" in names else {}, last
+            return {"demo": escape(f"Engine unavailable: {e}")} if "demo" in names else {}, last
         values = self.values(snap, selected, model, request, names)
-        new, out = dict(last), {}
+        new, out = dict(last), {BUS.ASOF: snap.get("time")}
         for name in names:
             if name in FOLDED and shown is not None and name not in shown:
                 continue                            # sent (with its digest) once it is opened
@@ -106,25 +112,38 @@ class Ticks:
                 out[name] = values[name]
         return out, new
 
-    def fast(self, selected, model, shown, request: gr.Request = None, fresh=False):
-        """The fast tick (TICK_S): one bus message with the panels that changed for this viewer."""
+    def fast(self, selected, model, shown=SESSION, request: gr.Request = None, fresh=False):
+        """The fast tick (TICK_S): one bus message with the panels that changed for this viewer,
+        and always the time of the snapshot they show (the page's "as of ... ago"). shown: the
+        open accordions (default: as this viewer's page last said, kept on the server)."""
         who = getattr(request, "session_hash", None)
+        if shown is SESSION:
+            shown = self.state.opened(who)
         last = {} if fresh else self.state.sent_to(who)
         out, new = self.tick(selected, model, last, shown, request, FAST)
         self.state.sent_to(who, new)
-        return BUS.message(out) if out else gr.skip()
+        snap_time = out.pop(BUS.ASOF, None)
+        if snap_time is None and not out:
+            return gr.skip()                        # no snapshot (engine shut down): keep the last picture
+        slow_time = self.state.sent_to(("slow", who)).get(BUS.ASOF)
+        return BUS.message(out, snap_time=snap_time, now=time.time(), slow_time=slow_time)
 
     def slow(self, selected, model, request: gr.Request = None, fresh=False):
-        """The slower tick: plots (new points every few seconds), picker choices, demo status."""
+        """The slower tick: plots (new points every few seconds), picker choices."""
         who = ("slow", getattr(request, "session_hash", None))
         out, new = self.tick(selected, model, {} if fresh else self.state.sent_to(who), None, request, SLOW)
+        new[BUS.ASOF] = out.get(BUS.ASOF)            # the plots' snapshot time, for the fast tick's stamp
         self.state.sent_to(who, new)
         return tuple(gr.update(choices=list(out[n])) if n == "selector" and n in out else
                      gr.update(value=out[n], y_lim=y_limits(out[n], "blocks")) if n in BLOCK_PLOTS and n in out else
                      out.get(n, gr.skip()) for n in SLOW)
 
-    def refresh_fn(self, s, m, shown, request: gr.Request = None):
-        return self.fast(s, m, shown, request, fresh=True)
+    def refresh_fn(self, s, m, request: gr.Request = None):
+        return self.fast(s, m, SESSION, request, fresh=True)
+
+    def set_opened(self, name: str, is_open: bool, request: gr.Request = None) -> None:
+        """An accordion of this viewer's page opened or closed (its panel is sent only while open)."""
+        self.state.opened(getattr(request, "session_hash", None), name, is_open)
 
     def refresh_slow(self, s, m, request: gr.Request = None):
         return self.slow(s, m, request, fresh=True)
@@ -140,18 +159,24 @@ def wire_ticks(ticks: Ticks, c: dict, tick_s: float, slow_tick_s: float) -> Dash
     selection or model, and the accordions' open/closed state."""
     quiet = dict(show_progress="hidden", api_visibility="private", concurrency_limit=None)
     inputs = [c["selector"], c["arith_model"]]
+    # a tick that cannot keep up is dropped, never queued: while one is pending the page sends no
+    # other ("once"), and each reads the newest snapshot when it runs, not the one of when it was asked
     timer = gr.Timer(tick_s, active=False)
-    timer.tick(ticks.fast, inputs=[*inputs, c["opened"]], outputs=[c["bus"]], **quiet)
+    timer.tick(ticks.fast, inputs=inputs, outputs=[c["bus"]], trigger_mode="once", **quiet)
     slow_timer = gr.Timer(slow_tick_s, active=False)
-    slow_timer.tick(ticks.slow, inputs=inputs, outputs=c["slow_outputs"], **quiet)
-    refresh = dict(fn=ticks.refresh_fn, inputs=[*inputs, c["opened"]], outputs=[c["bus"]], **quiet)
+    slow_timer.tick(ticks.slow, inputs=inputs, outputs=c["slow_outputs"], trigger_mode="once", **quiet)
+    refresh = dict(fn=ticks.refresh_fn, inputs=inputs, outputs=[c["bus"]], **quiet)
     refresh_all = dict(fn=ticks.refresh_slow, inputs=inputs, outputs=c["slow_outputs"], **quiet)
     c["selector"].change(**refresh)
     c["arith_model"].change(**refresh)
-    opened = c["opened"]
     for acc, name in ((c["arith_acc"], "arith"), (c["whatif_acc"], "whatif")):
-        acc.expand(lambda o, n=name: tuple(sorted(set(o) | {n})), opened, opened, **quiet).then(**refresh)
-        acc.collapse(lambda o, n=name: tuple(x for x in o if x != n), opened, opened, **quiet)
+        def expand(request: gr.Request = None, n=name):
+            ticks.set_opened(n, True, request)
+
+        def collapse(request: gr.Request = None, n=name):
+            ticks.set_opened(n, False, request)
+        acc.expand(expand, None, None, **quiet).then(**refresh)
+        acc.collapse(collapse, None, None, **quiet)
     # the app switches both timers on and off with the Memory tab and repaints at once when it is shown
     return DashboardTimers([timer, slow_timer], refresh, refresh_slow=refresh_all,
                            select_own=dict(fn=ticks.own_fn, inputs=None, outputs=[c["selector"]],

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from engine.observe.savings import sharing_savings  # noqa: F401  (V.sharing_savings: the headline's)
 from ui.dashboard.kv_math import blocks_for, fmt_bytes
-from ui.dashboard.vocabulary import CODES as V_CODES, NAMES as V_NAMES, counts as state_counts, state_of
+from ui.dashboard.vocabulary import CODES as V_CODES, NAMES as V_NAMES, state_of
 
 MAX_CELLS = 4096          # more blocks than this: one cell stands for several blocks
 KINDS = V_CODES                 # free, cached, private (ref 1), shared (ref >= 2), pinned: ui/dashboard/vocabulary.py
@@ -156,8 +156,7 @@ def headline(snap: dict, hit_last_min: float | None = None, tokens_per_s: float 
     used_slots = st["used_blocks"] * bs
     frag = st["internal_fragmentation_tokens"]
     contiguous = sav["contiguous_blocks"]
-    n_state = state_counts(snap) if "blocks" in snap else {
-        "shared": st["shared_blocks"], "pinned": st.get("pinned_blocks", 0)}
+    n_state = {"shared": st["shared_blocks"], "pinned": st.get("pinned_blocks", 0)}   # = the grid's colours
 
     def item(key, label, value, text, sub=""):
         return {"key": key, "label": label, "value": value, "text": text, "sub": sub}
@@ -176,11 +175,12 @@ def headline(snap: dict, hit_last_min: float | None = None, tokens_per_s: float 
         item("free_tokens", "Free tokens", free_tok, f"{free_tok:,} tok",
              f"{st['free_blocks']:,} free blocks, {st['cached_blocks']:,} of them cached"),
         item("shared_blocks", "Shared blocks", n_state["shared"], f"{n_state['shared']:,}",
-             "held by 2+ chats, not pinned"),
+             "held by 2+ chats (pinned ones count as pinned)"),
         item("pinned_blocks", "Pinned blocks", n_state["pinned"], f"{n_state['pinned']:,}",
-             "the shared system prompt, stored once"),
+             "the shared system prompt, stored once, never evicted"),
         item("saved_blocks", "Saved by sharing", sav["saved_blocks"], f"{sav['saved_blocks']:,} blocks",
-             f"{fmt_bytes(sav['saved_bytes'])} · Σref {sav['ref_sum']:,} − used {sav['used_blocks']:,}"),
+             f"{fmt_bytes(sav['saved_bytes'])} · {sav['ref_sum']:,} table entries − {sav['used_blocks']:,} "
+             "blocks held"),
         item("savings_vs_unshared", "vs paging w/o sharing", st["savings_vs_unshared"],
              pct(st["savings_vs_unshared"]), f"it would need {st['logical_blocks']:,} blocks"),
         item("savings_vs_contiguous", "vs contiguous max-len", st["savings_vs_contiguous"],
@@ -191,8 +191,9 @@ def headline(snap: dict, hit_last_min: float | None = None, tokens_per_s: float 
              f"{pct(frag / used_slots if used_slots else 0.0)} of used slots · "
              f"{fmt_bytes(frag * st['kv_bytes_per_token'])}"),
         item("hit_rate_run", "Prefix hit rate (run)", h / q if q else None, pct(h / q if q else None),
-             f"{h:,} of {q:,} prompt tokens"),
-        item("hit_rate_minute", "Prefix hit rate (1 min)", hit_last_min, pct(hit_last_min), "last 60 s"),
+             f"reused from cache: {h:,} of {q:,} prompt tokens"),
+        item("hit_rate_minute", "Prefix hit rate (1 min)", hit_last_min, pct(hit_last_min),
+             "last 60 s" if hit_last_min is not None else "no prompt in the last 60 s"),
         item("running", "Running / waiting", st["running"], f"{st['running']} / {st['waiting']}",
              f"peak {st['peak_running']} · {st['num_idle_sessions']} idle sessions"),
         item("num_preemptions", "Preemptions", st["num_preemptions"], f"{st['num_preemptions']:,}",
@@ -224,7 +225,8 @@ def consistency_problems(snap: dict) -> list[str]:
     check("free_blocks", sum(1 for s in b["state"] if s not in held), st["free_blocks"])
     check("pinned_blocks", sum(1 for s in b["state"] if s == "pinned"), st.get("pinned_blocks", 0))
     check("cached_blocks", sum(1 for s in b["state"] if s == "cached"), st["cached_blocks"])
-    check("shared_blocks", sum(1 for r in b["ref_count"] if r >= 2), st["shared_blocks"])
+    check("shared_blocks", sum(1 for s, r in zip(b["state"], b["ref_count"]) if r >= 2 and s != "pinned"),
+          st["shared_blocks"])
     check("used_tokens", sum(f for f, r in zip(b["filled"], b["ref_count"]) if r), st["used_tokens"])
     check("logical_blocks", sum(len(s["block_table"]) for s in snap["sequences"]), st["logical_blocks"])
     check("ref_sum", sum(b["ref_count"]), st["logical_blocks"] + sum(len(p["block_table"]) for p in pins))

@@ -47,6 +47,21 @@ class Namer:
         return tenant[len(USER_PREFIX):] if tenant.startswith(USER_PREFIX) else f"API key '{tenant}'"
 
 
+# each column's one-line explanation, on hover (issue 47: "counter", "held back" were unexplained)
+HEADERS = (
+    ("who", "Whose requests: you, other users (numbered), API clients, demo users"),
+    ("running", "Requests of theirs in the batch now"),
+    ("waiting", "Requests of theirs waiting for a slot"),
+    ("share (1 min)", "Their part of the tokens computed in the last minute"),
+    ("counter", "Tokens served to them so far, weighted (prefill and decode); the fair scheduler admits "
+                "the waiting request of whoever has the smallest counter"),
+    ("weight", "Their weight (--tenant-weight): a weight of 2 gets twice the share"),
+    ("preempted", "How often their replies were paused to free memory for others"),
+    ("held back", "How often a request of theirs waited so that someone below their fair share went first"),
+    ("mean wait", "Mean time their requests waited before starting"),
+)
+
+
 def served(rows) -> list:
     """The rows worth a line: tenants that run, wait or were ever served (the same set names the
     feed's tenants, so "another user (2)" is the same person in both)."""
@@ -62,8 +77,7 @@ def who_html(rows, viewer: str, auth: bool, policy: str = "fair") -> str:
         return ('<div class="kvd"><h4>Who is served</h4><div class="muted">Nobody has been served '
                 'yet.</div></div>')
     name = Namer([r.tenant for r in active], viewer, auth)
-    head = ("<tr><th>who</th><th>running</th><th>waiting</th><th>share of tokens (1 min)</th>"
-            "<th>counter</th><th>weight</th><th>preempted</th><th>held back</th><th>mean wait</th></tr>")
+    head = "<tr>" + "".join(f'<th title="{escape(tip, quote=True)}">{name}</th>' for name, tip in HEADERS) + "</tr>"
     body = []
     for r in sorted(active, key=lambda r: (-r.share_last_minute, -r.counter)):
         wait = f"{r.queue_time_s_total / r.queue_time_count:.2f} s" if r.queue_time_count else "–"

@@ -25,9 +25,13 @@ from kernels import kv_quant
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm: normalised in fp32, rounded to x's dtype, times the weight."""
+    """transformers' LlamaRMSNorm: normalised in fp32, rounded to x's dtype, times the weight. An
+    fp32 weight under a 16-bit x is Gemma's (1 + w) (llama_weights.py): its RMSNorm multiplies in
+    fp32 and rounds once (in fp32 both orders are the same product)."""
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight.dtype == torch.float32 and x.dtype != torch.float32:
+        return (xf * weight).to(x.dtype)
     return weight * xf.to(x.dtype)
 
 

@@ -44,9 +44,9 @@ class AttentionMetadata:
     cu_seqlens_q: torch.Tensor    # int32 [num_seqs + 1]
     max_seqlen_q: int
     backend: str
-    group_slots: tuple | None = None      # per KV cache group: int64 [num_tokens]
-    group_tables: tuple | None = None     # per KV cache group: int32 [num_seqs, max_blocks]
-    state_slots: torch.Tensor | None = None   # int64 [num_seqs]: each row's linear-attention state slot
+    group_slots: torch.Tensor | None = None    # int64 [groups, num_tokens]: row g is group g's
+    group_tables: torch.Tensor | None = None   # int32 [groups, num_seqs, max_blocks]
+    state_slots: torch.Tensor | None = None    # int64 [num_seqs]: each row's linear-attention state
 
     def slots_of(self, group: int) -> torch.Tensor:
         return self.group_slots[group] if self.group_slots is not None else self.slot_mapping
@@ -64,6 +64,12 @@ def rope_tables(config, max_positions: int, device) -> tuple[torch.Tensor, torch
 
 LEAN_STEP_MODES = ("auto", "on", "off")
 LEAN_AUTO_MAX_EXTRA_BYTES = 3 * 2**29   # "auto" keeps a second, plain weight copy only up to 1.5 GiB
+
+
+def gemma_16bit(spec, dtype) -> bool:
+    """Gemma in bf16/fp16: its norms multiply by (1 + w) in fp32 (weights kept in fp32), which the
+    C++ layer ops and lean step (weights in the activation dtype) do not; the eager loop does."""
+    return spec.norm_plus_one and dtype != torch.float32
 
 
 def lean_ext(model) -> tuple[list[dict] | None, str]:
@@ -94,7 +100,10 @@ def make_lean_step(model, plain: list[dict] | None, mode: str, plain_bytes: int 
     if mode == "off":
         return None, 0, "loop (lean step off)"
     if not model.spec.plain_layers:
-        return None, 0, f"loop (CPU path: per-layer loop; the lean C++ step does not compute {_not_lean(model.spec)})"
+        return None, 0, ("loop (CPU path: per-layer loop; the lean C++ step does not compute "
+                         f"{_not_lean(model.spec)})")
+    if gemma_16bit(model.spec, model.dtype):
+        return None, 0, "loop (lean step: Gemma's fp32 norm weights under 16-bit activations are not in C++)"
     int8 = model.quantization == "int8"
     if not cpu_lean_step.available(model.dtype, int8):
         return None, 0, f"loop (lean step: {cpu_lean_step.active_path()})"
@@ -186,6 +195,7 @@ class LlamaModel:
         # (a linear-attention layer keeps no KV: None)
         self.kv_layer: tuple = tuple((spec.kv_layers.index(i), 0) if i in spec.kv_layers else None
                                      for i in range(self.num_layers))
+        self._kv_layer_t = None     # (kv_layer, its int32 [layers, 2] tensor) for the lean step
 
         # fused, on the device, CPU linears packed: shared with this process's other engines of the
         # same checkpoint (engine/exec/models/llama_weights.py); the layer dicts are this model's own
@@ -220,13 +230,14 @@ class LlamaModel:
         if torch.device(device).type == "cpu":
             from kernels import cpu_layer_ops
             self.use_cpu_fused = (cpu_layer_ops.available(dtype) and self.lm_head_linear is not None
-                                  and spec.plain_layers)
+                                  and spec.plain_layers and not gemma_16bit(spec, dtype))
             loop = ("fused C++ layer ops" if self.use_cpu_fused else "eager torch ops") + \
                 f" ({cpu_layer_ops.active_path()})"
             if not spec.plain_layers:
                 loop = f"per-layer loop (eager torch ops: {_not_lean(spec)})"
             self.cpu_path = f"{loop}; linears: {self.linear_kind}; few-token steps: {lean_why}"
-        self.use_fused = self.use_fused and spec.plain_layers     # CUDA: the eager loop with Triton attention
+        # CUDA: routed experts and linear-attention layers run the eager loop with Triton attention
+        self.use_fused = self.use_fused and spec.plain_layers
 
     @staticmethod
     def _text_config(config):
@@ -250,28 +261,42 @@ class LlamaModel:
         a = F.silu(g) if self.spec.act == "silu" else F.gelu(g, approximate="tanh")
         return a * gu[:, inter:]
 
+    def kv_layer_tensor(self) -> torch.Tensor:
+        """`kv_layer` as int32 [layers, 2] (the lean C++ step's form), built once per mapping."""
+        cached = self._kv_layer_t
+        if cached is None or cached[0] != self.kv_layer:
+            cached = self._kv_layer_t = (self.kv_layer, torch.tensor(self.kv_layer, dtype=torch.int32))
+        return cached[1]
+
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """The LM head over final-normed rows, fp32 (and Gemma's soft-cap where the config sets one)."""
         out = (self.lm_head_linear(x) if self.lm_head_linear is not None else F.linear(x, self.lm_head)).float()
         return self.softcap(out)
 
     def softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        """Gemma's final soft-cap, in the model's dtype as transformers applies it, returned in fp32."""
         cap = self.spec.final_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        if cap is None:
+            return logits
+        x = logits.to(self.dtype)
+        return (torch.tanh(x / cap) * cap).float()
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: torch.Tensor,
                 meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
         """Run the packed batch; return fp32 logits for the tokens at `logits_indices`."""
+        groups = meta.group_tables is not None      # KV cache groups: every group's slots and tables
         if (self.lean is not None and meta.backend == "torch"
                 and self.lean.takes(input_ids.shape[0], meta.seq_lens.shape[0], kv_quant.is_quantized(kv_pool))
-                and self.lean.can_run(kv_pool, self.kv_rotation) and meta.group_tables is None):
+                and self.lean.can_run(kv_pool, self.kv_rotation, groups=groups)):
             # a few tokens (one chat's, a speculative step's, a small batch's decode): weights read once
             from kernels.cpu_lean_step import LeanStepFailed
             try:
-                return self.softcap(self.lean(input_ids, positions, meta.slot_mapping, meta.block_tables,
-                                              meta.seq_lens, meta.cu_seqlens_q, kv_pool, self.scale,
-                                              logits_indices, self.kv_rotation))
+                return self.softcap(self.lean(
+                    input_ids, positions, meta.group_slots.contiguous() if groups else meta.slot_mapping,
+                    meta.group_tables.contiguous() if groups else meta.block_tables, meta.seq_lens, meta.cu_seqlens_q,
+                    kv_pool, self.scale, logits_indices, self.kv_rotation,
+                    self.kv_layer_tensor() if groups else None))
             except LeanStepFailed as e:        # the loop below serves this step and every later one
                 log.warning("lean CPU step off: %s", e)
                 self.lean = None

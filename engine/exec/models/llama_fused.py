@@ -56,4 +56,4 @@ def _lm_head(m, x: torch.Tensor) -> torch.Tensor:
     """Plain weights on CUDA; on CPU (interpreted-Triton tests) the prepared linear."""
     if m.lm_head_linear is not None:
         return m.softcap(m.lm_head_linear(x).float())
-    return m.softcap(F.linear(x, m.lm_head).float())
+    return m.softcap(F.linear(x, m.lm_head).float())     # (soft-cap: in the dtype, like transformers)

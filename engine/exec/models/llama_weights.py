@@ -92,12 +92,12 @@ def _prepare(config, weights: dict, dtype, device, quantization, tile_upto: int 
     def opt(name):
         return w(name) if name in weights else None
 
-    def norm(name):             # Gemma: (1 + w) in fp32 first, as its RMSNorm computes it
+    def norm(name):             # Gemma: (1 + w) kept in fp32, as its RMSNorm multiplies in fp32
         if not spec.norm_plus_one:
             return w(name)
         if name not in weights:
             raise ValueError(f"checkpoint is missing weight {name!r}")
-        return (1.0 + weights[name].float()).to(device=device, dtype=dtype).contiguous()
+        return (1.0 + weights[name].to(dtype).float()).to(device=device).contiguous()
 
     h, kvh, d = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or \
         config.num_attention_heads, spec.head_dim
