@@ -113,6 +113,10 @@ def test_next_turn_adopts_the_parked_state():
         first = collect(llm.submit({"prompt_token_ids": A[:30]}, GREEDY, session_id="chat"), GREEDY)
         turn1 = A[:30] + list(first.outputs[0].token_ids)
         H.assert_hf_greedy("qwen3_5", A[:30], first.outputs[0].token_ids)
+        snap = llm.run_on_engine(lambda eng: eng.kv_snapshot().to_json())  # the parked chat's slot
+        assert [v["tokens"] for v in snap["state_slots"] if v["holders"] == ["chat"]] == [
+            len(turn1) - 1
+        ], snap["state_slots"]
         prompt2 = turn1 + H.prompt(3, 9)
         before = llm.stats()["prompt_tokens_computed_total"]
         second = collect(
