@@ -27,8 +27,12 @@ vllm:prefix_cache_hits_total{engine="0",model_name="fake"} %(hits)s
 vllm:num_preemptions_total{engine="0",model_name="fake"} 0.0
 vllm:generation_tokens_total{engine="0",model_name="fake"} %(gen)s
 vllm:prompt_tokens_total{engine="0",model_name="fake"} %(queries)s
-vllm:cache_config_info{block_size="128",cache_dtype="auto",engine="0",num_gpu_blocks="1024"} 1.0
 """
+# a real vLLM writes one cache_config_info line; a test's own (extra_metrics) replaces this one
+CACHE_CONFIG = (
+    'vllm:cache_config_info{block_size="128",cache_dtype="auto",engine="0",num_gpu_blocks="1024"}'
+    " 1.0\n"
+)
 
 
 def chunk(text=None, finish=None, usage=None, index=0) -> str:
@@ -59,7 +63,8 @@ class FakeBackend:
 
         @app.get("/metrics")
         def metrics():
-            return PlainTextResponse(VLLM_METRICS % self.counters + self.extra_metrics)
+            own = "" if "vllm:cache_config_info" in self.extra_metrics else CACHE_CONFIG
+            return PlainTextResponse(VLLM_METRICS % self.counters + own + self.extra_metrics)
 
         @app.post("/v1/chat/completions")
         async def chat(body: dict, authorization: str | None = Header(None)):
