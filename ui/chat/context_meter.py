@@ -12,9 +12,11 @@ a summary" (ui/chat/summary.py): the old chat stays as it is.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from html import escape
 
+from ui.chat import thinking
 from ui.dashboard.vocabulary import state_of
 
 WARN_FRACTION = 0.8
@@ -38,6 +40,8 @@ class Meter:
     pinned_tokens: int = 0
     why_not: str = ""         # not in memory: why (another version is, or nothing is)
     source: str = ""          # where the count comes from when not from the engine's blocks
+    reasoning: thinking.ReasoningSpan | None = None   # the last reply's reasoning in this chat's blocks
+    reasoning_kept: bool | None = None    # the template feeds past reasoning back (None: unknown)
 
     @property
     def fraction(self) -> float:
@@ -116,7 +120,8 @@ def html(m: Meter | None) -> str:
             else:                          # none of this kind: its number for readers, no words
                 none += f'<span hidden data-k="ctx_{key}_blocks" data-v="0"></span>'
         parts.append(f'<span title="{TIPS["own"]}">{n("ctx_own_tokens", m.own_tokens)} in this '
-                     f'chat\'s own {n("ctx_own_blocks", own)} block{"s" if own != 1 else ""}</span>{none}')
+                     f'chat\'s own {n("ctx_own_blocks", own)} block{"s" if own != 1 else ""}</span>{none}'
+                     + reasoning_html(m, n))
     elif m.why_not:
         parts.append(f'<span data-k="ctx_other_version" data-v="1">{escape(m.why_not)}</span>')
     else:
@@ -126,6 +131,20 @@ def html(m: Meter | None) -> str:
             f'(this chat stays as it is).</div>' if m.warn else "")
     return (f'<div class="ctx-meter{" full" if m.warn else ""}"><span class="ctx-bar"><span style="width:'
             f'{pct:.1f}%"></span></span> {" · ".join(parts)}{warn}</div>')
+
+
+def reasoning_html(m: Meter, n) -> str:
+    """' (reasoning: 39 tokens in 3 of them, left out of the next prompt)': the KV a thinking model's
+    last reasoning takes, the biggest private part of a chat (ui/chat/thinking.py)."""
+    r = m.reasoning
+    if r is None:
+        return ""
+    fate = {False: ", left out of the next prompt: freed when you send it",
+            True: ", fed back with the next prompt (the template keeps past reasoning)"}.get(m.reasoning_kept, "")
+    tip = ("The reply's reasoning (folded above it) is KV like the rest: these blocks hold it until "
+           "the next message")
+    return (f' <span class="ctx-reasoning" title="{tip}">(reasoning: {n("ctx_reasoning_tokens", r.tokens)} '
+            f'tokens in {n("ctx_reasoning_blocks", r.blocks)} of them{fate})</span>')
 
 
 CSS = """
@@ -160,4 +179,21 @@ def for_tab(ctx, request) -> Meter | None:
         except (KeyError, PermissionError):
             return None
         m = from_storage(path, ctx.max_model_len, OTHER_VERSION if other else "") or m
+    elif ctx.llm.model_info().reasoning_markers:      # a thinking model: where its reasoning sits
+        m = with_reasoning(ctx, request, tab.conv_id, m, snap.get("block_size") or 0)
     return m
+
+
+def with_reasoning(ctx, request, conv_id: str, m: Meter, block_size: int) -> Meter:
+    """The meter with the span of the last reply's reasoning, when the engine's blocks hold exactly
+    that turn (its token count is the stored prompt + reply)."""
+    try:
+        path = ctx.storage.get_messages(conv_id, owner=ctx.check(request))
+    except (KeyError, PermissionError):
+        return m
+    tok = ctx.llm.get_tokenizer()
+    span = thinking.last_reply_span(path, thinking.start_marker_id(ctx.llm.model_info().reasoning_markers, tok),
+                                    block_size)
+    if span is None or span.last_block >= m.blocks or not thinking.held_turn(path, m.tokens):
+        return m
+    return dataclasses.replace(m, reasoning=span, reasoning_kept=thinking.template_keeps_reasoning(tok))

@@ -73,6 +73,9 @@ CSS = """
 .kvt span { background: var(--kv-private); }
 .kvt span.s { background: var(--kv-shared); } .kvt span.n { background: var(--kv-pinned); }
 .kvt span.last { outline: 2px dashed var(--kv-outline); }
+.kvt span.r, .kv-reasoning .r-mark { box-shadow: inset 0 -4px 0 #facc15; }
+.kv-reasoning .r-mark { display: inline-block; width: 12px; height: 10px; margin-right: 4px; vertical-align: -1px;
+  background: var(--kv-private); border-radius: 2px; }
 .kvd code { font-size: 12px; }
 .kvgrp { margin-bottom: 2px; } .kvgrp h4 { margin: 2px 0 2px; font-size: 12px; font-weight: 600;
   color: var(--body-text-color-subdued, #6b7280); }
@@ -204,7 +207,22 @@ def headline_html(items: list[dict], preemptions: list[dict]) -> str:
     return f'<div class="kvd"><div class="kvgrps">{"".join(groups)}</div>{pre}</div>'
 
 
-def tables_html(convs: list[dict], selected: str | None, block_size: int, max_rows: int = 24) -> str:
+def reasoning_line(span, sel: dict) -> str:
+    """Under a thinking chat's block table: which of its private blocks hold its last reasoning."""
+    if span is None or span.last_block >= sel["num_blocks"]:
+        return ""
+    where = (f"block {span.first_block}" if span.blocks == 1 else
+             f"blocks {span.first_block}–{span.last_block}")
+    return (f'<div class="muted kv-reasoning" data-k="reasoning_blocks" data-v="{span.blocks}">'
+            f'<i class="r-mark"></i>Its last reply\'s reasoning: {span.tokens:,} token'
+            f'{"s" if span.tokens != 1 else ""} in {span.blocks} private block{"s" if span.blocks != 1 else ""} '
+            f'(logical {where}), kept until the next message</div>')
+
+
+def tables_html(convs: list[dict], selected: str | None, block_size: int, max_rows: int = 24,
+                reasoning=None) -> str:
+    """The selected chat's block table in full (`reasoning`: its last reasoning's span, marked),
+    then every live table in short."""
     out = ['<div class="kvd">']
     sel = next((c for c in convs if c["key"] == selected), None)
     if sel is None and selected:
@@ -218,6 +236,8 @@ def tables_html(convs: list[dict], selected: str | None, block_size: int, max_ro
             last = e["logical"] == sel["num_blocks"] - 1
             fill = f' {sel["last_block_filled"]}/{block_size}' if last else ""
             cls = _table_state(e) + (" last" if last else "")
+            if reasoning is not None and reasoning.first_block <= e["logical"] <= reasoning.last_block:
+                cls += " r"
             tip = (f"logical {e['logical']} -> physical {e['physical']} · ref_count {e['ref_count']}"
                    f" · {e['filled']}/{block_size} tokens")
             cells.append(f'<span class="{cls.strip()}" title="{tip}">{e["logical"]}→#{e["physical"]}'
@@ -228,7 +248,7 @@ def tables_html(convs: list[dict], selected: str | None, block_size: int, max_ro
             f'<div class="muted">{sel["num_computed"]:,} tokens with KV in {sel["num_blocks"]} blocks, '
             f'{_table_counts(sel)} (×ref_count where 2 or more); last block '
             f'{sel["last_block_filled"]}/{block_size} filled → {sel["frag_tokens"]} slots of internal '
-            f'fragmentation</div><div class="kvt">{"".join(cells)}</div>')
+            f'fragmentation</div><div class="kvt">{"".join(cells)}</div>{reasoning_line(reasoning, sel)}')
     out.append(f'<h4>All live block tables ({len(convs)})</h4><div class="scroll"><table><tr><th>conversation</th>'
                f'<th title="{STATE_TIP}">state</th><th>request</th><th>tokens</th><th>blocks</th>'
                f'<th title="{TABLE_SHARED_TIP}">shared</th><th title="Tokens in the last block, of its size: '

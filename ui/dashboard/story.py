@@ -118,13 +118,15 @@ def first_line(n: dict, pin: dict | None) -> str:
     return "No chats hold blocks now."
 
 
-def kv_format_line(n: dict) -> str:
+def kv_format_line(n: dict, model: str = "") -> str:
     """The KV cache's format, up front (issue 47: `--kv-cache-dtype int8` was visible only in a
-    closed accordion): dtype, bytes per token and per block."""
+    closed accordion): dtype, bytes per token and per block; with `model`, whose cache it is (an
+    app with several models switches between pools)."""
     if not n["bpt"]:
         return ""
+    whose = f" of {_n('model', model, model)}" if model else ""
     return (f'<div class="muted kvs-fmt" title="Bytes of K and V the pool stores for each token (2 x layers x '
-            f'KV heads x head size x dtype bytes); open KV arithmetic below for the formula.">KV cache: '
+            f'KV heads x head size x dtype bytes); open KV arithmetic below for the formula.">KV cache{whose}: '
             f'{_n("kv_cache_dtype", n["kv_dtype"], n["kv_dtype"] or "unknown dtype")} · '
             f'{_n("kv_bytes_per_token", n["bpt"], format(n["bpt"], ","))} B per token · '
             f'{fmt_bytes(n["bpb"])} per {n["block_size"]}-token block</div>')
@@ -141,9 +143,11 @@ def used_line(st: dict, pin: dict | None) -> str:
             f'prompt that no chat holds now.</div>')
 
 
-def story_html(st: dict, others: dict | None = None, pin: dict | None = None, open_line: str = "") -> str:
+def story_html(st: dict, others: dict | None = None, pin: dict | None = None, open_line: str = "",
+               model: str = "") -> str:
     """others (under --auth): {"chats", "blocks"} of everyone else, shown only as counts.
-    pin: pin_use(snap) for the first line; open_line: ui/dashboard/open_chats.line_html."""
+    pin: pin_use(snap) for the first line; open_line: ui/dashboard/open_chats.line_html; model:
+    the served model's name (the KV format line says whose cache it is)."""
     n = story_numbers(st)
     extra = open_line
     if others and others.get("chats"):
@@ -151,7 +155,7 @@ def story_html(st: dict, others: dict | None = None, pin: dict | None = None, op
                  f'other chat{"s" if others["chats"] != 1 else ""} (other users, demo users, API calls) '
                  f'hold {others["blocks"]:,} blocks; they are counted above but not named.</div>')
     return (f'<div class="kvd kvs"><p class="kvs-1">{first_line(n, pin)}</p>'
-            f'<p class="kvs-s">{story_sentence(n)}</p>{kv_format_line(n)}{used_line(st, pin)}{bars_html(n)}'
+            f'<p class="kvs-s">{story_sentence(n)}</p>{kv_format_line(n, model)}{used_line(st, pin)}{bars_html(n)}'
             f'{extra}</div>')
 
 
