@@ -119,11 +119,14 @@ def last_reply_span(path: list[dict], start_id: int | None, block_size: int) -> 
 
 
 def held_turn(path: list[dict], tokens: int) -> bool:
-    """The engine's session holds the stored last turn: prompt ids + reply ids = its tokens."""
+    """The engine's session holds the stored last turn: its tokens are the prompt ids + the reply
+    ids, less the reply's last token when that one was never fed back (its KV is not computed: an
+    ended turn's end-of-turn token)."""
     last_user = next((i for i in range(len(path) - 1, -1, -1) if path[i]["role"] == "user"), None)
     if last_user is None or last_user + 1 >= len(path):
         return False
-    return len(path[last_user].get("token_ids") or []) + len(path[last_user + 1].get("token_ids") or []) == tokens
+    stored = len(path[last_user].get("token_ids") or []) + len(path[last_user + 1].get("token_ids") or [])
+    return stored - tokens in (0, 1)
 
 
 def start_marker_id(markers, tokenizer) -> int | None:
