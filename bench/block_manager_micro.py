@@ -18,6 +18,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine.kv.kv_cache_manager import KVCacheManager  # noqa: E402
+from engine.observe.kv_snapshot import kv_stats, take_snapshot
 
 BS = 16
 
@@ -67,11 +68,11 @@ def bench(num_blocks: int, ops: int, repeats: int) -> dict[str, float]:
 
     def stats(n):
         for _ in range(n):
-            m.stats()
+            kv_stats(m).to_json()
 
     def snapshot(n):
         for _ in range(n):
-            m.snapshot()
+            take_snapshot(m).to_json()
 
     cases = {"add+free (4 blk)": (alloc_free, ops), "decode append": (decode_append, ops * 4),
              "prefix hit 16 blk": (prefix_hit, ops), "stats": (stats, ops),

@@ -191,6 +191,11 @@ class EngineConfig:
         "the per-layer loop only", choices=["auto", "on", "off"])
     max_pin_fraction: float = opt(0.10, "pinned shared prompts may hold at most this share of the pool",
                                   type=float)
+    kv_cache_groups: bool = opt(
+        True, "layers of one attention kind share a KV cache group, and a sliding-window group gives back "
+        "the blocks its window has passed (--no-kv-cache-groups: one block table for every layer, the "
+        "layout before groups; for comparisons: python -m bench --kv-groups)",
+        action=argparse.BooleanOptionalAction)
 
     def __post_init__(self):
         import torch                   # here, not at module level: the KV manager imports this file

@@ -48,7 +48,7 @@ def _declare(dll) -> None:
     for name in _FN.values():
         fn = getattr(dll, name)
         fn.argtypes = [p, i, i, i, i, i, i, p, L, p, p, p, i, p, i, p, p, p, L, p, p, L, p, L, i, p, i, i, p, p, f, f, p, i, i,
-                       i, p, p, f, i]
+                       i, p, p, f, i, p, i, i]
         fn.restype = ctypes.c_int
     if dll.lean_step_ptrs_per_layer() != len(LAYER_KEYS) or dll.lean_step_ext_per_layer() != len(EXT_KEYS):
         raise RuntimeError("cpu_lean_step.cpp and LAYER_KEYS / EXT_KEYS disagree on the pointer tables")
@@ -162,12 +162,14 @@ class LeanStep:
                 table[i, j] = v.data_ptr()
         return table
 
-    def can_run(self, kv_pool: torch.Tensor, rotation: torch.Tensor | None = None) -> bool:
-        """The pool is one this step can read and write: contiguous, blocks the attention kernel
-        takes (paged_decode.h: block <= 128 tokens), and either in the weights' dtype, unrotated, or
-        int8 rows (kernels/kv_quant.py), rotated by `rotation` ([d, d] fp32) or not. fp8 rows: no."""
-        if not (kv_pool.is_contiguous() and kv_pool.dim() == 6 and kv_pool.shape[1] == self.num_layers
-                and kv_pool.shape[3] <= MAX_BLOCK):
+    def can_run(self, kv_pool: torch.Tensor, rotation: torch.Tensor | None = None, groups: bool = False) -> bool:
+        """The pool is one this step can read and write: contiguous, one layer slot per layer (or,
+        with KV cache groups, P slots that `layer_kv` maps the layers to), blocks the attention
+        kernel takes (paged_decode.h: block <= 128 tokens), and either in the weights' dtype,
+        unrotated, or int8 rows (kernels/kv_quant.py), rotated by `rotation` ([d, d] fp32) or not.
+        fp8 rows: no."""
+        if not (kv_pool.is_contiguous() and kv_pool.dim() == 6 and kv_pool.shape[3] <= MAX_BLOCK
+                and (kv_pool.shape[1] == self.num_layers or groups and kv_pool.shape[1] <= self.num_layers)):
             return False
         if kv_pool.dtype == torch.int8:
             return kv_pool.shape[5] == self.d + kv_quant.SCALE_BYTES and (
@@ -195,12 +197,16 @@ class LeanStep:
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor,
                  seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, kv_pool: torch.Tensor, scale: float,
-                 rows: torch.Tensor, rotation: torch.Tensor | None = None) -> torch.Tensor:
+                 rows: torch.Tensor, rotation: torch.Tensor | None = None,
+                 layer_kv: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [len(rows), vocab] fp32 of the given rows of one step's T new tokens (T <=
         max_tokens), packed over sequences as AttentionMetadata packs them: tokens, positions,
         slots int64 [T]; tables int32 [S, W]; seq_lens int32 [S] (context incl. this step's
         tokens); cu_seqlens_q int32 [S + 1]; rows int64 [R]. Their K/V go into `slots`. The pool
         and `rotation` must pass can_run (an int8 pool is written quantized).
+        KV cache groups (engine/kv/cache_spec.py): `layer_kv` int32 [L, 2] holds each layer's pool
+        slot and group; slots are then [G, T] and tables [G, S, W], one per group (released table
+        entries written as block 0, never read: the window starts after them).
         Out-of-range inputs raise ValueError before anything is written."""
         for name, t in (("tokens", tokens), ("positions", positions), ("slots", slots), ("rows", rows)):
             if t.dtype != torch.int64 or not t.is_contiguous():
@@ -209,11 +215,19 @@ class LeanStep:
             if t.dtype != torch.int32 or not t.is_contiguous():
                 raise ValueError(f"{name} must be a contiguous int32 tensor")
         T, R, S = tokens.shape[0], rows.shape[0], seq_lens.shape[0]
-        if positions.shape[0] != T or slots.shape[0] != T:
+        G = 1
+        if layer_kv is not None:
+            if layer_kv.dtype != torch.int32 or not layer_kv.is_contiguous() or tuple(layer_kv.shape) != (self.num_layers, 2):
+                raise ValueError("layer_kv must be a contiguous int32 [layers, 2] tensor")
+            G = int(layer_kv[:, 1].max()) + 1
+            if slots.dim() != 2 or slots.shape[0] != G or tables.dim() != 3 or tables.shape[0] != G:
+                raise ValueError("with layer_kv, slots are [groups, T] and tables [groups, S, W]")
+            tables = tables.view(G * S, -1) if S else tables
+        if positions.shape[0] != T or slots.shape[-1] != T:
             raise ValueError("tokens, positions and slots must have one entry per token")
-        if tables.dim() != 2 or tables.shape[0] != S or cu_seqlens_q.shape[0] != S + 1:
+        if tables.dim() != 2 or tables.shape[0] != G * S or cu_seqlens_q.shape[0] != S + 1:
             raise ValueError("block tables, seq_lens and cu_seqlens_q must describe the same sequences")
-        if not self.can_run(kv_pool, rotation):
+        if not self.can_run(kv_pool, rotation, groups=layer_kv is not None):
             raise ValueError(f"the lean step cannot use this pool ({kv_pool.dtype}, shape {tuple(kv_pool.shape)}) "
                              f"{'with' if rotation is not None else 'without'} that rotation")
         nb, bs = kv_pool.shape[2], kv_pool.shape[3]
@@ -227,7 +241,8 @@ class LeanStep:
                            bs, tables.data_ptr(), tables.shape[1], S, seq_lens.data_ptr(), cu_seqlens_q.data_ptr(),
                            self.eps, float(scale), logits.data_ptr(), torch.get_num_threads(), int(self.tiled),
                            int(kv_pool.dtype == torch.int8), None if rotation is None else rotation.data_ptr(),
-                           None if self.ext is None else self.ext.data_ptr(), self.embed_scale, self.act_kind)
+                           None if self.ext is None else self.ext.data_ptr(), self.embed_scale, self.act_kind,
+                           None if layer_kv is None else layer_kv.data_ptr(), kv_pool.shape[1], G)
         if err == 7:
             raise LeanStepFailed("the lean step could not get memory or threads (nothing was written)")
         if err:

@@ -48,6 +48,7 @@ def _fill(m, blocks: int, seqs: int):
 
 def measure(blocks: int, seqs: int, repeat: int) -> dict:
     from engine.kv.kv_cache_manager import KVCacheManager
+    from engine.observe.kv_snapshot import take_snapshot
     from ui.dashboard import page as D
     m = KVCacheManager(blocks, 16, max_model_len=32768, kv_bytes_per_token=46080)
     _fill(m, blocks, seqs)
@@ -55,7 +56,7 @@ def measure(blocks: int, seqs: int, repeat: int) -> dict:
     snap_t, json_t, render_t, grid_t, sizes = [], [], [], [], []
     for k in range(repeat):
         t0 = time.perf_counter()
-        snap = m.kv_snapshot()
+        snap = take_snapshot(m)
         t1 = time.perf_counter()
         d = snap.to_json()
         d["time"] = 1000.0 + k
@@ -118,6 +119,7 @@ def _wire_bytes(value, comp) -> int:
 def measure_ticks(blocks: int, users: int, ticks: int, seed: int = 0) -> dict:
     """Replay `ticks` one-second ticks of a chat load; bytes sent per tick (see module doc)."""
     import random
+    from engine.observe.kv_snapshot import take_snapshot
     from engine.kv.kv_cache_manager import KVCacheManager
     from ui.dashboard import page as D
     from ui.dashboard import ticks as T
@@ -149,7 +151,7 @@ def measure_ticks(blocks: int, users: int, ticks: int, seed: int = 0) -> dict:
                 continue
             m.allocate_slots(sid, n)
             live[sid] += n
-        d = m.kv_snapshot().to_json()
+        d = take_snapshot(m).to_json()
         d["time"] = 10_000.0 + t
         d["stats"]["max_model_len"] = 4096
         d["pins"] = [{"name": "shared", "num_tokens": len(prompt), "block_table": list(range(34))}]

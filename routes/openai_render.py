@@ -64,7 +64,7 @@ class ChatRender:
         if self.tools is not None:
             return self._tool_chunks(created, i, d)
         reasoning, content = self._split(i, d)
-        lp = self.srv.fmt.chat(getattr(d, "logprobs", None) or []) if self.lp and (d.text or d.token_ids) else None
+        lp = self.srv.fmt.chat(d.logprobs or []) if self.lp and (d.text or d.token_ids) else None
         if reasoning:
             out.append(self._chunk(created, [S.chat_chunk_choice(i, {"reasoning_content": reasoning}, None, lp)]))
             lp = None
@@ -80,7 +80,7 @@ class ChatRender:
         p = self._parser(i)
         reasoning, content = self._split(i, d)
         events = p.feed(content) + (p.finish() if d.finished else [])
-        lp = self.srv.fmt.chat(getattr(d, "logprobs", None) or []) if self.lp and d.token_ids else None
+        lp = self.srv.fmt.chat(d.logprobs or []) if self.lp and d.token_ids else None
         out = []
         if reasoning:
             out.append(self._chunk(created, [S.chat_chunk_choice(i, {"reasoning_content": reasoning}, None, lp)]))
@@ -156,7 +156,7 @@ class CompletionRender:
         if not (d.text or d.token_ids or d.finished):
             return []
         offset = len(gen.choices[i].text) - len(d.text)
-        lp = self.srv.fmt.completion(getattr(d, "logprobs", None) or [], offset) if self.lp else None
+        lp = self.srv.fmt.completion(d.logprobs or [], offset) if self.lp else None
         usage = None if self.body.include_usage else S._NO_USAGE
         return [S.completion(self.cid, self.srv.model, [S.completion_choice(i, d.text, d.finish_reason, lp)],
                              usage, created)]

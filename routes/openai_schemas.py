@@ -117,18 +117,6 @@ class ChatCompletionRequest(_Common):
         """None: no logprobs; k: the sampled token's logprob plus k alternatives."""
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def chat_messages(self) -> list[dict]:
-        """The template's view: developer -> system, parts joined into one string; an assistant
-        message's `reasoning_content` (sent back by a client) goes to templates that read it."""
-        out = []
-        for m in self.messages:
-            d = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            reasoning = getattr(m, "reasoning_content", None)
-            if m.role == "assistant" and isinstance(reasoning, str):
-                d["reasoning_content"] = reasoning
-            out.append(d)
-        return out
-
     def enable_thinking(self) -> bool | None:
         """chat_template_kwargs' enable_thinking (Qwen3, SmolLM3 templates); None: the template's default."""
         v = (self.chat_template_kwargs or {}).get("enable_thinking")

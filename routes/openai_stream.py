@@ -62,10 +62,10 @@ class Generation:
         c = self.choices[i]
         c.text += d.text
         c.token_ids.extend(d.token_ids)
-        lp = getattr(d, "logprobs", None)
+        lp = d.logprobs
         if lp:
             c.logprobs.extend(lp)
-        if getattr(d, "prompt_logprobs", None) is not None:
+        if d.prompt_logprobs is not None:
             c.prompt_logprobs = d.prompt_logprobs
         if d.index == 0 and "cached_tokens" in (d.metrics or {}):
             self.cached[k] = d.metrics["cached_tokens"]

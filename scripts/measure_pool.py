@@ -17,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.kv.kv_cache_manager import KVCacheManager  # noqa: E402
+from engine.observe.kv_snapshot import kv_stats, take_snapshot
 
 
 def measure(num_blocks: int, sessions: int = 64, block_size: int = 16) -> dict:
@@ -30,10 +31,10 @@ def measure(num_blocks: int, sessions: int = 64, block_size: int = 16) -> dict:
         m.add_sequence(f"s{s}", toks, num_new_tokens=len(toks))
     t_admit = time.perf_counter() - t0
     t0 = time.perf_counter()
-    st = m.stats()
+    st = kv_stats(m).to_json()
     t_stats = time.perf_counter() - t0
     t0 = time.perf_counter()
-    snap = m.snapshot()
+    snap = take_snapshot(m).to_json()
     t_snap = time.perf_counter() - t0
     t0 = time.perf_counter()
     payload = json.dumps(snap)
@@ -43,7 +44,7 @@ def measure(num_blocks: int, sessions: int = 64, block_size: int = 16) -> dict:
     return {"num_blocks": num_blocks, "build_s": t_build, "admit_64_sessions_s": t_admit,
             "stats_s": t_stats, "snapshot_s": t_snap, "snapshot_json_s": t_json,
             "snapshot_json_bytes": len(payload), "used_blocks_at_snapshot": st["used_blocks"],
-            "free_after": m.stats()["free_blocks"]}
+            "free_after": kv_stats(m).to_json()["free_blocks"]}
 
 
 def main(argv=None) -> int:

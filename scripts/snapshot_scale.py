@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.kv.kv_cache_manager import KVCacheManager  # noqa: E402
+from engine.observe.kv_snapshot import kv_stats, take_snapshot
 
 
 def build(blocks: int, seqs: int) -> KVCacheManager:
@@ -47,14 +48,14 @@ def decode_step(m: KVCacheManager) -> None:
 def measure(blocks: int, seqs: int, repeat: int) -> dict:
     m = build(blocks, seqs)
     t0 = time.perf_counter()
-    m.kv_snapshot()
+    take_snapshot(m)
     first = time.perf_counter() - t0
     snap_t, json_t, dumps_t, cjson_t, cdumps_t = [], [], [], [], []
     size = csize = 0
     for _ in range(repeat):
         decode_step(m)
         t0 = time.perf_counter()
-        snap = m.kv_snapshot()
+        snap = take_snapshot(m)
         snap_t.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         compact = snap.to_json(compact=True)          # the cheap form first: lazily built lists are
@@ -63,7 +64,7 @@ def measure(blocks: int, seqs: int, repeat: int) -> dict:
         text = json.dumps(compact)
         cdumps_t.append(time.perf_counter() - t0)
         csize = len(text)
-        snap = m.kv_snapshot()                        # a fresh one: the full form pays every derivation
+        snap = take_snapshot(m)                        # a fresh one: the full form pays every derivation
         t0 = time.perf_counter()
         full = snap.to_json()
         json_t.append(time.perf_counter() - t0)
@@ -71,7 +72,7 @@ def measure(blocks: int, seqs: int, repeat: int) -> dict:
         text = json.dumps(full)
         dumps_t.append(time.perf_counter() - t0)
         size = len(text)
-    st = m.kv_stats()
+    st = kv_stats(m)
     med = lambda xs: statistics.median(xs) * 1000  # noqa: E731
     return {"blocks": blocks, "seqs": st.num_sequences, "used": st.used_blocks, "first_ms": first * 1000,
             "engine_ms": med(snap_t), "to_json_ms": med(json_t), "dumps_ms": med(dumps_t), "bytes": size,

@@ -111,10 +111,6 @@ PRESETS: dict[str, str] = {
 }
 
 
-def preset_names() -> list[str]:
-    return list(PRESETS)
-
-
 def preset_text(name: str) -> str:
     try:
         return PRESETS[name]

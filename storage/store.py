@@ -4,10 +4,11 @@ durability, messages.py for the branch rule)."""
 import re
 import uuid
 
-from . import schema, transfer
+from . import schema
 from .base import StoreBase, locked
 from .messages import MessagesMixin
 from .prompts import PromptsMixin
+from .transfer import TransferMixin
 from .schema import NEW_CHAT_TITLE
 
 
@@ -16,7 +17,7 @@ def _fts_query(text):
     return " ".join(f'"{word}"*' for word in re.findall(r"\w+", text))
 
 
-class Storage(MessagesMixin, PromptsMixin, StoreBase):
+class Storage(MessagesMixin, PromptsMixin, TransferMixin, StoreBase):
     """All chat persistence. Methods taking ``owner`` raise PermissionError when it is given
     and differs from the conversation's owner (None = no check); unknown ids raise KeyError."""
 
@@ -151,16 +152,3 @@ class Storage(MessagesMixin, PromptsMixin, StoreBase):
     def conversation_system_prompt(self, conv_id, owner=None):
         """The prompt text to send to the model: the override, else the bound shared prompt."""
         return self._effective_prompt(self._conversation(conv_id, owner))
-
-    # -- export / import --------------------------------------------------------------------
-    @locked
-    def export_json(self, conv_id, owner=None):
-        return transfer.export_json(self, conv_id, owner)
-
-    @locked
-    def export_markdown(self, conv_id, owner=None):
-        return transfer.export_markdown(self, conv_id, owner)
-
-    @locked
-    def import_json(self, data, owner=""):
-        return transfer.import_json(self, data, owner)

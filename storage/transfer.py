@@ -5,12 +5,17 @@ import rebuilds the same tree, plus the branch on screen (`active_branch`: its m
 first, and `active_message_id`, the version the user selected), so the import shows the branch
 that was exported, not merely the newest leaf. The Markdown export is the branch on screen.
 Import validates the whole document before writing anything and then writes in one transaction.
-These functions run under the Storage lock (they are called from its locked methods).
+
+`TransferMixin` is the Storage's own export / import part (as MessagesMixin is its message part):
+it reads and writes through the same private helpers as the rest of the class, under the
+Storage lock (its public methods are @locked), so no other module calls into the Storage's
+internals.
 """
 
 import json
 
 from . import schema
+from .base import locked
 from .md_fences import close_open_fence
 
 FORMAT = "llm-chat-conversation"
@@ -18,18 +23,6 @@ VERSION = 1
 _MESSAGE_FIELDS = ("id", "parent_id", "role", "content", "token_ids", "status", "created_at", "stats")
 
 
-def export_json(store, conv_id, owner):
-    conv = store._conversation(conv_id, owner)
-    messages = store._conversation_messages(conv_id)
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "conversation": {k: conv[k] for k in ("id", "title", "created_at", "updated_at")},
-        "system_prompt": store._effective_prompt(conv),
-        "messages": [{k: m[k] for k in _MESSAGE_FIELDS} for m in messages],
-        "active_message_id": store._selected(conv_id),
-        "active_branch": [m["id"] for m in store._branch(conv_id)],
-    }
 
 
 def _stats_line(stats):
@@ -51,23 +44,6 @@ def _stats_line(stats):
     return "_" + " · ".join(parts) + "_" if parts else ""
 
 
-def export_markdown(store, conv_id, owner):
-    """The active branch as readable Markdown (other branches are in the JSON export)."""
-    conv = store._conversation(conv_id, owner)
-    dates = f"_Created {conv['created_at']}, last updated {conv['updated_at']}_"
-    lines = [f"# {conv['title']}", "", dates, ""]
-    prompt = store._effective_prompt(conv)
-    if prompt.strip():
-        lines += ["**System prompt:**", ""] + [f"> {line}" for line in prompt.splitlines()] + [""]
-    for msg in store._branch(conv_id):          # the branch on screen (active_branch), not the newest leaf
-        # each text exactly as written, with a closing fence after it if it ends inside a code
-        # block (a reply cut by max tokens): else the rest of the document would read as code
-        lines += [f"## {msg['role'].capitalize()}", "", close_open_fence(msg["content"]), ""]
-        if msg["status"] != "complete":
-            lines += [f"_({msg['status']})_", ""]
-        if msg["stats"] and _stats_line(msg["stats"]):
-            lines += [_stats_line(msg["stats"]), ""]
-    return "\n".join(lines).rstrip() + "\n"
 
 
 def _parse_message(raw, seen):
@@ -139,37 +115,74 @@ def parse_export(data):
     return title.strip(), prompt, messages, active
 
 
-def import_json(store, data, owner):
-    """Create a new conversation from an export. A prompt text matching a stored shared
-    prompt binds to it; any other text becomes this conversation's override."""
-    schema.check_text("owner", owner)
-    title, prompt, messages, active = parse_export(data)
-    current = store._current_prompt()
-    prompt_id, override = current["id"], None
-    if prompt is not None and prompt != current["text"]:
-        match = store._rows(
-            "SELECT id FROM system_prompts WHERE text = ? ORDER BY id DESC LIMIT 1", [prompt]
-        )
-        if match:
-            prompt_id = match[0]["id"]
-        else:
-            override = prompt
-    with store.db.atomic():
-        conv = store._insert_conversation(owner, title, prompt_id, override)
-        new_ids = {}
-        for msg in messages:
-            new_ids[msg["id"]] = store._insert_message(
-                conv["id"],
-                new_ids.get(msg["parent_id"]),
-                msg["role"],
-                msg["content"],
-                msg["token_ids"],
-                msg["status"],
-                msg["created_at"],
+class TransferMixin:
+    """Export / import methods of Storage (see the module docstring)."""
+
+    @locked
+    def export_json(self, conv_id, owner=None):
+        conv = self._conversation(conv_id, owner)
+        messages = self._conversation_messages(conv_id)
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "conversation": {k: conv[k] for k in ("id", "title", "created_at", "updated_at")},
+            "system_prompt": self._effective_prompt(conv),
+            "messages": [{k: m[k] for k in _MESSAGE_FIELDS} for m in messages],
+            "active_message_id": self._selected(conv_id),
+            "active_branch": [m["id"] for m in self._branch(conv_id)],
+        }
+
+    @locked
+    def export_markdown(self, conv_id, owner=None):
+        """The active branch as readable Markdown (other branches are in the JSON export)."""
+        conv = self._conversation(conv_id, owner)
+        dates = f"_Created {conv['created_at']}, last updated {conv['updated_at']}_"
+        lines = [f"# {conv['title']}", "", dates, ""]
+        prompt = self._effective_prompt(conv)
+        if prompt.strip():
+            lines += ["**System prompt:**", ""] + [f"> {line}" for line in prompt.splitlines()] + [""]
+        for msg in self._branch(conv_id):          # the branch on screen (active_branch), not the newest leaf
+            # each text exactly as written, with a closing fence after it if it ends inside a code
+            # block (a reply cut by max tokens): else the rest of the document would read as code
+            lines += [f"## {msg['role'].capitalize()}", "", close_open_fence(msg["content"]), ""]
+            if msg["status"] != "complete":
+                lines += [f"_({msg['status']})_", ""]
+            if msg["stats"] and _stats_line(msg["stats"]):
+                lines += [_stats_line(msg["stats"]), ""]
+        return "\n".join(lines).rstrip() + "\n"
+
+    @locked
+    def import_json(self, data, owner=""):
+        """Create a new conversation from an export. A prompt text matching a stored shared
+        prompt binds to it; any other text becomes this conversation's override."""
+        schema.check_text("owner", owner)
+        title, prompt, messages, active = parse_export(data)
+        current = self._current_prompt()
+        prompt_id, override = current["id"], None
+        if prompt is not None and prompt != current["text"]:
+            match = self._rows(
+                "SELECT id FROM system_prompts WHERE text = ? ORDER BY id DESC LIMIT 1", [prompt]
             )
-            if msg["stats"] is not None:
-                store._write_stats(new_ids[msg["id"]], msg["stats"])
-        if active is not None:      # the branch that was on screen, not the newest leaf
-            store.db.execute("INSERT INTO active_branch (conversation_id, message_id) VALUES (?, ?)",
-                             [conv["id"], new_ids[active]])
-    return store._conversation(conv["id"], None)
+            if match:
+                prompt_id = match[0]["id"]
+            else:
+                override = prompt
+        with self.db.atomic():
+            conv = self._insert_conversation(owner, title, prompt_id, override)
+            new_ids = {}
+            for msg in messages:
+                new_ids[msg["id"]] = self._insert_message(
+                    conv["id"],
+                    new_ids.get(msg["parent_id"]),
+                    msg["role"],
+                    msg["content"],
+                    msg["token_ids"],
+                    msg["status"],
+                    msg["created_at"],
+                )
+                if msg["stats"] is not None:
+                    self._write_stats(new_ids[msg["id"]], msg["stats"])
+            if active is not None:      # the branch that was on screen, not the newest leaf
+                self.db.execute("INSERT INTO active_branch (conversation_id, message_id) VALUES (?, ?)",
+                                 [conv["id"], new_ids[active]])
+        return self._conversation(conv["id"], None)

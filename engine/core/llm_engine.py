@@ -18,6 +18,7 @@ from engine.core.fairness import make_policy
 from engine.kv.kv_cache_manager import KVCacheManager
 from engine.exec.model_info import kv_dtype_name
 from engine.observe.kv_contract import KVSnapshot, KVStats
+from engine.observe.kv_snapshot import kv_stats, take_snapshot
 from engine.exec.loader import LoadedModel
 from engine.exec.model_runner import ModelRunner
 from engine.outputs import STATE_FINISHED, STATE_PREEMPTED, STATE_RESUMED, STATE_RUNNING
@@ -45,9 +46,11 @@ class LLMEngine:
         self.runner = ModelRunner(cfg, loaded.config, loaded.weights, loaded.weights_key)
         self.max_model_len = self.runner.max_model_len
         self.kv = KVCacheManager(self.runner.num_blocks, cfg.block_size, max_model_len=self.max_model_len,
-                                 kv_bytes_per_token=self.runner.kv_bytes_per_token,
+                                 layout=self.runner.kv_layout, kv_bytes_per_token=self.runner.kv_bytes_per_token,
                                  enable_prefix_caching=cfg.enable_prefix_caching,
                                  max_pin_fraction=cfg.max_pin_fraction)
+        # the KV wing's owners the loop talks to: parked sessions, pins, the pool's peak window
+        self.parked, self.pins, self.block_pool = self.kv.parked, self.kv.pins, self.kv.pool
         from engine.kv.kv_tier_setup import build_tier       # second KV tier (off unless asked for)
         self.tier_link = build_tier(self.kv, self.runner.kv_pool, loaded.weights,
                                     kv_rotation=self.runner.kv_rotation, gib=cfg.kv_offload_gib,
@@ -156,12 +159,12 @@ class LLMEngine:
         """Release a session's parked blocks, keeping its ids; a turn still running for it will
         free, not park. False if no blocks were parked."""
         handle = self.sessions.release(session_id)
-        return handle is not None and self.kv.release_parked(handle)
+        return handle is not None and self.parked.release(handle)
 
     def close_session(self, session_id: str) -> bool:
         """Forget a session (conversation deleted): ids dropped, blocks released."""
         self.sessions.close(session_id)
-        had = session_id in self.kv.parked_owners()
+        had = session_id in self.parked
         self.kv.forget_owner(session_id)      # its private blocks leave the pool and the KV tier
         return had
 
@@ -170,7 +173,7 @@ class LLMEngine:
         (engine/kv/tier_link.save_pool); None without a tier."""
         if self.tier_link is None:
             return None
-        return self.tier_link.save_pool(self.kv.pool, budget_s)
+        return self.tier_link.save_pool(self.block_pool, budget_s)
 
     def fail_request_outputs(self, req: Request, message: str) -> None:
         """Close every output of a request that never got into the engine."""
@@ -204,7 +207,8 @@ class LLMEngine:
     def step(self) -> None:
         while self._broken:
             self.abort_request(self._broken.pop())
-        self.kv.new_step()                  # the KV tier's per-step load budget
+        if self.tier_link is not None:
+            self.tier_link.new_step()       # the KV tier's per-step load budget
         if self.spec is not None:           # drafts first: the scheduler sizes their steps
             try:
                 self.spec.propose(self.scheduler.running, self)
@@ -418,12 +422,12 @@ class LLMEngine:
 
     # ---- observability -----------------------------------------------------------------------
     def reset_peak_stats(self) -> None:
-        self.kv.reset_peak()
+        self.block_pool.reset_peak()
         self.scheduler.peak_running = len(self.scheduler.running)
 
     def kv_stats(self) -> KVStats:
         return dataclasses.replace(
-            self.kv.kv_stats(), running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+            kv_stats(self.kv), running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
             peak_running=self.scheduler.peak_running, generated_tokens_total=self.generated_tokens_total,
             prompt_tokens_computed_total=self.prompt_tokens_computed_total,
             max_model_len=self.max_model_len, steps=self.steps,
@@ -439,7 +443,7 @@ class LLMEngine:
     def kv_snapshot(self) -> KVSnapshot:
         """The manager's snapshot plus the engine's counters and each sequence's request id
         (engine sequence ids are "<request id>#<index>")."""
-        snap = self.kv.kv_snapshot(request_of=lambda seq_id: str(seq_id).rsplit("#", 1)[0])
+        snap = take_snapshot(self.kv, request_of=lambda seq_id: str(seq_id).rsplit("#", 1)[0])
         return dataclasses.replace(snap, stats=self.kv_stats())
 
     def snapshot(self) -> dict:

@@ -29,6 +29,7 @@ class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  policy: SchedulingPolicy | None = None):
         self.kv = kv
+        self.layout = kv.layout          # KV cache groups (engine/kv/cache_spec.py)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.policy: SchedulingPolicy = policy or FCFSPolicy()
@@ -113,7 +114,9 @@ class Scheduler:
                 return
             taken = sum(map(slots_of, self.running)) + sum(map(slots_of, self._reserved))
             by_slots = taken + slots_of(cand) > self.max_num_seqs
-            need = -(-(len(cand.token_ids) - self._cached_len(cand)) // self.kv.block_size)
+            todo = len(cand.token_ids) - self._cached_len(cand)     # blocks it needs, every KV cache group
+            need = sum(g.blocks_held(todo, self.kv.block_size, self.max_num_batched_tokens)
+                       for g in self.layout.groups)
             by_blocks = not by_slots and need > self.kv.num_free_blocks
             if not (by_slots or by_blocks):
                 return

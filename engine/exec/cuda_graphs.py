@@ -9,6 +9,8 @@ static input tensors sized for the largest bucket:
   logits are dropped;
 - block tables have a fixed width (graph_max_len / block_size); entries past a sequence's last
   block are never read (attention masks by context length), so they are not even cleared;
+- KV cache groups (engine/kv/cache_spec.py): one slot row and one table per group, the window's
+  released entries written as block 0 (never read, as in engine/exec/step_inputs.py);
 - the split-K count follows from that fixed width, so it is fixed per bucket.
 Inputs reach the static tensors through one pinned staging buffer and one non-blocking copy
 (engine/exec/step_inputs.py). Buckets are captured largest first so they share one memory pool.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import sys
 import time
 
+import numpy as np
 import torch
 
 from engine.exec.models.llama import AttentionMetadata
@@ -40,25 +43,33 @@ class DecodeGraphs:
         self.bmax = max_batch
         self.max_len = max_len
         self.width = -(-max_len // block_size)
+        self.groups = G = 1 + max(g for _, g in model.kv_layer)     # KV cache groups
         dev = kv_pool.device
         i64, i32 = torch.int64, torch.int32
-        self.layout = Layout([("ids", self.bmax, i64), ("pos", self.bmax, i64), ("slots", self.bmax, i64),
-                              ("seq_lens", self.bmax, i32), ("tables", self.bmax * self.width, i32)])
+        self.layout = Layout([("ids", self.bmax, i64), ("pos", self.bmax, i64),
+                              ("slots", G * self.bmax, i64), ("seq_lens", self.bmax, i32),
+                              ("tables", G * self.bmax * self.width, i32)])
         self.buf = StagingBuffer(dev, self.layout.nbytes)
         L, b = self.layout, self.buf
-        self.h_ids, self.h_pos, self.h_slots = L.host(b, "ids"), L.host(b, "pos"), L.host(b, "slots")
-        self.h_lens, self.h_tab = L.host(b, "seq_lens"), L.host(b, "tables").reshape(self.bmax, self.width)
-        self.ids, self.pos, self.slots = L.dev(b, "ids"), L.dev(b, "pos"), L.dev(b, "slots")
+        self.h_ids, self.h_pos = L.host(b, "ids"), L.host(b, "pos")
+        self.h_slots = L.host(b, "slots").reshape(G, self.bmax)
+        self.h_lens = L.host(b, "seq_lens")
+        self.h_tab = L.host(b, "tables").reshape(G, self.bmax, self.width)
+        self.ids, self.pos = L.dev(b, "ids"), L.dev(b, "pos")
+        self.slots = L.dev(b, "slots").view(G, self.bmax)
         self.seq_lens = L.dev(b, "seq_lens")
-        self.tables = L.dev(b, "tables").view(self.bmax, self.width)
+        self.tables = L.dev(b, "tables").view(G, self.bmax, self.width)
         self.cu = torch.arange(self.bmax + 1, dtype=i32, device=dev)
         self.logits_idx = torch.arange(self.bmax, dtype=i64, device=dev)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     def _meta(self, B: int) -> AttentionMetadata:
-        return AttentionMetadata(slot_mapping=self.slots[:B], block_tables=self.tables[:B],
+        groups = self.groups > 1
+        return AttentionMetadata(slot_mapping=self.slots[0, :B], block_tables=self.tables[0, :B],
                                  seq_lens=self.seq_lens[:B], cu_seqlens_q=self.cu[:B + 1], max_seqlen_q=1,
-                                 backend=self.backend)
+                                 backend=self.backend,
+                                 group_slots=self.slots[:, :B] if groups else None,
+                                 group_tables=self.tables[:, :B] if groups else None)
 
     def _forward(self, B: int) -> torch.Tensor:
         return self.model.forward(self.ids[:B], self.pos[:B], self.kv_pool, self._meta(B), self.logits_idx[:B])
@@ -66,9 +77,9 @@ class DecodeGraphs:
     def _fill_pads(self, start: int, end: int) -> None:
         self.h_ids[start:end] = 0
         self.h_pos[start:end] = 0
-        self.h_slots[start:end] = -1
+        self.h_slots[:, start:end] = -1
         self.h_lens[start:end] = 1
-        self.h_tab[start:end, 0] = 0
+        self.h_tab[:, start:end, 0] = 0
 
     def capture(self, log=None) -> float:
         """Capture every bucket (largest first, one shared memory pool). Returns seconds taken."""
@@ -108,19 +119,21 @@ class DecodeGraphs:
         rows = plan.rows
         n = len(rows)
         B = next(b for b in self.buckets if b >= n)
-        if any(len(row.block_tables[0]) > self.width for row in rows):
+        if any(len(t) > self.width for row in rows for t in row.block_tables):
             return None
         self.buf.reserve(self.layout.nbytes)          # previous step's copy must be done
         for r, row in enumerate(rows):
-            table = row.block_tables[0]
             self.h_ids[r] = row.token_ids[0]
             self.h_pos[r] = row.start
-            self.h_slots[r] = row.slots[0][0]
             self.h_lens[r] = row.end
-            self.h_tab[r, :len(table)] = table
+            for g, table in enumerate(row.block_tables):
+                self.h_slots[g, r] = row.slots[g][0]
+                self.h_tab[g, r, :len(table)] = table
+        np.maximum(self.h_tab[:, :n], 0, out=self.h_tab[:, :n])       # released entries: block 0
         self._fill_pads(n, B)
         off_tab = self.layout.fields["tables"][0]
-        self.buf.upload(off_tab + B * self.width * 4)   # everything up to row B of the tables
+        # everything up to row B of the last group's table
+        self.buf.upload(off_tab + ((self.groups - 1) * self.bmax + B) * self.width * 4)
         g, out = self.graphs[B]
         if g is None:
             return self._forward(B)[:n]

@@ -27,7 +27,8 @@ class ModelInfo:
     max_model_len: int           # prompt + reply
     block_size: int              # tokens per KV block
     num_blocks: int              # KV pool size
-    kv_bytes_per_token: int      # 2 x layers x KV heads x row bytes of the pool (kernels/kv_quant.py)
+    kv_bytes_per_token: int      # 2 x layers x KV heads x row bytes of the pool (kernels/kv_quant.py); with
+                                 # KV cache groups the pool's P layer slots, not every layer
     max_num_seqs: int
     attention_backend: str       # "torch" or "triton"
     device: str

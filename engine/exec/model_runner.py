@@ -16,6 +16,7 @@ from kernels import kv_quant
 from engine.config import EngineConfig, DEFAULT_CPU_KV_CACHE_GIB, DEFAULT_GPU_MEMORY_FRACTION
 from engine.exec.models.llama import AttentionMetadata, LlamaModel
 from engine.exec.step_inputs import StagingBuffer, pack_step
+from engine.kv.cache_spec import KVCacheLayout
 from engine.step_plan import StepPlan
 
 log = logging.getLogger("paged_chat.engine")
@@ -53,16 +54,25 @@ class ModelRunner:
         # int8/fp8 pools hold K and V rotated per head (kernels/kv_quant.py): 'hadamard' or 'none'
         self.kv_rotation = kv_quant.rotation_for(cfg.kv_cache_rotation, self.kv_dtype, m.head_dim)
         m.kv_rotation = kv_quant.hadamard(m.head_dim, device=self.device) if self.kv_rotation == "hadamard" else None
-        self.kv_bytes_per_token = kv_quant.bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim,
-                                                           self.kv_dtype)
-        self.weights_kv_bytes_per_token = kv_quant.bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim,
+        # KV cache groups (engine/kv/cache_spec.py): layers of one attention kind share a group;
+        # every group has P layer slots in the one pool (P = num_layers for a model of one kind)
+        # (kv_cache_groups=False: one full-attention group of every layer; attention still applies
+        # each layer's window, but no block is ever given back: the layout before groups)
+        self.kv_layout = KVCacheLayout.from_layer_windows([s.window for s in m.spec.layers]) \
+            if cfg.kv_cache_groups else KVCacheLayout.single(m.num_layers)
+        m.kv_layer = self.kv_layout.layer_kv
+        P = self.kv_layout.pool_layers
+        # bytes of one block / block_size: 2 x P layer slots x KV heads x row bytes
+        self.kv_bytes_per_token = kv_quant.bytes_per_token(P, m.num_kv_heads, m.head_dim, self.kv_dtype)
+        self.weights_kv_bytes_per_token = kv_quant.bytes_per_token(P, m.num_kv_heads, m.head_dim,
                                                                    self.dtype)   # for "what it buys"
         self.kv_bytes_per_block = self.kv_bytes_per_token * cfg.block_size
         self.num_blocks = choose_num_blocks(cfg, self.kv_bytes_per_block)
         # one sequence must always fit in the pool on its own, or preemption could never help
-        self.max_model_len = min(cfg.max_model_len or max_pos, self.num_blocks * cfg.block_size)
+        self.max_model_len = min(cfg.max_model_len or max_pos, self.kv_layout.max_tokens(
+            self.num_blocks, cfg.block_size, cfg.max_num_batched_tokens))
         # one allocation for the whole life of the engine; a quantized row carries its scale
-        self.kv_pool = torch.zeros(2, m.num_layers, self.num_blocks, cfg.block_size, m.num_kv_heads,
+        self.kv_pool = torch.zeros(2, P, self.num_blocks, cfg.block_size, m.num_kv_heads,
                                    kv_quant.row_width(m.head_dim, self.kv_dtype), dtype=self.kv_dtype,
                                    device=self.device)
         self.staging = StagingBuffer(self.device)     # one pinned buffer, one copy per step
@@ -101,6 +111,9 @@ class ModelRunner:
         ids, pos, slots, tables, seq_lens, cu, logits_idx, copy_t, max_q = pack_step(self.staging, plan)
         if copy_t is not None and copies:
             kernels.copy_blocks(self.kv_pool, copy_t, backend=self.backend)
-        meta = AttentionMetadata(slot_mapping=slots, block_tables=tables, seq_lens=seq_lens,
-                                 cu_seqlens_q=cu, max_seqlen_q=max_q, backend=self.backend)
+        groups = len(slots) > 1             # KV cache groups: each its own slots and tables
+        meta = AttentionMetadata(slot_mapping=slots[0], block_tables=tables[0], seq_lens=seq_lens,
+                                 cu_seqlens_q=cu, max_seqlen_q=max_q, backend=self.backend,
+                                 group_slots=slots if groups else None,
+                                 group_tables=tables if groups else None)
         return self.model.forward(ids, pos, self.kv_pool, meta, logits_idx)

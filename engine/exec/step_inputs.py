@@ -84,38 +84,46 @@ class Layout:
 
 
 def pack_step(buf: StagingBuffer, plan: StepPlan):
-    """Fill and upload one eager step from its plan (engine/step_plan.py; KV cache group 0).
-    Returns device tensors (ids, positions, slots, block_tables, seq_lens, cu_seqlens_q,
-    logits_idx, copies or None) and max_seqlen_q."""
+    """Fill and upload one eager step from its plan (engine/step_plan.py), every KV cache group.
+    Returns device tensors (ids, positions, slots [G, T], block_tables [G, S, W], seq_lens,
+    cu_seqlens_q, logits_idx, copies or None) and max_seqlen_q. A table entry the window released
+    (NULL_BLOCK) is written as block 0: in bounds, and no kernel reads it (they start at the
+    window), so a stray read could never leave the pool."""
     rows = plan.rows
     T = plan.num_tokens
     S = len(rows)
-    W = max(len(r.block_tables[0]) for r in rows)
+    G = len(rows[0].block_tables)
+    W = max(len(t) for r in rows for t in r.block_tables)
     i64, i32 = torch.int64, torch.int32
-    lay = Layout([("ids", T, i64), ("pos", T, i64), ("slots", T, i64),
+    lay = Layout([("ids", T, i64), ("pos", T, i64), ("slots", G * T, i64),
                   ("logits_idx", len(plan.logits), i64), ("copies", 2 * len(plan.copies), i64),
-                  ("seq_lens", S, i32), ("cu", S + 1, i32), ("tables", S * W, i32)])
+                  ("seq_lens", S, i32), ("cu", S + 1, i32), ("tables", G * S * W, i32)])
     buf.reserve(lay.nbytes)
-    ids, pos, slots = lay.host(buf, "ids"), lay.host(buf, "pos"), lay.host(buf, "slots")
+    ids, pos = lay.host(buf, "ids"), lay.host(buf, "pos")
+    slots = lay.host(buf, "slots").reshape(G, T)
     seq_lens, cu = lay.host(buf, "seq_lens"), lay.host(buf, "cu")
-    tab = lay.host(buf, "tables").reshape(S, W) if S * W else lay.host(buf, "tables")
+    tab = lay.host(buf, "tables").reshape(G, S, W)
     tab[:] = 0
     cu[0] = 0
     t = 0
     for r, row in enumerate(rows):
-        n, table = row.num_tokens, row.block_tables[0]
+        n = row.num_tokens
         ids[t:t + n] = row.token_ids
         pos[t:t + n] = np.arange(row.start, row.end)
-        slots[t:t + n] = row.slots[0]
-        tab[r, :len(table)] = table
+        for g in range(G):
+            table = row.block_tables[g]
+            slots[g, t:t + n] = row.slots[g]
+            tab[g, r, :len(table)] = table
         seq_lens[r] = row.end
         t += n
         cu[r + 1] = t
+    np.maximum(tab, 0, out=tab)                 # released entries (NULL_BLOCK): block 0, never read
     lay.host(buf, "logits_idx")[:] = [int(cu[lr.row]) + lr.offset for lr in plan.logits]
     if plan.copies:
         lay.host(buf, "copies")[:] = np.asarray(plan.copies, dtype=np.int64).reshape(-1)
     buf.upload(lay.nbytes)
     d = lambda name: lay.dev(buf, name)
-    return (d("ids"), d("pos"), d("slots"), d("tables").view(S, W), d("seq_lens"), d("cu"),
+    return (d("ids"), d("pos"), d("slots").view(G, T), d("tables").view(G, S, W), d("seq_lens"),
+            d("cu"),
             d("logits_idx"), d("copies").view(-1, 2) if plan.copies else None,
             plan.max_num_tokens)

@@ -34,7 +34,7 @@ def pin_prefix(llm, name: str, token_ids: list[int], *, timeout: float | None = 
     if full == 0:
         raise ValueError(f"a pinned prefix needs at least one full block ({bs} tokens); got {len(ids)}")
     ids = ids[:full]
-    llm.run_on_engine(lambda eng: eng.kv.pins.check_cap(name, full), timeout=timeout)
+    llm.run_on_engine(lambda eng: eng.pins.check_cap(name, full), timeout=timeout)
     for attempt in range(_ATTEMPTS):
         try:
             return llm.run_on_engine(lambda eng: _pin_and_write_through(eng, name, ids), timeout=timeout)
@@ -49,14 +49,15 @@ def pin_prefix(llm, name: str, token_ids: list[int], *, timeout: float | None = 
 
 def _pin_and_write_through(eng, name: str, ids: list[int]) -> PinInfo:
     """Pin, then write the pinned blocks to the KV tier (if any) so they survive a restart."""
-    info = eng.kv.pins.pin(name, ids)
-    eng.kv.write_through([eng.kv.pool.blocks[i] for i in info.block_ids], reason="pin")
+    info = eng.pins.pin(name, ids)
+    if eng.tier_link is not None:
+        eng.tier_link.write_through([eng.block_pool.blocks[i] for i in info.block_ids], reason="pin")
     return info
 
 
 def unpin(llm, name: str) -> bool:
-    return bool(llm.run_on_engine(lambda eng: eng.kv.pins.unpin(name)))
+    return bool(llm.run_on_engine(lambda eng: eng.pins.unpin(name)))
 
 
 def pins(llm) -> list[PinInfo]:
-    return llm.run_on_engine(lambda eng: eng.kv.pins.infos())
+    return llm.run_on_engine(lambda eng: eng.pins.infos())

@@ -138,7 +138,7 @@ class ServingLLM(LLM):
 
     def check_pin(self, name: str, num_tokens: int) -> None:
         """Raise ValueError if pinning num_tokens under name would pass the pin cap."""
-        self.run_on_engine(lambda eng: eng.kv.pins.check_cap(name, num_tokens))
+        self.run_on_engine(lambda eng: eng.pins.check_cap(name, num_tokens))
 
     def unpin(self, name: str) -> bool:
         return pin_api.unpin(self, name)

@@ -26,6 +26,22 @@ def hash_block_tokens(parent_hash, token_ids: tuple, salt) -> int:
     return int.from_bytes(h.digest(), "little")
 
 
+def group_key(chain_hash: int | None, group: int) -> int | None:
+    """The prefix-cache key of a block of KV cache group `group` whose token chain hash is
+    `chain_hash` (None: the parent of the first block). Group 0 keys are the chain hashes
+    themselves, so a model with one group hashes exactly as before groups existed (and the KV
+    tier's files stay valid); another group's key is a 64-bit blake2b of (group, chain hash), and
+    its first block's parent is a per-group seed. Why derived keys, not one chain per group: a
+    sliding-window group's hit needs only the blocks of the last window, and their keys come
+    from the one token chain without hashing the whole prompt again per group."""
+    if group == 0:
+        return chain_hash
+    h = hashlib.blake2b(b"kv-group", digest_size=8)
+    h.update(group.to_bytes(2, "little"))
+    h.update(b"root" if chain_hash is None else chain_hash.to_bytes(8, "little", signed=False))
+    return int.from_bytes(h.digest(), "little")
+
+
 class ChainBlock(NamedTuple):
     index: int          # block number in the sequence
     tokens: tuple       # its block_size token ids

@@ -11,8 +11,10 @@ it is handed out again. Order of the free list = eviction order (head is evicted
 blocks with nothing worth keeping (never used, or freed without a hash) sit at the head, blocks
 holding cached content are appended at the tail in the order they were freed (LRU).
 
-Besides the objects, the pool mirrors three per-block fields in flat C arrays indexed by block id
-(`ref_counts`, `filled_counts`, `hashed`), written by the same methods that write the objects.
+Besides the objects, the pool mirrors four per-block fields in flat C arrays indexed by block id
+(`ref_counts`, `filled_counts`, `hashed`, `groups`), written by the same methods that write the
+objects. A block id belongs to one KV cache group at a time (engine/kv/cache_spec.py): the group it
+was last handed out to, which its content (and its hash, if any) belongs to.
 Why: a dashboard snapshot of a 350k-block pool must not walk 350k objects on the engine thread;
 copying the three arrays is a memcpy (well under a millisecond), and the reader's thread turns
 them into JSON. Every write to Block.ref_count / filled / block_hash therefore goes through this
@@ -31,7 +33,7 @@ class Block:
     pool's `cached[block_hash]` entry; token_ids/parent_hash/salt let a lookup verify a hit."""
 
     __slots__ = ("block_id", "ref_count", "block_hash", "token_ids", "parent_hash", "salt",
-                 "filled", "prev", "next", "owner")
+                 "filled", "prev", "next", "owner", "group")
 
     def __init__(self, block_id: int):
         self.block_id = block_id
@@ -42,6 +44,7 @@ class Block:
         self.salt = None
         self.filled = 0            # token slots holding valid KV (0 for a free, hashless block)
         self.owner: str | None = None   # kv_tier.owner_tag of the chat that registered it (private KV)
+        self.group = 0             # the KV cache group it was last handed out to (engine/kv/cache_spec.py)
         self.prev: Block | None = None
         self.next: Block | None = None
 
@@ -101,6 +104,8 @@ class BlockPool:
         self.ref_counts = array("i", bytes(4 * num_blocks))
         self.filled_counts = array("i", bytes(4 * num_blocks))
         self.hashed = array("b", bytes(num_blocks))    # 1 iff the block holds a prefix-cache hash
+        self.groups = array("b", bytes(num_blocks))    # the KV cache group of its content
+        self.peak_used = 0              # the most blocks used at once since reset_peak
         # called with a cached block just before its hash and content are lost to a new owner
         # (the KV tier's write-back, engine/kv/kv_cache_manager.py); its KV is still intact then
         self.on_evict = None
@@ -143,8 +148,9 @@ class BlockPool:
             b = b.prev
 
     # ---- allocation ----------------------------------------------------------------------
-    def get_new_blocks(self, n: int) -> list[Block]:
-        """Pop n blocks from the head with ref_count 1, evicting any cached content they held."""
+    def get_new_blocks(self, n: int, group: int = 0) -> list[Block]:
+        """Pop n blocks from the head with ref_count 1 for KV cache group `group`, evicting any
+        cached content they held."""
         if n > self.num_free:
             raise NoFreeBlocksError(n, self.num_free)
         out = []
@@ -152,6 +158,9 @@ class BlockPool:
             b = self._head.next
             if b is self._fresh:
                 b = self._take_fresh()
+                if group:
+                    b.group = group
+                    self.groups[b.block_id] = group
                 out.append(b)
                 continue
             self._unlink(b)
@@ -162,10 +171,13 @@ class BlockPool:
                 self.drop_hash(b)
             b.ref_count = 1
             b.filled = 0
+            b.group = group
             i = b.block_id
             self.ref_counts[i] = 1
             self.filled_counts[i] = 0
+            self.groups[i] = group
             out.append(b)
+        self.peak_used = max(self.peak_used, self.num_blocks - self.num_free)
         return out
 
     def _take_fresh(self) -> Block:
@@ -184,6 +196,7 @@ class BlockPool:
 
     def touch(self, blocks: Iterable[Block]) -> None:
         """Add one reference to each block, reviving it from the free list if it was free."""
+        revived = False
         for b in blocks:
             if b.ref_count == 0:
                 if b.prev is None:
@@ -192,10 +205,17 @@ class BlockPool:
                 if b.block_hash is not None:
                     self.num_cached_free -= 1
                 self.num_used_tokens += b.filled
+                revived = True
             elif b.ref_count == 1:
                 self.num_shared += 1
             b.ref_count += 1
             self.ref_counts[b.block_id] = b.ref_count
+        if revived:
+            self.peak_used = max(self.peak_used, self.num_blocks - self.num_free)
+
+    def reset_peak(self) -> None:
+        """Start a fresh peak window at the current use."""
+        self.peak_used = self.num_blocks - self.num_free
 
     def free_blocks(self, blocks: Iterable[Block]) -> None:
         """Drop one reference from each block, given in eviction order (first = evicted first)."""
@@ -258,6 +278,10 @@ class BlockPool:
         """Copies of (ref_counts, filled_counts, hashed): three memcpys, whatever the pool size.
         The engine thread's whole share of a block-level snapshot (kv_contract.BlockArrays)."""
         return self.ref_counts[:], self.filled_counts[:], self.hashed[:]
+
+    def group_column(self) -> array:
+        """A copy of the per-block KV cache group (one memcpy)."""
+        return self.groups[:]
 
     def block_arrays(self) -> tuple[list[str], list[int], list[int]]:
         """(state "used"/"cached"/"free", ref_count, filled) per block id as lists, from the

@@ -1,7 +1,7 @@
 """The tier's view of the pool tensor: one block's slab as bytes, and the model fingerprint.
 
-A block is exactly kv_pool[:, :, block_id] (K and V, every layer, every slot, every KV head, one
-row each) "as the pool holds it": whatever the pool's dtype says the row format is (fp32, bf16,
+A block is exactly kv_pool[:, :, block_id] (K and V, every layer slot of its KV cache group,
+every slot, every KV head, one row each) "as the pool holds it": whatever the pool's dtype says the row format is (fp32, bf16,
 or 1-byte codes + a scale), the bytes go out and come back unchanged, so a loaded block is
 bit-identical to the evicted one. The fingerprint names everything that must match for those
 bytes to mean the same KV: a sample of the weights, the compute and KV dtypes, the block size,
@@ -40,13 +40,15 @@ class PoolSlabIO:
 
 
 def model_fingerprint(weights: dict, *, dtype, kv_pool: torch.Tensor, block_size: int,
-                      kv_rotation: str = "none", sample_bytes: int = 1 << 16) -> str:
+                      kv_rotation: str = "none", groups: str = "", sample_bytes: int = 1 << 16) -> str:
     """A short hex digest of what the KV depends on. Weights: every tensor's name, shape and
     dtype, and up to `sample_bytes` bytes from its start and end (hashing 0.5-15 GB of weights
-    at every start-up would cost seconds; a sample still tells two checkpoints apart)."""
+    at every start-up would cost seconds; a sample still tells two checkpoints apart). `groups`:
+    the KV cache group layout (engine/kv/cache_spec.KVCacheLayout.fingerprint; "" for one
+    full-attention group, so the files of a model without groups keep their folder)."""
     h = hashlib.blake2b(digest_size=12)
     h.update(f"layout={LAYOUT_VERSION};dtype={dtype};kv={kv_pool.dtype};rot={kv_rotation};bs={block_size};"
-             f"slab={tuple(kv_pool[:, :, 0].shape)}".encode())
+             f"slab={tuple(kv_pool[:, :, 0].shape)}{groups}".encode())
     for name in sorted(weights):
         t = weights[name]
         if not isinstance(t, torch.Tensor):

@@ -65,7 +65,7 @@ def build_tier(kv, kv_pool, weights: dict, *, kv_rotation, gib, folder: str | No
         return None
     io = PoolSlabIO(kv_pool)
     fp = model_fingerprint(weights, dtype=dtype, kv_pool=kv_pool, block_size=kv.block_size,
-                           kv_rotation=kv_rotation)
+                           kv_rotation=kv_rotation, groups=kv.layout.fingerprint())
     if device.startswith("cuda"):
         store, kind = MemoryStore(), "host"
     else:

@@ -10,6 +10,9 @@ computes only its own tokens.
 How a pin is made: the prompt is prefilled as an ordinary request first (its full blocks are
 hashed as their KV is scheduled); `pin` then finds those blocks by their chain hashes and adds
 the app's reference. Only full blocks are pinned (a partial block cannot be shared by hash).
+With KV cache groups (engine/kv/cache_spec.py) a pin holds what a prefix hit at its end needs:
+every block in a full-attention group, the last window's blocks in a sliding group
+(engine/kv/prefix_hit.py), and the cap counts the blocks of all groups.
 Pins are bounded: all pins together may hold at most `max_fraction` of the pool. Unpinning
 drops the app's reference: the blocks fall back to cached-free, or stay held by the chats that
 still use them.
@@ -22,6 +25,8 @@ from dataclasses import dataclass
 
 from engine.kv.block_hash import walk_blocks
 from engine.kv.block_pool import Block, BlockPool
+from engine.kv.cache_spec import KVCacheLayout
+from engine.kv.prefix_hit import cached_block
 from engine.errors import KVCacheError
 from engine.observe.kv_contract import PinView
 
@@ -51,11 +56,12 @@ class PinTable:
     """name -> the blocks the app holds for it, found by the prefix cache's chain hash
     (engine/kv/block_hash.py, the one walk every lookup uses)."""
 
-    def __init__(self, pool: BlockPool, block_size: int, *,
+    def __init__(self, pool: BlockPool, block_size: int, layout: KVCacheLayout | None = None, *,
                  max_fraction: float = DEFAULT_MAX_PIN_FRACTION):
         if not 0.0 <= max_fraction <= 1.0:
             raise ValueError(f"max_fraction must be in [0, 1], got {max_fraction}")
         self._pool, self._bs = pool, block_size
+        self._layout = layout or KVCacheLayout.single(1)
         self.max_fraction = max_fraction
         self._pins: dict[str, tuple[PinInfo, list[Block]]] = {}
 
@@ -64,8 +70,8 @@ class PinTable:
         return int(self._pool.num_blocks * self.max_fraction)
 
     def blocks_for(self, num_tokens: int) -> int:
-        """Blocks a prompt of num_tokens would pin (its full blocks)."""
-        return num_tokens // self._bs
+        """Blocks a prompt of num_tokens would pin (its full blocks, in every group that keeps them)."""
+        return self._layout.hit_blocks(num_tokens // self._bs, self._bs)
 
     def check_cap(self, name: str, num_tokens: int) -> None:
         """Raise PinCapError if pinning num_tokens under `name` (replacing any pin of that name)
@@ -86,12 +92,15 @@ class PinTable:
         return out
 
     def _cached_blocks(self, token_ids: list[int], salt) -> list[Block]:
-        cached, out = self._pool.cached, []
-        for c in walk_blocks(token_ids, salt, self._bs):
-            b = cached.get(c.hash)
-            if b is None or b.token_ids != c.tokens or b.parent_hash != c.parent or b.salt != c.salt:
-                raise PinMissError(f"block {c.index} of the prompt is not cached")
-            out.append(b)
+        """Per group, the blocks a hit at the prompt's last full block needs (group 0 first)."""
+        chain = list(walk_blocks(token_ids, salt, self._bs))
+        k, out = len(chain), []
+        for g, spec in enumerate(self._layout.groups):
+            for c in chain[spec.first_live_block(k * self._bs, self._bs):]:
+                b = cached_block(self._pool, g, c)
+                if b is None:
+                    raise PinMissError(f"block {c.index} of the prompt is not cached (KV cache group {g})")
+                out.append(b)
         return out
 
     def pin(self, name: str, token_ids: list[int], *, salt=None) -> PinInfo:
@@ -103,7 +112,7 @@ class PinTable:
         blocks = self._cached_blocks(list(token_ids), salt)
         self._pool.touch(blocks)          # before unpinning the old one: shared blocks never drop to 0
         self.unpin(name)
-        info = PinInfo(name, len(blocks) * self._bs, tuple(b.block_id for b in blocks))
+        info = PinInfo(name, len(token_ids) // self._bs * self._bs, tuple(b.block_id for b in blocks))
         self._pins[name] = (info, blocks)
         return info
 

@@ -17,7 +17,6 @@ import logging
 import time
 from collections import deque
 
-from engine.kv.block_hash import walk_blocks
 from engine.kv.block_pool import Block
 from engine.kv.kv_tier import BlockIdentity, KVTier
 from engine.kv.kv_tier_policy import TierPolicy
@@ -77,17 +76,17 @@ class TierLink:
             n += bool(ok)
         return n
 
-    def swap_out(self, table: list[Block]) -> int:
-        """A preempted sequence's full blocks, when the policy finds writing (the ones not yet in
-        the tier) and loading them back cheaper than recomputing them. Returns the tokens whose KV
-        is now in the tier (0: recompute)."""
-        full = [b for b in table if b.block_hash is not None]
-        new = sum(1 for b in full if not self.tier.has(identity_of(b)))
-        if not full or not self.tier.has_room(new * self._bytes_per_token * self._bs) or \
-                not self.policy.should_swap(new, len(full), self._bs, self.tier.write_s_per_block,
+    def swap_out(self, blocks: list[Block], tokens: int) -> int:
+        """A preempted sequence's hashed blocks (every KV cache group's), when the policy finds
+        writing (the ones not yet in the tier) and loading them back cheaper than recomputing
+        their `tokens`. Returns the tokens whose KV is now in the tier (0: recompute)."""
+        new = sum(1 for b in blocks if not self.tier.has(identity_of(b)))
+        if not blocks or not self.tier.has_room(new * self._bytes_per_token * self._bs) or \
+                not self.policy.should_swap(new, len(blocks), self._bs, self.tier.write_s_per_block,
                                             self.tier.load_s_per_block):
             return 0
-        swapped = self.write_through(full, reason="swap") * self._bs
+        written = self.write_through(blocks, reason="swap")
+        swapped = tokens * written // len(blocks) // self._bs * self._bs
         self.swap_preemptions += bool(swapped)
         self.tokens_swapped_out += swapped
         return swapped
@@ -124,29 +123,10 @@ class TierLink:
         return self.tier.delete_owner(owner)
 
     # ---- loading blocks back ------------------------------------------------------------
-    def plan_loads(self, token_ids, salt, start: int, parent) -> list[BlockIdentity]:
-        """The hash chain continued in the tier from block `start`, within the step's load budget,
-        or [] when the policy finds loading those blocks slower than computing them. Pure."""
-        bs, out = self._bs, []
-        limit = min((len(token_ids) - 1) // bs, start + self.policy.load_budget())
-        for c in walk_blocks(token_ids, salt, bs, start=start, stop=limit, parent=parent):
-            ident = BlockIdentity.of(c.hash, c.parent, c.tokens, c.salt)
-            if not self.tier.has(ident):
-                break
-            out.append(ident)
-        if out and not self.policy.should_load(len(out), bs, self.tier.load_s_per_block):
-            return []
-        return out
-
-    def read(self, loads: list[BlockIdentity]) -> list[bytes]:
-        """The planned blocks' bytes, up to the first that is gone or fails its check."""
-        datas = []
-        for ident in loads:
-            d = self.tier.get(ident)
-            if d is None:
-                break
-            datas.append(d)
-        return datas
+    def read_one(self, ident: BlockIdentity) -> bytes | None:
+        """A planned block's bytes (engine/kv/prefix_hit.py plans which), or None when it is gone
+        or fails its check (the tier then drops it, so the next plan does without it)."""
+        return self.tier.get(ident)
 
     def install(self, blocks: list[Block], datas: list[bytes], event: dict) -> None:
         """Write loaded bytes into the fresh pool blocks (before any forward reads them) and

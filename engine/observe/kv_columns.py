@@ -36,7 +36,9 @@ _CODE = {name: k for k, name in enumerate(STATES)}
 
 class BlockArrays:
     """Per block, index = block id: state "pinned" / "used" / "cached" / "free", ref_count, tokens
-    filled. "pinned" = held by an app pin (possibly also by chats; ref_count says how many).
+    filled, and the KV cache group its content belongs to (engine/kv/cache_spec.py; all 0 for a
+    model with one group). "pinned" = held by an app pin (possibly also by chats; ref_count says
+    how many).
 
     Two ways in: from lists (`BlockArrays(state, ref_count, filled)`, what from_json does), or
     from the pool's raw columns (`from_columns`, what the manager does on the engine thread: three
@@ -45,20 +47,40 @@ class BlockArrays:
     over every block). Treat the lists as read-only: one snapshot may be shared by many viewers.
     """
 
-    __slots__ = ("_state", "_ref", "_filled", "_cols", "_codes", "_lock")
+    __slots__ = ("_state", "_ref", "_filled", "_group", "_group_col", "_cols", "_codes", "_lock")
 
-    def __init__(self, state, ref_count, filled):
+    def __init__(self, state, ref_count, filled, group=None):
         self._state, self._ref, self._filled = state, ref_count, filled
+        self._group = group                 # list, or None: every block in group 0
+        self._group_col = None              # array("b") from the pool (from_columns)
         self._cols = self._codes = None
         self._lock = threading.Lock()
 
     @classmethod
-    def from_columns(cls, ref_counts, filled_counts, hashed, pinned_ids=()) -> "BlockArrays":
+    def from_columns(cls, ref_counts, filled_counts, hashed, pinned_ids=(), groups=None) -> "BlockArrays":
         """ref_counts / filled_counts: array("i"), hashed: array("b") (block_pool.BlockPool.columns()),
-        copies owned by this snapshot; pinned_ids: ids held by an app pin."""
+        copies owned by this snapshot; pinned_ids: ids held by an app pin; groups: array("b") of
+        each block's KV cache group, or None for a pool of one group."""
         out = cls(None, None, None)
         out._cols = (ref_counts, filled_counts, hashed, tuple(pinned_ids))
+        out._group_col = groups
         return out
+
+    def _groups_np(self, n: int) -> np.ndarray:
+        if self._group_col is not None and len(self._group_col):
+            return np.frombuffer(self._group_col, dtype=np.int8)
+        if self._group is not None:
+            return np.asarray(self._group, dtype=np.int8)
+        return np.zeros(n, np.int8)
+
+    @property
+    def group(self) -> list:
+        """The KV cache group of each block (0 everywhere for one group)."""
+        if self._group is None:
+            with self._lock:
+                if self._group is None:
+                    self._group = self._groups_np(len(self)).tolist()
+        return self._group
 
     # ---- numpy views (cheap; the reader's thread) -------------------------------------------
     def _np(self):
@@ -100,33 +122,40 @@ class BlockArrays:
         codes, r, f = self._np()
         n = len(codes)
         if n == 0:
-            return {"states": list(STATES), "start": [], "length": [], "state": [], "ref_count": [], "filled": []}
-        cut = np.flatnonzero((codes[1:] != codes[:-1]) | (r[1:] != r[:-1]) | (f[1:] != f[:-1])) + 1
+            return {"states": list(STATES), "start": [], "length": [], "state": [], "ref_count": [],
+                    "filled": [], "group": []}
+        g = self._groups_np(n)
+        cut = np.flatnonzero((codes[1:] != codes[:-1]) | (r[1:] != r[:-1]) | (f[1:] != f[:-1])
+                             | (g[1:] != g[:-1])) + 1
         start = np.concatenate(([0], cut))
         length = np.diff(np.concatenate((start, [n])))
         return {"states": list(STATES), "start": start.tolist(), "length": length.tolist(),
-                "state": codes[start].tolist(), "ref_count": r[start].tolist(), "filled": f[start].tolist()}
+                "state": codes[start].tolist(), "ref_count": r[start].tolist(), "filled": f[start].tolist(),
+                "group": g[start].tolist()}
 
     @classmethod
     def from_runs(cls, runs: dict) -> "BlockArrays":
         """The inverse of runs() (reads a compact snapshot)."""
         names = runs.get("states", STATES)
-        state, ref, filled = [], [], []
-        for s, n, c, r, f in zip(runs["start"], runs["length"], runs["state"], runs["ref_count"], runs["filled"]):
+        state, ref, filled, group = [], [], [], []
+        groups = runs.get("group") or [0] * len(runs["start"])
+        for s, n, c, r, f, g in zip(runs["start"], runs["length"], runs["state"], runs["ref_count"],
+                                    runs["filled"], groups):
             state += [names[c]] * n
             ref += [r] * n
             filled += [f] * n
-        return cls(state, ref, filled)
+            group += [g] * n
+        return cls(state, ref, filled, group)
 
     def __eq__(self, other):
         if not isinstance(other, BlockArrays):
             return NotImplemented
-        return self._lists() == other._lists()
+        return self._lists() == other._lists() and self.group == other.group
 
     __hash__ = None
 
     def __reduce__(self):          # copy / deepcopy / pickle: the materialized lists (a Lock cannot be copied)
-        return (BlockArrays, self._lists())
+        return (BlockArrays, self._lists() + (self.group,))
 
     def __len__(self) -> int:
         return len(self._cols[0]) if self._state is None else len(self._state)

@@ -34,7 +34,10 @@ VERSION = 8          # 1: the untyped dict before issue 10; 2: this module (adds
                      #    tokens_recomputed_after_preempt; preemption events "mode", "tokens_swapped")
                      # 7: speculative decoding counters (stats spec_*)
                      # 8: stats shared_blocks leaves pinned blocks out (one vocabulary, issue 47:
-                     #    shared = held by 2+ chats, not pinned), stats saved_blocks
+                     #    shared = held by 2+ chats, not pinned), stats saved_blocks; KV cache groups
+                     #    (stats num_groups, kv_groups, window_released_blocks, full_attention_blocks,
+                     #    savings_vs_full_attention; blocks "group"; sequences "group_blocks",
+                     #    "released_blocks"); one group: group 0 everywhere
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,14 @@ class KVStats:
     spec_accepted_tokens: int = 0     # draft tokens accepted (each one a step saved)
     spec_rollbacks: int = 0           # verification steps that gave rejected slots back
     spec_rolled_back_slots: int = 0   # slots of rejected draft tokens returned to the pool
+    # KV cache groups (engine/kv/cache_spec.py), version 8; one group: 1, 0, logical_blocks, ...
+    num_groups: int = 1
+    window_released_blocks: int = 0   # blocks sliding windows gave back since start (all groups)
+    full_attention_blocks: int = 0    # live tables' entries, released ones included: what paging
+                                      # without windows would hold for the same chats
+    savings_vs_full_attention: float = 0.0    # 1 - chat_used_blocks / full_attention_blocks
+    kv_groups: list = field(default_factory=list)   # per group: {group, kind, sliding_window,
+    # layers, used_blocks, held_blocks, released_entries, window_released_blocks}
 
     def __post_init__(self):
         if not self.pinned_blocks:      # no pins: every used block is held by some table
@@ -140,6 +151,8 @@ class SequenceView:
     last_block_filled: int
     request_id: str | None = None
     title: str | None = None      # hook for the UI (e.g. a conversation title); the engine leaves it None
+    group_blocks: list | None = None      # live blocks per KV cache group (block_table: group 0 first)
+    released_blocks: int = 0              # table entries the sliding windows gave back (v8)
 
 
 def compact_sequence(s: dict) -> dict:
@@ -174,26 +187,27 @@ class LazySequenceViews(Sequence):
         with self._lock, _no_gc():
             if self._views is None:
                 r = np.frombuffer(self._ref, dtype=np.intc) if len(self._ref) else np.zeros(0, np.intc)
-                views, bs = [], self._bs
-                for seq_id, sid, state, ntok, nc, ids, rid in self._raw:
+                views = []
+                for seq_id, sid, state, ntok, nc, ids, rid, last, per_group, released in self._raw:
                     a = np.frombuffer(ids, dtype=np.intc) if len(ids) else np.zeros(0, np.intc)
                     views.append(SequenceView(
                         seq_id=seq_id, session_id=sid, state=state, num_tokens=ntok, num_computed=nc,
                         block_table=a.tolist(), shared=(r[a] >= 2).tolist(),
-                        last_block_filled=nc - (len(a) - 1) * bs if len(a) else 0, request_id=rid))
+                        last_block_filled=last, request_id=rid, group_blocks=list(per_group),
+                        released_blocks=released))
                 self._views = views
             return self._views
 
     def compact_dicts(self) -> list[dict]:
         """The sequences' compact JSON (see `compact_sequence`), straight from the captured
         arrays: no SequenceView, no per-block list is built."""
-        out, bs = [], self._bs
-        for seq_id, sid, state, ntok, nc, ids, rid in self._raw:
+        out = []
+        for seq_id, sid, state, ntok, nc, ids, rid, last, per_group, released in self._raw:
             a = np.frombuffer(ids, dtype=np.intc) if len(ids) else np.zeros(0, np.intc)
             out.append({"seq_id": seq_id, "session_id": sid, "state": state, "num_tokens": ntok,
                         "num_computed": nc, "block_ranges": id_ranges(a),
-                        "last_block_filled": nc - (len(a) - 1) * bs if len(a) else 0,
-                        "request_id": rid, "title": None})
+                        "last_block_filled": last, "request_id": rid, "title": None,
+                        "group_blocks": list(per_group), "released_blocks": released})
         return out
 
     def __getitem__(self, i):
@@ -314,7 +328,7 @@ class KVSnapshot:
             out["compact"] = True
         else:
             out["blocks"] = {"state": self.blocks.state, "ref_count": self.blocks.ref_count,
-                             "filled": self.blocks.filled}
+                             "filled": self.blocks.filled, "group": self.blocks.group}
             out["owners"] = self._owners_json()                          # derived, see `owners`
         out["block_runs"] = self.blocks.runs()
         if not compact:   # shallow: the lists inside are fresh per snapshot (asdict's deep copy costs ~10x)
@@ -333,7 +347,7 @@ class KVSnapshot:
         if d.get("schema", SCHEMA) != SCHEMA or d.get("version", VERSION) > VERSION:
             raise ValueError(f"not a {SCHEMA} v<={VERSION} snapshot: {d.get('schema')} v{d.get('version')}")
         b = d.get("blocks")
-        blocks = BlockArrays(b["state"], b["ref_count"], b["filled"]) if b is not None \
+        blocks = BlockArrays(b["state"], b["ref_count"], b["filled"], b.get("group")) if b is not None \
             else BlockArrays.from_runs(d["block_runs"])                   # a compact snapshot
         seqs = []
         for s in d.get("sequences", []):

@@ -1,59 +1,182 @@
-"""The engine thread's share of a KV snapshot: copies only, so that a dashboard tick on an
-H200-sized pool (350k blocks) costs the engine about a millisecond between two steps.
+"""Stats and snapshots of a KV manager, assembled here (the manager only keeps its counters).
 
-What is copied: the pool's three per-block C arrays (BlockPool.columns(), memcpy), one array("i")
-of block ids per live table (kept up to date incrementally, see `table_ids`), the pins, the
-preemption log and the counters. Everything a reader wants as Python lists (block states,
-ref counts, `shared` flags, `owners`) is derived from those copies later, lazily, on the reader's
-thread (engine/observe/kv_columns.py, engine/observe/kv_contract.py). The copies are private to the snapshot, so
-reading it after the pool has moved on still shows the pool at the snapshot's time.
+`kv_stats(m)` and `take_snapshot(m, request_of)` read the manager's public views: `holders()`
+(running sequences and parked sessions with their per-group tables), the pool's counters and
+C arrays, the pins, the tier link and the counters. Nothing here imports engine/kv (a lower floor
+may not): the manager is read as a value with those attributes.
+
+The engine thread's share of a snapshot is copies only, so that a dashboard tick on an H200-sized
+pool (350k blocks) costs the engine about a millisecond between two steps: the pool's per-block C
+arrays (memcpy), one array("i") of block ids per live table (from the ids list each table keeps up
+to date, engine/kv/group_table.py), the pins, the preemption log and the counters. Everything a
+reader wants as Python lists (block states, ref counts, `shared` flags, `owners`) is derived from
+those copies later, lazily, on the reader's thread (engine/observe/kv_columns.py,
+engine/observe/kv_contract.py). The copies are private to the snapshot.
 """
+
 from __future__ import annotations
 
 import time
 from array import array
-from operator import attrgetter
 
-from engine.observe.kv_contract import BlockArrays, KVSnapshot, LazySequenceViews, PreemptionEvent, TierLoadEvent
+import numpy as np
 
-_block_id = attrgetter("block_id")      # C-level id extraction (map) instead of a Python loop
-
-
-def table_ids(holder) -> array:
-    """A private copy of holder.table's block ids (holder: a running sequence or a parked
-    session, with an `ids_cache` slot). Incremental: a table only grows at its end or swaps its
-    last block (copy-on-write), so the cached ids stay valid while the cached list is the same
-    object and its cached last block is still in place; new entries are appended, anything else
-    rebuilds. Per snapshot: O(blocks added since the last one) + one memcpy."""
-    table, c = holder.table, holder.ids_cache
-    n, ids = len(table), None
-    if c is not None and c[0] is table:
-        _, m, last, cached = c
-        if m <= n and (m == 0 or table[m - 1] is last):
-            ids = cached
-            if m < n:
-                ids.extend(map(_block_id, table[m:]))
-    if ids is None:
-        ids = array("i", map(_block_id, table))
-    holder.ids_cache = (table, n, table[-1] if n else None, ids)
-    return ids[:]
+from engine.observe.kv_contract import (
+    BlockArrays,
+    KVSnapshot,
+    KVStats,
+    LazySequenceViews,
+    PreemptionEvent,
+    TierLoadEvent,
+)
 
 
-def take_snapshot(m, request_of) -> KVSnapshot:
-    """KVCacheManager.kv_snapshot: running sequences first, then parked sessions (LRU first)."""
+def _group_used(m) -> list[int]:
+    """Used blocks per KV cache group (numpy over the pool's columns: no Block is walked)."""
+    n = m.layout.num_groups
+    if n == 1:
+        return [m.pool.num_used]
+    ref = np.frombuffer(m.pool.ref_counts, dtype=np.intc)
+    grp = np.frombuffer(m.pool.groups, dtype=np.int8)
+    return np.bincount(grp[ref > 0].astype(np.int64), minlength=n)[:n].tolist()
+
+
+def _groups(m, holders: list) -> list[dict]:
+    used = _group_used(m)
+    out = []
+    for g, spec in enumerate(m.layout.groups):
+        tables = [h.tables[g] for h in holders]
+        out.append(
+            {
+                "group": g,
+                "kind": spec.kind,
+                "sliding_window": spec.sliding_window,
+                "layers": list(spec.layers),
+                "used_blocks": used[g],
+                "held_blocks": sum(len(t.blocks) for t in tables),
+                "released_entries": sum(t.released for t in tables),
+                "window_released_blocks": m.window_released_blocks[g],
+            }
+        )
+    return out
+
+
+def kv_stats(m) -> KVStats:
+    """Counters for metrics and the dashboard; O(live tables)."""
+    pool, bs, layout = m.pool, m.block_size, m.layout
+    running, parked = (list(h) for h in m.holders())
+    holders = running + parked
+    used = pool.num_used
+    logical = sum(len(t.blocks) for h in holders for t in h.tables)
+    full_attention = sum(len(t) for h in holders for t in h.tables)
+    # a contiguous cache reserves max_model_len for every layer of every live sequence (in blocks
+    # of the pool's P layer slots: num_layers / P of them per position; 1 for one group)
+    contiguous = -(
+        -len(holders) * -(-m.max_model_len // bs) * layout.num_layers // layout.pool_layers
+    )
+    chat_used = used - m.pins.num_pin_only_blocks  # what the live tables hold
+    link = m.tier_link
+    tier = (
+        dict(
+            swap_preemptions=link.swap_preemptions,
+            tokens_swapped_out=link.tokens_swapped_out,
+            tier_loaded_tokens=link.loaded_tokens,
+            **link.stats(),
+        )
+        if link is not None
+        else {}
+    )
+    return KVStats(
+        block_size=bs,
+        total_blocks=pool.num_blocks,
+        free_blocks=pool.num_free,
+        used_blocks=used,
+        cached_blocks=pool.num_cached_free,
+        shared_blocks=pool.num_shared - m.pins.num_pinned_shared,     # not pinned (issue 47)
+        peak_used_blocks=max(pool.peak_used, used),
+        logical_blocks=logical,
+        kv_bytes_per_token=m.kv_bytes_per_token,
+        kv_bytes_per_block=m.kv_bytes_per_token * bs,
+        kv_capacity_tokens=pool.num_blocks * bs,
+        used_tokens=pool.num_used_tokens,
+        prefix_cache_queries=m.prefix_cache_queries,
+        prefix_cache_hits=m.prefix_cache_hits,
+        num_preemptions=m.num_preemptions,
+        savings_vs_unshared=1 - chat_used / logical if logical else 0.0,
+        savings_vs_contiguous=1 - chat_used / contiguous if contiguous else 0.0,
+        num_sequences=len(running),
+        num_idle_sessions=len(parked),
+        internal_fragmentation_tokens=used * bs - pool.num_used_tokens,
+        usage=used / pool.num_blocks,
+        pinned_blocks=m.pins.num_pinned_blocks,
+        max_pinned_blocks=m.pins.max_blocks,
+        chat_used_blocks=chat_used,
+        tokens_recomputed_after_preempt=m.tokens_recomputed_after_preempt,
+        spec_rollbacks=m.spec_rollbacks,
+        spec_rolled_back_slots=m.spec_rolled_back_slots,
+        num_groups=layout.num_groups,
+        window_released_blocks=sum(m.window_released_blocks),
+        full_attention_blocks=full_attention,
+        savings_vs_full_attention=1 - chat_used / full_attention if full_attention else 0.0,
+        kv_groups=_groups(m, holders),
+        **tier,
+    )
+
+
+def _table_ids(holder) -> array:
+    """A private copy of the holder's live block ids, group 0 first (array slices: memcpys)."""
+    tables = holder.tables
+    if len(tables) == 1:
+        return tables[0].ids[tables[0].released :]
+    out = array("i")
+    for t in tables:
+        out.extend(t.ids[t.released :])
+    return out
+
+
+def _raw(holder, state: str, num_computed: int, seq_id, request_id, bs: int) -> tuple:
+    t0 = holder.tables[0]
+    last = num_computed - (len(t0) - 1) * bs if len(t0) else 0
+    return (
+        seq_id,
+        holder.session_id,
+        state,
+        len(holder.tokens),
+        num_computed,
+        _table_ids(holder),
+        request_id,
+        last,
+        [len(t.blocks) for t in holder.tables],
+        sum(t.released for t in holder.tables),
+    )
+
+
+def take_snapshot(m, request_of=lambda seq_id: None) -> KVSnapshot:
+    """Running sequences first, then parked sessions (LRU first)."""
     running, parked = m.holders()
-    raw = [(s.seq_id, s.session_id, "running", len(s.tokens), s.num_computed, table_ids(s),
-            request_of(s.seq_id)) for s in running]
-    raw += [(None, s.session_id, "idle_session", len(s.tokens), len(s.tokens), table_ids(s), None)
-            for s in parked]
+    bs = m.block_size
+    raw = [_raw(s, "running", s.num_computed, s.seq_id, request_of(s.seq_id), bs) for s in running]
+    raw += [_raw(s, "idle_session", len(s.tokens), None, None, bs) for s in parked]
     ref, filled, hashed = m.pool.columns()
+    groups = m.pool.group_column() if m.layout.num_groups > 1 else None
     pins = m.pins.views()
-    pinned = {b for p in pins for b in p.block_table}      # an app pin is its own state (engine/kv/pinning.py)
+    pinned = {
+        b for p in pins for b in p.block_table
+    }  # an app pin is its own state (engine/kv/pinning.py)
+    link = m.tier_link
     return KVSnapshot(
-        time=time.time(), block_size=m.block_size, num_blocks=m.pool.num_blocks, stats=m.kv_stats(),
-        blocks=BlockArrays.from_columns(ref, filled, hashed, pinned),
-        sequences=LazySequenceViews(raw, ref, m.block_size),
+        time=time.time(),
+        block_size=bs,
+        num_blocks=m.pool.num_blocks,
+        stats=kv_stats(m),
+        blocks=BlockArrays.from_columns(ref, filled, hashed, pinned, groups),
+        sequences=LazySequenceViews(raw, ref, bs),
         pins=pins,
-        preemption_events=[PreemptionEvent(request_id=request_of(e["seq_id"]), **e)
-                           for e in m.preemption_events],
-        tier_events=[TierLoadEvent(request_id=request_of(e["seq_id"]), **e) for e in m.tier_load_events])
+        preemption_events=[
+            PreemptionEvent(request_id=request_of(e["seq_id"]), **e) for e in m.preemption_events
+        ],
+        tier_events=[
+            TierLoadEvent(request_id=request_of(e["seq_id"]), **e)
+            for e in (link.load_events if link is not None else ())
+        ],
+    )

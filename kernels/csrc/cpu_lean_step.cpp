@@ -19,7 +19,8 @@
 //
 // Per layer, the pointer table holds (int64, 0 = absent):
 //   ln1, qkv, qkv_bias, o, o_bias, ln2, gate_up, down, qkv_scale, o_scale, gate_up_scale, down_scale
-// KV pool: [2, L, num_blocks, block_size, KVH, D] contiguous in the activation dtype, or an int8
+// KV pool: [2, PL, num_blocks, block_size, KVH, D] (PL = L, or a KV cache group's P layer slots)
+// contiguous in the activation dtype, or an int8
 // pool [2, L, num_blocks, block_size, KVH, D + 4] (kernels/kv_quant.py: D codes, then the row's fp32
 // scale), optionally stored rotated by R [D, D] fp32 (symmetric, R R = I). For int8 the step does
 // what the loop does around its kernels (engine/exec/models/llama_cpu_fused.py): RoPE into a scratch
@@ -97,6 +98,9 @@ struct Step {
   const int64_t* ext;      // per layer kExt entries (header), or null: a plain Llama layer
   float embed_scale;       // Gemma: embeddings times dtype(embed_scale); 0: none
   int act_kind;            // 0: SiLU, 1: GELU-tanh
+  // KV cache groups (engine/kv/cache_spec.py): layer i's pool slot and group, [L, 2], or null (slot i,
+  // group 0); the pool has PL layer slots; slots are [G, nT] and tables [G, S, W_], one per group
+  const int32_t* layer_kv; int PL; int S;
   std::vector<T> qkv, q, delta, gu, act, lg;
   std::vector<std::vector<T>> own_d;      // ext post norms: per thread, the normed delta
   std::vector<int64_t> zpos;              // ext no-RoPE layers: position 0 for every token
@@ -219,10 +223,14 @@ struct Step {
       const T* lsin = xe && xe[X_SIN] ? reinterpret_cast<const T*>(xe[X_SIN]) : sin;
       const int64_t* lpos = xe && xe[X_NO_ROPE] ? zpos.data() : positions;
       const int window = xe ? static_cast<int>(xe[X_WINDOW]) : 0;
-      T* kc = q8 ? nullptr : pool + static_cast<long>(i) * slab;
-      T* vc = q8 ? nullptr : pool + static_cast<long>(L + i) * slab;
-      int8_t* kc8 = q8 ? pool8 + static_cast<long>(i) * slab8 : nullptr;
-      int8_t* vc8 = q8 ? pool8 + static_cast<long>(L + i) * slab8 : nullptr;
+      const long kslot = layer_kv ? layer_kv[2L * i] : i;                 // the layer's pool slot
+      const long grp = layer_kv ? layer_kv[2L * i + 1] : 0;                // and its KV cache group
+      const int64_t* lslots = slots + grp * nT;
+      const int32_t* ltables = tables + grp * S * static_cast<long>(W_);
+      T* kc = q8 ? nullptr : pool + kslot * slab;
+      T* vc = q8 ? nullptr : pool + (PL + kslot) * slab;
+      int8_t* kc8 = q8 ? pool8 + kslot * slab8 : nullptr;
+      int8_t* vc8 = q8 ? pool8 + (PL + kslot) * slab8 : nullptr;
       layer_ops::add_rms_norm<K>(x.data(), i ? resid(delta.data(), xprev, X_POST_FF, tid) : nullptr,
                                  reinterpret_cast<const T*>(p[LN1]), a.data(), nT, Dm, eps, 1);
       to_f32<K>(a.data(), xf.data(), nT * static_cast<long>(Dm));
@@ -238,14 +246,14 @@ struct Step {
             }
         }
         if (!q8) {
-          layer_ops::rope_store<K>(qkv.data(), nT, H, KVH, D, lcos, lsin, lpos, slots, q.data(), kc, vc, 1);
+          layer_ops::rope_store<K>(qkv.data(), nT, H, KVH, D, lcos, lsin, lpos, lslots, q.data(), kc, vc, 1);
         } else {
           layer_ops::rope_store<K>(qkv.data(), nT, H, KVH, D, lcos, lsin, lpos, scratch_slots.data(), q.data(),
                                    ks.data(), vs.data(), 1);
           for (int t = 0; t < nT; ++t) {
-            if (slots[t] < 0) continue;
+            if (lslots[t] < 0) continue;
             for (int h = 0; h < KVH; ++h) {
-              const long src = (static_cast<long>(t) * KVH + h) * D, dst = (slots[t] * KVH + h) * row8;
+              const long src = (static_cast<long>(t) * KVH + h) * D, dst = (lslots[t] * KVH + h) * row8;
               store_q8(&ks[src], kc8 + dst);
               store_q8(&vs[src], vc8 + dst);
             }
@@ -256,7 +264,7 @@ struct Step {
       }
       bar.wait();
       for (int t = 0; t < nT; ++t) {         // causal: token t sees its sequence up to itself
-        const int32_t* table = tables + static_cast<long>(tok_seq[t]) * W_;
+        const int32_t* table = ltables + static_cast<long>(tok_seq[t]) * W_;
         const int first = paged_decode::window_lo(tok_len[t], window);     // ext: a sliding window
         if (q8) attention<int8_t>(&qf[t * hd], kc8, vc8, table, tok_len[t], &of[t * hd], tid, first);
         else attention<T>(&qf[t * hd], kc, vc, table, tok_len[t], &of[t * hd], tid, first);
@@ -347,8 +355,9 @@ int lean_step_max_tokens() { return kMaxTokens; }
 // beyond the pool), 5 logits row, 6 token count (1..kMaxTokens) or sequence layout (cu_seqlens_q
 // not rising from 0 to the token count, a sequence with more new tokens than context); 7: no
 // memory or threads for the step (nothing written).
-// S sequences: tables [S, W_], seq_lens [S] (context incl. this step's tokens), cu [S + 1] (query
-// token offsets), as AttentionMetadata holds them.
+// S sequences: tables [G, S, W_], seq_lens [S] (context incl. this step's tokens), cu [S + 1] (query
+// token offsets), slots [G, nT], as AttentionMetadata holds them per KV cache group; layer_kv [L, 2]
+// (pool slot, group) of each layer, or null for one group (slot = layer, PL = L, G = 1).
 #define LEAN_STEP(NAME, K, W)                                                                            \
   int NAME(const int64_t* ptrs, int L, int Dm, int H, int KVH, int D, int I, const void* embed, long vocab,  \
            const int64_t* tokens, const int64_t* positions, const int64_t* slots, int nT,                   \
@@ -356,19 +365,24 @@ int lean_step_max_tokens() { return kMaxTokens; }
            const void* cos, const void* sin, long P, void* pool, long num_blocks, int BS,                   \
            const int32_t* tables, int W_, int S, const int32_t* seq_lens, const int32_t* cu, float eps,    \
            float scale, float* logits, int n, int tiled, int q8, const float* rot, const int64_t* ext,       \
-           float embed_scale, int act_kind) {                                                               \
+           float embed_scale, int act_kind, const int32_t* layer_kv, int PL, int G) {                      \
     using T = K::T;                                                                                        \
     if (nT < 1 || nT > kMaxTokens || S < 1 || cu[0] != 0 || cu[S] != nT) return 6;                         \
+    if (G < 1 || PL < 1 || (layer_kv == nullptr && (G != 1 || PL != L))) return 4;                         \
+    for (int i = 0; layer_kv != nullptr && i < L; ++i)                                                      \
+      if (layer_kv[2 * i] < 0 || layer_kv[2 * i] >= PL || layer_kv[2 * i + 1] < 0 || layer_kv[2 * i + 1] >= G) \
+        return 4;                                                                                          \
     int32_t tok_seq[kMaxTokens], tok_len[kMaxTokens];                                                      \
     for (int s = 0; s < S; ++s) {                                                                          \
       const int q = cu[s + 1] - cu[s];                                                                     \
       if (q < 0 || q > seq_lens[s]) return 6;                                                              \
       const long nblk = (static_cast<long>(seq_lens[s]) + BS - 1) / BS;                                   \
       if (nblk > W_) return 4;                                                                             \
-      for (long j = 0; j < nblk; ++j) {                                                                    \
-        const int32_t b = tables[static_cast<long>(s) * W_ + j];                                           \
-        if (b < 0 || b >= num_blocks) return 4;                                                            \
-      }                                                                                                    \
+      for (long g = 0; g < G; ++g)                   /* every group's table (released: block 0) */         \
+        for (long j = 0; j < nblk; ++j) {                                                                  \
+          const int32_t b = tables[(g * S + s) * W_ + j];                                                  \
+          if (b < 0 || b >= num_blocks) return 4;                                                          \
+        }                                                                                                  \
       for (int t = cu[s]; t < cu[s + 1]; ++t) {                                                            \
         tok_seq[t] = s;                                                                                    \
         tok_len[t] = seq_lens[s] - q + (t - cu[s]) + 1;                                                    \
@@ -377,7 +391,8 @@ int lean_step_max_tokens() { return kMaxTokens; }
     for (int t = 0; t < nT; ++t) {                                                                         \
       if (tokens[t] < 0 || tokens[t] >= vocab) return 1;                                                   \
       if (positions[t] < 0 || positions[t] >= P) return 2;                                                 \
-      if (slots[t] < -1 || slots[t] >= num_blocks * BS) return 3;   /* -1: a pad row, nothing stored */ \
+      for (long g = 0; g < G; ++g)                   /* -1: a pad row, nothing stored */                   \
+        if (slots[g * nT + t] < -1 || slots[g * nT + t] >= num_blocks * BS) return 3;                      \
     }                                                                                                      \
     for (int r = 0; r < R; ++r)                                                                            \
       if (rows[r] < 0 || rows[r] >= nT) return 5;                                                          \
@@ -385,7 +400,7 @@ int lean_step_max_tokens() { return kMaxTokens; }
                   rows, R, static_cast<const T*>(norm), static_cast<const W*>(lm_head), lm_scale, V,       \
                   static_cast<const T*>(cos), static_cast<const T*>(sin), static_cast<T*>(pool),           \
                   num_blocks, BS, tables, W_, tok_seq, tok_len, eps, scale, logits, std::max(1, n),        \
-                  tiled != 0, q8 != 0, rot, ext, embed_scale, act_kind};                                   \
+                  tiled != 0, q8 != 0, rot, ext, embed_scale, act_kind, layer_kv, PL, S};                  \
     return step<K, W>(st) ? 0 : 7;                                                                         \
   }
 

@@ -22,6 +22,7 @@ def test_k4_300_token_prompt_memory(make_llm, monkeypatch):
     assert len(ids) == PROMPT_LEN
 
     from engine.kv.kv_cache_manager import KVCacheManager
+    from engine.observe.kv_snapshot import take_snapshot
     copies, managers = [], []
     real_take = KVCacheManager.take_pending_copies
 
@@ -38,7 +39,7 @@ def test_k4_300_token_prompt_memory(make_llm, monkeypatch):
         events.append(ev)
         if not ev.done and len(ev.beams) == K and not shared_views:
             request_of = lambda seq_id: str(seq_id).rsplit("#", 1)[0]      # noqa: E731
-            shared_views.append(managers[0].kv_snapshot(request_of=request_of).to_json())
+            shared_views.append(take_snapshot(managers[0], request_of=request_of).to_json())
 
     handle = llm.submit_beam_search({"prompt_token_ids": ids},
                                     BeamSearchParams(beam_width=K, max_tokens=GEN, ignore_eos=True),

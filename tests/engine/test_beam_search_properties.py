@@ -12,6 +12,7 @@ from hypothesis import event, given, settings, strategies as st
 
 from engine.core.beam_search import reshape_beams
 from engine.kv.kv_cache_manager import KVCacheManager
+from engine.observe.kv_snapshot import kv_stats
 
 BS = 8
 
@@ -47,7 +48,7 @@ class _Sim:
         for blk in m.pool.blocks:
             assert blk.ref_count == holders.get(blk.block_id, 0), blk
         assert len(list(m.pool.iter_free())) == m.pool.num_free == m.num_blocks - len(holders)
-        assert m.stats()["shared_blocks"] == sum(1 for c in holders.values() if c >= 2)
+        assert kv_stats(m).to_json()["shared_blocks"] == sum(1 for c in holders.values() if c >= 2)
         for b in beams:
             n = m.num_computed(b.seq_id)
             assert [self.kv[s] for s in m.slots_for(b.seq_id, 0, n)] == b.token_ids[:n], "wrong KV"

@@ -89,7 +89,7 @@ def test_imports_run_down_the_floors_only():
 
 # Value types execution may take from the KV wing (issue 46): execution reads a step's plan
 # (engine/step_plan.py), never the manager, so that memory management can change under it.
-EXEC_MAY_IMPORT_FROM_KV: frozenset[str] = frozenset()
+EXEC_MAY_IMPORT_FROM_KV: frozenset[str] = frozenset({"engine.kv.cache_spec"})  # KV cache groups
 
 
 def exec_kv_imports() -> list[str]:

@@ -7,6 +7,7 @@ import pytest
 from engine.kv import block_hash
 from engine.errors import KVCacheError, NoFreeBlocksError
 from engine.kv.kv_cache_manager import KVCacheManager
+from engine.observe.kv_snapshot import kv_stats, take_snapshot
 
 BS = 8
 
@@ -59,8 +60,8 @@ def test_hits_only_on_full_blocks_and_shared_refcounts():
     assert add_all(m, "c", toks(17)) == 16
     assert m.block_table("b")[:2] == m.block_table("c")[:2] == [0, 1]
     assert refs(m)[:2] == [3, 3]                    # ref_count == number of tables
-    assert m.stats()["shared_blocks"] == 2
-    st = m.stats()
+    assert kv_stats(m).to_json()["shared_blocks"] == 2
+    st = kv_stats(m).to_json()
     assert st["prefix_cache_queries"] == 20 + 21 + 17 and st["prefix_cache_hits"] == 32
 
 
@@ -75,7 +76,7 @@ def test_free_count_conservation_and_eviction_order():
     assert all(r == 0 for r in refs(m))
     # Hashless partial blocks and never-used blocks first, then b's private tail, shared head last.
     assert free_ids(m) == [4, 2, 5, 6, 7, 8, 9, 3, 1, 0]
-    st = m.stats()
+    st = kv_stats(m).to_json()
     assert st["cached_blocks"] == 3 and st["used_tokens"] == 0 and st["logical_blocks"] == 0
 
 
@@ -101,7 +102,7 @@ def test_hit_revives_cached_block_from_middle_of_free_list():
     add_all(m, "b", toks(8, 500) + [1])             # hit on block 0, in the middle
     assert m.block_table("b") == [0, 2]
     assert free_ids(m) == [4, 5, 3, 1]
-    assert m.stats()["cached_blocks"] == 2
+    assert kv_stats(m).to_json()["cached_blocks"] == 2
 
 
 def test_reused_evicted_block_loses_hash_and_is_no_longer_a_hit():
@@ -119,7 +120,7 @@ def test_reused_evicted_block_loses_hash_and_is_no_longer_a_hit():
 
 def state(m):
     tables = {s: m.block_table(s) for s in list(m._seqs)}
-    return (refs(m), free_ids(m), dict(m.pool.cached), m.stats(), m.parked_owners(), tables,
+    return (refs(m), free_ids(m), dict(m.pool.cached), kv_stats(m).to_json(), m.parked.owners(), tables,
             [m.num_computed(s) for s in tables])
 
 
@@ -141,7 +142,7 @@ def test_failed_allocation_changes_nothing():
     assert (e.value.needed, e.value.available) == (6, 5)
     assert state(m) == before
     m.allocate_slots("d", 40)                       # 5 fit: the idle session is released
-    assert m.parked_owners() == [] and m.num_free_blocks == 0
+    assert m.parked.owners() == [] and m.num_free_blocks == 0
 
 
 def test_copy_on_write_exactly_once():
@@ -163,7 +164,7 @@ def test_copy_on_write_exactly_once():
     child.extend([1, 2, 3])
     m.allocate_slots("c", 3)
     assert m.take_pending_copies() == [] and m.block_table("p") == [0, 1, 2]
-    assert m.stats()["used_tokens"] == 16 + 5 + 8
+    assert kv_stats(m).to_json()["used_tokens"] == 16 + 5 + 8
 
 
 def test_pending_copy_dropped_when_destination_is_freed():
@@ -208,7 +209,7 @@ def test_prefix_caching_disabled():
     m = mgr(enable_prefix_caching=False)
     add_all(m, "a", toks(17))
     m.park("a", "s")
-    assert m.parked_owners() == [] and m.num_used_blocks == 0
+    assert m.parked.owners() == [] and m.num_used_blocks == 0
     assert m.lookup_prefix(toks(17)) == 0 and m.pool.cached == {}
 
 
@@ -228,14 +229,14 @@ def test_session_park_and_adopt_reuses_to_the_token():
     run_turn(m, "t1", turn1, 9)                     # 13 + 8 computed = 21 tokens, 3 blocks
     table = m.block_table("t1")
     m.park("t1", "chat")
-    assert m.parked_owners() == ["chat"] and m.num_used_blocks == 3
+    assert m.parked.owners() == ["chat"] and m.num_used_blocks == 3
     turn2 = turn1 + toks(5, 200)                    # prompt includes the uncomputed last token
     assert m.lookup_prefix(turn2) == 16             # blocks only
     assert m.lookup_prefix(turn2, session_id="chat") == 21
     assert run_turn(m, "t2", turn2, 1, session="chat") == 21
-    assert m.block_table("t2")[:3] == table and m.parked_owners() == []
+    assert m.block_table("t2")[:3] == table and m.parked.owners() == []
     assert refs(m)[:3] == [1, 1, 1]                 # ownership moved, no extra refs
-    st = m.stats()
+    st = kv_stats(m).to_json()
     assert st["prefix_cache_hits"] == 21 and st["logical_blocks"] == st["used_blocks"] == 4
 
 
@@ -271,12 +272,12 @@ def test_idle_sessions_released_lru_under_pressure():
     assert m.num_free_blocks == 2
     with pytest.raises(NoFreeBlocksError):          # 9 blocks can never fit: nothing released
         add_all(m, "big", toks(72, 5000))
-    assert m.parked_owners() == ["s1", "s2", "s3"]
+    assert m.parked.owners() == ["s1", "s2", "s3"]
     add_all(m, "x", toks(25, 7000))                 # 4 blocks: releases s1 only
-    assert m.parked_owners() == ["s2", "s3"]
+    assert m.parked.owners() == ["s2", "s3"]
     # Reusing s2 (the LRU one) while short of blocks: s3 goes, s2 is adopted, not released.
     assert add_all(m, "y", toks(12, 5000) + toks(20, 9000), session_id="s2") == 12
-    assert m.parked_owners() == [] and m.block_table("y")[:2] == [2, 3]
+    assert m.parked.owners() == [] and m.block_table("y")[:2] == [2, 3]
 
 
 def test_session_reuse_of_identical_tokens_leaves_one_token():
@@ -324,14 +325,14 @@ def test_misuse_errors_name_the_sequence():
         m.free("a")
     with pytest.raises(KVCacheError):
         m.preempt(12345)
-    assert m.release_parked("nope") is False and m.num_used_blocks == 0
+    assert m.parked.release("nope") is False and m.num_used_blocks == 0
 
 
 def test_preempt_counts_and_records():
     m = mgr()
     add_all(m, 7, toks(11))
     assert m.preempt(7) == 11
-    st = m.stats()
+    st = kv_stats(m).to_json()
     assert st["num_preemptions"] == 1 and st["used_blocks"] == 0
     ev = list(m.preemption_events)
     assert ev[0]["seq_id"] == 7 and ev[0]["tokens_lost"] == 11 and ev[0]["time"] > 0
@@ -345,19 +346,19 @@ num_sequences num_idle_sessions internal_fragmentation_tokens""".split())
 
 def test_stats_values():
     m = mgr(10, max_model_len=64, kv_bytes_per_token=100)
-    assert STATS_KEYS <= set(m.stats())
-    assert m.stats()["savings_vs_unshared"] == 0 and m.stats()["savings_vs_contiguous"] == 0
+    assert STATS_KEYS <= set(kv_stats(m).to_json())
+    assert kv_stats(m).to_json()["savings_vs_unshared"] == 0 and kv_stats(m).to_json()["savings_vs_contiguous"] == 0
     t = toks(12)
     add_all(m, "a", t)
     m.fork("a", "b", list(t))
-    st = m.stats()
+    st = kv_stats(m).to_json()
     assert (st["used_blocks"], st["logical_blocks"], st["shared_blocks"]) == (2, 4, 2)
     assert st["savings_vs_unshared"] == 0.5 and st["savings_vs_contiguous"] == 1 - 2 / 16
     assert st["used_tokens"] == 12 and st["internal_fragmentation_tokens"] == 4
     assert st["kv_bytes_per_block"] == 800 and st["kv_capacity_tokens"] == 80
     m.free("a")
     m.free("b")
-    assert m.stats()["peak_used_blocks"] == 2 and m.stats()["cached_blocks"] == 1
+    assert kv_stats(m).to_json()["peak_used_blocks"] == 2 and kv_stats(m).to_json()["cached_blocks"] == 1
 
 
 def test_snapshot_shape_and_json():
@@ -368,7 +369,7 @@ def test_snapshot_shape_and_json():
     m.park("a", "s")
     add_all(m, "c", toks(9, 60))
     m.free("c")
-    snap = json.loads(json.dumps(m.snapshot()))
+    snap = json.loads(json.dumps(take_snapshot(m).to_json()))
     assert snap["blocks"]["state"][:4] == ["used", "used", "cached", "free"]
     assert snap["blocks"]["ref_count"][:4] == [2, 2, 0, 0]
     assert snap["blocks"]["filled"][:4] == [8, 4, 8, 0]
@@ -386,6 +387,6 @@ def test_snapshot_is_cheap_at_10k_blocks():
     times = []
     for _ in range(5):
         t0 = time.perf_counter()
-        m.snapshot()
+        take_snapshot(m).to_json()
         times.append(time.perf_counter() - t0)
     assert min(times) < 0.020, times

@@ -13,6 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from engine.errors import KVCacheError, NoFreeBlocksError
 from engine.kv.block_hash import hash_block_tokens
 from engine.kv.kv_cache_manager import KVCacheManager
+from engine.observe.kv_snapshot import kv_stats
 
 settings.register_profile("kv-ci", max_examples=200, stateful_step_count=100, deadline=None)
 settings.register_profile("kv-dev", max_examples=30, stateful_step_count=50, deadline=None)
@@ -37,9 +38,9 @@ class KVMachine(RuleBasedStateMachine):
     def fingerprint(self):
         m = self.m
         return ([b.ref_count for b in m.pool.blocks], [b.block_id for b in m.pool.iter_free()],
-                {h: b.block_id for h, b in m.pool.cached.items()}, m.parked_owners(),
+                {h: b.block_id for h, b in m.pool.cached.items()}, m.parked.owners(),
                 {s: (m.block_table(s), m.num_computed(s)) for s in m._seqs},
-                list(m._pending), {k: v for k, v in m.stats().items()})
+                list(m._pending), {k: v for k, v in kv_stats(m).to_json().items()})
 
     def write(self, seq_id, start, end):
         """The runner's part: CoW copies first, then this step's new KV."""
@@ -48,13 +49,16 @@ class KVMachine(RuleBasedStateMachine):
             event("copy-on-write")
         for src, dst in copies:
             self.kv[dst * BS:(dst + 1) * BS] = self.kv[src * BS:(src + 1) * BS]
-        toks = self.running[seq_id]
-        for pos, slot in zip(range(start, end), self.m.slots_for(seq_id, start, end)):
-            self.kv[slot] = toks[pos]
+        self.store(seq_id, start, self.running[seq_id][start:end])
+
+    def store(self, seq_id, start, tokens):
+        """The forward's KV store: `tokens` at positions start, start + 1, ..."""
+        for pos, slot in zip(range(start, start + len(tokens)), self.m.slots_for(seq_id, start, start + len(tokens))):
+            self.kv[slot] = tokens[pos - start]
 
     def sync_sessions(self):
         """Idle sessions may be released under pressure; mirror that (never invent one)."""
-        live = self.m.parked_owners()
+        live = self.m.parked.owners()
         assert set(live) <= set(self.idle)
         if len(live) < len(self.idle):
             event("idle session released under pressure")
@@ -149,9 +153,7 @@ class KVMachine(RuleBasedStateMachine):
         copies = self.m.take_pending_copies()
         for src, dst in copies:
             self.kv[dst * BS:(dst + 1) * BS] = self.kv[src * BS:(src + 1) * BS]
-        scored = toks[nc:] + draft
-        for pos, slot in zip(range(nc, nc + u + k), self.m.slots_for(sid, nc, nc + u + k)):
-            self.kv[slot] = scored[pos - nc]
+        self.store(sid, nc, toks[nc:] + draft)
         a = data.draw(st.integers(0, k))
         event(f"speculative: {'all' if a == k else 'some' if a else 'none'} accepted")
         assert self.m.rollback(sid, nc + u + a) == k - a
@@ -198,7 +200,7 @@ class KVMachine(RuleBasedStateMachine):
 
     @rule(session=st.sampled_from(SESSIONS))
     def release_parked(self, session):
-        assert self.m.release_parked(session) == (session in self.idle)
+        assert self.m.parked.release(session) == (session in self.idle)
         self.idle.pop(session, None)
 
     # ---- invariants ----------------------------------------------------------------------
@@ -206,8 +208,8 @@ class KVMachine(RuleBasedStateMachine):
     def pool_is_consistent(self):
         m, pool = self.m, self.m.pool
         tables = {("seq", s): [pool.blocks[i] for i in m.block_table(s)] for s in self.running}
-        for s, sess in m._parked.items():
-            tables[("session", s)] = sess.table
+        for sess in m.parked:
+            tables[("session", sess.session_id)] = [b for t in sess.tables for b in t.blocks]
         holders = [0] * pool.num_blocks
         for table in tables.values():
             for b in table:
@@ -220,7 +222,7 @@ class KVMachine(RuleBasedStateMachine):
         for h, b in pool.cached.items():
             assert b.block_hash == h and hash_block_tokens(b.parent_hash, b.token_ids, b.salt) == h
             assert self.kv[b.block_id * BS:(b.block_id + 1) * BS] == list(b.token_ids)
-        st_ = m.stats()
+        st_ = kv_stats(m).to_json()
         assert st_["cached_blocks"] == sum(1 for b in free if b.block_hash is not None)
         assert st_["shared_blocks"] == sum(1 for n in holders if n >= 2)
         assert st_["used_tokens"] == sum(b.filled for b in pool.blocks if b.ref_count)
@@ -236,10 +238,11 @@ class KVMachine(RuleBasedStateMachine):
             if nc:          # the last block's fill is what was computed (a rollback resets it)
                 assert m.pool.blocks[m.block_table(sid)[-1]].filled == nc - (-(-nc // BS) - 1) * BS
             assert [self.kv[s] for s in m.slots_for(sid, 0, nc)] == toks[:nc]
-        assert m.parked_owners() == list(self.idle)
-        for s, sess in m._parked.items():
+        assert m.parked.owners() == list(self.idle)
+        for sess in m.parked:
+            s = sess.session_id
             slots = [b.block_id * BS + p % BS for p, b in
-                     ((p, sess.table[p // BS]) for p in range(len(sess.tokens)))]
+                     ((p, sess.tables[0][p // BS]) for p in range(len(sess.tokens)))]
             assert [self.kv[x] for x in slots] == sess.tokens == self.idle[s]
             assert len(sess.hashes) == len(sess.tokens) // BS, "a parked full block is not in the prefix cache"
 
@@ -249,10 +252,10 @@ class KVMachine(RuleBasedStateMachine):
         for sid in list(self.running):
             self.m.free(sid)
         for s in list(self.idle):
-            assert self.m.release_parked(s)
-        st_ = self.m.stats()
+            assert self.m.parked.release(s)
+        st_ = kv_stats(self.m).to_json()
         assert st_["used_blocks"] == 0 and st_["free_blocks"] == self.m.num_blocks
-        assert st_["used_tokens"] == 0 and st_["shared_blocks"] == 0 and not self.m.parked_owners()
+        assert st_["used_tokens"] == 0 and st_["shared_blocks"] == 0 and not self.m.parked.owners()
 
 
 KVMachine.TestCase.settings = settings.get_profile(os.environ.get("KV_HYPOTHESIS_PROFILE", "kv-ci"))

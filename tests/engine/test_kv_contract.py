@@ -5,6 +5,7 @@ import json
 
 from engine.kv.kv_cache_manager import KVCacheManager
 from engine.observe.kv_contract import SCHEMA, VERSION, KVSnapshot, KVStats
+from engine.observe.kv_snapshot import kv_stats, take_snapshot
 
 
 def _manager():
@@ -16,7 +17,7 @@ def _manager():
 
 
 def test_json_is_versioned_and_round_trips():
-    snap = _manager().kv_snapshot(request_of=lambda s: s.split("#")[0])
+    snap = take_snapshot(_manager(), request_of=lambda s: s.split("#")[0])
     d = json.loads(json.dumps(snap.to_json()))
     assert d["schema"] == SCHEMA and d["version"] == VERSION
     back = KVSnapshot.from_json(d)
@@ -25,7 +26,7 @@ def test_json_is_versioned_and_round_trips():
 
 
 def test_stats_agree_with_the_block_arrays_and_count_sharing():
-    snap = _manager().kv_snapshot()
+    snap = take_snapshot(_manager())
     st, refs = snap.stats, snap.blocks.ref_count
     assert st.used_blocks == sum(1 for r in refs if r) == 4 and st.shared_blocks == 2
     assert st.logical_blocks == sum(len(s.block_table) for s in snap.sequences) == 6
@@ -36,13 +37,13 @@ def test_stats_agree_with_the_block_arrays_and_count_sharing():
 def test_one_preemption_log_with_victim_and_tokens_lost():
     m = _manager()
     assert m.preempt("b#0") == 33
-    ev = m.kv_snapshot(request_of=lambda s: s.split("#")[0]).preemption_events
+    ev = take_snapshot(m, request_of=lambda s: s.split("#")[0]).preemption_events
     assert [(e.request_id, e.seq_id, e.tokens_lost) for e in ev] == [("b", "b#0", 33)]
-    assert m.kv_stats().num_preemptions == 1
+    assert kv_stats(m).num_preemptions == 1
 
 
 def test_a_newer_version_is_refused():
-    d = _manager().kv_snapshot().to_json()
+    d = take_snapshot(_manager()).to_json()
     d["version"] = VERSION + 1
     try:
         KVSnapshot.from_json(d)
@@ -53,7 +54,7 @@ def test_a_newer_version_is_refused():
 
 
 def test_every_v3_field_is_still_produced_with_its_type():
-    d = json.loads(json.dumps(_manager().kv_snapshot().to_json()))
+    d = json.loads(json.dumps(take_snapshot(_manager()).to_json()))
     assert {"schema", "version", "time", "block_size", "num_blocks", "stats", "blocks", "owners",
             "sequences", "preemption_events", "pins"} <= set(d)
     assert all(isinstance(d["blocks"][k], list) and len(d["blocks"][k]) == 32 for k in ("state", "ref_count", "filled"))
@@ -62,7 +63,7 @@ def test_every_v3_field_is_still_produced_with_its_type():
 
 
 def test_compact_form_reads_back_to_the_same_snapshot_and_v3_is_still_read():
-    snap = _manager().kv_snapshot(request_of=lambda s: s.split("#")[0])
+    snap = take_snapshot(_manager(), request_of=lambda s: s.split("#")[0])
     full, compact = snap.to_json(), json.loads(json.dumps(snap.to_json(compact=True)))
     assert compact["compact"] and "blocks" not in compact and "owners" not in compact
     assert compact["block_runs"]["start"] == [0, 2, 3, 4] and compact["block_runs"]["length"] == [2, 1, 1, 28]
@@ -76,7 +77,7 @@ def test_compact_form_reads_back_to_the_same_snapshot_and_v3_is_still_read():
 def test_a_snapshot_read_late_shows_its_own_time():
     """The engine thread only copies; building the lists later must not see later changes."""
     m = _manager()
-    snap = m.kv_snapshot()
+    snap = take_snapshot(m)
     m.allocate_slots("b#0", 40)                 # grows b's table, CoW of nothing, new blocks
     m.free("a#0")
     assert snap.blocks.ref_count[:5] == [2, 2, 1, 1, 0] and len(snap.sequences) == 2
@@ -86,6 +87,6 @@ def test_a_snapshot_read_late_shows_its_own_time():
 def test_a_snapshot_copies_and_pickles_like_plain_data():
     import copy
     import pickle
-    snap = _manager().kv_snapshot()
+    snap = take_snapshot(_manager())
     for other in (copy.deepcopy(snap), pickle.loads(pickle.dumps(snap)), copy.copy(snap)):
         assert other == snap and other.to_json()["blocks"] == snap.to_json()["blocks"]

@@ -16,6 +16,7 @@ from engine.errors import KVCacheError
 from engine.observe.kv_contract import KVSnapshot, compact_json
 from engine.kv.pinning import PinMissError
 from tests.engine.test_kv_cache_properties import BASES, KVMachine
+from engine.observe.kv_snapshot import kv_stats, take_snapshot
 
 
 def request_of(seq_id):
@@ -26,16 +27,17 @@ def reference_json(m) -> dict:
     """The snapshot JSON (minus "time", "block_runs") by walking objects: the pre-issue-13 code path."""
     pool, bs = m.pool, m.block_size
     pinned = {i for info in m.pins.infos() for i in info.block_ids}
-    state, refs, filled = [], [], []
+    state, refs, filled, groups = [], [], [], []
     for b in pool.blocks:
         refs.append(b.ref_count)
         filled.append(b.filled)
+        groups.append(b.group)
         state.append("pinned" if b.block_id in pinned else "used" if b.ref_count
                      else "cached" if b.block_hash is not None else "free")
-    seqs = [(s.seq_id, s.session_id, "running", len(s.tokens), s.num_computed, s.table, request_of(s.seq_id))
-            for s in m._seqs.values()]
-    seqs += [(None, s.session_id, "idle_session", len(s.tokens), len(s.tokens), s.table, None)
-             for s in m._parked.values()]
+    seqs = [(s.seq_id, s.session_id, "running", len(s.tokens), s.num_computed, s.tables[0].blocks,
+             request_of(s.seq_id)) for s in m._seqs.values()]
+    seqs += [(None, s.session_id, "idle_session", len(s.tokens), len(s.tokens), s.tables[0].blocks, None)
+             for s in m.parked]
     owners, views = {}, []
     for seq_id, sid, st_, ntok, nc, table, rid in seqs:
         for b in table:
@@ -43,12 +45,12 @@ def reference_json(m) -> dict:
         views.append({"seq_id": seq_id, "session_id": sid, "state": st_, "num_tokens": ntok, "num_computed": nc,
                       "block_table": [b.block_id for b in table], "shared": [b.ref_count >= 2 for b in table],
                       "last_block_filled": nc - (len(table) - 1) * bs if table else 0,
-                      "request_id": rid, "title": None})
-    return {"block_size": bs, "num_blocks": pool.num_blocks, "stats": m.kv_stats().to_json(),
-            "blocks": {"state": state, "ref_count": refs, "filled": filled}, "owners": owners,
+                      "request_id": rid, "title": None, "group_blocks": [len(table)], "released_blocks": 0})
+    return {"block_size": bs, "num_blocks": pool.num_blocks, "stats": kv_stats(m).to_json(),
+            "blocks": {"state": state, "ref_count": refs, "filled": filled, "group": groups}, "owners": owners,
             "sequences": views,
             "preemption_events": [{"request_id": request_of(e["seq_id"]), **e} for e in m.preemption_events],
-            "tier_events": [{"request_id": request_of(e["seq_id"]), **e} for e in m.tier_load_events],
+            "tier_events": [{"request_id": request_of(e["seq_id"]), **e} for e in (m.tier_link.load_events if m.tier_link else ())],
             "pins": [{"name": i.name, "num_tokens": i.num_tokens, "block_table": list(i.block_ids)}
                      for i in m.pins.infos()]}
 
@@ -100,7 +102,7 @@ class FastSnapshotMachine(KVMachine):
     def pool_is_consistent(self):
         m, pool = self.m, self.m.pool
         holders = [0] * pool.num_blocks
-        tables = [s.table for s in m._seqs.values()] + [s.table for s in m._parked.values()]
+        tables = [s.tables[0].blocks for s in m._seqs.values()] + [s.tables[0].blocks for s in m.parked]
         tables += [[pool.blocks[i] for i in info.block_ids] for info in m.pins.infos()]
         for table in tables:
             for b in table:
@@ -114,17 +116,17 @@ class FastSnapshotMachine(KVMachine):
         ref = reference_json(m)
         for snap, then in self.pending:                   # older snapshots, read only now
             assert comparable(snap.to_json()) == then
-        fast = m.kv_snapshot(request_of=request_of)
+        fast = take_snapshot(m, request_of=request_of)
         full = fast.to_json()
         assert comparable(full) == ref
         assert runs_expand(full["block_runs"]) == (ref["blocks"]["state"], ref["blocks"]["ref_count"],
                                                    ref["blocks"]["filled"])
-        compact = json.loads(json.dumps(m.kv_snapshot(request_of=request_of).to_json(compact=True)))
+        compact = json.loads(json.dumps(take_snapshot(m, request_of=request_of).to_json(compact=True)))
         assert "blocks" not in compact and "owners" not in compact and compact["compact"] is True
         back = KVSnapshot.from_json(compact)
         assert comparable(back.to_json()) == ref
         assert compact_json(full)["sequences"] == compact["sequences"]
-        self.pending = [(m.kv_snapshot(request_of=request_of), ref)]   # read at the next step
+        self.pending = [(take_snapshot(m, request_of=request_of), ref)]   # read at the next step
 
     def teardown(self):
         if hasattr(self, "m"):

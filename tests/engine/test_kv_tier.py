@@ -10,6 +10,7 @@ import pytest
 from engine.kv.kv_cache_manager import KVCacheManager
 from engine.kv.kv_tier import BlockIdentity, FileStore, KVTier, MemoryStore, owner_tag
 from engine.kv.prefix_salt import SharedPrefixSalt
+from engine.observe.kv_snapshot import kv_stats
 
 FP = "f" * 24
 
@@ -165,10 +166,10 @@ def test_evicted_blocks_come_back_from_the_tier_with_their_exact_content(tmp_pat
     b = list(range(500, 541))                       # evicts all of a's cached blocks
     run_turn(m, io, "b", b)
     m.free("b")
-    assert m.tier.stats().writebacks_blocks == 5
+    assert m.tier_link.tier.stats().writebacks_blocks == 5
     assert run_turn(m, io, "a2", a) == 40           # every full block loaded, the last token computed
     assert [io.kv[s] for s in m.slots_for("a2", 0, 41)] == a
-    assert m.kv_stats().tier_loaded_tokens == 40
+    assert kv_stats(m).tier_loaded_tokens == 40
     m.free("a2")
 
 
@@ -227,7 +228,7 @@ def test_a_graceful_stop_keeps_the_pools_cached_blocks_and_a_restart_loads_them(
     m.free("a")
     run_turn(m, io, "b", b)
     m.free("b")
-    assert m.tier.stats().blocks == 0                       # nothing evicted, nothing written yet
+    assert m.tier_link.tier.stats().blocks == 0             # nothing evicted, nothing written yet
     newest = list(m.pool.iter_cached_newest())            # the reverse of eviction order: a finished
     assert len(newest) == 8 and newest[0].token_ids == tuple(b[:8])     # request frees tail first
     assert m.tier_link.save_pool(m.pool, budget_s=0.0)["left"] == 8         # no time: nothing written

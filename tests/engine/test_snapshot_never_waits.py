@@ -9,6 +9,7 @@ import pytest
 
 from engine.kv.kv_cache_manager import KVCacheManager
 from engine.observe.snapshot_cache import SharedSnapshot
+from engine.observe.kv_snapshot import take_snapshot
 
 
 def _manager():
@@ -25,7 +26,7 @@ def test_a_reader_gets_the_previous_snapshot_while_a_take_waits_for_the_engine()
 
     def take():                      # the engine thread answers only between steps
         step.wait()
-        return m.kv_snapshot()
+        return take_snapshot(m)
     shared = SharedSnapshot(take, 0.25, clock=lambda: now[0], max_wait_s=0.05)
     first = shared.json()
     assert shared.takes == 1

@@ -11,6 +11,7 @@ from engine.observe.kv_contract import VERSION, KVSnapshot, expand_ranges
 from engine.observe.snapshot_cache import SharedSnapshot
 from routes.kv import register_kv_route
 from storage.store import Storage
+from engine.observe.kv_snapshot import take_snapshot
 
 BS = 16
 
@@ -20,11 +21,11 @@ class ManagerEngine:
 
     def __init__(self, m, period_s=60.0):
         self.m, self.exact = m, 0
-        self.shared = SharedSnapshot(lambda: m.kv_snapshot(request_of=lambda s: str(s).split("#")[0]), period_s)
+        self.shared = SharedSnapshot(lambda: take_snapshot(m, request_of=lambda s: str(s).split("#")[0]), period_s)
 
     def kv_snapshot(self):
         self.exact += 1
-        return self.m.kv_snapshot()
+        return take_snapshot(self.m)
 
     def snapshot(self):
         return self.kv_snapshot().to_json()
@@ -133,7 +134,7 @@ def test_the_window_stretches_with_the_cost_of_building_its_forms():
             now[0] += 0.001 if compact else 1.0
             return self.snap.to_json(compact=compact)
 
-    shared = SharedSnapshot(lambda: SlowSnapshot(m.kv_snapshot()), 0.25, clock=lambda: now[0])
+    shared = SharedSnapshot(lambda: SlowSnapshot(take_snapshot(m)), 0.25, clock=lambda: now[0])
     shared.json(compact=True)
     assert shared.window_s() == 0.25
     now[0] += 0.3

@@ -13,6 +13,7 @@ import time
 
 from engine.kv.kv_cache_manager import KVCacheManager
 from engine.observe.kv_contract import KVStats
+from engine.observe.kv_snapshot import take_snapshot
 
 
 def make_snapshot(num_blocks: int, block_size: int, seqs: list[dict], *, cached=(),
@@ -89,7 +90,7 @@ def busy_snapshot(num_blocks: int = 3000, users: int = 32, prefix_blocks: int = 
     earlier = [900_000 + j for j in range(40 * block_size)]
     m.add_sequence("earlier#0", earlier, num_new_tokens=len(earlier))
     m.free("earlier#0")                          # its full blocks stay in the prefix cache
-    snap = m.kv_snapshot(request_of=lambda seq_id: "req-" + str(seq_id).split("-")[1].split("#")[0])
+    snap = take_snapshot(m, request_of=lambda seq_id: "req-" + str(seq_id).split("-")[1].split("#")[0])
     stats = dataclasses.replace(snap.stats, running=snap.stats.num_sequences, peak_running=snap.stats.num_sequences,
                                 generated_tokens_total=5_000, max_model_len=8192)
     snap = dataclasses.replace(snap, stats=stats, time=time.time() if t is None else t)

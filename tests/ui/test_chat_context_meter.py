@@ -14,6 +14,7 @@ from tests.ui.fake_engine import FakeLLM, request
 from tests.ui.test_chat_flow import chat_context
 from ui.chat import context_meter as CM
 from ui.chat import summary
+from engine.observe.kv_snapshot import take_snapshot
 
 BS = 16
 
@@ -25,7 +26,7 @@ class ManagerLLM:
         self.m = m
 
     def latest_snapshot(self, compact=False):
-        return self.m.kv_snapshot().to_json(compact=compact)
+        return take_snapshot(self.m).to_json(compact=compact)
 
     def snapshot(self):
         return self.latest_snapshot()
@@ -64,7 +65,7 @@ def test_a_pinned_prompt_counts_as_pinned_in_the_one_vocabulary():
     system = list(range(32))
     m.add_sequence("a#0", system + [900, 901], num_new_tokens=10**9, session_id="a")
     m.pins.pin("shared", system)                               # ref_count 2 (pin + a) but state pinned
-    snap = m.kv_snapshot().to_json()
+    snap = take_snapshot(m).to_json()
     got = CM.from_snapshot(snap, "a", 256)
     assert (got.pinned_blocks, got.pinned_tokens, got.shared_blocks, got.own_tokens) == (2, 32, 0, 2)
     assert snap["stats"]["shared_blocks"] == 0 and snap["stats"]["pinned_blocks"] == 2     # as /api/kv says
@@ -99,7 +100,7 @@ def test_the_meter_follows_the_version_on_screen_not_the_one_the_session_holds(c
     second = ctx.storage.add_sibling(first["id"], "Hello there, friend", token_ids=list(range(8)))
     m = KVCacheManager(16, BS, max_model_len=40)
     m.add_sequence("c#0", list(range(17)), num_new_tokens=10**9, session_id=conv["id"])   # 9 + 8: the second
-    ctx.llm.snap = m.kv_snapshot().to_json()
+    ctx.llm.snap = take_snapshot(m).to_json()
     tab = ctx.tab(request("s1"))
     ctx.tabs.open(tab, conv["id"])
     ctx.tabs.held_by_session(conv["id"], second["id"])

@@ -4,6 +4,7 @@ import json
 
 from engine.kv.kv_cache_manager import KVCacheManager
 from engine.observe.viewer_scope import pin_name_for, scope_snapshot
+from engine.observe.kv_snapshot import take_snapshot
 
 BS = 8
 
@@ -20,7 +21,7 @@ def snapshot():
                        ("demo-1-3", [300])):
         m.add_sequence(sid + "#0", system + extra, num_new_tokens=10**9, session_id=sid)
         m.park(sid + "#0", sid)
-    return m.snapshot()
+    return take_snapshot(m).to_json()
 
 
 def test_without_auth_everything_is_titled():

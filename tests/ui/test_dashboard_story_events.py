@@ -9,6 +9,7 @@ from ui.dashboard.demo_users import DemoLoad
 from tests.ui.fake_engine import FakeLLM
 from ui.dashboard.events import EventFeed, diff_events
 from ui.dashboard.story import story_html, story_numbers
+from engine.observe.kv_snapshot import kv_stats, take_snapshot
 
 BS = 16
 
@@ -32,7 +33,7 @@ def test_sentence_numbers_come_from_the_stats_contract():
     for k in range(16):
         m.add_sequence(f"u{k}#0", system + list(range(1000 + 40 * k, 1030 + 40 * k)),
                        num_new_tokens=10**9, session_id=f"u{k}")
-    snap = with_engine_fields(m.snapshot())
+    snap = with_engine_fields(take_snapshot(m).to_json())
     st = snap["stats"]
     html = story_html(st)
     got = dict(re.findall(r'data-k="([a-z_]+)" data-v="([^"]+)"', html))
@@ -49,39 +50,39 @@ def test_sentence_numbers_come_from_the_stats_contract():
 
 def test_no_chats_sentence_still_shows_the_pool_and_the_pin():
     m, system = manager()
-    st = with_engine_fields(m.snapshot())["stats"]
+    st = with_engine_fields(take_snapshot(m).to_json())["stats"]
     html = story_html(st)
     assert "No chats are open yet" in html and 'data-k="pinned_blocks" data-v="20"' in html
     assert st["used_blocks"] == 20 and st["chat_used_blocks"] == 0 and st["savings_vs_unshared"] == 0.0
     m.add_sequence("other#0", list(range(5000, 5040)), num_new_tokens=10**9)   # a chat not on the pin
-    st = m.kv_stats()
+    st = kv_stats(m)
     assert st.chat_used_blocks == 3 and st.savings_vs_unshared == 0.0        # not negative
 
 
 def test_event_feed_names_pins_forks_frees_and_sharing():
     m, system = manager()
     feed = EventFeed()
-    first = m.snapshot()
+    first = take_snapshot(m).to_json()
     lines = feed.update(first)
     assert lines == ["pinned prompt 'shared' (20 blocks, never evicted)"]
     m.add_sequence("beam#0", system + [5, 6, 7], num_new_tokens=10**9)
-    s1 = m.snapshot()
+    s1 = take_snapshot(m).to_json()
     s1["sequences"][0]["request_id"] = "beam"
     m.fork("beam#0", "beam#1", system + [5, 6, 7])
     m.fork("beam#0", "beam#2", system + [5, 6, 7])
-    s2 = m.snapshot()
+    s2 = take_snapshot(m).to_json()
     for s in s2["sequences"]:
         s["request_id"] = "beam"
     lines = diff_events(s1, s2)
     assert "beam forked: 3 beams/samples share 21 blocks (copy-on-write on divergence)" in lines
     assert "pinned block 0 now held by 4 holders" in lines      # one vocabulary: pinned, not "shared"
     m.free("beam#2")
-    s3 = m.snapshot()
+    s3 = take_snapshot(m).to_json()
     for s in s3["sequences"]:
         s["request_id"] = "beam"
     assert "beam freed 1 beam (2 left)" in diff_events(s2, s3)
     m.pins.unpin("shared")
-    assert any(x.startswith("unpinned prompt 'shared'") for x in diff_events(s3, m.snapshot()))
+    assert any(x.startswith("unpinned prompt 'shared'") for x in diff_events(s3, take_snapshot(m).to_json()))
 
 
 def test_demo_load_is_capped_and_stops_fast():

@@ -7,6 +7,7 @@ from tests.engine.test_kv_tier import manager_with_tier, run_turn
 from ui.dashboard.events import diff_events
 from engine.observe.viewer_scope import scope_snapshot
 from ui.dashboard.tier_panel import TierRates, tier_html
+from engine.observe.kv_snapshot import take_snapshot
 
 
 def _evict_and_reload(tmp_path):
@@ -14,12 +15,12 @@ def _evict_and_reload(tmp_path):
     toks = list(range(100, 141))
     run_turn(m, io, "conv-alice-1#0", toks, session="conv-alice-1")
     m.park("conv-alice-1#0", "conv-alice-1")
-    m.release_parked("conv-alice-1")                 # tab closed; blocks are cached, then evicted
+    m.parked.release("conv-alice-1")                 # tab closed; blocks are cached, then evicted
     run_turn(m, io, "other#0", list(range(500, 561)))
     m.free("other#0")
-    prev = m.snapshot()
+    prev = take_snapshot(m).to_json()
     run_turn(m, io, "conv-alice-1#1", toks + [7, 8], session="conv-alice-1")
-    return m, prev, m.snapshot()
+    return m, prev, take_snapshot(m).to_json()
 
 
 def test_feed_says_resumed_from_disk_with_the_title_and_counts(tmp_path):
@@ -45,9 +46,9 @@ def test_another_users_tier_load_is_not_named(tmp_path):
 def test_swap_preemption_line(tmp_path):
     m, io = manager_with_tier(tmp_path, num_blocks=8)
     run_turn(m, io, "s#0", list(range(33)))
-    prev = m.snapshot()
+    prev = take_snapshot(m).to_json()
     m.preempt("s#0")
-    lines = diff_events(prev, m.snapshot())
+    lines = diff_events(prev, take_snapshot(m).to_json())
     assert any("swapped 32 tokens out to the KV tier, recomputing 1" in x for x in lines)
 
 

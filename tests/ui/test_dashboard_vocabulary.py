@@ -14,6 +14,7 @@ from ui.dashboard import vocabulary as VOC
 from ui.dashboard.grid_payload import decode_runs
 from ui.dashboard.history import History
 from ui.dashboard.page import render_base
+from engine.observe.kv_snapshot import take_snapshot
 
 BS = 16
 
@@ -29,7 +30,7 @@ def pool_with_a_pinned_prompt():
     m.add_sequence("x#0", other, num_new_tokens=10**9)       # computed once, then finished:
     m.pins.pin("unused", other[:32])                          # 2 pinned blocks no chat holds
     m.free("x#0")
-    return m.kv_snapshot().to_json()
+    return take_snapshot(m).to_json()
 
 
 def numbers(html: str) -> dict:

@@ -24,6 +24,7 @@ from engine.kv.salt_rule import prompt_salt
 from storage import NotFoundError
 from ui.chat import view
 from ui.chat.reattach import watch_abandoned
+from ui.chat.wakeup import Wakeup
 from ui.chat.tabs import in_daemon_thread
 
 _WIDTH = re.compile(r"beam search \(width (\d+)\)")
@@ -94,6 +95,7 @@ class BeamTurn:
     abandoned: bool = False           # aborted by the idle timeout (ui/chat/reattach.py)
     admitted: bool = True             # a search reports no queue place: never counted as waiting
     created: float = field(default_factory=time.monotonic)
+    wakeup: Wakeup = field(default_factory=Wakeup)   # the tabs painting it (ui/chat/wakeup.py)
 
     @property
     def finished(self) -> bool:
@@ -112,6 +114,7 @@ def start(ctx, bt: BeamTurn, messages: list[dict], max_tokens: int) -> BeamTurn:
     bt.submitted = submit(ctx.llm, messages, bt.width, max_tokens, bt.cache_salt, bt.rid, bt.tenant)
     loop = asyncio.get_running_loop()
     bt.task = loop.create_task(_run(ctx, bt))
+    bt.task.add_done_callback(lambda _task: bt.wakeup.wake())         # followers see it end
     bt.watchdog = loop.create_task(watch_abandoned(ctx, bt, ctx.abandon_s))
     return bt
 

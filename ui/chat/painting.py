@@ -14,6 +14,7 @@ import gradio as gr
 from ui.chat import beam, states, view
 from ui.chat.context import ChatContext
 from ui.chat.turn import Turn, start_turn
+from ui.chat.wakeup import QUEUE_REFRESH_S, Wakeup
 
 YIELD_S = 0.05         # at most ~20 page updates a second per stream
 
@@ -136,6 +137,7 @@ async def follow_beam(ctx: ChatContext, request, tab, bt: beam.BeamTurn, shown: 
     """Paint a beam search into this tab: "searching" until it ends (a search streams nothing),
     then the k beams, or why there are none. Stops painting the moment the tab shows another chat."""
     tab.following = bt
+    ev = bt.wakeup.follow()             # woken when it ends or this tab opens another chat
     try:
         yield outputs(chat=shown + [{"role": "assistant", "content": f"*{bt.label}*"}], status=bt.label,
                       busy=True)
@@ -143,9 +145,10 @@ async def follow_beam(ctx: ChatContext, request, tab, bt: beam.BeamTurn, shown: 
             if tab.conv_id != bt.conv_id:
                 yield current_view(ctx, request, tab)
                 return
-            await asyncio.sleep(YIELD_S)
+            await Wakeup.wait(ev, None)
         await bt.task
     finally:
+        bt.wakeup.leave(ev)
         if tab.following is bt:
             tab.following = None
     if tab.conv_id != bt.conv_id:
@@ -173,6 +176,7 @@ async def follow_beam(ctx: ChatContext, request, tab, bt: beam.BeamTurn, shown: 
 async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[dict]):
     """Paint a running turn into this tab until it ends, or until the tab shows another chat."""
     tab.following = turn
+    ev = turn.wakeup.follow()           # woken by its deltas, its end, and this tab opening another chat
     try:
         last, state, first = -1, None, True
         while not turn.finished:
@@ -200,9 +204,14 @@ async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[di
                 yield outputs(chat=shown + [{"role": "assistant", "content": live}], status=state, alts=alts,
                               busy=True if first else None)
                 first = False
-            await asyncio.sleep(YIELD_S)
+                await asyncio.sleep(YIELD_S)        # a paint at most every YIELD_S (tokens gather)
+                continue
+            # no polling: a delta, a state change, the end or a switch wakes it; only a queued
+            # reply looks again for its place in the engine's queue
+            await Wakeup.wait(ev, None if turn.admitted else QUEUE_REFRESH_S)
         await turn.task
     finally:
+        turn.wakeup.leave(ev)
         if tab.following is turn:
             tab.following = None
     if tab.conv_id != turn.conv_id:        # switched just as it ended: same rule as above

@@ -37,7 +37,7 @@ def build_prompt_picker(ctx, shared_prompt: gr.Textbox) -> gr.Markdown:
     info = gr.Markdown(elem_id="prompt-preset-info")
 
     def describe(text: str) -> str:
-        pins = getattr(ctx, "pins", None)
+        pins = ctx.pins
         return pins.describe(text) if pins is not None and (text or "").strip() else ""
 
     def on_pick(choice, request: gr.Request):

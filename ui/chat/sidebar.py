@@ -160,7 +160,7 @@ def _exports(ctx: ChatContext):
     """The app's private export folder (#12.12): 0600 files in 0700 folders, swept after 15 min,
     removed at exit, each downloadable by its owner only (routes/exports.py). build_app creates it
     with the route; created here on first use when the demo runs without that app."""
-    if getattr(ctx, "exports", None) is None:
+    if ctx.exports is None:
         from storage.exports import PrivateExports
         ctx.exports = PrivateExports()
         atexit.register(ctx.exports.close)

@@ -80,7 +80,7 @@ class Tab:
     list_sig: tuple = ()                                 # what the conversation list shows
     model_seen: str | None = None                        # the served model this tab's header names
     meter_sig: tuple = ()                                # the context meter as last sent (ui/events.py)
-    following: object = None                             # the Turn this tab is painting, if any
+    following: object = None         # the Turn / BeamTurn this tab is painting (has a `wakeup`), if any
     alt_ids: list[int] = field(default_factory=list)     # stored ids of the alternatives on screen
     attachments: list = field(default_factory=list)      # documents for the next message (ui/chat/documents.py)
     # its goodbye (ui/chat/tab_goodbye.py): a secret only its page holds, when it was last heard
@@ -171,9 +171,12 @@ class TabRegistry:
                 release = self._leave(tab.session_hash, old)
             tab.conv_id = conv_id
             tab.shown_ids = []
+            following = tab.following
             if conv_id is not None:
                 self._viewers.setdefault(conv_id, set()).add(tab.session_hash)
                 self._parked.pop(conv_id, None)          # reopened in time: it stays live
+        if following is not None:       # its painter stops at once (ui/chat/wakeup.py)
+            following.wakeup.wake()
         if release:
             self.release(release)
 

@@ -24,6 +24,7 @@ from engine.text.reasoning import ReasoningSplit
 from storage import NotFoundError
 from ui.chat.reattach import watch_abandoned
 from ui.chat.tabs import in_daemon_thread
+from ui.chat.wakeup import Wakeup
 
 FLUSH_S = 2.0          # partial replies reach the database at least this often
 STAT_KEYS = ("prompt_tokens", "cached_tokens", "cached_blocks", "output_tokens", "ttft_s", "tokens_per_s",
@@ -102,6 +103,7 @@ class Turn:
     reasoning: ReasoningSplit | None = None   # a thinking model's split rule for this reply
     stopping: bool = False            # Stop or the idle timeout asked the engine to end it
     watchdog: asyncio.Task | None = None
+    wakeup: Wakeup = field(default_factory=Wakeup)   # the tabs painting it (ui/chat/wakeup.py)
 
     def __post_init__(self):
         self.texts, self.toks = [""] * self.n, [[] for _ in range(self.n)]
@@ -148,6 +150,7 @@ def start_turn(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
     ctx.tabs.attach(turn)
     loop = asyncio.get_running_loop()
     turn.task = loop.create_task(_run(ctx, turn, messages, kw, sibling_of))
+    turn.task.add_done_callback(lambda _task: turn.wakeup.wake())     # followers see it end
     # the reply outlives its page (ui/chat/reattach.py); only a reply nobody watches times out
     turn.watchdog = loop.create_task(watch_abandoned(ctx, turn, ctx.abandon_s))
     return turn
@@ -182,7 +185,7 @@ async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
             return
         if turn.stopping:    # Stop came before the request existed (its abort found nothing): end it now
             ctx.tabs.abort(turn.rid, turn.submitted)
-        prompt_ids = getattr(stream, "prompt_ids", None)
+        prompt_ids = stream.prompt_ids
         if prompt_ids is not None and turn.continues is None:   # exact ids of this turn's prompt
             st.update_message(turn.user_id, token_ids=list(prompt_ids))
         # a continued reply splits from its first prompt (the reply so far is part of its text)
@@ -201,6 +204,7 @@ async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
             if i == 0:
                 reply.update(turn.texts[0])
             turn.version += 1
+            turn.wakeup.wake()
     except NotFoundError:       # deleted in another window or process: stop, say so (#12.14)
         turn.lost = True
     finally:

@@ -65,11 +65,6 @@ def counts(snap: dict) -> dict[str, int]:
     return out
 
 
-def swatch(code: str) -> str:
-    """The legend's little square of a state's colour."""
-    return f'<b style="background:{CSS_VAR[code]}"></b>'
-
-
 def theme_vars(dark: bool) -> dict[str, str]:
     """--kv-<name> values of one theme: the five states and the bars."""
     out = {s.name: (s.dark if dark else s.light) for s in STATES}

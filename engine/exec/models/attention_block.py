@@ -7,7 +7,9 @@ one C++ call, one Triton kernel). Everything around that is the same rule and mu
 in all three: which RoPE table and positions a layer uses (none for SmolLM3's NoPE layers), the
 per-head q/k RMSNorm before RoPE (Qwen3, Gemma 3), the scratch path for a pool in another format
 or a rotated one (kernels/kv_quant.py), the window a layer attends over, and rotating the output
-back. Each loop passes its `rope_store`; `LayerAttention` does the rest.
+back. Each loop passes its `rope_store`; `LayerAttention` does the rest, including where the layer's
+KV lives: its pool layer slot and KV cache group (`model.kv_layer[i]`, engine/kv/cache_spec.py),
+whose slots and block tables the step's metadata carries per group.
 
 `rope_store(qkv, cos, sin, positions, k_cache, v_cache, slots) -> q [T, H, d]` rotates the q and
 k heads of `qkv` [T, (H + 2 KVH) d], writes rotated k and v at `slots` (-1: skip) of the caches,
@@ -77,18 +79,20 @@ class LayerAttention:
         if m.spec.qk_norm:
             qkv = qk_norm(qkv, L["q_norm"], L["k_norm"], m.num_heads, m.num_kv_heads, m.head_dim, m.eps)
         cos, sin, pos = self._rope(spec.rope)
-        k_cache, v_cache = self.pool[0, i], self.pool[1, i]
+        slot, group = m.kv_layer[i]         # KV cache groups: the layer's pool slot and its group
+        k_cache, v_cache = self.pool[0, slot], self.pool[1, slot]
+        slots, tables = meta.slots_of(group), meta.tables_of(group)
         R = m.kv_rotation
         if self.direct:
-            q = self.rope_store(qkv, cos, sin, pos, k_cache, v_cache, meta.slot_mapping)
+            q = self.rope_store(qkv, cos, sin, pos, k_cache, v_cache, slots)
         else:
             sc = self.scratch
             q = self.rope_store(qkv, cos, sin, pos, sc[0], sc[1], self.scratch_slots)
             k, v = sc[0, :, 0], sc[1, :, 0]
             if R is not None:           # rotated pool (kernels/kv_quant.py): q, k, v per head, exact
                 q, k, v = kv_quant.rotate(q, R, q.dtype), kv_quant.rotate(k, R), kv_quant.rotate(v, R)
-            kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
-        o = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+            kernels.store_kv(k, v, k_cache, v_cache, slots, backend=meta.backend)
+        o = kernels.paged_attention(q, k_cache, v_cache, tables, meta.seq_lens,
                                     meta.cu_seqlens_q, m.scale, max_seqlen_q=meta.max_seqlen_q,
                                     backend=meta.backend, window=spec.window)
         if R is not None:

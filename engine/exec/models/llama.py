@@ -32,12 +32,24 @@ log = logging.getLogger("paged_chat.engine")
 
 @dataclass
 class AttentionMetadata:
+    """Where a step's K/V go and where attention reads them. With KV cache groups
+    (engine/kv/cache_spec.py) each group has its own slots and block tables (`group_slots[g]`,
+    `group_tables[g]`); `slot_mapping` / `block_tables` are group 0's, and without the group
+    fields every layer uses them (a model of one kind, warm-up)."""
     slot_mapping: torch.Tensor    # int64 [num_tokens]
     block_tables: torch.Tensor    # int32 [num_seqs, max_blocks]
     seq_lens: torch.Tensor        # int32 [num_seqs], context incl. this step's tokens
     cu_seqlens_q: torch.Tensor    # int32 [num_seqs + 1]
     max_seqlen_q: int
     backend: str
+    group_slots: torch.Tensor | None = None    # int64 [groups, num_tokens]: row g is group g's
+    group_tables: torch.Tensor | None = None   # int32 [groups, num_seqs, max_blocks]
+
+    def slots_of(self, group: int) -> torch.Tensor:
+        return self.group_slots[group] if self.group_slots is not None else self.slot_mapping
+
+    def tables_of(self, group: int) -> torch.Tensor:
+        return self.group_tables[group] if self.group_tables is not None else self.block_tables
 
 
 def rope_tables(config, max_positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,6 +165,10 @@ class LlamaModel:
         # [d, d] fp32 (kernels/kv_quant.hadamard) when the pool is stored rotated (set by ModelRunner
         # for int8/fp8 KV): q, k, v go in rotated per head, the attention output comes back through it
         self.kv_rotation: torch.Tensor | None = None
+        # (pool layer slot, KV cache group) of each layer (engine/kv/cache_spec.py; ModelRunner sets
+        # it with the pool): layer i reads kv_pool[:, slot] through its group's tables and slots
+        self.kv_layer: tuple = tuple((i, 0) for i in range(self.num_layers))
+        self._kv_layer_t = None     # (kv_layer, its int32 [layers, 2] tensor) for the lean step
 
         # fused, on the device, CPU linears packed: shared with this process's other engines of the
         # same checkpoint (engine/exec/models/llama_weights.py); the layer dicts are this model's own
@@ -208,6 +224,13 @@ class LlamaModel:
         a = F.silu(g) if self.spec.act == "silu" else F.gelu(g, approximate="tanh")
         return a * gu[:, inter:]
 
+    def kv_layer_tensor(self) -> torch.Tensor:
+        """`kv_layer` as int32 [layers, 2] (the lean C++ step's form), built once per mapping."""
+        cached = self._kv_layer_t
+        if cached is None or cached[0] != self.kv_layer:
+            cached = self._kv_layer_t = (self.kv_layer, torch.tensor(self.kv_layer, dtype=torch.int32))
+        return cached[1]
+
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """The LM head over final-normed rows, fp32 (and Gemma's soft-cap where the config sets one)."""
         out = (self.lm_head_linear(x) if self.lm_head_linear is not None else F.linear(x, self.lm_head)).float()
@@ -225,15 +248,18 @@ class LlamaModel:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: torch.Tensor,
                 meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
         """Run the packed batch; return fp32 logits for the tokens at `logits_indices`."""
+        groups = meta.group_tables is not None      # KV cache groups: every group's slots and tables
         if (self.lean is not None and meta.backend == "torch"
                 and self.lean.takes(input_ids.shape[0], meta.seq_lens.shape[0], kv_quant.is_quantized(kv_pool))
-                and self.lean.can_run(kv_pool, self.kv_rotation)):
+                and self.lean.can_run(kv_pool, self.kv_rotation, groups=groups)):
             # a few tokens (one chat's, a speculative step's, a small batch's decode): weights read once
             from kernels.cpu_lean_step import LeanStepFailed
             try:
-                return self.softcap(self.lean(input_ids, positions, meta.slot_mapping, meta.block_tables,
-                                              meta.seq_lens, meta.cu_seqlens_q, kv_pool, self.scale,
-                                              logits_indices, self.kv_rotation))
+                return self.softcap(self.lean(
+                    input_ids, positions, meta.group_slots.contiguous() if groups else meta.slot_mapping,
+                    meta.group_tables.contiguous() if groups else meta.block_tables, meta.seq_lens, meta.cu_seqlens_q,
+                    kv_pool, self.scale, logits_indices, self.kv_rotation,
+                    self.kv_layer_tensor() if groups else None))
             except LeanStepFailed as e:        # the loop below serves this step and every later one
                 log.warning("lean CPU step off: %s", e)
                 self.lean = None

@@ -28,8 +28,9 @@ def forward_cpu_fused(model, input_ids, positions, kv_pool, meta, logits_indices
     if T and int(positions.max()) >= model.cos.shape[0]:
         raise ValueError(f"position {int(positions.max())} is beyond the RoPE table ({model.cos.shape[0]})")
     num_slots = kv_pool.shape[2] * kv_pool.shape[3]
-    if T and int(slots.max()) >= num_slots:
-        raise ValueError(f"KV slot {int(slots.max())} is beyond the pool ({num_slots} slots)")
+    for group_slots in (meta.group_slots if meta.group_slots is not None else (slots,)):  # every group's
+        if T and int(group_slots.max()) >= num_slots:
+            raise ValueError(f"KV slot {int(group_slots.max())} is beyond the pool ({num_slots} slots)")
 
     def rope_store(qkv, cos, sin, pos, k_cache, v_cache, slot_mapping):
         return ops.rope_store(qkv.contiguous(), h, kvh, d, cos, sin, pos, slot_mapping.to(torch.int64).contiguous(),
