@@ -1,7 +1,9 @@
 """Several models in one app, in real headless Chromium against `python app.py --model A B C`
 (issue 45's UI): the picker refuses a model that cannot load in plain words and the current one
 keeps serving; switching shows a loading line, then the header and the Memory tab show the new
-pool; a thinking model's reply has its reasoning folded above the answer with its token count,
+pool and its two KV cache groups (a local layer over 32 tokens, a global one: blocks per layer
+kind, what the window gave back, the bars against full-attention paging and contiguous caches, the
+grid coloured by layer kind, the chat's table by group); a thinking model's reply has its reasoning folded above the answer with its token count,
 the reasoning is not fed back into the next prompt, the per-chat Think switch reaches the template
 and stays with the chat, and the KV the reasoning holds is shown in the context meter and in the
 chat's block table on the Memory tab. One app, one Chromium, two page loads. Saves
@@ -19,7 +21,9 @@ import pytest
 from tests.e2e.browser import launch_chromium
 from tests.e2e.polling import wait_until
 from tests.engine.family_chat import family_tokenizer
+from tests.e2e.test_dashboard_browser import PIXEL
 from tests.tiny_models import save_scripted_qwen3, save_tiny_llama, scripted_chain
+from ui.dashboard.panels import LIGHT
 
 pytestmark = pytest.mark.slow
 
@@ -64,6 +68,16 @@ def _send(page, text: str) -> None:
 def _finished(page, replies: int) -> bool:
     return (page.locator("#chat-status").inner_text().strip() == "finished"
             and page.locator("#chatbot .reply-stats").count() >= replies)
+
+
+def _numbers(page, where: str) -> dict:
+    return page.eval_on_selector_all(f"{where} [data-k]",
+                                     "els => Object.fromEntries(els.map(e => [e.dataset.k, e.dataset.v]))")
+
+
+def _rgb(hex_colour: str) -> str:
+    h = hex_colour.lstrip("#")
+    return "rgb(%d, %d, %d)" % tuple(int(h[i:i + 2], 16) for i in (0, 2, 4))
 
 
 def _turns(server, api):
@@ -114,13 +128,16 @@ def test_picker_switches_a_thinking_model_folds_and_counts_and_the_memory_tab_fo
             seen = page.evaluate("() => window.__switch")
             assert any("Loading beta" in t for t in seen), seen
             beta = server.kv()["stats"]
-            assert beta["kv_bytes_per_token"] == alpha["kv_bytes_per_token"] // 2      # 2 KV heads, not 4
+            assert beta["kv_bytes_per_token"] != alpha["kv_bytes_per_token"] and beta["num_groups"] == 2
             head = page.inner_text("#model-line")
-            assert "Model beta" in head and f"{beta['total_blocks']:,} blocks" in head
-            assert "Now serving beta: KV pool of" in page.inner_text("#model-switch-status")
+            assert "Model beta" in head and f"{beta['total_blocks']:,} blocks" in head and "2 KV cache groups" in head
+            assert "Now serving beta: KV pool" in page.inner_text("#model-switch-status")
             think = page.locator("#think input[type=checkbox]")
             assert page.locator("#think").is_visible() and think.is_checked()
-            page.locator("#model-row").screenshot(path=str(screenshot_dir / "model-picker.png"))
+            top, row = page.locator("#model-line").bounding_box(), page.locator("#model-row").bounding_box()
+            page.screenshot(path=str(screenshot_dir / "model-picker.png"),       # the header and the picker
+                            clip={"x": row["x"], "y": top["y"], "width": row["width"],
+                                  "height": row["y"] + row["height"] - top["y"]})
 
             # 4. a thinking reply: the reasoning folded above the answer, its tokens counted; the
             # model's "<b>" is text, not markup
@@ -144,21 +161,50 @@ def test_picker_switches_a_thinking_model_folds_and_counts_and_the_memory_tab_fo
                 and int(page.get_attribute('#ctx-meter [data-k="ctx_reasoning_blocks"]', "data-v")), 30,
                 what="the reasoning in the context meter")
             assert int(page.get_attribute('#ctx-meter [data-k="ctx_reasoning_tokens"]', "data-v")) == 39
-            assert span_blocks in (3, 4) and "left out of the next prompt" in page.inner_text("#ctx-meter")
+            assert span_blocks >= 3 and "left out of the next prompt" in page.inner_text("#ctx-meter")
             page.evaluate("window.scrollTo(0, 0)")
             page.screenshot(path=str(screenshot_dir / "chat-thinking.png"))
 
-            # 5. the Memory tab: the new pool (beta's), and this chat's reasoning in its block table
+            # 5. the Memory tab: the new pool (beta's) and its two KV cache groups (a local layer
+            # over the last 32 tokens, a global one), the blocks the window gave back, the grid by
+            # layer kind, and this chat's table by group with its reasoning marked
             page.get_by_role("tab", name="Memory").click()
             wait_until(lambda: "KV cache of beta" in page.inner_text("#kv-story"), 30, what="beta's pool")
-            story = page.eval_on_selector_all("#kv-story [data-k]",
-                                              "els => Object.fromEntries(els.map(e => [e.dataset.k, e.dataset.v]))")
-            assert int(story["total_blocks"]) == beta["total_blocks"]
-            assert int(story["kv_bytes_per_token"]) == beta["kv_bytes_per_token"]
             wait_until(lambda: page.locator("#kv-tables .kv-reasoning").count(), 30, what="the reasoning blocks")
+            snap = server.kv()
+            st = snap["stats"]
+            story = _numbers(page, "#kv-story")
+            assert int(story["total_blocks"]) == st["total_blocks"]
+            assert int(story["kv_bytes_per_token"]) == st["kv_bytes_per_token"]
+            assert st["window_released_blocks"] > 0                       # 166 tokens, a 32-token window
+            assert int(story["window_released_blocks"]) == st["window_released_blocks"]
+            assert int(story["full_attention_blocks"]) == st["full_attention_blocks"] > st["logical_blocks"]
+            assert "and without sliding windows" in page.inner_text("#kv-story")
+            groups = page.inner_text("#kv-headline .kvgroups")
+            assert "global (all tokens)" in groups and "local (last 32 tokens)" in groups
+            assert "Gemma-3-1B, an 8,192-token chat: 4 global layers keep all 8,192 tokens, 22 local layers " \
+                   "keep the last 512: 43 MiB instead of 208 MiB, 4.8x less" in groups
+            by_kind = _numbers(page, "#kv-headline .kvgroups")
+            per_group = {g["sliding_window"]: g for g in st["kv_groups"]}
+            assert int(by_kind["kind_blocks_0"]) == per_group[None]["used_blocks"]
+            assert int(by_kind["kind_blocks_1"]) == per_group[32]["used_blocks"]
+            assert int(by_kind["kind_given_back_1"]) == per_group[32]["window_released_blocks"] > 0
+            seq = next(q for q in snap["sequences"] if q["session_id"])
+            table = _numbers(page, "#kv-tables")
+            for g, n in enumerate(seq["group_blocks"]):
+                assert int(table[f"table_group_{g}"]) == n
+            assert seq["group_blocks"][per_group[32]["group"]] < seq["group_blocks"][per_group[None]["group"]]
             line = page.inner_text("#kv-tables .kv-reasoning")
             assert "39 tokens in" in line and page.locator("#kv-tables .kvt span.r").count() == span_blocks
+            page.click("#kv-grid .kvmode button[data-m=kind]")
+            wait_until(lambda: page.get_attribute("#kv-grid canvas", "data-mode") == "kind", 10, what="by kind")
+            legend = _numbers(page, "#kv-grid .kvl")
+            assert [int(legend["kind_cells_0"]), int(legend["kind_cells_1"])] == \
+                [per_group[None]["used_blocks"], per_group[32]["used_blocks"]]
+            local_block = next(b for b in seq["block_table"] if snap["blocks"]["group"][b] == per_group[32]["group"])
+            assert page.evaluate(PIXEL, local_block) == _rgb(LIGHT["kind-1"])
             page.locator("#kv-dashboard").screenshot(path=str(screenshot_dir / "dashboard-models.png"))
+            page.click("#kv-grid .kvmode button[data-m=state]")
             page.get_by_role("tab", name="Chat").click()
 
             # 6. the next turn's prompt holds no reasoning (the template drops it); then Think off

@@ -100,7 +100,7 @@ def test_the_meter_and_the_block_table_say_where_the_reasoning_sits():
     span = thinking.ReasoningSpan(39, 118, 7, 10)
     m = context_meter.Meter(tokens=166, max_model_len=4096, blocks=11, shared_blocks=0, shared_tokens=0,
                             own_tokens=70, in_memory=True, pinned_blocks=6, pinned_tokens=96,
-                            reasoning=span, reasoning_kept=False)
+                            reasoning=span, reasoning_kept=False, reasoning_blocks=4)
     html = context_meter.html(m)
     assert 'data-k="ctx_reasoning_tokens" data-v="39"' in html and 'data-k="ctx_reasoning_blocks" data-v="4"' in html
     assert "left out of the next prompt" in html

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from html import escape
 
 from ui.chat import thinking
+from ui.dashboard.groups_view import blocks_in_span, table_groups
 from ui.dashboard.vocabulary import state_of
 
 WARN_FRACTION = 0.8
@@ -42,6 +43,8 @@ class Meter:
     source: str = ""          # where the count comes from when not from the engine's blocks
     reasoning: thinking.ReasoningSpan | None = None   # the last reply's reasoning in this chat's blocks
     reasoning_kept: bool | None = None    # the template feeds past reasoning back (None: unknown)
+    reasoning_blocks: int = 0             # blocks holding it (each KV cache group's that still does)
+    group_blocks: tuple = ()              # live blocks per KV cache group (the table's order)
 
     @property
     def fraction(self) -> float:
@@ -66,6 +69,7 @@ def from_snapshot(snap: dict, conv_id: str, max_model_len: int) -> Meter | None:
     pinned_tokens = sum(f for f, c in zip(filled, codes) if c == "n")
     tokens = seq["num_tokens"]
     return Meter(tokens=tokens, max_model_len=max_model_len, blocks=len(table),
+                 group_blocks=tuple(seq.get("group_blocks") or ()),
                  shared_blocks=codes.count("s"),
                  shared_tokens=shared_tokens,
                  own_tokens=max(0, min(tokens, sum(filled)) - shared_tokens - pinned_tokens),
@@ -144,7 +148,7 @@ def reasoning_html(m: Meter, n) -> str:
     tip = ("The reply's reasoning (folded above it) is KV like the rest: these blocks hold it until "
            "the next message")
     return (f' <span class="ctx-reasoning" title="{tip}">(reasoning: {n("ctx_reasoning_tokens", r.tokens)} '
-            f'tokens in {n("ctx_reasoning_blocks", r.blocks)} of them{fate})</span>')
+            f'tokens in {n("ctx_reasoning_blocks", m.reasoning_blocks)} of them{fate})</span>')
 
 
 CSS = """
@@ -194,6 +198,11 @@ def with_reasoning(ctx, request, conv_id: str, m: Meter, block_size: int) -> Met
     tok = ctx.llm.get_tokenizer()
     span = thinking.last_reply_span(path, thinking.start_marker_id(ctx.llm.model_info().reasoning_markers, tok),
                                     block_size)
-    if span is None or span.last_block >= m.blocks or not thinking.held_turn(path, m.tokens):
+    if span is None or not thinking.held_turn(path, m.tokens):
         return m
-    return dataclasses.replace(m, reasoning=span, reasoning_kept=thinking.template_keeps_reasoning(tok))
+    split = table_groups({"group_blocks": list(m.group_blocks) or [m.blocks], "num_tokens": m.tokens}, block_size)
+    held = blocks_in_span(split, span.first_block, span.last_block)
+    if not held:
+        return m
+    return dataclasses.replace(m, reasoning=span, reasoning_blocks=held,
+                               reasoning_kept=thinking.template_keeps_reasoning(tok))

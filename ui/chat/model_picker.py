@@ -28,6 +28,9 @@ def pool_words(stats: dict) -> str:
     """'KV pool 1,024 blocks of 16 tokens (16,384 tokens, 12.0 MiB)': the pool the header names."""
     blocks, bs = stats["total_blocks"], stats["block_size"]
     size = fmt_bytes(blocks * stats["kv_bytes_per_block"]) if stats.get("kv_bytes_per_block") else ""
+    groups = stats.get("num_groups", 1)
+    if groups > 1:      # a block holds one group's layers: a token takes a slot in each group
+        return f"KV pool {blocks:,} blocks of {bs} tokens ({size + '; ' if size else ''}{groups} KV cache groups)"
     return (f"KV pool {blocks:,} blocks of {bs} tokens ({blocks * bs:,} tokens"
             + (f", {size}" if size else "") + ")")
 
@@ -75,6 +78,14 @@ def loading(name: str, current: str) -> str:
     return f"Loading **{name}**… {current} keeps serving until it is ready."
 
 
+def switched_line(ctx: ChatContext, host_line: str) -> str:
+    """After a switch: 'Now serving beta: KV pool ... · context 4,096 tokens.' (the host's own
+    sentence for an engine without stats)."""
+    if not isinstance(ctx.llm, ReportsStats):
+        return host_line[0].upper() + host_line[1:] + "."
+    return f"Now serving **{ctx.llm.current_model()}**: {pool_words(ctx.llm.stats())}, context {ctx.max_model_len:,} tokens."
+
+
 def served(ctx: ChatContext) -> str:
     """The model served now, as the tick compares it ('' for an engine that cannot switch)."""
     return ctx.llm.current_model() if isinstance(ctx.llm, SwitchesModels) else ""
@@ -118,7 +129,7 @@ def wire(ctx: ChatContext, c: dict) -> None:
             return
         if tab is not None:
             tab.model_seen = ctx.llm.current_model()
-        yield (gr.update(value=name, interactive=True), model_line(ctx), line[0].upper() + line[1:] + ".",
+        yield (gr.update(value=name, interactive=True), model_line(ctx), switched_line(ctx, line),
                gr.update(visible=ctx.thinking_switch))
 
     c["model_picker"].input(switch, [c["model_picker"]], outs, concurrency_limit=1, show_progress="full")

@@ -38,6 +38,7 @@ from ui.dashboard.who import event_lines, served, who_html
 from ui.dashboard.history import (HEADROOM, PLOT_STEP_S, PLOT_WINDOW_S, SERIES_BLOCKS, SERIES_COLORS,
                                   SERIES_HIT, History, blocks_frame, hit_rate_frame)
 from ui.dashboard.demo_users import MAX_DEMO_USERS, DemoLoad, PromptSource
+from ui.dashboard.groups_view import group_names, groups_html
 from ui.dashboard.kv_math import PRESETS, shape_of
 
 LIVE = "live model"
@@ -169,7 +170,8 @@ class DashboardState:
         hl = V.highlight_blocks(base["convs"], selected)
         if selected or hl:
             out["grid"] = with_highlight(base["grid_payload"], hl)
-            out["tables"] = H.tables_html(base["convs"], selected, snap["block_size"], reasoning=reasoning)
+            out["tables"] = H.tables_html(base["convs"], selected, snap["block_size"], reasoning=reasoning,
+                                          group_names=group_names(base["stats"]))
         if arith_model and arith_model != LIVE and self.shape is not None:
             out["arith"] = arith_for(base, self.shape, arith_model)
         with self._lock:                 # two viewers racing here: both get the first result
@@ -203,7 +205,8 @@ def render_base(snap: dict, history: History, shape, chat_states=None) -> dict:
     base = {"time": snap["time"], "stats": st, "grid_payload": grid, "convs": convs,
             "avg_len": avg_len(snap), "items": items, "story": story_html(st, snap.get("others"), pin_use(snap), open_line,
                                                       shape.name if shape is not None else ""),
-            "headline": H.headline_html(items, V.preemption_rows(snap)),
+            "headline": H.headline_html(items, V.preemption_rows(snap))
+            + groups_html(st, shape, max((c["num_tokens"] for c in convs), default=None)),
             "grid": with_highlight(grid, ()), "tables": H.tables_html(convs, None, snap["block_size"]),
             # each plot changes once per 10 s bucket, at its own phase: at most one plot per slow (2 s) tick
             "paged_plot": blocks_frame(samples, series=PAGED_SERIES, phase_s=0.0),
