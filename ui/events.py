@@ -133,12 +133,14 @@ def _wire_replies(ctx: ChatContext, c: dict, chat_out: list) -> list:
     msg, sampling, think = c["msg"], c["sampling"], c["think"]
     stream_opts = dict(concurrency_limit=None, show_progress="minimal")
     return [
-        c["send_btn"].click(send, [msg, *sampling, think], chat_out, api_name="send", **stream_opts),
+        c["send_btn"].click(send, [msg, *sampling, think], chat_out, api_name="send",
+                            **stream_opts),
         # "multiple": Enter while a reply streams must reach the server, which says "one reply at
         # a time" (Gradio's default would drop the second trigger silently)
         msg.submit(send, [msg, *sampling, think], chat_out, api_name=False, trigger_mode="multiple",
                    **stream_opts),
-        c["regen_btn"].click(regenerate, [*sampling, think], chat_out, api_name="regenerate", **stream_opts),
+        c["regen_btn"].click(regenerate, [*sampling, think], chat_out, api_name="regenerate",
+                             **stream_opts),
         c["continue_btn"].click(continue_reply, sampling, chat_out, api_name="continue_reply", **stream_opts),
         c["chatbot"].edit(edit, [*sampling, think], chat_out, api_name=False, **stream_opts),
     ]
@@ -281,8 +283,9 @@ def _wire_navigation(ctx: ChatContext, demo: gr.Blocks, c: dict, chat_out: list,
     conv_list.change(None, conv_list, None, js=URL_JS)
     # Every tab polls: chats created, renamed or continued in the user's other tabs show up, and the
     # context meter follows the engine. One event a tick, each part sent only when it changed.
-    c["timer"].tick(tick, c["query"], [conv_list, chatbot, c["meter"], c["summary_btn"], c["model_head"],
-                                       c["model_picker"], c["think"]], api_name=False, **quick)
+    c["timer"].tick(tick, c["query"], [conv_list, chatbot, c["meter"], c["summary_btn"],
+                                       c["model_head"], c["model_picker"], c["think"]],
+                    api_name=False, **quick)
     # API clients open a conversation by id (the radio only accepts ids already in its list).
     c["open_id"].change(open_conv, c["open_id"], view_out, api_name="open_conversation", **quick).then(
         follow, None, chat_out, api_name=False, **quick)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ui.chat import (beam, context_meter, documents, model_picker, reply_format, shortcuts, tab_goodbye,
-                     thinking, view)
+from ui.chat import (beam, context_meter, documents, model_picker, reply_format, shortcuts,
+                     tab_goodbye, thinking, view)
 from ui.chat.context import ChatContext
 from ui.chat.prompt_picker import build_prompt_picker
 from ui.dashboard.page import build_dashboard
@@ -152,7 +152,7 @@ def _composer(ctx: ChatContext) -> dict:
         msg = gr.Textbox(label="Message", placeholder="Message (Enter to send, Shift+Enter for a new line)",
                          show_label=False, scale=8, lines=1, max_lines=8, elem_id="msg", autofocus=True)
         # one place, one button: Send while idle, Stop (or Esc) while a reply is generated
-        # shown when the model's chat template has a thinking switch (ui/chat/thinking.py); kept per chat
+        # shown when the model's template has a thinking switch (ui/chat/thinking.py); kept per chat
         think = gr.Checkbox(True, label="Think", visible=ctx.thinking_switch, scale=0, min_width=90,
                             container=False, elem_id="think")
         send_btn = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id="send")

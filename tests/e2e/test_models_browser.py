@@ -14,14 +14,15 @@ The models are tiny checkpoints the test writes: `alpha`, a random 2-layer Llama
 (tests/tiny_models.save_scripted_qwen3: "<think><b>A..Z0..9</think>Hello!", 39 reasoning
 tokens, written by the real engine token by token); `broken`, a config with an unknown
 architecture."""
+
 import json
 
 import pytest
 
 from tests.e2e.browser import launch_chromium
 from tests.e2e.polling import wait_until
+from tests.e2e.test_dashboard_browser import PIXEL, rgb
 from tests.engine.family_chat import family_tokenizer
-from tests.e2e.test_dashboard_browser import PIXEL
 from tests.tiny_models import save_scripted_qwen3, save_tiny_llama, scripted_chain
 from ui.dashboard.panels import LIGHT
 
@@ -66,32 +67,45 @@ def _send(page, text: str) -> None:
 
 
 def _finished(page, replies: int) -> bool:
-    return (page.locator("#chat-status").inner_text().strip() == "finished"
-            and page.locator("#chatbot .reply-stats").count() >= replies)
+    return (
+        page.locator("#chat-status").inner_text().strip() == "finished"
+        and page.locator("#chatbot .reply-stats").count() >= replies
+    )
 
 
 def _numbers(page, where: str) -> dict:
-    return page.eval_on_selector_all(f"{where} [data-k]",
-                                     "els => Object.fromEntries(els.map(e => [e.dataset.k, e.dataset.v]))")
-
-
-def _rgb(hex_colour: str) -> str:
-    h = hex_colour.lstrip("#")
-    return "rgb(%d, %d, %d)" % tuple(int(h[i:i + 2], 16) for i in (0, 2, 4))
+    return page.eval_on_selector_all(
+        f"{where} [data-k]", "els => Object.fromEntries(els.map(e => [e.dataset.k, e.dataset.v]))"
+    )
 
 
 def _turns(server, api):
-    return api.read_db(server.db, "SELECT m.role, m.content, m.token_ids, s.reasoning_tokens FROM messages m "
-                                  "LEFT JOIN reply_stats s ON s.message_id = m.id ORDER BY m.id")
+    return api.read_db(
+        server.db,
+        "SELECT m.role, m.content, m.token_ids, s.reasoning_tokens FROM messages m "
+        "LEFT JOIN reply_stats s ON s.message_id = m.id ORDER BY m.id",
+    )
 
 
 def test_picker_switches_a_thinking_model_folds_and_counts_and_the_memory_tab_follows(
-        launch, models, chat_api, screenshot_dir):
+    launch, models, chat_api, screenshot_dir
+):
     from playwright.sync_api import sync_playwright
+
     api = chat_api
     root, tok = models
-    server = launch(args=["--model", str(root / "alpha"), str(root / "beta"), str(root / "broken"),
-                          "--num-blocks", "1024", "--max-model-len", "4096"])
+    server = launch(
+        args=[
+            "--model",
+            str(root / "alpha"),
+            str(root / "beta"),
+            str(root / "broken"),
+            "--num-blocks",
+            "1024",
+            "--max-model-len",
+            "4096",
+        ]
+    )
     alpha = server.kv()["stats"]
     with sync_playwright() as p:
         browser = launch_chromium(p)
@@ -105,39 +119,70 @@ def test_picker_switches_a_thinking_model_folds_and_counts_and_the_memory_tab_fo
             # 1. three models offered; the header names the served one and its pool; no Think switch
             page.click("#model-picker input")
             options = page.locator("#model-picker li[role=option]").all_inner_texts()
-            assert [o.split("\n")[-1].strip() for o in options] == ["alpha", "beta", "broken"]   # ✓ marks the served one
-            page.click("#model-line")                        # closes the list
+            assert [o.split("\n")[-1].strip() for o in options] == [
+                "alpha",
+                "beta",
+                "broken",
+            ]  # ✓ marks the served one
+            page.click("#model-line")  # closes the list
             head = page.inner_text("#model-line")
-            assert "Model alpha" in head and f"KV pool {alpha['total_blocks']:,} blocks of 16 tokens" in head
+            assert (
+                "Model alpha" in head
+                and f"KV pool {alpha['total_blocks']:,} blocks of 16 tokens" in head
+            )
             assert not page.locator("#think").is_visible()
 
             # 2. a model that cannot load: refused in plain words, alpha keeps serving
             _pick(page, "broken")
-            wait_until(lambda: "broken was not loaded" in page.inner_text("#model-switch-status"), 60,
-                       what="the refusal")
+            wait_until(
+                lambda: "broken was not loaded" in page.inner_text("#model-switch-status"),
+                60,
+                what="the refusal",
+            )
             note = page.inner_text("#model-switch-status")
             assert "Still serving alpha" in note and "Traceback" not in note
-            assert page.input_value("#model-picker input") == "alpha" and "Model alpha" in page.inner_text("#model-line")
+            assert page.input_value(
+                "#model-picker input"
+            ) == "alpha" and "Model alpha" in page.inner_text("#model-line")
             assert server.kv()["stats"]["kv_bytes_per_token"] == alpha["kv_bytes_per_token"]
 
             # 3. switch to beta: a loading line first, then the new model, its pool and the Think switch
             page.evaluate(RECORD_SWITCH)
             _pick(page, "beta")
-            wait_until(lambda: "Now serving beta" in page.inner_text("#model-switch-status"), 120,
-                       what="the switch")
+            wait_until(
+                lambda: "Now serving beta" in page.inner_text("#model-switch-status"),
+                120,
+                what="the switch",
+            )
             seen = page.evaluate("() => window.__switch")
             assert any("Loading beta" in t for t in seen), seen
             beta = server.kv()["stats"]
-            assert beta["kv_bytes_per_token"] != alpha["kv_bytes_per_token"] and beta["num_groups"] == 2
+            assert (
+                beta["kv_bytes_per_token"] != alpha["kv_bytes_per_token"]
+                and beta["num_groups"] == 2
+            )
             head = page.inner_text("#model-line")
-            assert "Model beta" in head and f"{beta['total_blocks']:,} blocks" in head and "2 KV cache groups" in head
+            assert (
+                "Model beta" in head
+                and f"{beta['total_blocks']:,} blocks" in head
+                and "2 KV cache groups" in head
+            )
             assert "Now serving beta: KV pool" in page.inner_text("#model-switch-status")
             think = page.locator("#think input[type=checkbox]")
             assert page.locator("#think").is_visible() and think.is_checked()
-            top, row = page.locator("#model-line").bounding_box(), page.locator("#model-row").bounding_box()
-            page.screenshot(path=str(screenshot_dir / "model-picker.png"),       # the header and the picker
-                            clip={"x": row["x"], "y": top["y"], "width": row["width"],
-                                  "height": row["y"] + row["height"] - top["y"]})
+            top, row = (
+                page.locator("#model-line").bounding_box(),
+                page.locator("#model-row").bounding_box(),
+            )
+            page.screenshot(
+                path=str(screenshot_dir / "model-picker.png"),  # the header and the picker
+                clip={
+                    "x": row["x"],
+                    "y": top["y"],
+                    "width": row["width"],
+                    "height": row["y"] + row["height"] - top["y"],
+                },
+            )
 
             # 4. a thinking reply: the reasoning folded above the answer, its tokens counted; the
             # model's "<b>" is text, not markup
@@ -145,23 +190,39 @@ def test_picker_switches_a_thinking_model_folds_and_counts_and_the_memory_tab_fo
             wait_until(lambda: _finished(page, 1), 120, what="the first reply")
             fold = page.locator("#chatbot details.reasoning").last
             assert fold.locator("summary").inner_text().strip() == "Thought for 39 tokens"
-            assert fold.get_attribute("open") is None                            # folded
+            assert fold.get_attribute("open") is None  # folded
             assert page.locator("#chatbot details.reasoning b").count() == 0
             bot = page.locator("#chatbot .message-row.bot-row, #chatbot .bot-row").last
             assert "Hello!" in bot.inner_text() and "</think>" not in bot.inner_text()
             fold.locator("summary").click()
-            wait_until(lambda: "<b>ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789" in fold.inner_text(), 5,
-                       what="the reasoning unfolded")
+            wait_until(
+                lambda: "<b>ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789" in fold.inner_text(),
+                5,
+                what="the reasoning unfolded",
+            )
             rows = _turns(server, api)
             assert rows[-1]["role"] == "assistant" and rows[-1]["reasoning_tokens"] == 39
-            assert rows[-1]["content"].startswith("<think>") and rows[-1]["content"].endswith("Hello!")
+            assert rows[-1]["content"].startswith("<think>") and rows[-1]["content"].endswith(
+                "Hello!"
+            )
             # the meter: the reasoning's tokens and blocks, and that the next prompt leaves them out
             span_blocks = wait_until(
-                lambda: page.locator('#ctx-meter [data-k="ctx_reasoning_blocks"]').count()
-                and int(page.get_attribute('#ctx-meter [data-k="ctx_reasoning_blocks"]', "data-v")), 30,
-                what="the reasoning in the context meter")
-            assert int(page.get_attribute('#ctx-meter [data-k="ctx_reasoning_tokens"]', "data-v")) == 39
-            assert span_blocks >= 3 and "left out of the next prompt" in page.inner_text("#ctx-meter")
+                lambda: (
+                    page.locator('#ctx-meter [data-k="ctx_reasoning_blocks"]').count()
+                    and int(
+                        page.get_attribute('#ctx-meter [data-k="ctx_reasoning_blocks"]', "data-v")
+                    )
+                ),
+                30,
+                what="the reasoning in the context meter",
+            )
+            assert (
+                int(page.get_attribute('#ctx-meter [data-k="ctx_reasoning_tokens"]', "data-v"))
+                == 39
+            )
+            assert span_blocks >= 3 and "left out of the next prompt" in page.inner_text(
+                "#ctx-meter"
+            )
             page.evaluate("window.scrollTo(0, 0)")
             page.screenshot(path=str(screenshot_dir / "chat-thinking.png"))
 
@@ -169,21 +230,33 @@ def test_picker_switches_a_thinking_model_folds_and_counts_and_the_memory_tab_fo
             # over the last 32 tokens, a global one), the blocks the window gave back, the grid by
             # layer kind, and this chat's table by group with its reasoning marked
             page.get_by_role("tab", name="Memory").click()
-            wait_until(lambda: "KV cache of beta" in page.inner_text("#kv-story"), 30, what="beta's pool")
-            wait_until(lambda: page.locator("#kv-tables .kv-reasoning").count(), 30, what="the reasoning blocks")
+            wait_until(
+                lambda: "KV cache of beta" in page.inner_text("#kv-story"), 30, what="beta's pool"
+            )
+            wait_until(
+                lambda: page.locator("#kv-tables .kv-reasoning").count(),
+                30,
+                what="the reasoning blocks",
+            )
             snap = server.kv()
             st = snap["stats"]
             story = _numbers(page, "#kv-story")
             assert int(story["total_blocks"]) == st["total_blocks"]
             assert int(story["kv_bytes_per_token"]) == st["kv_bytes_per_token"]
-            assert st["window_released_blocks"] > 0                       # 166 tokens, a 32-token window
+            assert st["window_released_blocks"] > 0  # 166 tokens, a 32-token window
             assert int(story["window_released_blocks"]) == st["window_released_blocks"]
-            assert int(story["full_attention_blocks"]) == st["full_attention_blocks"] > st["logical_blocks"]
+            assert (
+                int(story["full_attention_blocks"])
+                == st["full_attention_blocks"]
+                > st["logical_blocks"]
+            )
             assert "and without sliding windows" in page.inner_text("#kv-story")
             groups = page.inner_text("#kv-headline .kvgroups")
             assert "global (all tokens)" in groups and "local (last 32 tokens)" in groups
-            assert "Gemma-3-1B, an 8,192-token chat: 4 global layers keep all 8,192 tokens, 22 local layers " \
-                   "keep the last 512: 43 MiB instead of 208 MiB, 4.8x less" in groups
+            assert (
+                "Gemma-3-1B, an 8,192-token chat: 4 global layers keep all 8,192 tokens, 22 local layers "
+                "keep the last 512: 43 MiB instead of 208 MiB, 4.8x less" in groups
+            )
             by_kind = _numbers(page, "#kv-headline .kvgroups")
             per_group = {g["sliding_window"]: g for g in st["kv_groups"]}
             assert int(by_kind["kind_blocks_0"]) == per_group[None]["used_blocks"]
@@ -193,17 +266,35 @@ def test_picker_switches_a_thinking_model_folds_and_counts_and_the_memory_tab_fo
             table = _numbers(page, "#kv-tables")
             for g, n in enumerate(seq["group_blocks"]):
                 assert int(table[f"table_group_{g}"]) == n
-            assert seq["group_blocks"][per_group[32]["group"]] < seq["group_blocks"][per_group[None]["group"]]
+            assert (
+                seq["group_blocks"][per_group[32]["group"]]
+                < seq["group_blocks"][per_group[None]["group"]]
+            )
             line = page.inner_text("#kv-tables .kv-reasoning")
-            assert "39 tokens in" in line and page.locator("#kv-tables .kvt span.r").count() == span_blocks
+            assert (
+                "39 tokens in" in line
+                and page.locator("#kv-tables .kvt span.r").count() == span_blocks
+            )
             page.click("#kv-grid .kvmode button[data-m=kind]")
-            wait_until(lambda: page.get_attribute("#kv-grid canvas", "data-mode") == "kind", 10, what="by kind")
+            wait_until(
+                lambda: page.get_attribute("#kv-grid canvas", "data-mode") == "kind",
+                10,
+                what="by kind",
+            )
             legend = _numbers(page, "#kv-grid .kvl")
-            assert [int(legend["kind_cells_0"]), int(legend["kind_cells_1"])] == \
-                [per_group[None]["used_blocks"], per_group[32]["used_blocks"]]
-            local_block = next(b for b in seq["block_table"] if snap["blocks"]["group"][b] == per_group[32]["group"])
-            assert page.evaluate(PIXEL, local_block) == _rgb(LIGHT["kind-1"])
-            page.locator("#kv-dashboard").screenshot(path=str(screenshot_dir / "dashboard-models.png"))
+            assert [int(legend["kind_cells_0"]), int(legend["kind_cells_1"])] == [
+                per_group[None]["used_blocks"],
+                per_group[32]["used_blocks"],
+            ]
+            local_block = next(
+                b
+                for b in seq["block_table"]
+                if snap["blocks"]["group"][b] == per_group[32]["group"]
+            )
+            assert page.evaluate(PIXEL, local_block) == rgb(LIGHT["kind-1"])
+            page.locator("#kv-dashboard").screenshot(
+                path=str(screenshot_dir / "dashboard-models.png")
+            )
             page.click("#kv-grid .kvmode button[data-m=state]")
             page.get_by_role("tab", name="Chat").click()
 
@@ -217,8 +308,13 @@ def test_picker_switches_a_thinking_model_folds_and_counts_and_the_memory_tab_fo
             assert prompt2["role"] == "user" and not set(think_ids) & set(ids2)
             assert "ABCDEFGHIJKLMNOPQRSTUVWXYZ" not in tok.decode(ids2)
             think.click()
-            wait_until(lambda: api.read_db(server.db, "SELECT thinking FROM conversations")[0]["thinking"] == 0,
-                       15, what="Think off kept with the chat")
+            wait_until(
+                lambda: (
+                    api.read_db(server.db, "SELECT thinking FROM conversations")[0]["thinking"] == 0
+                ),
+                15,
+                what="Think off kept with the chat",
+            )
             _send(page, "Quick answer")
             wait_until(lambda: _finished(page, 3), 120, what="the third reply")
             ids3 = json.loads(_turns(server, api)[-2]["token_ids"])
@@ -227,7 +323,11 @@ def test_picker_switches_a_thinking_model_folds_and_counts_and_the_memory_tab_fo
             # 7. after a reload: every fold is back (from storage), and the chat's Think is still off
             page.reload()
             page.wait_for_selector("#chatbot details.reasoning")
-            wait_until(lambda: page.locator("#chatbot details.reasoning").count() == 3, 30, what="the folds")
+            wait_until(
+                lambda: page.locator("#chatbot details.reasoning").count() == 3,
+                30,
+                what="the folds",
+            )
             assert not page.locator("#think input[type=checkbox]").is_checked()
             assert errors == []
         finally:

@@ -73,7 +73,8 @@ def pick(ctx: ChatContext, k: int, request):
         m = rows.get(mid)
         alts.append(view.alternative_markdown(i, m["content"] if m else "", m and m["stats"],
                                               status=m and m["status"], chosen=i == k,
-                                              split=m and thinking.stored_split(m["content"], m["stats"]))
+                                              split=m and thinking.stored_split(m["content"],
+                                                                                m["stats"]))
                     if m else gr.skip())
     alts += [gr.skip()] * (view.MAX_ALTERNATIVES - len(alts))
     buttons = [gr.Button(visible=i != k and i < len(tab.alt_ids)) for i in range(view.MAX_ALTERNATIVES)]

@@ -41,9 +41,9 @@ class Meter:
     pinned_tokens: int = 0
     why_not: str = ""         # not in memory: why (another version is, or nothing is)
     source: str = ""          # where the count comes from when not from the engine's blocks
-    reasoning: thinking.ReasoningSpan | None = None   # the last reply's reasoning in this chat's blocks
+    reasoning: thinking.ReasoningSpan | None = None   # the last reply's reasoning in the blocks
     reasoning_kept: bool | None = None    # the template feeds past reasoning back (None: unknown)
-    reasoning_blocks: int = 0             # blocks holding it (each KV cache group's that still does)
+    reasoning_blocks: int = 0             # blocks holding it (each KV cache group that still does)
     group_blocks: tuple = ()              # live blocks per KV cache group (the table's order)
 
     @property
@@ -124,8 +124,8 @@ def html(m: Meter | None) -> str:
             else:                          # none of this kind: its number for readers, no words
                 none += f'<span hidden data-k="ctx_{key}_blocks" data-v="0"></span>'
         parts.append(f'<span title="{TIPS["own"]}">{n("ctx_own_tokens", m.own_tokens)} in this '
-                     f'chat\'s own {n("ctx_own_blocks", own)} block{"s" if own != 1 else ""}</span>{none}'
-                     + reasoning_html(m, n))
+                     f'chat\'s own {n("ctx_own_blocks", own)} block{"s" if own != 1 else ""}</span>'
+                     + none + reasoning_html(m, n))
     elif m.why_not:
         parts.append(f'<span data-k="ctx_other_version" data-v="1">{escape(m.why_not)}</span>')
     else:
@@ -138,17 +138,19 @@ def html(m: Meter | None) -> str:
 
 
 def reasoning_html(m: Meter, n) -> str:
-    """' (reasoning: 39 tokens in 3 of them, left out of the next prompt)': the KV a thinking model's
-    last reasoning takes, the biggest private part of a chat (ui/chat/thinking.py)."""
+    """' (reasoning: 39 tokens in 3 of them, left out of the next prompt)': the KV a thinking
+    model's last reasoning takes, the biggest private part of a chat (ui/chat/thinking.py)."""
     r = m.reasoning
     if r is None:
         return ""
     fate = {False: ", left out of the next prompt: freed when you send it",
-            True: ", fed back with the next prompt (the template keeps past reasoning)"}.get(m.reasoning_kept, "")
-    tip = ("The reply's reasoning (folded above it) is KV like the rest: these blocks hold it until "
-           "the next message")
-    return (f' <span class="ctx-reasoning" title="{tip}">(reasoning: {n("ctx_reasoning_tokens", r.tokens)} '
-            f'tokens in {n("ctx_reasoning_blocks", m.reasoning_blocks)} of them{fate})</span>')
+            True: ", fed back with the next prompt (the template keeps past reasoning)"}
+    tip = ("The reply's reasoning (folded above it) is KV like the rest: these blocks hold it "
+           "until the next message")
+    return (f' <span class="ctx-reasoning" title="{tip}">(reasoning: '
+            f'{n("ctx_reasoning_tokens", r.tokens)} tokens in '
+            f'{n("ctx_reasoning_blocks", m.reasoning_blocks)} of them'
+            f'{fate.get(m.reasoning_kept, "")})</span>')
 
 
 CSS = """
@@ -196,11 +198,12 @@ def with_reasoning(ctx, request, conv_id: str, m: Meter, block_size: int) -> Met
     except (KeyError, PermissionError):
         return m
     tok = ctx.llm.get_tokenizer()
-    span = thinking.last_reply_span(path, thinking.start_marker_id(ctx.llm.model_info().reasoning_markers, tok),
-                                    block_size)
+    start = thinking.start_marker_id(ctx.llm.model_info().reasoning_markers, tok)
+    span = thinking.last_reply_span(path, start, block_size)
     if span is None or not thinking.held_turn(path, m.tokens):
         return m
-    split = table_groups({"group_blocks": list(m.group_blocks) or [m.blocks], "num_tokens": m.tokens}, block_size)
+    seq = {"group_blocks": list(m.group_blocks) or [m.blocks], "num_tokens": m.tokens}
+    split = table_groups(seq, block_size)
     held = blocks_in_span(split, span.first_block, span.last_block)
     if not held:
         return m

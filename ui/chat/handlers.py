@@ -102,7 +102,8 @@ async def send(ctx: ChatContext, message: str, kw: dict, request):
     system = st.conversation_system_prompt(conv["id"]) if conv else ctx.shared_prompt(request)["text"]
     path = st.get_messages(conv["id"]) if conv else []
     prompt_len = await asyncio.to_thread(      # tokenizing: off the event loop
-        ctx.prompt_tokens, view.engine_messages(system, path + [{"role": "user", "content": message}]),
+        ctx.prompt_tokens,
+        view.engine_messages(system, path + [{"role": "user", "content": message}]),
         kw.get("thinking"))
     if prompt_len >= ctx.max_model_len:
         shown = show(tab, path, ctx)
@@ -184,7 +185,7 @@ async def continue_reply(ctx: ChatContext, kw: dict, request):
         return
     kw = {**kw, "n": 1}
     kw.pop("beam_width", None)
-    kw.pop("thinking", None)            # the reply's prompt is already rendered: its ids go as they are
+    kw.pop("thinking", None)            # the reply's prompt is rendered already: its ids as is
     if not ctx.tabs.begin(conv["id"]):
         _busy_notice()
         yield outputs()
@@ -236,7 +237,8 @@ async def edit(ctx: ChatContext, index, new_text, kw: dict, request):
     before = path[: path.index(next(m for m in path if m["id"] == old["id"]))]
     system = st.conversation_system_prompt(conv["id"])
     prompt_len = await asyncio.to_thread(
-        ctx.prompt_tokens, view.engine_messages(system, before + [{"role": "user", "content": new_text}]),
+        ctx.prompt_tokens,
+        view.engine_messages(system, before + [{"role": "user", "content": new_text}]),
         kw.get("thinking"))
     if prompt_len >= ctx.max_model_len:
         notice = view.too_long_notice(prompt_len, ctx.max_model_len)

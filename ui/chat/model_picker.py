@@ -13,6 +13,7 @@ steps, and at the end the header names the new model and its pool (blocks, token
 says what the pool holds, and the "Think" switch appears or goes with the new model's template.
 Other tabs follow on their next tick (`follow_model`): their header, picker and switch change too.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,12 +28,18 @@ from ui.dashboard.kv_math import fmt_bytes
 def pool_words(stats: dict) -> str:
     """'KV pool 1,024 blocks of 16 tokens (16,384 tokens, 12.0 MiB)': the pool the header names."""
     blocks, bs = stats["total_blocks"], stats["block_size"]
-    size = fmt_bytes(blocks * stats["kv_bytes_per_block"]) if stats.get("kv_bytes_per_block") else ""
+    size = (
+        fmt_bytes(blocks * stats["kv_bytes_per_block"]) if stats.get("kv_bytes_per_block") else ""
+    )
     groups = stats.get("num_groups", 1)
-    if groups > 1:      # a block holds one group's layers: a token takes a slot in each group
-        return f"KV pool {blocks:,} blocks of {bs} tokens ({size + '; ' if size else ''}{groups} KV cache groups)"
-    return (f"KV pool {blocks:,} blocks of {bs} tokens ({blocks * bs:,} tokens"
-            + (f", {size}" if size else "") + ")")
+    if groups > 1:  # a block holds one group's layers: a token takes a slot in each group
+        size = f"{size}; " if size else ""
+        return f"KV pool {blocks:,} blocks of {bs} tokens ({size}{groups} KV cache groups)"
+    return (
+        f"KV pool {blocks:,} blocks of {bs} tokens ({blocks * bs:,} tokens"
+        + (f", {size}" if size else "")
+        + ")"
+    )
 
 
 def model_line(ctx: ChatContext) -> str:
@@ -42,13 +49,20 @@ def model_line(ctx: ChatContext) -> str:
     if isinstance(ctx.llm, ReportsStats):
         blocks = pool_words(ctx.llm.stats())
     else:
-        blocks = (f"KV blocks of {info.block_size} tokens" if info.block_size else
-                  "KV block size: not reported by the backend")      # --backend without it in /metrics
-    return f"Model **{info.name}** · context {ctx.max_model_len:,} tokens (prompt + reply) · {blocks}"
+        blocks = (
+            f"KV blocks of {info.block_size} tokens"
+            if info.block_size
+            else "KV block size: not reported by the backend"
+        )  # --backend without it in /metrics
+    return (
+        f"Model **{info.name}** · context {ctx.max_model_len:,} tokens (prompt + reply) · {blocks}"
+    )
 
 
 def choices(ctx: ChatContext) -> list[str]:
-    return [c.name for c in ctx.llm.loadable_models()] if isinstance(ctx.llm, SwitchesModels) else []
+    return (
+        [c.name for c in ctx.llm.loadable_models()] if isinstance(ctx.llm, SwitchesModels) else []
+    )
 
 
 def build(ctx: ChatContext) -> dict:
@@ -56,10 +70,15 @@ def build(ctx: ChatContext) -> dict:
     names = choices(ctx)
     shown = len(names) > 1
     with gr.Row(visible=shown, elem_id="model-row"):
-        picker = gr.Dropdown(names, value=ctx.llm.current_model() if shown else None, label="Model",
-                             info="Switching loads the other model for everyone using this app; "
-                                  "conversations stay, their KV blocks are dropped.",
-                             elem_id="model-picker", scale=3)
+        picker = gr.Dropdown(
+            names,
+            value=ctx.llm.current_model() if shown else None,
+            label="Model",
+            info="Switching loads the other model for everyone using this app; "
+            "conversations stay, their KV blocks are dropped.",
+            elem_id="model-picker",
+            scale=3,
+        )
         note = gr.Markdown(" ", elem_id="model-switch-status")
     return {"model_picker": picker, "model_note": note}
 
@@ -83,7 +102,9 @@ def switched_line(ctx: ChatContext, host_line: str) -> str:
     sentence for an engine without stats)."""
     if not isinstance(ctx.llm, ReportsStats):
         return host_line[0].upper() + host_line[1:] + "."
-    return f"Now serving **{ctx.llm.current_model()}**: {pool_words(ctx.llm.stats())}, context {ctx.max_model_len:,} tokens."
+    pool = pool_words(ctx.llm.stats())
+    name = ctx.llm.current_model()
+    return f"Now serving **{name}**: {pool}, context {ctx.max_model_len:,} tokens."
 
 
 def served(ctx: ChatContext) -> str:
@@ -116,20 +137,40 @@ def wire(ctx: ChatContext, c: dict) -> None:
             yield gr.update(value=current), gr.skip(), gr.skip(), gr.skip()
             return
         if not may_switch(ctx, request):
-            yield (gr.update(value=current), gr.skip(),
-                   "Only an admin of this app may switch the model (it changes it for everyone).", gr.skip())
+            yield (
+                gr.update(value=current),
+                gr.skip(),
+                "Only an admin of this app may switch the model (it changes it for everyone).",
+                gr.skip(),
+            )
             return
         yield gr.update(interactive=False), gr.skip(), loading(name, current), gr.skip()
         progress(0.0, desc=f"Loading {name}…")
         try:
-            line = await asyncio.to_thread(ctx.llm.switch_model, name,
-                                           lambda f, m: progress(f, desc=f"Loading {name}: {m}"))
-        except (ValueError, RuntimeError, OSError) as e:    # ModelLoadError is a ValueError: said, not raised
-            yield gr.update(value=current, interactive=True), gr.skip(), refused(name, e, current), gr.skip()
+            line = await asyncio.to_thread(
+                ctx.llm.switch_model, name, lambda f, m: progress(f, desc=f"Loading {name}: {m}")
+            )
+        except (
+            ValueError,
+            RuntimeError,
+            OSError,
+        ) as e:  # ModelLoadError is a ValueError: said, not raised
+            yield (
+                gr.update(value=current, interactive=True),
+                gr.skip(),
+                refused(name, e, current),
+                gr.skip(),
+            )
             return
         if tab is not None:
             tab.model_seen = ctx.llm.current_model()
-        yield (gr.update(value=name, interactive=True), model_line(ctx), switched_line(ctx, line),
-               gr.update(visible=ctx.thinking_switch))
+        yield (
+            gr.update(value=name, interactive=True),
+            model_line(ctx),
+            switched_line(ctx, line),
+            gr.update(visible=ctx.thinking_switch),
+        )
 
-    c["model_picker"].input(switch, [c["model_picker"]], outs, concurrency_limit=1, show_progress="full")
+    c["model_picker"].input(
+        switch, [c["model_picker"]], outs, concurrency_limit=1, show_progress="full"
+    )

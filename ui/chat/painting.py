@@ -93,8 +93,8 @@ async def generate(ctx: ChatContext, request, tab, conv_id: str, user_id: int, k
         async for out in _beam_reply(ctx, request, tab, conv_id, messages, path, user_id, width, kw, first_msg):
             yield out
         return
-    turn = Turn(conv_id, user_id, kw["n"], cache_salt=ctx.cache_salt(request), tenant=ctx.tenant(request),
-                thinking=think)
+    turn = Turn(conv_id, user_id, kw["n"], cache_salt=ctx.cache_salt(request),
+                tenant=ctx.tenant(request), thinking=think)
     try:
         start_turn(ctx, turn, messages, kw, sibling_of)
     except BaseException:
@@ -233,8 +233,8 @@ async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[di
         shown.append({"role": "assistant", "content": view.error_notice(turn.error)})
     tab.alt_ids = list(turn.stored_ids) if turn.n > 1 else []
     alts = [view.alternative_markdown(k, turn.texts[k], turn.stats(k),
-                                      status="complete" if turn.done[k] else "stopped", chosen=k == 0,
-                                      split=turn.split(k))
+                                      status="complete" if turn.done[k] else "stopped",
+                                      chosen=k == 0, split=turn.split(k))
             for k in range(turn.n)] if turn.n > 1 else []
     yield outputs(chat=shown, status=final_status(turn), radio=conversation_list(ctx, request, turn.conv_id),
                   alts=alts, picks=range(1, len(tab.alt_ids)), busy=False)

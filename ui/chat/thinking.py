@@ -13,6 +13,7 @@ Safety: the reasoning is model text like the answer. It goes through the same sa
 (ui/chat/view.rendered) and sits in its own part of the row, so nothing it leaves open reaches
 the answer, and the fold's own HTML (details / summary) is ours alone.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -41,8 +42,11 @@ def stored_split(text: str, stats: dict | None) -> Split | None:
 
 def has_fold(split: Split | None) -> bool:
     """Fold only a reasoning with something in it (a template's empty block is not one)."""
-    return split is not None and split.reasoning is not None and bool(split.reasoning.strip()
-                                                                       or split.reasoning_tokens)
+    return (
+        split is not None
+        and split.reasoning is not None
+        and bool(split.reasoning.strip() or split.reasoning_tokens)
+    )
 
 
 def summary_text(tokens: int, live: bool = False, answered: bool = True) -> str:
@@ -60,8 +64,10 @@ def fold(safe_reasoning: str, tokens: int, live: bool = False, answered: bool = 
     the renderer read it as Markdown inside our HTML."""
     opened = " open" if live else ""
     title = escape(summary_text(tokens, live, answered))
-    return (f'<details class="{FOLD_CLASS}"{opened}><summary>{title}</summary>\n\n'
-            f"{safe_reasoning}\n\n</details>")
+    return (
+        f'<details class="{FOLD_CLASS}"{opened}><summary>{title}</summary>\n\n'
+        f"{safe_reasoning}\n\n</details>"
+    )
 
 
 def requested(value, has_switch: bool) -> bool | None:
@@ -71,7 +77,8 @@ def requested(value, has_switch: bool) -> bool | None:
 
 
 def switch_value(conv: dict | None) -> bool:
-    """What the "Think" switch shows for a chat: its own setting, else on (the templates' default)."""
+    """What the "Think" switch shows for a chat: its own setting, else on (the templates'
+    default)."""
     value = (conv or {}).get("thinking")
     return True if value is None else bool(value)
 
@@ -79,9 +86,10 @@ def switch_value(conv: dict | None) -> bool:
 @dataclass(frozen=True)
 class ReasoningSpan:
     """Where a chat's last reasoning sits in its token sequence (prompt + reply) and its blocks."""
-    tokens: int             # reasoning tokens (inside the markers)
-    first: int              # position of the first of them in the chat's token sequence
-    first_block: int        # logical block index of the first / last block holding them
+
+    tokens: int  # reasoning tokens (inside the markers)
+    first: int  # position of the first of them in the chat's token sequence
+    first_block: int  # logical block index of the first / last block holding them
     last_block: int
 
     @property
@@ -89,8 +97,9 @@ class ReasoningSpan:
         return self.last_block - self.first_block + 1 if self.tokens else 0
 
 
-def reasoning_span(prompt_ids, reply: dict | None, start_id: int | None, block_size: int
-                   ) -> ReasoningSpan | None:
+def reasoning_span(
+    prompt_ids, reply: dict | None, start_id: int | None, block_size: int
+) -> ReasoningSpan | None:
     """The reasoning of `reply` (a stored reply row with token_ids and stats) in the chat's token
     sequence (its prompt ids, then the reply's ids), and the logical blocks it fills. `start_id`:
     the model's start-marker token id (None: the reply starts inside the block). None when the
@@ -109,13 +118,21 @@ def reasoning_span(prompt_ids, reply: dict | None, start_id: int | None, block_s
     return ReasoningSpan(n, first, first // block_size, (first + n - 1) // block_size)
 
 
-def last_reply_span(path: list[dict], start_id: int | None, block_size: int) -> ReasoningSpan | None:
+def last_reply_span(
+    path: list[dict], start_id: int | None, block_size: int
+) -> ReasoningSpan | None:
     """The reasoning span of a branch's last reply (the last user message's prompt ids, then the
     reply after it): what a chat's engine session holds between turns."""
     last_user = next((i for i in range(len(path) - 1, -1, -1) if path[i]["role"] == "user"), None)
-    if last_user is None or last_user + 1 >= len(path) or path[last_user + 1]["role"] != "assistant":
+    if (
+        last_user is None
+        or last_user + 1 >= len(path)
+        or path[last_user + 1]["role"] != "assistant"
+    ):
         return None
-    return reasoning_span(path[last_user].get("token_ids"), path[last_user + 1], start_id, block_size)
+    return reasoning_span(
+        path[last_user].get("token_ids"), path[last_user + 1], start_id, block_size
+    )
 
 
 def held_turn(path: list[dict], tokens: int) -> bool:
@@ -125,7 +142,9 @@ def held_turn(path: list[dict], tokens: int) -> bool:
     last_user = next((i for i in range(len(path) - 1, -1, -1) if path[i]["role"] == "user"), None)
     if last_user is None or last_user + 1 >= len(path):
         return False
-    stored = len(path[last_user].get("token_ids") or []) + len(path[last_user + 1].get("token_ids") or [])
+    stored = len(path[last_user].get("token_ids") or []) + len(
+        path[last_user + 1].get("token_ids") or []
+    )
     return stored - tokens in (0, 1)
 
 
@@ -149,26 +168,35 @@ def template_keeps_reasoning(tokenizer) -> bool | None:
         pass
     try:
         text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "a"},
-             {"role": "assistant", "content": f"{MARKERS[0]}{_PROBE}{MARKERS[1]}b"},
-             {"role": "user", "content": "c"}], tokenize=False, add_generation_prompt=True)
+            [
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": f"{MARKERS[0]}{_PROBE}{MARKERS[1]}b"},
+                {"role": "user", "content": "c"},
+            ],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
         keeps = _PROBE in text
-    except Exception:       # noqa: BLE001 - a template that cannot render this: unknown
+    except Exception:  # noqa: BLE001 - a template that cannot render this: unknown
         keeps = None
     try:
         _KEEPS[tokenizer] = keeps
-    except TypeError:       # not weakly referable: asked again next time
+    except TypeError:  # not weakly referable: asked again next time
         pass
     return keeps
 
 
-_KEEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # per tokenizer (a switch brings another)
+_KEEPS: weakref.WeakKeyDictionary = (
+    weakref.WeakKeyDictionary()
+)  # per tokenizer (a switch brings another)
 
 
 def span_words(span: ReasoningSpan) -> str:
-    """"reasoning: 39 tokens in 3 blocks" (the meter and the block table say it alike)."""
-    return (f"reasoning: {span.tokens:,} token{'s' if span.tokens != 1 else ''} in "
-            f"{span.blocks} block{'s' if span.blocks != 1 else ''}")
+    """ "reasoning: 39 tokens in 3 blocks" (the meter and the block table say it alike)."""
+    return (
+        f"reasoning: {span.tokens:,} token{'s' if span.tokens != 1 else ''} in "
+        f"{span.blocks} block{'s' if span.blocks != 1 else ''}"
+    )
 
 
 CSS = """

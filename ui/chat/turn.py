@@ -134,7 +134,9 @@ class Turn:
     def split(self, i: int = 0):
         """Output i so far as reasoning + answer (engine/text/reasoning.Split), or None for a model
         that does not think."""
-        return self.reasoning.split(self.texts[i], self.toks[i]) if self.reasoning is not None else None
+        if self.reasoning is None:
+            return None
+        return self.reasoning.split(self.texts[i], self.toks[i])
 
     def stats(self, i: int = 0) -> dict:
         stats = reply_stats(self.metrics[i], self.reasons[i])
@@ -173,7 +175,8 @@ async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
             extra = {"thinking": turn.thinking} if turn.thinking is not None else {}
             turn.submitted = in_daemon_thread(llm.submit_chat, messages, SamplingParams(**kw),
                                               session_id=turn.conv_id, request_id=turn.rid, previous_ids=previous,
-                                              cache_salt=turn.cache_salt, tenant=turn.tenant, **extra)
+                                              cache_salt=turn.cache_salt, tenant=turn.tenant,
+                                              **extra)
         try:
             stream = await asyncio.wrap_future(turn.submitted)
         except ValueError as e:          # e.g. longer than max_model_len: the engine is untouched
@@ -189,7 +192,8 @@ async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
         if prompt_ids is not None and turn.continues is None:   # exact ids of this turn's prompt
             st.update_message(turn.user_id, token_ids=list(prompt_ids))
         # a continued reply splits from its first prompt (the reply so far is part of its text)
-        opened_by = st.get_message(turn.user_id)["token_ids"] if turn.continues is not None else prompt_ids
+        opened_by = (st.get_message(turn.user_id)["token_ids"] if turn.continues is not None
+                     else prompt_ids)
         turn.reasoning = reasoning_rule(llm, opened_by or [])
         async for d in stream:
             i = d.index

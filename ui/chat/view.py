@@ -144,8 +144,8 @@ def with_footer(text: str, stats: dict | None, status: str | None = None, finish
     stats_html = f'<span class="{STATS_CLASS}">{html.escape(line)}</span>' if line else ""
     if thinking.has_fold(split):
         answer = split.content
-        folded = thinking.fold(rendered(split.reasoning), split.reasoning_tokens, live=live and not answer,
-                               answered=bool(answer.strip()) or live)
+        folded = thinking.fold(rendered(split.reasoning), split.reasoning_tokens,
+                               live=live and not answer, answered=bool(answer.strip()) or live)
         mark = source_mark(answer) if source else ""
         return row_content(folded, rendered(answer) if answer else "", stats_html + mark + nav)
     if split is not None and split.reasoning is not None:    # an empty block: the answer alone
@@ -293,8 +293,8 @@ def conversation_choices(rows: list[dict]) -> list[tuple[str, str]]:
 
 
 def alternative_markdown(index: int, text: str, stats: dict | None, admitted: bool = True,
-                         status: str | None = None, label: str = "Alternative", chosen: bool = False,
-                         split=None) -> str:
+                         status: str | None = None, label: str = "Alternative",
+                         chosen: bool = False, split=None) -> str:
     """One of the n alternatives / k beams beside the chat; `split`: a thinking model's reply
     (its reasoning folded above the answer, as in the chat)."""
     head = f"**{label} {index + 1}**"
@@ -305,10 +305,12 @@ def alternative_markdown(index: int, text: str, stats: dict | None, admitted: bo
     if not text or not admitted:
         body = shown_text(live_reply(text, admitted))
     elif thinking.has_fold(split):
-        body = (thinking.fold(rendered(split.reasoning), split.reasoning_tokens, answered=bool(split.content.strip()))
+        body = (thinking.fold(rendered(split.reasoning), split.reasoning_tokens,
+                              answered=bool(split.content.strip()))
                 + (f"\n\n{rendered(split.content)}" if split.content else ""))
     else:
-        body = rendered(split.content if split is not None and split.reasoning is not None else text)
+        empty_block = split is not None and split.reasoning is not None
+        body = rendered(split.content if empty_block else text)
     return f"{head}\n\n{body}" + (f'\n\n<span class="{STATS_CLASS}">{html.escape(line)}</span>' if line else "")
 
 

@@ -25,10 +25,14 @@ from ui.dashboard.vocabulary import BY_CODE, NAMES as VOC_NAMES
 TEMPLATE = (STAMP + '<div class="kvd kvgc"><div class="kvl"></div><div class="muted kvscale"></div>'
             '<canvas data-painted="0"></canvas></div>')
 
-CSS = (".kvgc canvas { display: block; width: 100%; } .kvl .sel b { outline: 2px solid var(--kv-outline); }"
-       " .kvl .kvmode button { font-size: 11px; padding: 0 6px; margin-left: 3px; border: 1px solid"
-       " var(--border-color-primary, #d1d5db); border-radius: 3px; background: transparent; cursor: pointer; }"
-       " .kvl .kvmode button[aria-pressed=true] { background: var(--kv-track, #f3f4f6); font-weight: 600; }")
+CSS = (".kvgc canvas { display: block; width: 100%; }"
+       " .kvl .sel b { outline: 2px solid var(--kv-outline); }"
+       " .kvl .kvmode button { font-size: 11px; padding: 0 6px; margin-left: 3px;"
+       " border-radius: 3px;"
+       " border: 1px solid var(--border-color-primary, #d1d5db); background: transparent;"
+       " cursor: pointer; }"
+       " .kvl .kvmode button[aria-pressed=true] { background: var(--kv-track, #f3f4f6);"
+       " font-weight: 600; }")
 
 _NAMES = [KIND_NAMES[k] for k in KINDS]
 _VARS = [VOC_NAMES[k] for k in KINDS]       # --kv-<name>: one colour per state (ui/dashboard/vocabulary.py)
@@ -39,11 +43,12 @@ JS = """
 const NAMES = __NAMES__, VARS = __VARS__, TIPS = __TIPS__, PITCH = 14, CELL = 13, BAND = 16;
 const rootOf = () => element.querySelector('.kvgc') || element;
 const st = { p: null, items: [], cols: 1, n: 0, src: null };
-// with KV cache groups the grid can be coloured by layer kind instead of block state (kept per browser)
+// with KV cache groups the grid can be coloured by layer kind, not block state (kept per browser)
 const byKind = (p) => !!(p && p.kinds) && localStorage.getItem('kvGridMode') === 'kind';
 const kindOfCells = (p) => {
   const out = new Int32Array(Math.ceil(p.n / p.per)); let c = 0;
-  for (let i = 0; i < p.kinds.runs.length; i += 2) { out.fill(p.kinds.runs[i], c, c + p.kinds.runs[i + 1]); c += p.kinds.runs[i + 1]; }
+  const r = p.kinds.runs;
+  for (let i = 0; i < r.length; i += 2) { out.fill(r[i], c, c + r[i + 1]); c += r[i + 1]; }
   return out;
 };
 const fmt = (x) => x.toLocaleString('en-US');
@@ -91,7 +96,8 @@ const paint = (src) => {
   const css = getComputedStyle(root);
   const colour = VARS.map((v) => css.getPropertyValue('--kv-' + v).trim() || '#888');
   const kindMode = byKind(p);
-  const kindColour = [0, 1, 2, 3].map((i) => css.getPropertyValue('--kv-kind-' + i).trim() || '#888');
+  const kindColour = [0, 1, 2, 3].map((i) =>
+    css.getPropertyValue(`--kv-kind-${i}`).trim() || '#888');
   const kindOf = p.kinds ? kindOfCells(p) : null;
   st.kindOf = kindOf;
   const text = css.getPropertyValue('--body-text-color').trim() || '#111';
@@ -116,7 +122,7 @@ const paint = (src) => {
       g.fillText(label, 6, it.y + BAND / 2);
       continue;
     }
-    if (kindMode && it.k >= 1) {                    // a held or cached block: its layer kind's colour
+    if (kindMode && it.k >= 1) {                 // a held or cached block: its layer kind's colour
       g.fillStyle = kindColour[kindOf[it.first] % 4]; g.globalAlpha = it.k === 1 ? 0.4 : 1;
     }
     g.fillRect(it.x, it.y, CELL, CELL);
@@ -150,9 +156,12 @@ const legend = (root, p, colour, kindMode) => {
   if (box.dataset.built !== built) {
     const toggle = p.kinds ? '<span class="kvmode">Colour by: ' +
       `<button type="button" data-m="state" aria-pressed="${!kindMode}">block state</button>` +
-      `<button type="button" data-m="kind" aria-pressed="${kindMode}">layer kind</button></span>` : '';
-    box.innerHTML = toggle + names.map((name, k) => `<span title="${kindMode ? name : TIPS[k]}"><b></b>${name}: ` +
-      `<span data-k="${kindMode ? 'kind_cells' : 'cells'}_${k}" data-v=""></span>${kindMode ? ' in use' : ''}</span>`).join('') +
+      `<button type="button" data-m="kind" aria-pressed="${kindMode}">layer kind</button>` +
+      '</span>' : '';
+    const key = kindMode ? 'kind_cells' : 'cells', unit = kindMode ? ' in use' : '';
+    box.innerHTML = toggle + names.map((name, k) =>
+      `<span title="${kindMode ? name : TIPS[k]}"><b></b>${name}: ` +
+      `<span data-k="${key}_${k}" data-v=""></span>${unit}</span>`).join('') +
       '<span class="sel" hidden><b></b>selected conversation (' +
       '<span data-k="selected_blocks" data-v=""></span> blocks)</span>';
     for (const b of box.querySelectorAll('.kvmode button')) {
@@ -190,7 +199,8 @@ const titleOf = (it) => {
   }
   if (it.k === 0) { return `block ${it.first} · free`; }
   const kind = p.kinds && st.kindOf ? ` · ${p.kinds.names[st.kindOf[it.first]]} layers` : '';
-  return `block ${it.first} · ${NAMES[it.k]}${kind} · ref_count ${it.ref} · ${it.fill}/${p.bs} tokens` + holders(p, it.set);
+  return `block ${it.first} · ${NAMES[it.k]}${kind} · ref_count ${it.ref} · ` +
+    `${it.fill}/${p.bs} tokens` + holders(p, it.set);
 };
 element.kvCellAt = (block) => {
   const it = st.p && itemOf(Math.floor(block / st.p.per));

@@ -136,8 +136,9 @@ def grid_payload(snap: dict, max_cells: int = MAX_CELLS) -> dict:
 
 
 def kind_payload(snap: dict, per: int) -> dict | None:
-    """With KV cache groups (issue 45): each cell's layer kind, for the grid's "colour by layer kind"
-    (ui/dashboard/groups_view.py): runs [kind, length, ...] over cells (aggregated cells: the kind
+    """With KV cache groups (issue 45): each cell's layer kind, for the grid's "colour by layer
+    kind" (ui/dashboard/groups_view.py): runs [kind, length, ...] over cells (aggregated cells: the
+    kind
     of most of their blocks), the kinds' names and their blocks in use. None with one group."""
     st = snap.get("stats") or {}
     group = snap["blocks"].get("group")
@@ -149,7 +150,8 @@ def kind_payload(snap: dict, per: int) -> dict | None:
         cells = blocks_for(len(k), per)
         pad = cells * per - len(k)
         kk = np.concatenate([k, np.full(pad, -1, dtype=np.int64)]).reshape(cells, per)
-        k = np.argmax(np.stack([(kk == j).sum(axis=1) for j in range(len(of_group))], axis=1), axis=1)
+        counts = np.stack([(kk == j).sum(axis=1) for j in range(len(of_group))], axis=1)
+        k = np.argmax(counts, axis=1)
     change = np.flatnonzero(np.diff(k, prepend=-2) != 0)
     lengths = np.diff(np.append(change, len(k)))
     ks = kinds(st)

@@ -83,7 +83,8 @@ def shape_of(info) -> ModelShape:
     """The live model's shape from the engine's public ModelInfo (engine/exec/model_info.py)."""
     kv = getattr(info, "kv_cache_dtype", "") or info.dtype
     return ModelShape(info.name or "live model", info.num_layers, info.num_attention_heads, info.num_kv_heads,
-                      info.head_dim, kv, info.max_model_len, weights_dtype=info.dtype if kv != info.dtype else "",
+                      info.head_dim, kv, info.max_model_len,
+                      weights_dtype=info.dtype if kv != info.dtype else "",
                       layer_windows=tuple(getattr(info, "layer_windows", ()) or ()))
 
 

@@ -170,8 +170,9 @@ class DashboardState:
         hl = V.highlight_blocks(base["convs"], selected)
         if selected or hl:
             out["grid"] = with_highlight(base["grid_payload"], hl)
-            out["tables"] = H.tables_html(base["convs"], selected, snap["block_size"], reasoning=reasoning,
-                                          group_names=group_names(base["stats"]))
+            names = group_names(base["stats"])
+            out["tables"] = H.tables_html(base["convs"], selected, snap["block_size"],
+                                          reasoning=reasoning, group_names=names)
         if arith_model and arith_model != LIVE and self.shape is not None:
             out["arith"] = arith_for(base, self.shape, arith_model)
         with self._lock:                 # two viewers racing here: both get the first result
@@ -203,8 +204,9 @@ def render_base(snap: dict, history: History, shape, chat_states=None) -> dict:
     samples = history.snapshot()
     items = V.headline(snap, history.hit_rate(60.0), history.throughput(5.0))
     base = {"time": snap["time"], "stats": st, "grid_payload": grid, "convs": convs,
-            "avg_len": avg_len(snap), "items": items, "story": story_html(st, snap.get("others"), pin_use(snap), open_line,
-                                                      shape.name if shape is not None else ""),
+            "avg_len": avg_len(snap), "items": items,
+            "story": story_html(st, snap.get("others"), pin_use(snap), open_line,
+                                shape.name if shape is not None else ""),
             "headline": H.headline_html(items, V.preemption_rows(snap))
             + groups_html(st, shape, max((c["num_tokens"] for c in convs), default=None)),
             "grid": with_highlight(grid, ()), "tables": H.tables_html(convs, None, snap["block_size"]),

@@ -75,8 +75,8 @@ CSS = """
 .kvt span.s { background: var(--kv-shared); } .kvt span.n { background: var(--kv-pinned); }
 .kvt span.last { outline: 2px dashed var(--kv-outline); }
 .kvt span.r, .kv-reasoning .r-mark { box-shadow: inset 0 -4px 0 #facc15; }
-.kv-reasoning .r-mark { display: inline-block; width: 12px; height: 10px; margin-right: 4px; vertical-align: -1px;
-  background: var(--kv-private); border-radius: 2px; }
+.kv-reasoning .r-mark { display: inline-block; width: 12px; height: 10px; margin-right: 4px;
+  vertical-align: -1px; background: var(--kv-private); border-radius: 2px; }
 .kvd code { font-size: 12px; }
 .kvgrp { margin-bottom: 2px; } .kvgrp h4 { margin: 2px 0 2px; font-size: 12px; font-weight: 600;
   color: var(--body-text-color-subdued, #6b7280); }
@@ -216,7 +216,8 @@ def reasoning_line(span, marked: int) -> str:
              f"blocks {span.first_block}–{span.last_block}")
     return (f'<div class="muted kv-reasoning" data-k="reasoning_blocks" data-v="{marked}">'
             f'<i class="r-mark"></i>Its last reply\'s reasoning: {span.tokens:,} token'
-            f'{"s" if span.tokens != 1 else ""} in {marked} private block{"s" if marked != 1 else ""} '
+            f'{"s" if span.tokens != 1 else ""} in {marked} private '
+            f'block{"s" if marked != 1 else ""} '
             f'(logical {where}), kept until the next message</div>')
 
 
@@ -230,8 +231,10 @@ def _table_cells(sel: dict, block_size: int, reasoning, group_names) -> tuple[st
         if len(split) > 1:
             name = group_names[g["group"]] if group_names and g["group"] < len(group_names) else ""
             gone = f", {g['first_logical']} given back" if g["first_logical"] else ""
-            out.append(f'<div class="gname" data-k="table_group_{g["group"]}" data-v="{g["count"]}">group '
-                       f'{g["group"]} · {escape(name)}: {g["count"]} block{"s" if g["count"] != 1 else ""}{gone}</div>')
+            n = g["count"]
+            out.append(f'<div class="gname" data-k="table_group_{g["group"]}" data-v="{n}">group '
+                       f'{g["group"]} · {escape(name)}: {n} block{"s" if n != 1 else ""}'
+                       f'{gone}</div>')
         for k in range(g["count"]):
             e, logical = sel["table"][at + k], g["first_logical"] + k
             last = logical == g["first_logical"] + g["count"] - 1

@@ -77,9 +77,11 @@ class Ticks:
     def reasoning_of(self, snap, selected, request):
         """Where the selected chat's last reasoning sits in its block table (a thinking model's
         chat between turns; ui/chat/thinking.py), read from the viewer's own stored messages."""
-        markers = self.llm.model_info().reasoning_markers if selected and self.storage is not None else ()
-        seq = next((s for s in snap.get("sequences") or [] if s.get("session_id") == selected), None) \
-            if markers else None
+        if not selected or self.storage is None:
+            return None
+        markers = self.llm.model_info().reasoning_markers
+        seqs = (snap.get("sequences") or []) if markers else []
+        seq = next((s for s in seqs if s.get("session_id") == selected), None)
         if seq is None:
             return None
         try:
@@ -87,8 +89,8 @@ class Ticks:
                                              if self.auth else None)
         except (KeyError, PermissionError):
             return None
-        span = thinking.last_reply_span(path, thinking.start_marker_id(markers, self.llm.get_tokenizer()),
-                                        snap["block_size"])
+        start = thinking.start_marker_id(markers, self.llm.get_tokenizer())
+        span = thinking.last_reply_span(path, start, snap["block_size"])
         return span if span is not None and thinking.held_turn(path, seq["num_tokens"]) else None
 
     def values(self, snap, selected, model, request, names) -> dict:
