@@ -6,6 +6,7 @@
    python -m bench --speculative [bench/speculative_bench.py options]   (speculation on / off, llama.cpp)
    python -m bench --kv-events [bench/kv_events_reader.py options]   (the KV-event reader: memory, CPU per 10^5 events)
    python -m bench --kv-groups [bench/kv_groups_bench.py options]   (KV cache groups vs full-attention paging)
+   python -m bench --state [bench/state_bench.py options]   (linear-attention states, MoE)
 
 Runs the engine and its HF transformers baselines side by side on the same token ids, measures the
 machine's own limits in the same run, prints a Markdown report and writes JSON + Markdown under
@@ -57,6 +58,9 @@ def main(argv=None) -> int:
     if "--kv-groups" in rest:       # KV cache groups: capacity and decode, Gemma-3-1B shapes (issue 45)
         from bench import kv_groups_bench
         return kv_groups_bench.main([x for x in rest if x != "--kv-groups"])
+    if "--state" in rest:           # linear-attention states and MoE (issue 51)
+        from bench import state_bench
+        return state_bench.main([x for x in rest if x != "--state"])
 
     if "--tier" in rest:            # the second KV tier, on vs off (issue 23): bench/kv_tier_bench.py
         from bench import kv_tier_bench

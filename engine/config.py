@@ -196,6 +196,10 @@ class EngineConfig:
         "the blocks its window has passed (--no-kv-cache-groups: one block table for every layer, the "
         "layout before groups; for comparisons: python -m bench --kv-groups)",
         action=argparse.BooleanOptionalAction)
+    state_slots: int | None = opt(
+        None, "models with linear-attention layers (Qwen3.5): fixed-size state slots beside the KV "
+        "pool, held by running sequences, parked chats and prefix checkpoints; default "
+        "1.5 x max-num-seqs + 16, at most half the KV budget", type=int, metavar="N")
 
     def __post_init__(self):
         import torch                   # here, not at module level: the KV manager imports this file
@@ -203,6 +207,8 @@ class EngineConfig:
             raise ValueError(f"block_size must be one of {ALLOWED_BLOCK_SIZES}, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+        if self.state_slots is not None and self.state_slots < 1:
+            raise ValueError(f"state_slots must be >= 1, got {self.state_slots}")
         if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -13,6 +13,8 @@ rows) and the engine loop (the copy-on-write copies the manager queued). Who rea
 
 KV cache groups: a row holds one block table and one slot list per group (`block_tables[g]`,
 `slots[g]`); a model whose layers all keep the same kind of KV has exactly one group, index 0.
+State groups (a model with linear-attention layers): a row holds its state slot per group
+(`state_slots`, one group: all the model's Gated DeltaNet layers); () for other models.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ class ScheduledRow:
     token_ids: list[int]
     block_tables: tuple[list[int], ...]
     slots: tuple[list[int], ...]
+    state_slots: tuple[int, ...] = ()   # the row's slot per state group (linear-attention layers)
 
     @property
     def end(self) -> int:
@@ -64,10 +67,13 @@ class LogitsRow:
 class StepPlan:
     """One step. `logits` lists sample and draft rows first, in row order, then prompt-logprob
     rows: the forward returns one logits row per entry, in this order. `copies`: (src, dst) block
-    copies (copy-on-write) to do before the forward, in every layer of the pool."""
+    copies (copy-on-write) to do before the forward, in every layer of the pool. `state_copies`:
+    (src, dst) state slots to copy before the forward (a fork's copy on write, a checkpoint
+    taken after the previous step or restored for a prefix hit; engine/kv/state_groups.py)."""
     rows: list[ScheduledRow] = field(default_factory=list)
     logits: list[LogitsRow] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)
+    state_copies: list[tuple[int, int]] = field(default_factory=list)   # (src, dst) state slots
 
     def __bool__(self) -> bool:
         return bool(self.rows)

@@ -44,16 +44,18 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping, backend=None) -> None:
 
 
 def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
-                    max_seqlen_q=None, backend=None, window=None):
+                    max_seqlen_q=None, backend=None, window=None, sinks=None):
     """Causal attention of packed queries [num_tokens, H, d] over paged K/V; returns
     [num_tokens, H, d]. block_tables int32 [num_seqs, max_blocks]; seq_lens int32 [num_seqs]
     (context incl. this step's tokens); cu_seqlens_q int32 [num_seqs + 1]. Sequence i's queries
     sit at positions seq_lens[i]-q_len_i .. seq_lens[i]-1. max_seqlen_q == 1 selects decode;
     None computes it (a device sync). window W (sliding-window attention; None: full): the query
-    at position p sees p-W+1 .. p, and no kernel reads a block wholly before that."""
-    if resolve_backend(backend, query.device) == "torch":
+    at position p sees p-W+1 .. p, and no kernel reads a block wholly before that. sinks (fp32 [H],
+    gpt-oss): a learned logit per head in each softmax's denominator; only the torch reference
+    computes it, so a model with sinks takes that path on every backend (correct, not fast)."""
+    if sinks is not None or resolve_backend(backend, query.device) == "torch":
         return reference.paged_attention(query, k_cache, v_cache, block_tables, seq_lens,
-                                         cu_seqlens_q, scale, max_seqlen_q, window=window)
+                                         cu_seqlens_q, scale, max_seqlen_q, window=window, sinks=sinks)
     from . import triton_attention
     return triton_attention.paged_attention(query, k_cache, v_cache, block_tables, seq_lens,
                                             cu_seqlens_q, scale, max_seqlen_q, window=window)

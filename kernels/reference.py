@@ -224,17 +224,54 @@ def _multi_decode(query, k_cache, v_cache, block_tables, lens, q_lens, scale, ou
                    scale, out, window)
 
 
+def _attend_with_sinks(query, k_cache, v_cache, block_tables, lens, cu, scale, window, sinks, out):
+    """Attention whose softmax denominator also holds a learned per-head logit (gpt-oss's "sinks":
+    softmax over [scores, sink], the sink's column dropped), as transformers' eager attention
+    computes it. One sequence at a time over its own blocks (the window's only): the reference
+    path for the few models that have sinks; the fast kernels do not take them."""
+    _, bs, kvh, row = k_cache.shape
+    H = query.shape[1]
+    blocks = block_tables.to(device=query.device, dtype=torch.long)
+    for i, ctx in enumerate(lens):
+        q = query[cu[i]:cu[i + 1]]
+        n = q.shape[0]
+        if n == 0:
+            continue
+        first = max(0, ctx - n - window + 1) // bs if window else 0
+        nblk = (ctx + bs - 1) // bs - first
+        k0 = first * bs
+        idx = blocks[i, first:first + nblk]
+        k = _gatherable(k_cache).index_select(0, idx).view(nblk * bs, kvh, row)[:ctx - k0].view(k_cache.dtype)
+        v = _gatherable(v_cache).index_select(0, idx).view(nblk * bs, kvh, row)[:ctx - k0].view(v_cache.dtype)
+        lowp = _kv_as(k_cache, q)
+        if lowp is not None:
+            k, v = kv_quant.dequantize(k, lowp), kv_quant.dequantize(v, lowp)
+        k = k.to(q.dtype).transpose(0, 1).repeat_interleave(H // kvh, dim=0)       # [H, L, d]
+        v = v.to(q.dtype).transpose(0, 1).repeat_interleave(H // kvh, dim=0)
+        scores = (q.transpose(0, 1) @ k.transpose(1, 2)) * scale                    # [H, n, L]
+        scores = scores.masked_fill(~_mask(ctx, n, k0, window, q.device), float("-inf"))
+        both = torch.cat((scores, sinks.to(scores.dtype)[:, None, None].expand(H, n, 1)), dim=-1)
+        both = both - both.max(dim=-1, keepdim=True).values
+        probs = F.softmax(both, dim=-1, dtype=both.dtype)[..., :-1]
+        out[cu[i]:cu[i + 1]] = (probs @ v).transpose(0, 1).to(out.dtype)
+    return out
+
+
 def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
-                    max_seqlen_q=None, out=None, window=None):
+                    max_seqlen_q=None, out=None, window=None, sinks=None):
     """out[num_tokens, H, d]. Decode batches take the batched path; otherwise the q_len==1
     sequences of a mixed batch still go through it and the rest loop per sequence.
-    `window` W (None or 0: full causal attention): the query at position p sees p-W+1 .. p only."""
+    `window` W (None or 0: full causal attention): the query at position p sees p-W+1 .. p only.
+    `sinks` (fp32 [H], gpt-oss): a per-head logit in every softmax's denominator."""
     window = window or None
     num_tokens, H, d = query.shape
     if out is None:
         out = torch.empty_like(query)
     if num_tokens == 0:
         return out
+    if sinks is not None:
+        return _attend_with_sinks(query, k_cache, v_cache, block_tables, seq_lens.tolist(),
+                                  cu_seqlens_q.tolist(), scale, window, sinks, out)
     if max_seqlen_q is None:
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     if max_seqlen_q == 1 and num_tokens == seq_lens.shape[0]:

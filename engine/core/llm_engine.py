@@ -45,10 +45,18 @@ class LLMEngine:
         self._seed_rng = make_generator(cfg.seed)
         self.runner = ModelRunner(cfg, loaded.config, loaded.weights, loaded.weights_key)
         self.max_model_len = self.runner.max_model_len
+        states = None           # linear-attention layers: state slots beside the blocks (engine/kv/state_groups.py)
+        if self.runner.linear_state is not None:
+            if cfg.speculative:
+                raise ValueError("speculative decoding is not supported for models with linear-attention layers: "
+                                 "their state cannot be rolled back past rejected draft tokens")
+            from engine.kv.state_groups import StateGroups
+            states = StateGroups(self.runner.num_state_slots, cfg.block_size,
+                                 bytes_per_slot=self.runner.state_bytes_per_slot)
         self.kv = KVCacheManager(self.runner.num_blocks, cfg.block_size, max_model_len=self.max_model_len,
                                  layout=self.runner.kv_layout, kv_bytes_per_token=self.runner.kv_bytes_per_token,
                                  enable_prefix_caching=cfg.enable_prefix_caching,
-                                 max_pin_fraction=cfg.max_pin_fraction)
+                                 max_pin_fraction=cfg.max_pin_fraction, states=states)
         # the KV wing's owners the loop talks to: parked sessions, pins, the pool's peak window
         self.parked, self.pins, self.block_pool = self.kv.parked, self.kv.pins, self.kv.pool
         from engine.kv.kv_tier_setup import build_tier       # second KV tier (off unless asked for)

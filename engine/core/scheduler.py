@@ -153,7 +153,7 @@ class Scheduler:
             toks = seq.token_ids
             ids = toks[start:end] if end <= len(toks) else toks[start:] + seq.draft[:end - len(toks)]
             tables, slots = kv.step_kv(seq.seq_id, start, end)
-            rows.append(ScheduledRow(seq.seq_id, seq, start, n, ids, tables, slots))
+            rows.append(ScheduledRow(seq.seq_id, seq, start, n, ids, tables, slots, kv.step_state(seq.seq_id)))
             past = end - len(toks)          # >= 0: the chunk reaches the sequence's last token
             if past >= 0:
                 logits.append(LogitsRow(r, n - 1 - past, "sample"))
@@ -162,6 +162,7 @@ class Scheduler:
         plan.logits.extend(prompt_logprobs.positions(plan))
         if rows:
             plan.copies = kv.take_pending_copies()
+            plan.state_copies = kv.take_state_copies()
         return plan
 
     def _schedule(self) -> list[tuple[Sequence, int, int]]:
@@ -172,7 +173,7 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             start = self.kv.num_computed(seq.seq_id)     # the manager owns this count
-            n = min(len(seq.token_ids) - start, budget)
+            n = self.kv.chunk_end(seq.seq_id, start, min(len(seq.token_ids) - start, budget))
             if seq.draft:       # speculative: the last token + its draft, if budget and pool allow
                 k = min(len(seq.draft), budget - 1) if len(seq.token_ids) - start == 1 else 0
                 if k > 0 and self.kv.try_allocate_slots(seq.seq_id, 1 + k):
@@ -210,7 +211,8 @@ class Scheduler:
                                               cache_salt=req.cache_salt, session_id=session)
             if cached is None:
                 break                   # no room now: it waits (running sequences free blocks)
-            n = min(budget, len(seq.token_ids) - cached)
+            n = self.kv.num_computed(seq.seq_id) - cached   # what the manager gave slots (a chunk may
+            # end early at a state checkpoint: engine/kv/state_groups.py)
             self.policy.admitted(seq, self.waiting)
             if self.waiting[0] is seq:
                 self.waiting.popleft()

@@ -77,6 +77,11 @@ def complete_config(path: str, cfg: dict) -> dict:
     pad = cfg.get("pad_token_id")
     if isinstance(pad, int) and not 0 <= pad < int(cfg.get("vocab_size") or 0):
         cfg["pad_token_id"] = None          # a config class's default that this vocabulary lacks
+    if arch == "qwen3moe":    # transformers' table has no key for the experts' width; llama.cpp's
+        ff = _field(reader, "qwen3moe.expert_feed_forward_length")      # qwen3moe graph always
+        if ff:                                                          # renormalises the top-k weights
+            cfg["moe_intermediate_size"] = int(ff)
+        cfg["norm_topk_prob"] = True
     if arch == "smollm3":
         cfg["no_rope_layer_interval"] = 4
         cfg["no_rope_layers"] = [int((i + 1) % 4 != 0) for i in range(int(cfg["num_hidden_layers"]))]

@@ -73,7 +73,7 @@ def dequantize_gguf_to_folder(gguf_path: str) -> str:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     folder, name = os.path.dirname(os.path.abspath(gguf_path)), os.path.basename(gguf_path)
-    from engine.exec import gguf_families
+    from engine.exec import gguf_families, gguf_own
     from engine.exec.gguf_check import check_gguf
     from engine.exec.load_checks import check_fits_memory, gguf_weight_elements
     with gguf_parsed_once():
@@ -81,27 +81,35 @@ def dequantize_gguf_to_folder(gguf_path: str) -> str:
         check_fits_memory(gguf_weight_elements(gguf_path), os.path.basename(gguf_path))
         _log(f"dequantizing {name} (first run only; cached in {out})")
         try:
-            with gguf_families.reader_knows(arch):
-                tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-                config = AutoConfig.from_pretrained(folder, gguf_file=name)
-                config = type(config).from_dict(gguf_families.complete_config(gguf_path, config.to_dict()))
-                model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config,
-                                                             dtype=torch.float32)
+            if arch in gguf_own.OWN_ARCHS:      # gpt-oss: our reading (engine/exec/gguf_own.py)
+                tok = gguf_own.tokenizer(gguf_path)
+                cfg, state = gguf_own.read(gguf_path)
+                cfg = AutoConfig.for_model(**cfg).to_dict()
+                model = None
+            else:
+                with gguf_families.reader_knows(arch):
+                    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+                    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+                    config = type(config).from_dict(gguf_families.complete_config(gguf_path, config.to_dict()))
+                    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config,
+                                                                 dtype=torch.float32)
         except Exception as e:  # transformers raises many types for unsupported GGUF archs
             raise ModelLoadError(f"cannot load the GGUF file {gguf_path} (architecture {arch!r}): {e}") from e
-        cfg = model.config.to_dict()
-        if not cfg.get("architectures"):         # a GGUF names none: the class transformers built
-            cfg["architectures"] = [type(model).__name__]
+        if model is not None:
+            cfg = model.config.to_dict()
+            if not cfg.get("architectures"):         # a GGUF names none: the class transformers built
+                cfg["architectures"] = [type(model).__name__]
+            state = model.state_dict()
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    if getattr(model.config, "tie_word_embeddings", False):
+    state = {k: v.contiguous() for k, v in state.items()}
+    if cfg.get("tie_word_embeddings"):
         state.pop("lm_head.weight", None)
     save_file(state, str(tmp / "model.safetensors"))
     cfg.pop("quantization_config", None)
     cfg["dtype"] = "float32"
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-    if getattr(model, "generation_config", None) is not None:
+    if model is not None and getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(str(tmp))
     tok.save_pretrained(str(tmp))
     (tmp / "done").write_text(gguf_path)
@@ -127,6 +135,24 @@ def resolve_hf_folder(model: str | None) -> tuple[str, str]:
     if not os.path.exists(os.path.join(source, "config.json")):
         raise ModelLoadError(f"{source} has no config.json and no .gguf file")
     return source, source
+
+
+def text_model(config, weights: dict | None = None):
+    """(config, weights) of the text decoder the engine runs: a multimodal wrapper's config
+    (Qwen3.5's ForConditionalGeneration: `text_config`) is replaced by its text config, and its
+    checkpoint names ("model.language_model.*") become the text model's ("model.*"); the vision
+    tower and the multi-token-prediction head ("mtp.*") are not loaded. Anything else as it is."""
+    from engine.exec.models.hybrid_spec import text_config
+    text = text_config(config)
+    if text is config or weights is None:
+        return text, weights
+    out = {}
+    for k, v in weights.items():
+        if k.startswith("model.language_model."):
+            out["model." + k[len("model.language_model."):]] = v
+        elif k == "lm_head.weight":
+            out[k] = v
+    return text, out
 
 
 def check_architecture(config) -> None:
@@ -189,6 +215,7 @@ def load_dummy(model: str, progress=None, *, seed: int = 0, device="cpu", dtype=
         config = dw.load_config(model, hf_overrides)
     except (OSError, ValueError, KeyError) as e:
         raise ModelLoadError(str(e)) from e
+    config, _ = text_model(config)
     check_architecture(config)
     report(0.3, f"drawing random weights for {model} (seed {seed}) on {device}")
     weights = dw.random_weights(config, seed=seed, device=device, dtype=dtype)
@@ -228,6 +255,7 @@ def load_model(model: str | None = None, progress=None, *, load_format: str = "a
     check_fits_memory(folder_weight_elements(folder), os.path.basename(str(source).rstrip("/")))
     report(0.6, "reading weights")
     weights = {k: v.float() if v.is_floating_point() else v for k, v in _read_weights(folder).items()}
+    config, weights = text_model(config, weights)
     report(1.0, f"loaded {source}")
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, source=source, hf_folder=folder,
                        weights_key=(os.path.realpath(folder), _stamp(folder, weights=True)))

@@ -39,6 +39,14 @@ class ModelInfo:
     layer_windows: tuple = ()    # per layer: its sliding window in tokens, 0 = full attention (issue 45)
     reasoning_markers: tuple = ()   # ("<think>", "</think>") for a thinking model (engine/text/reasoning.py)
     thinking_switch: bool = False   # its chat template takes enable_thinking (a per-chat "think" switch)
+    # what is not KV (issue 51): per layer its mixer ("attention" keeps KV, "linear" a fixed state per
+    # chat: engine/kv/state_groups.py), one chat's state over all linear layers, and the weights held
+    # and read per decoded token (a mixture of experts reads k of E experts; engine/observe/state_memory.py)
+    layer_mixers: tuple = ()
+    state_bytes_per_slot: int = 0
+    weights_bytes: int = 0
+    weights_read_per_token_bytes: int = 0
+    experts: tuple = ()          # (experts per MoE layer, experts each token uses), () = dense
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -76,4 +84,17 @@ def build_model_info(source: str, hf_config, cfg, runner, eos_token_ids=(), toke
         compute_path=str(runner.model.cpu_path), lean_step_bytes=int(runner.model.lean_extra_bytes),
         layer_windows=tuple(int(s.window or 0) for s in runner.model.spec.layers),
         reasoning_markers=reasoning_markers(tokenizer) if tokenizer is not None else (),
-        thinking_switch="enable_thinking" in str(getattr(tokenizer, "chat_template", None) or ""))
+        thinking_switch="enable_thinking" in str(getattr(tokenizer, "chat_template", None) or ""),
+        **_not_kv(runner, hf_config))
+
+
+def _not_kv(runner, hf_config) -> dict:
+    """ModelInfo's issue-51 fields: layer mixers, the state slot's bytes, weights held / read per token."""
+    from engine.exec.models.hybrid_spec import params_per_token
+    spec = runner.model.spec
+    total, active = params_per_token(spec, hf_config)
+    itemsize = runner.model.embed.element_size()
+    moe = next((s.moe for s in spec.layers if s.moe is not None), None)
+    return dict(layer_mixers=tuple(s.mixer for s in spec.layers), state_bytes_per_slot=int(runner.state_bytes_per_slot),
+                weights_bytes=total * itemsize, weights_read_per_token_bytes=active * itemsize,
+                experts=(moe.num_experts, moe.top_k) if moe is not None else ())

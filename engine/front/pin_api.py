@@ -48,7 +48,15 @@ def pin_prefix(llm, name: str, token_ids: list[int], *, timeout: float | None = 
 
 
 def _pin_and_write_through(eng, name: str, ids: list[int]) -> PinInfo:
-    """Pin, then write the pinned blocks to the KV tier (if any) so they survive a restart."""
+    """Pin, then write the pinned blocks to the KV tier (if any) so they survive a restart. A model
+    with linear-attention layers also needs its state after the pinned tokens (a checkpoint,
+    engine/kv/state_groups.py) for a hit: without one the prompt is prefilled (again) first."""
+    states = eng.kv.states
+    if states is not None:
+        from engine.kv.block_hash import walk_blocks
+        *_, last = walk_blocks(ids, None, eng.kv.block_size)
+        if not states.has_checkpoint(last.hash):
+            raise PinMissError(f"pin {name!r}: no state checkpoint after its {len(ids)} tokens yet")
     info = eng.pins.pin(name, ids)
     if eng.tier_link is not None:
         eng.tier_link.write_through([eng.block_pool.blocks[i] for i in info.block_ids], reason="pin")

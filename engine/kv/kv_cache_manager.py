@@ -42,17 +42,18 @@ from engine.kv.kv_tier_policy import TierPolicy
 from engine.kv.parking import Parked, ParkedSessions
 from engine.kv.pinning import DEFAULT_MAX_PIN_FRACTION, PinTable
 from engine.kv.prefix_hit import HitPlan, plan_hit
+from engine.kv.state_hooks import StateHooks
 from engine.kv.table_growth import SeqTables, TableGrowth
 from engine.kv.tier_link import TierLink
 
 log = logging.getLogger("paged_chat.engine")
 
 
-class KVCacheManager(TableGrowth):
+class KVCacheManager(TableGrowth, StateHooks):
     def __init__(self, num_blocks: int, block_size: int, *, max_model_len: int,
                  layout: KVCacheLayout | None = None, kv_bytes_per_token: int = 0,
                  enable_prefix_caching: bool = True,
-                 max_pin_fraction: float = DEFAULT_MAX_PIN_FRACTION):
+                 max_pin_fraction: float = DEFAULT_MAX_PIN_FRACTION, states=None):
         if block_size not in BLOCK_SIZES:
             raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {block_size}")
         if num_blocks < 1:
@@ -78,6 +79,9 @@ class KVCacheManager(TableGrowth):
         self.spec_rollbacks = 0                   # speculative steps that gave slots back
         self.spec_rolled_back_slots = 0           # slots of rejected draft tokens given back
         self.window_released_blocks = [0] * self.layout.num_groups   # per group, since start
+        # state groups (engine/kv/state_groups.py, engine/kv/state_hooks.py): the state slots of a
+        # model with linear-attention layers, held by the same table lists as the blocks; else None
+        self.states = states
 
     def attach_tier(self, tier: KVTier, io, policy: TierPolicy | None = None) -> TierLink:
         """Put `tier` behind the pool; returns the link that moves blocks to and from it.
@@ -112,8 +116,13 @@ class KVCacheManager(TableGrowth):
     def _plan(self, token_ids, salt, session_id) -> HitPlan:
         if not self.enable_prefix_caching:
             return HitPlan.empty(self.layout, self._bs)
-        return plan_hit(self.layout, self._bs, self.pool, self.tier_link, token_ids, salt,
+        plan = plan_hit(self.layout, self._bs, self.pool, self.tier_link, token_ids, salt,
                         self.parked.get(session_id))
+        if self.states is not None:             # a hit needs a state to start from (state_hit.py)
+            from engine.kv import state_hit
+            plan = state_hit.clamp(self.states, plan, self.layout, self._bs, lambda: plan_hit(
+                self.layout, self._bs, self.pool, self.tier_link, token_ids, salt, None))
+        return plan
 
     def lookup_prefix(self, token_ids, *, cache_salt=None, session_id=None) -> int:
         """Tokens whose KV add_sequence would reuse right now (no state change)."""
@@ -157,8 +166,16 @@ class KVCacheManager(TableGrowth):
                 break
             plan = self._plan(token_ids, cache_salt, session_id)
         if plan.session is not None:
+            sess = plan.session
+            if self.states is not None and not self._state_room(
+                    int(self.states.needs_copy(sess.tables)), keep=sess.session_id, dry=True):
+                return None
             return self._adopt(seq_id, token_ids, plan, num_new_tokens, cache_salt)
-        if not self._room_for_hit(seq_id, plan, token_ids, num_new_tokens):
+        restore = getattr(plan, "state_restore", None)      # state groups: a checkpoint to copy in
+        if not self._state_room(1, dry=True, restore=restore) or \
+                not self._room_for_hit(seq_id, plan, token_ids, num_new_tokens):
+            return None
+        if not self._state_room(1, restore=restore):
             return None
         return self._admit(seq_id, token_ids, plan, datas, num_new_tokens, cache_salt, session_id)
 
@@ -177,7 +194,11 @@ class KVCacheManager(TableGrowth):
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
         self._check_len(seq_id, seq.num_computed + num_new_tokens)
         need, dying = self._needed(seq.tables, seq.num_computed, num_new_tokens)
-        if not self._make_room(need, dropping=dying):
+        copy = int(self.states is not None and num_new_tokens > 0
+                   and self.states.needs_copy(seq.tables))
+        if not self._state_room(copy, dry=True) or not self._make_room(need, dropping=dying):
+            return False
+        if not self._state_room(copy):          # a shared state slot is copied before the step
             return False
         self._grow(seq, num_new_tokens)
         return True
@@ -227,6 +248,8 @@ class KVCacheManager(TableGrowth):
         for t in child.tables:
             self.pool.touch(t.blocks)
         self._seqs[child_id] = child
+        if self.states is not None:     # the child reads its parent's state until one writes
+            self.states.share(parent.tables, child.tables)
 
     def free(self, seq_id) -> None:
         seq = self._get(seq_id)

@@ -12,6 +12,11 @@ sessions, the pending copies, the counters) is the manager's.
 Order inside a step (`_grow`): hash what became full, release every group's out-of-window blocks,
 and only then copy or allocate, so the blocks the capacity check counted as free are free before
 the first one is popped.
+
+A model with linear-attention layers also holds a state slot per sequence
+(engine/kv/state_groups.py, `states`): admission attaches or adopts it, `_grow` copies a shared
+one before the step writes it and takes wanted checkpoints, `_release_tables` lets it go; the
+room checks and chunk ends are the manager's StateHooks (engine/kv/state_hooks.py).
 """
 from __future__ import annotations
 
@@ -55,6 +60,7 @@ class TableGrowth:
     tier_link: object
     prefix_cache_queries: int
     prefix_cache_hits: int
+    states: object      # engine/kv/state_groups.StateGroups of a linear-attention model, or None
 
     def _check_len(self, seq_id, end: int) -> None:
         if end > self.max_model_len:
@@ -97,6 +103,13 @@ class TableGrowth:
         cached, start = plan.cached, plan.num_blocks * bs
         seq.num_computed = start
         self._seqs[seq_id] = seq
+        if self.states is not None:
+            # a fresh slot, or the checkpoint's state copied into one; keep one where the KV hit
+            # ended and one at the prompt's last block boundary
+            self.states.attach(tables, getattr(plan, "state_restore", None))
+            self.states.want_checkpoint(tables, getattr(plan, "kv_hit_blocks", 0) * bs)
+            self.states.want_checkpoint(tables, len(token_ids) // bs * bs)
+            num_new_tokens = self.chunk_end(seq_id, start, num_new_tokens)
         self.prefix_cache_queries += len(token_ids)
         self.prefix_cache_hits += start
         self._grow(seq, max(0, min(num_new_tokens, len(token_ids) - start)))
@@ -121,10 +134,15 @@ class TableGrowth:
         need, _ = self._needed(tables, c, n)
         if not self._make_room(need, keep=sess.session_id, dropping=dropping):
             return None
+        if self.states is not None:     # the parked slot shared with a fork: room for its copy
+            self._state_room(int(self.states.needs_copy(sess.tables)), keep=sess.session_id)
         self.parked.take(sess.session_id)
         self._free_blocks(dropping)
         seq = SeqTables(seq_id, token_ids, salt, sess.session_id, tables)
         seq.hashes, seq.num_computed = sess.hashes[:c // bs], c
+        if self.states is not None:     # the parked state is the next turn's
+            self.states.adopt(sess.tables, tables)
+            self.states.want_checkpoint(tables, len(token_ids) // bs * bs)
         if c % bs:
             for t in tables:
                 last = t[-1]
@@ -133,7 +151,7 @@ class TableGrowth:
         self._seqs[seq_id] = seq
         self.prefix_cache_queries += len(token_ids)
         self.prefix_cache_hits += c
-        self._grow(seq, n)
+        self._grow(seq, self.chunk_end(seq_id, c, n))
         return c
 
     # ---- capacity -----------------------------------------------------------------------
@@ -185,6 +203,9 @@ class TableGrowth:
         the window no longer shows the step's first query; capacity already checked."""
         if n <= 0:
             return
+        states = self.states        # state groups (engine/kv/state_groups.py), or None
+        if states is not None:      # the step writes the state: a shared slot is copied first
+            states.writable(seq.tables)
         self._hash_full(seq)        # blocks an accepted draft completed: hashed before release
         pool, bs = self.pool, self._bs
         nc, end = seq.num_computed, seq.num_computed + n
@@ -215,6 +236,8 @@ class TableGrowth:
             pool.set_filled(t[last_i], end - last_i * bs)
         seq.num_computed = end
         self._hash_full(seq)
+        if states is not None:      # a wanted state checkpoint at `end` is taken after this step
+            states.reached(seq.tables, end, seq.hashes)
 
     def _register(self, b: Block, group: int, c: ChainBlock, seq) -> None:
         key, parent = group_key(c.hash, group), group_key(c.parent, group)
@@ -244,5 +267,8 @@ class TableGrowth:
             self._pending = [(s, d) for s, d in self._pending if self.pool.blocks[d].ref_count > 0]
 
     def _release_tables(self, tables: list[GroupTable]) -> None:
-        """Tail first, group 0 last: the private tail is evicted before the (likely shared) head."""
+        """Tail first, group 0 last: the private tail is evicted before the (likely shared) head.
+        The tables' state slot (a model with linear-attention layers) goes with them."""
         self._free_blocks([b for t in reversed(tables) for b in reversed(t.blocks)])
+        if self.states is not None:
+            self.states.release(tables)

@@ -25,7 +25,7 @@ import numpy as np
 from engine.observe.kv_columns import STATES, BlockArrays, _no_gc, expand_ranges, id_ranges  # noqa: F401 (re-exported)
 
 SCHEMA = "paged-chat.kv"
-VERSION = 8          # 1: the untyped dict before issue 10; 2: this module (adds "schema", "version");
+VERSION = 9          # 1: the untyped dict before issue 10; 2: this module (adds "schema", "version");
                      # 3: block state "pinned", "pins", stats pinned_blocks / max_pinned_blocks;
                      # 4: "block_runs" (run-length block states), to_json(compact=True) without
                      #    "blocks"/"owners"; every v3 field is still produced by default;
@@ -38,6 +38,8 @@ VERSION = 8          # 1: the untyped dict before issue 10; 2: this module (adds
                      #    (stats num_groups, kv_groups, window_released_blocks, full_attention_blocks,
                      #    savings_vs_full_attention; blocks "group"; sequences "group_blocks",
                      #    "released_blocks"); one group: group 0 everywhere
+                     # 9: state groups of linear-attention models (stats "state_groups", snapshot
+                     #    "state_slots"); {} and [] for every other model
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,10 @@ class KVStats:
     savings_vs_full_attention: float = 0.0    # 1 - chat_used_blocks / full_attention_blocks
     kv_groups: list = field(default_factory=list)   # per group: {group, kind, sliding_window,
     # layers, used_blocks, held_blocks, released_entries, window_released_blocks}
+    # state groups (engine/kv/state_groups.py), version 9: {} for a model without linear-attention
+    # layers, else {state_slots_total, _used, _free, _shared, state_bytes_per_slot, state_checkpoints,
+    # state_checkpoint_hits, state_checkpoints_taken, state_cow_copies, state_peak_used_slots}
+    state_groups: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if not self.pinned_blocks:      # no pins: every used block is held by some table
@@ -265,6 +271,19 @@ class TierLoadEvent:
 
 
 @dataclass(frozen=True)
+class StateSlotView:
+    """One held state slot of a linear-attention model (engine/kv/state_pool.py): its holders
+    (running sequence ids, parked session ids, "checkpoint"), the tokens its state has seen
+    (a checkpoint's boundary; -1 where the holder's own position says it) and the bytes it holds."""
+    slot: int
+    ref_count: int
+    holders: list
+    tokens: int
+    bytes: int
+    checkpoint_uses: int = 0      # prefix hits a checkpoint served
+
+
+@dataclass(frozen=True)
 class KVSnapshot:
     time: float
     block_size: int
@@ -275,6 +294,7 @@ class KVSnapshot:
     preemption_events: list = field(default_factory=list)  # [PreemptionEvent], oldest first
     pins: list = field(default_factory=list)               # [PinView]
     tier_events: list = field(default_factory=list)        # [TierLoadEvent], oldest first (v6)
+    state_slots: list = field(default_factory=list)        # [StateSlotView], held slots (v9)
 
     @property
     def owners(self) -> dict:
@@ -340,6 +360,7 @@ class KVSnapshot:
         out["preemption_events"] = [dict(vars(e)) for e in self.preemption_events]
         out["tier_events"] = [dict(vars(e)) for e in self.tier_events]
         out["pins"] = [dict(vars(p)) for p in self.pins]
+        out["state_slots"] = [dict(vars(v)) for v in self.state_slots]
         return out
 
     @classmethod
@@ -360,4 +381,5 @@ class KVSnapshot:
                    stats=KVStats.from_json(d["stats"]), blocks=blocks, sequences=seqs,
                    preemption_events=[PreemptionEvent(**e) for e in d.get("preemption_events", [])],
                    pins=[PinView(**p) for p in d.get("pins", [])],
-                   tier_events=[TierLoadEvent(**e) for e in d.get("tier_events", [])])
+                   tier_events=[TierLoadEvent(**e) for e in d.get("tier_events", [])],
+                   state_slots=[StateSlotView(**v) for v in d.get("state_slots", [])])

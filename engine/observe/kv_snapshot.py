@@ -27,6 +27,7 @@ from engine.observe.kv_contract import (
     KVStats,
     LazySequenceViews,
     PreemptionEvent,
+    StateSlotView,
     TierLoadEvent,
 )
 
@@ -119,6 +120,7 @@ def kv_stats(m) -> KVStats:
         full_attention_blocks=full_attention,
         savings_vs_full_attention=1 - chat_used / full_attention if full_attention else 0.0,
         kv_groups=_groups(m, holders),
+        state_groups=m.states.stats() if m.states is not None else {},
         **tier,
     )
 
@@ -179,4 +181,26 @@ def take_snapshot(m, request_of=lambda seq_id: None) -> KVSnapshot:
             TierLoadEvent(request_id=request_of(e["seq_id"]), **e)
             for e in (link.load_events if link is not None else ())
         ],
+        state_slots=_state_slots(m),
     )
+
+
+def _state_slots(m) -> list:
+    """The held state slots and who holds each (a model with linear-attention layers; else [])."""
+    st = m.states
+    if st is None:
+        return []
+    running, parked = m.holders()       # fresh views: take_snapshot's parked iterator is spent
+    who: dict[int, list] = {}
+    for s in running:
+        who.setdefault(st.slot_of(s.tables), []).append((s.seq_id, s.num_computed))
+    for p in parked:
+        who.setdefault(st.slot_of(p.tables), []).append((p.session_id, len(p.tokens)))
+    out = []
+    for slot, hs in sorted(who.items()):
+        out.append(StateSlotView(slot, st.pool.ref[slot], [h for h, _ in hs],
+                                 max(n for _, n in hs), st.bytes_per_slot))
+    for ck in st.checkpoints.values():
+        out.append(StateSlotView(ck.slot, st.pool.ref[ck.slot], ["checkpoint"], ck.pos,
+                                 st.bytes_per_slot, ck.uses))
+    return out

@@ -37,8 +37,10 @@ def test_every_engine_option_is_a_flag_of_the_app_and_round_trips():
     missing = [f.name for f in flagged if not hasattr(args, f.name)]
     assert not missing, f"EngineConfig fields without an app flag: {missing}"
     cfg = from_args(app.parse_args(["--num-blocks", "64", "--max-num-seqs", "3", "--tenant-weight", "a=2",
-                                    "--no-enable-prefix-caching", "--speculative", "off"]))
+                                    "--no-enable-prefix-caching", "--speculative", "off",
+                                    "--state-slots", "9"]))   # beside --num-blocks (issue 51)
     assert (cfg.num_blocks, cfg.max_num_seqs, cfg.tenant_weights) == (64, 3, {"a": 2.0})
+    assert cfg.state_slots == 9
     assert cfg.enable_prefix_caching is False and cfg.speculative is None
     assert cfg.kv_offload_gib == "auto"         # the app's default differs from the library's (off)
     assert EngineConfig().kv_offload_gib is None

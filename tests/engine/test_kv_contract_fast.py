@@ -52,7 +52,8 @@ def reference_json(m) -> dict:
             "preemption_events": [{"request_id": request_of(e["seq_id"]), **e} for e in m.preemption_events],
             "tier_events": [{"request_id": request_of(e["seq_id"]), **e} for e in (m.tier_link.load_events if m.tier_link else ())],
             "pins": [{"name": i.name, "num_tokens": i.num_tokens, "block_table": list(i.block_ids)}
-                     for i in m.pins.infos()]}
+                     for i in m.pins.infos()],
+            "state_slots": []}          # v9: a model without linear-attention layers holds none
 
 
 def comparable(d: dict) -> dict:

@@ -65,7 +65,7 @@ def test_a_two_group_pool_in_the_contract():
     assert st.full_attention_blocks > st.logical_blocks
     snap = take_snapshot(m, request_of=lambda s: s.split("#")[0])
     full = snap.to_json()
-    assert full["version"] == 8 and len(full["blocks"]["group"]) == 40
+    assert full["version"] == 9 and len(full["blocks"]["group"]) == 40
     for s in full["sequences"]:
         assert len(s["block_table"]) == sum(s["group_blocks"])
         groups = [full["blocks"]["group"][b] for b in s["block_table"]]

@@ -94,7 +94,7 @@ class LayerAttention:
             kernels.store_kv(k, v, k_cache, v_cache, slots, backend=meta.backend)
         o = kernels.paged_attention(q, k_cache, v_cache, tables, meta.seq_lens,
                                     meta.cu_seqlens_q, m.scale, max_seqlen_q=meta.max_seqlen_q,
-                                    backend=meta.backend, window=spec.window)
+                                    backend=meta.backend, window=spec.window, sinks=L.get("sinks"))
         if R is not None:
             o = kv_quant.rotate(o, R, o.dtype)
         return o

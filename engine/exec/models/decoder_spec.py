@@ -17,18 +17,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "phi3", "gemma3_text")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "phi3", "gemma3_text", "qwen3_moe", "gpt_oss",
+            "qwen3_5_text", "qwen3_5_moe_text")
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
-class UnsupportedModel(ValueError):
-    """The config names something this engine cannot compute exactly (a sentence for the user)."""
+from engine.exec.models import hybrid_spec  # noqa: E402
+from engine.exec.models.hybrid_spec import UnsupportedModel  # noqa: E402,F401  (raised here too)
 
 
 @dataclass(frozen=True)
 class LayerSpec:
     window: int | None        # sliding-window attention over this many positions; None: full
     rope: str | None          # the RoPE table this layer uses (DecoderSpec.ropes); None: no RoPE
+    mixer: str = "attention"  # "attention", or "linear": Gated DeltaNet (hybrid_spec.LinearAttnSpec)
+    moe: object = None        # hybrid_spec.MoESpec: this layer's MLP routes to experts; None: dense
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,29 @@ class DecoderSpec:
     attn_scale: float
     final_softcap: float | None   # logits = cap * tanh(logits / cap)
     fused_weights: bool       # Phi-3: qkv_proj and gate_up_proj are stored fused
+    attn_gate: bool = False   # Qwen3.5: attention output times sigmoid(a per-head gate from q_proj)
+    sinks: bool = False       # gpt-oss: a learned per-head logit in every softmax's denominator
+    linear: object = None     # hybrid_spec.LinearAttnSpec of the model's linear-attention layers
+
+    @property
+    def kv_layers(self) -> tuple:
+        """The layers that keep KV (attention layers), in order: the KV pool's layer index i is
+        the model layer kv_layers[i]."""
+        return tuple(i for i, s in enumerate(self.layers) if s.mixer == "attention")
+
+    @property
+    def linear_layers(self) -> tuple:
+        """The layers that keep a fixed-size state per sequence instead of KV."""
+        return tuple(i for i, s in enumerate(self.layers) if s.mixer == "linear")
+
+    @property
+    def has_moe(self) -> bool:
+        return any(s.moe is not None for s in self.layers)
+
+    @property
+    def plain_layers(self) -> bool:
+        """Every layer is attention + dense MLP (what the fused loops and the lean step compute)."""
+        return not self.linear_layers and not self.has_moe and not self.attn_gate and not self.sinks
 
     @property
     def windows(self) -> tuple:
@@ -74,12 +100,13 @@ def _layer_types(config, n: int) -> list[str]:
 
 def describe(config) -> DecoderSpec:
     """The DecoderSpec of a transformers config, or UnsupportedModel saying what is missing."""
+    config = hybrid_spec.text_config(config)
     mt = getattr(config, "model_type", None)
     if mt not in FAMILIES:
         archs = getattr(config, "architectures", None) or [mt]
         raise UnsupportedModel(
             f"unsupported architecture {archs[0]} (model_type {mt!r}): this engine runs "
-            f"{', '.join(FAMILIES[:-1])} and gemma3 (text) decoders")
+            f"{', '.join(FAMILIES)} decoders")
     n = int(config.num_hidden_layers)
     d = head_dim_of(config)
     act = ACTIVATIONS.get(getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu"))
@@ -102,6 +129,8 @@ def describe(config) -> DecoderSpec:
                    else None for t in types]
     elif mt == "phi3":
         windows = [window] * n          # passed to every layer by transformers' Phi3Attention
+    elif mt == "qwen3_moe":             # every layer (None unless use_sliding_window, as HF sets it)
+        windows = [window] * n
     else:                               # qwen2 / qwen3 / gemma3: the layer types say
         windows = [window if t == "sliding_attention" else None for t in types]
     windows = [int(w) if w else None for w in windows]
@@ -121,26 +150,34 @@ def describe(config) -> DecoderSpec:
         if p.get("rope_type", "default") in ("dynamic",):
             raise UnsupportedModel("dynamic NTK RoPE scaling is not supported (its tables change with length)")
     partial = float(dict(ropes[0][1]).get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
-                    or 1.0) if mt == "phi3" else 1.0
+                    or 1.0) if mt in ("phi3",) + hybrid_spec.LINEAR_FAMILIES else 1.0
     rotary = int(d * partial)
     if rotary % 2 or (d - rotary) % 2:
         raise UnsupportedModel(f"partial rotary over {rotary} of {d} dims is not supported (need even splits)")
     gemma = mt == "gemma3_text"
+    qwen35 = mt in hybrid_spec.LINEAR_FAMILIES
+    mixers = hybrid_spec.mixer_of(config, n, mt)
+    moes = [hybrid_spec.describe_moe(config, i, mt) for i in range(n)]
     scale = (float(config.query_pre_attn_scalar) ** -0.5) if gemma else d ** -0.5
     cap = getattr(config, "final_logit_softcapping", None) if gemma else None
     return DecoderSpec(
-        family=mt, layers=tuple(LayerSpec(w, r) for w, r in zip(windows, rope_of)), ropes=ropes,
-        head_dim=d, rotary_dim=rotary, qk_norm=mt in ("qwen3", "gemma3_text"), sandwich_norms=gemma,
-        norm_plus_one=gemma, embed_scale=float(config.hidden_size) ** 0.5 if gemma else None, act=act,
-        attn_scale=scale, final_softcap=float(cap) if cap else None, fused_weights=mt == "phi3")
+        family=mt, layers=tuple(LayerSpec(w, r, x, e) for w, r, x, e in zip(windows, rope_of, mixers, moes)),
+        ropes=ropes, head_dim=d, rotary_dim=rotary,
+        qk_norm=mt in ("qwen3", "gemma3_text", "qwen3_moe") or qwen35, sandwich_norms=gemma,
+        norm_plus_one=gemma or qwen35, embed_scale=float(config.hidden_size) ** 0.5 if gemma else None, act=act,
+        attn_scale=scale, final_softcap=float(cap) if cap else None, fused_weights=mt == "phi3",
+        attn_gate=qwen35, sinks=mt == "gpt_oss", linear=hybrid_spec.describe_linear(config, mt))
 
 
 def describe_layers(spec: DecoderSpec) -> str:
     """A short phrase for logs and errors: e.g. '22 sliding (512) + 4 full; RoPE: 2 tables'."""
     by: dict = {}
     for s in spec.layers:
-        key = f"sliding ({s.window})" if s.window else "full"
+        key = "linear (Gated DeltaNet)" if s.mixer == "linear" else f"sliding ({s.window})" if s.window else "full"
         by[key] = by.get(key, 0) + 1
     nope = sum(1 for s in spec.layers if s.rope is None)
     parts = " + ".join(f"{v} {k}" for k, v in by.items())
+    moe = [s.moe for s in spec.layers if s.moe is not None]
+    if moe:
+        parts += f", {len(moe)} MoE ({moe[0].num_experts} experts, top {moe[0].top_k})"
     return parts + (f", {nope} without RoPE" if nope else "")

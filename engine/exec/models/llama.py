@@ -21,6 +21,8 @@ from kernels import kv_quant
 from engine.exec.cpu_linear import layer_linear as _linear
 from engine.exec.models.attention_block import LayerAttention, rms_norm
 from engine.exec.models.decoder_spec import describe, describe_layers, head_dim_of
+from engine.exec.models.gated_deltanet import LinearAttention
+from engine.exec.models.moe import moe_forward
 from engine.exec.models.llama_weights import LINEAR_NAMES, prepared_weights
 from engine.exec.models.rope import apply_rope, identity_table, rope_table
 
@@ -44,6 +46,7 @@ class AttentionMetadata:
     backend: str
     group_slots: torch.Tensor | None = None    # int64 [groups, num_tokens]: row g is group g's
     group_tables: torch.Tensor | None = None   # int32 [groups, num_seqs, max_blocks]
+    state_slots: torch.Tensor | None = None    # int64 [num_seqs]: each row's linear-attention state
 
     def slots_of(self, group: int) -> torch.Tensor:
         return self.group_slots[group] if self.group_slots is not None else self.slot_mapping
@@ -96,6 +99,9 @@ def make_lean_step(model, plain: list[dict] | None, mode: str, plain_bytes: int 
     from kernels import cpu_lean_step
     if mode == "off":
         return None, 0, "loop (lean step off)"
+    if not model.spec.plain_layers:
+        return None, 0, ("loop (CPU path: per-layer loop; the lean C++ step does not compute "
+                         f"{_not_lean(model.spec)})")
     if gemma_16bit(model.spec, model.dtype):
         return None, 0, "loop (lean step: Gemma's fp32 norm weights under 16-bit activations are not in C++)"
     int8 = model.quantization == "int8"
@@ -138,6 +144,20 @@ def make_lean_step(model, plain: list[dict] | None, mode: str, plain_bytes: int 
     return lean, extra, f"lean C++ step (+{extra / 2**20:.0f} MiB {'tiled' if lean.tiled else 'plain'} weights{kind})"
 
 
+def _not_lean(spec) -> str:
+    """What a model has that the lean C++ step (and the fused loops) do not compute."""
+    parts = []
+    if spec.linear_layers:
+        parts.append(f"{len(spec.linear_layers)} linear-attention (Gated DeltaNet) layers")
+    if spec.has_moe:
+        parts.append("routed experts (MoE)")
+    if spec.attn_gate:
+        parts.append("gated attention outputs")
+    if spec.sinks:
+        parts.append("attention sinks")
+    return ", ".join(parts)
+
+
 class LlamaModel:
     """Weights held as plain tensors. q/k/v and gate/up are fused into one GEMM each (fewer ops
     per layer matter at batch 1); each output column is the same dot product as in the unfused
@@ -155,7 +175,12 @@ class LlamaModel:
         self.config = config
         self.spec = spec = describe(config)
         self.quantization = quantization
+        config = self.config = self._text_config(config)
         self.num_layers = config.num_hidden_layers
+        self.num_kv_layers = len(spec.kv_layers)     # only attention layers keep KV
+        self.linear_index = [spec.linear_layers.index(i) if i in spec.linear_layers else None
+                             for i in range(self.num_layers)]
+        self.linear_state = None    # linear_state.LinearState, set by ModelRunner for a hybrid model
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = spec.head_dim
@@ -167,7 +192,9 @@ class LlamaModel:
         self.kv_rotation: torch.Tensor | None = None
         # (pool layer slot, KV cache group) of each layer (engine/kv/cache_spec.py; ModelRunner sets
         # it with the pool): layer i reads kv_pool[:, slot] through its group's tables and slots
-        self.kv_layer: tuple = tuple((i, 0) for i in range(self.num_layers))
+        # (a linear-attention layer keeps no KV: None)
+        self.kv_layer: tuple = tuple((spec.kv_layers.index(i), 0) if i in spec.kv_layers else None
+                                     for i in range(self.num_layers))
         self._kv_layer_t = None     # (kv_layer, its int32 [layers, 2] tensor) for the lean step
 
         # fused, on the device, CPU linears packed: shared with this process's other engines of the
@@ -203,9 +230,19 @@ class LlamaModel:
         if torch.device(device).type == "cpu":
             from kernels import cpu_layer_ops
             self.use_cpu_fused = (cpu_layer_ops.available(dtype) and self.lm_head_linear is not None
-                                  and not gemma_16bit(spec, dtype))
-            self.cpu_path = ("fused C++ layer ops" if self.use_cpu_fused else "eager torch ops") + \
-                f" ({cpu_layer_ops.active_path()}); linears: {self.linear_kind}; few-token steps: {lean_why}"
+                                  and spec.plain_layers and not gemma_16bit(spec, dtype))
+            loop = ("fused C++ layer ops" if self.use_cpu_fused else "eager torch ops") + \
+                f" ({cpu_layer_ops.active_path()})"
+            if not spec.plain_layers:
+                loop = f"per-layer loop (eager torch ops: {_not_lean(spec)})"
+            self.cpu_path = f"{loop}; linears: {self.linear_kind}; few-token steps: {lean_why}"
+        # CUDA: routed experts and linear-attention layers run the eager loop with Triton attention
+        self.use_fused = self.use_fused and spec.plain_layers
+
+    @staticmethod
+    def _text_config(config):
+        from engine.exec.models.hybrid_spec import text_config
+        return text_config(config)
 
     def num_params(self) -> int:
         n = self.embed.numel() + self.norm.numel() + (0 if self.lm_head is self.embed else self.lm_head.numel())
@@ -271,14 +308,28 @@ class LlamaModel:
             return forward_cpu_fused(self, input_ids, positions, kv_pool, meta, logits_indices)
         T = input_ids.shape[0]
         h, d, eps = self.num_heads, self.head_dim, self.eps
-        sandwich = self.spec.sandwich_norms
+        spec = self.spec
+        sandwich = spec.sandwich_norms
         attend = LayerAttention(self, positions, kv_pool, meta, self._torch_rope_store(meta.backend), converts=True)
+        linear = LinearAttention(self, meta) if spec.linear_layers else None
+        nqkv = (h + 2 * self.num_kv_heads) * d
         x = self.embed_tokens(input_ids)
         for i, L in enumerate(self.layers):
-            qkv = _linear(L, "qkv", rms_norm(x, L["ln1"], eps))
-            o = _linear(L, "o", attend(i, qkv).reshape(T, h * d))
+            s = spec.layers[i]
+            a = rms_norm(x, L["ln1"], eps)
+            if s.mixer == "linear":
+                o = linear(i, a)
+            else:
+                qkv = _linear(L, "qkv", a)
+                gate = None
+                if spec.attn_gate:          # Qwen3.5: o_proj(attention * sigmoid(gate))
+                    qkv, gate = qkv[:, :nqkv].contiguous(), qkv[:, nqkv:]
+                o = attend(i, qkv).reshape(T, h * d)
+                o = _linear(L, "o", o if gate is None else o * torch.sigmoid(gate))
             x = x + (rms_norm(o, L["post_attn"], eps) if sandwich else o)
-            m = _linear(L, "down", self.act_mul(_linear(L, "gate_up", rms_norm(x, L["ln2"], eps))))
+            a = rms_norm(x, L["ln2"], eps)
+            m = moe_forward(a, L, s.moe) if s.moe is not None else \
+                _linear(L, "down", self.act_mul(_linear(L, "gate_up", a)))
             x = x + (rms_norm(m, L["post_ff"], eps) if sandwich else m)
         return self.logits(rms_norm(x[logits_indices], self.norm, eps))
 

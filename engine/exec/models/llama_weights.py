@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 
 LINEAR_NAMES = ("qkv", "o", "gate_up", "down")
+MIXER_LINEAR_NAMES = ("lin_in", "lin_out")     # a Gated DeltaNet layer's GEMMs (gated_deltanet.py)
 
 
 @dataclass(frozen=True)
@@ -112,34 +113,8 @@ def _prepare(config, weights: dict, dtype, device, quantization, tile_upto: int 
     embed = w("model.embed_tokens.weight")
     tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights
     lm_head = embed if tied else w("lm_head.weight")
-    layers = []
-    for i in range(config.num_hidden_layers):
-        p = f"model.layers.{i}."
-        a = p + "self_attn."
-        if spec.fused_weights:
-            qkv, biases = w(a + "qkv_proj.weight"), [opt(a + "qkv_proj.bias")]
-            gate_up = w(p + "mlp.gate_up_proj.weight")
-        else:
-            qkv = _cat(*(w(a + f"{n}_proj.weight") for n in "qkv"))
-            biases = [opt(a + f"{n}_proj.bias") for n in "qkv"]
-            gate_up = _cat(w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight"))
-        if any(b is not None for b in biases) and any(b is None for b in biases):
-            raise ValueError(f"layer {i}: q/k/v projections must all have a bias or none")
-        L = {
-            "ln1": norm(p + "input_layernorm.weight"),
-            "ln2": norm(p + ("pre_feedforward_layernorm.weight" if spec.sandwich_norms
-                             else "post_attention_layernorm.weight")),
-            "qkv": qk_rows(qkv), "qkv_b": qk_rows(_cat(*biases)),
-            "o": w(a + "o_proj.weight"), "o_b": opt(a + "o_proj.bias"),
-            "gate_up": gate_up, "down": w(p + "mlp.down_proj.weight"),
-        }
-        if spec.qk_norm:
-            qn, kn = norm(a + "q_norm.weight"), norm(a + "k_norm.weight")
-            L["q_norm"], L["k_norm"] = (qn, kn) if perm is None else (qn[perm], kn[perm])
-        if spec.sandwich_norms:
-            L["post_attn"] = norm(p + "post_attention_layernorm.weight")
-            L["post_ff"] = norm(p + "post_feedforward_layernorm.weight")
-        layers.append(L)
+    layers = [_prepare_layer(i, weights, spec, w, opt, norm, qk_rows, h, d)
+              for i in range(config.num_hidden_layers)]
     final_norm = norm("model.norm.weight")
     if torch.device(device).type != "cpu":
         if quantization is not None:
@@ -152,10 +127,13 @@ def _prepare(config, weights: dict, dtype, device, quantization, tile_upto: int 
     from engine.exec.cpu_linear import PackedLinear, describe, make_linear
     from kernels.cpu_lean_step import can_tile, tile_rows
     plain, extra = [], 0
-    tile = all(can_tile(L[n], 2 if n == "gate_up" else 1) for L in layers for n in LINEAR_NAMES)
+    tile = spec.plain_layers and all(can_tile(L[n], 2 if n == "gate_up" else 1) for L in layers
+                                     for n in LINEAR_NAMES)
     for L in layers:
         plain.append({})
-        for name in LINEAR_NAMES:
+        for name in LINEAR_NAMES + MIXER_LINEAR_NAMES:
+            if name not in L:           # a linear-attention layer has no qkv; an MoE layer no gate_up
+                continue
             bias = L.pop(name + "_b", None)
             plain[-1][name], plain[-1][name + "_b"] = L[name], bias
             L[name] = make_linear(L[name], bias, quantization=quantization)
@@ -164,8 +142,69 @@ def _prepare(config, weights: dict, dtype, device, quantization, tile_upto: int 
     if tile and 0 < extra <= tile_upto:
         for L, P in zip(layers, plain):
             for name in LINEAR_NAMES:
-                if isinstance(L[name], PackedLinear):
+                if name in L and isinstance(L[name], PackedLinear):
                     P[name] = tile_rows(P[name])
     head = make_linear(lm_head, None, quantization=quantization)
-    kind = describe(layers[0]["qkv"]) if layers else "dense"
+    first = next((L[n] for L in layers for n in LINEAR_NAMES + MIXER_LINEAR_NAMES if n in L), None)
+    kind = describe(first) if first is not None else "dense"
     return PreparedWeights(embed, lm_head, final_norm, tuple(layers), head, kind, tuple(plain), extra)
+
+
+def _prepare_layer(i, weights, spec, w, opt, norm, qk_rows, h, d) -> dict:
+    """Layer i's tensors: norms, its mixer (attention: fused qkv [+ Qwen3.5's gate rows, gpt-oss's
+    sinks]; linear attention: gated_deltanet.prepare_linear_layer) and its MLP (dense gate_up +
+    down, or the experts: moe.prepare_moe)."""
+    p = f"model.layers.{i}."
+    a = p + "self_attn."
+    s = spec.layers[i]
+    L = {"ln1": norm(p + "input_layernorm.weight"),
+         "ln2": norm(p + ("pre_feedforward_layernorm.weight" if spec.sandwich_norms
+                          else "post_attention_layernorm.weight"))}
+    if s.mixer == "linear":
+        from engine.exec.models.gated_deltanet import prepare_linear_layer
+        L.update(prepare_linear_layer(p, spec.linear, w))
+    else:
+        if spec.fused_weights:
+            qkv, biases = w(a + "qkv_proj.weight"), [opt(a + "qkv_proj.bias")]
+        else:
+            qw, qb = w(a + "q_proj.weight"), opt(a + "q_proj.bias")
+            gate = gate_b = None
+            if spec.attn_gate:      # Qwen3.5: q_proj holds per head d query rows, then d gate rows
+                qw, gate = qw.view(h, 2, d, -1).unbind(1)
+                qw, gate = qw.reshape(h * d, -1), gate.reshape(h * d, -1)
+                if qb is not None:
+                    qb, gate_b = (t.reshape(h * d) for t in qb.view(h, 2, d).unbind(1))
+            qkv = _cat(qw, w(a + "k_proj.weight"), w(a + "v_proj.weight"))
+            biases = [qb, opt(a + "k_proj.bias"), opt(a + "v_proj.bias")]
+        if any(b is not None for b in biases) and any(b is None for b in biases):
+            raise ValueError(f"layer {i}: q/k/v projections must all have a bias or none")
+        L["qkv"], L["qkv_b"] = qk_rows(qkv), qk_rows(_cat(*biases))
+        if spec.attn_gate:          # the gate rows follow q, k, v in the one GEMM (not permuted)
+            L["qkv"] = torch.cat((L["qkv"], gate.contiguous())).contiguous()
+            if L["qkv_b"] is not None:
+                L["qkv_b"] = torch.cat((L["qkv_b"], gate_b if gate_b is not None else
+                                        torch.zeros_like(L["qkv_b"][:h * d])))
+        L["o"], L["o_b"] = w(a + "o_proj.weight"), opt(a + "o_proj.bias")
+        if spec.sinks:
+            L["sinks"] = w(a + "sinks").float().contiguous()
+        if spec.qk_norm:
+            perm = _perm_of(spec)
+            qn, kn = norm(a + "q_norm.weight"), norm(a + "k_norm.weight")
+            L["q_norm"], L["k_norm"] = (qn, kn) if perm is None else (qn[perm], kn[perm])
+    if s.moe is not None:
+        from engine.exec.models.moe import prepare_moe
+        L.update(prepare_moe(weights, p + "mlp.", s.moe, w, opt))
+    elif spec.fused_weights:
+        L["gate_up"], L["down"] = w(p + "mlp.gate_up_proj.weight"), w(p + "mlp.down_proj.weight")
+    else:
+        L["gate_up"] = _cat(w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight"))
+        L["down"] = w(p + "mlp.down_proj.weight")
+    if spec.sandwich_norms:
+        L["post_attn"] = norm(p + "post_attention_layernorm.weight")
+        L["post_ff"] = norm(p + "post_feedforward_layernorm.weight")
+    return L
+
+
+def _perm_of(spec):
+    from engine.exec.models.rope import partial_rotary_perm
+    return partial_rotary_perm(spec.head_dim, spec.rotary_dim)

@@ -1,0 +1,56 @@
+"""The tensors behind the state pool: every linear-attention layer's recurrent state and conv tail,
+one slot per holder, allocated once beside the KV pool.
+
+Why slots: a Gated DeltaNet layer's memory of a sequence is not a list of tokens but one fixed-size
+state (engine/exec/models/gated_deltanet.py). Like KV blocks, the slots are allocated once and never
+resized; the KV manager's state side (engine/kv/state_pool.py) decides which slot a sequence,
+a fork or a checkpoint holds, and the step plan carries each row's slot, so execution reads data
+and never asks the manager. A slot holds the state of all linear layers of one sequence (they
+advance together), so a copy (a fork's copy-on-write, a checkpoint, its restore) is one index copy
+per tensor.
+
+    rec  [linear layers, slots, v_heads, k_dim, v_dim]  fp32 (the recurrence accumulates in fp32)
+    conv [linear layers, slots, conv channels, K - 1]   the model's dtype
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class LinearState:
+    def __init__(self, spec, num_layers: int, num_slots: int, dtype: torch.dtype, device):
+        self.spec = spec
+        self.num_slots = num_slots
+        self.rec = torch.zeros(
+            num_layers,
+            num_slots,
+            spec.num_v_heads,
+            spec.k_dim,
+            spec.v_dim,
+            dtype=torch.float32,
+            device=device,
+        )
+        self.conv = torch.zeros(
+            num_layers, num_slots, spec.conv_dim, spec.conv_kernel - 1, dtype=dtype, device=device
+        )
+
+    @staticmethod
+    def bytes_per_slot(spec, num_layers: int, dtype: torch.dtype) -> int:
+        """One holder's state over all linear layers."""
+        return num_layers * spec.state_bytes(torch.empty((), dtype=dtype).element_size())
+
+    def copy_slots(self, src_dst) -> None:
+        """Copy slot src -> dst for every (src, dst) pair (all layers), in order: a later pair may
+        read what an earlier one wrote (a checkpoint taken, then restored for a prefix hit)."""
+        for src, dst in src_dst:
+            self.rec[:, dst] = self.rec[:, src]
+            self.conv[:, dst] = self.conv[:, src]
+
+    def read(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One slot's tensors (copies), e.g. for the KV tier."""
+        return self.rec[:, slot].clone(), self.conv[:, slot].clone()
+
+    def write(self, slot: int, rec: torch.Tensor, conv: torch.Tensor) -> None:
+        self.rec[:, slot] = rec
+        self.conv[:, slot] = conv
