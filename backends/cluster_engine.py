@@ -137,8 +137,8 @@ class ClusterEngine:
     def get_tokenizer(self):
         return None
 
-    def count_prompt_tokens(self, messages: list[dict]) -> int:
-        return self.engines[0].count_prompt_tokens(messages)
+    def count_prompt_tokens(self, messages: list[dict], thinking: bool | None = None) -> int:
+        return self.engines[0].count_prompt_tokens(messages, thinking)
 
     def order(self, messages: list[dict]) -> list[RemoteEngine]:
         """The replicas in the order this turn tries them (the first one normally serves it)."""
@@ -159,6 +159,7 @@ class ClusterEngine:
         cache_salt: str | None = None,
         tenant: str | None = None,
         priority: int = 0,
+        thinking: bool | None = None,
     ):
         rid = request_id or f"chat-{uuid.uuid4().hex[:12]}"
         errors = []
@@ -166,7 +167,9 @@ class ClusterEngine:
             with self._lock:
                 self._pending[rid] = (cache_salt, eng.name)
             try:
-                return eng.submit_chat(messages, params, request_id=rid, cache_salt=cache_salt)
+                return eng.submit_chat(
+                    messages, params, request_id=rid, cache_salt=cache_salt, thinking=thinking
+                )
             except BackendError as e:
                 with self._lock:
                     self._pending.pop(rid, None)

@@ -120,7 +120,7 @@ class RemoteEngine:
     def get_tokenizer(self):
         return None
 
-    def count_prompt_tokens(self, messages: list[dict]) -> int:
+    def count_prompt_tokens(self, messages: list[dict], thinking: bool | None = None) -> int:
         return sum(len(str(m.get("content") or "")) for m in messages) // CHARS_PER_TOKEN
 
     # ---- generation --------------------------------------------------------------------------
@@ -142,16 +142,20 @@ class RemoteEngine:
 
     def submit_chat(self, messages: list[dict], params=None, *, session_id: str | None = None,
                     request_id: str | None = None, previous_ids: list[int] | None = None,
-                    cache_salt: str | None = None, tenant: str | None = None, priority: int = 0) -> RemoteStream:
+                    cache_salt: str | None = None, tenant: str | None = None, priority: int = 0,
+                    thinking: bool | None = None) -> RemoteStream:
         """Send the whole conversation; return once the server accepted it (headers received).
         A per-user `cache_salt` (under --auth) is sent as vLLM's `cache_salt` field, which keeps
-        one user's prefix-cache hits from revealing another's text on servers that honour it."""
+        one user's prefix-cache hits from revealing another's text on servers that honour it.
+        `thinking` (not None) goes as vLLM's `chat_template_kwargs: {"enable_thinking": ...}`."""
         if self.model is None and not self.discover():
             raise BackendError(f"Cannot reach the backend: {self.startup_error}")
         rid = request_id or f"chat-{uuid.uuid4().hex[:12]}"
         body = self.request_body(messages, params)
         if cache_salt:
             body["cache_salt"] = cache_salt
+        if thinking is not None:
+            body["chat_template_kwargs"] = {"enable_thinking": bool(thinking)}
         sent = time.monotonic()
         try:
             req = self.http.build_request("POST", self.url + "/chat/completions", json=body,

@@ -12,37 +12,14 @@ tokens in `usage.completion_tokens_details` (engine/text/reasoning.py holds the 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine.text.reasoning import (ReasoningParser, prompt_opens_reasoning, reasoning_token_count,
-                                   split_reasoning)
+from engine.text.reasoning import ReasoningParser, ReasoningSplit
 from routes import openai_schemas as S
 from routes import openai_tools
 
 if TYPE_CHECKING:
     from routes.openai_api import OpenAIServer
-
-
-@dataclass(frozen=True)
-class ReasoningSplit:
-    """How one call's replies split: the model's markers, their ids, whether the prompt opened a block."""
-    markers: tuple
-    ids: tuple
-    inside: bool
-
-    @classmethod
-    def of(cls, tokenizer, markers, prompt_ids) -> "ReasoningSplit | None":
-        if not markers:
-            return None
-        return cls(tuple(markers), tuple(tokenizer.convert_tokens_to_ids(m) for m in markers),
-                   prompt_opens_reasoning(prompt_ids, tokenizer, markers))
-
-    def parser(self) -> ReasoningParser:
-        return ReasoningParser(self.markers, self.inside)
-
-    def tokens(self, token_ids) -> int:
-        return reasoning_token_count(token_ids, self.ids, self.inside)
 
 
 class ChatRender:
@@ -128,7 +105,7 @@ class ChatRender:
         for i, c in enumerate(gen.choices):
             text, reasoning = c.text, None
             if self.thinking is not None:
-                sp = split_reasoning(c.text, c.token_ids, self.thinking.markers, self.thinking.inside)
+                sp = self.thinking.split(c.text)
                 text, reasoning = sp.content, sp.reasoning
             ch = S.chat_choice(i, text, c.finish_reason, self.srv.fmt.chat(c.logprobs) if self.lp else None)
             if self.thinking is not None:

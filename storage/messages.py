@@ -27,7 +27,8 @@ _UNSET = object()
 _TITLE_CHARS = 40
 # added later (m004: cached_blocks; m006: the speculative decoding pair): left out when unset, so
 # an older reply's stats read as they always did
-_OPTIONAL_STATS = ("cached_blocks", "spec_accepted_tokens", "decode_steps", "served_by")
+_OPTIONAL_STATS = ("cached_blocks", "spec_accepted_tokens", "decode_steps", "served_by",
+                   "reasoning_tokens")
 _STATS_SELECT = ", ".join(f"s.{f} AS stat_{f}" for f in STAT_FIELDS)
 
 

@@ -13,7 +13,7 @@ NEW_CHAT_TITLE = "New chat"
 ROLES = ("system", "user", "assistant")
 STATUSES = ("complete", "stopped", "error")
 INT_STATS = ("prompt_tokens", "cached_tokens", "output_tokens", "cached_blocks", "spec_accepted_tokens",
-             "decode_steps")
+             "decode_steps", "reasoning_tokens")
 FLOAT_STATS = ("ttft_s", "tokens_per_s")
 TEXT_STATS = ("finish_reason", "served_by")
 STAT_FIELDS = INT_STATS + FLOAT_STATS + TEXT_STATS
@@ -109,6 +109,14 @@ def m006_reply_speculative(db):
 def m007_reply_served_by(db):
     # which replica served a reply when the app spreads over several (--backend ... --backend ...)
     db.execute("ALTER TABLE reply_stats ADD COLUMN served_by TEXT")
+
+
+@MIGRATIONS()
+def m008_thinking(db):
+    # a thinking model's reply (issue 45): its reasoning tokens (NULL: the reply has no reasoning
+    # block); a conversation's "Think" switch (NULL: the chat template's default)
+    db.execute("ALTER TABLE reply_stats ADD COLUMN reasoning_tokens INTEGER")
+    db.execute("ALTER TABLE conversations ADD COLUMN thinking INTEGER")
 
 
 def check_choice(name, value, choices):

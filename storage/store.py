@@ -29,6 +29,7 @@ class Storage(MessagesMixin, PromptsMixin, TransferMixin, StoreBase):
             "title": title,
             "system_prompt_id": prompt_id,
             "system_prompt_override": override,
+            "thinking": None,
             "created_at": now,
             "updated_at": now,
         }
@@ -134,6 +135,17 @@ class Storage(MessagesMixin, PromptsMixin, TransferMixin, StoreBase):
         self.db.execute(
             "UPDATE conversations SET system_prompt_override = ? WHERE id = ?", [override, conv_id]
         )
+        return self._conversation(conv_id, None)
+
+    @locked
+    def set_conversation_thinking(self, conv_id, thinking, owner=None):
+        """A conversation's "Think" switch (a thinking model's chat template's enable_thinking):
+        True / False, or None for the template's default."""
+        self._conversation(conv_id, owner)
+        if thinking is not None and not isinstance(thinking, bool):
+            raise ValueError(f"thinking must be true, false or null; got {thinking!r}")
+        value = None if thinking is None else int(thinking)
+        self.db.execute("UPDATE conversations SET thinking = ? WHERE id = ?", [value, conv_id])
         return self._conversation(conv_id, None)
 
     @locked

@@ -13,7 +13,7 @@ from engine.protocol import BeamSearches, ConstrainsOutput
 from ui.chat import (beam, branches, confirm, context_meter, documents, shortcuts, summary,
                      tab_goodbye)
 from ui.chat import handlers as chat
-from ui.chat import limits, model_picker, reply_format, view
+from ui.chat import limits, model_picker, reply_format, thinking, view
 from ui.chat import sidebar as side
 from ui.chat.context import ChatContext
 from ui.page_assets import PAGE_JS, URL_JS
@@ -25,7 +25,7 @@ def wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     chat_out = [c["msg"], c["chatbot"], c["status"], c["conv_list"], c["alt_row"], *c["alt_mds"],
                 *c["pick_btns"], c["send_btn"], c["stop_btn"]]
     view_out = [c["chatbot"], c["status"], c["conv_list"], c["title"], c["override"], c["prompt_line"],
-                c["alt_row"]]
+                c["alt_row"], c["think"]]
     events = _wire_replies(ctx, c, chat_out)
     _wire_attachments(ctx, c, events)
     meter = _wire_meter(ctx, c, events)
@@ -37,6 +37,22 @@ def wire(ctx: ChatContext, demo: gr.Blocks, c: dict) -> None:
     _wire_navigation(ctx, demo, c, chat_out, view_out)
     _wire_management(ctx, c, view_out)
     model_picker.wire(ctx, c)                 # several models: the picker switches (admins under --auth)
+    _wire_think(ctx, c)
+
+
+def _wire_think(ctx: ChatContext, c: dict) -> None:
+    """The "Think" switch (a thinking model's template has one): kept with the chat on screen, so
+    it shows again when the chat is opened; a new chat takes it when its first message is sent."""
+    def set_think(value, request: gr.Request):
+        tab = ctx.tab(request)
+        if tab.conv_id is not None and ctx.thinking_switch:
+            try:
+                ctx.remember_thinking(tab.conv_id, bool(value), request)
+            except (KeyError, PermissionError):       # deleted meanwhile: nothing to keep it with
+                pass
+
+    c["think"].input(set_think, c["think"], None, api_name=False, concurrency_limit=None,
+                     show_progress="hidden")
 
 
 NO_CHAT_IN_URL_JS = """() => {
@@ -82,8 +98,10 @@ def _wire_replies(ctx: ChatContext, c: dict, chat_out: list) -> list:
 
     # Explicit parameters: Gradio maps inputs by position and finds gr.Request by annotation.
     async def send(message, temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n,
-                   decoding=beam.SAMPLE, fmt=reply_format.FREE, schema="", request: gr.Request = None):
+                   decoding=beam.SAMPLE, fmt=reply_format.FREE, schema="", think=None,
+                   request: gr.Request = None):
         kw = settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding, fmt, schema)
+        kw["thinking"] = thinking.requested(think, ctx.thinking_switch)
         tab = ctx.tab(request) if request is not None else None
         if tab is not None and tab.attachments:       # documents first: chats attaching one share its blocks
             message = documents.message_text(tab.attachments, view.text_of(message))
@@ -92,8 +110,10 @@ def _wire_replies(ctx: ChatContext, c: dict, chat_out: list) -> list:
             yield out
 
     async def regenerate(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n,
-                         decoding=beam.SAMPLE, fmt=reply_format.FREE, schema="", request: gr.Request = None):
+                         decoding=beam.SAMPLE, fmt=reply_format.FREE, schema="", think=None,
+                         request: gr.Request = None):
         kw = settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding, fmt, schema)
+        kw["thinking"] = thinking.requested(think, ctx.thinking_switch)
         async for out in chat.regenerate(ctx, kw, request):
             yield out
 
@@ -104,21 +124,25 @@ def _wire_replies(ctx: ChatContext, c: dict, chat_out: list) -> list:
             yield out
 
     async def edit(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding, fmt, schema,
-                   edit_data: gr.EditData, request: gr.Request):
+                   think, edit_data: gr.EditData, request: gr.Request):
         kw = settings(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n, decoding, fmt, schema)
+        kw["thinking"] = thinking.requested(think, ctx.thinking_switch)
         async for out in chat.edit(ctx, edit_data.index, edit_data.value, kw, request):
             yield out
 
-    msg, sampling = c["msg"], c["sampling"]
+    msg, sampling, think = c["msg"], c["sampling"], c["think"]
     stream_opts = dict(concurrency_limit=None, show_progress="minimal")
     return [
-        c["send_btn"].click(send, [msg, *sampling], chat_out, api_name="send", **stream_opts),
+        c["send_btn"].click(send, [msg, *sampling, think], chat_out, api_name="send",
+                            **stream_opts),
         # "multiple": Enter while a reply streams must reach the server, which says "one reply at
         # a time" (Gradio's default would drop the second trigger silently)
-        msg.submit(send, [msg, *sampling], chat_out, api_name=False, trigger_mode="multiple", **stream_opts),
-        c["regen_btn"].click(regenerate, sampling, chat_out, api_name="regenerate", **stream_opts),
+        msg.submit(send, [msg, *sampling, think], chat_out, api_name=False, trigger_mode="multiple",
+                   **stream_opts),
+        c["regen_btn"].click(regenerate, [*sampling, think], chat_out, api_name="regenerate",
+                             **stream_opts),
         c["continue_btn"].click(continue_reply, sampling, chat_out, api_name="continue_reply", **stream_opts),
-        c["chatbot"].edit(edit, sampling, chat_out, api_name=False, **stream_opts),
+        c["chatbot"].edit(edit, [*sampling, think], chat_out, api_name=False, **stream_opts),
     ]
 
 
@@ -231,7 +255,8 @@ def _wire_navigation(ctx: ChatContext, demo: gr.Blocks, c: dict, chat_out: list,
             yield out
 
     def tick(query, request: gr.Request):
-        return chat.refresh(ctx, query, request) + _meter(ctx, request, only_changed=True)
+        return (chat.refresh(ctx, query, request) + _meter(ctx, request, only_changed=True)
+                + model_picker.follow_model(ctx, ctx.tab(request)))
 
     def new_chat(request: gr.Request):
         return side.new_chat(ctx, request)
@@ -258,8 +283,9 @@ def _wire_navigation(ctx: ChatContext, demo: gr.Blocks, c: dict, chat_out: list,
     conv_list.change(None, conv_list, None, js=URL_JS)
     # Every tab polls: chats created, renamed or continued in the user's other tabs show up, and the
     # context meter follows the engine. One event a tick, each part sent only when it changed.
-    c["timer"].tick(tick, c["query"], [conv_list, chatbot, c["meter"], c["summary_btn"]], api_name=False,
-                    **quick)
+    c["timer"].tick(tick, c["query"], [conv_list, chatbot, c["meter"], c["summary_btn"],
+                                       c["model_head"], c["model_picker"], c["think"]],
+                    api_name=False, **quick)
     # API clients open a conversation by id (the radio only accepts ids already in its list).
     c["open_id"].change(open_conv, c["open_id"], view_out, api_name="open_conversation", **quick).then(
         follow, None, chat_out, api_name=False, **quick)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ui.chat import beam, context_meter, documents, model_picker, reply_format, shortcuts, tab_goodbye, view
+from ui.chat import (beam, context_meter, documents, model_picker, reply_format, shortcuts,
+                     tab_goodbye, thinking, view)
 from ui.chat.context import ChatContext
 from ui.chat.prompt_picker import build_prompt_picker
 from ui.dashboard.page import build_dashboard
@@ -58,7 +59,7 @@ def build_demo(ctx: ChatContext) -> gr.Blocks:
         c["tab_id"] = gr.HTML("", elem_id="tab-id", padding=False)    # ui/chat/tab_goodbye.py
         with gr.Tab("Chat") as chat_tab:
             c.update(_chat_view(ctx))
-            c.update(_composer())
+            c.update(_composer(ctx))
             c.update(_system_prompt_box(ctx))
             c["sampling"] = _sampling_controls(ctx.llm)
         with gr.Tab("Memory") as memory_tab:
@@ -139,9 +140,9 @@ def _chat_view(ctx: ChatContext) -> dict:
     return {k: v for k, v in locals().items() if k not in ("ctx", "i", "picker", "model_picker_c")} | picker
 
 
-def _composer() -> dict:
-    """Attached documents, the message box with Send / Stop, Regenerate / Continue, and the hidden
-    branch switch the `< k/n >` links click."""
+def _composer(ctx: ChatContext) -> dict:
+    """Attached documents, the message box with Send / Stop and the "Think" switch (a thinking
+    model's), Regenerate / Continue, and the hidden branch switch the `< k/n >` links click."""
     doc_chips = gr.HTML("", elem_id="doc-chips")       # attached documents (ui/chat/documents.py)
     with gr.Row(elem_id="composer"):
         # an icon drawn by CSS (ui/page_assets.py: no emoji font needed), its tooltip and label
@@ -151,6 +152,9 @@ def _composer() -> dict:
         msg = gr.Textbox(label="Message", placeholder="Message (Enter to send, Shift+Enter for a new line)",
                          show_label=False, scale=8, lines=1, max_lines=8, elem_id="msg", autofocus=True)
         # one place, one button: Send while idle, Stop (or Esc) while a reply is generated
+        # shown when the model's template has a thinking switch (ui/chat/thinking.py); kept per chat
+        think = gr.Checkbox(True, label="Think", visible=ctx.thinking_switch, scale=0, min_width=90,
+                            container=False, elem_id="think")
         send_btn = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id="send")
         stop_btn = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="stop", visible=False)
     with gr.Row(elem_id="regen-row"):     # shown only when it can act (CSS below)
@@ -161,7 +165,7 @@ def _composer() -> dict:
     branch_cmd = gr.Textbox(elem_id="branch-cmd", elem_classes=["offscreen"], show_label=False,
                             container=False)
     branch_go = gr.Button("switch version", elem_id="branch-go", elem_classes=["offscreen"])
-    return dict(locals())
+    return {k: v for k, v in locals().items() if k != "ctx"}
 
 
 def _system_prompt_box(ctx: ChatContext) -> dict:
@@ -181,4 +185,5 @@ def _system_prompt_box(ctx: ChatContext) -> dict:
 
 def page_css() -> str:
     """The page's style sheet: the chat's, the dashboard's theme, and each widget's own."""
-    return CSS + THEME_CSS + context_meter.CSS + shortcuts.CSS + documents.CSS + tab_goodbye.CSS
+    return (CSS + THEME_CSS + context_meter.CSS + shortcuts.CSS + documents.CSS + tab_goodbye.CSS
+            + thinking.CSS)

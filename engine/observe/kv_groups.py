@@ -73,9 +73,10 @@ def kv_arithmetic(
 
 def _kind_phrase(r: dict) -> str:
     layers = f"{r['layers']} {r['kind']} layer{'s' if r['layers'] != 1 else ''}"
+    keep = "keeps" if r["layers"] == 1 else "keep"
     if r["window"] is None or r["tokens_kept"] < r["window"]:
-        return f"{layers} keep all {r['tokens_kept']:,} tokens"
-    return f"{layers} keep the last {r['window']:,}"
+        return f"{layers} {keep} all {r['tokens_kept']:,} tokens"
+    return f"{layers} {keep} the last {r['window']:,}"
 
 
 def sentence(a: dict) -> str:

@@ -131,6 +131,33 @@ def reasoning_token_count(token_ids, marker_ids: tuple[int, int] | None, inside:
     return j - i - 1
 
 
+@dataclass(frozen=True)
+class ReasoningSplit:
+    """How one request's replies split: the model's markers, their ids, whether the prompt opened a
+    block. One rule for every reader of a stream: the OpenAI routes (reasoning_content) and the
+    chat (the folded reasoning and its token count)."""
+    markers: tuple
+    ids: tuple
+    inside: bool
+
+    @classmethod
+    def of(cls, tokenizer, markers, prompt_ids) -> ReasoningSplit | None:
+        if not markers:
+            return None
+        return cls(tuple(markers), tuple(tokenizer.convert_tokens_to_ids(m) for m in markers),
+                   prompt_opens_reasoning(prompt_ids, tokenizer, markers))
+
+    def parser(self) -> ReasoningParser:
+        return ReasoningParser(self.markers, self.inside)
+
+    def tokens(self, token_ids) -> int:
+        return reasoning_token_count(token_ids, self.ids, self.inside)
+
+    def split(self, text: str, token_ids=()) -> Split:
+        """A whole reply (so far) split, with its reasoning token count."""
+        return split_reasoning(text, token_ids, self.markers, self.inside, self.ids)
+
+
 def split_outputs(out, tokenizer, markers):
     """A finished RequestOutput's replies with reasoning, answer and reasoning token count filled in
     (engine/outputs.CompletionOutput); unchanged for a model without markers."""

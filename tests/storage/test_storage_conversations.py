@@ -117,3 +117,22 @@ def test_search_follows_edits_and_deletes(store, make_chat):
     assert store.list_conversations(query="giraffes") == []
     fts_rows = store.db.execute("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'giraffes'")
     assert fts_rows.fetchone()[0] == 0
+
+
+def test_think_switch_and_reasoning_tokens_are_kept(store):
+    """A chat's "Think" switch (None: the template's default) and a thinking reply's reasoning
+    tokens (issue 45) survive a read back; the switch is owner-checked like any change."""
+    conv = store.create_conversation(owner="ann")
+    assert store.get_conversation(conv["id"])["thinking"] is None
+    assert store.set_conversation_thinking(conv["id"], False, owner="ann")["thinking"] == 0
+    with pytest.raises(PermissionError):
+        store.set_conversation_thinking(conv["id"], True, owner="bob")
+    with pytest.raises(ValueError):
+        store.set_conversation_thinking(conv["id"], "yes")
+    user = store.add_message(conv["id"], "user", "q")
+    reply = store.add_message(conv["id"], "assistant", "<think>hm</think>ok", parent_id=user["id"])
+    store.add_reply_stats(reply["id"], output_tokens=5, reasoning_tokens=1)
+    assert store.get_message(reply["id"])["stats"]["reasoning_tokens"] == 1
+    plain = store.add_message(conv["id"], "assistant", "ok", parent_id=user["id"])
+    store.add_reply_stats(plain["id"], output_tokens=1)
+    assert "reasoning_tokens" not in store.get_message(plain["id"])["stats"]

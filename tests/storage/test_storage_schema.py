@@ -18,7 +18,7 @@ def test_creates_schema_and_pragmas(store):
     names = [m.name for m in MIGRATIONS.applied(store.db)]
     assert names == ["m001_tables", "m002_message_search", "m003_user_prompts",
                      "m004_reply_cached_blocks", "m005_active_branch", "m006_reply_speculative",
-                     "m007_reply_served_by"]
+                     "m007_reply_served_by", "m008_thinking"]
 
 
 def test_default_path_creates_data_dir(tmp_path, monkeypatch):

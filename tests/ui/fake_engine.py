@@ -114,6 +114,7 @@ class FakeLLM:
         self.words, self.snap, self.pause_s, self.info = list(words), snapshot, pause_s, info
         self.submitted, self.previous, self.aborted, self.ended, self.closed = [], [], [], [], []
         self.tenants: list = []             # the tenant each chat turn was submitted for
+        self.thinking: list = []            # the `thinking` each chat turn was submitted with
         self.calls: list[str] = []                   # snapshot reads: "latest" / "exact"
         self.log: list[tuple] = []                   # ("abort", rid) / ("end", sid) / ("close", sid), in order
         self.streams: dict[str, FakeStream] = {}
@@ -161,7 +162,7 @@ class FakeLLM:
     def get_tokenizer(self):
         return FakeTokenizer()
 
-    def count_prompt_tokens(self, messages):
+    def count_prompt_tokens(self, messages, thinking=None):
         tok = FakeTokenizer()
         return len(tok.encode(tok.apply_chat_template(messages)))
 
@@ -171,8 +172,9 @@ class FakeLLM:
         return list(range(1000 * k, 1000 * k + 9))
 
     def submit_chat(self, messages, params=None, *, session_id=None, request_id=None, previous_ids=None,
-                    cache_salt=None, tenant=None, priority=0):
+                    cache_salt=None, tenant=None, priority=0, thinking=None):
         with self.lock:
+            self.thinking.append(thinking)
             k = len(self.submitted)
             rid = request_id or f"req-{k}"
             self.submitted.append(([dict(m) for m in messages], params, session_id))

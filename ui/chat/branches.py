@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ui.chat import view
+from ui.chat import thinking, view
 from ui.chat.context import ChatContext
 from ui.chat.painting import conversation_list, show
 
@@ -72,7 +72,9 @@ def pick(ctx: ChatContext, k: int, request):
     for i, mid in enumerate(tab.alt_ids):
         m = rows.get(mid)
         alts.append(view.alternative_markdown(i, m["content"] if m else "", m and m["stats"],
-                                              status=m and m["status"], chosen=i == k)
+                                              status=m and m["status"], chosen=i == k,
+                                              split=m and thinking.stored_split(m["content"],
+                                                                                m["stats"]))
                     if m else gr.skip())
     alts += [gr.skip()] * (view.MAX_ALTERNATIVES - len(alts))
     buttons = [gr.Button(visible=i != k and i < len(tab.alt_ids)) for i in range(view.MAX_ALTERNATIVES)]

@@ -58,6 +58,19 @@ class ChatContext:
         check_owner(tab, username)
         return tab
 
-    def prompt_tokens(self, messages: list[dict]) -> int:
-        """Length of the prompt the engine would build for these messages (no session reuse)."""
-        return self.llm.count_prompt_tokens(messages)
+    def prompt_tokens(self, messages: list[dict], thinking: bool | None = None) -> int:
+        """Length of the prompt the engine would build for these messages (no session reuse);
+        `thinking`: the chat's "Think" switch (a thinking model's template renders it)."""
+        if thinking is None:
+            return self.llm.count_prompt_tokens(messages)
+        return self.llm.count_prompt_tokens(messages, thinking)
+
+    @property
+    def thinking_switch(self) -> bool:
+        """The served model's chat template has a "Think" switch (enable_thinking)."""
+        return bool(self.llm.model_info().thinking_switch)
+
+    def remember_thinking(self, conv_id: str, thinking: bool | None, request) -> None:
+        """Keep the chat's "Think" switch with the chat (shown again when it is opened)."""
+        if thinking is not None:
+            self.storage.set_conversation_thinking(conv_id, thinking, owner=self.check(request))

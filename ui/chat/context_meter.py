@@ -12,9 +12,12 @@ a summary" (ui/chat/summary.py): the old chat stays as it is.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from html import escape
 
+from ui.chat import thinking
+from ui.dashboard.groups_view import blocks_in_span, table_groups
 from ui.dashboard.vocabulary import state_of
 
 WARN_FRACTION = 0.8
@@ -38,6 +41,10 @@ class Meter:
     pinned_tokens: int = 0
     why_not: str = ""         # not in memory: why (another version is, or nothing is)
     source: str = ""          # where the count comes from when not from the engine's blocks
+    reasoning: thinking.ReasoningSpan | None = None   # the last reply's reasoning in the blocks
+    reasoning_kept: bool | None = None    # the template feeds past reasoning back (None: unknown)
+    reasoning_blocks: int = 0             # blocks holding it (each KV cache group that still does)
+    group_blocks: tuple = ()              # live blocks per KV cache group (the table's order)
 
     @property
     def fraction(self) -> float:
@@ -62,6 +69,7 @@ def from_snapshot(snap: dict, conv_id: str, max_model_len: int) -> Meter | None:
     pinned_tokens = sum(f for f, c in zip(filled, codes) if c == "n")
     tokens = seq["num_tokens"]
     return Meter(tokens=tokens, max_model_len=max_model_len, blocks=len(table),
+                 group_blocks=tuple(seq.get("group_blocks") or ()),
                  shared_blocks=codes.count("s"),
                  shared_tokens=shared_tokens,
                  own_tokens=max(0, min(tokens, sum(filled)) - shared_tokens - pinned_tokens),
@@ -116,7 +124,8 @@ def html(m: Meter | None) -> str:
             else:                          # none of this kind: its number for readers, no words
                 none += f'<span hidden data-k="ctx_{key}_blocks" data-v="0"></span>'
         parts.append(f'<span title="{TIPS["own"]}">{n("ctx_own_tokens", m.own_tokens)} in this '
-                     f'chat\'s own {n("ctx_own_blocks", own)} block{"s" if own != 1 else ""}</span>{none}')
+                     f'chat\'s own {n("ctx_own_blocks", own)} block{"s" if own != 1 else ""}</span>'
+                     + none + reasoning_html(m, n))
     elif m.why_not:
         parts.append(f'<span data-k="ctx_other_version" data-v="1">{escape(m.why_not)}</span>')
     else:
@@ -126,6 +135,22 @@ def html(m: Meter | None) -> str:
             f'(this chat stays as it is).</div>' if m.warn else "")
     return (f'<div class="ctx-meter{" full" if m.warn else ""}"><span class="ctx-bar"><span style="width:'
             f'{pct:.1f}%"></span></span> {" · ".join(parts)}{warn}</div>')
+
+
+def reasoning_html(m: Meter, n) -> str:
+    """' (reasoning: 39 tokens in 3 of them, left out of the next prompt)': the KV a thinking
+    model's last reasoning takes, the biggest private part of a chat (ui/chat/thinking.py)."""
+    r = m.reasoning
+    if r is None:
+        return ""
+    fate = {False: ", left out of the next prompt: freed when you send it",
+            True: ", fed back with the next prompt (the template keeps past reasoning)"}
+    tip = ("The reply's reasoning (folded above it) is KV like the rest: these blocks hold it "
+           "until the next message")
+    return (f' <span class="ctx-reasoning" title="{tip}">(reasoning: '
+            f'{n("ctx_reasoning_tokens", r.tokens)} tokens in '
+            f'{n("ctx_reasoning_blocks", m.reasoning_blocks)} of them'
+            f'{fate.get(m.reasoning_kept, "")})</span>')
 
 
 CSS = """
@@ -160,4 +185,27 @@ def for_tab(ctx, request) -> Meter | None:
         except (KeyError, PermissionError):
             return None
         m = from_storage(path, ctx.max_model_len, OTHER_VERSION if other else "") or m
+    elif ctx.llm.model_info().reasoning_markers:      # a thinking model: where its reasoning sits
+        m = with_reasoning(ctx, request, tab.conv_id, m, snap.get("block_size") or 0)
     return m
+
+
+def with_reasoning(ctx, request, conv_id: str, m: Meter, block_size: int) -> Meter:
+    """The meter with the span of the last reply's reasoning, when the engine's blocks hold exactly
+    that turn (its token count is the stored prompt + reply)."""
+    try:
+        path = ctx.storage.get_messages(conv_id, owner=ctx.check(request))
+    except (KeyError, PermissionError):
+        return m
+    tok = ctx.llm.get_tokenizer()
+    start = thinking.start_marker_id(ctx.llm.model_info().reasoning_markers, tok)
+    span = thinking.last_reply_span(path, start, block_size)
+    if span is None or not thinking.held_turn(path, m.tokens):
+        return m
+    seq = {"group_blocks": list(m.group_blocks) or [m.blocks], "num_tokens": m.tokens}
+    split = table_groups(seq, block_size)
+    held = blocks_in_span(split, span.first_block, span.last_block)
+    if not held:
+        return m
+    return dataclasses.replace(m, reasoning=span, reasoning_blocks=held,
+                               reasoning_kept=thinking.template_keeps_reasoning(tok))

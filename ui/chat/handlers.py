@@ -102,7 +102,9 @@ async def send(ctx: ChatContext, message: str, kw: dict, request):
     system = st.conversation_system_prompt(conv["id"]) if conv else ctx.shared_prompt(request)["text"]
     path = st.get_messages(conv["id"]) if conv else []
     prompt_len = await asyncio.to_thread(      # tokenizing: off the event loop
-        ctx.prompt_tokens, view.engine_messages(system, path + [{"role": "user", "content": message}]))
+        ctx.prompt_tokens,
+        view.engine_messages(system, path + [{"role": "user", "content": message}]),
+        kw.get("thinking"))
     if prompt_len >= ctx.max_model_len:
         shown = show(tab, path, ctx)
         notice = view.too_long_notice(prompt_len, ctx.max_model_len)
@@ -117,6 +119,7 @@ async def send(ctx: ChatContext, message: str, kw: dict, request):
         yield outputs(status=ONE_AT_A_TIME)
         return
     try:
+        ctx.remember_thinking(conv["id"], kw.get("thinking"), request)
         user = st.add_message(conv["id"], "user", message, owner=ctx.check(request))
     except BaseException as e:
         ctx.tabs.end(conv["id"])
@@ -143,6 +146,11 @@ async def regenerate(ctx: ChatContext, kw: dict, request):
         _busy_notice()
         yield outputs()
         return
+    try:
+        ctx.remember_thinking(conv["id"], kw.get("thinking"), request)
+    except BaseException:
+        ctx.tabs.end(conv["id"])
+        raise
     async for out in generate(ctx, request, tab, conv["id"], last_user["id"], kw, sibling_of=sibling_of):
         yield out
 
@@ -177,6 +185,7 @@ async def continue_reply(ctx: ChatContext, kw: dict, request):
         return
     kw = {**kw, "n": 1}
     kw.pop("beam_width", None)
+    kw.pop("thinking", None)            # the reply's prompt is rendered already: its ids as is
     if not ctx.tabs.begin(conv["id"]):
         _busy_notice()
         yield outputs()
@@ -228,7 +237,9 @@ async def edit(ctx: ChatContext, index, new_text, kw: dict, request):
     before = path[: path.index(next(m for m in path if m["id"] == old["id"]))]
     system = st.conversation_system_prompt(conv["id"])
     prompt_len = await asyncio.to_thread(
-        ctx.prompt_tokens, view.engine_messages(system, before + [{"role": "user", "content": new_text}]))
+        ctx.prompt_tokens,
+        view.engine_messages(system, before + [{"role": "user", "content": new_text}]),
+        kw.get("thinking"))
     if prompt_len >= ctx.max_model_len:
         notice = view.too_long_notice(prompt_len, ctx.max_model_len)
         yield outputs(chat=restore, status=notice)
@@ -239,6 +250,7 @@ async def edit(ctx: ChatContext, index, new_text, kw: dict, request):
         yield outputs(chat=restore)
         return
     try:
+        ctx.remember_thinking(conv["id"], kw.get("thinking"), request)
         user = st.add_sibling(old["id"], new_text, owner=ctx.check(request))
     except BaseException:
         ctx.tabs.end(conv["id"])

@@ -88,11 +88,13 @@ async def generate(ctx: ChatContext, request, tab, conv_id: str, user_id: int, k
     messages = view.engine_messages(st.conversation_system_prompt(conv_id), path)
     kw = dict(kw)
     width = kw.pop("beam_width", 0)
+    think = kw.pop("thinking", None)       # the template's switch, not a sampling parameter
     if width:
         async for out in _beam_reply(ctx, request, tab, conv_id, messages, path, user_id, width, kw, first_msg):
             yield out
         return
-    turn = Turn(conv_id, user_id, kw["n"], cache_salt=ctx.cache_salt(request), tenant=ctx.tenant(request))
+    turn = Turn(conv_id, user_id, kw["n"], cache_salt=ctx.cache_salt(request),
+                tenant=ctx.tenant(request), thinking=think)
     try:
         start_turn(ctx, turn, messages, kw, sibling_of)
     except BaseException:
@@ -192,9 +194,10 @@ async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[di
                 generating = state == states.live_status(states.GENERATING)
                 total = len(turn.toks[0]) if turn.continues is not None else None
                 live = view.live_reply(turn.texts[0], turn.admitted, turn.metrics[0] if turn.texts[0] else None,
-                                       state=None if generating else state, total_tokens=total)
+                                       state=None if generating else state, total_tokens=total,
+                                       split=turn.split(0))
                 alts = [view.alternative_markdown(k, turn.texts[k], turn.metrics[k] if turn.texts[k] else None,
-                                                  turn.admitted, chosen=k == 0)
+                                                  turn.admitted, chosen=k == 0, split=turn.split(k))
                         for k in range(turn.n)] if turn.n > 1 else None
                 # Stop replaces Send once, on the first paint: re-sending the same button update with
                 # every token only re-renders the button a person is about to click
@@ -230,7 +233,8 @@ async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[di
         shown.append({"role": "assistant", "content": view.error_notice(turn.error)})
     tab.alt_ids = list(turn.stored_ids) if turn.n > 1 else []
     alts = [view.alternative_markdown(k, turn.texts[k], turn.stats(k),
-                                      status="complete" if turn.done[k] else "stopped", chosen=k == 0)
+                                      status="complete" if turn.done[k] else "stopped",
+                                      chosen=k == 0, split=turn.split(k))
             for k in range(turn.n)] if turn.n > 1 else []
     yield outputs(chat=shown, status=final_status(turn), radio=conversation_list(ctx, request, turn.conv_id),
                   alts=alts, picks=range(1, len(tab.alt_ids)), busy=False)

@@ -13,7 +13,7 @@ import os
 import gradio as gr
 
 from storage.exports import export_url
-from ui.chat import limits, view
+from ui.chat import limits, thinking, view
 from ui.chat.painting import conversation_list, list_radio, show
 from ui.chat.context import ChatContext
 
@@ -31,11 +31,13 @@ def _prompt_line(ctx: ChatContext, conv: dict | None, request=None) -> str:
 
 
 def _conversation_view(ctx: ChatContext, request, tab, conv: dict | None):
-    """(chatbot, status, list, title box, override box, prompt line, alt row) for a tab's chat."""
+    """(chatbot, status, list, title box, override box, prompt line, alt row, Think switch) for a
+    tab's chat."""
     shown = show(tab, ctx.storage.get_messages(conv["id"]) if conv is not None else [], ctx)
     return (shown, " ", conversation_list(ctx, request, conv["id"] if conv else None),
             conv["title"] if conv else "", (conv or {}).get("system_prompt_override") or "",
-            _prompt_line(ctx, conv, request), gr.Row(visible=False))
+            _prompt_line(ctx, conv, request), gr.Row(visible=False),
+            gr.Checkbox(value=thinking.switch_value(conv), visible=ctx.thinking_switch))
 
 
 def on_load(ctx: ChatContext, request):

@@ -78,6 +78,7 @@ class Tab:
     shown_ids: list[int] = field(default_factory=list)   # stored message id of each chatbot row
     view_sig: tuple = ()                                 # what the chatbot shows (to repaint on change)
     list_sig: tuple = ()                                 # what the conversation list shows
+    model_seen: str | None = None                        # the served model this tab's header names
     meter_sig: tuple = ()                                # the context meter as last sent (ui/events.py)
     following: object = None         # the Turn / BeamTurn this tab is painting (has a `wakeup`), if any
     alt_ids: list[int] = field(default_factory=list)     # stored ids of the alternatives on screen

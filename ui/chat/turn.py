@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from engine import SamplingParams
 from engine.core.admission import QueueFull
 from engine.outputs import STATE_PREEMPTED, STATE_RESUMED, STATE_RUNNING
+from engine.text.reasoning import ReasoningSplit
 from storage import NotFoundError
 from ui.chat.reattach import watch_abandoned
 from ui.chat.tabs import in_daemon_thread
@@ -98,6 +99,8 @@ class Turn:
     preemptions: int = 0              # how often the engine took this reply's memory (its stream said so)
     continues: dict | None = None     # Continue: the stored reply this turn extends (same message, same branch)
     abandoned: bool = False           # aborted by the idle timeout: no tab showed it (ui/chat/reattach.py)
+    thinking: bool | None = None      # the chat's "Think" switch (None: the template's default)
+    reasoning: ReasoningSplit | None = None   # a thinking model's split rule for this reply
     stopping: bool = False            # Stop or the idle timeout asked the engine to end it
     watchdog: asyncio.Task | None = None
     wakeup: Wakeup = field(default_factory=Wakeup)   # the tabs painting it (ui/chat/wakeup.py)
@@ -128,8 +131,19 @@ class Turn:
         elif d.token_ids or d.finished:
             self.paused_outputs.discard(d.index)
 
+    def split(self, i: int = 0):
+        """Output i so far as reasoning + answer (engine/text/reasoning.Split), or None for a model
+        that does not think."""
+        if self.reasoning is None:
+            return None
+        return self.reasoning.split(self.texts[i], self.toks[i])
+
     def stats(self, i: int = 0) -> dict:
-        return reply_stats(self.metrics[i], self.reasons[i])
+        stats = reply_stats(self.metrics[i], self.reasons[i])
+        sp = self.split(i)
+        if sp is not None and sp.reasoning is not None:       # stored: the fold after a reload
+            stats["reasoning_tokens"] = sp.reasoning_tokens
+        return stats
 
 
 def start_turn(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int | None) -> Turn:
@@ -158,9 +172,11 @@ async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
                                               cache_salt=turn.cache_salt, tenant=turn.tenant)
         else:
             previous = _previous_ids(st, turn.conv_id, turn.user_id)
+            extra = {"thinking": turn.thinking} if turn.thinking is not None else {}
             turn.submitted = in_daemon_thread(llm.submit_chat, messages, SamplingParams(**kw),
                                               session_id=turn.conv_id, request_id=turn.rid, previous_ids=previous,
-                                              cache_salt=turn.cache_salt, tenant=turn.tenant)
+                                              cache_salt=turn.cache_salt, tenant=turn.tenant,
+                                              **extra)
         try:
             stream = await asyncio.wrap_future(turn.submitted)
         except ValueError as e:          # e.g. longer than max_model_len: the engine is untouched
@@ -175,6 +191,10 @@ async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
         prompt_ids = stream.prompt_ids
         if prompt_ids is not None and turn.continues is None:   # exact ids of this turn's prompt
             st.update_message(turn.user_id, token_ids=list(prompt_ids))
+        # a continued reply splits from its first prompt (the reply so far is part of its text)
+        opened_by = (st.get_message(turn.user_id)["token_ids"] if turn.continues is not None
+                     else prompt_ids)
+        turn.reasoning = reasoning_rule(llm, opened_by or [])
         async for d in stream:
             i = d.index
             turn.note_state(d)
@@ -207,6 +227,14 @@ async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
         finally:
             ctx.tabs.end(turn.conv_id, None if all(turn.done) else turn.rid, turn.submitted, turn)
             turn.version += 1
+
+
+def reasoning_rule(llm, prompt_ids) -> ReasoningSplit | None:
+    """How this model's replies split into reasoning and answer (None: it does not think, or it is
+    a remote engine without a tokenizer here)."""
+    markers = tuple(llm.model_info().reasoning_markers or ())
+    tok = llm.get_tokenizer() if markers else None
+    return ReasoningSplit.of(tok, markers, list(prompt_ids)) if tok is not None else None
 
 
 def _store_alternatives(st, turn: Turn, first_id: int) -> None:

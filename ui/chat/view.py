@@ -13,7 +13,7 @@ import re
 
 from storage.md_fences import close_open_fence
 from ui.safe_markdown import safe_markdown
-from ui.chat import documents
+from ui.chat import documents, thinking
 from ui.chat.states import finish_text
 
 MAX_ALTERNATIVES = 4
@@ -133,13 +133,24 @@ def rendered(text: str) -> str:
 
 
 def with_footer(text: str, stats: dict | None, status: str | None = None, finish: str | None = None,
-                source: bool = False, nav: str = "", total_tokens: int | None = None):
+                source: bool = False, nav: str = "", total_tokens: int | None = None, split=None,
+                live: bool = False):
     """A reply's row content (row_content): its text (made safe), then its stats line, small and
     muted (display only; never sent to the model), the text's Markdown for copying (source_mark,
-    with `source`) and the version arrows (`nav`), in a part of their own."""
+    with `source`) and the version arrows (`nav`), in a part of their own. `split` (a thinking
+    model's reply: engine/text/reasoning.Split): the reasoning folded in a part of its own above
+    the answer (ui/chat/thinking.py); the answer alone is shown, counted and copied."""
     line = stats_line(stats, status, finish, total_tokens)
-    mark = source_mark(text) if source else ""
     stats_html = f'<span class="{STATS_CLASS}">{html.escape(line)}</span>' if line else ""
+    if thinking.has_fold(split):
+        answer = split.content
+        folded = thinking.fold(rendered(split.reasoning), split.reasoning_tokens,
+                               live=live and not answer, answered=bool(answer.strip()) or live)
+        mark = source_mark(answer) if source else ""
+        return row_content(folded, rendered(answer) if answer else "", stats_html + mark + nav)
+    if split is not None and split.reasoning is not None:    # an empty block: the answer alone
+        text = split.content
+    mark = source_mark(text) if source else ""
     return row_content(rendered(text), stats_html + mark + nav)
 
 
@@ -187,7 +198,8 @@ def display_messages(path: list[dict], versions: dict | None = None, max_model_l
                                  toks[-1] if toks else None, eos_ids)
             more = CONTINUE_MARK if i == len(path) - 1 and can_continue(m, finish, eos_ids) else ""
             content = with_footer(m["content"], m.get("stats"), m.get("status"), finish, source=True,
-                                  nav=nav + more, total_tokens=len(toks) or None)
+                                  nav=nav + more, total_tokens=len(toks) or None,
+                                  split=thinking.stored_split(m["content"], m.get("stats")))
         else:   # one part: Gradio edits a user row part by part and hands back only the last
             content = documents.display(m["content"], rendered) + (f"\n\n{nav}" if nav else "")
         shown.append({"role": m["role"], "content": content})
@@ -196,15 +208,18 @@ def display_messages(path: list[dict], versions: dict | None = None, max_model_l
 
 
 def live_reply(text: str, admitted: bool, metrics: dict | None = None, state: str | None = None,
-               total_tokens: int | None = None):
+               total_tokens: int | None = None, split=None):
     """The reply bubble while streaming: queued -> starting -> text with a running stats line
-    (`state`: a live status from states.live_status, shown in place of the stats while paused)."""
+    (`state`: a live status from states.live_status, shown in place of the stats while paused).
+    `split`: a thinking model's reply so far (its reasoning folded, open while it streams)."""
     if not admitted:
         return f"*{state}*" if state else QUEUED
     if state and "paused" in state:
         return row_content(rendered(text) if text else "", f"*{state}*")
     if not text:
         return STARTING
+    if thinking.has_fold(split) or (split is not None and split.reasoning is not None):
+        return with_footer(text, metrics, total_tokens=total_tokens, split=split, live=True)
     return with_footer(text, metrics, total_tokens=total_tokens) if metrics else rendered(text)
 
 
@@ -278,13 +293,24 @@ def conversation_choices(rows: list[dict]) -> list[tuple[str, str]]:
 
 
 def alternative_markdown(index: int, text: str, stats: dict | None, admitted: bool = True,
-                         status: str | None = None, label: str = "Alternative", chosen: bool = False) -> str:
+                         status: str | None = None, label: str = "Alternative",
+                         chosen: bool = False, split=None) -> str:
+    """One of the n alternatives / k beams beside the chat; `split`: a thinking model's reply
+    (its reasoning folded above the answer, as in the chat)."""
     head = f"**{label} {index + 1}**"
     line = stats_line(stats, status)
     if chosen and text and admitted:      # its text is the reply in the chat just above: not twice
         return (f"{head} · shown in the conversation above"
                 + (f'\n\n<span class="{STATS_CLASS}">{html.escape(line)}</span>' if line else ""))
-    body = shown_text(live_reply(text, admitted)) if not text or not admitted else rendered(text)
+    if not text or not admitted:
+        body = shown_text(live_reply(text, admitted))
+    elif thinking.has_fold(split):
+        body = (thinking.fold(rendered(split.reasoning), split.reasoning_tokens,
+                              answered=bool(split.content.strip()))
+                + (f"\n\n{rendered(split.content)}" if split.content else ""))
+    else:
+        empty_block = split is not None and split.reasoning is not None
+        body = rendered(split.content if empty_block else text)
     return f"{head}\n\n{body}" + (f'\n\n<span class="{STATS_CLASS}">{html.escape(line)}</span>' if line else "")
 
 

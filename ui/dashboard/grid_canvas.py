@@ -25,7 +25,14 @@ from ui.dashboard.vocabulary import BY_CODE, NAMES as VOC_NAMES
 TEMPLATE = (STAMP + '<div class="kvd kvgc"><div class="kvl"></div><div class="muted kvscale"></div>'
             '<canvas data-painted="0"></canvas></div>')
 
-CSS = ".kvgc canvas { display: block; width: 100%; } .kvl .sel b { outline: 2px solid var(--kv-outline); }"
+CSS = (".kvgc canvas { display: block; width: 100%; }"
+       " .kvl .sel b { outline: 2px solid var(--kv-outline); }"
+       " .kvl .kvmode button { font-size: 11px; padding: 0 6px; margin-left: 3px;"
+       " border-radius: 3px;"
+       " border: 1px solid var(--border-color-primary, #d1d5db); background: transparent;"
+       " cursor: pointer; }"
+       " .kvl .kvmode button[aria-pressed=true] { background: var(--kv-track, #f3f4f6);"
+       " font-weight: 600; }")
 
 _NAMES = [KIND_NAMES[k] for k in KINDS]
 _VARS = [VOC_NAMES[k] for k in KINDS]       # --kv-<name>: one colour per state (ui/dashboard/vocabulary.py)
@@ -36,6 +43,14 @@ JS = """
 const NAMES = __NAMES__, VARS = __VARS__, TIPS = __TIPS__, PITCH = 14, CELL = 13, BAND = 16;
 const rootOf = () => element.querySelector('.kvgc') || element;
 const st = { p: null, items: [], cols: 1, n: 0, src: null };
+// with KV cache groups the grid can be coloured by layer kind, not block state (kept per browser)
+const byKind = (p) => !!(p && p.kinds) && localStorage.getItem('kvGridMode') === 'kind';
+const kindOfCells = (p) => {
+  const out = new Int32Array(Math.ceil(p.n / p.per)); let c = 0;
+  const r = p.kinds.runs;
+  for (let i = 0; i < r.length; i += 2) { out.fill(r[i], c, c + r[i + 1]); c += r[i + 1]; }
+  return out;
+};
 const fmt = (x) => x.toLocaleString('en-US');
 const holders = (p, set) => {
   if (set < 0 || !p.sets[set]) { return ''; }
@@ -80,6 +95,11 @@ const paint = (src) => {
   if (!cv) { return; }
   const css = getComputedStyle(root);
   const colour = VARS.map((v) => css.getPropertyValue('--kv-' + v).trim() || '#888');
+  const kindMode = byKind(p);
+  const kindColour = [0, 1, 2, 3].map((i) =>
+    css.getPropertyValue(`--kv-kind-${i}`).trim() || '#888');
+  const kindOf = p.kinds ? kindOfCells(p) : null;
+  st.kindOf = kindOf;
   const text = css.getPropertyValue('--body-text-color').trim() || '#111';
   const outline = css.getPropertyValue('--kv-outline').trim() || '#111';
   const width = Math.max(200, root.clientWidth || 800);
@@ -102,7 +122,11 @@ const paint = (src) => {
       g.fillText(label, 6, it.y + BAND / 2);
       continue;
     }
+    if (kindMode && it.k >= 1) {                 // a held or cached block: its layer kind's colour
+      g.fillStyle = kindColour[kindOf[it.first] % 4]; g.globalAlpha = it.k === 1 ? 0.4 : 1;
+    }
     g.fillRect(it.x, it.y, CELL, CELL);
+    g.globalAlpha = 1;
     if (it.ref >= 2 && it.k >= 3) {
       g.fillStyle = '#fff'; g.font = '600 8px sans-serif'; g.textAlign = 'center';
       g.fillText(String(it.ref), it.x + CELL / 2, it.y + CELL / 2 + 0.5);
@@ -112,7 +136,8 @@ const paint = (src) => {
     }
   }
   st.p = p; st.items = L.items;
-  legend(root, p, colour);
+  legend(root, p, kindMode ? kindColour : colour, kindMode);
+  cv.dataset.mode = kindMode ? 'kind' : 'state';
   root.querySelector('.kvscale').innerHTML = `<span data-k="per_cell" data-v="${p.per}"></span>` + (p.per === 1 ?
     `${fmt(p.n)} blocks, one cell per block; the number in a shared cell is its ref_count; hover a cell for its holders` :
     `${fmt(p.n)} blocks, more than the grid shows: each cell aggregates ${p.per} blocks (colour = the most common state, number = highest ref_count)`);
@@ -123,24 +148,37 @@ const paint = (src) => {
 // The legend is built once and then only its numbers and colours change, in place: rebuilding it
 // on every paint replaced its elements under anyone reading them (a test read a swatch's colour
 // from an element the next paint had just detached: '' instead of the colour, issue 47).
-const legend = (root, p, colour) => {
+const legend = (root, p, colour, kindMode) => {
   const box = root.querySelector('.kvl');
   if (!box) { return; }
-  if (box.dataset.built !== String(NAMES.length)) {
-    box.innerHTML = NAMES.map((name, k) => `<span title="${TIPS[k]}"><b></b>${name}: ` +
-      `<span data-k="cells_${k}" data-v=""></span></span>`).join('') +
+  const names = kindMode ? p.kinds.names : NAMES;
+  const built = `${kindMode ? 'kind' : 'state'}:${names.length}:${p.kinds ? 1 : 0}`;
+  if (box.dataset.built !== built) {
+    const toggle = p.kinds ? '<span class="kvmode">Colour by: ' +
+      `<button type="button" data-m="state" aria-pressed="${!kindMode}">block state</button>` +
+      `<button type="button" data-m="kind" aria-pressed="${kindMode}">layer kind</button>` +
+      '</span>' : '';
+    const key = kindMode ? 'kind_cells' : 'cells', unit = kindMode ? ' in use' : '';
+    box.innerHTML = toggle + names.map((name, k) =>
+      `<span title="${kindMode ? name : TIPS[k]}"><b></b>${name}: ` +
+      `<span data-k="${key}_${k}" data-v=""></span>${unit}</span>`).join('') +
       '<span class="sel" hidden><b></b>selected conversation (' +
       '<span data-k="selected_blocks" data-v=""></span> blocks)</span>';
-    box.dataset.built = String(NAMES.length);
+    for (const b of box.querySelectorAll('.kvmode button')) {
+      b.onclick = () => { localStorage.setItem('kvGridMode', b.dataset.m); paint(); };
+    }
+    box.dataset.built = built;
   }
   const set = (el, v, text) => {
     if (el && el.dataset.v !== String(v)) { el.dataset.v = String(v); el.textContent = text; }
   };
-  const spans = box.children;
-  NAMES.forEach((name, k) => {
+  const spans = box.querySelectorAll(':scope > span:not(.sel):not(.kvmode)');
+  const counts = kindMode ? p.kinds.counts : p.counts;
+  names.forEach((name, k) => {
     const sw = spans[k].querySelector('b');
-    if (sw.dataset.c !== colour[k]) { sw.dataset.c = colour[k]; sw.style.background = colour[k]; }
-    set(spans[k].querySelector('[data-k]'), p.counts[k], fmt(p.counts[k]));
+    const c = colour[kindMode ? k % 4 : k];
+    if (sw.dataset.c !== c) { sw.dataset.c = c; sw.style.background = c; }
+    set(spans[k].querySelector('[data-k]'), counts[k], fmt(counts[k]));
   });
   const nsel = p.hl.reduce((s, v, i) => s + (i % 2 ? v : 0), 0);
   const sel = box.querySelector('.sel');
@@ -160,7 +198,9 @@ const titleOf = (it) => {
     return `blocks ${fmt(a)}–${fmt(a + it.fill - 1)} · mostly ${NAMES[it.k]}` + (it.ref ? ` · max ref_count ${it.ref}` : '');
   }
   if (it.k === 0) { return `block ${it.first} · free`; }
-  return `block ${it.first} · ${NAMES[it.k]} · ref_count ${it.ref} · ${it.fill}/${p.bs} tokens` + holders(p, it.set);
+  const kind = p.kinds && st.kindOf ? ` · ${p.kinds.names[st.kindOf[it.first]]} layers` : '';
+  return `block ${it.first} · ${NAMES[it.k]}${kind} · ref_count ${it.ref} · ` +
+    `${it.fill}/${p.bs} tokens` + holders(p, it.set);
 };
 element.kvCellAt = (block) => {
   const it = st.p && itemOf(Math.floor(block / st.p.per));

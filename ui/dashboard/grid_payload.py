@@ -16,7 +16,8 @@ Payload (JSON):
   least this many cells are drawn as one counted band), counts (blocks per kind, KINDS order),
   runs: flat [kind, length, ref_count, holder set (-1: none), filled tokens, ...] in cells,
   sets: [[holder index, ...], ...], names: [holder name, ...],
-  hl: flat [first block, count, ...] of the selected conversation (added per viewer).
+  hl: flat [first block, count, ...] of the selected conversation (added per viewer),
+  kinds (with KV cache groups only): {runs: [layer kind, length, ...] over cells, names, counts}.
 Aggregated cells (per > 1): kind = most common kind (ties to the more interesting), ref_count = the
 highest, holder set -1, filled = number of blocks in the cell.
 """
@@ -26,6 +27,7 @@ import json
 
 import numpy as np
 
+from ui.dashboard.groups_view import has_groups, kind_of_group, kinds
 from ui.dashboard.kv_math import blocks_for
 from ui.dashboard.view import KINDS, conversation_key
 
@@ -125,8 +127,36 @@ def grid_payload(snap: dict, max_cells: int = MAX_CELLS) -> dict:
         size[-1] = per - pad
         runs = _runs(top.astype(np.int64), r, np.full(cells, -1, dtype=np.int64), size)
         sets = []
-    return {"n": n, "per": per, "bs": snap["block_size"], "band": BAND_MIN, "counts": counts,
-            "runs": runs, "sets": sets, "names": names}
+    out = {"n": n, "per": per, "bs": snap["block_size"], "band": BAND_MIN, "counts": counts,
+           "runs": runs, "sets": sets, "names": names}
+    kinds = kind_payload(snap, per)
+    if kinds is not None:
+        out["kinds"] = kinds
+    return out
+
+
+def kind_payload(snap: dict, per: int) -> dict | None:
+    """With KV cache groups (issue 45): each cell's layer kind, for the grid's "colour by layer
+    kind" (ui/dashboard/groups_view.py): runs [kind, length, ...] over cells (aggregated cells: the
+    kind
+    of most of their blocks), the kinds' names and their blocks in use. None with one group."""
+    st = snap.get("stats") or {}
+    group = snap["blocks"].get("group")
+    if group is None or not has_groups(st):
+        return None
+    of_group = np.asarray(kind_of_group(st) or [0], dtype=np.int64)
+    k = of_group[np.clip(np.asarray(group, dtype=np.int64), 0, len(of_group) - 1)]
+    if per > 1:
+        cells = blocks_for(len(k), per)
+        pad = cells * per - len(k)
+        kk = np.concatenate([k, np.full(pad, -1, dtype=np.int64)]).reshape(cells, per)
+        counts = np.stack([(kk == j).sum(axis=1) for j in range(len(of_group))], axis=1)
+        k = np.argmax(counts, axis=1)
+    change = np.flatnonzero(np.diff(k, prepend=-2) != 0)
+    lengths = np.diff(np.append(change, len(k)))
+    ks = kinds(st)
+    return {"runs": np.stack([k[change], lengths], axis=1).ravel().tolist(),
+            "names": [x["name"] for x in ks], "counts": [x["blocks"] for x in ks]}
 
 
 def highlight_ranges(blocks) -> list:

@@ -105,6 +105,11 @@ class History:
                 self.samples.popleft()
         return True
 
+    def clear(self) -> None:
+        """Forget every sample (another model's pool now: its lines do not continue these)."""
+        with self._lock:
+            self.samples.clear()
+
     def snapshot(self) -> list[Sample]:
         with self._lock:
             return list(self.samples)

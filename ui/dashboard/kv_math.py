@@ -25,6 +25,7 @@ class ModelShape:
     dtype: str               # the KV cache's dtype
     max_len: int
     weights_dtype: str = ""  # set when the KV cache is stored in another dtype than the weights
+    layer_windows: tuple = ()  # per layer: its sliding window (0: full attention); () unknown
 
     @property
     def dtype_bytes(self) -> int:
@@ -82,7 +83,9 @@ def shape_of(info) -> ModelShape:
     """The live model's shape from the engine's public ModelInfo (engine/exec/model_info.py)."""
     kv = getattr(info, "kv_cache_dtype", "") or info.dtype
     return ModelShape(info.name or "live model", info.num_layers, info.num_attention_heads, info.num_kv_heads,
-                      info.head_dim, kv, info.max_model_len, weights_dtype=info.dtype if kv != info.dtype else "")
+                      info.head_dim, kv, info.max_model_len,
+                      weights_dtype=info.dtype if kv != info.dtype else "",
+                      layer_windows=tuple(getattr(info, "layer_windows", ()) or ()))
 
 
 def batch_table(shape: ModelShape, avg_len: float, block_size: int,

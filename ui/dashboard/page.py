@@ -33,11 +33,12 @@ from ui.dashboard.ticks import Ticks, wire_ticks
 from ui.dashboard.timers import DashboardTimers
 from ui.dashboard import open_chats as OPEN
 from ui.dashboard.story import pin_use, story_html
-from engine.protocol import Configured, ServesTenants
+from engine.protocol import Configured, ServesTenants, SwitchesModels
 from ui.dashboard.who import event_lines, served, who_html
 from ui.dashboard.history import (HEADROOM, PLOT_STEP_S, PLOT_WINDOW_S, SERIES_BLOCKS, SERIES_COLORS,
                                   SERIES_HIT, History, blocks_frame, hit_rate_frame)
 from ui.dashboard.demo_users import MAX_DEMO_USERS, DemoLoad, PromptSource
+from ui.dashboard.groups_view import group_names, groups_html
 from ui.dashboard.kv_math import PRESETS, shape_of
 
 LIVE = "live model"
@@ -71,6 +72,22 @@ class DashboardState:
         self.ticks = 0                              # ticks served (a /metrics counter: the timer is idle when hidden)
         self.last_render_s = 0.0
         self.sampler = StatsSampler(llm, self.history)   # started by build_dashboard (one per engine)
+        self.follows_switches = False               # registered with a model host's on_switch
+
+    def model_switched(self, _engine=None) -> None:
+        """Another model serves now (engine/front/model_host.py): its shape for the arithmetic and
+        the headline, a fresh history (the old pool's lines do not continue into the new one), no
+        cached render of the old pool, and the stats sampler running again (it stops by itself
+        when a read meets the old engine shutting down)."""
+        with self._lock:
+            self.shape = shape_of(self.llm.model_info())
+            self._time = None
+            self._bases.clear()
+            self._views.clear()
+            self.feeds.clear()
+        self.history.clear()
+        self.sampler.stop()
+        self.sampler.start()
 
     def metrics_text(self) -> str:
         return ("# HELP paged_chat_dashboard_ticks_total Memory-tab ticks served (none while the tab is hidden).\n"
@@ -140,9 +157,12 @@ class DashboardState:
         policy = self.llm.config.scheduling_policy if isinstance(self.llm, Configured) else "fair"
         return who_html(self.tenant_rows(), viewer, auth, policy)
 
-    def view(self, snap: dict, selected: str | None, arith_model: str | None, scope=None) -> dict:
+    def view(self, snap: dict, selected: str | None, arith_model: str | None, scope=None,
+             reasoning=None) -> dict:
+        """The panels for one viewer: `selected` outlined and its block table shown; `reasoning`
+        (ui/chat/thinking.ReasoningSpan): where the selected chat's last reasoning sits in it."""
         base = self.base_for(snap, scope)
-        key = (snap["time"], scope, selected or None, arith_model or LIVE)
+        key = (snap["time"], scope, selected or None, arith_model or LIVE, reasoning)
         with self._lock:
             if key in self._views:
                 return self._views[key]
@@ -150,7 +170,9 @@ class DashboardState:
         hl = V.highlight_blocks(base["convs"], selected)
         if selected or hl:
             out["grid"] = with_highlight(base["grid_payload"], hl)
-            out["tables"] = H.tables_html(base["convs"], selected, snap["block_size"])
+            names = group_names(base["stats"])
+            out["tables"] = H.tables_html(base["convs"], selected, snap["block_size"],
+                                          reasoning=reasoning, group_names=names)
         if arith_model and arith_model != LIVE and self.shape is not None:
             out["arith"] = arith_for(base, self.shape, arith_model)
         with self._lock:                 # two viewers racing here: both get the first result
@@ -182,8 +204,11 @@ def render_base(snap: dict, history: History, shape, chat_states=None) -> dict:
     samples = history.snapshot()
     items = V.headline(snap, history.hit_rate(60.0), history.throughput(5.0))
     base = {"time": snap["time"], "stats": st, "grid_payload": grid, "convs": convs,
-            "avg_len": avg_len(snap), "items": items, "story": story_html(st, snap.get("others"), pin_use(snap), open_line),
-            "headline": H.headline_html(items, V.preemption_rows(snap)),
+            "avg_len": avg_len(snap), "items": items,
+            "story": story_html(st, snap.get("others"), pin_use(snap), open_line,
+                                shape.name if shape is not None else ""),
+            "headline": H.headline_html(items, V.preemption_rows(snap))
+            + groups_html(st, shape, max((c["num_tokens"] for c in convs), default=None)),
             "grid": with_highlight(grid, ()), "tables": H.tables_html(convs, None, snap["block_size"]),
             # each plot changes once per 10 s bucket, at its own phase: at most one plot per slow (2 s) tick
             "paged_plot": blocks_frame(samples, series=PAGED_SERIES, phase_s=0.0),
@@ -228,6 +253,9 @@ def build_dashboard(llm, system_prompt: PromptSource = None, *, tick_s: float = 
     if chat_states is not None:
         state.chat_states = chat_states
     state.sampler.start()          # charts record every second, page open or not
+    if isinstance(llm, SwitchesModels) and not state.follows_switches:    # the picker's other model
+        llm.on_switch(state.model_switched)
+        state.follows_switches = True
     c = _components(state)
     ticks = Ticks(state, storage=storage, auth=auth, own_conv=own_conv)
     dash = wire_ticks(ticks, c, tick_s, slow_tick_s)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from html import escape
 
+from ui.dashboard.groups_view import GROUPS_CSS, table_groups
 from ui.dashboard.story import STORY_CSS
 from ui.dashboard.view import KIND_NAMES, KINDS
 from ui.dashboard.vocabulary import CSS_VAR, NAMES, state_of, theme_vars
@@ -73,10 +74,13 @@ CSS = """
 .kvt span { background: var(--kv-private); }
 .kvt span.s { background: var(--kv-shared); } .kvt span.n { background: var(--kv-pinned); }
 .kvt span.last { outline: 2px dashed var(--kv-outline); }
+.kvt span.r, .kv-reasoning .r-mark { box-shadow: inset 0 -4px 0 #facc15; }
+.kv-reasoning .r-mark { display: inline-block; width: 12px; height: 10px; margin-right: 4px;
+  vertical-align: -1px; background: var(--kv-private); border-radius: 2px; }
 .kvd code { font-size: 12px; }
 .kvgrp { margin-bottom: 2px; } .kvgrp h4 { margin: 2px 0 2px; font-size: 12px; font-weight: 600;
   color: var(--body-text-color-subdued, #6b7280); }
-""" + STORY_CSS
+""" + STORY_CSS + GROUPS_CSS
 
 
 STATE_WORDS = {"running": "running", "idle_session": "between turns"}
@@ -204,7 +208,53 @@ def headline_html(items: list[dict], preemptions: list[dict]) -> str:
     return f'<div class="kvd"><div class="kvgrps">{"".join(groups)}</div>{pre}</div>'
 
 
-def tables_html(convs: list[dict], selected: str | None, block_size: int, max_rows: int = 24) -> str:
+def reasoning_line(span, marked: int) -> str:
+    """Under a thinking chat's block table: which of its private blocks hold its last reasoning."""
+    if span is None or not marked:
+        return ""
+    where = (f"block {span.first_block}" if span.first_block == span.last_block else
+             f"blocks {span.first_block}–{span.last_block}")
+    return (f'<div class="muted kv-reasoning" data-k="reasoning_blocks" data-v="{marked}">'
+            f'<i class="r-mark"></i>Its last reply\'s reasoning: {span.tokens:,} token'
+            f'{"s" if span.tokens != 1 else ""} in {marked} private '
+            f'block{"s" if marked != 1 else ""} '
+            f'(logical {where}), kept until the next message</div>')
+
+
+def _table_cells(sel: dict, block_size: int, reasoning, group_names) -> tuple[str, int]:
+    """The selected table's cells, group by group (a local group lists only the blocks still in its
+    window; the others were given back), each cell 'logical→#physical'; and how many are marked as
+    the last reply's reasoning."""
+    split = table_groups(sel, block_size)
+    out, marked, at = [], 0, 0
+    for g in split:
+        if len(split) > 1:
+            name = group_names[g["group"]] if group_names and g["group"] < len(group_names) else ""
+            gone = f", {g['first_logical']} given back" if g["first_logical"] else ""
+            n = g["count"]
+            out.append(f'<div class="gname" data-k="table_group_{g["group"]}" data-v="{n}">group '
+                       f'{g["group"]} · {escape(name)}: {n} block{"s" if n != 1 else ""}'
+                       f'{gone}</div>')
+        for k in range(g["count"]):
+            e, logical = sel["table"][at + k], g["first_logical"] + k
+            last = logical == g["first_logical"] + g["count"] - 1
+            fill = f' {sel["last_block_filled"]}/{block_size}' if last else ""
+            cls = _table_state(e) + (" last" if last else "")
+            if reasoning is not None and reasoning.first_block <= logical <= reasoning.last_block:
+                cls += " r"
+                marked += 1
+            tip = (f"logical {logical} -> physical {e['physical']} · ref_count {e['ref_count']}"
+                   f" · {e['filled']}/{block_size} tokens")
+            out.append(f'<span class="{cls.strip()}" title="{tip}">{logical}→#{e["physical"]}'
+                       f'{"×" + str(e["ref_count"]) if e["shared"] else ""}{fill}</span>')
+        at += g["count"]
+    return "".join(out), marked
+
+
+def tables_html(convs: list[dict], selected: str | None, block_size: int, max_rows: int = 24,
+                reasoning=None, group_names=None) -> str:
+    """The selected chat's block table in full (`reasoning`: its last reasoning's span, marked;
+    `group_names`: each KV cache group's layer kind), then every live table in short."""
     out = ['<div class="kvd">']
     sel = next((c for c in convs if c["key"] == selected), None)
     if sel is None and selected:
@@ -213,22 +263,14 @@ def tables_html(convs: list[dict], selected: str | None, block_size: int, max_ro
         out.append('<div class="muted">Pick a conversation above to see its block table and '
                    'highlight its blocks in the grid.</div>')
     else:
-        cells = []
-        for e in sel["table"]:
-            last = e["logical"] == sel["num_blocks"] - 1
-            fill = f' {sel["last_block_filled"]}/{block_size}' if last else ""
-            cls = _table_state(e) + (" last" if last else "")
-            tip = (f"logical {e['logical']} -> physical {e['physical']} · ref_count {e['ref_count']}"
-                   f" · {e['filled']}/{block_size} tokens")
-            cells.append(f'<span class="{cls.strip()}" title="{tip}">{e["logical"]}→#{e["physical"]}'
-                         f'{"×" + str(e["ref_count"]) if e["shared"] else ""}{fill}</span>')
+        cells, marked = _table_cells(sel, block_size, reasoning, group_names)
         out.append(
             f'<h4>Block table of {escape(sel["label"])} <span class="muted">({STATE_WORDS.get(sel["state"], sel["state"])}'
             f'{", " + escape(str(sel["request_id"])) if sel["request_id"] else ""})</span></h4>'
             f'<div class="muted">{sel["num_computed"]:,} tokens with KV in {sel["num_blocks"]} blocks, '
             f'{_table_counts(sel)} (×ref_count where 2 or more); last block '
             f'{sel["last_block_filled"]}/{block_size} filled → {sel["frag_tokens"]} slots of internal '
-            f'fragmentation</div><div class="kvt">{"".join(cells)}</div>')
+            f'fragmentation</div><div class="kvt">{cells}</div>{reasoning_line(reasoning, marked)}')
     out.append(f'<h4>All live block tables ({len(convs)})</h4><div class="scroll"><table><tr><th>conversation</th>'
                f'<th title="{STATE_TIP}">state</th><th>request</th><th>tokens</th><th>blocks</th>'
                f'<th title="{TABLE_SHARED_TIP}">shared</th><th title="Tokens in the last block, of its size: '

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from html import escape
 
+from ui.dashboard.groups_view import contiguous_blocks, has_groups
 from ui.dashboard.kv_math import blocks_for, fmt_bytes
 
 
@@ -19,7 +20,8 @@ def story_numbers(st: dict) -> dict:
     bs, total = st["block_size"], st["total_blocks"]
     chats = st["num_sequences"] + st["num_idle_sessions"]
     per_chat = blocks_for(st["max_model_len"], bs) if st.get("max_model_len") else 0
-    contiguous = chats * per_chat
+    contiguous = contiguous_blocks(st)       # every layer of every chat (groups: layers / P blocks)
+    one = contiguous_blocks({**st, "num_sequences": 1, "num_idle_sessions": 0})     # one chat's
     unshared = st["logical_blocks"]
     used = st.get("chat_used_blocks", st["used_blocks"])     # blocks the chats hold (pins no chat uses excluded)
     return {
@@ -27,9 +29,13 @@ def story_numbers(st: dict) -> dict:
         "total_blocks": total, "pinned_blocks": st.get("pinned_blocks", 0),
         "saved_blocks": st.get("saved_blocks", max(0, unshared - used)), "saved_frac": st["savings_vs_unshared"],
         "per_chat_blocks": per_chat, "contiguous_x_pool": contiguous / total if total else 0.0,
-        "contiguous_fit": total // per_chat if per_chat else 0, "bpb": st["kv_bytes_per_block"],
+        "contiguous_fit": total // one if one else 0, "bpb": st["kv_bytes_per_block"],
         "max_model_len": st.get("max_model_len", 0), "block_size": bs,
         "kv_dtype": st.get("kv_cache_dtype", ""), "bpt": st.get("kv_bytes_per_token", 0),
+        # KV cache groups (sliding windows): what full-attention paging holds, what was given back
+        "groups": has_groups(st), "full_blocks": st.get("full_attention_blocks", 0),
+        "num_groups": st.get("num_groups", 1),
+        "released": st.get("window_released_blocks", 0),
     }
 
 
@@ -51,6 +57,11 @@ def story_sentence(n: dict) -> str:
          f'blocks ({fmt_bytes(n["used_blocks"] * bpb)}). Without sharing they would need '
          f'{_n("unshared_blocks", n["unshared_blocks"], format(n["unshared_blocks"], ","))} blocks, so sharing saves '
          + _n("saved_frac", n["saved_frac"], f"{100 * n['saved_frac']:.0f}%"))
+    if n["groups"] and n["full_blocks"] > n["unshared_blocks"]:
+        released = _n("window_released_blocks", n["released"], format(n["released"], ","))
+        s += (f'; sliding windows gave back {released} '
+              f'blocks: with every layer keeping every token they would need '
+              f'{_n("full_attention_blocks", n["full_blocks"], format(n["full_blocks"], ","))}')
     if n["per_chat_blocks"]:
         fit = n["contiguous_fit"]
         s += (f'; reserving {n["max_model_len"]:,} tokens each, as contiguous caches do, they would need '
@@ -66,6 +77,8 @@ def bars_html(n: dict) -> str:
     rows = [("paged + shared (this engine)", n["used_blocks"], "kvb-u"),
             ("paged without sharing", n["unshared_blocks"], "kvb-p"),
             ("contiguous, max length reserved", n["contiguous_blocks"], "kvb-c")]
+    if n.get("groups") and n["full_blocks"] > n["unshared_blocks"]:     # windows: one more step
+        rows.insert(2, ("... and without sliding windows", n["full_blocks"], "kvb-w"))
     scale = max([n["total_blocks"]] + [v for _, v, _ in rows]) or 1
     pool_at = 100 * n["total_blocks"] / scale
     out = []
@@ -118,15 +131,20 @@ def first_line(n: dict, pin: dict | None) -> str:
     return "No chats hold blocks now."
 
 
-def kv_format_line(n: dict) -> str:
+def kv_format_line(n: dict, model: str = "") -> str:
     """The KV cache's format, up front (issue 47: `--kv-cache-dtype int8` was visible only in a
-    closed accordion): dtype, bytes per token and per block."""
+    closed accordion): dtype, bytes per token and per block; with `model`, whose cache it is (an
+    app with several models switches between pools)."""
     if not n["bpt"]:
         return ""
+    whose = f" of {_n('model', model, model)}" if model else ""
     return (f'<div class="muted kvs-fmt" title="Bytes of K and V the pool stores for each token (2 x layers x '
-            f'KV heads x head size x dtype bytes); open KV arithmetic below for the formula.">KV cache: '
+            f'KV heads x head size x dtype bytes); open KV arithmetic below for the formula.">'
+            f'KV cache{whose}: '
             f'{_n("kv_cache_dtype", n["kv_dtype"], n["kv_dtype"] or "unknown dtype")} · '
-            f'{_n("kv_bytes_per_token", n["bpt"], format(n["bpt"], ","))} B per token · '
+            f'{_n("kv_bytes_per_token", n["bpt"], format(n["bpt"], ","))} B per token'
+            + (f' in each of its {n["num_groups"]} KV cache groups' if n["num_groups"] > 1 else "")
+            + ' · '
             f'{fmt_bytes(n["bpb"])} per {n["block_size"]}-token block</div>')
 
 
@@ -141,9 +159,11 @@ def used_line(st: dict, pin: dict | None) -> str:
             f'prompt that no chat holds now.</div>')
 
 
-def story_html(st: dict, others: dict | None = None, pin: dict | None = None, open_line: str = "") -> str:
+def story_html(st: dict, others: dict | None = None, pin: dict | None = None, open_line: str = "",
+               model: str = "") -> str:
     """others (under --auth): {"chats", "blocks"} of everyone else, shown only as counts.
-    pin: pin_use(snap) for the first line; open_line: ui/dashboard/open_chats.line_html."""
+    pin: pin_use(snap) for the first line; open_line: ui/dashboard/open_chats.line_html; model:
+    the served model's name (the KV format line says whose cache it is)."""
     n = story_numbers(st)
     extra = open_line
     if others and others.get("chats"):
@@ -151,7 +171,8 @@ def story_html(st: dict, others: dict | None = None, pin: dict | None = None, op
                  f'other chat{"s" if others["chats"] != 1 else ""} (other users, demo users, API calls) '
                  f'hold {others["blocks"]:,} blocks; they are counted above but not named.</div>')
     return (f'<div class="kvd kvs"><p class="kvs-1">{first_line(n, pin)}</p>'
-            f'<p class="kvs-s">{story_sentence(n)}</p>{kv_format_line(n)}{used_line(st, pin)}{bars_html(n)}'
+            f'<p class="kvs-s">{story_sentence(n)}</p>{kv_format_line(n, model)}'
+            f'{used_line(st, pin)}{bars_html(n)}'
             f'{extra}</div>')
 
 
@@ -163,6 +184,7 @@ STORY_CSS = """
 .kvb-bar { position: absolute; left: 0; top: 0; bottom: 0; border-radius: 3px; }
 .kvb-u { background: var(--kv-bar-used, #0f766e); } .kvb-p { background: var(--kv-bar-unshared, #94a3b8); }
 .kvb-c { background: var(--kv-bar-contig, #d4d4d8); }
+.kvb-w { background: var(--kv-bar-nowindow, #cbd5e1); }
 .kvb-pool { position: absolute; top: -3px; bottom: -3px; border-left: 2px dashed var(--body-text-color, #111); }
 .kvb-v { font-variant-numeric: tabular-nums; text-align: right; }
 """

@@ -18,6 +18,7 @@ import gradio as gr
 import pandas as pd
 
 from engine.observe.viewer_scope import scope_snapshot, titles_for
+from ui.chat import thinking
 from ui.dashboard import bus as BUS
 from ui.dashboard.history import y_limits
 from ui.dashboard.timers import DashboardTimers
@@ -73,11 +74,30 @@ class Ticks:
         title = titles_for(self.storage, user, self.auth).get(selected)
         return ((f"{title} (no blocks now)", selected),) if title else ()
 
+    def reasoning_of(self, snap, selected, request):
+        """Where the selected chat's last reasoning sits in its block table (a thinking model's
+        chat between turns; ui/chat/thinking.py), read from the viewer's own stored messages."""
+        if not selected or self.storage is None:
+            return None
+        markers = self.llm.model_info().reasoning_markers
+        seqs = (snap.get("sequences") or []) if markers else []
+        seq = next((s for s in seqs if s.get("session_id") == selected), None)
+        if seq is None:
+            return None
+        try:
+            path = self.storage.get_messages(selected, owner=getattr(request, "username", None)
+                                             if self.auth else None)
+        except (KeyError, PermissionError):
+            return None
+        start = thinking.start_marker_id(markers, self.llm.get_tokenizer())
+        span = thinking.last_reply_span(path, start, snap["block_size"])
+        return span if span is not None and thinking.held_turn(path, seq["num_tokens"]) else None
+
     def values(self, snap, selected, model, request, names) -> dict:
         """{name: value} of the outputs in `names` for this viewer."""
         state = self.state
         snap, key = self.scoped(snap, request)
-        v = state.view(snap, selected, model, key)
+        v = state.view(snap, selected, model, key, self.reasoning_of(snap, selected, request))
         values = {k: v[k] for k in OUTPUT_NAMES[:9] if k in names}
         me = viewer_tenant(getattr(request, "username", None), self.auth)
         if "feed" in names:

@@ -130,6 +130,7 @@ def conversations(snap: dict) -> list[dict]:
             "shared_blocks": sum(1 for x in s["shared"] if x), "last_block_filled": last_fill,
             "frag_tokens": (bs - last_fill) if table else 0,
             "table": LazyTable(table, s["shared"], refs, filled, snap["blocks"].get("state")),
+            "group_blocks": s.get("group_blocks"),      # live blocks per KV cache group, in order
         })
     out.sort(key=lambda c: (c["state"] != "running", c["key"]))
     return out

@@ -42,7 +42,14 @@ CODES = tuple(s.code for s in STATES)
 NAMES = {s.code: s.name for s in STATES}
 CSS_VAR = {s.code: f"var(--kv-{s.name})" for s in STATES}
 # what the comparison bars show (not block states): colours no state uses
-BAR_COLORS = {"used": ("#0f766e", "#2dd4bf"), "unshared": ("#94a3b8", "#64748b"), "contig": ("#d4d4d8", "#52525b")}
+BAR_COLORS = {"used": ("#0f766e", "#2dd4bf"), "unshared": ("#94a3b8", "#64748b"),
+              "contig": ("#d4d4d8", "#52525b"), "nowindow": ("#cbd5e1", "#475569")}
+# KV cache groups by layer kind (issue 45): the grid's "colour by layer kind" view, its legend and
+# the groups table. A kind is global (full attention) or local with its window; colours no block
+# state and no bar uses, so a cell never reads as a state in that view. More kinds than colours
+# reuse them in order.
+KIND_COLORS = (("#db2777", "#f472b6"), ("#ca8a04", "#facc15"), ("#65a30d", "#a3e635"),
+               ("#0e7490", "#22d3ee"))
 
 
 def state_of(state: str, ref_count: int) -> str:
@@ -69,4 +76,5 @@ def theme_vars(dark: bool) -> dict[str, str]:
     """--kv-<name> values of one theme: the five states and the bars."""
     out = {s.name: (s.dark if dark else s.light) for s in STATES}
     out.update({f"bar-{k}": v[1 if dark else 0] for k, v in BAR_COLORS.items()})
+    out.update({f"kind-{i}": v[1 if dark else 0] for i, v in enumerate(KIND_COLORS)})
     return out
