@@ -4,6 +4,7 @@
    python -m bench --fairness [bench/fairness.py options]              (fair scheduling vs FCFS)
    python -m bench --tier [--with-vllm] [bench/kv_tier_bench.py options]   (the KV tier on vs off, vLLM-CPU)
    python -m bench --speculative [bench/speculative_bench.py options]   (speculation on / off, llama.cpp)
+   python -m bench --peers [bench/peers.py options]   (engine vs llama.cpp and vLLM-CPU, each alone, checked)
 
 Runs the engine and its HF transformers baselines side by side on the same token ids, measures the
 machine's own limits in the same run, prints a Markdown report and writes JSON + Markdown under
@@ -36,6 +37,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     rest = list(sys.argv[1:] if argv is None else argv)
+    if "--peers" in rest:           # each system in its own process, peers checked (issue 49): bench/peers.py
+        from bench import peers
+        return peers.main([x for x in rest if x != "--peers"])
     if "--kv-dtypes" in rest:
         # capacity and decode speed per KV cache format (issue 22): bench/kv_dtypes.py
         from bench import kv_dtypes
