@@ -121,6 +121,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--phases", action="store_true")
+    p.add_argument("--loop", action="store_true", help="also time the per-layer loop on the same step")
     p.add_argument("--variant", action="append", default=[], help="another build's .so, run interleaved")
     p.add_argument("--build-ref", default=None, metavar="REV", help="build the lean step as of git REV as a variant")
     a = p.parse_args(argv)
@@ -147,6 +148,19 @@ def main(argv=None) -> int:
             results[name][0].extend(w)
             results[name][1].extend(c)
     lean._fn = variants[0][1]
+    if a.loop:            # the model's loop on the same inputs (its own linears, attention kernel)
+        from engine.exec.models.llama import AttentionMetadata
+        meta = AttentionMetadata(slot_mapping=args["slots"], block_tables=args["tables"], seq_lens=args["seq_lens"],
+                                 cu_seqlens_q=args["cu_seqlens_q"], max_seqlen_q=1, backend="torch")
+        model.lean = None
+        try:
+            call = lambda: model.forward(args["tokens"], args["positions"], args["kv_pool"], meta, args["rows"])
+            want = call()
+            w, c = timed(call, a.steps)
+            results["loop (lean step off)"] = (w, c)
+            print(f"loop: greedy tokens equal to the lean step's: {torch.equal(want.argmax(-1), ref_logits.argmax(-1))}")
+        finally:
+            model.lean = lean
     for name, fn in variants[1:]:
         lean._fn = fn
         same = torch.equal(lean(**args), ref_logits)
