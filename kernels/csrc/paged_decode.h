@@ -121,21 +121,22 @@ inline float hmax(lean::v16f a) {
 #endif
 }
 
-// fast_exp (fast_exp.h) on 16 lanes at once: the same steps, lane by lane.
+// fast_exp (fast_exp.h) on 16 lanes at once: the same steps, lane by lane, with explicit fused
+// multiply-adds, so the loop's kernel (built with contraction) and the lean step's (without) agree.
 inline lean::v16f exp16(lean::v16f x) {
 #if defined(__AVX512F__)
   const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const lean::v16f nv = n;
-  const lean::v16f r = (lean::v16f(xc) - nv * 0.693145751953125f) - nv * 1.428606765330187045e-06f;
-  lean::v16f p = lean::v16f{} + 1.3888889e-3f;
-  p = p * r + 8.3333337e-3f;
-  p = p * r + 4.1666668e-2f;
-  p = p * r + 1.6666667e-1f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f),
+                                    _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), xc));
+  __m512 p = _mm512_set1_ps(1.3888889e-3f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3333337e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1666668e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666667e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   const __m512 e = _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
   const __mmask16 lo = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
@@ -147,30 +148,34 @@ inline lean::v16f exp16(lean::v16f x) {
 #endif
 }
 
-// softmax_block's arithmetic for block_heads, 16 scores at a time: scores s[0..n) become
-// exp(score - new max) in place, m and l move to the new max; returns the factor the output
-// accumulator must be multiplied by (exp(old max - new max); 0 on the first block).
+// softmax_block's arithmetic for block_heads, 16 scores at a time (a partial last chunk padded
+// with -inf, whose exp is 0): scores s[0..n) become exp(score - new max) in place, m and l move to
+// the new max; returns the factor the output accumulator must be multiplied by (exp(old max - new
+// max); 0 on the first block).
 inline float softmax16(float* s, int n, float& m, float& l) {
   using lean::v16f;
-  const int n16 = n - n % 16;
+  auto chunk = [&](int t) {
+    if (n - t >= 16) return lean::vload(s + t);
+    v16f x = v16f{} - INFINITY;
+    for (int i = 0; i < n - t; ++i) x[i] = s[t + i];
+    return x;
+  };
   v16f mx = v16f{} - INFINITY;
-  for (int t = 0; t < n16; t += 16) mx = vmax(mx, lean::vload(s + t));
-  float bm = std::max(m, hmax(mx));
-  for (int t = n16; t < n; ++t) bm = std::max(bm, s[t]);
+  for (int t = 0; t < n; t += 16) mx = vmax(mx, chunk(t));
+  const float bm = std::max(m, hmax(mx));
   const float corr = fast_exp(m - bm);     // (-inf on the first block: 0)
   m = bm;
   v16f sum = v16f{};
-  for (int t = 0; t < n16; t += 16) {
-    const v16f e = exp16(lean::vload(s + t) - bm);
-    std::memcpy(s + t, &e, sizeof e);
+  for (int t = 0; t < n; t += 16) {
+    const v16f e = exp16(chunk(t) - bm);
+    if (n - t >= 16) {
+      std::memcpy(s + t, &e, sizeof e);
+    } else {
+      for (int i = 0; i < n - t; ++i) s[t + i] = e[i];
+    }
     sum += e;
   }
-  float tail = 0.f;
-  for (int t = n16; t < n; ++t) {
-    s[t] = fast_exp(s[t] - bm);
-    tail += s[t];
-  }
-  l = l * corr + (lean::hsum(sum) + tail);
+  l = std::fma(l, corr, lean::hsum(sum));
   return corr;
 }
 
