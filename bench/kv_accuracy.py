@@ -179,6 +179,23 @@ def hf_greedy(hf_model, seqs, n: int = 64) -> list[list[int]]:
     return out
 
 
+def hf_greedy_draft(hf_model, seq: list[int], n: int, draft: list[int]) -> list[int]:
+    """hf_greedy for one chat, answered with a draft's help (as tests/engine/hf_reference.py does):
+    one forward over seq + draft gives the model's argmax after every prefix; draft tokens are kept
+    while they are that argmax, and generate() continues from the first that is not. Usable inside
+    hf_kv_format (its fake quantization is per row, the same in one forward as step by step)."""
+    with torch.inference_mode():
+        am = hf_model(torch.tensor([seq + draft[:n]])).logits[0, len(seq) - 1:].argmax(-1).tolist()
+    out = []
+    for j in range(n):
+        out.append(am[j])
+        if j >= len(draft) or am[j] != draft[j]:
+            break
+    if len(out) < n:
+        out += hf_greedy(hf_model, [seq + out], n - len(out))[0]
+    return out
+
+
 def engine_greedy(llm, seqs, n: int = 64) -> list[list[int]]:
     """The engine's first n greedy tokens after each chat (EOS ignored, as in hf_greedy)."""
     from engine.sampling.sampling_params import SamplingParams
