@@ -179,6 +179,15 @@ inline float softmax16(float* s, int n, float& m, float& l) {
   return corr;
 }
 
+// block_heads serves D % 16 == 0 with AVX-512 only: without it, sum16 and exp16 fall back to lane
+// loops and the kernel executed ~2x the instructions of the per-token loop below (callgrind,
+// -march=x86-64-v3, B=8 x 64 tokens), so AVX2 / SSE builds keep that loop.
+#if defined(__AVX512F__)
+constexpr bool kVecBlocks = true;
+#else
+constexpr bool kVecBlocks = false;
+#endif
+
 // One block of n (<= kMaxBlock) tokens of KV head g for nh of its query heads: the arithmetic every
 // decode variant shares when D is a multiple of 16 (NC = D / 16 chunks). qv: the heads' scaled
 // queries [nh][D]; kb / vb: the block's first token's K / V row for head g, rows tok_stride apart;
@@ -279,7 +288,7 @@ inline void decode_group(const float* q, const T* kc, const T* vc, const int32_t
   for (int j = 0; j < nblk; ++j) {
     const long base = static_cast<long>(table[j]) * blk_stride + g * (D + Row<T>::kExtra);
     const int n = std::min(BS, len - j * BS);
-    if constexpr (DC > 0 && DC % 16 == 0) {
+    if constexpr (kVecBlocks && DC > 0 && DC % 16 == 0) {
       block_heads<T, DC / 16>(&qv[0][0], kc + base, vc + base, tok_stride, n, D, n_h, m, l, &acc[0][0], kMaxDim,
                               &s[0][0], kMaxBlock);
       continue;
@@ -366,7 +375,7 @@ void decode_seq(const float* q, const T* kc, const T* vc, const int32_t* tables,
           }
         }
         const int n = std::min(BS, len - j * BS);
-        if constexpr (DC > 0 && DC % 16 == 0) {
+        if constexpr (kVecBlocks && DC > 0 && DC % 16 == 0) {
           for (int g = 0; g < KVH; ++g)
             block_heads<T, DC / 16>(&qv[g * G * D], kc + base + g * (D + Row<T>::kExtra),
                                     vc + base + g * (D + Row<T>::kExtra), tok_stride, n, D, G, &m[g * G],
