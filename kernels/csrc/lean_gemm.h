@@ -132,25 +132,6 @@ inline v16f dot1(const W* w, const float* x, long K16) {
   return acc;
 }
 
-// One row-major weight row against MS (<= 4) activation rows, the same lane arithmetic as tile4.
-// Row after row, a thread's rows are one sequential stream in memory order, where tile4 reads four
-// rows Kd apart at once (four streams): the row-major LM head (113 MB fp32, 21% of the default
-// model's bytes per token) read at ~13 GB/s over two threads that way and at ~21 row after row,
-// as fast as the tiled layout (measured here, 49,152 x 576 fp32, one activation row). Each row
-// starts fresh accumulators, so the out-of-order core overlaps consecutive rows' FMA chains.
-template <typename W, int MS>
-inline void row1(const W* w, long Kd, long K16, const float* X, v16f (&out)[4], const W* pf) {
-  v16f acc[MS];
-  for (int m = 0; m < MS; ++m) acc[m] = v16f{};
-  for (long k = 0; k < K16; k += 16) {
-    v16f a = vload(w + k);
-    if (pf != nullptr && (k * sizeof(W)) % 64 == 0) __builtin_prefetch(pf + k, 0, 2);
-    in_register(a);
-    for (int m = 0; m < MS; ++m) acc[m] = madd(a, vload(X + m * Kd + k), acc[m]);
-  }
-  for (int m = 0; m < MS; ++m) out[m] = acc[m];
-}
-
 // Y[m, n] = dtype(dot(W[n, :], X[m, :]) (* scale[n]) (+ bias[n])) for rows n in [r0, r1) and the M
 // activation rows of X ([M, Kd] fp32; Y rows ldy apart). Batch-invariant: each dot product is 16
 // lanes summed in k order, then the same tree and tail, whatever M is and wherever the row falls,
@@ -162,7 +143,6 @@ inline void row1(const W* w, long Kd, long K16, const float* X, v16f (&out)[4], 
 // stream runs at ~21 (measured here, the default model's 538 MB of fp32 weights: 37 vs 26 ms).
 // The arithmetic is the same in both layouts (same lanes, same order): the results are
 // bit-identical. Tiled needs Kd % 16 == 0 and r0, r1 at multiples of 4 (the caller checks).
-// Row-major with at most 4 activation rows (one chat's decode, the LM head): row1, row after row.
 template <typename K, typename W>
 void gemm(const W* w, const float* X, int M, const typename K::T* bias, const float* scale,
           typename K::T* Y, long ldy, long r0, long r1, long Kd, bool tiled = false) {
@@ -177,22 +157,6 @@ void gemm(const W* w, const float* X, int M, const typename K::T* bias, const fl
     K::st(Y + m * ldy, n, v);
   };
   long n0 = r0;
-  if (!tiled && M <= 4) {     // few activation rows over row-major weights: row after row (row1)
-    const long ahead = std::max(1L, kPrefetchBytes / (Kd * static_cast<long>(sizeof(W))));
-    for (; n0 < r1; ++n0) {
-      const W* wr = w + n0 * Kd;
-      const W* pf = n0 + ahead < r1 ? wr + ahead * Kd : nullptr;
-      v16f acc[4];
-      switch (M) {
-        case 4: row1<W, 4>(wr, Kd, K16, X, acc, pf); break;
-        case 3: row1<W, 3>(wr, Kd, K16, X, acc, pf); break;
-        case 2: row1<W, 2>(wr, Kd, K16, X, acc, pf); break;
-        default: row1<W, 1>(wr, Kd, K16, X, acc, pf);
-      }
-      for (int m = 0; m < M; ++m) finish(n0, m, acc[m]);
-    }
-    return;
-  }
   // software prefetch ~10 KB ahead (whole tiles), spread over the tile's k loop: with only the
   // hardware prefetcher the weight loads waited on memory (int8: 9.3 -> 4.7 ms a step, measured).
   // Into L2 (hint 2), not the non-temporal hint: with 5..8 activation rows the tile is read by a
