@@ -11,7 +11,8 @@ all chats in one batch), on the 30 held-out chats:
           reply's), mean KL(HF fp32 || engine) in nats over the full vocabulary, and top-1 agreement;
   KL@100  the same KL over HF's 100 most likely tokens plus one bucket for the rest: what a
           server's top-100 log-probabilities allow, so the llama.cpp rows are comparable.
-llama.cpp (optional): llama-server with the F32 GGUF, -fa on, each --cache-type-k/-v in turn, on the
+llama.cpp (optional): llama-server with the F32 GGUF, each --cache-type-k/-v in turn (flash
+attention on: quantized V needs it; off for f32, where it would cast the cache to F16), on the
 same prompt ids; its reference is its own f32 KV (greedy, and KL@100 at the same positions, fed one
 token per request over the server's prompt cache, so every position after the prompt is a decode
 step reading the quantized cache). A row beside it, "llama.cpp f32 vs HF", says how close the two
@@ -31,6 +32,7 @@ from bench import heldout_chats, kv_accuracy as acc
 
 N_NEW = 64          # greedy tokens per chat, and teacher-forced positions per chat
 TOP = 100           # KL@100: the reference's top tokens kept, the rest one bucket
+EOS = 2             # <|im_end|>: llama.cpp's ignore_eos forbids it, so its replies are compared up to it
 
 
 def kl_top(p_logp: torch.Tensor, q_logp: torch.Tensor, top: int = TOP) -> torch.Tensor:
@@ -60,7 +62,16 @@ def kl_from_top(ref: list[dict], got: list[dict]) -> tuple[float, float]:
     return sum(kls) / len(kls), same / len(kls)
 
 
-def greedy_stats(refs: list[list[int]], outs: list[list[int]]) -> dict:
+def greedy_stats(refs: list[list[int]], outs: list[list[int]], stop: int | None = None) -> dict:
+    """stop: compare only up to the reference's first `stop` token (llama.cpp's ignore_eos forbids
+    EOS, where the engine's emits it and goes on; agreement then counts over that prefix)."""
+    if stop is not None:
+        cut = [r.index(stop) if stop in r else len(r) for r in refs]
+        refs, outs = [r[:c] for r, c in zip(refs, cut)], [o[:c] for o, c in zip(outs, cut)]
+        fr = [next((i for i, (a, b) in enumerate(zip(r, o)) if a != b), len(r)) / max(1, len(r))
+              for r, o in zip(refs, outs)]
+        return {"identical": sum(a == b for a, b in zip(refs, outs)), "chats": len(refs),
+                "agreement": round(sum(fr) / len(fr), 4), "compared_up_to_eos": True}
     return {"identical": sum(a == b for a, b in zip(refs, outs)), "chats": len(refs),
             "agreement": round(acc.agreement(refs, outs, N_NEW), 4)}
 
@@ -155,16 +166,20 @@ def run_engine(formats: list[str], paths: list[str], out: dict, chats: int | Non
 
 
 def run_llama(server: str, gguf: str, cache_types: list[str], full: list[list[int]], seqs_len: list[int],
-              refs: list[list[int]], hf_top: list[list[dict]] | None, out: dict) -> None:
+              refs: list[list[int]], hf_top: list[list[dict]] | None, out: dict, threads: int = 1) -> None:
     from bench import llama_cpp_peer as lc
     res, top_by = {}, {}
     for ct in cache_types:
         t = time.perf_counter()
-        with lc.Server(server, gguf, extra=["-fa", "on", "-ctk", ct, "-ctv", ct, "-c", "4096"]) as srv:
+        # f32 without flash attention: with it, ggml casts an F32 cache to F16 (llama-graph.cpp) and
+        # accumulates V in F16, which is no f32 reference; quantized V needs flash attention
+        fa = "off" if ct == "f32" else "on"
+        with lc.Server(server, gguf, threads=threads,
+                       extra=["-fa", fa, "-ctk", ct, "-ctv", ct, "-c", "4096"]) as srv:
             greedy = [srv.complete(f[:n], N_NEW)["tokens"] for f, n in zip(full, seqs_len)]
             tops = [srv.teacher_forced_top(f, n, TOP) for f, n in zip(full, seqs_len)]
         top_by[ct] = [p for chat in tops for p in chat]
-        res[ct] = {"greedy_vs_engine_ref": greedy_stats(refs, greedy), "_greedy": greedy,
+        res[ct] = {"greedy_vs_engine_ref": greedy_stats(refs, greedy, stop=EOS), "_greedy": greedy, "flash_attn": fa,
                    "seconds": round(time.perf_counter() - t, 1)}
         print(f"llama.cpp {ct}: {json.dumps({k: v for k, v in res[ct].items() if k[0] != '_'})}",
               file=sys.stderr, flush=True)
@@ -176,7 +191,7 @@ def run_llama(server: str, gguf: str, cache_types: list[str], full: list[list[in
             res[ct]["kl100_vs_hf"], res[ct]["top1_vs_hf"] = kl_from_top(hf_top, top_by[ct])
     for ct in cache_types:
         res[ct].pop("_greedy")
-    out["llama_cpp"] = {"server": server, "gguf": gguf, "flash_attn": "on", "rows": res}
+    out["llama_cpp"] = {"server": server, "gguf": gguf, "threads": threads, "rows": res}
 
 
 def report(out: dict) -> str:
@@ -196,7 +211,8 @@ def report(out: dict) -> str:
     if lc:
         base = next(iter(lc["rows"]))
         lines += ["", f"llama.cpp (`{os.path.basename(lc['server'])}`, {os.path.basename(lc['gguf'])}, "
-                  f"-fa on): each cache type against its own {base} KV", "",
+                  f"flash attention on, off for f32): each cache type against its own {base} KV; 'identical vs "
+                  "engine ref' compares up to the reference's first EOS (llama.cpp's ignore_eos forbids it)", "",
                   f"| llama.cpp KV | identical replies vs {base} | greedy agreement vs {base} | "
                   f"KL@100 vs {base} | top-1 vs {base} | KL@100 vs HF fp32 | identical vs engine ref |",
                   "|---|---|---|---|---|---|---|"]
@@ -217,6 +233,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--llama-server", default=None)
     p.add_argument("--llama-gguf", default=None, help="the F32 GGUF of the default model")
     p.add_argument("--llama-kv", default="f32,f16,q8_0,q4_0")
+    p.add_argument("--llama-threads", type=int, default=1,
+                   help="llama.cpp's threads (1: its spinning threads crawl on a busy machine; no effect on its numbers)")
+    p.add_argument("--from-json", default=None,
+                   help="reuse an earlier run's engine part (its reference replies): run llama.cpp only")
     p.add_argument("--emulate", default="q8_0,llama.cpp-q8_0",
                    help="HF with fake-quantized K/V (bench/kv_accuracy.fake_q8_0): q8_0, llama.cpp-q8_0 (+ query)")
     p.add_argument("--chats", type=int, default=None, help="the first N chats only (a smoke run)")
@@ -227,8 +247,17 @@ def main(argv: list[str]) -> int:
            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                     cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout.strip()}
     formats = [f for f in a.kv.split(",") if f and f != "float32"]
-    run_engine(formats, a.paths.split(","), out, a.chats, tuple(x for x in a.emulate.split(",") if x))
-    full = out.pop("_full")
+    if a.from_json:
+        with open(a.from_json) as f:
+            prev = json.load(f)
+        from engine.exec.loader import load_model
+        seqs = heldout_chats.token_ids(load_model(None).tokenizer)[:a.chats]
+        out |= {k: prev[k] for k in ("prompt_tokens", "reference", "engine")}
+        out["engine_part_from"] = f"{a.from_json} ({prev['command']}, commit {prev.get('commit')})"
+        full = [s + r for s, r in zip(seqs, prev["reference"]["replies"])]
+    else:
+        run_engine(formats, a.paths.split(","), out, a.chats, tuple(x for x in a.emulate.split(",") if x))
+        full = out.pop("_full")
     if a.llama_server:
         n = out["prompt_tokens"]
         hf_top = None
@@ -243,7 +272,7 @@ def main(argv: list[str]) -> int:
                 hf_top += [dict(zip(ii.tolist(), vv.tolist())) for vv, ii in zip(v, i)]
         del hf
         run_llama(a.llama_server, a.llama_gguf, a.llama_kv.split(","), full, n, out["reference"]["replies"],
-                  hf_top, out)
+                  hf_top, out, a.llama_threads)
     out["load_end"] = [round(x, 2) for x in os.getloadavg()]
     md = report(out)
     print(md)

@@ -32,3 +32,5 @@ def test_a_peer_below_85_percent_of_its_reference_gets_no_ratio():
     assert peers.verdict(60.0, 40.0, 55.0).startswith("peer handicapped")      # 40 < 0.85 x 55
     assert peers.verdict(60.0, 50.0, None).startswith("peer handicapped")      # no reference: no ratio
     assert peers.verdict(None, 50.0, 55.0) == "not measured"
+    assert peers.verdict(60.0, 50.0, 55.0, 18.7) == "1.20x"                     # 2 threads beat 1: fine
+    assert "machine busy" in peers.verdict(60.0, 1.4, 1.5, 18.7)                # 2 threads below 1: busy
