@@ -6,6 +6,7 @@ reference figure in the same run, and "peer handicapped" otherwise; its report m
 Pure functions and file reads only (no model, no peer binaries).
 """
 import pathlib
+import re
 
 from bench import heldout_chats, peers
 
@@ -14,8 +15,10 @@ TESTS = pathlib.Path(__file__).resolve().parents[1]
 
 def test_no_test_reads_the_held_out_chats():
     me = pathlib.Path(__file__).resolve()
-    readers = [p for p in TESTS.rglob("*.py") if p != me and "heldout_chats" in p.read_text(errors="ignore")]
+    use = re.compile(r"import\s+[\w.]*heldout_chats|heldout_chats\s+import|heldout_chats\.(?!py\b)")
+    readers = [p for p in TESTS.rglob("*.py") if p != me and use.search(p.read_text(errors="ignore"))]
     assert readers == []
+    assert use.search("from bench import heldout_chats") and not use.search("bench/heldout_chats.py")
 
 
 def test_the_held_out_set_is_large_and_mixed():
