@@ -125,7 +125,9 @@ inline float hmax(lean::v16f a) {
 // multiply-adds, so the loop's kernel (built with contraction) and the lean step's (without) agree.
 inline lean::v16f exp16(lean::v16f x) {
 #if defined(__AVX512F__)
-  const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  // x second: max/min return their second operand when one is NaN, so a NaN score stays NaN (as
+  // fast_exp's std::max / std::min keep it), and a poisoned row still shows in the output
+  const __m512 xc = _mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(_mm512_set1_ps(-87.0f), x));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f),
@@ -191,8 +193,9 @@ constexpr bool kVecBlocks = false;
 // One block of n (<= kMaxBlock) tokens of KV head g for nh of its query heads: the arithmetic every
 // decode variant shares when D is a multiple of 16 (NC = D / 16 chunks). qv: the heads' scaled
 // queries [nh][D]; kb / vb: the block's first token's K / V row for head g, rows tok_stride apart;
-// m, l, acc [nh][D]: the heads' online-softmax state (qv and acc rows hs apart); s: scratch [nh][ss]. Heads outer, tokens
-// inner, so a head's query and its output accumulator stay in registers over the block's rows
+// m, l, acc [nh][D]: the heads' online-softmax state (qv and acc rows hs apart); s: scratch
+// [nh][ss]. Heads outer, tokens inner, so a head's query and its output accumulator stay in
+// registers over the block's rows
 // (K and V rows of the block are re-read from L1 per head). Scores: each row's 16-lane partials
 // summed 16 tokens at a time by sum16, then times the row's scale (int8: codes first, scale
 // after); values: p (times the row's scale) into the accumulator.
