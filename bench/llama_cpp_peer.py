@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import time
 import urllib.request
 
@@ -38,12 +39,16 @@ class Server:
                 "--port", str(self.port), "-np", "1", "--no-webui"]
         if "-c" not in self.extra:
             args += ["-c", str(self.ctx)]
-        self.proc = subprocess.Popen(args + self.extra, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        # its log goes to a file: a pipe nobody reads fills up (64 KB) and the server then blocks
+        # on its next log line, in the middle of a request
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(args + self.extra, stdout=subprocess.DEVNULL, stderr=self.log,
                                      env=_env(self.binary), text=True)
         deadline = time.monotonic() + self.startup_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited ({self.proc.returncode}): {self.proc.stderr.read()[-2000:]}")
+                self.log.seek(0)
+                raise RuntimeError(f"llama-server exited ({self.proc.returncode}): {self.log.read()[-2000:]}")
             try:
                 with urllib.request.urlopen(self.base + "/health", timeout=1) as r:
                     if r.status == 200:
@@ -61,6 +66,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.proc is not None:
+            self.log.close()
 
     def post(self, path: str, body: dict) -> dict:
         req = urllib.request.Request(self.base + path, json.dumps(body).encode(),
