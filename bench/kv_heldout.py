@@ -52,6 +52,8 @@ def kl_from_top(ref: list[dict], got: list[dict]) -> tuple[float, float]:
     only far down the tail)."""
     kls, same = [], 0
     for r, g in zip(ref, got):
+        if r is None or g is None:        # a position the server returned no probabilities for
+            continue
         floor = min(g.values())
         q = {t: g.get(t, floor) for t in r}
         p_rest = max(1 - sum(math.exp(v) for v in r.values()), 1e-300)
@@ -113,8 +115,10 @@ def kl_rows(ref_lp: list[torch.Tensor], got: list[torch.Tensor]) -> dict:
 
 def teacher_forced(loaded, kv: str, path: str, full: list[list[int]], ref_lp: list[torch.Tensor]) -> dict:
     runner = acc.build_runner(loaded, kv, num_blocks=1024, lean_step="auto" if path == "lean" else "off")
-    got = acc.engine_logits(runner, full, decode=N_NEW, group=1 if path == "lean" else None)
-    return kl_rows(ref_lp, [g[-N_NEW - 1:-1] for g in got])
+    got = [g[-N_NEW - 1:-1].clone() for g in                  # not views: the whole logits (1.5 GB) go
+           acc.engine_logits(runner, full, decode=N_NEW, group=1 if path == "lean" else None)]
+    del runner
+    return kl_rows(ref_lp, got)
 
 
 def emulated(hf, scheme: str, seqs, full, refs, ref_lp) -> dict:
@@ -122,7 +126,7 @@ def emulated(hf, scheme: str, seqs, full, refs, ref_lp) -> dict:
     q8_0 cache (bench/kv_accuracy.fake_q8_0): what the test of the rule compares the engine with."""
     with acc.hf_kv_format(hf, scheme), torch.inference_mode():
         outs = [acc.hf_greedy(hf, [s], N_NEW)[0] for s in seqs]
-        got = [hf(torch.tensor([f])).logits[0, -N_NEW - 1:-1] for f in full]
+        got = [hf(torch.tensor([f])).logits[0, -N_NEW - 1:-1].clone() for f in full]
     return {"greedy": greedy_stats(refs, outs)} | kl_rows(ref_lp, got)
 
 
@@ -179,7 +183,9 @@ def run_llama(server: str, gguf: str, cache_types: list[str], full: list[list[in
             greedy = [srv.complete(f[:n], N_NEW)["tokens"] for f, n in zip(full, seqs_len)]
             tops = [srv.teacher_forced_top(f, n, TOP) for f, n in zip(full, seqs_len)]
         top_by[ct] = [p for chat in tops for p in chat]
+        missing = [i for i, p in enumerate(top_by[ct]) if p is None]
         res[ct] = {"greedy_vs_engine_ref": greedy_stats(refs, greedy, stop=EOS), "_greedy": greedy, "flash_attn": fa,
+                   "positions_without_probs": missing,
                    "seconds": round(time.perf_counter() - t, 1)}
         print(f"llama.cpp {ct}: {json.dumps({k: v for k, v in res[ct].items() if k[0] != '_'})}",
               file=sys.stderr, flush=True)

@@ -90,7 +90,10 @@ class Server:
         out = []
         for j in range(n_prompt, len(full)):
             d = self.complete(full[:j], 1, cache_prompt=True, n_probs=top)
-            out.append({int(p["id"]): float(p["logprob"]) for p in d["probs"][0]["top_logprobs"]})
+            if not d["probs"]:        # seen once in 1,920 positions: ask again without the cache
+                d = self.complete(full[:j], 1, cache_prompt=False, n_probs=top)
+            out.append({int(p["id"]): float(p["logprob"]) for p in d["probs"][0]["top_logprobs"]}
+                       if d["probs"] else None)
         return out
 
 
