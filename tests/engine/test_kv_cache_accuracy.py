@@ -4,10 +4,15 @@ bench/kv_accuracy.py runs held-out chats (multi-turn, a long system prompt, five
 languages; 2,171 positions) teacher-forced through the engine's own model and pool: chunked
 prefill, then batched decode steps (the C++ decode kernel on the quantized rows). At every position
 the engine's next-token distribution is compared with HF fp32's: mean KL(HF || engine), top-1
-agreement. The rule (docs/BENCHMARKS.md, "Quantized KV cache"): int8 KV's mean KL <= 2x the KL of
-the bf16 KV cache it replaces, and top-1 agreement >= RULE_TOP1. A mutant with wrong scales must
-break it, so the test can fail. "int8" is the engine's default int8: K/V Hadamard-rotated per head
-(kernels/kv_quant.py); "int8/none" is int8 without the rotation (--kv-cache-rotation none).
+agreement. The rule (issue 49, docs/BENCHMARKS.md, "Quantized KV cache"): the default int8 KV is
+at least as faithful as llama.cpp's q8_0 cache: mean KL and top-1 no worse than HF fp32 with
+llama.cpp's q8_0 emulated value for value (K, V and the query ggml quantizes before q . k;
+bench/kv_accuracy.fake_q8_0), and greedy agreement over 64 tokens no worse. (It replaces issue
+22's "KL <= 2x bf16 KV's", below what any 8-bit code reaches at fp32 weights.) A mutant with wrong
+scales must break it, so the test can fail. "int8" is the engine's default int8: K/V
+Hadamard-rotated per head (kernels/kv_quant.py); "int8/none" is int8 without the rotation
+(--kv-cache-rotation none). The default was chosen on other chats (bench/heldout_chats.py, which
+no test reads).
 """
 import pytest
 
@@ -16,8 +21,7 @@ from kernels import kv_quant
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]   # each pass ~1 min quiet, ~10 at load 15
 
-RULE_KL_RATIO = 2.0
-RULE_TOP1 = 0.98
+Q8_0 = "llama.cpp-q8_0"       # bench/kv_accuracy.fake_quant's name for llama.cpp's q8_0 cache (+ its q8_0 query)
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +62,16 @@ def measured(loaded, chats):
 FEW = 2     # chats (~600 positions) for the checks that do not need the rule's 2,000 positions
 
 
-def rule_holds(int8: acc.Accuracy, bf16: acc.Accuracy) -> bool:
-    return int8.mean_kl <= RULE_KL_RATIO * bf16.mean_kl and int8.top1 >= RULE_TOP1
+@pytest.fixture(scope="module")
+def q8_0(hf_model, chats):
+    """HF fp32 with llama.cpp's q8_0 cache emulated, on the first FEW chats."""
+    seqs, ref = chats
+    with acc.hf_kv_format(hf_model, Q8_0):
+        return acc.compare(Q8_0, ref[:FEW], acc.hf_logits(hf_model, seqs[:FEW]))
+
+
+def rule_holds(int8: acc.Accuracy, q8: acc.Accuracy) -> bool:
+    return int8.mean_kl <= q8.mean_kl and int8.top1 >= q8.top1
 
 
 def test_float32_kv_is_exact(measured):
@@ -94,19 +106,14 @@ def test_int8_kv_without_rotation_guard_and_the_rotation_pays(measured):
     assert rotated.mean_kl * 3 < plain.mean_kl, (rotated, plain)     # measured 4.8x
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22's rule: its KL half is not met (blocked: below the rate-distortion "
-                   "bound of any 8-bit code, docs/BENCHMARKS.md). int8 with the Hadamard "
-                   "rotation (the default) measured mean KL 2.71e-4 = 6.5x bf16 KV's 4.15e-5 (top-1 98.94%, "
-                   ">= 98%: that half holds); without the rotation 1.29e-3 = 31x, top-1 97.74% (docs/BENCHMARKS.md)")
-def test_int8_kv_rule_against_bf16_kv(measured):
-    # on the first chats: this documents the blocked half (docs/BENCHMARKS.md has the bound and the
-    # 2,171-position run); the guard above is what protects the full set
-    bf16, int8 = measured(WEIGHTS, "bfloat16", FEW), measured(WEIGHTS, "int8", FEW)
-    print("\n" + bf16.row() + "\n" + int8.row())
-    assert rule_holds(int8, bf16), (int8, bf16)
+def test_int8_kv_rule_against_llama_cpp_q8_0(measured, q8_0):
+    """The rule's KL and top-1 halves, on the first chats (the greedy half: the test below)."""
+    int8 = measured(WEIGHTS, "int8", FEW)
+    print("\n" + int8.row() + "\n" + q8_0.row())
+    assert rule_holds(int8, q8_0), (int8, q8_0)
 
 
-def test_wrong_scales_break_the_guard_and_the_rule(measured, loaded, chats, monkeypatch):
+def test_wrong_scales_break_the_guard_and_the_rule(measured, loaded, chats, q8_0, monkeypatch):
     """Mutant: every stored scale off by 2x (codes computed with the right one)."""
     real = kv_quant.quantize_rows
 
@@ -119,16 +126,18 @@ def test_wrong_scales_break_the_guard_and_the_rule(measured, loaded, chats, monk
     seqs, ref = chats[0][:FEW], chats[1][:FEW]  # two chats (~600 positions): the mutant is far off at once
     mutant = acc.compare("int8 (scales x2)", ref, acc.engine_logits(acc.build_runner(loaded, "int8", dtype=WEIGHTS), seqs))
     print("\n" + mutant.row())
-    assert not guard_holds(mutant) and not rule_holds(mutant, measured(WEIGHTS, "bfloat16", FEW)), mutant
+    assert not guard_holds(mutant) and not rule_holds(mutant, q8_0), mutant
     assert mutant.mean_kl > 3 * right.mean_kl, mutant
 
-def test_greedy_float32_kv_is_token_identical_to_hf_and_int8_reports_its_agreement(model_folder, hf_greedy, chats):
-    """--kv-cache-dtype float32 keeps greedy token-identical to HF over 64 tokens; int8 KV's
-    agreement (first divergence / 64) is measured the same way (docs/BENCHMARKS.md)."""
+def test_greedy_float32_kv_is_token_identical_to_hf_and_int8_agrees_as_well_as_q8_0(model_folder, hf_greedy,
+                                                                                      hf_model, chats):
+    """--kv-cache-dtype float32 keeps greedy token-identical to HF over 64 tokens; the default int8
+    KV's agreement (first divergence / 64) is no worse than HF's with llama.cpp's q8_0 emulated:
+    the rule's greedy half (docs/BENCHMARKS.md)."""
     from engine import LLM
     seqs = chats[0][:2]
-    refs = None
-    for kv, expect_exact in (("float32", True), ("int8", False)):
+    refs, agree = None, {}
+    for kv in ("float32", "int8"):
         llm = LLM(model_folder, dtype="float32", kv_cache_dtype=kv, kv_cache_gib=0.25)
         try:
             assert llm.model_info().kv_cache_dtype == kv
@@ -138,9 +147,10 @@ def test_greedy_float32_kv_is_token_identical_to_hf_and_int8_reports_its_agreeme
             llm.shutdown()
         if refs is None:     # HF's greedy tokens; float32's answer is only the draft HF verifies
             refs = [hf_greedy(s, 64, stop_at_eos=False, draft=o) for s, o in zip(seqs, outs)]
-        agree = acc.agreement(refs, outs)
-        print(f"\n{kv} KV greedy agreement over 64 tokens: {agree:.3f}")
-        if expect_exact:
-            assert agree == 1.0
-        else:
-            assert 0.0 < agree <= 1.0
+        agree[kv] = acc.agreement(refs, outs)
+    with acc.hf_kv_format(hf_model, Q8_0):     # int8's reply as the draft: most of it is q8_0's too
+        q8 = [acc.hf_greedy_draft(hf_model, s, 64, o) for s, o in zip(seqs, outs)]
+    agree[Q8_0] = acc.agreement(refs, q8)
+    print(f"\ngreedy agreement over 64 tokens: {agree}")
+    assert agree["float32"] == 1.0
+    assert agree["int8"] >= agree[Q8_0], agree
