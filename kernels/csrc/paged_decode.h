@@ -391,11 +391,13 @@ void decode_seq(const float* q, const T* kc, const T* vc, const int32_t* tables,
         const int t0 = std::max(0, lo - j * BS);     // window: the first block's first visible token
         const int n = std::min(BS, len - j * BS);
         if constexpr (kVecBlocks && DC > 0 && DC % 16 == 0) {
-          for (int g = 0; g < KVH; ++g)
-            block_heads<T, DC / 16>(&qv[g * G * D], kc + base + g * (D + Row<T>::kExtra),
-                                    vc + base + g * (D + Row<T>::kExtra), tok_stride, n, D, G, &m[g * G],
-                                    &l[g * G], &acc[static_cast<long>(g) * G * D], D, &s[g * G * BS], BS);
-          continue;
+          if (t0 == 0) {    // a block the window cuts takes the per-token loop below
+            for (int g = 0; g < KVH; ++g)
+              block_heads<T, DC / 16>(&qv[g * G * D], kc + base + g * (D + Row<T>::kExtra),
+                                      vc + base + g * (D + Row<T>::kExtra), tok_stride, n, D, G, &m[g * G],
+                                      &l[g * G], &acc[static_cast<long>(g) * G * D], D, &s[g * G * BS], BS);
+            continue;
+          }
         }
         float kf[kMaxDim];
         for (int t = t0; t < n; ++t) {
