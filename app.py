@@ -19,6 +19,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every flag of the app (the engine's come from EngineConfig); the README's usage block lists
+    them all (tests/server/test_readme_flags.py)."""
     p = argparse.ArgumentParser(description="Local LLM chat server with a paged KV cache.")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=7860)
@@ -75,7 +81,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="API key for --backend (also $PAGED_CHAT_BACKEND_KEY)")
     p.add_argument("--backend-model", default=None, metavar="NAME",
                    help="model id to ask --backend for (default: the first of its /v1/models)")
-    return p.parse_args(argv)
+    return p
 
 
 def parse_auth(values: list[str] | None) -> list[tuple[str, str]] | None:
