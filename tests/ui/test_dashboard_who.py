@@ -32,3 +32,10 @@ def test_feed_lines_use_the_viewers_names_and_only_new_events():
     assert last == 11.0 and lines == ["scheduler held another user (1) back to serve you (bob) "
                                       "(fair share: another user (1) had received more)"]
     assert Namer(["user:alice"], "user:bob", True)("user:alice") == "another user (1)"
+
+
+def test_a_starvation_preemption_has_its_feed_line():
+    ev = [FairnessEvent(5.0, "starvation_preempt", "user:alice", "nightly", "")]
+    lines, _ = event_lines(ev, 0.0, "user:alice", True, [r.tenant for r in ROWS])
+    assert lines == ["scheduler paused a reply of you (alice) so an API client (2), "
+                     "waiting past the time bound, could start"]

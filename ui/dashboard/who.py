@@ -109,4 +109,7 @@ def event_lines(events, since: float, viewer: str, auth: bool, tenants) -> tuple
         elif e.kind == "fair_preempt":
             lines.append(f"scheduler paused a reply of {name(e.tenant)} (above its fair share) "
                          f"so {name(e.favoured)} could start")
+        elif e.kind == "starvation_preempt":
+            lines.append(f"scheduler paused a reply of {name(e.tenant)} so {name(e.favoured)}, "
+                         "waiting past the time bound, could start")
     return lines, last
