@@ -89,7 +89,7 @@ def test_stolen_session_hash_cannot_stop_read_or_release(server):
     alice.close()
 
 
-REPLY_FREE = ["Free text", ""]     # /send's reply format and schema inputs (ui/chat/reply_format.py)
+REPLY_FREE = ["Free text", "", True]  # /send's reply format and schema (ui/chat/reply_format.py), Think on
 
 
 def queue_raw(server, as_client, api_name, data) -> None:
