@@ -161,7 +161,12 @@ def test_picker_switches_a_thinking_model_folds_and_counts_and_the_memory_tab_fo
                 beta["kv_bytes_per_token"] != alpha["kv_bytes_per_token"]
                 and beta["num_groups"] == 2
             )
-            head = page.inner_text("#model-line")
+            # the header and the Think switch are other outputs of the switch: painted a moment later
+            head = wait_until(
+                lambda: "Model beta" in (t := page.inner_text("#model-line")) and t,
+                30,
+                what="the header naming beta",
+            )
             assert (
                 "Model beta" in head
                 and f"{beta['total_blocks']:,} blocks" in head
@@ -169,7 +174,8 @@ def test_picker_switches_a_thinking_model_folds_and_counts_and_the_memory_tab_fo
             )
             assert "Now serving beta: KV pool" in page.inner_text("#model-switch-status")
             think = page.locator("#think input[type=checkbox]")
-            assert page.locator("#think").is_visible() and think.is_checked()
+            wait_until(lambda: page.locator("#think").is_visible(), 30, what="the Think switch")
+            assert think.is_checked()
             top, row = (
                 page.locator("#model-line").bounding_box(),
                 page.locator("#model-row").bounding_box(),
@@ -328,7 +334,11 @@ def test_picker_switches_a_thinking_model_folds_and_counts_and_the_memory_tab_fo
                 30,
                 what="the folds",
             )
-            assert not page.locator("#think input[type=checkbox]").is_checked()
+            wait_until(
+                lambda: not page.locator("#think input[type=checkbox]").is_checked(),
+                30,
+                what="the chat's Think off after the reload",
+            )
             assert errors == []
         finally:
             browser.close()
