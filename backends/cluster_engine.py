@@ -164,7 +164,7 @@ class ClusterEngine:
         tenant: str | None = None,
         priority: int = 0,
         thinking: bool | None = None,
-        prepared=None,              # a remote engine's prepared prompt has no ids: messages are sent
+        prepared=None,              # a remote engine's prepared prompt has no ids: messages go
     ):
         rid = request_id or f"chat-{uuid.uuid4().hex[:12]}"
         errors = []

@@ -127,7 +127,8 @@ class RemoteEngine:
     def prepare_chat(self, messages: list[dict], *, previous_ids: list[int] | None = None,
                      session_id: str | None = None, thinking: bool | None = None) -> PreparedPrompt:
         """No ids here (the server tokenizes): the messages and the length estimate."""
-        return PreparedPrompt(tuple(messages), thinking, self.count_prompt_tokens(messages, thinking))
+        return PreparedPrompt(tuple(messages), thinking,
+                              self.count_prompt_tokens(messages, thinking))
 
     # ---- generation --------------------------------------------------------------------------
     def request_body(self, messages: list[dict], params) -> dict:
@@ -149,7 +150,8 @@ class RemoteEngine:
     def submit_chat(self, messages: list[dict], params=None, *, session_id: str | None = None,
                     request_id: str | None = None, previous_ids: list[int] | None = None,
                     cache_salt: str | None = None, tenant: str | None = None, priority: int = 0,
-                    thinking: bool | None = None, prepared: PreparedPrompt | None = None) -> RemoteStream:
+                    thinking: bool | None = None,
+                    prepared: PreparedPrompt | None = None) -> RemoteStream:
         """Send the whole conversation; return once the server accepted it (headers received).
         A per-user `cache_salt` (under --auth) is sent as vLLM's `cache_salt` field, which keeps
         one user's prefix-cache hits from revealing another's text on servers that honour it.

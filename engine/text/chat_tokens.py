@@ -157,8 +157,8 @@ def encode_segments(tokenizer, segments: list[tuple[str, str]], start_char: int 
     return ids
 
 
-def specials_where_template_puts_them(tokenizer, messages: list[dict], ids: list[int], segments=None,
-                                      **mode) -> bool:
+def specials_where_template_puts_them(tokenizer, messages: list[dict], ids: list[int],
+                                      segments=None, **mode) -> bool:
     """True when every special token in `ids` (kept ids of an earlier turn: generated, stored,
     or imported) stands exactly where the template of `messages` puts one, and none is missing.
 

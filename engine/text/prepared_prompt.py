@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class PreparedPrompt:
     messages: tuple[dict, ...]            # what was rendered (system prompt + branch + new message)
-    thinking: bool | None                 # the template's enable_thinking switch (None: its default)
+    thinking: bool | None                 # the template's enable_thinking (None: its default)
     num_tokens: int                       # len(token_ids); a remote engine's estimate
     token_ids: tuple[int, ...] | None = None      # None: the engine tokenizes elsewhere (remote)
     # which engine's tokenizer made token_ids: another engine (a model switch in between) renders

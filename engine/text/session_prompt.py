@@ -26,7 +26,8 @@ def continue_session_prompt(tokenizer, messages: list[dict], previous_ids: list[
         prev_text = tokenizer.decode(previous_ids, skip_special_tokens=False)
         if prev_text and text.startswith(prev_text) \
                 and specials_where_template_puts_them(tokenizer, messages, previous_ids, segments):
-            return list(previous_ids) + encode_segments(tokenizer, segments, start_char=len(prev_text))
+            tail = encode_segments(tokenizer, segments, start_char=len(prev_text))
+            return list(previous_ids) + tail
     return encode_segments(tokenizer, segments)
 
 

@@ -169,7 +169,8 @@ class FakeLLM:
 
     def prepare_chat(self, messages, *, previous_ids=None, session_id=None, thinking=None):
         """Like a remote engine's: the length, no ids."""
-        return PreparedPrompt(tuple(messages), thinking, self.count_prompt_tokens(messages, thinking))
+        return PreparedPrompt(tuple(messages), thinking,
+                              self.count_prompt_tokens(messages, thinking))
 
     @staticmethod
     def prompt_ids_of(k):

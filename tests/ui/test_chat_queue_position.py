@@ -1,6 +1,6 @@
 """The chat's "queued (position k)" counts every request waiting in the engine, API calls included,
 not only other chat replies: the tab registry asks the real engine (LLM.queue_position). On the same
-engine (one load for both): one Send traced through the real handler, turn and engine (issue 46.5)."""
+engine (one load for both): one Send traced through the real handler, turn and engine (46.5)."""
 import time
 
 import pytest
@@ -45,7 +45,7 @@ def test_queued_position_counts_an_api_request_waiting_ahead(llm):
     tabs.shutdown()
 
 
-# ---- one pass for a chat turn (issue 46.5), on the same engine ------------------------------------
+# ---- one pass for a chat turn (issue 46.5), on the same engine ---------------------------------
 
 class CountingStorage:
     """The real store; each read of a conversation's branch (get_messages) is logged."""
@@ -132,11 +132,12 @@ def test_one_send_reads_the_branch_once_tokenizes_once_and_the_painter_waits_on_
     monkeypatch.setattr(Wakeup, "wait", staticmethod(wait))
     monkeypatch.setattr(Wakeup, "wake", wake)
 
-    kw = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_tokens": 16, "repetition_penalty": 1.0,
-          "seed": None, "n": 1, "ignore_eos": True}
+    kw = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_tokens": 16,
+          "repetition_penalty": 1.0, "seed": None, "n": 1, "ignore_eos": True}
 
     async def send(text, max_tokens):
-        return [out async for out in handlers.send(ctx, text, dict(kw, max_tokens=max_tokens), request("s1"))]
+        agen = handlers.send(ctx, text, dict(kw, max_tokens=max_tokens), request("s1"))
+        return [out async for out in agen]
     try:
         asyncio.run(send("Hi", 4))             # the first turn: the second reuses its ids
         conv.append(st.list_conversations()[0]["id"])

@@ -108,7 +108,8 @@ async def send(ctx: ChatContext, message: str, kw: dict, request):
         yield outputs(status=ONE_AT_A_TIME)
         return
     try:
-        system = st.conversation_system_prompt(conv["id"]) if conv else ctx.shared_prompt(request)["text"]
+        system = (st.conversation_system_prompt(conv["id"]) if conv else
+                  ctx.shared_prompt(request)["text"])
         path = st.get_messages(conv["id"]) if conv else []
         prepared = await asyncio.to_thread(      # tokenizing: off the event loop
             ctx.llm.prepare_chat,
@@ -125,8 +126,8 @@ async def send(ctx: ChatContext, message: str, kw: dict, request):
     if too_long:
         shown = show(tab, path, ctx)
         notice = view.too_long_notice(prepared.num_tokens, ctx.max_model_len)
-        yield outputs(chat=shown + [{"role": "user", "content": message}, {"role": "assistant", "content": notice}],
-                      status=notice)
+        yield outputs(chat=shown + [{"role": "user", "content": message},
+                                    {"role": "assistant", "content": notice}], status=notice)
         return
     try:
         if conv is None:
@@ -251,7 +252,7 @@ async def edit(ctx: ChatContext, index, new_text, kw: dict, request):
         gr.Info("An edited message cannot be empty.")
         yield outputs(chat=restore)
         return
-    before = branch[: next(i for i, m in enumerate(branch) if m["id"] == old["id"])]   # old is on it
+    before = branch[: next(i for i, m in enumerate(branch) if m["id"] == old["id"])]  # old: on it
     system = st.conversation_system_prompt(conv["id"])
     prepared = await asyncio.to_thread(
         ctx.llm.prepare_chat,
@@ -272,7 +273,8 @@ async def edit(ctx: ChatContext, index, new_text, kw: dict, request):
     except BaseException:
         ctx.tabs.end(conv["id"])
         raise
-    async for out in generate(ctx, request, tab, conv["id"], before + [user], kw, prepared=prepared):
+    async for out in generate(ctx, request, tab, conv["id"], before + [user], kw,
+                              prepared=prepared):
         yield out
 
 

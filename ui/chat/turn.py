@@ -148,7 +148,8 @@ class Turn:
 
 
 def start_turn(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int | None, *,
-               previous_ids: list[int] | None = None, prepared: PreparedPrompt | None = None) -> Turn:
+               previous_ids: list[int] | None = None,
+               prepared: PreparedPrompt | None = None) -> Turn:
     """Run `turn` as a task of the running event loop. The caller has called tabs.begin(conv_id);
     the task always calls tabs.end(conv_id). The turn takes what its handler already has, and
     reads none of it again: `messages` (the prompt's conversation), `previous_ids` (the exact ids
