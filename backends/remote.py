@@ -25,6 +25,7 @@ import httpx
 
 from backends.remote_stream import RemoteStream
 from engine.exec.model_info import ModelInfo
+from engine.text.prepared_prompt import PreparedPrompt
 
 DEFAULT_MAX_MODEL_LEN = 4096        # when /v1/models does not say (vLLM and app.py do)
 CHARS_PER_TOKEN = 4                 # estimate only: an underestimate lets the server decide
@@ -123,6 +124,12 @@ class RemoteEngine:
     def count_prompt_tokens(self, messages: list[dict], thinking: bool | None = None) -> int:
         return sum(len(str(m.get("content") or "")) for m in messages) // CHARS_PER_TOKEN
 
+    def prepare_chat(self, messages: list[dict], *, previous_ids: list[int] | None = None,
+                     session_id: str | None = None, thinking: bool | None = None) -> PreparedPrompt:
+        """No ids here (the server tokenizes): the messages and the length estimate."""
+        return PreparedPrompt(tuple(messages), thinking,
+                              self.count_prompt_tokens(messages, thinking))
+
     # ---- generation --------------------------------------------------------------------------
     def request_body(self, messages: list[dict], params) -> dict:
         body = {"model": self.model, "messages": messages, "stream": True,
@@ -143,11 +150,13 @@ class RemoteEngine:
     def submit_chat(self, messages: list[dict], params=None, *, session_id: str | None = None,
                     request_id: str | None = None, previous_ids: list[int] | None = None,
                     cache_salt: str | None = None, tenant: str | None = None, priority: int = 0,
-                    thinking: bool | None = None) -> RemoteStream:
+                    thinking: bool | None = None,
+                    prepared: PreparedPrompt | None = None) -> RemoteStream:
         """Send the whole conversation; return once the server accepted it (headers received).
         A per-user `cache_salt` (under --auth) is sent as vLLM's `cache_salt` field, which keeps
         one user's prefix-cache hits from revealing another's text on servers that honour it.
-        `thinking` (not None) goes as vLLM's `chat_template_kwargs: {"enable_thinking": ...}`."""
+        `thinking` (not None) goes as vLLM's `chat_template_kwargs: {"enable_thinking": ...}`.
+        `prepared` carries no ids for a remote engine: the messages are what is sent."""
         if self.model is None and not self.discover():
             raise BackendError(f"Cannot reach the backend: {self.startup_error}")
         rid = request_id or f"chat-{uuid.uuid4().hex[:12]}"

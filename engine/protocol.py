@@ -37,11 +37,19 @@ class ChatEngine(Protocol):
 
     def count_prompt_tokens(self, messages: list[dict], thinking: bool | None = None) -> int: ...
 
+    def prepare_chat(self, messages: list[dict], *, previous_ids: list[int] | None = None,
+                     session_id: str | None = None, thinking: bool | None = None): ...
+    # -> engine.text.prepared_prompt.PreparedPrompt: a chat turn's prompt rendered and tokenized
+    # once, counted for "too long" and handed to submit_chat (a remote engine: no ids, an estimate)
+
     def submit_chat(self, messages: list[dict], params=None, *, session_id: str | None = None,
                     request_id: str | None = None, previous_ids: list[int] | None = None,
-                    cache_salt: str | None = None, thinking: bool | None = None): ...
+                    cache_salt: str | None = None, thinking: bool | None = None,
+                    prepared=None): ...
     # thinking: the chat template's enable_thinking (None: its default); ModelInfo.thinking_switch
     # says whether the template has one (a remote engine sends it as vLLM's chat_template_kwargs)
+    # prepared: prepare_chat's value for these messages: its ids run as they are (a remote engine
+    # sends the messages and ignores it)
     # -> a stream of RequestOutputDelta: sync iteration, `async for`, .abort(), .prompt_ids
 
     def abort(self, request_id: str) -> bool: ...

@@ -93,7 +93,8 @@ class LLMEngine:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
 
     def add_request(self, req: Request) -> None:
-        self.validate_prompt(req.prompt_ids)
+        if not req.validated:           # the front validated it once already (LLM.submit)
+            self.validate_prompt(req.prompt_ids)
         if req.request_id in self.requests:
             raise ValueError(f"request id {req.request_id!r} is already in use")
         p = req.params
@@ -140,7 +141,8 @@ class LLMEngine:
     def add_driven_request(self, req: Request, driver: RequestDriver) -> None:
         """Admit a request whose tokens `driver` picks (engine thread). Bad input raises here,
         before anything is registered."""
-        self.validate_prompt(req.prompt_ids)
+        if not req.validated:
+            self.validate_prompt(req.prompt_ids)
         if req.request_id in self.requests:
             raise ValueError(f"request id {req.request_id!r} is already in use")
         self.requests[req.request_id] = req

@@ -75,6 +75,9 @@ class Request:
     tenant: str = "local"             # who is served (engine/core/fairness.py): user, API key name, ...
     priority: int = 0                 # lower first, as vLLM's; chat turns 0, API calls 1 by default
     grammar: object = None            # a fresh matcher compiled off the step loop (LLM.submit), or None
+    # the front checked prompt_ids against this engine (LLM.encode_prompt): add_request trusts it
+    # rather than walk the prompt a second time on the engine thread
+    validated: bool = False
 
     @property
     def prompt_len(self) -> int:

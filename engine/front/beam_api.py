@@ -54,7 +54,8 @@ def submit_beam_searches(llm, prompts: list, params: BeamSearchParams, on_step=N
         # k beams after the prompt); the group's rows never reach the engine's own n > 1 fork
         req = Request(rid, ids, SamplingParams(n=params.beam_width, temperature=0, max_tokens=max_new,
                                                ignore_eos=True), cache_salt=cache_salt,
-                      tenant=str(tenant) if tenant else LOCAL_TENANT, priority=int(priority))
+                      tenant=str(tenant) if tenant else LOCAL_TENANT, priority=int(priority),
+                      validated=True)             # by encode_prompt above
         group = BeamGroup(req, params, set(info.eos_token_ids), max_new, llm.get_tokenizer(), info.block_size, on_step)
         handles.append(BeamSearchHandle(llm, group))
     entered = []

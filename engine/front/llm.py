@@ -131,7 +131,7 @@ class LLM:
             stream._put(delta)
 
         req = Request(rid, ids, params, session_id=session_id, cache_salt=cache_salt, on_output=on_output,
-                      tenant=tenant, priority=int(priority))
+                      tenant=tenant, priority=int(priority), validated=True)   # by encode_prompt
         try:
             self._check_shaping(params)
             if params.structured is not None:   # compiled here, in the caller's thread, not the step loop

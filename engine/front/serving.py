@@ -21,6 +21,7 @@ from engine.front.request_stream import RequestStream
 from engine.kv.salt_rule import prompt_salt
 from engine.observe.snapshot_cache import SharedSnapshot
 from engine.sampling.sampling_params import SamplingParams
+from engine.text.prepared_prompt import PreparedPrompt
 from engine.text.session_prompt import continue_session_prompt
 
 _SNAPSHOT_PERIOD_S = 0.25
@@ -59,10 +60,21 @@ class ServingLLM(LLM):
         if isinstance(pol, ReportsTenants):
             self._tenant_rows = (tuple(pol.tenant_stats()), tuple(pol.events()))
 
+    def prepare_chat(self, messages: list[dict], *, previous_ids: list[int] | None = None,
+                     session_id: str | None = None, thinking: bool | None = None) -> PreparedPrompt:
+        """Render and tokenize a chat turn's prompt once (engine/text/prepared_prompt.py): its
+        length for a "too long" answer before anything is stored, and the ids `submit_chat` runs
+        when handed this value. `previous_ids` / `session_id` / `thinking`: as for submit_chat."""
+        previous = previous_ids if previous_ids else (self.engine.sessions.token_ids(session_id)
+                                                      if session_id else None)
+        ids = continue_session_prompt(self.tokenizer, messages, previous, enable_thinking=thinking)
+        return PreparedPrompt(tuple(messages), thinking, len(ids), tuple(ids), made_by=self)
+
     def submit_chat(self, messages: list[dict], params: SamplingParams | None = None, *,
                     session_id: str | None = None, request_id: str | None = None,
                     previous_ids: list[int] | None = None, cache_salt: str | None = None,
-                    tenant: str | None = None, priority: int = 0, thinking: bool | None = None) -> RequestStream:
+                    tenant: str | None = None, priority: int = 0, thinking: bool | None = None,
+                    prepared: PreparedPrompt | None = None) -> RequestStream:
         """Chat turn. The previous turn's exact token ids are reused as the prefix: `previous_ids`
         when the caller kept them (e.g. read back from storage after a restart, or the branch being
         continued), else the session's last turn. They are used only if they decode to the start
@@ -70,10 +82,12 @@ class ServingLLM(LLM):
         `cache_salt` (e.g. the user name under --auth): prefix-cache hits only between requests
         with the same salt, except for the leading system messages, shared by everyone.
         `thinking`: the template's enable_thinking switch (None: its default; ModelInfo.thinking_switch
-        says whether it has one)."""
-        previous = previous_ids if previous_ids else (self.engine.sessions.token_ids(session_id)
-                                                      if session_id else None)
-        ids = continue_session_prompt(self.tokenizer, messages, previous, enable_thinking=thinking)
+        says whether it has one). `prepared`: this turn's prompt from prepare_chat; its ids run as
+        they are, not rendered again (unless another engine made them: then they are)."""
+        ids = prepared.ids_for(self, messages, thinking) if prepared is not None else None
+        if ids is None:
+            ids = list(self.prepare_chat(messages, previous_ids=previous_ids, session_id=session_id,
+                                         thinking=thinking).token_ids)
         salt = prompt_salt(self.tokenizer, messages, ids, cache_salt)   # engine/kv/salt_rule.py
         return self.submit({"prompt_token_ids": ids}, params, session_id=session_id, request_id=request_id,
                            cache_salt=salt, tenant=tenant, priority=priority)
@@ -123,7 +137,7 @@ class ServingLLM(LLM):
     def count_prompt_tokens(self, messages: list[dict], thinking: bool | None = None) -> int:
         """Length of the prompt these chat messages render to (no session reuse), for a
         "too long" answer before anything is stored or submitted."""
-        return len(continue_session_prompt(self.tokenizer, messages, None, enable_thinking=thinking))
+        return self.prepare_chat(messages, thinking=thinking).num_tokens
 
     def pin_prefix(self, name: str, token_ids: list[int]):
         """Prefill and pin token_ids' full blocks under name (never evicted); returns PinInfo."""

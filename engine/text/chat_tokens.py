@@ -121,7 +121,12 @@ def _encode(tokenizer, text: str) -> list[int]:
 
 def encode_chat(tokenizer, messages: list[dict], start_char: int = 0, **mode) -> list[int]:
     """Token ids of the rendered chat from character `start_char` on (0: all of it)."""
-    _, segments = chat_segments(tokenizer, messages, **mode)
+    return encode_segments(tokenizer, chat_segments(tokenizer, messages, **mode)[1], start_char)
+
+
+def encode_segments(tokenizer, segments: list[tuple[str, str]], start_char: int = 0) -> list[int]:
+    """encode_chat of segments rendered already (chat_segments), so a caller that also needs the
+    text or the special-token check renders the template once."""
     ids: list[int] = []
     plain: list[str] = []
 
@@ -152,7 +157,8 @@ def encode_chat(tokenizer, messages: list[dict], start_char: int = 0, **mode) ->
     return ids
 
 
-def specials_where_template_puts_them(tokenizer, messages: list[dict], ids: list[int], **mode) -> bool:
+def specials_where_template_puts_them(tokenizer, messages: list[dict], ids: list[int],
+                                      segments=None, **mode) -> bool:
     """True when every special token in `ids` (kept ids of an earlier turn: generated, stored,
     or imported) stands exactly where the template of `messages` puts one, and none is missing.
 
@@ -160,8 +166,10 @@ def specials_where_template_puts_them(tokenizer, messages: list[dict], ids: list
     rendered conversation. A decode check alone cannot tell a real `<|im_start|>` from the same
     characters typed as text, so a crafted export (or ids once made by encoding rendered text)
     could plant a fake system turn in every later prompt (#29.3, #29.4). Template-less specials
-    make this return False, and the caller re-derives the ids from the text instead."""
-    _, segments = chat_segments(tokenizer, messages, **mode)
+    make this return False, and the caller re-derives the ids from the text instead.
+    `segments`: chat_segments(messages) when the caller rendered them already."""
+    if segments is None:
+        _, segments = chat_segments(tokenizer, messages, **mode)
     special_ids = {tokenizer.convert_tokens_to_ids(s): s for s in _special_strings(tokenizer)}
     expected, pos = [], 0
     for seg, kind in segments:

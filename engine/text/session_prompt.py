@@ -6,7 +6,8 @@ with the chat template, and tokenize only the text that follows what the kept id
 """
 from __future__ import annotations
 
-from engine.text.chat_tokens import chat_text, encode_chat, render_chat, specials_where_template_puts_them
+from engine.text.chat_tokens import (chat_segments, encode_chat, encode_segments, render_chat,
+                                     specials_where_template_puts_them)
 from engine.text.common_prefix import common_prefix
 
 __all__ = ["continue_session_prompt", "render_chat", "shared_system_tokens"]
@@ -18,14 +19,16 @@ def continue_session_prompt(tokenizer, messages: list[dict], previous_ids: list[
     (engine/text/chat_tokens.py). Kept ids are trusted only when they decode to the start of the
     rendered conversation and their special tokens sit where the template's do; else the prompt
     is re-derived from the text (a wrong guess costs cache hits, never a planted turn).
-    `mode`: add_generation_prompt / continue_final_message (render_chat)."""
-    text = chat_text(tokenizer, messages, **mode)
+    `mode`: add_generation_prompt / continue_final_message (render_chat). The template is rendered
+    once: the text, the special-token check and the encoding all read the same segments."""
+    text, segments = chat_segments(tokenizer, messages, **mode)
     if previous_ids:
         prev_text = tokenizer.decode(previous_ids, skip_special_tokens=False)
         if prev_text and text.startswith(prev_text) \
-                and specials_where_template_puts_them(tokenizer, messages, previous_ids, **mode):
-            return list(previous_ids) + encode_chat(tokenizer, messages, start_char=len(prev_text), **mode)
-    return encode_chat(tokenizer, messages, **mode)
+                and specials_where_template_puts_them(tokenizer, messages, previous_ids, segments):
+            tail = encode_segments(tokenizer, segments, start_char=len(prev_text))
+            return list(previous_ids) + tail
+    return encode_segments(tokenizer, segments)
 
 
 def shared_system_tokens(tokenizer, messages: list[dict], ids: list[int]) -> int:

@@ -18,6 +18,7 @@ from engine.exec.model_info import ModelInfo
 from engine.core.sequence import RequestOutputDelta
 from engine.observe.kv_contract import compact_json
 from engine.observe.snapshot_cache import json_bytes
+from engine.text.prepared_prompt import PreparedPrompt
 
 INFO = ModelInfo(name="SmolLM2-135M-Instruct.Q4_1", source="/models/SmolLM2-135M-Instruct.Q4_1.gguf",
                  architecture="LlamaForCausalLM", num_layers=30, num_attention_heads=9, num_kv_heads=3,
@@ -166,13 +167,18 @@ class FakeLLM:
         tok = FakeTokenizer()
         return len(tok.encode(tok.apply_chat_template(messages)))
 
+    def prepare_chat(self, messages, *, previous_ids=None, session_id=None, thinking=None):
+        """Like a remote engine's: the length, no ids."""
+        return PreparedPrompt(tuple(messages), thinking,
+                              self.count_prompt_tokens(messages, thinking))
+
     @staticmethod
     def prompt_ids_of(k):
         """The prompt ids the fake reports for its k-th submission."""
         return list(range(1000 * k, 1000 * k + 9))
 
     def submit_chat(self, messages, params=None, *, session_id=None, request_id=None, previous_ids=None,
-                    cache_salt=None, tenant=None, priority=0, thinking=None):
+                    cache_salt=None, tenant=None, priority=0, thinking=None, prepared=None):
         with self.lock:
             self.thinking.append(thinking)
             k = len(self.submitted)

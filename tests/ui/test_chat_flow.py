@@ -155,7 +155,10 @@ def test_stop_that_arrives_before_the_turn_starts_still_ends_the_reply(ctx):
                 await asyncio.sleep(0.01)
             ctx.llm.gate.set()
         opener = asyncio.create_task(open_gate_once_aborted())
-        outs = await collect(chat.generate(ctx, req(), ctx.tab(req()), conv, user["id"], dict(KW, max_tokens=16)))
+        path = ctx.storage.get_messages(conv)       # the branch through `user`, as send has it
+        assert path[-1]["id"] == user["id"]
+        outs = await collect(chat.generate(ctx, req(), ctx.tab(req()), conv, path,
+                                           dict(KW, max_tokens=16)))
         await opener
         return run_first, outs, await stop, conv
     _, outs, (shown, line, send_btn, stop_btn), conv = run(scenario())

@@ -25,7 +25,7 @@ from ui.chat import beam, limits, states, view
 from ui.chat.context import ChatContext
 from ui.chat.painting import (conversation_list, eos_ids, follow_beam, follow_turn, generate,
                               list_radio, outputs, show, view_signature)
-from ui.chat.turn import Turn, abort_turn, start_turn
+from ui.chat.turn import Turn, abort_turn, previous_ids, start_turn
 
 # a chat event's outputs: msg box, chatbot, status, conversation list, alt row, alts, pick buttons, send, stop
 ONE_AT_A_TIME = ("One reply at a time: a reply is already being generated in this chat. Your message is kept "
@@ -91,7 +91,11 @@ def _current_conversation(ctx: ChatContext, request, tab):
 
 
 async def send(ctx: ChatContext, message: str, kw: dict, request):
-    """A new user message at the end of the active branch (a new conversation if none is open)."""
+    """A new user message at the end of the active branch (a new conversation if none is open).
+
+    One pass (issue 46.5): the branch is read once, here, after the chat is marked busy (so no
+    reply can end and change it meanwhile); the prompt is rendered and tokenized once
+    (`prepare_chat`), its length checked, and the same prompt goes to the turn and the engine."""
     message = limits.message(view.text_of(message))      # before anything is stored or tokenized
     if not message.strip():
         gr.Info("Type a message first.")
@@ -99,34 +103,47 @@ async def send(ctx: ChatContext, message: str, kw: dict, request):
         return
     st, tab = ctx.storage, ctx.tab(request)
     conv = _current_conversation(ctx, request, tab)
-    system = st.conversation_system_prompt(conv["id"]) if conv else ctx.shared_prompt(request)["text"]
-    path = st.get_messages(conv["id"]) if conv else []
-    prompt_len = await asyncio.to_thread(      # tokenizing: off the event loop
-        ctx.prompt_tokens,
-        view.engine_messages(system, path + [{"role": "user", "content": message}]),
-        kw.get("thinking"))
-    if prompt_len >= ctx.max_model_len:
-        shown = show(tab, path, ctx)
-        notice = view.too_long_notice(prompt_len, ctx.max_model_len)
-        yield outputs(chat=shown + [{"role": "user", "content": message}, {"role": "assistant", "content": notice}],
-                      status=notice)
-        return
-    if conv is None:
-        conv = st.create_conversation(owner=ctx.owner(request))
-        ctx.tabs.open(tab, conv["id"])
-    if not ctx.tabs.begin(conv["id"]):
+    if conv is not None and not ctx.tabs.begin(conv["id"]):
         _busy_notice()               # the message stays in the box; the status line says why
         yield outputs(status=ONE_AT_A_TIME)
         return
     try:
+        system = (st.conversation_system_prompt(conv["id"]) if conv else
+                  ctx.shared_prompt(request)["text"])
+        path = st.get_messages(conv["id"]) if conv else []
+        prepared = await asyncio.to_thread(      # tokenizing: off the event loop
+            ctx.llm.prepare_chat,
+            view.engine_messages(system, path + [{"role": "user", "content": message}]),
+            previous_ids=previous_ids(path), session_id=conv["id"] if conv else None,
+            thinking=kw.get("thinking"))
+        too_long = prepared.num_tokens >= ctx.max_model_len
+        if too_long and conv is not None:
+            ctx.tabs.end(conv["id"])
+    except BaseException:
+        if conv is not None:
+            ctx.tabs.end(conv["id"])
+        raise
+    if too_long:
+        shown = show(tab, path, ctx)
+        notice = view.too_long_notice(prepared.num_tokens, ctx.max_model_len)
+        yield outputs(chat=shown + [{"role": "user", "content": message},
+                                    {"role": "assistant", "content": notice}], status=notice)
+        return
+    try:
+        if conv is None:
+            conv = st.create_conversation(owner=ctx.owner(request))
+            ctx.tabs.open(tab, conv["id"])
+            ctx.tabs.begin(conv["id"])           # new: nobody else can be generating in it
         ctx.remember_thinking(conv["id"], kw.get("thinking"), request)
         user = st.add_message(conv["id"], "user", message, owner=ctx.check(request))
     except BaseException as e:
-        ctx.tabs.end(conv["id"])
+        if conv is not None:
+            ctx.tabs.end(conv["id"])
         if isinstance(e, ConversationDeletedError):
             raise gr.Error(view.DELETED_TEXT) from None
         raise
-    async for out in generate(ctx, request, tab, conv["id"], user["id"], kw, first_msg=""):
+    async for out in generate(ctx, request, tab, conv["id"], path + [user], kw, first_msg="",
+                              prepared=prepared):
         yield out
 
 
@@ -151,7 +168,8 @@ async def regenerate(ctx: ChatContext, kw: dict, request):
     except BaseException:
         ctx.tabs.end(conv["id"])
         raise
-    async for out in generate(ctx, request, tab, conv["id"], last_user["id"], kw, sibling_of=sibling_of):
+    async for out in generate(ctx, request, tab, conv["id"], path[: path.index(last_user) + 1], kw,
+                              sibling_of=sibling_of):
         yield out
 
 
@@ -218,7 +236,8 @@ async def edit(ctx: ChatContext, index, new_text, kw: dict, request):
     conv = _current_conversation(ctx, request, tab)
     index = index[0] if isinstance(index, (list, tuple)) else index
     new_text = limits.message(view.text_of(new_text))
-    restore = show(tab, st.get_messages(conv["id"]), ctx) if conv else []
+    branch = st.get_messages(conv["id"]) if conv else []      # the one read of the branch
+    restore = show(tab, branch, ctx) if conv else []
     shown_ids = list(tab.shown_ids)
     if conv is None or not isinstance(index, int) or not 0 <= index < len(shown_ids):
         yield outputs(chat=restore)
@@ -233,15 +252,14 @@ async def edit(ctx: ChatContext, index, new_text, kw: dict, request):
         gr.Info("An edited message cannot be empty.")
         yield outputs(chat=restore)
         return
-    path = st.get_messages(conv["id"], through=old["id"])
-    before = path[: path.index(next(m for m in path if m["id"] == old["id"]))]
+    before = branch[: next(i for i, m in enumerate(branch) if m["id"] == old["id"])]  # old: on it
     system = st.conversation_system_prompt(conv["id"])
-    prompt_len = await asyncio.to_thread(
-        ctx.prompt_tokens,
+    prepared = await asyncio.to_thread(
+        ctx.llm.prepare_chat,
         view.engine_messages(system, before + [{"role": "user", "content": new_text}]),
-        kw.get("thinking"))
-    if prompt_len >= ctx.max_model_len:
-        notice = view.too_long_notice(prompt_len, ctx.max_model_len)
+        previous_ids=previous_ids(before), session_id=conv["id"], thinking=kw.get("thinking"))
+    if prepared.num_tokens >= ctx.max_model_len:
+        notice = view.too_long_notice(prepared.num_tokens, ctx.max_model_len)
         yield outputs(chat=restore, status=notice)
         gr.Warning(notice)
         return
@@ -255,7 +273,8 @@ async def edit(ctx: ChatContext, index, new_text, kw: dict, request):
     except BaseException:
         ctx.tabs.end(conv["id"])
         raise
-    async for out in generate(ctx, request, tab, conv["id"], user["id"], kw):
+    async for out in generate(ctx, request, tab, conv["id"], before + [user], kw,
+                              prepared=prepared):
         yield out
 
 

@@ -11,9 +11,10 @@ import asyncio
 
 import gradio as gr
 
+from engine.text.prepared_prompt import PreparedPrompt
 from ui.chat import beam, states, view
 from ui.chat.context import ChatContext
-from ui.chat.turn import Turn, start_turn
+from ui.chat.turn import Turn, previous_ids, start_turn
 from ui.chat.wakeup import QUEUE_REFRESH_S, Wakeup
 
 YIELD_S = 0.05         # at most ~20 page updates a second per stream
@@ -79,13 +80,16 @@ def view_signature(path: list[dict], versions: dict | None = None) -> tuple:
     return tuple((m["id"], m["status"], len(m["content"])) for m in path) + (n,)
 
 
-async def generate(ctx: ChatContext, request, tab, conv_id: str, user_id: int, kw: dict,
-                   sibling_of: int | None = None, first_msg: str | None = None):
-    """Start a reply to stored user message `user_id` and paint it while this tab shows its
-    conversation. The caller has called tabs.begin(conv_id); the turn always calls tabs.end."""
-    st = ctx.storage
-    path = view.path_until(st.get_messages(conv_id, through=user_id), user_id)
-    messages = view.engine_messages(st.conversation_system_prompt(conv_id), path)
+async def generate(ctx: ChatContext, request, tab, conv_id: str, path: list[dict], kw: dict,
+                   sibling_of: int | None = None, first_msg: str | None = None,
+                   prepared: PreparedPrompt | None = None):
+    """Start a reply to the stored user message that ends `path` and paint it while this tab shows
+    its conversation. `path` is the branch as the handler read it, plus that message: the branch
+    is not read again. `prepared`: the prompt the handler counted (its messages are the turn's).
+    The caller has called tabs.begin(conv_id); the turn always calls tabs.end."""
+    user_id = path[-1]["id"]
+    messages = (list(prepared.messages) if prepared is not None else
+                view.engine_messages(ctx.storage.conversation_system_prompt(conv_id), path))
     kw = dict(kw)
     width = kw.pop("beam_width", 0)
     think = kw.pop("thinking", None)       # the template's switch, not a sampling parameter
@@ -96,7 +100,8 @@ async def generate(ctx: ChatContext, request, tab, conv_id: str, user_id: int, k
     turn = Turn(conv_id, user_id, kw["n"], cache_salt=ctx.cache_salt(request),
                 tenant=ctx.tenant(request), thinking=think)
     try:
-        start_turn(ctx, turn, messages, kw, sibling_of)
+        start_turn(ctx, turn, messages, kw, sibling_of, previous_ids=previous_ids(path[:-1]),
+                   prepared=prepared)
     except BaseException:
         ctx.tabs.end(conv_id)
         raise

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from engine import SamplingParams
 from engine.core.admission import QueueFull
 from engine.outputs import STATE_PREEMPTED, STATE_RESUMED, STATE_RUNNING
+from engine.text.prepared_prompt import PreparedPrompt
 from engine.text.reasoning import ReasoningSplit
 from storage import NotFoundError
 from ui.chat.reattach import watch_abandoned
@@ -146,33 +147,42 @@ class Turn:
         return stats
 
 
-def start_turn(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int | None) -> Turn:
+def start_turn(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int | None, *,
+               previous_ids: list[int] | None = None,
+               prepared: PreparedPrompt | None = None) -> Turn:
     """Run `turn` as a task of the running event loop. The caller has called tabs.begin(conv_id);
-    the task always calls tabs.end(conv_id)."""
+    the task always calls tabs.end(conv_id). The turn takes what its handler already has, and
+    reads none of it again: `messages` (the prompt's conversation), `previous_ids` (the exact ids
+    of the turn before: previous_ids(path)) and `prepared` (the prompt the handler counted,
+    engine/text/prepared_prompt.py; None: submit_chat renders it, in the submit thread)."""
     ctx.tabs.attach(turn)
     loop = asyncio.get_running_loop()
-    turn.task = loop.create_task(_run(ctx, turn, messages, kw, sibling_of))
+    turn.task = loop.create_task(_run(ctx, turn, messages, kw, sibling_of, previous_ids, prepared))
     turn.task.add_done_callback(lambda _task: turn.wakeup.wake())     # followers see it end
     # the reply outlives its page (ui/chat/reattach.py); only a reply nobody watches times out
     turn.watchdog = loop.create_task(watch_abandoned(ctx, turn, ctx.abandon_s))
     return turn
 
 
-async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int | None) -> None:
+async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int | None,
+               previous: list[int] | None = None, prepared: PreparedPrompt | None = None) -> None:
     llm, st = ctx.llm, ctx.storage
     reply = _Reply(st, turn.conv_id, turn.user_id, sibling_of)
+    first_prompt = None
     try:
         if turn.continues is not None:
             # Continue: the prompt is the exact ids of the reply's prompt + the reply itself, so
             # the parked session blocks are reused and the reply grows as if never interrupted
             reply.id = turn.continues["id"]
-            prompt = st.get_message(turn.user_id)["token_ids"] + list(turn.continues["token_ids"])
+            first_prompt = st.get_message(turn.user_id)["token_ids"]
+            prompt = first_prompt + list(turn.continues["token_ids"])
             turn.submitted = in_daemon_thread(llm.submit_continue, prompt, SamplingParams(**kw), messages,
                                               session_id=turn.conv_id, request_id=turn.rid,
                                               cache_salt=turn.cache_salt, tenant=turn.tenant)
         else:
-            previous = _previous_ids(st, turn.conv_id, turn.user_id)
             extra = {"thinking": turn.thinking} if turn.thinking is not None else {}
+            if prepared is not None:
+                extra["prepared"] = prepared
             turn.submitted = in_daemon_thread(llm.submit_chat, messages, SamplingParams(**kw),
                                               session_id=turn.conv_id, request_id=turn.rid, previous_ids=previous,
                                               cache_salt=turn.cache_salt, tenant=turn.tenant,
@@ -192,8 +202,7 @@ async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
         if prompt_ids is not None and turn.continues is None:   # exact ids of this turn's prompt
             st.update_message(turn.user_id, token_ids=list(prompt_ids))
         # a continued reply splits from its first prompt (the reply so far is part of its text)
-        opened_by = (st.get_message(turn.user_id)["token_ids"] if turn.continues is not None
-                     else prompt_ids)
+        opened_by = first_prompt if turn.continues is not None else prompt_ids
         turn.reasoning = reasoning_rule(llm, opened_by or [])
         async for d in stream:
             i = d.index
@@ -254,10 +263,16 @@ def _store_alternatives(st, turn: Turn, first_id: int) -> None:
 
 
 def _previous_ids(st, conv_id: str, user_id: int) -> list[int] | None:
-    """The exact token ids the engine saw up to the reply before `user_id` (its prompt + reply),
-    from storage; None when they were not recorded (older rows, or the first turn)."""
+    """previous_ids of the branch before stored message `user_id`, read from storage (a turn gets
+    them from its handler's one read instead)."""
     path = st.get_messages(conv_id, through=user_id)
-    before = [m for m in path[: [m["id"] for m in path].index(user_id)]]
+    return previous_ids(path[: [m["id"] for m in path].index(user_id)])
+
+
+def previous_ids(before: list[dict]) -> list[int] | None:
+    """The exact token ids the engine saw up to the reply that ends `before` (the branch before a
+    new user message): its prompt + reply, as stored; None when they were not recorded (older
+    rows, or the first turn)."""
     if len(before) < 2 or before[-1]["role"] != "assistant" or before[-2]["role"] != "user":
         return None
     prompt, reply = before[-2]["token_ids"], before[-1]["token_ids"]
