@@ -69,7 +69,7 @@ def copy_bandwidth(dev, timer, nbytes):
     src = torch.empty(nbytes, dtype=torch.uint8, device=dev).fill_(1)
     dst = torch.empty_like(src)
     ms = timer(lambda: dst.copy_(src), reps=10, warmup=2)
-    del src, dst
+    src = dst = None  # free the buffers before the next measurement
     return 2 * nbytes / (ms * 1e-3) / 1e9  # read + write
 
 
@@ -138,7 +138,7 @@ def bench_decode(dev, timer, copy_gbs, args, rows):
                 sdpa_name, sdpa_backend = pick_sdpa(q4, kc, vc)
                 sdpa_kernels = kernel_names(dev, lambda: sdpa_call(q4, kc, vc, sdpa_backend))
             ms_sdpa = timer(lambda: sdpa_call(q4, kc, vc, sdpa_backend), reps=args.reps)
-            del kc, vc
+            kc = vc = None  # freed before the next allocation (the lambdas above hold the names)
             seq = torch.full((b,), ctx, dtype=torch.int32, device=dev)
             cu = torch.arange(b + 1, dtype=torch.int32, device=dev)
             for bs in bss:
@@ -146,7 +146,7 @@ def bench_decode(dev, timer, copy_gbs, args, rows):
                 fn = lambda: kernels.paged_attention(q, kv[0], kv[1], bt, seq, cu, D ** -0.5,
                                                      max_seqlen_q=1, backend="triton")
                 ms = timer(fn, reps=args.reps)
-                del kv, bt
+                kv = bt = None
                 gbs = kv_bytes / (ms * 1e-3) / 1e9
                 rows.append(dict(kind="decode", batch=b, context=ctx, block_size=bs, ms=ms,
                                  kv_gb_s=gbs, pct_copy_bw=100 * gbs / copy_gbs,
@@ -179,14 +179,14 @@ def bench_prefill(dev, timer, args, rows):
             fn = lambda: kernels.paged_attention(q, kv[0], kv[1], bt, seq, cu, D ** -0.5,
                                                  max_seqlen_q=chunk, backend="triton")
             ms = timer(fn, reps=args.reps)
-            del kv, bt
+            kv = bt = None
             kc = torch.randn(b, KVH, ctx, D, device=dev, dtype=torch.bfloat16)
             vc = torch.randn_like(kc)
             q4 = q.view(b, chunk, H, D).transpose(1, 2)
             sdpa, name = prefill_sdpa(q4, kc, vc, causal_lower_right(chunk, ctx))
             info.setdefault(name, kernel_names(dev, sdpa))
             ms_sdpa = timer(sdpa, reps=args.reps)
-            del kc, vc
+            kc = vc = None  # freed before the next allocation (the lambdas above hold the names)
             fl = b * prefill_flops(prefix, chunk)
             rows.append(dict(kind="prefill", batch=b, prefix=prefix, chunk=chunk, block_size=bs,
                              ms=ms, tflops=fl / (ms * 1e-3) / 1e12, sdpa_backend=name,

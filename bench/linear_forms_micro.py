@@ -11,7 +11,7 @@ only same-run, interleaved ratios mean anything. Engines decode batch 1 and 32 (
 
     python -m bench.linear_forms_micro [rounds]
 """
-import os, sys; os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import os; import sys; os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import time
 
 from engine import LLM, SamplingParams

@@ -5,7 +5,8 @@ the shared snapshot's bounded wait (0.2 s), alternated in one process.
 
     PYTHONPATH=. python loadgen/bench_snapshot_burst.py
 """
-import threading, time
+import threading
+import time
 from engine import ServingLLM, SamplingParams
 def main():
     llm = ServingLLM(num_blocks=1200, max_num_batched_tokens=8192, max_model_len=2048, device="cpu")

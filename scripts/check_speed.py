@@ -90,7 +90,7 @@ def hf_decode(name, device, dtype, batches, prompt_len, new_tokens, overrides, d
             t1 = _timed(lambda: gen(1), device)
             tn = _timed(lambda: gen(new_tokens), device)
         out[b] = {"greedy": decode_rate(b, new_tokens, t1, tn)}
-    del hf
+    hf = None  # free the model before the next one loads
     return out
 
 

@@ -254,7 +254,7 @@ class Check:
             (torch.ones(1, device="cuda") + 1).item()
         except Exception as e:  # noqa: BLE001
             self.cuda_broken = f"{where} ({type(e).__name__}: {str(e)[:120]})"
-            line(where.split()[0], "ERR ", f"CUDA context unusable: the remaining CUDA stages are not run")
+            line(where.split()[0], "ERR ", "CUDA context unusable: the remaining CUDA stages are not run")
 
     def cleanup(self, name: str) -> None:
         try:

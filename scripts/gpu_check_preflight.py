@@ -74,7 +74,7 @@ def preflight(device: str) -> tuple[str, str, dict, dict[str, str]]:
     if not info["transformers"] or str(info["transformers"]).startswith("broken"):
         for s in ("numerics", "speed"):
             blocked[s] = f"transformers {info['transformers']} (the HF reference)"
-        problems.append(f"no transformers: numerics / HF speed not run")
+        problems.append("no transformers: numerics / HF speed not run")
     if device == "cuda":
         p = torch.cuda.get_device_properties(0)
         free, total = torch.cuda.mem_get_info()

@@ -95,7 +95,7 @@ def main(argv=None) -> int:
                    cwd=ROOT, env=env, check=True)
     hf_s = time.time() - t
     srv, hf = _scores(tmp / "server"), _scores(tmp / "hf")
-    print(f"\n| task | metric | server (local-completions) | HF backend | |diff| | stderr |")
+    print("\n| task | metric | server (local-completions) | HF backend | |diff| | stderr |")
     print("|---|---|---|---|---|---|")
     for task in sorted(set(srv) | set(hf)):
         name, v, se = srv.get(task, ("?", float("nan"), None))
