@@ -149,3 +149,64 @@ def test_triton_kernels_match_hf(family):
             H.assert_hf_greedy(family, p, o.outputs[0].token_ids)
     finally:
         llm.shutdown()
+
+
+def test_states_in_the_kv_tier_serve_evicted_prompts_and_restarts(tmp_path):
+    """Qwen3.5 with a disk KV tier (engine/kv/state_tier.py). A chat's turn is parked: its blocks
+    and its state at its last block boundary are written through at once. A 70-token prompt keeps
+    a checkpoint at 64; two more prompts evict its blocks to the tier; asked again, it is served
+    64 tokens from the pool's checkpoint and the tier's blocks. After a graceful stop a new engine
+    on the same folder serves it from the tier alone (blocks and state read back; the state
+    bit-identical to the one saved), and the chat's next turn starts at its boundary (32 of its 38
+    tokens). Every reply equals the first, computed from scratch, and HF's; closing the chat
+    deletes its states from disk too."""
+    from engine.front.request_stream import collect
+    from engine.kv.block_hash import state_key, walk_blocks
+    from engine.kv.kv_tier import owner_tag
+
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    chat, prompt = H.prompt(5, 30), A
+
+    def run(llm, ids, session=None):
+        o = collect(llm.submit({"prompt_token_ids": ids}, params, session_id=session), params)
+        return list(o.outputs[0].token_ids), o.outputs[0].metrics["cached_tokens"]
+
+    def owned(llm):  # the chat's state entries in the tier
+        entries = llm.engine.tier_link.tier.entries()
+        return [i for i, _, o in entries if o == owner_tag("chat") and i.parent_hash is not None
+                and i.block_hash == state_key(i.parent_hash)]
+
+    kw = dict(num_blocks=12, kv_offload_gib=0.01, kv_offload_dir=str(tmp_path))
+    key = list(walk_blocks(prompt, None, 16))[3].hash  # the state after 64 tokens
+    llm = H.make_llm("qwen3_5", **kw)
+    try:
+        reply1, _ = run(llm, chat, "chat")
+        assert len(owned(llm)) >= 1  # written at park, before any stop
+        first, cached = run(llm, prompt)
+        assert cached == 0
+        for i in range(2):
+            run(llm, H.prompt(20 + i, 50))
+        loaded = llm.stats()["tier_loaded_tokens"]
+        again, cached = run(llm, prompt)
+        assert (again, cached) == (first, 64) and llm.stats()["tier_loaded_tokens"] > loaded
+        states, ls = llm.engine.kv.states, llm.engine.runner.linear_state
+        saved = ls.slot_bytes(states.checkpoints[key].slot)
+    finally:
+        assert llm.shutdown()["states"]["left"] == 0
+    llm = H.make_llm("qwen3_5", **kw)
+    try:
+        after, cached = run(llm, prompt)
+        s = llm.stats()["state_groups"]
+        assert (after, cached) == (first, 64) and s["state_tier_loads"] == 1, s
+        states, ls = llm.engine.kv.states, llm.engine.runner.linear_state
+        assert ls.slot_bytes(states.checkpoints[key].slot) == saved
+        turn2 = chat + reply1 + H.prompt(3, 9)
+        reply2, cached = run(llm, turn2, "chat")
+        assert cached == 32 and llm.stats()["state_groups"]["state_tier_loads"] == 2
+        H.assert_hf_greedy("qwen3_5", prompt, first)
+        H.assert_hf_greedy("qwen3_5", turn2, reply2)
+        assert owned(llm)
+        llm.run_on_engine(lambda eng: eng.close_session("chat"))
+        assert not owned(llm)
+    finally:
+        llm.shutdown()
