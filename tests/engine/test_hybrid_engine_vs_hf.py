@@ -208,5 +208,14 @@ def test_states_in_the_kv_tier_serve_evicted_prompts_and_restarts(tmp_path):
         assert owned(llm)
         llm.run_on_engine(lambda eng: eng.close_session("chat"))
         assert not owned(llm)
+        # preemption: the policy told to swap (its timing rule aside), the burst on a full pool
+        # goes to the tier (blocks up to a boundary with a state, and that state) and back (the
+        # state comes back from the pool's checkpoint while one is there, as here)
+        llm.engine.tier_link.policy.should_swap = lambda *a: True
+        outs = llm.generate([{"prompt_token_ids": p} for p in BURST_PROMPTS], BURST)
+        st = llm.stats()
+        assert st["swap_preemptions"] > 0 and st["tokens_swapped_out"] >= 16, st
+        for p, o in zip(BURST_PROMPTS, outs):
+            H.assert_hf_greedy("qwen3_5", p, o.outputs[0].token_ids)
     finally:
         llm.shutdown()

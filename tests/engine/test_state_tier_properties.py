@@ -156,6 +156,8 @@ class StateTierMachine(StateMachine):
         assert n_states == t.state_entries
         if n_states:
             event("states in the tier")
+        if self.m.tier_link.swap_preemptions:
+            event("preempted to the tier with a state")
 
     def teardown(self):
         try:
