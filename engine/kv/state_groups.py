@@ -11,8 +11,9 @@ they go without a second id space:
   (a prefix hit), or the parked session's slot itself (its next turn; ownership moves);
 - fork (n > 1, beams): the child shares the parent's slot; the first step that writes either one
   copies it first (copy on write: `writable`);
-- free, preemption (recompute: the state is dropped with the blocks), release of a parked session:
-  the holder's reference goes (`release`, from the manager's one table-release path);
+- free, preemption (recompute, or a swap to the KV tier with a state: engine/kv/state_tier.py),
+  release of a parked session: the holder's reference goes (`release`, from the manager's one
+  table-release path);
 - park: the slot stays with the tables (the parked session holds it).
 
 Prefix hits: KV blocks can be shared at any block boundary, a recurrent state only where it was
@@ -20,9 +21,10 @@ kept. A hit of k blocks is usable only if a *checkpoint* holds the state after e
 blocks (or k = 0, or the owner's parked state at exactly the common prefix). Checkpoints are
 keyed by the chain hash of their last block (the same hash that names the block in the prefix
 cache: it covers every token before, and the salt), so a checkpoint answers only the prefix it
-was taken on, and it is used only when that block is a live pool hit: its prefix blocks are in
-the pool. A checkpoint whose block left the pool is dropped (`prune`). Which boundaries are kept:
-docs/DESIGN.md ("State groups").
+was taken on, and it is used only when the hit's plan serves that block and every one before it
+(pool hits, or blocks the KV tier loads with it). A checkpoint whose block left the pool is the
+first dropped for slot room (`reclaimable`; its state goes to the tier first, if any). Which
+boundaries are kept: docs/DESIGN.md ("Memory that is not KV").
 
 Taking a checkpoint: the scheduler ends a prefill chunk at the boundary (`chunk_end`); when the
 step that reaches it is scheduled, a slot is set aside and the copy (the sequence's slot -> the
