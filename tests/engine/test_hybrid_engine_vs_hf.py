@@ -159,7 +159,9 @@ def test_states_in_the_kv_tier_serve_evicted_prompts_and_restarts(tmp_path):
     on the same folder serves it from the tier alone (blocks and state read back; the state
     bit-identical to the one saved), and the chat's next turn starts at its boundary (32 of its 38
     tokens). Every reply equals the first, computed from scratch, and HF's; closing the chat
-    deletes its states from disk too."""
+    deletes its states from disk too. A pin writes its end's state at once; a burst preempted to
+    the tier (the policy told to swap) comes back equal to HF."""
+    from engine.front.pin_api import pin_prefix
     from engine.front.request_stream import collect
     from engine.kv.block_hash import state_key, walk_blocks
     from engine.kv.kv_tier import owner_tag
@@ -178,7 +180,7 @@ def test_states_in_the_kv_tier_serve_evicted_prompts_and_restarts(tmp_path):
 
     kw = dict(num_blocks=12, kv_offload_gib=0.01, kv_offload_dir=str(tmp_path))
     key = list(walk_blocks(prompt, None, 16))[3].hash  # the state after 64 tokens
-    llm = H.make_llm("qwen3_5", **kw)
+    llm = H.make_llm("qwen3_5", **kw, max_pin_fraction=0.5)
     try:
         reply1, _ = run(llm, chat, "chat")
         assert len(owned(llm)) >= 1  # written at park, before any stop
@@ -191,6 +193,9 @@ def test_states_in_the_kv_tier_serve_evicted_prompts_and_restarts(tmp_path):
         assert (again, cached) == (first, 64) and llm.stats()["tier_loaded_tokens"] > loaded
         states, ls = llm.engine.kv.states, llm.engine.runner.linear_state
         saved = ls.slot_bytes(states.checkpoints[key].slot)
+        writes = states.tier_writes
+        pin_prefix(llm, "sys", prompt[:64])  # a pin writes its end's state through at once
+        assert states.tier_writes == writes + 1
     finally:
         assert llm.shutdown()["states"]["left"] == 0
     llm = H.make_llm("qwen3_5", **kw)
