@@ -135,11 +135,12 @@ def test_speculative_decoding_is_refused_for_linear_attention():
         H.make_llm("qwen3_5", speculative="ngram")
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_moe", "gpt_oss"])
 def test_triton_kernels_match_hf(family):
     """Triton attention and KV store (interpreted on CPU) for the attention layers, around the
-    linear-attention states and the experts; the second prompt a prefix hit (Qwen3.5: restoring its
-    checkpointed state)."""
+    linear-attention states and the experts (gpt-oss: its sinks in the Triton kernels, its window
+    on alternate layers); the second prompt a prefix hit (Qwen3.5: restoring its checkpointed
+    state)."""
     llm = H.make_llm(family, attention_backend="triton", num_blocks=24)
     try:
         params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
