@@ -68,12 +68,13 @@ class StepPlan:
     """One step. `logits` lists sample and draft rows first, in row order, then prompt-logprob
     rows: the forward returns one logits row per entry, in this order. `copies`: (src, dst) block
     copies (copy-on-write) to do before the forward, in every layer of the pool. `state_copies`:
-    (src, dst) state slots to copy before the forward (a fork's copy on write, a checkpoint
-    taken after the previous step or restored for a prefix hit; engine/kv/state_groups.py)."""
+    (src, dst) state slots to copy before the forward, in order (a fork's copy on write, a
+    checkpoint taken after the previous step or restored for a prefix hit; a src that is bytes is
+    a state read from the KV tier, written into dst in its turn; engine/kv/state_groups.py)."""
     rows: list[ScheduledRow] = field(default_factory=list)
     logits: list[LogitsRow] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)
-    state_copies: list[tuple[int, int]] = field(default_factory=list)   # (src, dst) state slots
+    state_copies: list[tuple[int | bytes, int]] = field(default_factory=list)   # (src, dst) slots
 
     def __bool__(self) -> bool:
         return bool(self.rows)

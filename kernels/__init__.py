@@ -51,14 +51,16 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
     sit at positions seq_lens[i]-q_len_i .. seq_lens[i]-1. max_seqlen_q == 1 selects decode;
     None computes it (a device sync). window W (sliding-window attention; None: full): the query
     at position p sees p-W+1 .. p, and no kernel reads a block wholly before that. sinks (fp32 [H],
-    gpt-oss): a learned logit per head in each softmax's denominator; only the torch reference
-    computes it, so a model with sinks takes that path on every backend (correct, not fast)."""
-    if sinks is not None or resolve_backend(backend, query.device) == "torch":
+    gpt-oss): a learned logit per head in each softmax's denominator; the torch path computes it
+    in its reference (the CPU kernels do not take it), the Triton kernels in their last
+    normalisation."""
+    if resolve_backend(backend, query.device) == "torch":
         return reference.paged_attention(query, k_cache, v_cache, block_tables, seq_lens,
                                          cu_seqlens_q, scale, max_seqlen_q, window=window, sinks=sinks)
     from . import triton_attention
     return triton_attention.paged_attention(query, k_cache, v_cache, block_tables, seq_lens,
-                                            cu_seqlens_q, scale, max_seqlen_q, window=window)
+                                            cu_seqlens_q, scale, max_seqlen_q, window=window,
+                                            sinks=sinks)
 
 
 def copy_blocks(kv_pool, src_dst, backend=None) -> None:

@@ -109,18 +109,28 @@ def _decode_kernel(
 def _merge_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, stride_pb, stride_ph, stride_ps, stride_ot, stride_oh,
     num_splits, S_P2: tl.constexpr, HEAD_DIM: tl.constexpr, D_P2: tl.constexpr,
+    sinks_ptr=None, HAS_SINKS: tl.constexpr = False,
 ):
-    """grid = (num_seqs, num_heads): out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max)."""
+    """grid = (num_seqs, num_heads): out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max).
+    HAS_SINKS (gpt-oss): the head's sink logit (base 2: sinks * log2 e) is one more term of the
+    denominator, with no value: out = sum_s w_s o_s / (sum_s w_s + 2^(sink - max))."""
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
     offs_s = tl.arange(0, S_P2)
     offs_d = tl.arange(0, D_P2)
     base = seq * stride_pb + head * stride_ph + offs_s * stride_ps
     lse = tl.load(part_lse_ptr + base // stride_ps, mask=offs_s < num_splits, other=float("-inf"))
-    w = tl.exp2(lse - tl.max(lse, 0))
+    top = tl.max(lse, 0)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
+        top = tl.maximum(top, sink)
+    w = tl.exp2(lse - top)
     mask = (offs_s[:, None] < num_splits) & (offs_d[None, :] < HEAD_DIM)
     o = tl.load(part_out_ptr + base[:, None] + offs_d[None, :], mask=mask, other=0.0)
-    res = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
+    den = tl.sum(w, 0)
+    if HAS_SINKS:
+        den += tl.exp2(sink - top)
+    res = tl.sum(o * w[:, None], 0) / den
     tl.store(out_ptr + seq * stride_ot + head * stride_oh + offs_d,
              res.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
@@ -133,6 +143,7 @@ def _prefill_kernel(
     GROUP: tl.constexpr, G_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, TILE_N: tl.constexpr, CDT: tl.constexpr,
     PREC: tl.constexpr, QUANT: tl.constexpr = False, HAS_WINDOW: tl.constexpr = False, window=0,
+    sinks_ptr=None, HAS_SINKS: tl.constexpr = False,
 ):
     """grid = (cdiv(max_seqlen_q, BLOCK_Q), num_seqs, num_kv_heads), BLOCK_Q = BLOCK_M // G_P2.
     Row r of the Q tile is token r // G_P2 of the tile, query head kvh*GROUP + r % G_P2. Keys
@@ -230,7 +241,15 @@ def _prefill_kernel(
             v = _load_rows(v_ptr, vs_ptr, rows, offs_d, kv_mask, valid, HEAD_DIM, CDT, QUANT)
             acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v, input_precision=PREC)
             m_i = m_new
-        o = acc / l_i[:, None]
+        if HAS_SINKS:   # the head's sink logit joins the denominator (no value), max kept safe
+            sink = tl.load(sinks_ptr + head, mask=row_mask, other=float("-inf")).to(tl.float32)
+            sink = sink * 1.4426950408889634
+            top = tl.maximum(m_i, sink)
+            top = tl.where(top == float("-inf"), 0.0, top)
+            a = tl.exp2(m_i - top)
+            o = acc * a[:, None] / (l_i * a + tl.exp2(sink - top))[:, None]
+        else:
+            o = acc / l_i[:, None]
         tl.store(out_ptr + (q_start + tok).to(tl.int64)[:, None] * stride_ot
                  + head[:, None] * stride_oh + offs_d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=qd_mask)
@@ -324,10 +343,12 @@ def choose_num_splits(num_seqs, num_kv_heads, max_ctx, device, tile_n, num_sms=N
 
 
 def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
-                    max_seqlen_q=None, out=None, num_splits=None, tile_n=None, window=None):
+                    max_seqlen_q=None, out=None, num_splits=None, tile_n=None, window=None,
+                    sinks=None):
     """See kernels.paged_attention. Extra (tests/bench): out (preallocated), num_splits
     (decode split-K override), tile_n (K/V positions per inner step). window: sliding window
-    (None / 0: full causal attention)."""
+    (None / 0: full causal attention). sinks (fp32 [H], gpt-oss): added in the prefill kernel's
+    last normalisation and in decode's merge (decode then always takes the split path)."""
     window = int(window or 0)
     num_tokens, H, d = query.shape
     _, bs, kvh, row = k_cache.shape
@@ -357,7 +378,8 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
                                                  query.device, tile, head_dim=d)
         per_split = triton.cdiv(triton.cdiv(block_tables.shape[1] * bs, splits), tile) * tile
         splits = max(1, triton.cdiv(block_tables.shape[1] * bs, per_split))
-        if splits > 1:
+        split = splits > 1 or sinks is not None     # sinks are added by the merge
+        if split:
             part_out = torch.empty(num_seqs, H, splits, d, device=query.device, dtype=torch.float32)
             part_lse = torch.empty(num_seqs, H, splits, device=query.device, dtype=torch.float32)
             assert part_lse.stride()[:2] == (H * splits, splits) and part_out.stride(2) == d
@@ -370,13 +392,13 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
             scale_log2, query.stride(0), query.stride(1), *cache_args,
             out.stride(0), out.stride(1), *pstrides, per_split, bs,
             GROUP=group, G_P2=max(16, triton.next_power_of_2(group)), HEAD_DIM=d, D_P2=d_p2,
-            TILE_N=tile, SPLIT=splits > 1, CDT=cdt, PREC=prec, QUANT=quant, window=window,
+            TILE_N=tile, SPLIT=split, CDT=cdt, PREC=prec, QUANT=quant, window=window,
             num_warps=variant.num_warps)
-        if splits > 1:
+        if split:
             _merge_kernel[(num_seqs, H)](
                 part_out, part_lse, out, *pstrides, out.stride(0), out.stride(1),
                 splits, S_P2=triton.next_power_of_2(splits), HEAD_DIM=d, D_P2=d_p2,
-                num_warps=4)
+                sinks_ptr=sinks, HAS_SINKS=sinks is not None, num_warps=4)
         return out
     g_p2 = triton.next_power_of_2(group)
     block_m, prefill_tile = prefill_tiles(query.dtype if quant else k_cache.dtype, on_gpu, g_p2)
@@ -387,5 +409,5 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
         out.stride(0), out.stride(1), bs,
         GROUP=group, G_P2=g_p2, BLOCK_M=block_m, BLOCK_Q=block_q, HEAD_DIM=d, D_P2=d_p2,
         TILE_N=tile_n or prefill_tile, CDT=cdt, PREC=prec, QUANT=quant, HAS_WINDOW=window > 0, window=window,
-        num_warps=8 if on_gpu and d > 64 else 4)
+        sinks_ptr=sinks, HAS_SINKS=sinks is not None, num_warps=8 if on_gpu and d > 64 else 4)
     return out

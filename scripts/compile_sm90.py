@@ -91,9 +91,10 @@ def prefill(dt: str, d: int, block_m: int, tile_n: int, group: int = 4):
     g_p2 = triton.next_power_of_2(group)
     consts = {"GROUP": group, "G_P2": g_p2, "BLOCK_M": block_m, "BLOCK_Q": block_m // g_p2, "HEAD_DIM": d,
               "D_P2": d, "TILE_N": tile_n, "CDT": TL[dt], "PREC": "ieee" if dt == "fp32" else "tf32", "QUANT": False,
-              "HAS_WINDOW": False}
+              "HAS_WINDOW": False, "HAS_SINKS": False}
     sig.update({k: "constexpr" for k in consts})
     sig["window"] = "i32"
+    sig["sinks_ptr"] = "*fp32"        # gpt-oss's sinks (unused without HAS_SINKS)
     return (f"prefill {dt} d={d} M={block_m} N={tile_n}", triton_attention._prefill_kernel, sig, consts,
             8 if d > 64 else 4)
 

@@ -62,7 +62,8 @@ class LLMEngine:
         from engine.kv.kv_tier_setup import build_tier       # second KV tier (off unless asked for)
         self.tier_link = build_tier(self.kv, self.runner.kv_pool, loaded.weights,
                                     kv_rotation=self.runner.kv_rotation, gib=cfg.kv_offload_gib,
-                                    folder=cfg.kv_offload_dir, device=cfg.device, dtype=cfg.dtype)
+                                    folder=cfg.kv_offload_dir, device=cfg.device, dtype=cfg.dtype,
+                                    state_io=self.runner.linear_state)
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    make_policy(cfg.scheduling_policy, cfg.tenant_weights,
                                                starvation_wait_s=cfg.starvation_wait_s))
@@ -183,7 +184,7 @@ class LLMEngine:
         (engine/kv/tier_link.save_pool); None without a tier."""
         if self.tier_link is None:
             return None
-        return self.tier_link.save_pool(self.block_pool, budget_s)
+        return self.tier_link.save_pool(self.block_pool, budget_s, holders=self.kv.holders())
 
     def fail_request_outputs(self, req: Request, message: str) -> None:
         """Close every output of a request that never got into the engine."""

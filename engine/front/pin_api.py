@@ -60,6 +60,8 @@ def _pin_and_write_through(eng, name: str, ids: list[int]) -> PinInfo:
     info = eng.pins.pin(name, ids)
     if eng.tier_link is not None:
         eng.tier_link.write_through([eng.block_pool.blocks[i] for i in info.block_ids], reason="pin")
+        if states is not None and eng.tier_link.states is not None:     # and the state at its end
+            eng.tier_link.states.write_checkpoint(last.hash, "pin")
     return info
 
 

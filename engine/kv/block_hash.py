@@ -42,6 +42,15 @@ def group_key(chain_hash: int | None, group: int) -> int | None:
     return int.from_bytes(h.digest(), "little")
 
 
+def state_key(chain_hash: int) -> int:
+    """The KV tier's key of the linear-attention state after the block whose chain hash is
+    `chain_hash` (engine/kv/state_tier.py): derived like a group key, under its own marker, so a
+    state entry never collides with a block of any group and is found from the same chain."""
+    h = hashlib.blake2b(b"lin-state", digest_size=8)
+    h.update(chain_hash.to_bytes(8, "little", signed=False))
+    return int.from_bytes(h.digest(), "little")
+
+
 class ChainBlock(NamedTuple):
     index: int          # block number in the sequence
     tokens: tuple       # its block_size token ids

@@ -83,13 +83,19 @@ class KVCacheManager(TableGrowth, StateHooks):
         # model with linear-attention layers, held by the same table lists as the blocks; else None
         self.states = states
 
-    def attach_tier(self, tier: KVTier, io, policy: TierPolicy | None = None) -> TierLink:
+    def attach_tier(self, tier: KVTier, io, policy: TierPolicy | None = None,
+                    state_io=None) -> TierLink:
         """Put `tier` behind the pool; returns the link that moves blocks to and from it.
-        io: read(block_id) -> bytes, write(block_id, bytes)."""
+        io: read(block_id) -> bytes, write(block_id, bytes). state_io (a model with linear-attention
+        layers): slot_bytes(slot) -> bytes, slot_nbytes: its states go to the tier too
+        (engine/kv/state_tier.py)."""
         if not self.enable_prefix_caching:
             raise KVCacheError("a KV tier needs the prefix cache (its keys are the block hashes)")
         self.tier_link = TierLink(tier, io, self._bs, self.kv_bytes_per_token, policy)
         self.pool.on_evict = self.tier_link.write_back
+        if self.states is not None and state_io is not None:
+            from engine.kv.state_tier import StateTier
+            self.tier_link.states = StateTier(self.tier_link, self.states, state_io, self._bs)
         return self.tier_link
 
     # ---- properties ---------------------------------------------------------------------
@@ -121,7 +127,8 @@ class KVCacheManager(TableGrowth, StateHooks):
         if self.states is not None:             # a hit needs a state to start from (state_hit.py)
             from engine.kv import state_hit
             plan = state_hit.clamp(self.states, plan, self.layout, self._bs, lambda: plan_hit(
-                self.layout, self._bs, self.pool, self.tier_link, token_ids, salt, None))
+                self.layout, self._bs, self.pool, self.tier_link, token_ids, salt, None),
+                tier=self.tier_link.states if self.tier_link is not None else None)
         return plan
 
     def lookup_prefix(self, token_ids, *, cache_salt=None, session_id=None) -> int:
@@ -151,10 +158,12 @@ class KVCacheManager(TableGrowth, StateHooks):
         if len(token_ids) == 0:
             raise KVCacheError(f"sequence {seq_id!r} has no tokens")
         plan, datas = self._plan(token_ids, cache_salt, session_id), {}
-        while plan.session is None and plan.loads:
+        while plan.session is None and (plan.loads or getattr(plan, "state_load", None)):
             # Room for the loads and the new tokens before any read; a read that fails (torn,
-            # corrupt: the tier drops it) plans again without it, keeping what was read.
-            if not self._room_for_hit(seq_id, plan, token_ids, num_new_tokens):
+            # corrupt: the tier drops it) plans again without it, keeping what was read. A
+            # hybrid model's state after the hit is read with its blocks (state_tier.py).
+            if not self._state_room(1, dry=True, restore=getattr(plan, "state_restore", None)) \
+                    or not self._room_for_hit(seq_id, plan, token_ids, num_new_tokens):
                 return None
             missing = [x for _, _, x in plan.loads if x not in datas]
             for ident in missing:
@@ -163,7 +172,13 @@ class KVCacheManager(TableGrowth, StateHooks):
                     break
                 datas[ident] = d
             else:
-                break
+                ck = getattr(plan, "state_load", None)
+                if ck is None or ck.key in datas:
+                    break
+                d = self.tier_link.states.read(ck)
+                if d is not None:
+                    datas[ck.key] = d
+                    break
             plan = self._plan(token_ids, cache_salt, session_id)
         if plan.session is not None:
             sess = plan.session
@@ -263,6 +278,9 @@ class KVCacheManager(TableGrowth, StateHooks):
         for t in seq.tables:
             for b in t.blocks:
                 self.pool.drop_hash(b)
+        if self.states is not None:     # states it checkpointed may be as unwritten as its KV
+            for h in seq.hashes:
+                self.states.drop(h)
         seq.hashes = []
 
     def preempt(self, seq_id) -> int:
@@ -272,10 +290,16 @@ class KVCacheManager(TableGrowth, StateHooks):
         one tier entry, so they stay shared). The partial last block is always recomputed."""
         seq = self._get(seq_id)
         swapped = 0
-        if self.tier_link is not None:
+        link = self.tier_link
+        if link is not None and link.states is not None:
+            # a hybrid model: the blocks up to the deepest boundary with a state, and that state
+            k, state = link.states.swap_state(seq)
+            blocks = [b for t in seq.tables for b in t.blocks[:k] if b.block_hash is not None]
+            swapped = link.swap_out(blocks, k * self._bs, state) if k else 0
+        elif link is not None:
             hashed = [[b for b in t.blocks if b.block_hash is not None] for t in seq.tables]
             covered = max(t.released + len(h) for t, h in zip(seq.tables, hashed)) * self._bs
-            swapped = self.tier_link.swap_out([b for h in hashed for b in h], covered)
+            swapped = link.swap_out([b for h in hashed for b in h], covered)
         mode = "swap" if swapped else "recompute"
         self.free(seq_id)
         lost = max(0, seq.num_computed - swapped)
@@ -302,6 +326,8 @@ class KVCacheManager(TableGrowth, StateHooks):
         link = self.tier_link
         if link is not None and link.policy.write_through_parked:   # survives eviction and restarts
             link.write_through([b for t in seq.tables for b in t.blocks], reason="park")
+            if link.states is not None:     # and the states those blocks need (state_tier.py)
+                link.states.write_holder(seq, seq.num_computed, reason="park")
         self.parked.put(Parked(owner, list(seq.tokens[:seq.num_computed]), seq.tables, seq.salt,
                                seq.hashes))
 
@@ -311,6 +337,8 @@ class KVCacheManager(TableGrowth, StateHooks):
         tier. Returns the tier entries deleted."""
         self.parked.release(owner)
         tag = owner_tag(owner)
+        if self.states is not None:     # its private state checkpoints, before any write-back
+            self.states.drop_owner(tag)
         for b in [b for b in self.pool.cached.values() if b.owner == tag]:
             if b.ref_count == 0:
                 self.pool.forget_free(b)

@@ -70,6 +70,7 @@ class _Entry:
     nbytes: int               # the block's KV bytes
     owner: str | None
     stored: int = 0           # what the store holds for it (the file's size): what the cap counts
+    kind: str = "kv"          # "kv": a block; "state": a linear-attention state (state_tier.py)
 
 
 @runtime_checkable
@@ -189,6 +190,7 @@ class TierStats:
     restored_blocks: int      # entries found at start-up (warm restart)
     load_s_per_block: float   # measured, EMA
     write_s_per_block: float
+    state_entries: int = 0    # linear-attention states among the entries (not in `blocks`)
 
 
 class KVTier:
@@ -204,6 +206,7 @@ class KVTier:
         self.dropped_corrupt = self.evicted = self.deleted = 0
         self.load_s_per_block = 0.0
         self.write_s_per_block = 0.0
+        self.state_entries = 0
         self.restored = self._reopen()
 
     # ---- names and payloads ---------------------------------------------------------------
@@ -211,9 +214,11 @@ class KVTier:
     def _name(block_hash: int) -> str:
         return f"{block_hash & (2**64 - 1):016x}"
 
-    def _payload(self, ident: BlockIdentity, data: bytes, owner) -> bytes:
+    def _payload(self, ident: BlockIdentity, data: bytes, owner, kind: str = "kv") -> bytes:
         meta = {"fp": self.fingerprint, "hash": ident.block_hash, "parent": ident.parent_hash,
                 "tokens": list(ident.token_ids), "salt": ident.salt, "owner": owner, "nbytes": len(data)}
+        if kind != "kv":        # a block's header is unchanged (its files stay valid)
+            meta["kind"] = kind
         head = json.dumps(meta, separators=(",", ":")).encode()
         digest = hashlib.blake2b(head + data, digest_size=16).digest()
         return MAGIC + _HDR.pack(len(head)) + head + digest + data
@@ -254,8 +259,11 @@ class KVTier:
                 self.dropped_corrupt += 1
                 continue
             stored = len(head) + 16 + int(meta["nbytes"])      # header, checksum, bytes
-            self._index[ident.block_hash] = _Entry(ident, int(meta["nbytes"]), meta.get("owner"), stored)
+            kind = str(meta.get("kind", "kv"))
+            self._index[ident.block_hash] = _Entry(ident, int(meta["nbytes"]), meta.get("owner"),
+                                                   stored, kind)
             self.bytes += stored
+            self.state_entries += kind == "state"
             n += 1
         self._shrink(0)
         return n
@@ -279,15 +287,21 @@ class KVTier:
         """nbytes of KV could ever be held (a file adds a header of a few hundred bytes)."""
         return nbytes <= self.capacity_bytes
 
-    def put(self, ident: BlockIdentity, data: bytes, *, owner=None, reason: str = "writeback") -> bool:
+    def owner_of(self, ident: BlockIdentity) -> str | None:
+        e = self._index.get(ident.block_hash)
+        return e.owner if e is not None and e.ident == ident else None
+
+    def put(self, ident: BlockIdentity, data: bytes, *, owner=None, reason: str = "writeback",
+            kind: str = "kv") -> bool:
         """Store a block (no-op if it is already here). False if it cannot fit or the write failed.
         Room is made first (least recently used out), then the file is written: the store never
-        holds more than the capacity, the temporary file included."""
+        holds more than the capacity, the temporary file included. kind "state": a linear-attention
+        state (counted apart, and kept out of the per-block timings)."""
         e = self._index.get(ident.block_hash)
         if e is not None and e.ident == ident:
             self._index.move_to_end(ident.block_hash)
             return True
-        payload = self._payload(ident, data, owner)
+        payload = self._payload(ident, data, owner, kind)
         if len(payload) > self.capacity_bytes:
             return False
         t0 = time.perf_counter()
@@ -300,8 +314,11 @@ class KVTier:
         except OSError as err:          # disk full, permissions: the tier is an optimisation only
             log.warning("KV tier write failed: %s", err)
             return False
-        self._index[ident.block_hash] = _Entry(ident, len(data), owner, len(payload))
+        self._index[ident.block_hash] = _Entry(ident, len(data), owner, len(payload), kind)
         self.bytes += len(payload)
+        if kind == "state":
+            self.state_entries += 1
+            return True
         self.writes += 1
         self.writebacks += reason == "writeback"
         self.swapouts += reason == "swap"
@@ -324,6 +341,8 @@ class KVTier:
             self.dropped_corrupt += 1
             return None
         self._index.move_to_end(ident.block_hash)
+        if e.kind == "state":
+            return parsed[1]
         self.hits += 1
         self.load_s_per_block = _ema(self.load_s_per_block, time.perf_counter() - t0)
         return parsed[1]
@@ -350,6 +369,7 @@ class KVTier:
     def _forget(self, block_hash: int) -> None:
         e = self._index.pop(block_hash)
         self.bytes -= e.stored
+        self.state_entries -= e.kind == "state"
 
     def _shrink(self, extra: int, keep=None) -> None:
         """Drop least recently used entries until bytes + extra fits the capacity."""
@@ -362,13 +382,14 @@ class KVTier:
             self.evicted += 1
 
     def stats(self) -> TierStats:
-        return TierStats(kind=self.kind, blocks=len(self._index), bytes=self.bytes,
+        return TierStats(kind=self.kind, blocks=len(self._index) - self.state_entries,
+                         bytes=self.bytes,
                          capacity_bytes=self.capacity_bytes, hits_blocks=self.hits, loads_blocks=self.loads,
                          writes_blocks=self.writes, writebacks_blocks=self.writebacks,
                          swapouts_blocks=self.swapouts, dropped_corrupt=self.dropped_corrupt,
                          evicted_blocks=self.evicted, deleted_blocks=self.deleted,
                          restored_blocks=self.restored, load_s_per_block=self.load_s_per_block,
-                         write_s_per_block=self.write_s_per_block)
+                         write_s_per_block=self.write_s_per_block, state_entries=self.state_entries)
 
 
 def _ident_of(meta: dict) -> BlockIdentity:

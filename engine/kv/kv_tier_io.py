@@ -40,15 +40,19 @@ class PoolSlabIO:
 
 
 def model_fingerprint(weights: dict, *, dtype, kv_pool: torch.Tensor, block_size: int,
-                      kv_rotation: str = "none", groups: str = "", sample_bytes: int = 1 << 16) -> str:
+                      kv_rotation: str = "none", groups: str = "", states: str = "",
+                      sample_bytes: int = 1 << 16) -> str:
     """A short hex digest of what the KV depends on. Weights: every tensor's name, shape and
     dtype, and up to `sample_bytes` bytes from its start and end (hashing 0.5-15 GB of weights
     at every start-up would cost seconds; a sample still tells two checkpoints apart). `groups`:
     the KV cache group layout (engine/kv/cache_spec.KVCacheLayout.fingerprint; "" for one
-    full-attention group, so the files of a model without groups keep their folder)."""
+    full-attention group, so the files of a model without groups keep their folder). `states`: a
+    linear-attention model's state slot layout (engine/exec/models/linear_state.LinearState.layout;
+    "" for every other model), so a state is never read under another layout."""
     h = hashlib.blake2b(digest_size=12)
     h.update(f"layout={LAYOUT_VERSION};dtype={dtype};kv={kv_pool.dtype};rot={kv_rotation};bs={block_size};"
-             f"slab={tuple(kv_pool[:, :, 0].shape)}{groups}".encode())
+             f"slab={tuple(kv_pool[:, :, 0].shape)}{groups}"
+             f"{';states=' + states if states else ''}".encode())
     for name in sorted(weights):
         t = weights[name]
         if not isinstance(t, torch.Tensor):

@@ -54,9 +54,12 @@ def resolve_capacity(gib, device: str, folder: str) -> int:
 
 
 def build_tier(kv, kv_pool, weights: dict, *, kv_rotation, gib, folder: str | None, device: str,
-               dtype: str):
+               dtype: str, state_io=None):
     """Attach a tier to the manager `kv` when asked for; returns its link (engine/kv/tier_link.py)
-    or None. Built from values (the pool tensor, its rotation, the weights), not from the runner."""
+    or None. Built from values (the pool tensor, its rotation, the weights), not from the runner.
+    state_io: a linear-attention model's state slots (slot_bytes, slot_nbytes, layout()): its
+    states go to the tier with the blocks (engine/kv/state_tier.py), its layout into the
+    fingerprint."""
     if gib is None or gib == 0 or not kv.enable_prefix_caching:
         return None
     folder = folder or default_dir()
@@ -65,7 +68,8 @@ def build_tier(kv, kv_pool, weights: dict, *, kv_rotation, gib, folder: str | No
         return None
     io = PoolSlabIO(kv_pool)
     fp = model_fingerprint(weights, dtype=dtype, kv_pool=kv_pool, block_size=kv.block_size,
-                           kv_rotation=kv_rotation, groups=kv.layout.fingerprint())
+                           kv_rotation=kv_rotation, groups=kv.layout.fingerprint(),
+                           states=state_io.layout() if state_io is not None else "")
     if device.startswith("cuda"):
         store, kind = MemoryStore(), "host"
     else:
@@ -73,7 +77,7 @@ def build_tier(kv, kv_pool, weights: dict, *, kv_rotation, gib, folder: str | No
         os.chmod(folder, 0o700)
         store, kind = FileStore(os.path.join(folder, fp)), "disk"
     tier = KVTier(store, fp, max(cap, io.nbytes), kind=kind)
-    link = kv.attach_tier(tier, io)
+    link = kv.attach_tier(tier, io, state_io=state_io)
     log.info("KV tier: %s, %.2f GiB, %d blocks restored (fingerprint %s)", kind, cap / 2**30,
              tier.restored, fp)
     return link

@@ -3,9 +3,10 @@
 KV blocks serve a hit at any block boundary (engine/kv/prefix_hit.py); a linear-attention layer
 needs its state after exactly the hit's tokens. So the KV hit is cut to the longest prefix that
 also has a state (engine/kv/state_groups.py): a checkpoint after chain blocks [0, k) whose blocks
-are all live pool hits (never tier loads: the checkpoint's own blocks must still be in the pool),
-or the owner's parked state when the common prefix is exactly the parked turn. Otherwise the
-sequence starts from position 0, with a fresh state, whatever KV is cached.
+the plan serves (pool hits, or tier loads), or a state the KV tier holds after exactly those
+blocks (engine/kv/state_tier.py; read with the blocks, never without all of them), or the owner's
+parked state when the common prefix is exactly the parked turn. Otherwise the sequence starts
+from position 0, with a fresh state, whatever KV is cached.
 
 Cutting a plan keeps blocks [0, k) of every group; only full-attention groups can be cut this way
 (a sliding group's window at k would need other blocks), so a model that mixes sliding-window
@@ -27,28 +28,32 @@ def cut(plan: HitPlan, k: int, bs: int) -> HitPlan:
         chain=list(plan.chain[:k]),
         block_size=bs,
     )
-    out.state_restore, out.kv_hit_blocks = None, 0
+    out.state_restore, out.state_load, out.kv_hit_blocks = None, None, 0
     return out
 
 
-def clamp(states, plan: HitPlan, layout, bs: int, replan) -> HitPlan:
+def clamp(states, plan: HitPlan, layout, bs: int, replan, tier=None) -> HitPlan:
     """The plan cut to a state boundary; `plan.state_restore` is the checkpoint to copy into the
-    sequence's fresh slot (None: start from the parked state, or from zero); `plan.kv_hit_blocks`
-    the KV-only hit it was cut from (a shared prefix without a state yet: the admission keeps one
-    there, so the next prompt sharing it hits). `replan()` gives the pool/tier plan without the
-    parked session (when the session's state does not fit)."""
+    sequence's fresh slot, `plan.state_load` the one to read from the KV tier (`tier`: the link's
+    StateTier) first (both None: start from the parked state, or from zero);
+    `plan.kv_hit_blocks` the KV-only hit it was cut from (a shared prefix without a state yet: the
+    admission keeps one there, so the next prompt sharing it hits). `replan()` gives the pool/tier
+    plan without the parked session (when the session's state does not fit)."""
     if plan.session is not None:
         sess = plan.session
         if states.holds(sess.tables) and plan.cached == len(sess.tokens):
-            plan.state_restore, plan.kv_hit_blocks = None, 0
+            plan.state_restore, plan.state_load, plan.kv_hit_blocks = None, None, 0
             return plan
         plan = replan()
-    kv_blocks = min(plan.num_blocks, plan.cached // bs)
     if plan.num_blocks == 0 or any(g.sliding_window is not None for g in layout.groups):
         out = cut(plan, 0, bs)
     else:
-        k, ck = states.find(plan.chain, kv_blocks)
-        out = cut(plan, k, bs)
-        out.state_restore = ck
-    out.kv_hit_blocks = kv_blocks
+        k, ck = states.find(plan.chain, plan.num_blocks)
+        kt = tier.find(plan.chain, plan.num_blocks, k) if tier is not None else 0
+        out = cut(plan, max(k, kt), bs)
+        if kt > k:
+            out.state_load = tier.load_of(plan.chain, kt)
+        else:
+            out.state_restore = ck
+    out.kv_hit_blocks = plan.num_blocks
     return out

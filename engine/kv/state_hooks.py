@@ -46,9 +46,12 @@ class StateHooks:
             self._shortfall = (n, free)
             return False
         if not dry:
+            states_tier = self.tier_link.states if self.tier_link is not None else None
             for key in drops:
                 if st.pool.num_free >= n:
                     break
+                if states_tier is not None:     # the tier keeps it, as an evicted block's KV
+                    states_tier.write_back(key)
                 st.drop(key)
             for sid in victims:
                 if st.pool.num_free >= n:

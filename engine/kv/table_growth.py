@@ -106,7 +106,9 @@ class TableGrowth:
         if self.states is not None:
             # a fresh slot, or the checkpoint's state copied into one; keep one where the KV hit
             # ended and one at the prompt's last block boundary
-            self.states.attach(tables, getattr(plan, "state_restore", None))
+            load = getattr(plan, "state_load", None)    # a state read from the KV tier
+            self.states.attach(tables, getattr(plan, "state_restore", None),
+                               load=(load, datas[load.key]) if load is not None else None)
             self.states.want_checkpoint(tables, getattr(plan, "kv_hit_blocks", 0) * bs)
             self.states.want_checkpoint(tables, len(token_ids) // bs * bs)
             num_new_tokens = self.chunk_end(seq_id, start, num_new_tokens)
@@ -237,7 +239,7 @@ class TableGrowth:
         seq.num_computed = end
         self._hash_full(seq)
         if states is not None:      # a wanted state checkpoint at `end` is taken after this step
-            states.reached(seq.tables, end, seq.hashes)
+            states.reached(seq, end)
 
     def _register(self, b: Block, group: int, c: ChainBlock, seq) -> None:
         key, parent = group_key(c.hash, group), group_key(c.parent, group)

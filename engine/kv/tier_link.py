@@ -38,6 +38,11 @@ class TierLink:
         self.swap_preemptions = 0
         self.tokens_swapped_out = 0
         self.load_events: deque = deque(maxlen=50)   # {seq_id, session_id, tokens_loaded, ...}
+        self.states = None      # engine/kv/state_tier.StateTier (a model with linear attention)
+
+    @property
+    def block_bytes(self) -> int:
+        return self._bytes_per_token * self._bs
 
     # ---- the policy's clock ---------------------------------------------------------------
     def new_step(self) -> None:
@@ -76,14 +81,22 @@ class TierLink:
             n += bool(ok)
         return n
 
-    def swap_out(self, blocks: list[Block], tokens: int) -> int:
+    def swap_out(self, blocks: list[Block], tokens: int, state=None) -> int:
         """A preempted sequence's hashed blocks (every KV cache group's), when the policy finds
         writing (the ones not yet in the tier) and loading them back cheaper than recomputing
-        their `tokens`. Returns the tokens whose KV is now in the tier (0: recompute)."""
+        their `tokens`. Returns the tokens whose KV is now in the tier (0: recompute). `state`
+        (engine/kv/state_tier.StateWrite): a hybrid model's state after those tokens, priced as
+        the blocks its bytes fill and written first (without it the blocks serve nothing)."""
         new = sum(1 for b in blocks if not self.tier.has(identity_of(b)))
-        if not blocks or not self.tier.has_room(new * self._bytes_per_token * self._bs) or \
-                not self.policy.should_swap(new, len(blocks), self._bs, self.tier.write_s_per_block,
-                                            self.tier.load_s_per_block):
+        extra = 0
+        if state is not None and not self.tier.has(state.ident):
+            extra = -(-self.states.nbytes // max(1, self.block_bytes))
+        t = self.tier
+        if not blocks or not t.has_room((new + extra) * self.block_bytes) or \
+                not self.policy.should_swap(new + extra, len(blocks) + extra, self._bs,
+                                            t.write_s_per_block, t.load_s_per_block):
+            return 0
+        if state is not None and not self.states.put(state, "swap"):
             return 0
         written = self.write_through(blocks, reason="swap")
         swapped = tokens * written // len(blocks) // self._bs * self._bs
@@ -91,12 +104,14 @@ class TierLink:
         self.tokens_swapped_out += swapped
         return swapped
 
-    def save_pool(self, pool, budget_s: float = 5.0) -> dict:
+    def save_pool(self, pool, budget_s: float = 5.0, holders=None) -> dict:
         """A graceful stop (issue 47): keep the pool's computed blocks in the tier so the next start
         serves them from there. Chat sessions and pins are written through already; what only the
         pool held (the blocks of finished API requests, cached but never evicted) would be lost.
-        Blocks held now first, then cached ones, most recently freed first, until `budget_s`.
-        Returns {"saved", "already", "left", "seconds"}."""
+        Blocks held now first, then cached ones, most recently freed first, until `budget_s`;
+        then a hybrid model's states (engine/kv/state_tier.StateTier.save; `holders`: the
+        manager's running and parked views). Returns {"saved", "already", "left", "seconds"}
+        (states under "states")."""
         t0 = time.monotonic()
         out = {"saved": 0, "already": 0, "left": 0}
         held = (b for b in pool.blocks.built() if b.ref_count > 0 and b.block_hash is not None)
@@ -116,6 +131,8 @@ class TierLink:
                     log.exception("KV tier save at shutdown failed")
                     ok = False
                 out["saved" if ok else "left"] += 1
+        if self.states is not None and holders is not None:
+            out["states"] = self.states.save(holders, max(0.0, budget_s - (time.monotonic() - t0)))
         out["seconds"] = round(time.monotonic() - t0, 3)
         return out
 

@@ -114,7 +114,8 @@ class KVStats:
     # layers, used_blocks, held_blocks, released_entries, window_released_blocks}
     # state groups (engine/kv/state_groups.py), version 9: {} for a model without linear-attention
     # layers, else {state_slots_total, _used, _free, _shared, state_bytes_per_slot, state_checkpoints,
-    # state_checkpoint_hits, state_checkpoints_taken, state_cow_copies, state_peak_used_slots}
+    # state_checkpoint_hits, state_checkpoints_taken, state_cow_copies, state_peak_used_slots,
+    # state_tier_loads, state_tier_writes: states read from / written to the KV tier}
     state_groups: dict = field(default_factory=dict)
 
     def __post_init__(self):

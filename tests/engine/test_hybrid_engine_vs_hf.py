@@ -135,11 +135,12 @@ def test_speculative_decoding_is_refused_for_linear_attention():
         H.make_llm("qwen3_5", speculative="ngram")
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_moe", "gpt_oss"])
 def test_triton_kernels_match_hf(family):
     """Triton attention and KV store (interpreted on CPU) for the attention layers, around the
-    linear-attention states and the experts; the second prompt a prefix hit (Qwen3.5: restoring its
-    checkpointed state)."""
+    linear-attention states and the experts (gpt-oss: its sinks in the Triton kernels, its window
+    on alternate layers); the second prompt a prefix hit (Qwen3.5: restoring its checkpointed
+    state)."""
     llm = H.make_llm(family, attention_backend="triton", num_blocks=24)
     try:
         params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
@@ -147,5 +148,80 @@ def test_triton_kernels_match_hf(family):
         assert llm.stats()["prefix_cache_hits"] >= 64
         for p, o in zip((A, B), outs):
             H.assert_hf_greedy(family, p, o.outputs[0].token_ids)
+    finally:
+        llm.shutdown()
+
+
+def test_states_in_the_kv_tier_serve_evicted_prompts_and_restarts(tmp_path):
+    """Qwen3.5 with a disk KV tier (engine/kv/state_tier.py). A chat's turn is parked: its blocks
+    and its state at its last block boundary are written through at once. A 70-token prompt keeps
+    a checkpoint at 64; two more prompts evict its blocks to the tier; asked again, it is served
+    64 tokens from the pool's checkpoint and the tier's blocks. After a graceful stop a new engine
+    on the same folder serves it from the tier alone (blocks and state read back; the state
+    bit-identical to the one saved), and the chat's next turn starts at its boundary (32 of its 38
+    tokens). Every reply equals the first, computed from scratch, and HF's; closing the chat
+    deletes its states from disk too. A pin writes its end's state at once; a burst preempted to
+    the tier (the policy told to swap) comes back equal to HF."""
+    from engine.front.pin_api import pin_prefix
+    from engine.front.request_stream import collect
+    from engine.kv.block_hash import state_key, walk_blocks
+    from engine.kv.kv_tier import owner_tag
+
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    chat, prompt = H.prompt(5, 30), A
+
+    def run(llm, ids, session=None):
+        o = collect(llm.submit({"prompt_token_ids": ids}, params, session_id=session), params)
+        return list(o.outputs[0].token_ids), o.outputs[0].metrics["cached_tokens"]
+
+    def owned(llm):  # the chat's state entries in the tier
+        entries = llm.engine.tier_link.tier.entries()
+        return [i for i, _, o in entries if o == owner_tag("chat") and i.parent_hash is not None
+                and i.block_hash == state_key(i.parent_hash)]
+
+    kw = dict(num_blocks=12, kv_offload_gib=0.01, kv_offload_dir=str(tmp_path))
+    key = list(walk_blocks(prompt, None, 16))[3].hash  # the state after 64 tokens
+    llm = H.make_llm("qwen3_5", **kw, max_pin_fraction=0.5)
+    try:
+        reply1, _ = run(llm, chat, "chat")
+        assert len(owned(llm)) >= 1  # written at park, before any stop
+        first, cached = run(llm, prompt)
+        assert cached == 0
+        for i in range(2):
+            run(llm, H.prompt(20 + i, 50))
+        loaded = llm.stats()["tier_loaded_tokens"]
+        again, cached = run(llm, prompt)
+        assert (again, cached) == (first, 64) and llm.stats()["tier_loaded_tokens"] > loaded
+        states, ls = llm.engine.kv.states, llm.engine.runner.linear_state
+        saved = ls.slot_bytes(states.checkpoints[key].slot)
+        writes = states.tier_writes
+        pin_prefix(llm, "sys", prompt[:64])  # a pin writes its end's state through at once
+        assert states.tier_writes == writes + 1
+    finally:
+        assert llm.shutdown()["states"]["left"] == 0
+    llm = H.make_llm("qwen3_5", **kw)
+    try:
+        after, cached = run(llm, prompt)
+        s = llm.stats()["state_groups"]
+        assert (after, cached) == (first, 64) and s["state_tier_loads"] == 1, s
+        states, ls = llm.engine.kv.states, llm.engine.runner.linear_state
+        assert ls.slot_bytes(states.checkpoints[key].slot) == saved
+        turn2 = chat + reply1 + H.prompt(3, 9)
+        reply2, cached = run(llm, turn2, "chat")
+        assert cached == 32 and llm.stats()["state_groups"]["state_tier_loads"] == 2
+        H.assert_hf_greedy("qwen3_5", prompt, first)
+        H.assert_hf_greedy("qwen3_5", turn2, reply2)
+        assert owned(llm)
+        llm.run_on_engine(lambda eng: eng.close_session("chat"))
+        assert not owned(llm)
+        # preemption: the policy told to swap (its timing rule aside), the burst on a full pool
+        # goes to the tier (blocks up to a boundary with a state, and that state) and back (the
+        # state comes back from the pool's checkpoint while one is there, as here)
+        llm.engine.tier_link.policy.should_swap = lambda *a: True
+        outs = llm.generate([{"prompt_token_ids": p} for p in BURST_PROMPTS], BURST)
+        st = llm.stats()
+        assert st["swap_preemptions"] > 0 and st["tokens_swapped_out"] >= 16, st
+        for p, o in zip(BURST_PROMPTS, outs):
+            H.assert_hf_greedy("qwen3_5", p, o.outputs[0].token_ids)
     finally:
         llm.shutdown()

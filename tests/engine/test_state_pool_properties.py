@@ -40,7 +40,7 @@ class StateMachine(KVMachine):
         self.materialized: list = []  # checkpoints whose copy has run (by identity)
         real_attach = self.states.attach
 
-        def attach(tables, restore=None):  # every restore, checked where it happens
+        def attach(tables, restore=None, load=None):  # every restore, checked where it happens
             if restore is not None:
                 event("state checkpoint restored")
                 k = restore.pos // BS
@@ -48,7 +48,7 @@ class StateMachine(KVMachine):
                 assert b is not None, "a checkpoint used after its block left the pool"
                 assert tables[0][k - 1] is b and len(tables[0]) >= k
                 assert restore.ready  # its copy is queued before this restore's
-            return real_attach(tables, restore)
+            return real_attach(tables, restore, load)
 
         self.states.attach = attach
 
@@ -57,9 +57,12 @@ class StateMachine(KVMachine):
 
     def write(self, seq_id, start, end):
         """The runner's part: state copies (forks, checkpoints), KV, then the step's tokens."""
+        # a checkpoint's copy is in this list iff it was ready before the take (a dropped one's
+        # copy may still run into its slot, handed out again: that does not fill the new one)
+        ready = [ck for ck in self.states.checkpoints.values() if ck.ready]
         for src, dst in self.m.take_state_copies():
             self.sim[dst] = self.sim[src]
-            for key, ck in self.states.checkpoints.items():
+            for ck in ready:
                 if ck.slot == dst and not any(c is ck for c in self.materialized):
                     self.materialized.append(ck)
         super().write(seq_id, start, end)

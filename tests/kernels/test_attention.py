@@ -22,7 +22,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.float16: 3e-3}
 
 
-def dense_attention_fp64(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, window=None):
+def dense_attention_fp64(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
+                         window=None, sinks=None):
     """The oracle, deliberately naive and independent of the code under test: per sequence,
     concatenate its blocks in Python, repeat K/V for every query head, fp64 softmax(QK^T)V with
     an explicit causal mask at positions ctx-q_len..ctx-1 (and, with a sliding window W, keys at
@@ -44,7 +45,13 @@ def dense_attention_fp64(query, k_cache, v_cache, block_tables, seq_lens, cu_seq
         if window:      # released blocks (NaN, see release_outside_window) weigh exactly 0 here
             k, v = k.nan_to_num(), v.nan_to_num()
             s = torch.einsum("qhd,khd->hqk", q, k) * scale
-        out[cu[i]:cu[i + 1]] = torch.einsum("hqk,khd->qhd", s.masked_fill(hidden, -torch.inf).softmax(-1), v)
+        s = s.masked_fill(hidden, -torch.inf)
+        if sinks is not None:   # gpt-oss: one more logit per head in the denominator, no value
+            sk = sinks.double().cpu()[:, None, None].expand(H, q_len, 1)
+            p = torch.cat((s, sk), -1).softmax(-1)[..., :-1]
+        else:
+            p = s.softmax(-1)
+        out[cu[i]:cu[i + 1]] = torch.einsum("hqk,khd->qhd", p, v)
     return out
 
 
@@ -278,3 +285,30 @@ def test_import_does_not_load_triton():
     code = "import sys, kernels; assert 'triton' not in sys.modules, 'triton imported'"
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env=env)
+
+
+def test_sinks_in_the_triton_kernels():
+    """gpt-oss's attention sinks (a learned logit per head in every softmax's denominator) in the
+    Triton prefill kernel's last normalisation and in decode's merge (one split or several),
+    with and without a sliding window, against the fp64 oracle; one sink far above every score
+    (the output shrinks towards 0) and one far below (no effect)."""
+    from kernels import triton_attention
+
+    bs, d, H, kvh = 16, 64, 4, 2
+    sinks = torch.tensor([0.5, -1.0, 30.0, -30.0])
+    mixed = [(0, 1), (bs + 3, 1), (0, 40), (bs * 2 + 2, 20), (5, 9)]
+    decode = [(c - 1, 1) for c in (1, bs + 1, 90)]
+    for seqs, window, splits in ((mixed, None, None), (mixed, 24, None), (decode, None, 1),
+                                 (decode, 24, 3)):
+        c = build_case(bs, H, kvh, d, seqs, torch.float32, seed=11)
+        pool = c["pool"]
+        args = (c["query"], pool[0, 1], pool[1, 1], c["block_tables"], c["seq_lens"],
+                c["cu_seqlens_q"], c["scale"], c["max_seqlen_q"])
+        if window:
+            release_outside_window(c, window)
+        ref = dense_attention_fp64(*args[:7], window=window, sinks=sinks)
+        out = triton_attention.paged_attention(*args, window=window, sinks=sinks.to(DEVICE),
+                                               num_splits=splits)
+        check(c, out, ref)
+        check(c, kernels.paged_attention(*args, backend="torch", window=window,
+                                         sinks=sinks.to(DEVICE)), ref)

@@ -42,10 +42,44 @@ class LinearState:
 
     def copy_slots(self, src_dst) -> None:
         """Copy slot src -> dst for every (src, dst) pair (all layers), in order: a later pair may
-        read what an earlier one wrote (a checkpoint taken, then restored for a prefix hit)."""
+        read what an earlier one wrote (a checkpoint taken, then restored for a prefix hit). A
+        src that is bytes is a state loaded from the KV tier (`slot_bytes`' format), written into
+        dst in its place in the order."""
         for src, dst in src_dst:
-            self.rec[:, dst] = self.rec[:, src]
-            self.conv[:, dst] = self.conv[:, src]
+            if isinstance(src, int):
+                self.rec[:, dst] = self.rec[:, src]
+                self.conv[:, dst] = self.conv[:, src]
+            else:
+                self.load_bytes(dst, src)
+
+    # ---- the KV tier's view of a slot (engine/kv/state_tier.py) ---------------------------------
+    @property
+    def slot_nbytes(self) -> int:
+        return self.rec[:, 0].numel() * 4 + self.conv[:, 0].numel() * self.conv.element_size()
+
+    def layout(self) -> str:
+        """What a slot's bytes mean (the tier's fingerprint names it: a state written under
+        another layout is never read)."""
+        return (f"rec={tuple(self.rec[:, 0].shape)}:{self.rec.dtype};"
+                f"conv={tuple(self.conv[:, 0].shape)}:{self.conv.dtype}")
+
+    def slot_bytes(self, slot: int) -> bytes:
+        """One slot's state as the tier stores it: the recurrent state (fp32), then the conv tail
+        (the model's dtype), every linear layer, exactly as held (a reload is bit-identical)."""
+        out = []
+        for t in (self.rec[:, slot], self.conv[:, slot]):
+            t = t.contiguous() if t.device.type == "cpu" else t.cpu().contiguous()
+            out.append(t.view(torch.uint8).numpy().tobytes())
+        return b"".join(out)
+
+    def load_bytes(self, slot: int, data: bytes) -> None:
+        if len(data) != self.slot_nbytes:
+            raise ValueError(f"a state slot is {self.slot_nbytes} bytes, got {len(data)}")
+        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        n = self.rec[:, 0].numel() * 4
+        for t, part in ((self.rec, raw[:n]), (self.conv, raw[n:])):
+            src = part.view(t.dtype).view(t[:, slot].shape)
+            t[:, slot].copy_(src.to(t.device))
 
     def read(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One slot's tensors (copies), e.g. for the KV tier."""
