@@ -59,7 +59,7 @@ class LLMEngine:
                                  max_pin_fraction=cfg.max_pin_fraction, states=states)
         # the KV wing's owners the loop talks to: parked sessions, pins, the pool's peak window
         self.parked, self.pins, self.block_pool = self.kv.parked, self.kv.pins, self.kv.pool
-        from engine.kv.kv_tier_setup import build_tier       # second KV tier (off unless asked for)
+        from engine.kv.tier.setup import build_tier       # second KV tier (off unless asked for)
         self.tier_link = build_tier(self.kv, self.runner.kv_pool, loaded.weights,
                                     kv_rotation=self.runner.kv_rotation, gib=cfg.kv_offload_gib,
                                     folder=cfg.kv_offload_dir, device=cfg.device, dtype=cfg.dtype,
@@ -181,7 +181,7 @@ class LLMEngine:
 
     def keep_pool_in_tier(self, budget_s: float) -> dict | None:
         """A graceful stop: keep the pool's computed blocks in the KV tier, for at most budget_s
-        (engine/kv/tier_link.save_pool); None without a tier."""
+        (engine/kv/tier/link.save_pool); None without a tier."""
         if self.tier_link is None:
             return None
         return self.tier_link.save_pool(self.block_pool, budget_s, holders=self.kv.holders())

@@ -129,7 +129,7 @@ class EngineThread:
 
     def _close(self) -> None:
         """The loop is over: end every request, keep the pool's computed blocks in the KV tier (a
-        graceful stop, within SAVE_BUDGET_S: engine/kv/tier_link.py) and answer every command still
+        graceful stop, within SAVE_BUDGET_S: engine/kv/tier/link.py) and answer every command still
         queued."""
         with self._lock:
             self.closed = True

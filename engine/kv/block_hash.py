@@ -44,7 +44,7 @@ def group_key(chain_hash: int | None, group: int) -> int | None:
 
 def state_key(chain_hash: int) -> int:
     """The KV tier's key of the linear-attention state after the block whose chain hash is
-    `chain_hash` (engine/kv/state_tier.py): derived like a group key, under its own marker, so a
+    `chain_hash` (engine/kv/tier/state_entries.py): derived like a group key, under its own marker, so a
     state entry never collides with a block of any group and is found from the same chain."""
     h = hashlib.blake2b(b"lin-state", digest_size=8)
     h.update(chain_hash.to_bytes(8, "little", signed=False))

@@ -140,7 +140,7 @@ class BlockPool:
 
     def iter_cached_newest(self) -> Iterator[Block]:
         """Free blocks that still hold a prefix, most recently freed first (the reverse of
-        eviction order): what a graceful stop keeps in the KV tier first (kv/tier_link.py)."""
+        eviction order): what a graceful stop keeps in the KV tier first (kv/tier/link.py)."""
         b = self._tail.prev
         while b is not self._head:
             if b is not self._fresh and b.block_hash is not None:

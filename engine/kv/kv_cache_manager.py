@@ -23,7 +23,7 @@ simply frees.
 
 The manager's neighbours own the rest: parked sessions (engine/kv/parking.py, `parked`: park
 hands a finished sequence over, admission adopts it), pins (engine/kv/pinning.py, `pins`), the
-second tier's link (engine/kv/tier_link.py, `tier_link`: it moves blocks and owns the tier's
+second tier's link (engine/kv/tier/link.py, `tier_link`: it moves blocks and owns the tier's
 counters and policy), stats and snapshots (engine/observe/kv_snapshot.py reads `holders()`, the
 pool and the counters below).
 """
@@ -37,14 +37,14 @@ from engine.config import BLOCK_SIZES
 from engine.errors import KVCacheError, NoFreeBlocksError
 from engine.kv.block_pool import BlockPool
 from engine.kv.cache_spec import KVCacheLayout
-from engine.kv.kv_tier import KVTier, owner_tag
-from engine.kv.kv_tier_policy import TierPolicy
+from engine.kv.tier.store import KVTier, owner_tag
+from engine.kv.tier.policy import TierPolicy
 from engine.kv.parking import Parked, ParkedSessions
 from engine.kv.pinning import DEFAULT_MAX_PIN_FRACTION, PinTable
 from engine.kv.prefix_hit import HitPlan, plan_hit
 from engine.kv.state_hooks import StateHooks
 from engine.kv.table_growth import SeqTables, TableGrowth
-from engine.kv.tier_link import TierLink
+from engine.kv.tier.link import TierLink
 
 log = logging.getLogger("paged_chat.engine")
 
@@ -88,13 +88,13 @@ class KVCacheManager(TableGrowth, StateHooks):
         """Put `tier` behind the pool; returns the link that moves blocks to and from it.
         io: read(block_id) -> bytes, write(block_id, bytes). state_io (a model with linear-attention
         layers): slot_bytes(slot) -> bytes, slot_nbytes: its states go to the tier too
-        (engine/kv/state_tier.py)."""
+        (engine/kv/tier/state_entries.py)."""
         if not self.enable_prefix_caching:
             raise KVCacheError("a KV tier needs the prefix cache (its keys are the block hashes)")
         self.tier_link = TierLink(tier, io, self._bs, self.kv_bytes_per_token, policy)
         self.pool.on_evict = self.tier_link.write_back
         if self.states is not None and state_io is not None:
-            from engine.kv.state_tier import StateTier
+            from engine.kv.tier.state_entries import StateTier
             self.tier_link.states = StateTier(self.tier_link, self.states, state_io, self._bs)
         return self.tier_link
 
@@ -161,7 +161,7 @@ class KVCacheManager(TableGrowth, StateHooks):
         while plan.session is None and (plan.loads or getattr(plan, "state_load", None)):
             # Room for the loads and the new tokens before any read; a read that fails (torn,
             # corrupt: the tier drops it) plans again without it, keeping what was read. A
-            # hybrid model's state after the hit is read with its blocks (state_tier.py).
+            # hybrid model's state after the hit is read with its blocks (tier/state_entries.py).
             if not self._state_room(1, dry=True, restore=getattr(plan, "state_restore", None)) \
                     or not self._room_for_hit(seq_id, plan, token_ids, num_new_tokens):
                 return None
@@ -326,7 +326,7 @@ class KVCacheManager(TableGrowth, StateHooks):
         link = self.tier_link
         if link is not None and link.policy.write_through_parked:   # survives eviction and restarts
             link.write_through([b for t in seq.tables for b in t.blocks], reason="park")
-            if link.states is not None:     # and the states those blocks need (state_tier.py)
+            if link.states is not None:     # and the states those blocks need (tier/state_entries.py)
                 link.states.write_holder(seq, seq.num_computed, reason="park")
         self.parked.put(Parked(owner, list(seq.tokens[:seq.num_computed]), seq.tables, seq.salt,
                                seq.hashes))

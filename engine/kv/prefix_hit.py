@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from engine.kv.block_hash import ChainBlock, group_key, walk_blocks
 from engine.kv.block_pool import Block, BlockPool
 from engine.kv.cache_spec import KVCacheLayout
-from engine.kv.kv_tier import BlockIdentity
+from engine.kv.tier.store import BlockIdentity
 from engine.kv.parking import Parked
 from engine.text.common_prefix import common_prefix
 

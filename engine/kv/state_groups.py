@@ -11,7 +11,7 @@ they go without a second id space:
   (a prefix hit), or the parked session's slot itself (its next turn; ownership moves);
 - fork (n > 1, beams): the child shares the parent's slot; the first step that writes either one
   copies it first (copy on write: `writable`);
-- free, preemption (recompute, or a swap to the KV tier with a state: engine/kv/state_tier.py),
+- free, preemption (recompute, or a swap to the KV tier with a state: engine/kv/tier/state_entries.py),
   release of a parked session: the holder's reference goes (`release`, from the manager's one
   table-release path);
 - park: the slot stays with the tables (the parked session holds it).
@@ -34,7 +34,7 @@ hits from then on ("ready"): a restore is queued after the copy that fills it, a
 run in order. Every destination is a slot handed out when its copy is queued, so a slot freed and
 handed out again is only written by copies queued after the ones that still read it.
 
-The KV tier (engine/kv/state_tier.py) keeps states outside the pool, keyed like the block they end.
+The KV tier (engine/kv/tier/state_entries.py) keeps states outside the pool, keyed like the block they end.
 Two things here serve it: a state read back from the tier enters the same ordered list of copies
 (its bytes in the place of a source slot, so it lands after every copy queued before it and
 before any that reads it), and, while a tier is attached, each holder keeps a *boundary*
@@ -64,7 +64,7 @@ class Checkpoint:
     ready: bool = False  # its copy is in a plan (restores queued after it read the right state)
     tokens: tuple | None = None  # the last block's token ids and salt (the tier's identity check)
     salt: object = None
-    owner: str | None = None  # its block's owner tag (a chat's private state; engine/kv/kv_tier.py)
+    owner: str | None = None  # its block's owner tag (a chat's private state; engine/kv/tier/store.py)
     boundary: bool = False  # a holder's latest-boundary checkpoint, replaced at its next one
 
 
@@ -84,7 +84,7 @@ class StateGroups:
         self._wanted: dict[int, list] = {}  # id(tables) -> boundaries to checkpoint at, ascending
         self._boundary: dict[int, int] = {}  # id(tables) -> key of its boundary checkpoint
         self.take_checkpoints = True
-        self.keep_boundaries = False  # set while a KV tier is attached (engine/kv/state_tier.py)
+        self.keep_boundaries = False  # set while a KV tier is attached (engine/kv/tier/state_entries.py)
         self.tier_loads = 0  # states read back from the KV tier
         self.tier_writes = 0  # states written to it
         self.checkpoints_taken = 0

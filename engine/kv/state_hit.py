@@ -4,7 +4,7 @@ KV blocks serve a hit at any block boundary (engine/kv/prefix_hit.py); a linear-
 needs its state after exactly the hit's tokens. So the KV hit is cut to the longest prefix that
 also has a state (engine/kv/state_groups.py): a checkpoint after chain blocks [0, k) whose blocks
 the plan serves (pool hits, or tier loads), or a state the KV tier holds after exactly those
-blocks (engine/kv/state_tier.py; read with the blocks, never without all of them), or the owner's
+blocks (engine/kv/tier/state_entries.py; read with the blocks, never without all of them), or the owner's
 parked state when the common prefix is exactly the parked turn. Otherwise the sequence starts
 from position 0, with a fresh state, whatever KV is cached.
 

@@ -25,7 +25,7 @@ from engine.kv.block_hash import ChainBlock, group_key, walk_blocks
 from engine.kv.block_pool import Block, BlockPool
 from engine.kv.cache_spec import KVCacheLayout
 from engine.kv.group_table import GroupTable
-from engine.kv.kv_tier import owner_tag
+from engine.kv.tier.store import owner_tag
 from engine.kv.parking import ParkedSessions
 from engine.kv.prefix_hit import HitPlan
 from engine.kv.prefix_salt import SharedPrefixSalt

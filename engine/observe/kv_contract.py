@@ -81,7 +81,7 @@ class KVStats:
     # the pool's format (kernels/kv_quant.py), version 5
     kv_cache_dtype: str = ""              # float32 / bfloat16 / float16 / int8 / fp8 ("" = unknown)
     weights_kv_bytes_per_token: int = 0   # what a token would cost at the weights' dtype (0 = unknown)
-    # the second KV tier (engine/kv/kv_tier.py), version 6; tier_kind "" = no tier
+    # the second KV tier (engine/kv/tier/store.py), version 6; tier_kind "" = no tier
     tier_kind: str = ""           # "disk" (CPU: files) or "host" (CUDA: host memory)
     tier_blocks: int = 0
     tier_bytes: int = 0

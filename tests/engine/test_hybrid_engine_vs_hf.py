@@ -153,7 +153,7 @@ def test_triton_kernels_match_hf(family):
 
 
 def test_states_in_the_kv_tier_serve_evicted_prompts_and_restarts(tmp_path):
-    """Qwen3.5 with a disk KV tier (engine/kv/state_tier.py). A chat's turn is parked: its blocks
+    """Qwen3.5 with a disk KV tier (engine/kv/tier/state_entries.py). A chat's turn is parked: its blocks
     and its state at its last block boundary are written through at once. A 70-token prompt keeps
     a checkpoint at 64; two more prompts evict its blocks to the tier; asked again, it is served
     64 tokens from the pool's checkpoint and the tier's blocks. After a graceful stop a new engine
@@ -165,7 +165,7 @@ def test_states_in_the_kv_tier_serve_evicted_prompts_and_restarts(tmp_path):
     from engine.front.pin_api import pin_prefix
     from engine.front.request_stream import collect
     from engine.kv.block_hash import state_key, walk_blocks
-    from engine.kv.kv_tier import owner_tag
+    from engine.kv.tier.store import owner_tag
 
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     chat, prompt = H.prompt(5, 30), A

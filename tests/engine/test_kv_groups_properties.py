@@ -27,7 +27,7 @@ from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from engine.kv.cache_spec import NULL_BLOCK, KVCacheLayout
 from engine.kv.kv_cache_manager import KVCacheManager
-from engine.kv.kv_tier import FileStore, KVTier
+from engine.kv.tier.store import FileStore, KVTier
 from engine.observe.kv_snapshot import kv_stats
 from tests.engine.test_kv_cache_properties import BS, MAX_LEN, KVMachine
 from tests.engine.test_kv_tier_properties import FP, TierMachine

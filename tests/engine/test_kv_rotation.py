@@ -133,8 +133,8 @@ def test_int8_with_rotation_beats_int8_without_on_the_real_model(model_folder, h
 
 def test_tier_fingerprint_names_the_rotation():
     """A second-tier block written unrotated must never be loaded into a rotated pool (or back)."""
-    from engine.kv.kv_tier import LAYOUT_VERSION
-    from engine.kv.kv_tier_io import model_fingerprint
+    from engine.kv.tier.store import LAYOUT_VERSION
+    from engine.kv.tier.file_io import model_fingerprint
     w = {"w": torch.arange(8, dtype=torch.float32)}
     pool = torch.zeros(2, 1, 2, 16, 1, 68, dtype=torch.int8)
     fp = lambda rot: model_fingerprint(w, dtype="float32", kv_pool=pool, block_size=16, kv_rotation=rot)

@@ -1,4 +1,4 @@
-"""The second KV tier's store and index (engine/kv/kv_tier.py) on a real folder: permissions, the
+"""The second KV tier's store and index (engine/kv/tier/store.py) on a real folder: permissions, the
 checksum and identity checks, the fingerprint folder, LRU capacity, reopen after a restart,
 deleting a conversation's blocks; and the manager's use of it with a simulated pool."""
 import os
@@ -8,7 +8,7 @@ from array import array
 import pytest
 
 from engine.kv.kv_cache_manager import KVCacheManager
-from engine.kv.kv_tier import BlockIdentity, FileStore, KVTier, MemoryStore, owner_tag
+from engine.kv.tier.store import BlockIdentity, FileStore, KVTier, MemoryStore, owner_tag
 from engine.kv.prefix_salt import SharedPrefixSalt
 from engine.observe.kv_snapshot import kv_stats
 

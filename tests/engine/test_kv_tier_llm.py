@@ -5,7 +5,7 @@ a restart the first turn hits the tier; deleting the conversation deletes its bl
 import pytest
 
 from engine import ServingLLM, SamplingParams
-from engine.kv.kv_tier import FileStore, owner_tag
+from engine.kv.tier.store import FileStore, owner_tag
 
 pytestmark = pytest.mark.slow
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10)

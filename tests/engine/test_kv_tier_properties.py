@@ -20,7 +20,7 @@ from hypothesis import event, settings, strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from engine.kv.kv_cache_manager import KVCacheManager
-from engine.kv.kv_tier import FileStore, KVTier
+from engine.kv.tier.store import FileStore, KVTier
 from tests.engine.test_kv_cache_properties import BS, MAX_LEN, KVMachine
 
 settings.register_profile("tier-ci", max_examples=80, stateful_step_count=100, deadline=None)
@@ -90,7 +90,7 @@ class TierMachine(KVMachine):
     def delete_conversation(self, session):
         self.m.forget_owner(session)
         self.idle.pop(session, None)
-        from engine.kv.kv_tier import owner_tag
+        from engine.kv.tier.store import owner_tag
         assert all(o != owner_tag(session) for _, _, o in self.tier.entries())
         assert all(b.owner != owner_tag(session) or b.ref_count for b in self.m.pool.cached.values())
 

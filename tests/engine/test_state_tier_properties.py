@@ -28,7 +28,7 @@ from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from engine.kv.block_hash import walk_blocks
 from engine.kv.kv_cache_manager import KVCacheManager
-from engine.kv.kv_tier import KVTier, owner_tag
+from engine.kv.tier.store import KVTier, owner_tag
 from engine.kv.state_groups import StateGroups
 from tests.engine.test_kv_cache_properties import BS, MAX_LEN
 from tests.engine.test_kv_tier_properties import FP, _IO, _MeasuredStore

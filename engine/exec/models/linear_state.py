@@ -52,7 +52,7 @@ class LinearState:
             else:
                 self.load_bytes(dst, src)
 
-    # ---- the KV tier's view of a slot (engine/kv/state_tier.py) ---------------------------------
+    # ---- the KV tier's view of a slot (engine/kv/tier/state_entries.py) ---------------------------------
     @property
     def slot_nbytes(self) -> int:
         return self.rec[:, 0].numel() * 4 + self.conv[:, 0].numel() * self.conv.element_size()

@@ -13,7 +13,7 @@ import hashlib
 
 import torch
 
-from engine.kv.kv_tier import LAYOUT_VERSION
+from engine.kv.tier.store import LAYOUT_VERSION
 
 
 class PoolSlabIO:

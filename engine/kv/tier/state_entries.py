@@ -6,7 +6,7 @@ serve nothing: an evicted prompt, a preempted reply or a chat after a restart wo
 from token 0 again. So a state is a tier entry too, keyed like the block it ends: the chain hash
 of that block under a state marker (engine/kv/block_hash.state_key), its identity the block's
 (chain hash as parent, token ids, salt), the state layout in the tier's fingerprint
-(engine/kv/kv_tier_io.model_fingerprint), the owner tag of its block (deleting a chat deletes
+(engine/kv/tier/file_io.model_fingerprint), the owner tag of its block (deleting a chat deletes
 its states). Its bytes are one state slot as held (engine/exec/models/linear_state.py), so a
 reload is bit-identical.
 
@@ -31,7 +31,7 @@ import logging
 import time
 
 from engine.kv.block_hash import state_key
-from engine.kv.kv_tier import BlockIdentity
+from engine.kv.tier.store import BlockIdentity
 from engine.kv.prefix_salt import block_salt
 from engine.kv.state_groups import Checkpoint
 

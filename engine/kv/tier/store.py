@@ -70,7 +70,7 @@ class _Entry:
     nbytes: int               # the block's KV bytes
     owner: str | None
     stored: int = 0           # what the store holds for it (the file's size): what the cap counts
-    kind: str = "kv"          # "kv": a block; "state": a linear-attention state (state_tier.py)
+    kind: str = "kv"          # "kv": a block; "state": a linear-attention state (tier/state_entries.py)
 
 
 @runtime_checkable

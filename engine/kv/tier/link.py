@@ -1,10 +1,10 @@
 """The KV cache manager's side of the second tier: one owner for the connection and its counters.
 
 Why a separate object: the manager decides *which* blocks move (admission, eviction, preemption,
-parking); this link does the moving and remembers what moved. It holds the tier (engine/kv/kv_tier.py:
+parking); this link does the moving and remembers what moved. It holds the tier (engine/kv/tier/store.py:
 the store and its index), the pool-slab I/O that reads and writes a block's bytes as the pool holds
 them (scales included for a quantized pool), the policy that prices a load or a swap against a
-recompute (engine/kv/kv_tier_policy.py), and the counters the dashboard and metrics show. The
+recompute (engine/kv/tier/policy.py), and the counters the dashboard and metrics show. The
 manager keeps no tier state of its own: without a tier it has no link, and every counter reads 0.
 
 Failures here are never the manager's: a write that fails costs a later recompute, a read that
@@ -18,8 +18,8 @@ import time
 from collections import deque
 
 from engine.kv.block_pool import Block
-from engine.kv.kv_tier import BlockIdentity, KVTier
-from engine.kv.kv_tier_policy import TierPolicy
+from engine.kv.tier.store import BlockIdentity, KVTier
+from engine.kv.tier.policy import TierPolicy
 
 log = logging.getLogger("paged_chat.engine")
 
@@ -38,7 +38,7 @@ class TierLink:
         self.swap_preemptions = 0
         self.tokens_swapped_out = 0
         self.load_events: deque = deque(maxlen=50)   # {seq_id, session_id, tokens_loaded, ...}
-        self.states = None      # engine/kv/state_tier.StateTier (a model with linear attention)
+        self.states = None      # engine/kv/tier/state_entries.StateTier (a model with linear attention)
 
     @property
     def block_bytes(self) -> int:
@@ -51,7 +51,7 @@ class TierLink:
 
     def observe_compute(self, tokens: int, seconds: float) -> None:
         """A step computed `tokens` in `seconds`: what a recompute costs, against which a load
-        or a swap is priced (engine/kv/kv_tier_policy.py)."""
+        or a swap is priced (engine/kv/tier/policy.py)."""
         self.policy.observe_compute(tokens, seconds)
 
     # ---- writing blocks out -------------------------------------------------------------
@@ -85,7 +85,7 @@ class TierLink:
         """A preempted sequence's hashed blocks (every KV cache group's), when the policy finds
         writing (the ones not yet in the tier) and loading them back cheaper than recomputing
         their `tokens`. Returns the tokens whose KV is now in the tier (0: recompute). `state`
-        (engine/kv/state_tier.StateWrite): a hybrid model's state after those tokens, priced as
+        (engine/kv/tier/state_entries.StateWrite): a hybrid model's state after those tokens, priced as
         the blocks its bytes fill and written first (without it the blocks serve nothing)."""
         new = sum(1 for b in blocks if not self.tier.has(identity_of(b)))
         extra = 0
@@ -109,7 +109,7 @@ class TierLink:
         serves them from there. Chat sessions and pins are written through already; what only the
         pool held (the blocks of finished API requests, cached but never evicted) would be lost.
         Blocks held now first, then cached ones, most recently freed first, until `budget_s`;
-        then a hybrid model's states (engine/kv/state_tier.StateTier.save; `holders`: the
+        then a hybrid model's states (engine/kv/tier/state_entries.StateTier.save; `holders`: the
         manager's running and parked views). Returns {"saved", "already", "left", "seconds"}
         (states under "states")."""
         t0 = time.monotonic()

@@ -1,6 +1,6 @@
 """Building the second KV tier for an engine: which store, where, how big, under which fingerprint.
 
-Why separate from engine/kv/kv_tier.py: that module is the store and index and knows nothing about
+Why separate from engine/kv/tier/store.py: that module is the store and index and knows nothing about
 torch, devices or the app's folders; this one makes the start-up decisions:
 - `kv_offload_gib` None or 0: no tier. "auto" (the app's default): on CPU a file store of
   min(8 GiB, 10% of the free disk) under the app's cache folder (<cache>/kv-tier/<fingerprint>);
@@ -13,8 +13,8 @@ import logging
 import os
 import shutil
 
-from engine.kv.kv_tier import FileStore, KVTier, MemoryStore
-from engine.kv.kv_tier_io import PoolSlabIO, model_fingerprint
+from engine.kv.tier.store import FileStore, KVTier, MemoryStore
+from engine.kv.tier.file_io import PoolSlabIO, model_fingerprint
 
 log = logging.getLogger("paged_chat.engine")
 ENV_DIR = "PAGED_CHAT_KV_OFFLOAD_DIR"      # overrides the default folder (tests, several apps)
@@ -55,10 +55,10 @@ def resolve_capacity(gib, device: str, folder: str) -> int:
 
 def build_tier(kv, kv_pool, weights: dict, *, kv_rotation, gib, folder: str | None, device: str,
                dtype: str, state_io=None):
-    """Attach a tier to the manager `kv` when asked for; returns its link (engine/kv/tier_link.py)
+    """Attach a tier to the manager `kv` when asked for; returns its link (engine/kv/tier/link.py)
     or None. Built from values (the pool tensor, its rotation, the weights), not from the runner.
     state_io: a linear-attention model's state slots (slot_bytes, slot_nbytes, layout()): its
-    states go to the tier with the blocks (engine/kv/state_tier.py), its layout into the
+    states go to the tier with the blocks (engine/kv/tier/state_entries.py), its layout into the
     fingerprint."""
     if gib is None or gib == 0 or not kv.enable_prefix_caching:
         return None
