@@ -88,7 +88,7 @@ _OWN = (
      "Speculative steps that gave the slots of rejected draft tokens back to the pool.", "spec_rollbacks"),
     ("paged_chat_spec_rolled_back_slots_total", "counter", "KV slots of rejected draft tokens rolled back.",
      "spec_rolled_back_slots"),
-    # the second KV tier (engine/kv/kv_tier.py; KV contract v6); all 0 without a tier
+    # the second KV tier (engine/kv/tier/store.py; KV contract v6); all 0 without a tier
     ("paged_chat_kv_tier_blocks", "gauge", "KV blocks held by the second tier (disk or host memory).",
      "tier_blocks"),
     ("paged_chat_kv_tier_bytes", "gauge", "Bytes held by the second KV tier.", "tier_bytes"),

@@ -43,7 +43,7 @@ class Block:
         self.parent_hash: int | None = None
         self.salt = None
         self.filled = 0            # token slots holding valid KV (0 for a free, hashless block)
-        self.owner: str | None = None   # kv_tier.owner_tag of the chat that registered it (private KV)
+        self.owner: str | None = None   # tier/store.owner_tag of the chat that registered it (private KV)
         self.group = 0             # the KV cache group it was last handed out to (engine/kv/cache_spec.py)
         self.prev: Block | None = None
         self.next: Block | None = None

@@ -1,6 +1,6 @@
 """The Memory tab's KV-tier panel: the second tier beside the pool, in numbers.
 
-Why its own module: the tier (engine/kv/kv_tier.py) is its own concept, and the panel only reads the
+Why its own module: the tier (engine/kv/tier/store.py) is its own concept, and the panel only reads the
 snapshot's v5 stats (`tier_*`, swap counters), so it can be rendered, and tested, without the
 rest of the dashboard. Rates (loads and write-backs per second) come from the difference of two
 snapshots' counters, kept by `TierRates` (one per dashboard, fed once per snapshot time).
