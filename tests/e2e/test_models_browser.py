@@ -21,7 +21,7 @@ import pytest
 
 from tests.e2e.browser import launch_chromium
 from tests.e2e.polling import wait_until
-from tests.e2e.test_dashboard_browser import PIXEL, rgb
+from tests.e2e.helpers import PIXEL, rgb
 from tests.engine.family_chat import family_tokenizer
 from tests.tiny_models import save_scripted_qwen3, save_tiny_llama, scripted_chain
 from ui.dashboard.panels import LIGHT

@@ -69,7 +69,7 @@ def test_tier_panel_shows_pool_and_tier_side_by_side(tmp_path):
 
 def test_metrics_carry_the_tier(tmp_path):
     from routes.metrics import prometheus_text
-    from tests.ui.test_metrics import parse
+    from tests.ui.helpers import parse
     m, prev, snap = _evict_and_reload(tmp_path)
     p = parse(prometheus_text(snap))
     v = {k: x[0] for k, x in p["values"].items()}
