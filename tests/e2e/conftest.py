@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.app_zygote import Zygote
-from tests.e2e.browser import launch_chromium, require_chromium
 from tests.e2e.polling import wait_until as wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -205,25 +204,3 @@ def screenshot_dir(tmp_path):
         docs.mkdir(exist_ok=True)
         return docs
     return tmp_path
-
-
-@pytest.fixture(scope="module")
-def _chromium():
-    """One Chromium per test module: a launch costs ~1.2 s of CPU, and many tests use it."""
-    require_chromium()
-    import playwright.sync_api as sync_api
-    with sync_api.sync_playwright() as p:
-        b = launch_chromium(p)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture
-def browser(_chromium):
-    """The module's Chromium; every context (and page) a test opened is closed when it ends, so
-    tests share nothing but the browser process."""
-    yield _chromium
-    for context in list(_chromium.contexts):
-        context.close()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.polling import wait_until as _wait
+from tests.e2e.browser import _chromium, browser  # noqa: F401  (the Chromium fixtures)
 from tests.e2e.helpers import (
     finished as _finished,
     open_page as _open,

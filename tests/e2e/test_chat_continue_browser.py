@@ -12,6 +12,7 @@ import pytest
 
 from tests.e2e.polling import wait_until as _wait
 from tests.e2e.conftest import read_db
+from tests.e2e.browser import _chromium, browser  # noqa: F401  (the Chromium fixtures)
 from tests.e2e.helpers import (
     done as _done,
     open_in_new_context as _open,
