@@ -48,13 +48,13 @@ def _pytest(*args, **env):
 def test_collection_on_a_simulated_gpu_machine_reports_skips_with_reasons():
     # one pytest child (each costs ~4 s of imports): two modules skipped for a package, one test for the model
     r = _pytest("tests/ui/test_dashboard_kvmath.py", "tests/storage",
-                "tests/engine/test_block_pool.py",
-                "tests/engine/test_model_families.py::test_gguf_path_is_dequantized_once_and_cached",
+                "tests/engine/kv/test_block_pool.py",
+                "tests/engine/exec/test_model_families.py::test_gguf_path_is_dequantized_once_and_cached",
                 PAGED_CHAT_ASSUME_CUDA="1", PAGED_CHAT_ASSUME_MISSING="gradio,sqlite_utils,bundled model")
     out = r.stdout
     assert r.returncode == 0, out[-2000:]
     assert "needs gradio" in out and "needs sqlite_utils" in out and "3 skipped" in out, out[-2000:]
-    assert re.search(r"SKIPPED \[1\] tests/engine/test_model_families.py.*bundled model", out), out[-2000:]
+    assert re.search(r"SKIPPED \[1\] tests/engine/exec/test_model_families.py.*bundled model", out), out[-2000:]
     assert "passed" in out      # the engine's own tests still ran
 
 

@@ -8,7 +8,7 @@ from engine.core.admission import AdmissionControl, QueueBounds, QueueFull
 from engine.config import parse_tenant_weights
 from engine.core.fairness import FairPolicy
 from engine.core.tenancy import FCFSPolicy, SchedulingPolicy
-from tests.engine.fair_sim import Sim
+from tests.engine.core.fair_sim import Sim
 
 
 def test_both_policies_satisfy_the_protocol():
@@ -314,7 +314,7 @@ def test_a_lower_class_waits_at_most_starvation_wait_s_even_behind_long_replies(
     """Issue 48.1: the no-starvation rule bounds time. With the clock at STEP_S per step and a
     bound of 0.5 s, the class-1 request is admitted within 50 steps (+1 to act on it) of arriving,
     while every chat reply is still running: one higher-class sequence is paused for it, once."""
-    from tests.engine.fair_sim import STEP_S
+    from tests.engine.core.fair_sim import STEP_S
     sim, arrived = _flood_then_lower_class(0.5)
     sim.run(until=lambda s: "low" in s.finished)
     admitted = sim.first_token_step["low"]

@@ -1,6 +1,6 @@
 """MoE and linear-attention families through the whole engine: greedy equal to HF transformers fp32.
 
-Per family (tests/engine/hybrid_helpers.py: the shipped config shrunk to 2-4 layers that keep its
+Per family (tests/engine/exec/hybrid_helpers.py: the shipped config shrunk to 2-4 layers that keep its
 layer kinds, seeded random weights), one workload: a 70-token prompt prefilled in 32-token chunks
 (Qwen3.5: a state checkpoint is kept at its last block boundary, 64, and the second chunk ends
 there), a prompt sharing its first 64 tokens (a prefix hit: Qwen3.5 restores the checkpointed
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from tests.engine import hybrid_helpers as H
+from tests.engine.exec import hybrid_helpers as H
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 BURST = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)

@@ -1,5 +1,5 @@
 """A GGUF per MoE / linear-attention architecture, written here as llama.cpp's converter writes one
-(tests/engine/gguf_write_hybrid.py), loaded by the engine (engine/exec/loader.py) and compared:
+(tests/engine/exec/gguf_write_hybrid.py), loaded by the engine (engine/exec/loader.py) and compared:
 - F32 files against HF transformers on the original weights: the mapping back (names, Qwen3.5's
   1 + w norms, -exp(A_log), squeezed conv, tiled v heads; gpt-oss's split gate / up and [E, out,
   in] experts) is exact, so the fp32 logits agree within 1e-4 (a wrong transform moves them by far
@@ -16,8 +16,8 @@ from engine.exec import dummy_weights as dw
 from engine.exec.loader import load_model
 from engine.exec.models.linear_state import LinearState
 from engine.exec.models.llama import AttentionMetadata, LlamaModel
-from tests.engine import hybrid_helpers as H
-from tests.engine.gguf_write_hybrid import write_gguf
+from tests.engine.exec import hybrid_helpers as H
+from tests.engine.exec.gguf_write_hybrid import write_gguf
 
 IDS = H.prompt(1, 40)
 # what a GGUF can say: Qwen3-MoE files have no mlp_only_layers (every layer routes, as the

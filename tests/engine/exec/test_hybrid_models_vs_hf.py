@@ -1,7 +1,7 @@
 """The MoE and linear-attention families at the model level, against transformers' own modules in
 fp32.
 
-Per family (tests/engine/hybrid_helpers.py shrinks the shipped config, keeping its layer kinds):
+Per family (tests/engine/exec/hybrid_helpers.py shrinks the shipped config, keeping its layer kinds):
 fp32 logits of a chunked prefill and decode steps within 1e-4 of HF's forward over the whole
 sequence. Units: the grouped-per-expert MoE against HF's experts module on the same tensors, the
 MXFP4 dequantization against transformers' converter, the chunked gated delta rule (with an
@@ -13,7 +13,7 @@ import torch
 
 from engine.exec.models.linear_state import LinearState
 from engine.exec.models.llama import AttentionMetadata, LlamaModel
-from tests.engine import hybrid_helpers as H
+from tests.engine.exec import hybrid_helpers as H
 
 
 def _model(family, **kw):

@@ -26,7 +26,7 @@ def _tiny(kind, tmp_path, tokenizer):
 
 
 # mistral and qwen2 (with and without windows), qwen3, gemma3, smollm3, phi3 and YaRN run through
-# the whole engine in tests/engine/test_families_vs_hf.py; this one keeps the HF-folder path
+# the whole engine in tests/engine/exec/test_families_vs_hf.py; this one keeps the HF-folder path
 @pytest.mark.parametrize("kind", ["llama3-rope"])
 def test_tiny_checkpoint_matches_transformers(kind, tmp_path, tokenizer):
     model, folder = _tiny(kind, tmp_path, tokenizer)

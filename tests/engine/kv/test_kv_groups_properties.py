@@ -12,7 +12,7 @@ after every step:
   runner); every live position of every table holds its own token written by its own group, so a
   prefix hit (pool, or a parked session adopted) that handed out a freed or reused block, a block
   of another group, or a missing copy-on-write, shows up as a wrong slot.
-The rules are the one-group machine's (tests/engine/test_kv_cache_properties.py): add with prefix
+The rules are the one-group machine's (tests/engine/kv/test_kv_cache_properties.py): add with prefix
 hits and salts, next turns adopting parked sessions, chunked growth, speculative steps with
 rollback, forks, free / preempt / park, releasing parked sessions.
 """
@@ -29,8 +29,8 @@ from engine.kv.cache_spec import NULL_BLOCK, KVCacheLayout
 from engine.kv.kv_cache_manager import KVCacheManager
 from engine.kv.kv_tier import FileStore, KVTier
 from engine.observe.kv_snapshot import kv_stats
-from tests.engine.test_kv_cache_properties import BS, MAX_LEN, KVMachine
-from tests.engine.test_kv_tier_properties import FP, TierMachine
+from tests.engine.kv.test_kv_cache_properties import BS, MAX_LEN, KVMachine
+from tests.engine.kv.test_kv_tier_properties import FP, TierMachine
 
 settings.register_profile("kv-groups-ci", max_examples=100, stateful_step_count=60, deadline=None)
 settings.register_profile(

@@ -1,7 +1,7 @@
 """Random add / append / fork / free / preempt / park / evict / load / corrupt / restart / delete
 sequences against KVCacheManager with a file-backed KV tier, checking after every step:
 
-- everything tests/engine/test_kv_cache_properties.py checks (refcounts, free list, cached map,
+- everything tests/engine/kv/test_kv_cache_properties.py checks (refcounts, free list, cached map,
   counters, and the simulated pool: every slot holds the token whose KV it should hold, so a block
   loaded from the tier with the wrong bytes shows);
 - the tier: its index equals the files on disk, its byte count equals the files' sizes and stays
@@ -21,7 +21,7 @@ from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from engine.kv.kv_cache_manager import KVCacheManager
 from engine.kv.kv_tier import FileStore, KVTier
-from tests.engine.test_kv_cache_properties import BS, MAX_LEN, KVMachine
+from tests.engine.kv.test_kv_cache_properties import BS, MAX_LEN, KVMachine
 
 settings.register_profile("tier-ci", max_examples=80, stateful_step_count=100, deadline=None)
 FP = "ab" * 12

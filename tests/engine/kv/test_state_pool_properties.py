@@ -1,5 +1,5 @@
 """Random operation sequences against a KVCacheManager with a state group (a model with linear-
-attention layers), the block machine's rules (tests/engine/test_kv_cache_properties.py: prefix hits
+attention layers), the block machine's rules (tests/engine/kv/test_kv_cache_properties.py: prefix hits
 and salts, next turns adopting parked sessions, chunked growth, forks, free / preempt / park,
 releasing parked sessions) on a small state pool, checking after every step:
 
@@ -24,7 +24,7 @@ from hypothesis.stateful import initialize, invariant
 from engine.kv.block_hash import group_key
 from engine.kv.kv_cache_manager import KVCacheManager
 from engine.kv.state_groups import StateGroups
-from tests.engine.test_kv_cache_properties import BS, MAX_LEN, KVMachine
+from tests.engine.kv.test_kv_cache_properties import BS, MAX_LEN, KVMachine
 
 settings.register_profile("state-ci", max_examples=60, stateful_step_count=60, deadline=None)
 

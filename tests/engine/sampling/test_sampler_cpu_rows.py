@@ -15,7 +15,7 @@ import engine.sampling.sampler as sampler
 from engine.sampling.sampler import make_generator, sample
 from engine.sampling.sampling_params import SamplingParams
 from kernels import cpu_sampling
-from tests.engine.test_sampler_exact import _reference
+from tests.engine.sampling.test_sampler_exact import _reference
 
 
 def test_the_compiled_pass_is_active_where_a_compiler_exists():
