@@ -3,7 +3,7 @@ tier panel's numbers, the event feed's "resumed from disk" and swap lines, and v
 (under --auth another user's tier load is counted, never named)."""
 import json
 
-from tests.engine.kv.test_kv_tier import manager_with_tier, run_turn
+from tests.engine.kv.tier_sim import manager_with_tier, run_turn
 from ui.dashboard.events import diff_events
 from engine.observe.viewer_scope import scope_snapshot
 from ui.dashboard.tier_panel import TierRates, tier_html

@@ -20,7 +20,7 @@ from engine.exec import dummy_weights as dw
 from engine.exec.loader import load_model
 from engine.exec.models.llama import AttentionMetadata, LlamaModel
 from tests.engine.gguf_write import write_gguf
-from tests.engine.exec.test_families_vs_hf import FAMILIES, SHRINK, A
+from tests.engine.exec.helpers import FAMILIES, SHRINK, A
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

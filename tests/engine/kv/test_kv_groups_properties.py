@@ -29,8 +29,7 @@ from engine.kv.cache_spec import NULL_BLOCK, KVCacheLayout
 from engine.kv.kv_cache_manager import KVCacheManager
 from engine.kv.kv_tier import FileStore, KVTier
 from engine.observe.kv_snapshot import kv_stats
-from tests.engine.kv.test_kv_cache_properties import BS, MAX_LEN, KVMachine
-from tests.engine.kv.test_kv_tier_properties import FP, TierMachine
+from tests.engine.kv.helpers import BS, FP, MAX_LEN, KVMachine, TierMachine
 
 settings.register_profile("kv-groups-ci", max_examples=100, stateful_step_count=60, deadline=None)
 settings.register_profile(

@@ -3,24 +3,17 @@ checksum and identity checks, the fingerprint folder, LRU capacity, reopen after
 deleting a conversation's blocks; and the manager's use of it with a simulated pool."""
 import os
 import stat
-from array import array
 
 import pytest
 
-from engine.kv.kv_cache_manager import KVCacheManager
 from engine.kv.kv_tier import BlockIdentity, FileStore, KVTier, MemoryStore, owner_tag
 from engine.kv.prefix_salt import SharedPrefixSalt
 from engine.observe.kv_snapshot import kv_stats
-
-FP = "f" * 24
+from tests.engine.kv.tier_sim import FP, manager_with_tier, run_turn, tier_at
 
 
 def ident(h, toks=(1, 2, 3, 4), parent=None, salt=None):
     return BlockIdentity.of(h, parent, toks, salt)
-
-
-def tier_at(path, cap=10_000, fp=FP):
-    return KVTier(FileStore(str(path)), fp, cap)
 
 
 def test_folder_0700_files_0600_and_roundtrip(tmp_path):
@@ -120,42 +113,6 @@ def test_memory_store_is_not_persistent():
     t = KVTier(MemoryStore(), FP, 1000, kind="host")
     t.put(ident(1), b"q" * 10)
     assert t.get(ident(1)) == b"q" * 10 and t.stats().kind == "host"
-
-
-# ---- the manager with a tier, on a simulated pool (token id per slot) ------------------------
-BS = 8
-
-
-class SimIO:
-    """read/write of one block's slots as bytes, over a list of token ids (None = never written)."""
-
-    def __init__(self, num_blocks):
-        self.kv = [-1] * (num_blocks * BS)
-
-    def read(self, bid):
-        return array("q", self.kv[bid * BS:(bid + 1) * BS]).tobytes()
-
-    def write(self, bid, data):
-        self.kv[bid * BS:(bid + 1) * BS] = array("q", data).tolist()
-
-    def compute(self, m, seq_id, toks, start, end):
-        for src, dst in m.take_pending_copies():
-            self.kv[dst * BS:(dst + 1) * BS] = self.kv[src * BS:(src + 1) * BS]
-        for p, slot in zip(range(start, end), m.slots_for(seq_id, start, end)):
-            self.kv[slot] = toks[p]
-
-
-def manager_with_tier(tmp_path, num_blocks=8, cap=10**7):
-    m = KVCacheManager(num_blocks, BS, max_model_len=64, kv_bytes_per_token=8)
-    io = SimIO(num_blocks)
-    m.attach_tier(tier_at(tmp_path, cap=cap), io)
-    return m, io
-
-
-def run_turn(m, io, sid, toks, session=None, salt=None):
-    cached = m.add_sequence(sid, toks, num_new_tokens=len(toks), cache_salt=salt, session_id=session)
-    io.compute(m, sid, toks, cached, len(toks))
-    return cached
 
 
 def test_evicted_blocks_come_back_from_the_tier_with_their_exact_content(tmp_path):

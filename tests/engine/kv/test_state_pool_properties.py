@@ -24,7 +24,7 @@ from hypothesis.stateful import initialize, invariant
 from engine.kv.block_hash import group_key
 from engine.kv.kv_cache_manager import KVCacheManager
 from engine.kv.state_groups import StateGroups
-from tests.engine.kv.test_kv_cache_properties import BS, MAX_LEN, KVMachine
+from tests.engine.kv.helpers import BS, MAX_LEN, KVMachine
 
 settings.register_profile("state-ci", max_examples=60, stateful_step_count=60, deadline=None)
 

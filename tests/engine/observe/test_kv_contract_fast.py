@@ -15,7 +15,7 @@ from hypothesis.stateful import invariant, precondition, rule
 from engine.errors import KVCacheError
 from engine.observe.kv_contract import KVSnapshot, compact_json
 from engine.kv.pinning import PinMissError
-from tests.engine.kv.test_kv_cache_properties import BASES, KVMachine
+from tests.engine.kv.helpers import BASES, KVMachine
 from engine.observe.kv_snapshot import kv_stats, take_snapshot
 
 

@@ -15,7 +15,7 @@ import engine.sampling.sampler as sampler
 from engine.sampling.sampler import make_generator, sample
 from engine.sampling.sampling_params import SamplingParams
 from kernels import cpu_sampling
-from tests.engine.sampling.test_sampler_exact import _reference
+from tests.engine.sampling.helpers import reference_batch
 
 
 def test_the_compiled_pass_is_active_where_a_compiler_exists():
@@ -76,7 +76,7 @@ def test_all_rows_sampling_with_repetition_penalty_matches_reference(use_kernel,
         before = logits.clone()
         got = sample(logits, params, [make_generator(s) for s in seeds], hist, [0] * B)
         assert torch.equal(logits, before)                 # the caller's logits are left as they were
-        want = _reference(logits, params, seeds, hist, [0] * B)
+        want = reference_batch(logits, params, seeds, hist, [0] * B)
         mismatches += [(batch, i) for i in range(B) if got[i] != want[i]]
     assert not mismatches, mismatches[:5]
     assert calls                                           # the row-stats hook was reached

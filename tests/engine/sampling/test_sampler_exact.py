@@ -1,11 +1,11 @@
 """The batched sampler against a straightforward one-row-at-a-time reference sampler.
 
-The reference below is the definition: penalties applied element by element, temperature, a full
-stable sort of the vocabulary, top-k (ties at the k-th value kept), top-p over the top-k-renormalised
-distribution, min-p, then an inverse-CDF draw with one uniform from the row's generator. The fast
-sampler must pick the same token for every row; a token that differs fails the test.
+The reference (tests/engine/sampling/helpers.py) is the definition: penalties applied element by
+element, temperature, a full stable sort of the vocabulary, top-k (ties at the k-th value kept),
+top-p over the top-k-renormalised distribution, min-p, then an inverse-CDF draw with one uniform
+from the row's generator. The fast sampler must pick the same token for every row; a token that
+differs fails the test.
 """
-from collections import Counter
 
 import pytest
 import torch
@@ -13,38 +13,7 @@ import torch
 import engine.sampling.sampler as sampler
 from engine.sampling.sampler import make_generator, sample, sample_batch
 from engine.sampling.sampling_params import SamplingParams
-
-
-def reference_row(row, p: SamplingParams, gen, history, prompt_len):
-    l = row.float().clone()
-    if p.repetition_penalty != 1.0:
-        for t in set(history):
-            l[t] = l[t] / p.repetition_penalty if l[t] > 0 else l[t] * p.repetition_penalty
-    for t, c in Counter(history[prompt_len:]).items():
-        l[t] = l[t] - (p.frequency_penalty * c + p.presence_penalty)
-    if p.greedy:
-        return int(l.argmax())
-    u = torch.rand(1, generator=gen)
-    l = l / p.temperature
-    vals, order = l.sort(descending=True, stable=True)
-    V = len(vals)
-    k = min(p.top_k, V) if p.top_k > 0 else V
-    keep = vals >= vals[k - 1]
-    probs = (vals.masked_fill(~keep, float("-inf")) - torch.logsumexp(vals[keep], 0)).exp()
-    before = probs.cumsum(0) - probs
-    keep &= before < p.top_p
-    keep[0] = True
-    keep &= probs >= p.min_p * probs[0]
-    cdf = (probs * keep).cumsum(0)
-    target = u * cdf[-1]
-    j = int((cdf <= target).sum())
-    j = min(j, int((cdf < cdf[-1]).sum()))          # never past the last kept token
-    return int(order[j])
-
-
-def _reference(logits, params, seeds, histories, plens):
-    return [reference_row(logits[i], p, make_generator(s), h, n)
-            for i, (p, s, h, n) in enumerate(zip(params, seeds, histories, plens))]
+from tests.engine.sampling.helpers import reference_batch
 
 
 def _random_params(rng: torch.Generator) -> SamplingParams:
@@ -82,7 +51,7 @@ def _mismatches_over_random_batches(batches: int, B: int = 64, V: int = 1500) ->
                                    generator=rng).tolist() for n in plens]
         seeds = [batch * 1000 + i for i in range(B)]
         got = sample(logits.clone(), params, [make_generator(s) for s in seeds], histories, plens)
-        want = _reference(logits, params, seeds, histories, plens)
+        want = reference_batch(logits, params, seeds, histories, plens)
         mismatches += [(batch, i, params[i]) for i in range(B) if got[i] != want[i]]
     return mismatches
 
@@ -138,7 +107,7 @@ def test_top_p_one_and_pure_temperature_match_reference():
     params = [SamplingParams(temperature=1.0, top_p=1.0)] * 256
     seeds = list(range(256))
     got = sample(logits, params, [make_generator(s) for s in seeds], [[]] * 256, [0] * 256)
-    assert got == _reference(logits, params, seeds, [[]] * 256, [0] * 256)
+    assert got == reference_batch(logits, params, seeds, [[]] * 256, [0] * 256)
 
 
 def test_same_seed_same_tokens_whatever_the_batch():
@@ -185,5 +154,5 @@ def test_wider_candidate_tier_matches_reference(monkeypatch):
     params = [SamplingParams(temperature=0.8, top_p=[0.9, 0.5, 1.0][i % 3], min_p=0.0) for i in range(B)]
     seeds = list(range(B))
     got = sample(logits, params, [make_generator(s) for s in seeds], [[]] * B, [0] * B)
-    assert got == _reference(logits, params, seeds, [[]] * B, [0] * B)
+    assert got == reference_batch(logits, params, seeds, [[]] * B, [0] * B)
     assert 4096 in widths
