@@ -1,7 +1,7 @@
 """Who may start API sequences now: the /v1 queue bounds, per key first, then the server's.
 
 Why a module of its own: the same rule answers twice, before a body is parsed (the pre-parse gate,
-routes/request_limits.py) and in the route (which reserves the slots), and the two once disagreed:
+routes/security/request_limits.py) and in the route (which reserves the slots), and the two once disagreed:
 the gate counted every key's sequences while the route counted each key's own, so key alpha
 holding its bound made every call of key beta 429 before the fair scheduler ever saw it (issue
 48.3). Bounds: at most `max_pending` API sequences (n per prompt) in flight and fewer than
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 
-from routes.openai_errors import APIError
+from routes.openai.errors import APIError
 
 
 class ApiAdmission:

@@ -17,7 +17,7 @@ key's own bound), and the engine's admission bounds (--max-queued-*, per tenant 
 overall) answer 429 + Retry-After too. 503 means the engine has shut down.
 
 Priority: a call runs at the class the operator gave its key (`--api-priority`, or
-`NAME:KEY:PRIORITY`); its own `priority` field may only lower it (routes/openai_keys.py).
+`NAME:KEY:PRIORITY`); its own `priority` field may only lower it (routes/openai/keys.py).
 """
 from __future__ import annotations
 
@@ -33,19 +33,19 @@ from engine.core.admission import QueueFull
 from engine.protocol import SwitchesModels
 from engine.kv.salt_rule import principal_salt, prompt_salt
 from engine.text.session_prompt import continue_session_prompt
-from routes import openai_schemas as S
-from routes.openai_errors import APIError, error_body, install_error_handlers
-from routes.auth import LoginThrottle
-from routes.cross_site import foreign_origin
-from routes.openai_admission import ApiAdmission
-from routes.openai_keys import ApiAccess, add_cors, effective_priority
-from routes.openai_metrics import ApiMetrics
-from routes.openai_params import LogprobFormatter, to_sampling_params
-from routes.request_limits import RequestLimits
-from routes.openai_stream import DONE, Generation, Submitted, sse, watch_disconnect
-from routes import openai_tools
-from routes.openai_render import ChatRender, CompletionRender, ReasoningSplit
-from routes.openai_structured import structured_spec
+from routes.openai import schemas as S
+from routes.openai.errors import APIError, error_body, install_error_handlers
+from routes.security.auth import LoginThrottle
+from routes.security.cross_site import foreign_origin
+from routes.openai.admission import ApiAdmission
+from routes.openai.keys import ApiAccess, add_cors, effective_priority
+from routes.openai.metrics import ApiMetrics
+from routes.openai.params import LogprobFormatter, to_sampling_params
+from routes.security.request_limits import RequestLimits
+from routes.openai.stream import DONE, Generation, Submitted, sse, watch_disconnect
+from routes.openai import tools as openai_tools
+from routes.openai.render import ChatRender, CompletionRender, ReasoningSplit
+from routes.openai.structured import structured_spec
 
 KEY_THROTTLE_USER = "\x00api-key"     # the throttle's user slot for API keys (no login name has a NUL)
 
@@ -69,7 +69,7 @@ def _endpoint_of(path: str) -> str:
 class _KeyCheck:
     """Pure ASGI middleware: 401 before the body is even parsed (a bad key never sees a 400).
 
-    Wrong keys are throttled per client address like logins (routes/auth.LoginThrottle): after a
+    Wrong keys are throttled per client address like logins (routes/security/auth.LoginThrottle): after a
     few free failures an address waits 1, 2, 4 ... s (429 + Retry-After) before its next key is
     even checked, so keys cannot be guessed at line rate. A right key clears the address.
     Requests sent by another site's page (not an --allowed-origin) are refused with 403 first and
@@ -167,7 +167,7 @@ class OpenAIServer:
 
     def capacity_refusal(self, seqs: int, tenant: str) -> str | None:
         """Why `seqs` more sequences of `tenant` cannot start now, or None: the pre-parse gate's
-        question (routes/request_limits.py), answered by the route's own rule."""
+        question (routes/security/request_limits.py), answered by the route's own rule."""
         return self.admission.refusal(seqs, tenant)
 
     def _admit(self, seqs: int, tenant: str = "api") -> None:
@@ -367,7 +367,7 @@ def create_openai_app(llm, *, api_keys: list[str] | None = None, require_key: bo
     async def completions(body: S.CompletionRequest, request: Request):
         return await _counted(srv, "completions", srv.completions(body, request))
 
-    app.add_middleware(RequestLimits, server=srv)      # caps before parsing (routes/request_limits.py)
+    app.add_middleware(RequestLimits, server=srv)      # caps before parsing (routes/security/request_limits.py)
     app.add_middleware(_KeyCheck, access=access, metrics=srv.metrics, allowed_origins=allowed_origins)
     add_cors(app, allowed_origins)        # outermost: answers preflights before the key check
     return app

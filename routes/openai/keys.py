@@ -21,7 +21,7 @@ import os
 import re
 
 from engine.core.tenancy import KEYLESS_API_TENANT as KEYLESS_TENANT
-from routes.openai_errors import APIError
+from routes.openai.errors import APIError
 
 ENV_KEYS = "PAGED_CHAT_API_KEYS"
 
@@ -33,7 +33,7 @@ def keys_from_env(environ=None) -> list[str]:
 
 _KEY_NAME = re.compile(r"[A-Za-z0-9_.@-]{1,40}")
 _PRIORITY = re.compile(r"-?[0-9]{1,4}")
-PRIORITY_RANGE = (-1000, 1000)          # vLLM's field, as routes/openai_schemas.py accepts it
+PRIORITY_RANGE = (-1000, 1000)          # vLLM's field, as routes/openai/schemas.py accepts it
 
 
 def split_named_key(value: str, index: int) -> tuple[str, str]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 
 from engine.sampling.sampling_params import SamplingParams
-from routes.openai_errors import APIError
-from routes.openai_schemas import ChatCompletionRequest
-from routes.openai_structured import logit_bias
+from routes.openai.errors import APIError
+from routes.openai.schemas import ChatCompletionRequest
+from routes.openai.structured import logit_bias
 
 
 def _has_field(name: str) -> bool:

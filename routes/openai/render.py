@@ -2,9 +2,9 @@
 delta, text / logprob / tool-call deltas, the finish, the usage chunk) and the final non-streamed
 object, for /v1/chat/completions (`ChatRender`) and /v1/completions (`CompletionRender`, with echo).
 
-Why its own file: routes/openai_api.py owns the calls' lifecycle (admission, slots, aborts, the SSE
+Why its own file: routes/openai/api.py owns the calls' lifecycle (admission, slots, aborts, the SSE
 response); this owns only their shape, and reads from the server just its model name, tokenizer and
-logprob formatter. The JSON builders themselves are routes/openai_schemas.py's.
+logprob formatter. The JSON builders themselves are routes/openai/schemas.py's.
 
 A thinking model's (Qwen3, SmolLM3) replies are split as vLLM's reasoning parsers split them:
 `reasoning_content` beside `content` in the message and in the streamed deltas, and the reasoning
@@ -15,18 +15,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engine.text.reasoning import ReasoningParser, ReasoningSplit
-from routes import openai_schemas as S
-from routes import openai_tools
+from routes.openai import schemas as S
+from routes.openai import tools as openai_tools
 
 if TYPE_CHECKING:
-    from routes.openai_api import OpenAIServer
+    from routes.openai.api import OpenAIServer
 
 
 class ChatRender:
     def __init__(self, srv: "OpenAIServer", body, cid: str, tools=None, thinking: ReasoningSplit | None = None):
         self.srv, self.body, self.cid = srv, body, cid
         self.lp = body.num_logprobs() is not None
-        self.tools = tools          # routes/openai_tools.ToolPlan when tool calls are parsed
+        self.tools = tools          # routes/openai/tools.ToolPlan when tool calls are parsed
         self.thinking = thinking    # a thinking model's split (None: replies are all content)
         self.parsers: dict[int, openai_tools.ToolCallParser] = {}
         self.splitters: dict[int, ReasoningParser] = {}
@@ -75,7 +75,7 @@ class ChatRender:
         return out
 
     def _tool_chunks(self, created, i, d):
-        """Text and tool-call deltas as OpenAI streams them (routes/openai_tools.ToolCallParser);
+        """Text and tool-call deltas as OpenAI streams them (routes/openai/tools.ToolCallParser);
         a thinking model's reasoning goes out first as reasoning_content, only its answer is parsed."""
         p = self._parser(i)
         reasoning, content = self._split(i, d)

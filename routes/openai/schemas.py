@@ -28,7 +28,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")         # name ... are ignored
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[TextPart], None] = None
-    tool_calls: list[dict] | None = None             # assistant turns that called tools (routes/openai_tools.py)
+    tool_calls: list[dict] | None = None             # assistant turns that called tools (routes/openai/tools.py)
     tool_call_id: str | None = None                  # tool turns: which call this result answers
 
     def text(self) -> str:
@@ -91,10 +91,10 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    tools: list | None = None                        # routes/openai_tools.py
+    tools: list | None = None                        # routes/openai/tools.py
     tool_choice: object | None = None
     parallel_tool_calls: bool = True
-    response_format: dict | None = None              # routes/openai_structured.py
+    response_format: dict | None = None              # routes/openai/structured.py
     structured_outputs: dict | None = None           # vLLM's extra: {json | regex | choice | grammar | json_object}
     continue_final_message: bool = False             # vLLM's extras: extend the last assistant message
     add_generation_prompt: bool = True

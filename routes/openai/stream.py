@@ -11,7 +11,7 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 
-from routes.openai_schemas import usage as usage_dict
+from routes.openai.schemas import usage as usage_dict
 
 DONE = "data: [DONE]\n\n"
 

@@ -11,7 +11,7 @@ Accepted forms (at most one constraint per request, else a 400 naming both):
 from __future__ import annotations
 
 from engine.sampling.structured import StructuredSpec
-from routes.openai_errors import APIError
+from routes.openai.errors import APIError
 
 _SO_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}
 _GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice",

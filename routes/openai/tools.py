@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from engine.sampling.structured import StructuredSpec
 from engine.sampling.structured.compiler import JSON_OPTIONS, closed_objects
-from routes.openai_errors import APIError
+from routes.openai.errors import APIError
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")

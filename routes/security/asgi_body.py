@@ -1,6 +1,6 @@
 """Read an ASGI request body in a middleware, then let the app read it again.
 
-Why: the login throttle (routes/auth.py) and Gradio's cancel guard (routes/cancel_guard.py) must look
+Why: the login throttle (routes/security/auth.py) and Gradio's cancel guard (routes/security/cancel_guard.py) must look
 at a POST body before deciding, and the app behind them still expects to receive it. One place also
 bounds how much a middleware buffers.
 """

@@ -6,7 +6,7 @@ Credentials come from any mix of
   PAGED_CHAT_AUTH=...         `USER:PASS` or `USER:HASH` entries separated by newlines or `;`
 Plain passwords are hashed as soon as they are read; only hashes stay in memory.
 
-Hash format (make one with `python -m routes.auth USER`):
+Hash format (make one with `python -m routes.security.auth USER`):
   scrypt$N$r$p$SALT$HASH           hashlib.scrypt, SALT and HASH standard base64 (16-byte salt,
                                    32-byte key); written with N=2**14, r=8, p=1
   pbkdf2_sha256$ITERATIONS$SALT$HASH   hashlib.pbkdf2_hmac('sha256'), also accepted
@@ -15,8 +15,8 @@ A value is treated as a hash only when it starts with `scrypt$` or `pbkdf2_sha25
 Throttling: Gradio's /login checks passwords as fast as they arrive (500 guesses in 0.9 s).
 `LoginThrottle` is the backoff rule: after FREE_FAILURES failures a key must wait 1 s, then 2, 4,
 ... up to MAX_DELAY_S before its next attempt is even checked (429 with Retry-After). Which keys
-count, and the rest of the login's defences, are routes/login_guard.py. Hashing goes through one
-global budget (routes/hash_budget.py) so that attempts cannot starve generation.
+count, and the rest of the login's defences, are routes/security/login_guard.py. Hashing goes through one
+global budget (routes/security/hash_budget.py) so that attempts cannot starve generation.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import threading
 import time
 from collections import OrderedDict
 
-from routes.hash_budget import HashBudget
+from routes.security.hash_budget import HashBudget
 
 FREE_FAILURES = 5
 MAX_DELAY_S = 300.0
@@ -72,7 +72,7 @@ def _parse_hash(encoded: str):
     except (ValueError, TypeError):
         pass
     raise ValueError("not a valid password hash (expected scrypt$N$r$p$SALT$HASH or "
-                     "pbkdf2_sha256$ITERATIONS$SALT$HASH; make one with `python -m routes.auth USER`)")
+                     "pbkdf2_sha256$ITERATIONS$SALT$HASH; make one with `python -m routes.security.auth USER`)")
 
 
 def verify_password(password: str, encoded: str) -> bool:
@@ -161,7 +161,7 @@ class Credentials:
 
     @property
     def gradio_auth(self):
-        """Every check takes the global hashing slot (routes/hash_budget.py); an unknown name waits
+        """Every check takes the global hashing slot (routes/security/hash_budget.py); an unknown name waits
         there as long as a hash takes but hashes nothing (#29.7)."""
         async def check(username: str, password: str) -> bool:
             known = isinstance(username, str) and username in self.users
@@ -214,11 +214,11 @@ class LoginThrottle:
 
 
 def main(argv=None) -> int:
-    """`python -m routes.auth USER`: ask for a password (twice) and print an auth-file line."""
+    """`python -m routes.security.auth USER`: ask for a password (twice) and print an auth-file line."""
     import getpass
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or ":" in args[0] or not args[0].strip():
-        print("usage: python -m routes.auth USER   (prints USER:HASH for --auth-file)", file=sys.stderr)
+        print("usage: python -m routes.security.auth USER   (prints USER:HASH for --auth-file)", file=sys.stderr)
         return 2
     if sys.stdin.isatty():
         password = getpass.getpass("Password: ")

@@ -17,7 +17,7 @@ import threading
 from collections import OrderedDict
 from urllib.parse import parse_qs
 
-from routes.asgi_body import BodyTooLarge, read_body, replaying
+from routes.security.asgi_body import BodyTooLarge, read_body, replaying
 
 MAX_CANCEL_BODY = 64 * 1024        # a cancel call is a few dozen bytes of JSON
 MAX_BOUND = 50_000                 # session hashes remembered with their first login (oldest dropped)

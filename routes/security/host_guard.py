@@ -96,15 +96,15 @@ def remove_api_docs(app) -> None:
 
 def install_security(app, bind_host: str = "127.0.0.1", allowed_hosts: Iterable[str] = (),
                      auth=None, share_hosts: set | None = None) -> None:
-    """Everything this module and routes/auth.py add to the app; call once, before serving.
+    """Everything this module and routes/security/auth.py add to the app; call once, before serving.
 
-    auth: the callable credentials object from routes.auth (or None); with it, /login attempts
+    auth: the callable credentials object from routes.security.auth (or None); with it, /login attempts
     are throttled per user and client address. share_hosts: a set the --share link's host name is
     added to once the tunnel is open (routes/share.py); the Host guard reads it live."""
     allowed = [h for h in (allowed_hosts or ()) if h]
     remove_api_docs(app)
     if auth is not None:
-        from routes.login_guard import LoginThrottleMiddleware
+        from routes.security.login_guard import LoginThrottleMiddleware
         app.add_middleware(LoginThrottleMiddleware, throttle=getattr(auth, "throttle", None),
                            budget=getattr(auth, "budget", None))
     if is_loopback_host(bind_host):

@@ -13,13 +13,13 @@ Why each (issue #29):
   address are throttled too (item 7). A success does not clear the address count: one valid
   account must not buy unlimited spraying of the others.
 - *Never lock a user out with her correct password* (item 6). Requests sent by another site's page
-  (routes/cross_site.py) are refused (403) before anything is checked or counted. And a successful
+  (routes/security/cross_site.py) are refused (403) before anything is checked or counted. And a successful
   login gets a device cookie (HttpOnly, SameSite=Strict, signed with a per-process secret, bound to
   the user name): a later attempt with a valid device cookie for that name is throttled on its own
   key, not on the address, so failures by someone else at the same address (another local account,
   a script) cannot make her correct password fail in that browser.
 - *Bounded hashing* (item 7): when MAX_WAITING attempts already wait for the hashing slot
-  (routes/hash_budget.py), more are answered 429 at once, before Gradio or scrypt see them.
+  (routes/security/hash_budget.py), more are answered 429 at once, before Gradio or scrypt see them.
 """
 from __future__ import annotations
 
@@ -32,10 +32,10 @@ import secrets
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
-from routes.asgi_body import BodyTooLarge, read_body, replaying
-from routes.auth import LoginThrottle
-from routes.cross_site import foreign_origin
-from routes.hash_budget import HashBudget
+from routes.security.asgi_body import BodyTooLarge, read_body, replaying
+from routes.security.auth import LoginThrottle
+from routes.security.cross_site import foreign_origin
+from routes.security.hash_budget import HashBudget
 
 MAX_LOGIN_BODY = 64 * 1024
 ADDRESS_FREE_FAILURES = 20

@@ -24,8 +24,8 @@ import json
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 
-from routes.asgi_body import BodyTooLarge, read_body, replaying
-from routes.openai_errors import error_body
+from routes.security.asgi_body import BodyTooLarge, read_body, replaying
+from routes.openai.errors import error_body
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_MESSAGES = 1_000
@@ -116,7 +116,7 @@ def sequences_asked(doc: dict | None) -> int:
 
 
 class RequestLimits:
-    """ASGI middleware for the /v1 app. server: routes.openai_api.OpenAIServer (its queue bound)."""
+    """ASGI middleware for the /v1 app. server: routes.openai.api.OpenAIServer (its queue bound)."""
 
     def __init__(self, app, server=None, limits: Limits | None = None):
         self.app, self.server, self.limits = app, server, limits or Limits()

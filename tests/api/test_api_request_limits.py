@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from routes import request_limits as L
+from routes.security import request_limits as L
 from tests.api.conftest import wait_idle
 from tests.api.helpers import assert_openai_error, raw
 
