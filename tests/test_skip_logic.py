@@ -32,8 +32,8 @@ def test_on_a_gpu_machine_only_dependent_modules_skip():
     assert "gradio" in deps.skip_reason(src("ui/test_dashboard_kvmath.py"), cuda=True, have=none)
     assert "browser" in deps.skip_reason(src("e2e/test_chat_browser.py"), cuda=True, have=none)
     assert "sqlite_utils" in deps.skip_reason(src("storage/test_storage_schema.py"), cuda=True, have=none)
-    for rel in ("kernels/test_attention.py", "kernels/test_fused.py", "engine/test_dummy_weights.py",
-                "engine/test_block_pool.py", "engine/test_kv_cache_manager.py"):
+    for rel in ("kernels/test_attention.py", "kernels/test_fused.py", "engine/exec/test_dummy_weights.py",
+                "engine/kv/test_block_pool.py", "engine/kv/test_kv_cache_manager.py"):
         assert deps.skip_reason(src(rel), cuda=True, have=none) is None, rel
     assert deps.skip_reason(src("ui/test_dashboard_kvmath.py"), cuda=True, have=lambda d: True) is None
     assert deps.bundled_model_skip_reason(True, have=none) and deps.bundled_model_skip_reason(False, have=none) is None
