@@ -18,7 +18,7 @@ def test_gemma_3_1b_arithmetic_from_its_shipped_config():
     from engine.exec.models.decoder_spec import describe
 
     raw = json.loads(
-        (Path(__file__).parents[2] / "engine/exec/configs/gemma-3-1b.json").read_text()
+        (Path(__file__).parents[3] / "engine/exec/configs/gemma-3-1b.json").read_text()
     )
     cfg = Gemma3TextConfig(**{k: v for k, v in raw.items() if not k.startswith("_")})
     windows = [s.window for s in describe(cfg).layers]
