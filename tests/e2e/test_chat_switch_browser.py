@@ -8,7 +8,13 @@ import time
 import pytest
 
 from tests.e2e.polling import wait_until as _wait
-from tests.e2e.test_chat_browser import _chromium, _finished, _open, _send, _set_number, browser  # noqa: F401
+from tests.e2e.browser import _chromium, browser  # noqa: F401  (the Chromium fixtures)
+from tests.e2e.helpers import (
+    finished as _finished,
+    open_page as _open,
+    send as _send,
+    set_number as _set_number,
+)
 
 pytestmark = pytest.mark.slow
 
