@@ -151,6 +151,9 @@ def test_what_users_typed_is_text_and_others_chats_are_not_named(hybrid):
     assert "<b>1" not in S.state_html(snap, info, shape_of(info))  # the id itself, escaped
     # --auth, a viewer owning none of these chats: holders are "another chat", never an id
     theirs = scope_snapshot(snap, titles={}, viewer="eve", auth=True)
+    ids = {str(s[k]) for s in snap["sequences"] for k in ("seq_id", "session_id") if s[k]}
+    held = {str(h) for v in theirs["state_slots"] for h in v["holders"]}
+    assert ids and not ids & held and held <= {"checkpoint", "another chat"}  # /api/kv's too
     html = S.state_html(theirs, info, shape_of(info))
     assert "another chat" in html and "chat&lt;b&gt;1" not in html and "req-" not in html
     assert int(_values(html)["state_running"]) == int(_values(html)["state_between_turns"]) == 0
