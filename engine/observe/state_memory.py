@@ -28,7 +28,8 @@ def state_arithmetic(
     """Bytes one chat of `context_tokens` tokens holds, per layer kind, and against the same model
     with attention in every layer. kv_bytes_per_token_layer: K + V of one token in one attention
     layer; state_bytes_per_layer: one chat's recurrent state + conv tail in one linear layer.
-    fmt: bytes -> words in the sentence (MiB; the Memory tab passes a unit that fits a tiny model)."""
+    fmt: bytes -> words in the sentence (MiB; the Memory tab passes a unit that fits a tiny
+    model)."""
     kv = attention_layers * context_tokens * kv_bytes_per_token_layer
     state = linear_layers * state_bytes_per_layer
     all_attention = (attention_layers + linear_layers) * context_tokens * kv_bytes_per_token_layer

@@ -73,7 +73,8 @@ def scope_snapshot(snap: dict, *, titles: dict, viewer: str | None, own_conv: st
         mine_pin = pin_name_for(viewer)
         out["pins"] = [p if p["name"] in (PIN_APP, mine_pin) else {**p, "name": "another user's prompt"}
                        for p in snap.get("pins", [])]
-        own_ids = {str(s[k]) for s in kept for k in ("seq_id", "session_id") if s.get(k) is not None}
+        own_ids = {str(s[k]) for s in kept for k in ("seq_id", "session_id")
+                   if s.get(k) is not None}
         out["state_slots"] = [      # a linear-attention state slot (v9): others' holders unnamed
             {**v, "holders": [h if h == "checkpoint" or str(h) in own_ids else "another chat"
                               for h in v["holders"]]}

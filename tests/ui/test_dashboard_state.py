@@ -98,7 +98,8 @@ def test_the_arithmetic_is_the_live_models_and_the_shipped_configs(hybrid):
     assert (att, lin) == (1, 3)
     live = re.search(r'data-k="state_arith_live">(.*?)</li>', html).group(1)
     # the pool's KV per token (attention layers only) x the chat, and one slot for the linear ones
-    assert f"{att} attention layer keeps all 44 tokens ({fmt_bytes(info.kv_bytes_per_token * 44)})" in live
+    kv = fmt_bytes(info.kv_bytes_per_token * 44)
+    assert f"{att} attention layer keeps all 44 tokens ({kv})" in live
     assert f"{lin} linear-attention layers keep a fixed state" in live
     assert f"({fmt_bytes(info.state_bytes_per_slot)})" in live
     every = (att + lin) * 44 * info.kv_bytes_per_token // att

@@ -304,7 +304,8 @@ def chat_state_note(stats: dict) -> str:
     sg = stats.get("state_groups") or {}
     if not sg.get("state_bytes_per_slot"):
         return ""
-    return f" + 1 state slot ({fmt_bytes(sg['state_bytes_per_slot'])}) for its linear-attention layers"
+    slot = fmt_bytes(sg["state_bytes_per_slot"])
+    return f" + 1 state slot ({slot}) for its linear-attention layers"
 
 
 STATE_CSS = """
