@@ -182,7 +182,7 @@ def _slot_rows(rows: list[dict]) -> str:
     if not rows:
         return '<div class="muted">No state slot is held now.</div>'
     out = [
-        '<div class="scroll"><table><tr><th>slot</th><th>held by</th>'
+        '<div class="scroll"><table><tr><th>slot</th><th class="l">held by</th>'
         '<th title="Tokens the state has read (a checkpoint: the prefix it ends)">tokens read</th>'
         '<th>bytes</th><th title="Prefix hits this checkpoint served">hits served</th></tr>'
     ]
@@ -191,7 +191,7 @@ def _slot_rows(rows: list[dict]) -> str:
         uses = f"{r['checkpoint_uses']:,}" if r["is_checkpoint"] else "–"
         out.append(
             f'<tr data-k="state_slot_{r["slot"]}"><td>{r["slot"]}</td>'
-            f"<td>{escape(', '.join(r['holders']))}</td><td>{toks}</td>"
+            f"<td class=\"l\">{escape(', '.join(r['holders']))}</td><td>{toks}</td>"
             f"<td>{fmt_bytes(r['bytes'])}</td><td>{uses}</td></tr>"
         )
     out.append("</table></div>")
@@ -246,10 +246,10 @@ def _state_part(snap: dict, info, shape, longest_chat) -> str:
     ck = (
         "<p>Checkpoints are states saved at block boundaries of cached prefixes (a pinned system "
         "prompt's end, a prompt's last full block), so a prefix hit restores the state with the "
-        f"KV instead of reading the prefix again: the ones held now served "
+        f"KV instead of reading the prefix again. The ones held now served "
         f"{_n('state_checkpoint_uses', c['checkpoint_uses'], _plural(c['checkpoint_uses'], 'hit'))}"
-        f"; {_n('state_checkpoint_hits', hits, _plural(hits, 'hit'))} and "
-        f"{_plural(sg.get('state_checkpoints_taken', 0), 'checkpoint')} taken since start.</p>"
+        f"; since start: {_n('state_checkpoint_hits', hits, _plural(hits, 'hit'))}, "
+        f"{_plural(sg.get('state_checkpoints_taken', 0), 'checkpoint')} taken.</p>"
     )
     tier = ""
     if sg.get("state_tier_loads") or sg.get("state_tier_writes"):
@@ -309,5 +309,6 @@ def chat_state_note(stats: dict) -> str:
 
 
 STATE_CSS = """
-.kvstate p, .kvmoe p { margin: 4px 0; } .kvstate ul.kvarith { margin: 4px 0 0 18px; padding: 0; }
+.kvstate p, .kvmoe p { margin: 4px 0; } .kvstate th.l, .kvstate td.l { text-align: left; }
+.kvstate ul.kvarith { margin: 4px 0 0 18px; padding: 0; }
 """
