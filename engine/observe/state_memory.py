@@ -23,10 +23,13 @@ def state_arithmetic(
     state_bytes_per_layer: int,
     context_tokens: int,
     name: str = "",
+    fmt=_mib,
 ) -> dict:
     """Bytes one chat of `context_tokens` tokens holds, per layer kind, and against the same model
     with attention in every layer. kv_bytes_per_token_layer: K + V of one token in one attention
-    layer; state_bytes_per_layer: one chat's recurrent state + conv tail in one linear layer."""
+    layer; state_bytes_per_layer: one chat's recurrent state + conv tail in one linear layer.
+    fmt: bytes -> words in the sentence (MiB; the Memory tab passes a unit that fits a tiny
+    model)."""
     kv = attention_layers * context_tokens * kv_bytes_per_token_layer
     state = linear_layers * state_bytes_per_layer
     all_attention = (attention_layers + linear_layers) * context_tokens * kv_bytes_per_token_layer
@@ -42,26 +45,30 @@ def state_arithmetic(
         "all_attention_bytes": all_attention,
         "saving_vs_all_attention": all_attention / total if total else 1.0,
     }
-    out["sentence"] = state_sentence(out)
+    out["sentence"] = state_sentence(out, fmt)
     return out
 
 
-def state_sentence(a: dict) -> str:
+def _layers(n: int) -> str:
+    return "layer keeps" if n == 1 else "layers keep"
+
+
+def state_sentence(a: dict, fmt=_mib) -> str:
     att, lin = a["kinds"]
     n = f"{a['context_tokens']:,}"
     head = f"{a['name']}, a {n}-token chat" if a["name"] else f"A {n}-token chat"
     parts = [
-        f"{att['layers']} attention layer{'s' if att['layers'] != 1 else ''} keep all {n} tokens "
-        f"({_mib(att['bytes'])})"
+        f"{att['layers']} attention {_layers(att['layers'])} all {n} tokens "
+        f"({fmt(att['bytes'])})"
     ]
     if lin["layers"]:
         parts.append(
-            f"{lin['layers']} linear-attention layers keep a fixed state whatever its length "
-            f"({_mib(lin['bytes'])})"
+            f"{lin['layers']} linear-attention {_layers(lin['layers'])} a fixed state "
+            f"whatever its length ({fmt(lin['bytes'])})"
         )
     ratio = a["saving_vs_all_attention"]
     tail = (
-        f"{_mib(a['bytes'])} instead of {_mib(a['all_attention_bytes'])} "
+        f"{fmt(a['bytes'])} instead of {fmt(a['all_attention_bytes'])} "
         "with attention in every layer"
     )
     tail += (
@@ -93,6 +100,7 @@ def moe_arithmetic(
     num_experts: int,
     top_k: int,
     name: str = "",
+    fmt=_mib,
 ) -> dict:
     """The weights a decode step reads per token (k of E experts) against all the weights held."""
     share = weights_read_per_token_bytes / weights_bytes if weights_bytes else 1.0
@@ -102,8 +110,8 @@ def moe_arithmetic(
         "weights_read_per_token_bytes": weights_read_per_token_bytes,
         "share": share,
         "sentence": (
-            f"{head}each token reads {_mib(weights_read_per_token_bytes)} of "
-            f"{_mib(weights_bytes)} of weights ({top_k} of {num_experts} experts "
+            f"{head}each token reads {fmt(weights_read_per_token_bytes)} of "
+            f"{fmt(weights_bytes)} of weights ({top_k} of {num_experts} experts "
             f"per layer, {share:.0%})"
         ),
     }

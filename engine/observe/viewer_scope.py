@@ -13,7 +13,7 @@ Rules:
   chats, demo users, API calls) is removed and counted as {"chats", "blocks"} under "others";
   block-level arrays (state, ref_count, filled) stay, as they identify nobody; `owners` is rebuilt
   from the kept tables; preemption events of others lose their ids; other users' pinned prompts
-  are named "another user's prompt";
+  are named "another user's prompt"; state slots held by others say "another chat";
 - aggregate stats are never changed, so the headline equals /metrics and the unscoped numbers.
 """
 from __future__ import annotations
@@ -73,6 +73,12 @@ def scope_snapshot(snap: dict, *, titles: dict, viewer: str | None, own_conv: st
         mine_pin = pin_name_for(viewer)
         out["pins"] = [p if p["name"] in (PIN_APP, mine_pin) else {**p, "name": "another user's prompt"}
                        for p in snap.get("pins", [])]
+        own_ids = {str(s[k]) for s in kept for k in ("seq_id", "session_id")
+                   if s.get(k) is not None}
+        out["state_slots"] = [      # a linear-attention state slot (v9): others' holders unnamed
+            {**v, "holders": [h if h == "checkpoint" or str(h) in own_ids else "another chat"
+                              for h in v["holders"]]}
+            for v in snap.get("state_slots", [])]
     return out
 
 

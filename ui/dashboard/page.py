@@ -39,6 +39,7 @@ from ui.dashboard.history import (HEADROOM, PLOT_STEP_S, PLOT_WINDOW_S, SERIES_B
                                   SERIES_HIT, History, blocks_frame, hit_rate_frame)
 from ui.dashboard.demo_users import MAX_DEMO_USERS, DemoLoad, PromptSource
 from ui.dashboard.groups_view import group_names, groups_html
+from ui.dashboard.state_view import chat_state_note, state_html
 from ui.dashboard.kv_math import PRESETS, shape_of
 
 LIVE = "live model"
@@ -60,7 +61,8 @@ class DashboardState:
         self.chat_states = None     # () -> {conversation id: state}: the app's tab registry (open_chats.py)
         self.history = History()
         self.demo = DemoLoad(llm, system_prompt)
-        self.shape = shape_of(llm.model_info())
+        self.info = llm.model_info()    # layer mixers, state slot, experts (state_view.py)
+        self.shape = shape_of(self.info)
         self._lock = threading.Lock()
         self._time = None
         self.base: dict | None = None
@@ -80,7 +82,8 @@ class DashboardState:
         cached render of the old pool, and the stats sampler running again (it stops by itself
         when a read meets the old engine shutting down)."""
         with self._lock:
-            self.shape = shape_of(self.llm.model_info())
+            self.info = self.llm.model_info()
+            self.shape = shape_of(self.info)
             self._time = None
             self._bases.clear()
             self._views.clear()
@@ -130,7 +133,7 @@ class DashboardState:
                     self.history.add(snap)
                 self._time = snap["time"]
                 self._views.clear()
-            self.base = render_base(snap, self.history, self.shape, self.chat_states)
+            self.base = render_base(snap, self.history, self.shape, self.chat_states, self.info)
             self.base["tier"] = tier_html(snap["stats"], self.tier_rates.update(snap["time"], snap["stats"]))
             self._bases[(snap["time"], scope)] = self.base
             while len(self._bases) > 32:
@@ -172,7 +175,8 @@ class DashboardState:
             out["grid"] = with_highlight(base["grid_payload"], hl)
             names = group_names(base["stats"])
             out["tables"] = H.tables_html(base["convs"], selected, snap["block_size"],
-                                          reasoning=reasoning, group_names=names)
+                                          reasoning=reasoning, group_names=names,
+                                          state_note=chat_state_note(base["stats"]))
         if arith_model and arith_model != LIVE and self.shape is not None:
             out["arith"] = arith_for(base, self.shape, arith_model)
         with self._lock:                 # two viewers racing here: both get the first result
@@ -194,21 +198,24 @@ def arith_for(base: dict, shape, model: str | None) -> str:
                              base["avg_len"], table_model)
 
 
-def render_base(snap: dict, history: History, shape, chat_states=None) -> dict:
+def render_base(snap: dict, history: History, shape, chat_states=None, info=None) -> dict:
     """Every panel for one snapshot, with nothing selected. chat_states: () -> the tab registry's
-    {conversation id: state}, for the open-chats line (None: no line)."""
+    {conversation id: state}, for the open-chats line (None: no line). info: the model's ModelInfo,
+    for what is not KV (linear-attention states, experts: ui/dashboard/state_view.py)."""
     st = snap["stats"]
     open_line = OPEN.line_html(OPEN.count(chat_states(), snap)) if chat_states is not None else ""
     grid = grid_payload(snap)
     convs = V.conversations(snap)
     samples = history.snapshot()
     items = V.headline(snap, history.hit_rate(60.0), history.throughput(5.0))
+    longest = max((c["num_tokens"] for c in convs), default=None)
     base = {"time": snap["time"], "stats": st, "grid_payload": grid, "convs": convs,
             "avg_len": avg_len(snap), "items": items,
             "story": story_html(st, snap.get("others"), pin_use(snap), open_line,
                                 shape.name if shape is not None else ""),
             "headline": H.headline_html(items, V.preemption_rows(snap))
-            + groups_html(st, shape, max((c["num_tokens"] for c in convs), default=None)),
+            + groups_html(st, shape, longest)
+            + state_html(snap, info, shape, longest),
             "grid": with_highlight(grid, ()), "tables": H.tables_html(convs, None, snap["block_size"]),
             # each plot changes once per 10 s bucket, at its own phase: at most one plot per slow (2 s) tick
             "paged_plot": blocks_frame(samples, series=PAGED_SERIES, phase_s=0.0),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from html import escape
 
 from ui.dashboard.groups_view import GROUPS_CSS, table_groups
+from ui.dashboard.state_view import STATE_CSS
 from ui.dashboard.story import STORY_CSS
 from ui.dashboard.view import KIND_NAMES, KINDS
 from ui.dashboard.vocabulary import CSS_VAR, NAMES, state_of, theme_vars
@@ -80,7 +81,7 @@ CSS = """
 .kvd code { font-size: 12px; }
 .kvgrp { margin-bottom: 2px; } .kvgrp h4 { margin: 2px 0 2px; font-size: 12px; font-weight: 600;
   color: var(--body-text-color-subdued, #6b7280); }
-""" + STORY_CSS + GROUPS_CSS
+""" + STORY_CSS + GROUPS_CSS + STATE_CSS
 
 
 STATE_WORDS = {"running": "running", "idle_session": "between turns"}
@@ -252,9 +253,11 @@ def _table_cells(sel: dict, block_size: int, reasoning, group_names) -> tuple[st
 
 
 def tables_html(convs: list[dict], selected: str | None, block_size: int, max_rows: int = 24,
-                reasoning=None, group_names=None) -> str:
+                reasoning=None, group_names=None, state_note: str = "") -> str:
     """The selected chat's block table in full (`reasoning`: its last reasoning's span, marked;
-    `group_names`: each KV cache group's layer kind), then every live table in short."""
+    `group_names`: each KV cache group's layer kind; `state_note`: the state slot a chat of a
+    linear-attention model holds beside its blocks, state_view.chat_state_note), then every live
+    table in short."""
     out = ['<div class="kvd">']
     sel = next((c for c in convs if c["key"] == selected), None)
     if sel is None and selected:
@@ -267,7 +270,8 @@ def tables_html(convs: list[dict], selected: str | None, block_size: int, max_ro
         out.append(
             f'<h4>Block table of {escape(sel["label"])} <span class="muted">({STATE_WORDS.get(sel["state"], sel["state"])}'
             f'{", " + escape(str(sel["request_id"])) if sel["request_id"] else ""})</span></h4>'
-            f'<div class="muted">{sel["num_computed"]:,} tokens with KV in {sel["num_blocks"]} blocks, '
+            f'<div class="muted">{sel["num_computed"]:,} tokens with KV in {sel["num_blocks"]} blocks'
+            f'{escape(state_note)}, '
             f'{_table_counts(sel)} (×ref_count where 2 or more); last block '
             f'{sel["last_block_filled"]}/{block_size} filled → {sel["frag_tokens"]} slots of internal '
             f'fragmentation</div><div class="kvt">{cells}</div>{reasoning_line(reasoning, marked)}')
