@@ -152,15 +152,16 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int):
 def choose_tiles(pairs: int, num_experts: int, hidden: int, inter: int, dtype, on_gpu: bool):
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps). GPU: BLOCK_M from the mean rows per active expert
     (decode: 16, the least tl.dot takes; long prefills: 64), fp32 with a shorter K step (two
-    fp32 accumulators and two weight tiles per program). Interpreter: large tiles, few programs
-    (each program costs ~50 us there)."""
+    fp32 accumulators and two weight tiles per program), 8 warps (ptxas for sm_90 at 4 warps:
+    255 registers and spills up to ~500 B at M=64; at 8: no spills, scripts/compile_sm90.py
+    --only moe). Interpreter: large tiles, few programs (each costs ~50 us there)."""
     if not on_gpu:
         return 16, min(128, triton.next_power_of_2(max(inter, hidden))), \
             min(128, triton.next_power_of_2(hidden)), 4
     rows = pairs / max(1, min(num_experts, pairs))
     block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
     block_k = 32 if dtype == torch.float32 else 64
-    return block_m, 64, block_k, 4
+    return block_m, 64, block_k, 8
 
 
 def moe_experts(x, topk_weights, topk_ids, w13, w2, b13=None, b2=None, act="silu", alpha=0.0,

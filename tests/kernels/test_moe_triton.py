@@ -8,6 +8,8 @@ block; top-k 1 / 2 / 4; SwiGLU and gpt-oss's clamped SwiGLU with biases; fp32 / 
 case with small explicit tiles so the K loop, several column programs and partial tiles run.
 In 16-bit dtypes the kernel rounds where eager torch rounds, so its error against the oracle is
 held to that of the torch path (kernels/moe_torch.py) on the same inputs.
+The sm_90 compile of the two kernels (no GPU needed) is part of tests/kernels/test_fused.py's run of
+scripts/compile_sm90.py (the whole table: --only moe).
 """
 
 import pytest
@@ -134,3 +136,4 @@ def test_moe_layer_with_the_kernel_equals_the_torch_path(family):
     out = moe_forward(x, L, spec, backend="triton")
     assert ref.std() > 0.05
     assert (out - ref).abs().max().item() < 1e-5 * max(1.0, ref.abs().max().item())
+
