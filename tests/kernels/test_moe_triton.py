@@ -122,16 +122,17 @@ def test_alignment_groups_pairs_per_expert_in_blocks():
 @pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
 def test_moe_layer_with_the_kernel_equals_the_torch_path(family):
     """The engine's MoE layer (router, experts; gpt-oss: router bias, expert biases, clamped
-    SwiGLU) on a tiny shipped config with backend="triton" gives the torch path's output."""
+    SwiGLU) on a tiny shipped config with backend="triton" gives the torch path's output (on a
+    GPU this is the path LlamaModel.forward takes: meta.backend is "triton" there)."""
     from engine.exec.models.llama import LlamaModel
     from engine.exec.models.moe import moe_forward
     from tests.engine import hybrid_helpers as hh
 
     cfg = hh.config(family)
-    m = LlamaModel(cfg, hh.weights(family, cfg), torch.float32, "cpu", max_positions=64)
+    m = LlamaModel(cfg, hh.weights(family, cfg), torch.float32, DEVICE, max_positions=64)
     i = next(j for j, s in enumerate(m.spec.layers) if s.moe is not None)
     L, spec = m.layers[i], m.spec.layers[i].moe
-    x = torch.randn(13, cfg.hidden_size, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(13, cfg.hidden_size, generator=torch.Generator().manual_seed(5)).to(DEVICE)
     ref = moe_forward(x, L, spec, backend="torch")
     out = moe_forward(x, L, spec, backend="triton")
     assert ref.std() > 0.05
