@@ -78,7 +78,7 @@ def _gate_up_kernel(
     u = round_as(acc_u, DT)
     if ACT == 0:      # silu(gate) * up
         h = round_as(round_as(g / (1.0 + tl.exp(-g)), DT) * u, DT)
-    else:             # gpt-oss: (clamp(up) + 1) * gate' * sigmoid(alpha * gate'), gate' = min(gate, limit)
+    else:             # gpt-oss: (clamp(up) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)
         g = tl.minimum(g, limit)
         u = tl.minimum(tl.maximum(u, -limit), limit)
         sig = round_as(1.0 / (1.0 + tl.exp(-round_as(g * alpha, DT))), DT)
