@@ -8,6 +8,8 @@ block; top-k 1 / 2 / 4; SwiGLU and gpt-oss's clamped SwiGLU with biases; fp32 / 
 case with small explicit tiles so the K loop, several column programs and partial tiles run.
 In 16-bit dtypes the kernel rounds where eager torch rounds, so its error against the oracle is
 held to that of the torch path (kernels/moe_torch.py) on the same inputs.
+At the engine: the MoE layer with the kernel against the torch path, and the whole tiny qwen3_moe /
+gpt-oss model on the Triton path (meta.backend "triton", as on CUDA) against HF fp32.
 The sm_90 compile of the two kernels (no GPU needed) is part of tests/kernels/test_fused.py's run of
 scripts/compile_sm90.py (the whole table: --only moe).
 """
