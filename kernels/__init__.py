@@ -1,4 +1,5 @@
-"""KV-cache kernels: store, paged attention, block copy (see docs/DESIGN.md for the pool layout).
+"""KV-cache kernels: store, paged attention, block copy (see docs/DESIGN.md for the pool layout);
+and the routed experts of a mixture-of-experts MLP.
 
 Each public function dispatches to the torch implementation (kernels/reference.py, the CPU path)
 or to Triton (kernels/triton_*.py). Triton is imported lazily on first use, so the engine on a
@@ -12,7 +13,7 @@ import torch
 
 from . import reference
 
-__all__ = ["store_kv", "paged_attention", "copy_blocks", "resolve_backend"]
+__all__ = ["store_kv", "paged_attention", "copy_blocks", "moe_experts", "resolve_backend"]
 
 
 def resolve_backend(backend, device) -> str:
@@ -70,3 +71,17 @@ def copy_blocks(kv_pool, src_dst, backend=None) -> None:
         return reference.copy_blocks(kv_pool, src_dst)
     from . import triton_copy
     return triton_copy.copy_blocks(kv_pool, src_dst)
+
+
+def moe_experts(x, topk_weights, topk_ids, w13, w2, b13=None, b2=None, act="silu", alpha=0.0,
+                limit=0.0, backend=None):
+    """The routed experts of x [T, H]: sum over c < k of topk_weights[t, c] times expert
+    topk_ids[t, c] applied to x[t] (act(x w13_gate^T + b) * (x w13_up^T + b), then w2), [T, H].
+    w13 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I], b13 [E, 2I] / b2 [E, H] or None;
+    act "silu" or "swiglu_clamp" (gpt-oss, with alpha and limit). Torch: kernels/moe_torch.py;
+    Triton: kernels/triton_moe.py (grouped GEMM over the tokens sorted per expert)."""
+    if resolve_backend(backend, x.device) == "torch":
+        from . import moe_torch
+        return moe_torch.moe_experts(x, topk_weights, topk_ids, w13, w2, b13, b2, act, alpha, limit)
+    from . import triton_moe
+    return triton_moe.moe_experts(x, topk_weights, topk_ids, w13, w2, b13, b2, act, alpha, limit)

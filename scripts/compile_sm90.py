@@ -5,8 +5,9 @@ rejects (and vice versa); and a lent GPU session is minutes long, so what a cold
 long each compile takes and what it costs in registers / spills / shared memory is measured here
 beforehand. Each variant is compiled into an empty Triton cache (cold) with the ptxas bundled in the
 triton wheel; ptxas -v gives registers and spill bytes. One line per variant; exit 1 on any failure.
-    python scripts/compile_sm90.py                  # the fused layer ops + quantized store (tests/kernels/test_fused.py)
+    python scripts/compile_sm90.py                  # the fused layer ops + quantized store + 2 MoE (tests/kernels/test_fused.py)
     python scripts/compile_sm90.py --only all --markdown   # + attention: the docs/BENCHMARKS.md table
+    python scripts/compile_sm90.py --only moe       # the routed experts' grouped GEMM (kernels/triton_moe.py)
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from triton import knobs  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from kernels import triton_act, triton_attention, triton_norm, triton_rope_store, triton_store  # noqa: E402
+from kernels import triton_act, triton_attention, triton_moe, triton_norm, triton_rope_store, triton_store  # noqa: E402
 
 TL = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}
 ATTN_STRIDES = ("stride_qt", "stride_qh", "stride_cb", "stride_cs", "stride_ch", "stride_bt", "stride_ot", "stride_oh")
@@ -65,6 +66,41 @@ def fused_variants():
                 "block_size": "i32", "qmax": "fp32", "NUM_KV_HEADS": "constexpr", "HEAD_DIM": "constexpr",
                 "KVH_P2": "constexpr", "D_P2": "constexpr", "INT8": "constexpr"},
                {"NUM_KV_HEADS": 3, "HEAD_DIM": 64, "KVH_P2": 4, "D_P2": 64, "INT8": int8}, 4)
+
+
+MOE_SMOKE = ("moe gate_up swiglu_clamp fp32 M=64 N=64 K=32", "moe down bf16 M=64 N=64 K=64")
+
+
+def moe_variants(dtypes=("bf16", "fp16", "fp32")):
+    """The experts' two kernels at the tiles choose_tiles picks on a GPU (decode M=16, prefill
+    M=64), each activation, with biases (gpt-oss) and without (Qwen)."""
+    import torch
+    for dt in dtypes:
+        p, tdt = "*" + dt, {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dt]
+        cdt, prec = TL[dt], "ieee" if dt == "fp32" else "tf32"
+        for rows in (1, 4096):
+            bm, bn, bk, warps = triton_moe.choose_tiles(rows * 8, 128, 2048, 768, tdt, True)
+            for act, code in triton_moe.ACTS.items():
+                bias = act == "swiglu_clamp"
+                yield (f"moe gate_up {act} {dt} M={bm} N={bn} K={bk}", triton_moe._gate_up_kernel,
+                       {"x_ptr": p, "w_ptr": p, "b_ptr": p, "pairs_ptr": "*i32", "blk_exp_ptr": "*i32",
+                        "h_ptr": p, "num_pairs": "i32", "hidden": "i32", "inter": "i32",
+                        "num_experts": "i32", "stride_xt": "i32", "stride_we": "i64",
+                        "stride_wn": "i32", "stride_be": "i32", "stride_ht": "i32", "alpha": "fp32",
+                        "limit": "fp32", "TOP_K": "constexpr", "BLOCK_M": "constexpr",
+                        "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "ACT": "constexpr",
+                        "HAS_BIAS": "constexpr", "CDT": "constexpr", "PREC": "constexpr"},
+                       {"TOP_K": 8, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "ACT": code,
+                        "HAS_BIAS": bias, "CDT": cdt, "PREC": prec}, warps)
+            yield (f"moe down {dt} M={bm} N={bn} K={bk}", triton_moe._down_kernel,
+                   {"h_ptr": p, "w_ptr": p, "b_ptr": p, "pairs_ptr": "*i32", "blk_exp_ptr": "*i32",
+                    "rw_ptr": p, "y_ptr": p, "num_pairs": "i32", "hidden": "i32", "inter": "i32",
+                    "num_experts": "i32", "stride_ht": "i32", "stride_we": "i64", "stride_wn": "i32",
+                    "stride_be": "i32", "stride_yt": "i32", "BLOCK_M": "constexpr",
+                    "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "HAS_BIAS": "constexpr",
+                    "CDT": "constexpr", "PREC": "constexpr"},
+                   {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "HAS_BIAS": True, "CDT": cdt,
+                    "PREC": prec}, warps)
 
 
 def decode(dt: str, d: int, variant: str, split: bool, group: int = 4):
@@ -128,15 +164,19 @@ def compile_one(name, fn, sig, consts, num_warps, target):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=["fused", "attention", "all"], default="fused")
+    ap.add_argument("--only", choices=["fused", "attention", "moe", "all"], default="fused")
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table at the end")
     a = ap.parse_args()
     target = GPUTarget("cuda", 90, 32)
     todo = []
     if a.only in ("all", "fused"):
         todo += list(fused_variants())
+    if a.only == "fused":                      # the experts' two kernels at their largest tiles
+        todo += [v for v in moe_variants(("bf16", "fp32")) if v[0] in MOE_SMOKE]
     if a.only in ("all", "attention"):
         todo += list(attention_variants())
+    if a.only in ("all", "moe"):
+        todo += list(moe_variants())
     bad, rows = 0, []
     for name, fn, sig, consts, warps in todo:
         try:

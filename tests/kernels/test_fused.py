@@ -91,8 +91,10 @@ def test_round_as_matches_torch_rounding_bit_for_bit(dtype):
 
 
 def test_fused_kernels_compile_for_sm90():
-    """The real Triton compiler (not the interpreter) accepts every fused kernel and the quantized
-    store for the H200 (the interpreter accepted a non-constexpr global that sm_90 refuses)."""
+    """The real Triton compiler (not the interpreter) accepts every fused kernel, the quantized
+    store and the MoE experts' two kernels (kernels/triton_moe.py, at their largest tiles: fp32
+    gate/up without spills at 8 warps) for the H200 (the interpreter accepted a non-constexpr
+    global that sm_90 refuses)."""
     if torch.cuda.is_available():
         pytest.skip("on a GPU the other tests compile and run these kernels for real")
     import subprocess
@@ -102,4 +104,5 @@ def test_fused_kernels_compile_for_sm90():
     r = subprocess.run([sys.executable, "scripts/compile_sm90.py"], cwd=root, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert r.stdout.count("ok   ") == 15     # 3 dtypes x (norm, silu, gelu, rope+store) + 3 quantized stores
+    assert r.stdout.count("ok   ") == 17     # 3 dtypes x (norm, silu, gelu, rope+store) + 3 quantized stores
+    assert "moe down bf16" in r.stdout and "spill 0/0 B" in r.stdout.split("moe gate_up")[1]  # + 2 MoE

@@ -328,7 +328,7 @@ class LlamaModel:
                 o = _linear(L, "o", o if gate is None else o * torch.sigmoid(gate))
             x = x + (rms_norm(o, L["post_attn"], eps) if sandwich else o)
             a = rms_norm(x, L["ln2"], eps)
-            m = moe_forward(a, L, s.moe) if s.moe is not None else \
+            m = moe_forward(a, L, s.moe, meta.backend) if s.moe is not None else \
                 _linear(L, "down", self.act_mul(_linear(L, "gate_up", a)))
             x = x + (rms_norm(m, L["post_ff"], eps) if sandwich else m)
         return self.logits(rms_norm(x[logits_indices], self.norm, eps))

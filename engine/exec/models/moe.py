@@ -1,13 +1,10 @@
-"""The mixture-of-experts MLP over a packed batch: route, group the tokens per expert, one GEMM pair
-per active expert.
+"""The mixture-of-experts MLP over a packed batch: route, then the routed experts and the shared
+one.
 
-Why grouped per expert: a step's tokens (prefill chunks and decode rows of many sequences) each
-pick k of E experts. Looping over tokens would run T x k tiny GEMVs from Python; computing every
-expert for every token would do E / k times the work. Sorting the (token, choice) pairs by expert
-gives each active expert one contiguous group of rows: one [rows, H] x [H, 2I] GEMM, the
-activation, one [rows, I] x [I, H] GEMM, scaled by the router weights and added back to the
-tokens' rows. The experts are visited in ascending order and each token's contributions are
-added in that order, as transformers' eager experts add them, so fp32 results match its own.
+The experts' products are kernels.moe_experts: on CUDA a Triton grouped GEMM over the tokens
+sorted per expert (kernels/triton_moe.py, no host sync), elsewhere the torch path that groups
+the tokens per expert and runs one GEMM pair per active expert, adding contributions in
+ascending expert order as transformers' eager experts do (kernels/moe_torch.py says why).
 
 Weights (prepare_moe) are kept per layer as stacked tensors: w13 [E, 2I, H] (gate rows, then up
 rows), w2 [E, H, I] and their biases (gpt-oss); gpt-oss's interleaved, transposed gate_up layout
@@ -19,6 +16,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+import kernels
 
 FP4_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
@@ -109,43 +108,17 @@ def route(x: torch.Tensor, L: dict, spec) -> tuple[torch.Tensor, torch.Tensor]:
     return top.to(logits.dtype), idx
 
 
-def _act(gu: torch.Tensor, spec) -> torch.Tensor:
-    inter = gu.shape[-1] // 2
-    gate, up = gu[:, :inter], gu[:, inter:]
-    if spec.act == "swiglu_clamp":
-        gate = gate.clamp(max=spec.limit)
-        up = up.clamp(min=-spec.limit, max=spec.limit)
-        return (up + 1) * (gate * torch.sigmoid(gate * spec.alpha))
-    return F.silu(gate) * up
-
-
-def expert_groups(idx: torch.Tensor, num_experts: int):
-    """Sort the (token, choice) pairs by expert: (order, counts) with order [T*k] the flat pair
-    indices grouped by expert (ascending; within an expert by token), counts [E]."""
-    flat = idx.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    return order, torch.bincount(flat, minlength=num_experts)
-
-
-def moe_forward(x: torch.Tensor, L: dict, spec) -> torch.Tensor:
-    """The routed MLP (and the shared expert, if any) of x [T, H]."""
-    T = x.shape[0]
-    out = torch.zeros_like(x)
-    if T:
+def moe_forward(x: torch.Tensor, L: dict, spec, backend=None) -> torch.Tensor:
+    """The routed MLP (and the shared expert, if any) of x [T, H]. backend as in kernels:
+    None picks Triton on CUDA, torch elsewhere."""
+    if x.shape[0]:
         weights, idx = route(x, L, spec)
-        order, counts = expert_groups(idx, spec.num_experts)
-        k = spec.top_k
-        tok_of, choice_of = order // k, order % k
-        w13, w2, b13, b2 = L["w13"], L["w2"], L["w13_b"], L["w2_b"]
-        start = 0
-        for e, n in enumerate(counts.tolist()):  # one host sync for the whole layer
-            if not n:
-                continue
-            rows, choice = tok_of[start : start + n], choice_of[start : start + n]
-            start += n
-            h = _act(F.linear(x[rows], w13[e], None if b13 is None else b13[e]), spec)
-            y = F.linear(h, w2[e], None if b2 is None else b2[e])
-            out.index_add_(0, rows, (y * weights[rows, choice, None]).to(out.dtype))
+        out = kernels.moe_experts(
+            x, weights, idx, L["w13"], L["w2"], L["w13_b"], L["w2_b"], act=spec.act,
+            alpha=spec.alpha, limit=spec.limit, backend=backend,
+        )
+    else:
+        out = torch.zeros_like(x)
     if spec.shared:
         gu = F.linear(x, L["sh_gate_up"])
         inter = gu.shape[-1] // 2
