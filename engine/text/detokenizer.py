@@ -4,6 +4,8 @@ Decoding token by token breaks multi-byte characters (one emoji can span several
 tokens) and drops the spaces some tokenizers attach to the next token. So we decode a short window
 of recent tokens and emit only the part that grew and does not end in an incomplete character.
 Stop strings may straddle deltas, so the last (longest stop - 1) characters are held back.
+`keep`: special token ids whose text stays even when special tokens are skipped (harmony's channel
+markers, engine/text/harmony.py: without them a gpt-oss reply's reasoning runs into its answer).
 """
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ REPLACEMENT = "\ufffd"
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_ids: list[int], stop: list[str] | None = None,
-                 skip_special_tokens: bool = True):
+                 skip_special_tokens: bool = True, keep: frozenset = frozenset()):
         self.tok = tokenizer
         self.skip = skip_special_tokens
+        self.keep = keep if skip_special_tokens else frozenset()
         self.stop = list(stop or [])
         self.hold = max((len(s) for s in self.stop), default=1) - 1
         self.ids: list[int] = list(prompt_ids[-6:])   # a little left context for spacing
@@ -25,7 +28,18 @@ class IncrementalDetokenizer:
         self.stopped = False
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tok.decode(ids, skip_special_tokens=self.skip)
+        if not self.keep or not self.keep.intersection(ids):
+            return self.tok.decode(ids, skip_special_tokens=self.skip)
+        parts, run = [], []
+        for t in ids:                   # runs between kept markers decode as before, markers as text
+            if t in self.keep:
+                parts.append(self.tok.decode(run, skip_special_tokens=True) if run else "")
+                parts.append(self.tok.decode([t], skip_special_tokens=False))
+                run = []
+            else:
+                run.append(t)
+        parts.append(self.tok.decode(run, skip_special_tokens=True) if run else "")
+        return "".join(parts)
 
     def add(self, token_id: int) -> str:
         """Add one generated token; return the new text safe to show now."""
