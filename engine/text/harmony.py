@@ -129,24 +129,23 @@ class HarmonyParser:
         return ("", rest) if self.state in ("plain", "undecided") else ("", "")
 
 
-def reasoning_token_count(token_ids, marker_ids: dict, channel_ids: tuple) -> int:
+def reasoning_token_count(token_ids, marker_ids: dict, decode) -> int:
     """Generated tokens inside analysis bodies: after a `<|message|>` whose header (the ids since
-    the last `<|channel|>`) starts with `channel_ids` ("analysis"), up to the body's end marker."""
+    the last `<|channel|>`, read with `decode`) names the analysis channel, up to the body's end
+    marker. Decoded, not compared by id: a sampled header may spell "analysis" in other tokens."""
     channel, message = marker_ids.get(CHANNEL), marker_ids.get(MESSAGE)
     ends = {marker_ids[m] for m in _BODY_ENDS if m in marker_ids}
     n, header, inside, in_header = 0, [], False, False
     for t in token_ids:
         if inside:
             if t in ends:
-                inside = False
-                in_header = t in (channel, marker_ids.get(START))
-                header = []
+                inside, in_header, header = False, t == channel, []
             else:
                 n += 1
         elif t == channel:
             in_header, header = True, []
         elif t == message:
-            inside = in_header and tuple(header[:len(channel_ids)]) == tuple(channel_ids)
+            inside = in_header and _channel(decode(header)) == REASONING_CHANNEL
             in_header = False
         elif in_header:
             header.append(t)

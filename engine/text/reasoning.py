@@ -147,9 +147,9 @@ class ReasoningSplit:
     markers: tuple
     ids: tuple
     inside: bool
-    # harmony only: its marker ids by name and the ids of "analysis" (engine/text/harmony.py)
+    # harmony only: its marker ids by name, and the tokenizer that reads a header's channel
     harmony_ids: dict = field(default_factory=dict)
-    channel_ids: tuple = ()
+    tokenizer: object = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, tokenizer, markers, prompt_ids) -> ReasoningSplit | None:
@@ -159,7 +159,7 @@ class ReasoningSplit:
         if tuple(markers) == HARMONY_MARKERS:
             added = tokenizer.get_added_vocab()
             return cls(HARMONY_MARKERS, ids, False, {m: added[m] for m in harmony._ALL if m in added},
-                       tuple(tokenizer.encode(harmony.REASONING_CHANNEL, add_special_tokens=False)))
+                       tokenizer)
         return cls(tuple(markers), ids, prompt_opens_reasoning(prompt_ids, tokenizer, markers))
 
     @property
@@ -170,9 +170,12 @@ class ReasoningSplit:
         """A streaming parser (feed / finish -> (reasoning, content) deltas) for this format."""
         return harmony.HarmonyParser() if self.is_harmony else ReasoningParser(self.markers, self.inside)
 
+    def _decode(self, ids) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
     def tokens(self, token_ids) -> int:
         if self.is_harmony:
-            return harmony.reasoning_token_count(token_ids, self.harmony_ids, self.channel_ids)
+            return harmony.reasoning_token_count(token_ids, self.harmony_ids, self._decode)
         return reasoning_token_count(token_ids, self.ids, self.inside)
 
     def split(self, text: str, token_ids=()) -> Split:
