@@ -12,6 +12,23 @@ from __future__ import annotations
 REPLACEMENT = "\ufffd"
 
 
+def decode_keeping(tokenizer, ids, keep: frozenset = frozenset()) -> str:
+    """decode(ids, skip_special_tokens=True), except that the tokens in `keep` stay as their text."""
+    ids = list(ids)
+    if not keep or not keep.intersection(ids):
+        return tokenizer.decode(ids, skip_special_tokens=True)
+    parts, run = [], []
+    for t in ids:                   # runs between kept markers decode as before, markers as text
+        if t in keep:
+            parts.append(tokenizer.decode(run, skip_special_tokens=True) if run else "")
+            parts.append(tokenizer.decode([t], skip_special_tokens=False))
+            run = []
+        else:
+            run.append(t)
+    parts.append(tokenizer.decode(run, skip_special_tokens=True) if run else "")
+    return "".join(parts)
+
+
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_ids: list[int], stop: list[str] | None = None,
                  skip_special_tokens: bool = True, keep: frozenset = frozenset()):
@@ -28,18 +45,8 @@ class IncrementalDetokenizer:
         self.stopped = False
 
     def _decode(self, ids: list[int]) -> str:
-        if not self.keep or not self.keep.intersection(ids):
-            return self.tok.decode(ids, skip_special_tokens=self.skip)
-        parts, run = [], []
-        for t in ids:                   # runs between kept markers decode as before, markers as text
-            if t in self.keep:
-                parts.append(self.tok.decode(run, skip_special_tokens=True) if run else "")
-                parts.append(self.tok.decode([t], skip_special_tokens=False))
-                run = []
-            else:
-                run.append(t)
-        parts.append(self.tok.decode(run, skip_special_tokens=True) if run else "")
-        return "".join(parts)
+        return decode_keeping(self.tok, ids, self.keep) if self.skip else \
+            self.tok.decode(ids, skip_special_tokens=False)
 
     def add(self, token_id: int) -> str:
         """Add one generated token; return the new text safe to show now."""
