@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--auth", action="append", default=None, metavar="USER:PASS",
                    help="require a login; repeat for several users (each sees only their own chats)")
     p.add_argument("--auth-file", default=None, metavar="FILE",
-                   help="USER:HASH per line (make one: python -m routes.auth USER); also $PAGED_CHAT_AUTH")
+                   help="USER:HASH per line (make one: python -m routes.security.auth USER); also $PAGED_CHAT_AUTH")
     p.add_argument("--admin", action="append", default=[], metavar="USER",
                    help="with --auth: a user who may start the Memory tab's demo users (repeatable)")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
         return 2
     # SIGTERM while loading: unwind like Ctrl-C so the cleanup below still runs.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    from routes.auth import load_credentials
+    from routes.security.auth import load_credentials
     try:
         creds = load_credentials(parse_auth(args.auth), args.auth_file, os.environ.get("PAGED_CHAT_AUTH"))
     except (OSError, ValueError) as e:
@@ -152,7 +152,7 @@ def main(argv=None) -> int:
         print("WARNING: --share without --auth: anyone with the public link can read and write every "
               "conversation.", file=sys.stderr)
 
-    from routes.openai_keys import ApiAccess, keys_from_env
+    from routes.openai.keys import ApiAccess, keys_from_env
     api_keys = (args.api_key or []) + keys_from_env()
     try:
         ApiAccess(api_keys)                     # a bad PRIORITY stops here, not at the first call

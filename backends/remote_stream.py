@@ -25,7 +25,7 @@ _END = object()
 
 
 def iter_sse_events(lines):
-    """Client side of routes.openai_stream.sse: the JSON objects of an OpenAI SSE stream, given its
+    """Client side of routes.openai.stream.sse: the JSON objects of an OpenAI SSE stream, given its
     text lines; stops at [DONE]. Here, with the backend that reads such streams (the UI on vLLM,
     SGLang or another app.py), since backends must not import routes."""
     for line in lines:

@@ -1,6 +1,6 @@
 """The held-out chats for KV-format decisions (issue 49): no test reads them, nothing is tuned on them.
 
-Why a separate set: bench/kv_accuracy.py's CHATS are also what tests/engine/test_kv_cache_accuracy.py
+Why a separate set: bench/kv_accuracy.py's CHATS are also what tests/engine/kv/test_kv_cache_accuracy.py
 asserts on, and issue 22's rotation was chosen on them; on six other short chats it made greedy
 replies drift. A default must be picked on prompts nobody fitted it to: these 30 chats (short and
 multi-turn; English, French, German, Spanish, Italian, Portuguese, Dutch, Polish, Russian, Chinese,

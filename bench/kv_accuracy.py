@@ -14,7 +14,7 @@ through LLM.generate.
 agreement, KL and top-1 per format and CPU path, beside llama.cpp's cache types).
 `python -m bench.kv_accuracy` prints the table for float32 / bfloat16 / int8 KV (without and with
 the Hadamard rotation) under fp32 weights (--study: other int8 formats, fake-quantized inside HF);
-tests/engine/test_kv_cache_accuracy.py
+tests/engine/kv/test_kv_cache_accuracy.py
 asserts the rule of docs/BENCHMARKS.md with it.
 """
 from __future__ import annotations

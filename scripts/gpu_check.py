@@ -45,7 +45,7 @@ STAGES = ["preflight", "kernels", "numerics", "bigpool", "graphs", "kvquant", "a
 # (docs/BENCHMARKS.md "GPU check: cold compiles" has where they come from); smoke mode uses 0
 COLD_S = {"kernels": 90, "numerics_config": 25, "bigpool": 25, "graphs": 40, "kvquant": 40, "attention": 15,
           "speed_engine": 45, "speed_hf": 20}
-KERNEL_TESTS = ["tests/kernels", "tests/engine/test_fused_forward.py",
+KERNEL_TESTS = ["tests/kernels", "tests/engine/exec/test_fused_forward.py",
                 "--ignore-glob=tests/kernels/test_cpu_*"]
 
 

@@ -16,7 +16,7 @@ from engine.protocol import PinsPrompts, SwitchesModels
 from routes.exports import register_export_route
 from routes.kv import register_kv_route
 from routes.metrics import register_routes
-from routes.security import install_security
+from routes.security.host_guard import install_security
 from ui.chat.context import ChatContext
 from ui.chat.prompt_pins import PromptPins
 from ui.chat.tabs import RELEASE_GRACE_S, TabRegistry
@@ -29,7 +29,7 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
               allowed_hosts=(), api_options: dict | None = None, engine_routes: bool = True, admins=(),
               share_hosts: set | None = None, metrics_token: str | None = None):
     """(FastAPI app serving the page at / plus /metrics, /api/kv and the OpenAI API at /v1, the Blocks
-    demo). api_options: api_keys, allowed_origins, ... for routes.openai_api.mount_openai_api.
+    demo). api_options: api_keys, allowed_origins, ... for routes.openai.api.mount_openai_api.
     metrics_token: under --auth, a bearer token that shows /metrics' per-tenant lines (--admin
     logins see them too; nobody else does).
     engine_routes=False (app.py --backend): no /metrics, /api/kv, /v1 here; the backend serves its own."""
@@ -54,7 +54,7 @@ def build_app(llm, storage, *, auth=None, ctx: ChatContext | None = None, bind_h
     install_security(app, bind_host, allowed_hosts, auth=auth,    # Host check, no /docs, login throttle
                      share_hosts=share_hosts)
     if auth:                         # Gradio's /cancel takes any session hash: owner check (#12.10)
-        from routes.cancel_guard import install_cancel_guard
+        from routes.security.cancel_guard import install_cancel_guard
         install_cancel_guard(app, ctx.tabs)
     return app, demo
 
@@ -137,7 +137,7 @@ def _register_engine_routes(app, llm, storage, demo, auth, api_options: dict | N
                             viewer=None) -> None:
     register_routes(app, llm, kv_route=False, auth=bool(auth), tenant_viewer=viewer)
     register_kv_route(app, llm, storage=storage, demo=demo, auth=bool(auth))   # viewer-scoped /api/kv
-    from routes.openai_api import mount_openai_api
+    from routes.openai.api import mount_openai_api
     mount_openai_api(app, llm, require_key=bool(auth), multi_user=bool(auth), **(api_options or {}))
 
 

@@ -15,7 +15,7 @@ def serve(llm, storage, args, auth) -> None:
     streams, uvicorn shuts down gracefully; the caller (app.py) then stops the engine and storage."""
     import uvicorn
 
-    from routes.openai_keys import keys_from_env
+    from routes.openai.keys import keys_from_env
     from server.assembly import build_app
 
     share_hosts: set = set()         # --share: the link's host name, allowed once the tunnel is up

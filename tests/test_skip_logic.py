@@ -32,8 +32,8 @@ def test_on_a_gpu_machine_only_dependent_modules_skip():
     assert "gradio" in deps.skip_reason(src("ui/test_dashboard_kvmath.py"), cuda=True, have=none)
     assert "browser" in deps.skip_reason(src("e2e/test_chat_browser.py"), cuda=True, have=none)
     assert "sqlite_utils" in deps.skip_reason(src("storage/test_storage_schema.py"), cuda=True, have=none)
-    for rel in ("kernels/test_attention.py", "kernels/test_fused.py", "engine/test_dummy_weights.py",
-                "engine/test_block_pool.py", "engine/test_kv_cache_manager.py"):
+    for rel in ("kernels/test_attention.py", "kernels/test_fused.py", "engine/exec/test_dummy_weights.py",
+                "engine/kv/test_block_pool.py", "engine/kv/test_kv_cache_manager.py"):
         assert deps.skip_reason(src(rel), cuda=True, have=none) is None, rel
     assert deps.skip_reason(src("ui/test_dashboard_kvmath.py"), cuda=True, have=lambda d: True) is None
     assert deps.bundled_model_skip_reason(True, have=none) and deps.bundled_model_skip_reason(False, have=none) is None
@@ -48,13 +48,13 @@ def _pytest(*args, **env):
 def test_collection_on_a_simulated_gpu_machine_reports_skips_with_reasons():
     # one pytest child (each costs ~4 s of imports): two modules skipped for a package, one test for the model
     r = _pytest("tests/ui/test_dashboard_kvmath.py", "tests/storage",
-                "tests/engine/test_block_pool.py",
-                "tests/engine/test_model_families.py::test_gguf_path_is_dequantized_once_and_cached",
+                "tests/engine/kv/test_block_pool.py",
+                "tests/engine/exec/test_model_families.py::test_gguf_path_is_dequantized_once_and_cached",
                 PAGED_CHAT_ASSUME_CUDA="1", PAGED_CHAT_ASSUME_MISSING="gradio,sqlite_utils,bundled model")
     out = r.stdout
     assert r.returncode == 0, out[-2000:]
     assert "needs gradio" in out and "needs sqlite_utils" in out and "3 skipped" in out, out[-2000:]
-    assert re.search(r"SKIPPED \[1\] tests/engine/test_model_families.py.*bundled model", out), out[-2000:]
+    assert re.search(r"SKIPPED \[1\] tests/engine/exec/test_model_families.py.*bundled model", out), out[-2000:]
     assert "passed" in out      # the engine's own tests still ran
 
 

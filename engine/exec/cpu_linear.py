@@ -7,11 +7,11 @@ and re-lays-out the weight on every call. Three forms, picked once at load time:
   or for fp32 when PAGED_CHAT_PACKED_FP32=0.
 - `PackedLinear` — weights reordered once into oneDNN's blocked layout
   (`torch.ops.mkldnn._reorder_linear_weight`) and run by `_linear_pointwise`. In bf16 its results
-  were bit-identical to `F.linear` on this box (tests/engine/test_quant_int8.py checks it) and it
+  were bit-identical to `F.linear` on this box (tests/engine/exec/test_quant_int8.py checks it) and it
   skips the per-call reorder. In fp32 it is not bit-identical to MKL (~1e-6 relative: another
   summation order), but at the decode shapes it is 1.3-2.8x faster than MKL here (the 49k-row LM
   head at 16 rows: 7.0 vs 18.8 ms; bench/results/gemm-decode-shapes.txt), and greedy fp32 stays
-  token-identical to HF (tests/engine/test_generation_vs_hf.py runs on this path). fp32 logits
+  token-identical to HF (tests/engine/exec/test_generation_vs_hf.py runs on this path). fp32 logits
   stay within the 1e-4 the HF-logits test allows.
 - `Int8Linear` — weight-only int8 with one fp scale per output channel (symmetric, round to
   nearest, |q| <= 127). Small batches (decode) run torch's own int8-weight kernel

@@ -44,7 +44,7 @@ class LiveServer:
 def build_server_app(llm, **api_kw):
     import fastapi
 
-    from routes.openai_api import mount_openai_api
+    from routes.openai.api import mount_openai_api
     from routes.metrics import register_routes
     app = fastapi.FastAPI()
     register_routes(app, llm)

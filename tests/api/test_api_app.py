@@ -64,7 +64,7 @@ def test_build_app_serves_v1_next_to_the_page_and_metrics(full_app, model_id, ll
 
 
 def test_gradio_cors_does_not_leak_onto_v1(full_app):
-    # a page of another origin is refused before the key is looked at (routes/cross_site.py, #29.6)
+    # a page of another origin is refused before the key is looked at (routes/security/cross_site.py, #29.6)
     code, _, h = get(full_app.url + "v1/models", {"Origin": "http://evil.example", "Authorization": "Bearer sk-app"})
     assert code == 403 and h.get("access-control-allow-origin") is None
     code, _, h = get(full_app.url + "v1/models", {"Origin": "http://ok.example", "Authorization": "Bearer sk-app"})
@@ -117,7 +117,7 @@ def test_the_idle_page_queue_polls_at_most_every_10_ms_and_a_page_holds_no_heart
 
 def test_app_flags_parse_keys_and_origins(monkeypatch):
     import app
-    from routes.openai_keys import keys_from_env
+    from routes.openai.keys import keys_from_env
     args = app.parse_args(["--api-key", "a", "--api-key", "b", "--allowed-origin", "http://x.example"])
     assert args.api_key == ["a", "b"] and args.allowed_origin == ["http://x.example"]
     assert app.parse_args([]).api_key is None

@@ -67,7 +67,7 @@ def test_formatter_builds_both_openai_shapes_from_contract_records(tokenizer):
     """Runs today: the contract's records (token_id, logprob, top) -> chat and completions shapes."""
     from dataclasses import dataclass
 
-    from routes.openai_params import LogprobFormatter
+    from routes.openai.params import LogprobFormatter
 
     @dataclass(frozen=True)
     class TokenLogprob:                      # the contract's shape (engine/outputs.py once merged)

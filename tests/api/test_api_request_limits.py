@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from routes import request_limits as L
+from routes.security import request_limits as L
 from tests.api.conftest import wait_idle
-from tests.api.test_api_errors import assert_openai_error, raw
+from tests.api.helpers import assert_openai_error, raw
 
 
 def _chat(model_id, content="Hi", **kw):

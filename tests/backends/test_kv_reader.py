@@ -23,54 +23,14 @@ from backends.kv_events import (
     decode_batch,
     encode_batch,
     event,
-    seq_of,
 )
 from backends.kv_feed import Feed
-from tests.backends.kv_fixtures import load
-
-A, B = load("vllm_cpu_replica_A.msgpack"), load("vllm_cpu_replica_B.msgpack")
-
-
-def batches(fixture) -> list[tuple[int, bytes]]:
-    return [(seq_of(f[1]), f[2]) for f in fixture["frames"]]
+from tests.backends.helpers import A, B, batches, first_index, run, state
 
 
 def replay_of(items):
     """A replay endpoint holding `items` (what vLLM's buffer holds): batches from a seq on."""
     return lambda start: [(s, p) for s, p in items if s >= start]
-
-
-def run(items, replay=None, start=False) -> Feed:
-    feed = Feed(ReplicaBlocks(), replay=replay)
-    if start:
-        feed.start()
-    for seq, payload in items:
-        feed.live(seq, payload)
-    return feed
-
-
-def state(feed: Feed) -> tuple:
-    """What the page draws: the live blocks (hash, tokens, medium, depth) and the prefix trees."""
-    b = feed.blocks
-    s = b.live_slots()
-    rows = sorted(
-        zip(
-            b.cols["h64"][s].tolist(),
-            b.cols["tokens"][s].tolist(),
-            b.cols["medium"][s].tolist(),
-            b.cols["depth"][s].tolist(),
-        )
-    )
-    trees = sorted((r.h64, r.blocks) for r in b.roots.values())
-    return rows, trees
-
-
-def first_index(items, kind) -> int:
-    return next(
-        i
-        for i, (_, p) in enumerate(items)
-        if any(isinstance(e, kind) for e in decode_batch(p).events)
-    )
 
 
 def test_the_recordings_are_real_vllm_output_in_its_map_form():

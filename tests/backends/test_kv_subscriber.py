@@ -11,7 +11,7 @@ from backends.kv_blocks import ReplicaBlocks
 from backends.kv_feed import Feed
 from backends.kv_subscriber import Subscriber, binds, parse_spec
 from tests.backends.kv_publisher import FakePublisher
-from tests.backends.test_kv_reader import A, batches, run, state
+from tests.backends.helpers import A, batches, run, state
 from tests.e2e.conftest import free_port
 from tests.e2e.polling import wait_until
 

@@ -6,21 +6,8 @@ import pytest
 
 from backends.monitor import BackendMonitor
 from backends.prometheus import parse, sample
+from tests.backends.helpers import LLAMACPP, VLLM, _Backend
 
-VLLM = """# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
-# TYPE vllm:kv_cache_usage_perc gauge
-vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5
-vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.25
-vllm:num_requests_running{engine="0",model_name="m"} 3.0
-vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
-vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
-vllm:prefix_cache_hits_total{engine="0",model_name="m"} 600.0
-vllm:num_preemptions_total{engine="0",model_name="m"} 2.0
-vllm:prompt_tokens_total{engine="0",model_name="m"} 1000.0
-vllm:generation_tokens_total{engine="0",model_name="m"} 500.0
-vllm:time_to_first_token_seconds_bucket{le="0.001",model_name="m"} 4.0
-vllm:time_to_first_token_seconds_sum{model_name="m"} 1.5
-"""
 SGLANG = """# TYPE sglang:token_usage gauge
 sglang:token_usage{model_name="m"} 0.28
 sglang:cache_hit_rate{model_name="m"} 0.0075
@@ -28,14 +15,6 @@ sglang:num_running_reqs{model_name="m"} 4.0
 sglang:num_queue_reqs{model_name="m"} 0.0
 sglang:prompt_tokens_total{model_name="m"} 8.128902e+06
 sglang:generation_tokens_total{model_name="m"} 7.557572e+06
-"""
-LLAMACPP = """# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
-# TYPE llamacpp:prompt_tokens_total counter
-llamacpp:prompt_tokens_total 6886
-llamacpp:tokens_predicted_total 3469
-llamacpp:kv_cache_usage_ratio 0.125
-llamacpp:requests_processing 1
-llamacpp:requests_deferred 0
 """
 
 
@@ -58,19 +37,6 @@ def test_sglang_and_llamacpp_equivalents_and_what_they_lack():
     assert s.engine == "llama.cpp" and s.kv_usage == 0.125 and (s.running, s.waiting) == (1, 0)
     assert {"prefix_hits", "prefix_queries", "preemptions"} <= set(s.missing())
     assert sample(parse("process_cpu_seconds_total 3.0\n")).engine is None
-
-
-class _Backend:
-    """Feeds the monitor a scripted series of /metrics texts (the HTTP side is tested elsewhere)."""
-
-    def __init__(self, texts):
-        self.texts = list(texts)
-
-    def metrics_text(self):
-        return self.texts.pop(0) if self.texts else None
-
-    def latest_snapshot(self):
-        raise RuntimeError("the backend exposes no KV snapshot (GET /api/kv: HTTP 404)")
 
 
 def test_monitor_rates_from_counters_and_blind_spots():

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from backends.monitor import BackendMonitor
-from tests.backends.test_prometheus import LLAMACPP, VLLM, _Backend
+from tests.backends.helpers import LLAMACPP, VLLM, _Backend
 from ui.dashboard.remote import headline, long_frame
 
 

@@ -45,7 +45,7 @@ from tests.e2e.conftest import (
     screenshot_dir,  # noqa: F401  (a fixture)
 )
 from tests.e2e.polling import wait_until
-from tests.e2e.test_cluster_browser import REPLICA_COUNTS
+from tests.e2e.helpers import REPLICA_COUNTS
 
 pytestmark = [pytest.mark.external, pytest.mark.slow]
 

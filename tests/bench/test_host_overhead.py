@@ -16,7 +16,7 @@ def test_breakdown_has_every_part():
 
 
 def test_no_fork_means_no_logits_copy():
-    """(n > 1 forks still gather: tests/engine/test_engine_features.py n-children tests.)"""
+    """(n > 1 forks still gather: tests/engine/core/test_engine_features.py n-children tests.)"""
     from engine import SamplingParams
     from engine.config import EngineConfig
     from engine.core.llm_engine import LLMEngine

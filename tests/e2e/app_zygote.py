@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # transformers modules are imported lazily, at the first AutoConfig / AutoTokenizer call: left out,
 # every forked app spent ~1.3 s of its ~2.2 s start importing them (torch.distributed, sympy, ...).
 PRELOAD = ("torch", "gradio", "transformers", "uvicorn", "sqlite_utils", "engine", "engine.front.llm",
-           "server.assembly", "ui.layout", "routes.openai_api", "storage")
+           "server.assembly", "ui.layout", "routes.openai.api", "storage")
 LAZY_PRELOAD = ("transformers.models.llama.configuration_llama", "transformers.models.auto.tokenization_auto",
                 "transformers.tokenization_utils_tokenizers")      # names of transformers 5; skipped if absent
 # Variables read when a module is imported: a spawn that changes them gets a plain subprocess.

@@ -27,3 +27,28 @@ def launch_chromium(playwright):
     """A headless Chromium from a running sync_playwright(); the caller closes it."""
     require_chromium()
     return playwright.chromium.launch(executable_path=CHROMIUM, args=list(ARGS))
+
+
+# The fixtures of the tests that share one Chromium per module. A module takes them with
+# `from tests.e2e.browser import _chromium, browser`: the import names chromium, which is how
+# tests/deps.py knows that module needs a browser (a conftest naming it would mark a whole folder).
+@pytest.fixture(scope="module")
+def _chromium():
+    """One Chromium per test module: a launch costs ~1.2 s of CPU, and many tests use it."""
+    require_chromium()
+    import playwright.sync_api as sync_api
+    with sync_api.sync_playwright() as p:
+        b = launch_chromium(p)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def browser(_chromium):
+    """The module's Chromium; every context (and page) a test opened is closed when it ends, so
+    tests share nothing but the browser process."""
+    yield _chromium
+    for context in list(_chromium.contexts):
+        context.close()

@@ -9,66 +9,17 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.polling import wait_until as _wait
-from tests.e2e.test_chat_browser import _chromium, browser  # noqa: F401  (the Chromium fixtures)
+from tests.e2e.browser import _chromium, browser  # noqa: F401  (the Chromium fixtures)
+from tests.e2e.helpers import (
+    done as _done,
+    open_in_new_context as _open,
+    rows as _rows,
+    set_sampling as _sampling,
+    send_and_wait as _send,
+    status as _status,
+)
 
 pytestmark = pytest.mark.slow
-
-
-def _open(browser, url, **kw):  # noqa: F811
-    context = browser.new_context(**kw)
-    page = context.new_page()
-    page.goto(url)
-    page.wait_for_selector("#msg textarea")
-    return page
-
-
-def _sampling(page, max_tokens=None, n=None, temperature=None):
-    page.locator("#sampling .label-wrap").first.click()
-    for elem_id, value in (("max-tokens", max_tokens), ("n-alternatives", n), ("temperature", temperature)):
-        if value is not None:
-            _set_slider(page, elem_id, value)
-    page.locator("#sampling .label-wrap").first.click()
-
-
-def _set_slider(page, elem_id: str, value) -> None:
-    """Type `value` into a slider's number box until its range input (the slider's state, what a send
-    carries) holds it. On a busy machine the first commit can be lost while the page is still
-    hydrating (CI saw the range keep its old value for 10 s), so type again rather than wait forever."""
-    box = page.locator(f"#{elem_id} input[type=number]")
-    rng = page.locator(f"#{elem_id} input[type=range]")
-    for _ in range(6):
-        box.fill(str(value))
-        box.press("Enter")
-        box.blur()
-        try:
-            _wait(lambda: float(rng.input_value()) == float(value), timeout=5)
-            return
-        except TimeoutError:
-            print(f"[_set_slider] {elem_id}: typed {value}, box {box.input_value()!r}, range {rng.input_value()!r}; typing again")
-    raise TimeoutError(f"{elem_id}: typed {value}, box {box.input_value()!r}, range {rng.input_value()!r}")
-
-
-def _status(page) -> str:
-    return page.locator("#chat-status").inner_text()
-
-
-def _done(page) -> bool:
-    return page.locator("#send").is_visible() and _status(page).strip() in ("finished", "stopped")
-
-
-def _send(page, text):
-    """Send and wait for the whole reply. The previous turn's "finished" is still on the page when
-    Enter is pressed, so first wait for this turn's question to show (a fast reply can be over
-    before the Stop button is ever seen), then for a reply row beside it and the status."""
-    asked = len(_rows(page, "user"))
-    page.fill("#msg textarea", text)
-    page.keyboard.press("Enter")
-    _wait(lambda: len(_rows(page, "user")) > asked, timeout=30)
-    _wait(lambda: _done(page) and len(_rows(page, "bot")) >= len(_rows(page, "user")), timeout=120)
-
-
-def _rows(page, role):
-    return [t for t in page.locator(f"#chatbot .message.{role}").all_inner_texts()]
 
 
 def _nav(page, text):

@@ -9,46 +9,18 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.polling import wait_until as _wait
-from tests.e2e.browser import launch_chromium, require_chromium
+from tests.e2e.browser import _chromium, browser  # noqa: F401  (the Chromium fixtures)
+from tests.e2e.helpers import (
+    finished as _finished,
+    open_page as _open,
+    reply as _reply,
+    send as _send,
+    set_number as _set_number,
+)
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def _chromium():
-    """One Chromium per test module: a launch costs ~1.2 s of CPU, and 29 tests use it."""
-    require_chromium()
-    import playwright.sync_api as sync_api
-    with sync_api.sync_playwright() as p:
-        b = launch_chromium(p)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture
-def browser(_chromium):
-    """The module's Chromium; every context (and page) a test opened is closed when it ends, so
-    tests share nothing but the browser process."""
-    yield _chromium
-    for context in list(_chromium.contexts):
-        context.close()
-
-
-def _open(context, url):
-    page = context.new_page()
-    page.goto(url)
-    page.wait_for_selector("#msg textarea")
-    return page
-
-
-def _set_number(page, elem_id: str, value) -> None:
-    box = page.locator(f"#{elem_id} input[type=number]")
-    box.fill(str(value))
-    box.press("Enter")
 
 
 def _short_replies(page, max_tokens: int = 8) -> None:
@@ -59,21 +31,9 @@ def _short_replies(page, max_tokens: int = 8) -> None:
     page.locator("#sampling .label-wrap").first.click()
 
 
-def _send(page, text: str) -> None:
-    page.fill("#msg textarea", text)
-    page.keyboard.press("Enter")
-
-
-def _reply(page) -> str:
-    bots = page.locator("#chatbot .message.bot")
-    return bots.last.inner_text() if bots.count() else ""
-
-
 def _body(page) -> str:
     """The reply without its stats line."""
     return _reply(page).split("\n\n")[0] if "tokens" in _reply(page) else _reply(page)
-
-
 
 
 _RECORD_REPLIES = """() => {
@@ -85,12 +45,6 @@ _RECORD_REPLIES = """() => {
   };
   new MutationObserver(note).observe(document.body, {subtree: true, childList: true, characterData: true});
 }"""
-
-
-def _finished(page) -> bool:
-    """The status line under the chat says "finished"; the stats line is under the reply."""
-    status = page.locator("#chat-status").inner_text()
-    return status.strip() == "finished" and "tok/s" in _reply(page)      # the stats line: once, under the reply
 
 
 def _no_error_badge(page) -> None:

@@ -6,8 +6,14 @@ Export only when a chat is on screen."""
 import pytest
 
 from tests.e2e.polling import wait_until as _wait
-from tests.e2e.test_chat_branches_browser import _done, _open, _sampling, _send, _status
-from tests.e2e.test_chat_browser import _chromium, browser  # noqa: F401  (the Chromium fixtures)
+from tests.e2e.browser import _chromium, browser  # noqa: F401  (the Chromium fixtures)
+from tests.e2e.helpers import (
+    done as _done,
+    open_in_new_context as _open,
+    set_sampling as _sampling,
+    send_and_wait as _send,
+    status as _status,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -11,6 +11,12 @@ import pytest
 from tests.e2e.polling import wait_until as _wait
 from ui.dashboard import vocabulary as VOC
 from tests.e2e.browser import launch_chromium, require_chromium
+from tests.e2e.helpers import (
+    finished as _finished,
+    open_page as _open,
+    reply as _reply,
+    send as _send,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -42,13 +48,6 @@ def _patient(make):
     return wrapped
 
 
-def _open(context, url):
-    page = context.new_page()
-    page.goto(url)
-    page.wait_for_selector("#msg textarea")
-    return page
-
-
 def _greedy(page, max_tokens: int) -> None:
     page.locator("#sampling .label-wrap").first.click()
     for elem, v in (("temperature", 0), ("max-tokens", max_tokens)):
@@ -56,16 +55,6 @@ def _greedy(page, max_tokens: int) -> None:
         box.fill(str(v))
         box.press("Enter")
     page.locator("#sampling .label-wrap").first.click()
-
-
-def _send(page, text: str) -> None:
-    page.fill("#msg textarea", text)
-    page.keyboard.press("Enter")
-
-
-def _reply(page) -> str:
-    bots = page.locator("#chatbot .message.bot")
-    return bots.last.inner_text() if bots.count() else ""
 
 
 def _body(page) -> str:
@@ -83,10 +72,6 @@ def _stored_reply(api, server, conv):
     rows = api.read_db(server.db, "SELECT content, status, token_ids FROM messages WHERE conversation_id = ? "
                                   "AND role = 'assistant' ORDER BY id DESC LIMIT 1", (conv,))
     return rows[0] if rows else None
-
-
-def _finished(page) -> bool:
-    return page.locator("#chat-status").inner_text().strip() == "finished" and "tok/s" in _reply(page)
 
 
 PROMPT = "List the numbers from one to forty in words, separated by commas."

@@ -11,7 +11,7 @@ import pytest
 from storage import Storage
 from tests.e2e.conftest import SMALL, AppServer
 from tests.e2e.polling import wait_until as _wait
-from tests.e2e.test_chat_browser import _chromium, browser  # noqa: F401  (the Chromium fixtures)
+from tests.e2e.browser import _chromium, browser  # noqa: F401  (the Chromium fixtures)
 
 pytestmark = pytest.mark.slow
 

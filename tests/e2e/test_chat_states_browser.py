@@ -6,8 +6,15 @@ that fills before max tokens says "context full (n/n tokens)"; at
 import pytest
 
 from tests.e2e.polling import wait_until as _wait
-from tests.e2e.test_chat_branches_browser import _done, _open, _rows, _sampling, _send, _status
-from tests.e2e.test_chat_browser import _chromium, browser  # noqa: F401  (the Chromium fixtures)
+from tests.e2e.browser import _chromium, browser  # noqa: F401  (the Chromium fixtures)
+from tests.e2e.helpers import (
+    done as _done,
+    open_in_new_context as _open,
+    rows as _rows,
+    set_sampling as _sampling,
+    send_and_wait as _send,
+    status as _status,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -16,17 +16,14 @@ from backends.kv_cluster import Replica, cluster_numbers
 from backends.kv_events import Cleared, Removed
 from tests.backends.fake_backend import FakeBackend
 from tests.backends.kv_publisher import FakePublisher
-from tests.backends.test_kv_reader import A, B, batches, first_index, run
+from tests.backends.helpers import A, B, batches, first_index, run
 from tests.e2e.browser import launch_chromium
 from tests.e2e.conftest import AppServer
 from tests.e2e.polling import wait_until
+from tests.e2e.helpers import REPLICA_COUNTS
 
 pytestmark = pytest.mark.slow
 
-# {replica: its cached blocks}, as the tab's replica cards carry them (data-replica, data-blocks)
-REPLICA_COUNTS = """() => Object.fromEntries(
-    [...document.querySelectorAll('#kv-cluster-reps [data-replica]')]
-        .map(e => [e.dataset.replica, +e.dataset.blocks]))"""
 
 CACHE_INFO = (
     'vllm:cache_config_info{block_size="128",cache_dtype="auto",engine="0",'

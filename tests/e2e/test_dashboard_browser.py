@@ -12,15 +12,11 @@ import pytest
 from tests.e2e.polling import wait_until
 from ui.dashboard.panels import DARK, LIGHT
 from tests.e2e.browser import launch_chromium
+from tests.e2e.helpers import PIXEL, rgb
 
 pytestmark = pytest.mark.slow
 
 HEADLINE = "els => Object.fromEntries(els.map(e => [e.dataset.k, e.dataset.v]))"
-# the colour the canvas painted at the centre of a block's cell (pinned cells with ref 1 carry no number)
-PIXEL = """(b) => { const c = document.querySelector('#kv-grid canvas'); const p = c.kvCellAt(b);
-  const r = window.devicePixelRatio || 1;
-  const d = c.getContext('2d').getImageData(Math.floor(p.x * r), Math.floor(p.y * r), 1, 1).data;
-  return `rgb(${d[0]}, ${d[1]}, ${d[2]})`; }"""
 # Each history plot's clip area (the Vega group its lines are drawn in) and the tops of its lines.
 PLOT_LINES = """() => [...document.querySelectorAll('#kv-paged-plot, #kv-contig-plot, #kv-hit-plot')].map((p) => {
   const area = p.querySelector('g.plot_pathgroup > g > path.background');
@@ -42,11 +38,6 @@ def pinned_cells(page) -> int:
 def ticks_served(server) -> int:
     """The app's count of Memory-tab ticks (one per tick request it answered), from /metrics."""
     return int(re.search(r"^paged_chat_dashboard_ticks_total (\d+)", server.get("metrics"), re.M).group(1))
-
-
-def rgb(hex_colour: str) -> str:
-    h = hex_colour.lstrip("#")
-    return "rgb(%d, %d, %d)" % tuple(int(h[i:i + 2], 16) for i in (0, 2, 4))
 
 
 def test_pinned_prompt_titles_headline_timer_and_theme(launch, screenshot_dir):
@@ -140,7 +131,12 @@ def test_pinned_prompt_titles_headline_timer_and_theme(launch, screenshot_dir):
 
 def test_the_chat_open_in_the_sidebar_is_highlighted_in_the_memory_tab(launch):
     from playwright.sync_api import sync_playwright
-    from tests.e2e.test_chat_browser import _finished, _open, _send, _set_number
+    from tests.e2e.helpers import (
+        finished as _finished,
+        open_page as _open,
+        send as _send,
+        set_number as _set_number,
+    )
     server = launch(args=["--num-blocks", "1024", "--max-model-len", "4096"])
     server.wait_kv(lambda s: s.get("pins"), timeout=120)
 

@@ -21,7 +21,7 @@ import pytest
 
 from tests.e2e.browser import launch_chromium
 from tests.e2e.polling import wait_until
-from tests.e2e.test_dashboard_browser import PIXEL, rgb
+from tests.e2e.helpers import PIXEL, rgb, send as _send
 from tests.engine.family_chat import family_tokenizer
 from tests.tiny_models import save_scripted_qwen3, save_tiny_llama, scripted_chain
 from ui.dashboard.panels import LIGHT
@@ -59,11 +59,6 @@ def _pick(page, name: str) -> None:
     option = page.locator(f'#model-picker li[role=option][aria-label="{name}"]')
     option.wait_for(state="visible")
     option.click()
-
-
-def _send(page, text: str) -> None:
-    page.fill("#msg textarea", text)
-    page.keyboard.press("Enter")
 
 
 def _finished(page, replies: int) -> bool:

@@ -9,7 +9,7 @@ import urllib.parse
 import pytest
 from gradio_client import Client
 
-from routes.auth import hash_password
+from routes.security.auth import hash_password
 
 pytestmark = pytest.mark.slow
 

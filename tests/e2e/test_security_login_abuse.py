@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from routes.login_guard import ADDRESS_FREE_FAILURES, DEVICE_COOKIE
+from routes.security.login_guard import ADDRESS_FREE_FAILURES, DEVICE_COOKIE
 from tests.e2e.conftest import AppServer
 from tests.e2e.browser import launch_chromium, require_chromium
 

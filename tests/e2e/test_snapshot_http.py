@@ -2,7 +2,7 @@
 cold burst of long API prompts in one engine step of several seconds, and GET /api/kv (what the
 Memory tab's page and outside dashboards poll) keeps answering meanwhile.
 
-Why through HTTP as well as tests/engine/test_snapshot_never_waits.py: the route, its scoping and
+Why through HTTP as well as tests/engine/observe/test_snapshot_never_waits.py: the route, its scoping and
 the server's thread pool sit between a reader and the shared snapshot; any of them could queue a
 read behind the engine step again.
 

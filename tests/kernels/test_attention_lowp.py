@@ -13,7 +13,7 @@ kernel (P, the output). Two bounds, both must hold:
 import pytest
 import torch
 
-from tests.kernels.test_attention import build_case, decode_seqs, extend_seqs, oracle, run_backend
+from tests.kernels.helpers import build_case, decode_seqs, extend_seqs, oracle, run_backend
 
 LOWP = [torch.bfloat16, torch.float16]
 

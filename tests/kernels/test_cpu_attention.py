@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from kernels import cpu_attention, reference
-from tests.kernels.test_attention import build_case, dense_attention_fp64
+from tests.kernels.helpers import build_case, dense_attention_fp64
 
 CASES = [  # (bs, H, kvh, d, contexts, share_blocks)
     (16, 9, 3, 64, [1, 15, 16, 17, 200, 513], 0),
@@ -50,7 +50,7 @@ def test_cpu_decode_matches_fp64_dense(case, dtype):
 def test_cpu_decode_sliding_window(dtype):
     """The window in the compiled kernel, both of its loops (fewer sequences than threads, and
     one thread per sequence): blocks wholly before the window are NaN and must not be read."""
-    from tests.kernels.test_attention import release_outside_window
+    from tests.kernels.helpers import release_outside_window
     c = _decode_case(16, 9, 3, 64, [1, 20, 37, 38, 39, 200, 513, 40, 41], 0, dtype, seed=11)
     assert release_outside_window(c, 37) > 0
     kc, vc = c["pool"][0, 1], c["pool"][1, 1]

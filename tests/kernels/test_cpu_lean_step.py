@@ -6,7 +6,7 @@ without. Logits must agree to float rounding (fp32) or a few bf16 / int8 steps
 (its matrix-vector products sum in another order than oneDNN), the greedy token must be the same,
 and the K/V it wrote into the pool must be the loop's. Families with and without q/k/v biases and
 with GQA groups of 3 and 4. The real model's greedy equality with HF runs on this step too
-(tests/engine/test_generation_vs_hf.py: one sequence decoding takes it by default).
+(tests/engine/exec/test_generation_vs_hf.py: one sequence decoding takes it by default).
 """
 import pytest
 import torch

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels import triton_attention as ta
-from tests.kernels.test_attention import build_case, check, run_backend
+from tests.kernels.helpers import build_case, check, run_backend
 
 VARIANTS = list(ta.DECODE_VARIANTS)
 

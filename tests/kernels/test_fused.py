@@ -12,7 +12,7 @@ import triton.language as tl
 from engine.exec.models.llama import apply_rope, rms_norm
 from kernels import reference
 from kernels.triton_rounding import round_as
-from tests.kernels.test_attention import DEVICE
+from tests.kernels.helpers import DEVICE
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 

@@ -10,7 +10,7 @@ import torch
 
 import kernels
 from kernels import cpu_attention, kv_quant, reference
-from tests.kernels.test_attention import DEVICE, build_case, decode_seqs, dense_attention_fp64, extend_seqs
+from tests.kernels.helpers import DEVICE, build_case, decode_seqs, dense_attention_fp64, extend_seqs
 
 QDTYPES = [torch.int8, torch.float8_e4m3fn]
 SEQS = {"decode": (decode_seqs(16), 0), "extend": (extend_seqs(16), 0),
@@ -198,7 +198,7 @@ def test_sliding_window_on_an_int8_pool(backend, monkeypatch):
     """A window over int8 rows (Gemma 3's local layers with --kv-cache-dtype int8): the C++ decode
     kernel, the torch gather path and Triton, decode and prefill after a prefix longer than the
     window; blocks wholly before every query's window hold NaN scales and must not be read."""
-    from tests.kernels.test_attention import release_outside_window
+    from tests.kernels.helpers import release_outside_window
     monkeypatch.setattr(reference, "USE_CPU_KERNEL", backend == "cpp")
     for seqs in ([(c - 1, 1) for c in (3, 24, 25, 90, 161)], [(0, 40), (50, 9), (70, 1), (33, 20)]):
         fp = build_case(16, 9, 3, 64, seqs, torch.float32, seed=8)

@@ -4,7 +4,7 @@ The `[NAME:]KEY` forms keep working. Pure functions: the flood itself is
 tests/api/test_api_tenants.py::test_a_key_claiming_priority_minus_1000_cannot_starve_a_chat_user."""
 import pytest
 
-from routes.openai_keys import ApiAccess, effective_priority, parse_key, split_named_key
+from routes.openai.keys import ApiAccess, effective_priority, parse_key, split_named_key
 
 
 def test_key_forms_old_and_new():

@@ -15,10 +15,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 import app as app_module
-from routes.auth import (Credentials, LoginThrottle, check_hash_format, hash_password, load_credentials,
+from routes.security.auth import (Credentials, LoginThrottle, check_hash_format, hash_password, load_credentials,
                          parse_auth_file_text, parse_env_auth, verify_password)
-from routes.hash_budget import HashBudget
-from routes.security import install_security
+from routes.security.hash_budget import HashBudget
+from routes.security.host_guard import install_security
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,7 +88,7 @@ def test_app_flags():
 
 
 def test_hash_cli_prints_a_usable_line():
-    out = subprocess.run([sys.executable, "-m", "routes.auth", "alice"], input="wonder land\n", cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "routes.security.auth", "alice"], input="wonder land\n", cwd=ROOT,
                          capture_output=True, text=True, timeout=120, check=True).stdout.strip()
     user, _, enc = out.partition(":")
     assert user == "alice" and verify_password("wonder land", enc)
@@ -117,7 +117,7 @@ def test_throttle_backoff_per_user_and_address():
 @pytest.fixture
 def login_app():
     clock = Clock()
-    # share=1: no spacing between hashes (routes/hash_budget.py has its own tests)
+    # share=1: no spacing between hashes (routes/security/hash_budget.py has its own tests)
     creds = Credentials({"alice": hash_password("wonderland")}, throttle=LoginThrottle(clock=clock),
                         budget=HashBudget(share=1.0))
     auth = creds.gradio_auth

@@ -1,5 +1,5 @@
 """Issue #29 items 1, 6, 7 in process: Gradio's real /login route mounted as ui/layout.py mounts it,
-our guard in front (routes/login_guard.py), the real scrypt. The throttle's clock is a test clock.
+our guard in front (routes/security/login_guard.py), the real scrypt. The throttle's clock is a test clock.
 The same attacks against a real app process: tests/e2e/test_security_login_abuse.py."""
 import asyncio
 import hashlib
@@ -11,11 +11,11 @@ import gradio as gr
 import pytest
 from fastapi.testclient import TestClient
 
-from routes.auth import Credentials, LoginThrottle, hash_password
-from routes.cross_site import foreign_origin
-from routes.hash_budget import HashBudget
-from routes.login_guard import ADDRESS_FREE_FAILURES, DEVICE_COOKIE, DeviceCookies
-from routes.security import install_security
+from routes.security.auth import Credentials, LoginThrottle, hash_password
+from routes.security.cross_site import foreign_origin
+from routes.security.hash_budget import HashBudget
+from routes.security.login_guard import ADDRESS_FREE_FAILURES, DEVICE_COOKIE, DeviceCookies
+from routes.security.host_guard import install_security
 
 BOUNDARY = "----formboundary29"
 

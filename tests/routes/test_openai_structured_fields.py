@@ -3,9 +3,9 @@ each accepted form maps to the right spec, malformed or ambiguous ones are a 400
 import pytest
 
 from engine.sampling.structured import StructuredSpec
-from routes.openai_errors import APIError
-from routes.openai_schemas import ChatCompletionRequest, CompletionRequest
-from routes.openai_structured import logit_bias, structured_spec
+from routes.openai.errors import APIError
+from routes.openai.schemas import ChatCompletionRequest, CompletionRequest
+from routes.openai.structured import logit_bias, structured_spec
 
 MSG = [{"role": "user", "content": "hi"}]
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from routes.openai_tools import ToolCallParser, ToolPlan, stream_delta
+from routes.openai.tools import ToolCallParser, ToolPlan, stream_delta
 
 TEXT = ('Let me check. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "x": {"a": [1, "}"]}}}'
         '</tool_call>\n<tool_call>{"name": "noop", "arguments": {}}</tool_call>')

@@ -8,7 +8,7 @@ import gradio as gr
 import pytest
 from fastapi.testclient import TestClient
 
-from routes.security import HostGuard, install_security, is_loopback_host, split_host_header
+from routes.security.host_guard import HostGuard, install_security, is_loopback_host, split_host_header
 
 
 def _app(bind_host="127.0.0.1", allowed=(), auth=None):

@@ -5,7 +5,7 @@ import fastapi
 import gradio as gr
 from fastapi.testclient import TestClient
 
-from routes.security import install_security
+from routes.security.host_guard import install_security
 from routes.share import open_share_link
 
 

@@ -1,7 +1,7 @@
 """Branch browsing and picking an alternative through the handlers (real SQLite store; the
 scripted engine of tests/ui/fake_engine.py stands in for the model here, the browser tests use
 the real one)."""
-from tests.ui.test_chat_flow import KW, collect, ctx, prop, req, run, texts  # noqa: F401
+from tests.ui.helpers import KW, collect, prop, req, run, texts
 from ui.chat import branches, view
 from ui.chat import handlers as chat
 

@@ -2,7 +2,7 @@
 admission bound (engine/core/admission.py, the real AdmissionControl) the chat refuses with a sentence
 instead of waiting forever; nothing is left running or busy."""
 from engine.core.admission import AdmissionControl, QueueBounds
-from tests.ui.test_chat_flow import KW, collect, ctx, req, run  # noqa: F401 (ctx is a fixture)
+from tests.ui.helpers import KW, collect, req, run
 from ui.chat import handlers as chat
 from ui.chat.context import ChatContext
 from ui.chat import view

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from engine.kv.kv_cache_manager import KVCacheManager
 from routes.kv import register_kv_route
 from tests.ui.fake_engine import FakeLLM, request
-from tests.ui.test_chat_flow import chat_context
+from tests.ui.helpers import chat_context
 from ui.chat import context_meter as CM
 from ui.chat import summary
 from engine.observe.kv_snapshot import take_snapshot

@@ -1,61 +1,12 @@
 """The streaming handlers (ui/chat/handlers.py) against a scripted fake engine and a real SQLite store:
 commit order, stored reply and stats, Stop/cancel, bad input, busy conversations, branches."""
 import asyncio
-from contextlib import contextmanager
 
 import pytest
 
-from storage import Storage
-from tests.ui.fake_engine import FakeLLM, request
 from ui.chat import handlers as chat
-from ui.chat.context import ChatContext
-from ui.chat.tabs import TabRegistry
 from ui.chat import view
-
-
-KW = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_tokens": 8, "repetition_penalty": 1.0,
-      "seed": None, "n": 1}
-
-
-@contextmanager
-def chat_context(llm, folder):
-    """A ChatContext over `llm` and a real SQLite store in `folder`, closed afterwards. The system
-    prompt is short: the fake's context is 40 words (the real default is a ~550-token policy)."""
-    st = Storage(folder / "chat.db")
-    st.set_system_prompt("You are a helpful assistant.")
-    c = ChatContext(llm, st, TabRegistry(llm))
-    try:
-        yield c
-    finally:
-        c.tabs.shutdown()
-        st.close()
-
-
-@pytest.fixture
-def ctx(tmp_path):
-    with chat_context(FakeLLM(), tmp_path) as c:
-        yield c
-
-
-def req(session="s1", username=None):
-    return request(session, username)
-
-
-async def collect(agen):
-    return [out async for out in agen]
-
-
-def run(coro):
-    return asyncio.run(coro)
-
-
-def texts(out):
-    return [(m["role"], view.shown_text(m["content"]).split("\n\n<span")[0]) for m in out[1]]
-
-
-def prop(update, key):
-    """A property of a returned update (a component object or an update dict)."""
-    return update[key] if isinstance(update, dict) else getattr(update, key)
+from tests.ui.helpers import KW, collect, prop, req, run, texts
 
 
 def settle(ctx):

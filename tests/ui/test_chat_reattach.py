@@ -11,7 +11,7 @@ from concurrent.futures import Future
 import pytest
 
 from tests.ui.fake_engine import FakeLLM, request
-from tests.ui.test_chat_flow import chat_context
+from tests.ui.helpers import chat_context
 from ui.chat import beam
 from ui.chat import handlers as chat
 from ui.chat import reattach

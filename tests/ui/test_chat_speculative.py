@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from tests.ui.fake_engine import request
-from tests.ui.test_chat_flow import KW, chat_context, collect
+from tests.ui.helpers import KW, chat_context, collect
 from ui.chat import handlers as chat
 from ui.chat import view
 

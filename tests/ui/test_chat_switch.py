@@ -4,7 +4,7 @@ painting at once while the reply finishes into its own chat; the next message go
 screen; another tab opening the chat follows the live reply; turns record exact token ids."""
 import asyncio
 
-from tests.ui.test_chat_flow import KW, ctx, req, run, texts  # noqa: F401
+from tests.ui.helpers import KW, req, run, texts
 from ui.chat import handlers as chat
 from ui.chat import sidebar as side
 from ui.chat import view as V

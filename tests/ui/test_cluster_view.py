@@ -164,7 +164,7 @@ def test_the_tab_names_the_recorded_system_prompt_but_not_to_other_users_under_a
     from backends.kv_cluster import Cluster, Replica
     from backends.kv_events import Cleared, Removed
     from engine.exec.loader import resolve_hf_folder
-    from tests.backends.test_kv_reader import A, B, batches, first_index, run
+    from tests.backends.helpers import A, B, batches, first_index, run
     from tests.ui.fake_engine import request
     from ui.dashboard.cluster_tab import _Cached, render
 

@@ -3,7 +3,7 @@ tier panel's numbers, the event feed's "resumed from disk" and swap lines, and v
 (under --auth another user's tier load is counted, never named)."""
 import json
 
-from tests.engine.test_kv_tier import manager_with_tier, run_turn
+from tests.engine.kv.tier_sim import manager_with_tier, run_turn
 from ui.dashboard.events import diff_events
 from engine.observe.viewer_scope import scope_snapshot
 from ui.dashboard.tier_panel import TierRates, tier_html
@@ -69,7 +69,7 @@ def test_tier_panel_shows_pool_and_tier_side_by_side(tmp_path):
 
 def test_metrics_carry_the_tier(tmp_path):
     from routes.metrics import prometheus_text
-    from tests.ui.test_metrics import parse
+    from tests.ui.helpers import parse
     m, prev, snap = _evict_and_reload(tmp_path)
     p = parse(prometheus_text(snap))
     v = {k: x[0] for k, x in p["values"].items()}

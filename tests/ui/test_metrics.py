@@ -1,6 +1,5 @@
 """GET /metrics (Prometheus text, parsed back strictly) and GET /api/kv on a routes-only FastAPI app."""
 import json
-import re
 from types import SimpleNamespace
 
 import pytest
@@ -11,32 +10,7 @@ from tests.ui.fake_engine import FakeLLM
 from ui.dashboard import view as V
 from tests.ui.snapshots import BPT, hand_snapshot
 from routes.metrics import model_name_of, prometheus_text, register_routes
-
-NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-SAMPLE = re.compile(rf'^({NAME})(\{{(?:[a-zA-Z_]\w*="(?:[^"\\]|\\.)*",?)*\}})? (\S+)$')
-
-
-def parse(text: str) -> dict:
-    """Strict exposition-format reader: every sample has HELP and TYPE before it, once."""
-    assert text.endswith("\n")
-    meta, values = {}, {}
-    for line in text.splitlines():
-        if line.startswith("# HELP "):
-            name, help_ = line[7:].split(" ", 1)
-            assert re.fullmatch(NAME, name) and help_ and name not in meta
-            meta[name] = {"help": help_}
-        elif line.startswith("# TYPE "):
-            name, kind = line[7:].split(" ")
-            assert kind in ("gauge", "counter") and "type" not in meta[name]
-            meta[name]["type"] = kind
-        else:
-            m = SAMPLE.match(line)
-            assert m, line
-            name = m.group(1)
-            assert "type" in meta[name], f"{name} has no # TYPE before it"
-            assert name not in values
-            values[name] = (float(m.group(3)), m.group(2) or "")
-    return {"meta": meta, "values": values}
+from tests.ui.helpers import parse
 
 
 def test_prometheus_text_vllm_names_and_own_gauges():

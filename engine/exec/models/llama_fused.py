@@ -5,7 +5,7 @@ them the 8-op RMSNorm, 5-op RoPE, the residual adds and SiLU*mul). Here each lay
   norm+add (1) -> qkv GEMM -> RoPE+KV store (1) -> attention -> o GEMM -> add+norm (1)
   -> gate_up GEMM -> SiLU*mul (1) -> down GEMM,
 and the residual add is folded into the next norm. Rounding matches the eager loop (and so
-transformers) in every dtype; tests/engine/test_fused_forward.py checks the two loops agree.
+transformers) in every dtype; tests/engine/exec/test_fused_forward.py checks the two loops agree.
 Attention (q/k norm, RoPE kind, sliding window, foreign pools) is attention_block.py's, shared
 with the other loops; Gemma's sandwich norms are one more norm kernel each, its GELU the act kernel's
 other activation. The CPU path keeps the eager loop and its exact fp32 mode.
