@@ -5,7 +5,7 @@ not, with the analysis tokens in `usage.completion_tokens_details`; the engine s
 template.
 
 The model is the shipped gpt-oss config shrunk to 2 layers with random weights
-(tests/engine/hybrid_helpers.py) and the harmony tokenizer and template of
+(tests/engine/exec/hybrid_helpers.py) and the harmony tokenizer and template of
 tests/engine/family_chat.py; a grammar naming the marker tokens makes it write
 `<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...<|return|>`,
 so what is split is the real engine's real output, markers kept in its text by the engine itself.
@@ -27,7 +27,7 @@ def _grammar(tok):
 @pytest.fixture(scope="module")
 def harmony_server(tmp_path_factory):
     from engine import ServingLLM
-    from tests.engine import hybrid_helpers as H
+    from tests.engine.exec import hybrid_helpers as H
     folder = tmp_path_factory.mktemp("tiny-gpt-oss")
     tok = family_tokenizer("gpt_oss")
     cfg = H.config("gpt_oss")
