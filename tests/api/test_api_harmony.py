@@ -69,6 +69,13 @@ def test_analysis_is_reasoning_content_final_is_content_streamed_and_not(harmony
     assert parts == {"reasoning_content": reasoning, "content": msg.content}      # greedy: the same reply
     assert streamed_usage.completion_tokens_details.reasoning_tokens == usage.completion_tokens_details.reasoning_tokens
 
+    final_only = _grammar(tok).split('"analysis"')[0] + '"final" ' + _grammar(tok).split('"final" ')[1]
+    direct = client.chat.completions.create(model=model, messages=hi, max_tokens=40, temperature=0,
+                                            extra_body={"structured_outputs": {"grammar": final_only}})
+    assert direct.choices[0].message.model_extra["reasoning_content"] is None
+    assert direct.choices[0].message.content and "<|" not in direct.choices[0].message.content
+    assert direct.usage.completion_tokens_details.reasoning_tokens == 0
+
     # the engine's batch API splits alike; its stored text (markers kept) gives the next prompt
     # without the analysis: the same ids as the answer alone
     from engine import SamplingParams
