@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.text.detokenizer import IncrementalDetokenizer
+from engine.text.detokenizer import IncrementalDetokenizer, decode_keeping
 from engine.core.sequence import Request, Sequence, SeqStatus
 
 
@@ -293,7 +293,7 @@ class BeamGroup:
         self.req.seqs[:] = []
         engine.end_driven_request(self.req.request_id)
         seqs = [BeamSearchSequence(s.token_ids, s.logprobs, s.cum_logprob, s.score,
-                                   self.tokenizer.decode(list(s.token_ids), skip_special_tokens=True),
+                                   decode_keeping(self.tokenizer, s.token_ids, engine.kept_markers),
                                    s.finish_reason) for _, s in self.finished]
         self._notify(engine, [], freed, done=True)
         if not self.future.done():

@@ -32,6 +32,7 @@ from engine.core.sequence import Request, RequestOutputDelta, Sequence, SeqStatu
 from engine.core.sessions import SessionTable
 from engine.core.speculation import Speculator
 from engine.text.end_of_turn import end_of_turn_ids
+from engine.text.harmony import structure_ids
 
 log = logging.getLogger("paged_chat.engine")
 
@@ -70,6 +71,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.sessions = SessionTable()      # chat sessions: exact ids + life cycle (engine/core/sessions.py)
         self.eos_ids = set(end_of_turn_ids(self.hf_config, self.tokenizer))   # engine/text/end_of_turn.py
+        self.kept_markers = structure_ids(self.tokenizer)     # harmony's channels stay in the text
         self.generated_tokens_total = 0
         self.prompt_tokens_computed_total = 0
         self.steps = 0
@@ -112,7 +114,8 @@ class LLMEngine:
         p = req.params
         seed = (p.seed * 1_000_003 + index) if p.seed is not None else int(
             torch.randint(0, 2**62, (1,), generator=self._seed_rng))
-        detok = IncrementalDetokenizer(self.tokenizer, req.prompt_ids, p.stop, p.skip_special_tokens)
+        detok = IncrementalDetokenizer(self.tokenizer, req.prompt_ids, p.stop, p.skip_special_tokens,
+                                       self.kept_markers)
         seq = Sequence(f"{req.request_id}#{index}", req, index, token_ids, detok, make_generator(seed))
         req.seqs.append(seq)
         if index == 0:

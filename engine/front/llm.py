@@ -189,11 +189,13 @@ class LLM:
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = False,
              chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
-        """vLLM-shaped. chat_template_kwargs: {"enable_thinking": bool} (other keys are ignored). A
-        thinking model's outputs carry their reasoning split off (CompletionOutput.reasoning)."""
-        thinking = (chat_template_kwargs or {}).get("enable_thinking")
+        """vLLM-shaped. chat_template_kwargs: {"enable_thinking": bool, "reasoning_effort": "low" |
+        "medium" | "high"} (other keys are ignored). A thinking model's outputs carry their
+        reasoning split off (CompletionOutput.reasoning)."""
+        kw = chat_template_kwargs or {}
+        mode = dict(enable_thinking=kw.get("enable_thinking"), reasoning_effort=kw.get("reasoning_effort"))
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = [{"prompt_token_ids": continue_session_prompt(self.tokenizer, c, None, enable_thinking=thinking)}
+        prompts = [{"prompt_token_ids": continue_session_prompt(self.tokenizer, c, None, **mode)}
                    for c in convs]
         return self.generate(prompts, sampling_params, use_tqdm)
 

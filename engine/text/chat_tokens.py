@@ -23,11 +23,16 @@ it) rewrite the escaped text the same way, so they need no special case.
 One exception, by role: the reasoning markers (`<think>`, `</think>`) in an *assistant* message
 stay as they are, because they are the model's own reply and the template must see them to drop
 past reasoning from the history (Qwen3's does); a user or system message never gets them.
+gpt-oss's harmony replies are the exception to the exception: a stored reply's channels are taken
+apart first (engine/text/harmony.split_reply: the analysis goes to `thinking`, the field its
+template reads, the rest to `content`), so every harmony marker in any message is escaped and the
+template alone decides whether past analysis comes back (gpt-oss's drops it once a final exists).
 """
 from __future__ import annotations
 
 import re
 
+from engine.text import harmony
 from engine.text.reasoning import MARKERS as REASONING_MARKERS
 
 _OPEN, _CLOSE = "\ue000", "\ue001"       # private-use code points: never produced by a template
@@ -35,22 +40,33 @@ _ESC_RE = re.compile(_OPEN + "(\\d+)" + _CLOSE)
 PLAIN, SPECIAL, LITERAL = "plain", "special", "literal"     # segment kinds (chat_segments)
 
 
+REASONING_EFFORTS = ("low", "medium", "high")      # gpt-oss's template: "Reasoning: <effort>"
+
+
 def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
-                continue_final_message: bool = False, enable_thinking: bool | None = None) -> str:
+                continue_final_message: bool = False, enable_thinking: bool | None = None,
+                reasoning_effort: str | None = None) -> str:
     """The template's text. `continue_final_message` (with add_generation_prompt False): the text
     ends inside the last (assistant) message, so the model continues that message (vLLM's field).
     `enable_thinking` (None: the template's default) goes to templates that have the switch (Qwen3,
-    SmolLM3); an assistant message may carry `reasoning_content` for templates that read it."""
+    SmolLM3); an assistant message may carry `reasoning_content` (or `thinking`, gpt-oss's name)
+    for templates that read it. `reasoning_effort` (low / medium / high; None: the template's
+    default) goes to templates that read it (gpt-oss)."""
     if not messages:
         raise ValueError("messages is empty")
     for m in messages:
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") \
                 or not isinstance(m.get("content"), str) \
-                or not isinstance(m.get("reasoning_content", ""), str):
+                or not isinstance(m.get("reasoning_content", ""), str) \
+                or not isinstance(m.get("thinking", ""), str):
             raise ValueError("each message must be {'role': system|user|assistant, 'content': str}")
     if continue_final_message and (add_generation_prompt or messages[-1]["role"] != "assistant"):
         raise ValueError("continue_final_message needs add_generation_prompt false and an assistant message last")
     extra = {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
+    if reasoning_effort is not None:
+        if reasoning_effort not in REASONING_EFFORTS:
+            raise ValueError(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}")
+        extra["reasoning_effort"] = reasoning_effort
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
                                          continue_final_message=continue_final_message, **extra)
 
@@ -81,12 +97,16 @@ def chat_segments(tokenizer, messages: list[dict], **mode) -> tuple[str, list[tu
     table: list[str] = []
     everywhere = _escaper(specials, table)
     in_replies = _escaper([s for s in specials if s not in REASONING_MARKERS], table)
+    harmonic = harmony.is_harmony(tokenizer)
     escaped = []
     for m in messages:
-        esc = in_replies if m.get("role") == "assistant" else everywhere
+        esc = in_replies if m.get("role") == "assistant" and not harmonic else everywhere
+        if harmonic and m.get("role") == "assistant":
+            m = _harmony_reply(m)
         e = dict(m, content=esc(m["content"]))
-        if isinstance(m.get("reasoning_content"), str):
-            e["reasoning_content"] = esc(m["reasoning_content"])
+        for key in ("reasoning_content", "thinking"):
+            if isinstance(m.get(key), str):
+                e[key] = esc(m[key])
         escaped.append(e)
     rendered = render_chat(tokenizer, escaped, **mode)
     split_re = re.compile("(" + "|".join(map(re.escape, specials)) + ")") if specials else None
@@ -107,6 +127,19 @@ def chat_segments(tokenizer, messages: list[dict], **mode) -> tuple[str, list[tu
         if pos < len(piece):
             segments.append((piece[pos:], PLAIN))
     return "".join(s for s, _ in segments), segments
+
+
+def _harmony_reply(m: dict) -> dict:
+    """A harmony assistant message as its template takes it: the stored reply's analysis in
+    `thinking`, its other channels' text in `content` (an API caller's `reasoning_content` is the
+    same analysis)."""
+    analysis, content = harmony.split_reply(m["content"])
+    thinking = m.get("thinking") or m.get("reasoning_content") or analysis
+    out = {k: v for k, v in m.items() if k != "reasoning_content"}
+    out["content"] = content
+    if thinking:
+        out["thinking"] = thinking
+    return out
 
 
 def chat_text(tokenizer, messages: list[dict], **mode) -> str:

@@ -1,4 +1,5 @@
-"""A thinking model's reply split into its reasoning and its answer (Qwen3, SmolLM3: <think>...</think>).
+"""A thinking model's reply split into its reasoning and its answer (Qwen3, SmolLM3: <think>...</think>;
+gpt-oss: harmony's analysis channel, engine/text/harmony.py, picked by the markers).
 
 Why here: the OpenAI routes (`reasoning_content`, streamed and not), the chat (reasoning folded under
 the reply, with its token count) and the batch API (`CompletionOutput.reasoning`) must split the same
@@ -13,20 +14,27 @@ marker; nothing else is changed. A reply cut short inside reasoning has reasonin
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from engine.text import harmony
 
 MARKERS = ("<think>", "</think>")
+HARMONY_MARKERS = harmony.HARMONY_MARKERS
 
 
 def reasoning_markers(tokenizer) -> tuple[str, str] | tuple:
-    """The model's (start, end) markers when its tokenizer has both as tokens of their own, else ()."""
+    """The model's (start, end) markers when its tokenizer has both as tokens of their own
+    (harmony's HARMONY_MARKERS when it has harmony's structure tokens), else ()."""
+    if harmony.is_harmony(tokenizer):
+        return HARMONY_MARKERS
     added = getattr(tokenizer, "get_added_vocab", dict)() or {}
     return MARKERS if all(m in added for m in MARKERS) else ()
 
 
 def prompt_opens_reasoning(prompt_ids, tokenizer, markers) -> bool:
-    """The prompt ends inside a reasoning block (its last start marker after its last end marker)."""
-    if not markers:
+    """The prompt ends inside a reasoning block (its last start marker after its last end marker).
+    Never for harmony: its generation prompt ends before the reply's first header."""
+    if not markers or tuple(markers) == HARMONY_MARKERS:
         return False
     start, end = (tokenizer.convert_tokens_to_ids(m) for m in markers)
     ids = list(prompt_ids)
@@ -139,33 +147,63 @@ class ReasoningSplit:
     markers: tuple
     ids: tuple
     inside: bool
+    # harmony only: its marker ids by name, and the tokenizer that reads a header's channel
+    harmony_ids: dict = field(default_factory=dict)
+    tokenizer: object = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, tokenizer, markers, prompt_ids) -> ReasoningSplit | None:
         if not markers:
             return None
-        return cls(tuple(markers), tuple(tokenizer.convert_tokens_to_ids(m) for m in markers),
-                   prompt_opens_reasoning(prompt_ids, tokenizer, markers))
+        ids = tuple(tokenizer.convert_tokens_to_ids(m) for m in markers)
+        if tuple(markers) == HARMONY_MARKERS:
+            added = tokenizer.get_added_vocab()
+            return cls(HARMONY_MARKERS, ids, False, {m: added[m] for m in harmony._ALL if m in added},
+                       tokenizer)
+        return cls(tuple(markers), ids, prompt_opens_reasoning(prompt_ids, tokenizer, markers))
 
-    def parser(self) -> ReasoningParser:
-        return ReasoningParser(self.markers, self.inside)
+    @property
+    def is_harmony(self) -> bool:
+        return self.markers == HARMONY_MARKERS
+
+    def parser(self):
+        """A streaming parser (feed / finish -> (reasoning, content) deltas) for this format."""
+        return harmony.HarmonyParser() if self.is_harmony else ReasoningParser(self.markers, self.inside)
+
+    def _decode(self, ids) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
     def tokens(self, token_ids) -> int:
+        if self.is_harmony:
+            return harmony.reasoning_token_count(token_ids, self.harmony_ids, self._decode)
         return reasoning_token_count(token_ids, self.ids, self.inside)
 
     def split(self, text: str, token_ids=()) -> Split:
-        """A whole reply (so far) split, with its reasoning token count."""
+        """A whole reply (so far) split, with its reasoning token count. A harmony reply without an
+        analysis message has an empty reasoning (its headers are never answer text)."""
+        if self.is_harmony:
+            reasoning, content = harmony.split_reply(text)
+            return Split("" if reasoning is None else reasoning, content, self.tokens(token_ids))
         return split_reasoning(text, token_ids, self.markers, self.inside, self.ids)
+
+
+def split_stored(text: str, inside: bool) -> Split:
+    """A stored reply split whichever model wrote it: harmony when it starts with harmony's
+    markers, else the <think> rule (`inside`: the prompt opened the block). Token count 0."""
+    head = text.lstrip()
+    if head.startswith((harmony.CHANNEL, harmony.START)):
+        reasoning, content = harmony.split_reply(text)
+        return Split("" if reasoning is None else reasoning, content, 0)
+    return split_reasoning(text, (), MARKERS, inside)
 
 
 def split_outputs(out, tokenizer, markers):
     """A finished RequestOutput's replies with reasoning, answer and reasoning token count filled in
     (engine/outputs.CompletionOutput); unchanged for a model without markers."""
-    if not markers:
+    rule = ReasoningSplit.of(tokenizer, markers, out.prompt_token_ids)
+    if rule is None:
         return out
-    inside = prompt_opens_reasoning(out.prompt_token_ids, tokenizer, markers)
-    ids = tuple(tokenizer.convert_tokens_to_ids(m) for m in markers)
     for o in out.outputs:
-        sp = split_reasoning(o.text, o.token_ids, markers, inside, ids)
+        sp = rule.split(o.text, o.token_ids)
         o.reasoning, o.content, o.reasoning_tokens = sp.reasoning, sp.content, sp.reasoning_tokens
     return out

@@ -282,7 +282,8 @@ class OpenAIServer:
             raise APIError(400, "response_format / structured_outputs cannot be combined with tools unless "
                                 "tool_choice is 'none'", param="response_format", code="invalid_value")
         mode = dict(add_generation_prompt=body.add_generation_prompt,
-                    continue_final_message=body.continue_final_message, enable_thinking=body.enable_thinking())
+                    continue_final_message=body.continue_final_message, enable_thinking=body.enable_thinking(),
+                    reasoning_effort=body.effort())
         try:
             messages = openai_tools.template_messages(body, tools)
             ids = await asyncio.to_thread(continue_session_prompt, self.tokenizer, messages, None, **mode)

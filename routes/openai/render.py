@@ -109,7 +109,9 @@ class ChatRender:
                 text, reasoning = sp.content, sp.reasoning
             ch = S.chat_choice(i, text, c.finish_reason, self.srv.fmt.chat(c.logprobs) if self.lp else None)
             if self.thinking is not None:
-                ch["message"]["reasoning_content"] = reasoning
+                # a harmony reply with no analysis message has none (null, as vLLM), not ""
+                harmony_none = self.thinking.is_harmony and not reasoning
+                ch["message"]["reasoning_content"] = None if harmony_none else reasoning
             if self.tools is not None:
                 p = openai_tools.ToolCallParser()
                 p.feed(text)

@@ -98,7 +98,8 @@ class ChatCompletionRequest(_Common):
     structured_outputs: dict | None = None           # vLLM's extra: {json | regex | choice | grammar | json_object}
     continue_final_message: bool = False             # vLLM's extras: extend the last assistant message
     add_generation_prompt: bool = True
-    chat_template_kwargs: dict | None = None         # vLLM's extra; {"enable_thinking": bool} is used
+    chat_template_kwargs: dict | None = None         # vLLM's extra; enable_thinking, reasoning_effort used
+    reasoning_effort: Literal["low", "medium", "high"] | None = None    # OpenAI's; gpt-oss's template
 
     @model_validator(mode="after")
     def _check_chat(self):
@@ -121,6 +122,11 @@ class ChatCompletionRequest(_Common):
         """chat_template_kwargs' enable_thinking (Qwen3, SmolLM3 templates); None: the template's default."""
         v = (self.chat_template_kwargs or {}).get("enable_thinking")
         return v if isinstance(v, bool) else None
+
+    def effort(self) -> str | None:
+        """reasoning_effort (OpenAI's field, else chat_template_kwargs'); None: the template's default.
+        A value outside low / medium / high is refused when the template renders."""
+        return self.reasoning_effort or (self.chat_template_kwargs or {}).get("reasoning_effort")
 
 
 class CompletionRequest(_Common):

@@ -20,7 +20,8 @@ import weakref
 from dataclasses import dataclass
 from html import escape
 
-from engine.text.reasoning import MARKERS, Split, split_reasoning
+from engine.text.reasoning import HARMONY_MARKERS, MARKERS, Split, split_stored
+from engine.text.reasoning import reasoning_markers as reasoning_markers_of
 
 FOLD_CLASS = "reasoning"
 
@@ -29,12 +30,12 @@ def stored_split(text: str, stats: dict | None) -> Split | None:
     """A stored reply's reasoning and answer, or None when it has no reasoning block. Its stats say
     whether it has one and how many tokens it took; the block opened in the reply (it starts with
     the start marker) or in the prompt (a template that writes the marker into the generation
-    prompt: the reply then starts inside it)."""
+    prompt: the reply then starts inside it). A harmony reply (gpt-oss) splits by its channels."""
     tokens = (stats or {}).get("reasoning_tokens")
     if tokens is None:
         return None
     inside = not text.lstrip().startswith(MARKERS[0])
-    sp = split_reasoning(text, (), MARKERS, inside)
+    sp = split_stored(text, inside)
     if sp.reasoning is None:
         return None
     return Split(sp.reasoning, sp.content, int(tokens))
@@ -166,11 +167,14 @@ def template_keeps_reasoning(tokenizer) -> bool | None:
         return _KEEPS[tokenizer]
     except (KeyError, TypeError):
         pass
+    reply = {"role": "assistant", "content": f"{MARKERS[0]}{_PROBE}{MARKERS[1]}b"}
+    if tuple(reasoning_markers_of(tokenizer)) == HARMONY_MARKERS:  # gpt-oss: the analysis field
+        reply = {"role": "assistant", "content": "b", "thinking": _PROBE}
     try:
         text = tokenizer.apply_chat_template(
             [
                 {"role": "user", "content": "a"},
-                {"role": "assistant", "content": f"{MARKERS[0]}{_PROBE}{MARKERS[1]}b"},
+                reply,
                 {"role": "user", "content": "c"},
             ],
             tokenize=False,
