@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from kernels import moe_torch, triton_moe
-from tests.kernels.test_attention import DEVICE
+from tests.kernels.helpers import DEVICE
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 GPT_OSS = dict(alpha=1.702, limit=7.0)
@@ -128,7 +128,7 @@ def test_moe_layer_with_the_kernel_equals_the_torch_path(family):
     GPU this is the path LlamaModel.forward takes: meta.backend is "triton" there)."""
     from engine.exec.models.llama import LlamaModel
     from engine.exec.models.moe import moe_forward
-    from tests.engine import hybrid_helpers as hh
+    from tests.engine.exec import hybrid_helpers as hh
 
     cfg = hh.config(family)
     m = LlamaModel(cfg, hh.weights(family, cfg), torch.float32, DEVICE, max_positions=64)
@@ -148,7 +148,7 @@ def test_model_on_the_triton_path_equals_hf(family):
     with Triton store, paged attention incl. gpt-oss's sinks and window, and these experts): a
     40-token prefill and two decode steps, fp32 logits within 1e-4 of HF, greedy identical."""
     from engine.exec.models.llama import AttentionMetadata, LlamaModel
-    from tests.engine import hybrid_helpers as hh
+    from tests.engine.exec import hybrid_helpers as hh
 
     cfg = hh.config(family)
     m = LlamaModel(cfg, hh.weights(family, cfg), torch.float32, DEVICE, max_positions=64)

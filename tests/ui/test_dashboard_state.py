@@ -16,7 +16,7 @@ from engine import SamplingParams
 from engine.exec import dummy_weights as dw
 from engine.front.request_stream import collect
 from engine.observe.viewer_scope import scope_snapshot
-from tests.engine import hybrid_helpers as HH
+from tests.engine.exec import hybrid_helpers as HH
 from ui.dashboard import page as D
 from ui.dashboard import state_view as S
 from ui.dashboard.history import History
