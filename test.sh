@@ -15,6 +15,9 @@ cd "$(dirname "$0")"
 # The caches go to __pycache__/ folders, which git ignores.
 unset PYTHONDONTWRITEBYTECODE
 bash scripts/setup.sh --test
+# One style (ruff.toml, issue 46): lint and format are checked before any test runs (~1 s).
+.venv/bin/ruff check --quiet .
+.venv/bin/ruff format --check --quiet .
 workers=${PYTEST_WORKERS:-2}
 if [ "$workers" = 0 ]; then exec .venv/bin/python -m pytest "$@"; fi
 cores=$(nproc 2>/dev/null || echo 2)

@@ -140,8 +140,14 @@ class ClusterEngine:
     def count_prompt_tokens(self, messages: list[dict], thinking: bool | None = None) -> int:
         return self.engines[0].count_prompt_tokens(messages, thinking)
 
-    def prepare_chat(self, messages: list[dict], *, previous_ids: list[int] | None = None,
-                     session_id: str | None = None, thinking: bool | None = None):
+    def prepare_chat(
+        self,
+        messages: list[dict],
+        *,
+        previous_ids: list[int] | None = None,
+        session_id: str | None = None,
+        thinking: bool | None = None,
+    ):
         return self.engines[0].prepare_chat(messages, thinking=thinking)
 
     def order(self, messages: list[dict]) -> list[RemoteEngine]:
@@ -164,7 +170,7 @@ class ClusterEngine:
         tenant: str | None = None,
         priority: int = 0,
         thinking: bool | None = None,
-        prepared=None,              # a remote engine's prepared prompt has no ids: messages go
+        prepared=None,  # a remote engine's prepared prompt has no ids: messages go
     ):
         rid = request_id or f"chat-{uuid.uuid4().hex[:12]}"
         errors = []

@@ -5,6 +5,7 @@ Why here and not in the UI: the polling, the counter-to-rate arithmetic and the 
 backend does *not* expose are facts about the backend; the UI only draws them. One monitor per
 engine polls at most once per `min_interval_s`, however many tabs watch the dashboard.
 """
+
 from __future__ import annotations
 
 import threading
@@ -15,10 +16,16 @@ from backends.prometheus import Sample, parse, sample
 
 WINDOW_S = 300.0
 
-LABELS = {"kv_usage": "KV-cache usage", "prefix_queries": "prefix-cache queries",
-          "prefix_hits": "prefix-cache hits", "running": "running requests", "waiting": "waiting requests",
-          "preemptions": "preemptions", "prompt_tokens": "prompt-token counter",
-          "generation_tokens": "generated-token counter"}
+LABELS = {
+    "kv_usage": "KV-cache usage",
+    "prefix_queries": "prefix-cache queries",
+    "prefix_hits": "prefix-cache hits",
+    "running": "running requests",
+    "waiting": "waiting requests",
+    "preemptions": "preemptions",
+    "prompt_tokens": "prompt-token counter",
+    "generation_tokens": "generated-token counter",
+}
 
 
 def rate(a: float | None, b: float | None, dt: float) -> float | None:
@@ -66,9 +73,16 @@ class BackendMonitor:
             return []
         now, out = pts[-1][0], []
         for k, (t, s) in enumerate(pts):
-            row = {"seconds": round(t - now, 1), "kv usage %": None if s.kv_usage is None else 100 * s.kv_usage,
-                   "running": s.running, "waiting": s.waiting, "preemptions": s.preemptions,
-                   "hit rate %": None, "generated tok/s": None, "prompt tok/s": None}
+            row = {
+                "seconds": round(t - now, 1),
+                "kv usage %": None if s.kv_usage is None else 100 * s.kv_usage,
+                "running": s.running,
+                "waiting": s.waiting,
+                "preemptions": s.preemptions,
+                "hit rate %": None,
+                "generated tok/s": None,
+                "prompt tok/s": None,
+            }
             if k > 0:
                 t0, s0 = pts[k - 1]
                 q = rate(s0.prefix_queries, s.prefix_queries, 1.0)
@@ -94,22 +108,33 @@ class BackendMonitor:
         """Plain sentences for what this dashboard cannot see on this backend."""
         out = []
         if self.metrics_available is False:
-            out.append("The backend serves no Prometheus /metrics (vLLM: on by default; SGLang: "
-                       "--enable-metrics; llama.cpp: --metrics), so there are no timelines.")
+            out.append(
+                "The backend serves no Prometheus /metrics (vLLM: on by default; SGLang: "
+                "--enable-metrics; llama.cpp: --metrics), so there are no timelines."
+            )
         else:
             s = self.latest()
             if s is not None:
-                miss = [LABELS[m] for m in s.missing()
-                        if not (m.startswith("prefix_") and s.hit_rate_gauge is not None)]
+                miss = [
+                    LABELS[m]
+                    for m in s.missing()
+                    if not (m.startswith("prefix_") and s.hit_rate_gauge is not None)
+                ]
                 if s.engine is None:
-                    out.append("/metrics has no vLLM, SGLang or llama.cpp metric names this page knows.")
+                    out.append(
+                        "/metrics has no vLLM, SGLang or llama.cpp metric names this page knows."
+                    )
                 elif miss:
                     out.append(f"{s.engine}'s /metrics does not export: {', '.join(miss)}.")
         if self.snapshot is None:
-            out.append("No block-level view: only another app.py exposes its block pool (GET /api/kv); "
-                       "which conversation holds which blocks, sharing and fragmentation are not visible "
-                       "from outside other engines.")
-        out.append("Sessions are not pinned remotely: each turn resends the whole conversation and the "
-                   "backend's prefix cache decides what is reused (the cached-token count per reply "
-                   "shows it when the backend reports it).")
+            out.append(
+                "No block-level view: only another app.py exposes its block pool (GET /api/kv); "
+                "which conversation holds which blocks, sharing and fragmentation are not visible "
+                "from outside other engines."
+            )
+        out.append(
+            "Sessions are not pinned remotely: each turn resends the whole conversation and the "
+            "backend's prefix cache decides what is reused (the cached-token count per reply "
+            "shows it when the backend reports it)."
+        )
         return out

@@ -14,6 +14,7 @@ What differs, and why behaviour stays correct:
   the UI treats it like a refused prompt: a clear message, nothing generated, nothing lost);
   errors mid-stream end the reply with `error` set (the text so far is stored as such).
 """
+
 from __future__ import annotations
 
 import re
@@ -27,12 +28,14 @@ from backends.remote_stream import RemoteStream
 from engine.exec.model_info import ModelInfo
 from engine.text.prepared_prompt import PreparedPrompt
 
-DEFAULT_MAX_MODEL_LEN = 4096        # when /v1/models does not say (vLLM and app.py do)
-CHARS_PER_TOKEN = 4                 # estimate only: an underestimate lets the server decide
+DEFAULT_MAX_MODEL_LEN = 4096  # when /v1/models does not say (vLLM and app.py do)
+CHARS_PER_TOKEN = 4  # estimate only: an underestimate lets the server decide
 
 
-_BLOCK_SIZE = (re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.M),      # vLLM
-               re.compile(r"^paged_chat_kv_block_size_tokens(?:\{[^}]*\})? (\d+)", re.M))   # app.py
+_BLOCK_SIZE = (
+    re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.M),  # vLLM
+    re.compile(r"^paged_chat_kv_block_size_tokens(?:\{[^}]*\})? (\d+)", re.M),
+)  # app.py
 
 
 def block_size_of(metrics_text: str) -> int:
@@ -65,8 +68,16 @@ class RemoteEngine:
 
     kind = "remote"
 
-    def __init__(self, url: str, *, api_key: str | None = None, model: str | None = None,
-                 timeout: float = 10.0, name: str | None = None, on_finished=None):
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        model: str | None = None,
+        timeout: float = 10.0,
+        name: str | None = None,
+        on_finished=None,
+    ):
         """name: this replica's name in reply stats when the app spreads over several (None: one
         backend, no name shown); on_finished(stream): called once per reply when its stream ends."""
         self.name, self.on_finished = name, on_finished
@@ -79,8 +90,8 @@ class RemoteEngine:
         self._streams: dict[str, RemoteStream] = {}
         self._lock = threading.Lock()
         self.model, self._max_model_len, self.startup_error = model, DEFAULT_MAX_MODEL_LEN, None
-        self.model_root: str | None = None      # where the server loaded it from (vLLM: "root")
-        self._block_size = 0        # the backend's KV block size, if its /metrics say (0: unknown)
+        self.model_root: str | None = None  # where the server loaded it from (vLLM: "root")
+        self._block_size = 0  # the backend's KV block size, if its /metrics say (0: unknown)
         self.discover()
 
     # ---- discovery ---------------------------------------------------------------------------
@@ -90,8 +101,10 @@ class RemoteEngine:
         try:
             r = self.http.get(self.url + "/models", timeout=5.0)
             if r.status_code != 200:
-                raise BackendError(f"GET /v1/models answered HTTP {r.status_code}: {error_message(r)}")
-            data = (r.json().get("data") or [{}])
+                raise BackendError(
+                    f"GET /v1/models answered HTTP {r.status_code}: {error_message(r)}"
+                )
+            data = r.json().get("data") or [{}]
             card = next((m for m in data if m.get("id") == self.model), data[0])
             self.model = self.model or card.get("id")
             self._max_model_len = int(card.get("max_model_len") or self._max_model_len)
@@ -112,11 +125,25 @@ class RemoteEngine:
         return f"{self.model or '?'} at {self.root}"
 
     def model_info(self) -> ModelInfo:
-        return ModelInfo(name=self.model or "remote", source=self.root, architecture="remote", num_layers=0,
-                         num_attention_heads=0, num_kv_heads=0, head_dim=0, hidden_size=0, vocab_size=0,
-                         dtype="?", max_model_len=self._max_model_len, block_size=self._block_size,
-                         num_blocks=0,
-                         kv_bytes_per_token=0, max_num_seqs=0, attention_backend="remote", device="remote")
+        return ModelInfo(
+            name=self.model or "remote",
+            source=self.root,
+            architecture="remote",
+            num_layers=0,
+            num_attention_heads=0,
+            num_kv_heads=0,
+            head_dim=0,
+            hidden_size=0,
+            vocab_size=0,
+            dtype="?",
+            max_model_len=self._max_model_len,
+            block_size=self._block_size,
+            num_blocks=0,
+            kv_bytes_per_token=0,
+            max_num_seqs=0,
+            attention_backend="remote",
+            device="remote",
+        )
 
     def get_tokenizer(self):
         return None
@@ -124,34 +151,58 @@ class RemoteEngine:
     def count_prompt_tokens(self, messages: list[dict], thinking: bool | None = None) -> int:
         return sum(len(str(m.get("content") or "")) for m in messages) // CHARS_PER_TOKEN
 
-    def prepare_chat(self, messages: list[dict], *, previous_ids: list[int] | None = None,
-                     session_id: str | None = None, thinking: bool | None = None) -> PreparedPrompt:
+    def prepare_chat(
+        self,
+        messages: list[dict],
+        *,
+        previous_ids: list[int] | None = None,
+        session_id: str | None = None,
+        thinking: bool | None = None,
+    ) -> PreparedPrompt:
         """No ids here (the server tokenizes): the messages and the length estimate."""
-        return PreparedPrompt(tuple(messages), thinking,
-                              self.count_prompt_tokens(messages, thinking))
+        return PreparedPrompt(
+            tuple(messages), thinking, self.count_prompt_tokens(messages, thinking)
+        )
 
     # ---- generation --------------------------------------------------------------------------
     def request_body(self, messages: list[dict], params) -> dict:
-        body = {"model": self.model, "messages": messages, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if params is not None:
-            body.update(n=params.n, temperature=params.temperature, top_p=params.top_p,
-                        max_tokens=params.max_tokens)
+            body.update(
+                n=params.n,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                max_tokens=params.max_tokens,
+            )
             if params.seed is not None:
                 body["seed"] = params.seed
             if params.stop:
                 body["stop"] = params.stop
-            if params.top_k and params.top_k > 0:           # vLLM / SGLang / app.py extras
+            if params.top_k and params.top_k > 0:  # vLLM / SGLang / app.py extras
                 body["top_k"] = params.top_k
             if params.repetition_penalty != 1.0:
                 body["repetition_penalty"] = params.repetition_penalty
         return body
 
-    def submit_chat(self, messages: list[dict], params=None, *, session_id: str | None = None,
-                    request_id: str | None = None, previous_ids: list[int] | None = None,
-                    cache_salt: str | None = None, tenant: str | None = None, priority: int = 0,
-                    thinking: bool | None = None,
-                    prepared: PreparedPrompt | None = None) -> RemoteStream:
+    def submit_chat(
+        self,
+        messages: list[dict],
+        params=None,
+        *,
+        session_id: str | None = None,
+        request_id: str | None = None,
+        previous_ids: list[int] | None = None,
+        cache_salt: str | None = None,
+        tenant: str | None = None,
+        priority: int = 0,
+        thinking: bool | None = None,
+        prepared: PreparedPrompt | None = None,
+    ) -> RemoteStream:
         """Send the whole conversation; return once the server accepted it (headers received).
         A per-user `cache_salt` (under --auth) is sent as vLLM's `cache_salt` field, which keeps
         one user's prefix-cache hits from revealing another's text on servers that honour it.
@@ -167,21 +218,32 @@ class RemoteEngine:
             body["chat_template_kwargs"] = {"enable_thinking": bool(thinking)}
         sent = time.monotonic()
         try:
-            req = self.http.build_request("POST", self.url + "/chat/completions", json=body,
-                                          headers={"X-Request-Id": rid})
+            req = self.http.build_request(
+                "POST", self.url + "/chat/completions", json=body, headers={"X-Request-Id": rid}
+            )
             response = self.http.send(req, stream=True)
         except httpx.HTTPError as e:
-            raise BackendError(f"Cannot reach the backend at {self.root}: {type(e).__name__}: {e}") from None
+            raise BackendError(
+                f"Cannot reach the backend at {self.root}: {type(e).__name__}: {e}"
+            ) from None
         if response.status_code != 200:
             try:
                 response.read()
                 msg = error_message(response)
             finally:
                 response.close()
-            raise BackendError(f"The backend at {self.root} answered HTTP {response.status_code}: {msg}")
-        stream = RemoteStream(response, rid, getattr(params, "n", 1) or 1, sent,
-                              on_close=self._forget, served_by=self.name,
-                              on_finished=self.on_finished)
+            raise BackendError(
+                f"The backend at {self.root} answered HTTP {response.status_code}: {msg}"
+            )
+        stream = RemoteStream(
+            response,
+            rid,
+            getattr(params, "n", 1) or 1,
+            sent,
+            on_close=self._forget,
+            served_by=self.name,
+            on_finished=self.on_finished,
+        )
         with self._lock:
             if not stream._aborted.is_set():
                 self._streams[rid] = stream
@@ -226,7 +288,9 @@ class RemoteEngine:
         except httpx.HTTPError as e:
             raise RuntimeError(f"backend unreachable: {e}") from None
         if r.status_code != 200 or "json" not in r.headers.get("content-type", ""):
-            raise RuntimeError(f"the backend exposes no KV snapshot (GET /api/kv: HTTP {r.status_code})")
+            raise RuntimeError(
+                f"the backend exposes no KV snapshot (GET /api/kv: HTTP {r.status_code})"
+            )
         return r.json()
 
     def metrics_text(self) -> str | None:

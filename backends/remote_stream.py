@@ -11,6 +11,7 @@ Deltas carry `metrics` in the embedded engine's keys (prompt_tokens, cached_toke
 ttft_s, tokens_per_s) measured here, on the client side: TTFT is from sending the request to the
 first text; cached tokens only when the server reports `prompt_tokens_details.cached_tokens`.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,7 @@ def iter_sse_events(lines):
     for line in lines:
         line = line.strip()
         if not line.startswith("data:"):
-            continue                        # blank separators, ": keep-alive" comments, event: names
+            continue  # blank separators, ": keep-alive" comments, event: names
         data = line[5:].strip()
         if data == "[DONE]":
             return
@@ -39,14 +40,22 @@ def iter_sse_events(lines):
 
 
 class RemoteStream:
-    def __init__(self, response, request_id: str, n: int, sent_at: float, on_close=None,
-                 served_by: str | None = None, on_finished=None):
+    def __init__(
+        self,
+        response,
+        request_id: str,
+        n: int,
+        sent_at: float,
+        on_close=None,
+        served_by: str | None = None,
+        on_finished=None,
+    ):
         self.request_id, self.n, self.sent_at = request_id, n, sent_at
-        self._on_finished = on_finished          # called with this stream once it has ended
-        self.served_by = served_by              # which replica, when the app spreads over several
-        self.prompt_ids = None                  # the remote side tokenizes; we never see the ids
+        self._on_finished = on_finished  # called with this stream once it has ended
+        self.served_by = served_by  # which replica, when the app spreads over several
+        self.prompt_ids = None  # the remote side tokenizes; we never see the ids
         self._response, self._on_close = response, on_close
-        self._handover = Handover()              # blocking or `async for` consumer (engine/front/handover.py)
+        self._handover = Handover()  # blocking or `async for` consumer (engine/front/handover.py)
         self._aborted = threading.Event()
         self._first: float | None = None
         self._counts = [0] * n
@@ -57,8 +66,12 @@ class RemoteStream:
 
     # ---- reader thread -----------------------------------------------------------------------
     def _metrics(self, i: int) -> dict:
-        m = {"state": "running", "output_tokens": self._usage.get("completion_tokens", self._counts[i])
-             if self.n == 1 else self._counts[i]}
+        m = {
+            "state": "running",
+            "output_tokens": self._usage.get("completion_tokens", self._counts[i])
+            if self.n == 1
+            else self._counts[i],
+        }
         if "prompt_tokens" in self._usage:
             m["prompt_tokens"] = self._usage["prompt_tokens"]
         cached = (self._usage.get("prompt_tokens_details") or {}).get("cached_tokens")
@@ -93,10 +106,14 @@ class RemoteStream:
                     if text:
                         self._first = self._first or time.monotonic()
                         self._counts[i] += 1
-                        self._emit(RequestOutputDelta(self.request_id, i, text, [], metrics=self._metrics(i)))
+                        self._emit(
+                            RequestOutputDelta(
+                                self.request_id, i, text, [], metrics=self._metrics(i)
+                            )
+                        )
                     if c.get("finish_reason"):
                         self._reasons[i] = c["finish_reason"]
-        except Exception as e:                  # connection dropped, bad JSON, closed by abort()
+        except Exception as e:  # connection dropped, bad JSON, closed by abort()
             if not self._aborted.is_set():
                 error = f"the backend's stream broke off: {type(e).__name__}: {e}"
         finally:
@@ -111,12 +128,22 @@ class RemoteStream:
                 reason = "error"
             m = self._metrics(i)
             m["state"] = "finished"
-            self._emit(RequestOutputDelta(self.request_id, i, "", [], finished=True, finish_reason=reason,
-                                          error=err, metrics=m))
+            self._emit(
+                RequestOutputDelta(
+                    self.request_id,
+                    i,
+                    "",
+                    [],
+                    finished=True,
+                    finish_reason=reason,
+                    error=err,
+                    metrics=m,
+                )
+            )
         if self._on_finished is not None:
             try:
                 self._on_finished(self)
-            except Exception:                   # bookkeeping must never break the reply
+            except Exception:  # bookkeeping must never break the reply
                 pass
         self._emit(_END)
 
@@ -125,7 +152,7 @@ class RemoteStream:
         `async for` (no thread parked per stream), else onto the thread-safe queue."""
         try:
             self._handover.put(item)
-        except RuntimeError:        # the consumer's event loop is closed: nobody listens any more
+        except RuntimeError:  # the consumer's event loop is closed: nobody listens any more
             pass
 
     def _close_response(self) -> None:
@@ -156,7 +183,7 @@ class RemoteStream:
             sock = self._response.extensions["network_stream"].get_extra_info("socket")
             if sock is not None:
                 sock.shutdown(socket.SHUT_RDWR)
-        except Exception:                       # no socket (a test transport) or already closed
+        except Exception:  # no socket (a test transport) or already closed
             pass
 
     def __iter__(self):

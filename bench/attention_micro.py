@@ -7,6 +7,7 @@ shuffled block tables, one layer's slab of a pool. Prints the median ms per call
 sequences x 128/512/2048 tokens of context, and the ratio. Both paths run in the same process,
 interleaved, so a busy machine slows both alike.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,7 @@ def time_path(use_kernel: bool, args, repeats: int) -> list[float]:
     out = []
     for _ in range(repeats):
         t = time.perf_counter()
-        reference.paged_attention(*args, cu, D ** -0.5, max_seqlen_q=1)
+        reference.paged_attention(*args, cu, D**-0.5, max_seqlen_q=1)
         out.append(time.perf_counter() - t)
     return out
 
@@ -49,15 +50,17 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=20)
     a = ap.parse_args(argv)
     dtype = getattr(torch, a.dtype)
-    print(f"kernel: {cpu_attention.active_path()}; torch threads {torch.get_num_threads()}; {a.dtype}")
+    print(
+        f"kernel: {cpu_attention.active_path()}; torch threads {torch.get_num_threads()}; {a.dtype}"
+    )
     print(f"{'seqs':>5} {'ctx':>6} {'gather ms':>10} {'kernel ms':>10} {'speed-up':>9}")
     with torch.inference_mode():
         for B in (1, 16, 64):
             for ctx in (128, 512, 2048):
                 args = make(B, ctx, dtype)
-                time_path(True, args, 2), time_path(False, args, 2)          # warm both
+                time_path(True, args, 2), time_path(False, args, 2)  # warm both
                 ker, gat = [], []
-                for _ in range(a.repeats // 5):                              # interleaved rounds
+                for _ in range(a.repeats // 5):  # interleaved rounds
                     ker += time_path(True, args, 5)
                     gat += time_path(False, args, 5)
                 mk, mg = statistics.median(ker) * 1e3, statistics.median(gat) * 1e3

@@ -7,6 +7,7 @@ snapshot walks every block on purpose (the dashboard's grid), so it grows with t
 
     python bench/block_manager_micro.py [--repeats 5] [--ops 2000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,18 +41,18 @@ def timed(fn, ops: int) -> float:
 def bench(num_blocks: int, ops: int, repeats: int) -> dict[str, float]:
     m = setup(num_blocks)
     prompts = [list(range(k * 64 + (1 << 30), (k + 1) * 64 + (1 << 30))) for k in range(ops)]
-    hit_prompt = list(range(7, 7 + 16 * BS + 1))        # 16 cacheable blocks + 1 token
+    hit_prompt = list(range(7, 7 + 16 * BS + 1))  # 16 cacheable blocks + 1 token
 
-    def alloc_free(n):                      # admit a 64-token prompt (4 blocks, no hit), free it
+    def alloc_free(n):  # admit a 64-token prompt (4 blocks, no hit), free it
         for k in range(n):
             m.add_sequence("a", prompts[k], num_new_tokens=64)
             m.free("a")
 
-    def decode_append(n):                   # one token per call, as decode does
+    def decode_append(n):  # one token per call, as decode does
         toks = [1]
         m.add_sequence("d", toks, num_new_tokens=1)
         for k in range(n):
-            if len(toks) == 1024:           # 64 blocks: restart so small pools never run out
+            if len(toks) == 1024:  # 64 blocks: restart so small pools never run out
                 m.free("d")
                 toks = [1]
                 m.add_sequence("d", toks, num_new_tokens=1)
@@ -59,9 +60,9 @@ def bench(num_blocks: int, ops: int, repeats: int) -> dict[str, float]:
             m.allocate_slots("d", 1)
         m.free("d")
 
-    def prefix_hit(n):                      # 16 blocks revived from the free list, then freed
+    def prefix_hit(n):  # 16 blocks revived from the free list, then freed
         m.add_sequence("warm", hit_prompt, num_new_tokens=len(hit_prompt))
-        m.free("warm")                      # (earlier cases may have evicted them)
+        m.free("warm")  # (earlier cases may have evicted them)
         for _ in range(n):
             assert m.add_sequence("h", hit_prompt, num_new_tokens=1 << 20) == 16 * BS
             m.free("h")
@@ -74,11 +75,17 @@ def bench(num_blocks: int, ops: int, repeats: int) -> dict[str, float]:
         for _ in range(n):
             take_snapshot(m).to_json()
 
-    cases = {"add+free (4 blk)": (alloc_free, ops), "decode append": (decode_append, ops * 4),
-             "prefix hit 16 blk": (prefix_hit, ops), "stats": (stats, ops),
-             "snapshot": (snapshot, max(3, ops // 200))}
-    return {name: statistics.median(timed(fn, n) for _ in range(repeats))
-            for name, (fn, n) in cases.items()}
+    cases = {
+        "add+free (4 blk)": (alloc_free, ops),
+        "decode append": (decode_append, ops * 4),
+        "prefix hit 16 blk": (prefix_hit, ops),
+        "stats": (stats, ops),
+        "snapshot": (snapshot, max(3, ops // 200)),
+    }
+    return {
+        name: statistics.median(timed(fn, n) for _ in range(repeats))
+        for name, (fn, n) in cases.items()
+    }
 
 
 def main() -> None:
@@ -89,8 +96,10 @@ def main() -> None:
     args = ap.parse_args()
     results = {n: bench(n, args.ops, args.repeats) for n in args.sizes}
     names = list(next(iter(results.values())))
-    print(f"median us per op, block_size {BS}, pool half filled by 64 sequences, "
-          f"{args.repeats} repeats")
+    print(
+        f"median us per op, block_size {BS}, pool half filled by 64 sequences, "
+        f"{args.repeats} repeats"
+    )
     print(f"{'operation':<20}" + "".join(f"{n:>12,} blk" for n in args.sizes))
     for name in names:
         print(f"{name:<20}" + "".join(f"{results[n][name]:>16.1f}" for n in args.sizes))

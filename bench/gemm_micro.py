@@ -6,6 +6,7 @@ packed sgemm and oneDNN's packed weight (`mkldnn._linear_pointwise`, what engine
 uses). Prints median ms, GFLOP/s and the max difference from MKL, same process, interleaved.
 Why: a decode step is mostly these GEMMs, and which form is fastest depends on the row count.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,14 +32,18 @@ def main(argv=None):
                 w, x = torch.randn(N, K) * 0.05, torch.randn(M, K)
                 pw = torch.ops.mkl._mkl_reorder_linear_weight(w, M)
                 dw = torch.ops.mkldnn._reorder_linear_weight(w, None)
-                forms = {"mkl": lambda x: F.linear(x, w),
-                         "mkl-packed": lambda x: torch.ops.mkl._mkl_linear(x, pw, w, None, M),
-                         "onednn-packed": lambda x: torch.ops.mkldnn._linear_pointwise(x, dw, None, "none", [], "")}
+                forms = {
+                    "mkl": lambda x: F.linear(x, w),
+                    "mkl-packed": lambda x: torch.ops.mkl._mkl_linear(x, pw, w, None, M),
+                    "onednn-packed": lambda x: torch.ops.mkldnn._linear_pointwise(
+                        x, dw, None, "none", [], ""
+                    ),
+                }
                 ref = F.linear(x, w)
                 times = {k: [] for k in forms}
                 for f in forms.values():
-                    f(x), f(x)                                       # warm
-                for _ in range(a.repeats):                           # interleaved
+                    f(x), f(x)  # warm
+                for _ in range(a.repeats):  # interleaved
                     for k, f in forms.items():
                         t = time.perf_counter()
                         f(x)

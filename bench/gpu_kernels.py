@@ -12,6 +12,7 @@ rep (a real model reads each layer's KV once per step), median of reps; GPU time
 GPU sleep before each rep hides host launch overhead, as CUDA graphs would in an engine).
 Imports only torch, triton (through kernels/) and the standard library.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,10 @@ class Timer:
                 fn()
                 ts.append((time.perf_counter() - t0) * 1e3)
             return statistics.median(ts)
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(reps)]
+        ev = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            for _ in range(reps)
+        ]
         for a, b in ev:
             self.flush.zero_()
             torch.cuda._sleep(1_000_000)  # keep the GPU busy so host launch overhead is hidden
@@ -78,6 +81,7 @@ def kernel_names(dev, fn):
     if dev.type != "cuda":
         return "cpu"
     from torch.profiler import ProfilerActivity, profile
+
     try:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn()
@@ -90,8 +94,12 @@ def kernel_names(dev, fn):
 
 def pick_sdpa(q, k, v, **kw):
     """First SDPA backend that accepts these inputs with native GQA (no K/V repeat)."""
-    order = [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
-             ("efficient", SDPBackend.EFFICIENT_ATTENTION), ("math", SDPBackend.MATH)]
+    order = [
+        ("flash", SDPBackend.FLASH_ATTENTION),
+        ("cudnn", SDPBackend.CUDNN_ATTENTION),
+        ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+        ("math", SDPBackend.MATH),
+    ]
     for name, backend in order:
         try:
             with sdpa_kernel([backend]):
@@ -112,7 +120,7 @@ def paged_pool(dev, n_tokens_per_seq, bs, gen_seed=0):
     bt = torch.zeros(len(need), max(need), dtype=torch.int32, device=dev)
     off = 0
     for i, n in enumerate(need):
-        bt[i, :n] = perm[off:off + n]
+        bt[i, :n] = perm[off : off + n]
         off += n
     return kv, bt
 
@@ -143,17 +151,32 @@ def bench_decode(dev, timer, copy_gbs, args, rows):
             cu = torch.arange(b + 1, dtype=torch.int32, device=dev)
             for bs in bss:
                 kv, bt = paged_pool(dev, [ctx] * b, bs)
-                fn = lambda: kernels.paged_attention(q, kv[0], kv[1], bt, seq, cu, D ** -0.5,
-                                                     max_seqlen_q=1, backend="triton")
+                fn = lambda: kernels.paged_attention(
+                    q, kv[0], kv[1], bt, seq, cu, D**-0.5, max_seqlen_q=1, backend="triton"
+                )
                 ms = timer(fn, reps=args.reps)
                 kv = bt = None
                 gbs = kv_bytes / (ms * 1e-3) / 1e9
-                rows.append(dict(kind="decode", batch=b, context=ctx, block_size=bs, ms=ms,
-                                 kv_gb_s=gbs, pct_copy_bw=100 * gbs / copy_gbs,
-                                 sdpa_ms=ms_sdpa, speed_vs_sdpa=ms_sdpa / ms))
+                rows.append(
+                    dict(
+                        kind="decode",
+                        batch=b,
+                        context=ctx,
+                        block_size=bs,
+                        ms=ms,
+                        kv_gb_s=gbs,
+                        pct_copy_bw=100 * gbs / copy_gbs,
+                        sdpa_ms=ms_sdpa,
+                        speed_vs_sdpa=ms_sdpa / ms,
+                    )
+                )
             spent += time.perf_counter() - t0
-    return dict(sdpa_backend=sdpa_name, sdpa_kernels=sdpa_kernels if sdpa_name else None,
-                skipped=skipped, seconds=spent)
+    return dict(
+        sdpa_backend=sdpa_name,
+        sdpa_kernels=sdpa_kernels if sdpa_name else None,
+        skipped=skipped,
+        seconds=spent,
+    )
 
 
 def sdpa_call(q, k, v, backend, **kw):
@@ -168,6 +191,7 @@ def prefill_flops(prefix, chunk):
 
 def bench_prefill(dev, timer, args, rows):
     from torch.nn.attention.bias import causal_lower_right
+
     info = {}
     for b, prefix, chunk in args.prefill_cases:
         for bs in args.prefill_block_sizes:
@@ -176,8 +200,9 @@ def bench_prefill(dev, timer, args, rows):
             q = torch.randn(b * chunk, H, D, device=dev, dtype=torch.bfloat16)
             seq = torch.full((b,), ctx, dtype=torch.int32, device=dev)
             cu = torch.arange(0, b * chunk + 1, chunk, dtype=torch.int32, device=dev)
-            fn = lambda: kernels.paged_attention(q, kv[0], kv[1], bt, seq, cu, D ** -0.5,
-                                                 max_seqlen_q=chunk, backend="triton")
+            fn = lambda: kernels.paged_attention(
+                q, kv[0], kv[1], bt, seq, cu, D**-0.5, max_seqlen_q=chunk, backend="triton"
+            )
             ms = timer(fn, reps=args.reps)
             kv = bt = None
             kc = torch.randn(b, KVH, ctx, D, device=dev, dtype=torch.bfloat16)
@@ -188,10 +213,21 @@ def bench_prefill(dev, timer, args, rows):
             ms_sdpa = timer(sdpa, reps=args.reps)
             kc = vc = None  # freed before the next allocation (the lambdas above hold the names)
             fl = b * prefill_flops(prefix, chunk)
-            rows.append(dict(kind="prefill", batch=b, prefix=prefix, chunk=chunk, block_size=bs,
-                             ms=ms, tflops=fl / (ms * 1e-3) / 1e12, sdpa_backend=name,
-                             sdpa_ms=ms_sdpa, sdpa_tflops=fl / (ms_sdpa * 1e-3) / 1e12,
-                             speed_vs_sdpa=ms_sdpa / ms))
+            rows.append(
+                dict(
+                    kind="prefill",
+                    batch=b,
+                    prefix=prefix,
+                    chunk=chunk,
+                    block_size=bs,
+                    ms=ms,
+                    tflops=fl / (ms * 1e-3) / 1e12,
+                    sdpa_backend=name,
+                    sdpa_ms=ms_sdpa,
+                    sdpa_tflops=fl / (ms_sdpa * 1e-3) / 1e12,
+                    speed_vs_sdpa=ms_sdpa / ms,
+                )
+            )
     return info
 
 
@@ -200,33 +236,45 @@ def prefill_sdpa(q, k, v, bias):
     else K/V repeated per query head (outside the timed call)."""
     try:
         F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
-        return (lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True),
-                "causal_lower_right+gqa")
+        return (
+            lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True),
+            "causal_lower_right+gqa",
+        )
     except (RuntimeError, TypeError, ValueError):
         k2, v2 = (t.repeat_interleave(H // KVH, 1) for t in (k, v))
-        return (lambda: F.scaled_dot_product_attention(q, k2, v2, attn_mask=bias),
-                "causal_lower_right+repeat_kv")
+        return (
+            lambda: F.scaled_dot_product_attention(q, k2, v2, attn_mask=bias),
+            "causal_lower_right+repeat_kv",
+        )
 
 
 def spot_checks(dev, dry):
     """bf16 Triton vs the torch reference (both on dev) and both vs an fp32 reference."""
     res = {}
     bs, lens = 16, [1, 17, 150, 300] if dry else [1, 17, 300, 2100]
-    for name, qls in (("decode", [1, 1, 1, 1]), ("decode_split8", [1, 1, 1, 1]),
-                      ("extend", [1, 9, 100, 70 if dry else 700])):
+    for name, qls in (
+        ("decode", [1, 1, 1, 1]),
+        ("decode_split8", [1, 1, 1, 1]),
+        ("extend", [1, 9, 100, 70 if dry else 700]),
+    ):
         kv, bt = paged_pool(dev, lens, bs, gen_seed=1)
         cu = torch.tensor([0] + torch.tensor(qls).cumsum(0).tolist(), dtype=torch.int32, device=dev)
         seq = torch.tensor(lens, dtype=torch.int32, device=dev)
         q = torch.randn(sum(qls), H, D, device=dev, dtype=torch.bfloat16)
-        args = (q, kv[0], kv[1], bt, seq, cu, D ** -0.5, max(qls))
+        args = (q, kv[0], kv[1], bt, seq, cu, D**-0.5, max(qls))
         from kernels import triton_attention
+
         out = triton_attention.paged_attention(*args, num_splits=8 if "split" in name else None)
         ref = reference.paged_attention(*args)
         kv32 = kv.float()
         ref32 = reference.paged_attention(q.float(), kv32[0], kv32[1], *args[3:])
         e_tr = (out.float() - ref.float()).abs().max().item()
-        res[name] = dict(triton_vs_ref=e_tr, triton_vs_fp32=(out.float() - ref32).abs().max().item(),
-                         ref_vs_fp32=(ref.float() - ref32).abs().max().item(), ok=e_tr < 3e-2)
+        res[name] = dict(
+            triton_vs_ref=e_tr,
+            triton_vs_fp32=(out.float() - ref32).abs().max().item(),
+            ref_vs_fp32=(ref.float() - ref32).abs().max().item(),
+            ok=e_tr < 3e-2,
+        )
     pool = torch.randn(2, 3, 20, bs, KVH, D, device=dev, dtype=torch.bfloat16)
     p2 = pool.clone()
     pairs = torch.tensor([[1, 5], [2, 6]], device=dev)
@@ -241,33 +289,56 @@ def spot_checks(dev, dry):
 
 
 def markdown(meta, rows, checks):
-    out = [f"# Paged attention kernels on {meta['device']}", "",
-           f"torch {meta['torch']}, triton {meta['triton']}; q/kv heads {H}/{KVH}, d={D}, bf16. "
-           f"Copy bandwidth (read+write): **{meta['copy_gb_s']:.0f} GB/s**. "
-           f"Decode SDPA baseline: {meta['decode']['sdpa_backend']} "
-           f"(kernels: {meta['decode']['sdpa_kernels']}).", "",
-           "## Decode", "", "| batch | context | block | ms | KV GB/s | % copy BW | SDPA ms | speed vs SDPA |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out = [
+        f"# Paged attention kernels on {meta['device']}",
+        "",
+        f"torch {meta['torch']}, triton {meta['triton']}; q/kv heads {H}/{KVH}, d={D}, bf16. "
+        f"Copy bandwidth (read+write): **{meta['copy_gb_s']:.0f} GB/s**. "
+        f"Decode SDPA baseline: {meta['decode']['sdpa_backend']} "
+        f"(kernels: {meta['decode']['sdpa_kernels']}).",
+        "",
+        "## Decode",
+        "",
+        "| batch | context | block | ms | KV GB/s | % copy BW | SDPA ms | speed vs SDPA |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         if r["kind"] == "decode":
-            out.append(f"| {r['batch']} | {r['context']} | {r['block_size']} | {r['ms']:.3f} | "
-                       f"{r['kv_gb_s']:.0f} | {r['pct_copy_bw']:.0f}% | {r['sdpa_ms']:.3f} | "
-                       f"{r['speed_vs_sdpa']:.2f}x |")
+            out.append(
+                f"| {r['batch']} | {r['context']} | {r['block_size']} | {r['ms']:.3f} | "
+                f"{r['kv_gb_s']:.0f} | {r['pct_copy_bw']:.0f}% | {r['sdpa_ms']:.3f} | "
+                f"{r['speed_vs_sdpa']:.2f}x |"
+            )
     if meta["decode"]["skipped"]:
         out += ["", f"Skipped (time/memory budget): {', '.join(meta['decode']['skipped'])}"]
-    out += ["", "## Prefill with cached prefix", "",
-            "| seqs | prefix | chunk | block | ms | TFLOP/s | SDPA | SDPA TFLOP/s | speed vs SDPA |",
-            "|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    out += [
+        "",
+        "## Prefill with cached prefix",
+        "",
+        "| seqs | prefix | chunk | block | ms | TFLOP/s | SDPA | SDPA TFLOP/s | speed vs SDPA |",
+        "|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+    ]
     for r in rows:
         if r["kind"] == "prefill":
-            out.append(f"| {r['batch']} | {r['prefix']} | {r['chunk']} | {r['block_size']} | "
-                       f"{r['ms']:.3f} | {r['tflops']:.1f} | {r['sdpa_backend']} | "
-                       f"{r['sdpa_tflops']:.1f} | {r['speed_vs_sdpa']:.2f}x |")
-    out += ["", f"SDPA kernels: {meta['prefill_sdpa']}", "", "## bf16 spot checks (max abs error)", "",
-            "| check | ok | triton vs ref | triton vs fp32 | ref vs fp32 |", "|---|---|---:|---:|---:|"]
+            out.append(
+                f"| {r['batch']} | {r['prefix']} | {r['chunk']} | {r['block_size']} | "
+                f"{r['ms']:.3f} | {r['tflops']:.1f} | {r['sdpa_backend']} | "
+                f"{r['sdpa_tflops']:.1f} | {r['speed_vs_sdpa']:.2f}x |"
+            )
+    out += [
+        "",
+        f"SDPA kernels: {meta['prefill_sdpa']}",
+        "",
+        "## bf16 spot checks (max abs error)",
+        "",
+        "| check | ok | triton vs ref | triton vs fp32 | ref vs fp32 |",
+        "|---|---|---:|---:|---:|",
+    ]
     for k, c in checks.items():
-        out.append(f"| {k} | {c['ok']} | {c.get('triton_vs_ref', 0):.2e} | "
-                   f"{c.get('triton_vs_fp32', 0):.2e} | {c.get('ref_vs_fp32', 0):.2e} |")
+        out.append(
+            f"| {k} | {c['ok']} | {c.get('triton_vs_ref', 0):.2e} | "
+            f"{c.get('triton_vs_fp32', 0):.2e} | {c.get('ref_vs_fp32', 0):.2e} |"
+        )
     return "\n".join(out) + "\n"
 
 
@@ -276,7 +347,9 @@ def main():
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes, CPU, Triton interpreter")
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--decode-budget-s", type=float, default=150.0)
-    ap.add_argument("--max-gb", type=float, default=40.0, help="max paged K+V bytes per decode case")
+    ap.add_argument(
+        "--max-gb", type=float, default=40.0, help="max paged K+V bytes per decode case"
+    )
     args = ap.parse_args()
     dry = args.dry_run
     dev = torch.device("cpu" if dry else "cuda")
@@ -290,8 +363,14 @@ def main():
     else:
         args.batches, args.block_sizes, args.reps = [1, 8, 32, 128], [16, 32, 64], 20
         args.contexts = [512, 1024, 2048, 4096, 8192, 16384, 32768]
-        args.prefill_cases = [(1, 0, 4096), (1, 4096, 2048), (1, 16384, 2048), (4, 2048, 512),
-                              (8, 1024, 1024), (16, 8192, 128)]
+        args.prefill_cases = [
+            (1, 0, 4096),
+            (1, 4096, 2048),
+            (1, 16384, 2048),
+            (4, 2048, 512),
+            (8, 1024, 1024),
+            (16, 8192, 128),
+        ]
         args.prefill_block_sizes = [16, 64]
     timer = Timer(dev, dry)
     t_start = time.perf_counter()
@@ -300,17 +379,24 @@ def main():
     rows = []
     decode_info = bench_decode(dev, timer, copy_gbs, args, rows)
     prefill_info = bench_prefill(dev, timer, args, rows)
-    meta = dict(device=torch.cuda.get_device_name(dev) if not dry else "CPU (interpreter dry run)",
-                torch=torch.__version__, triton=__import__("triton").__version__,
-                copy_gb_s=copy_gbs, decode=decode_info, prefill_sdpa=prefill_info,
-                seconds=time.perf_counter() - t_start, dry_run=dry)
+    meta = dict(
+        device=torch.cuda.get_device_name(dev) if not dry else "CPU (interpreter dry run)",
+        torch=torch.__version__,
+        triton=__import__("triton").__version__,
+        copy_gb_s=copy_gbs,
+        decode=decode_info,
+        prefill_sdpa=prefill_info,
+        seconds=time.perf_counter() - t_start,
+        dry_run=dry,
+    )
     md = markdown(meta, rows, checks)
     print(md)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = "gpu_kernels_dryrun" if dry else "gpu_kernels"
-    (out_dir / f"{stem}.json").write_text(json.dumps(dict(meta=meta, rows=rows, checks=checks),
-                                                     indent=1, default=str))
+    (out_dir / f"{stem}.json").write_text(
+        json.dumps(dict(meta=meta, rows=rows, checks=checks), indent=1, default=str)
+    )
     (out_dir / f"{stem}.md").write_text(md)
     print(f"wrote {out_dir / stem}.json/.md in {meta['seconds']:.0f} s")
     if not all(c["ok"] for c in checks.values()):

@@ -8,6 +8,7 @@ Japanese, Korean, Arabic, Turkish; Python, JavaScript, SQL, Rust, C and shell; a
 a long system prompt of ~700 tokens). `python -m bench.kv_accuracy --heldout` runs them. Keep tests
 off this module (tests/test_heldout_untouched.py checks no test imports it).
 """
+
 from __future__ import annotations
 
 LONG_SYSTEM = (
@@ -42,7 +43,8 @@ LONG_SYSTEM = (
     "hiking boots 2,199 NOK; Fjell 45 L backpack 1,499 NOK; Merino base layer set 899 NOK; Headlamp 400 lm "
     "349 NOK; Ski wax kit 299 NOK; Dry bag 20 L 249 NOK; Trekking poles carbon 799 NOK; Gaiters 399 NOK.\n"
     "Today is a weekday in late February. The Tromsø store has a ski-touring evening on Thursday at 18:30 "
-    "(free, sign up at the till). Current campaign: 20% off all sleeping bags until Sunday.")
+    "(free, sign up at the till). Current campaign: 20% off all sleeping bags until Sunday."
+)
 
 SHORT_SYSTEM = "You are a helpful assistant. Answer clearly and concisely."
 
@@ -51,33 +53,101 @@ _U, _A = "user", "assistant"
 CHATS: list[list[tuple[str, str]]] = [
     # ---- English, general ----
     [(_U, "What is the difference between weather and climate? Explain with one example.")],
-    [(_U, "I have eggs, spinach, feta and half an onion. What can I cook for dinner in 20 minutes?")],
-    [(_U, "Write a short, friendly email to my landlord saying the kitchen tap has been dripping for a week.")],
-    [(_U, "My plant's leaves are turning yellow at the bottom. I water it every day. What am I doing wrong?"),
-     (_A, "Yellow lower leaves with daily watering usually mean too much water: the roots cannot breathe "
-          "and start to rot. Check whether the soil is still wet a few centimetres down."),
-     (_U, "It is wet. Should I repot it now or wait?")],
+    [
+        (
+            _U,
+            "I have eggs, spinach, feta and half an onion. What can I cook for dinner in 20 minutes?",
+        )
+    ],
+    [
+        (
+            _U,
+            "Write a short, friendly email to my landlord saying the kitchen tap has been dripping for a week.",
+        )
+    ],
+    [
+        (
+            _U,
+            "My plant's leaves are turning yellow at the bottom. I water it every day. What am I doing wrong?",
+        ),
+        (
+            _A,
+            "Yellow lower leaves with daily watering usually mean too much water: the roots cannot breathe "
+            "and start to rot. Check whether the soil is still wet a few centimetres down.",
+        ),
+        (_U, "It is wet. Should I repot it now or wait?"),
+    ],
     # ---- arithmetic / reasoning ----
-    [(_U, "A train leaves at 14:35 and arrives at 18:10. How long is the journey? Show your steps.")],
-    [(_U, "If three notebooks cost 7.50 euros, how much do eight notebooks cost? Explain briefly.")],
+    [
+        (
+            _U,
+            "A train leaves at 14:35 and arrives at 18:10. How long is the journey? Show your steps.",
+        )
+    ],
+    [
+        (
+            _U,
+            "If three notebooks cost 7.50 euros, how much do eight notebooks cost? Explain briefly.",
+        )
+    ],
     # ---- code ----
-    [(_U, "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.")],
-    [(_U, "What does this JavaScript print, and why?\n```js\nconst a = [1, 2, 3];\nconst b = a;\nb.push(4);\n"
-          "console.log(a.length, a === b);\n```")],
-    [(_U, "Write an SQL query that returns the five customers with the highest total order amount from "
-          "tables customers(id, name) and orders(id, customer_id, amount).")],
-    [(_U, "Explain what this Rust code does:\n```rust\nfn main() {\n    let v: Vec<i32> = (1..=10).filter(|x| "
-          "x % 3 == 0).map(|x| x * x).collect();\n    println!(\"{:?}\", v);\n}\n```")],
-    [(_U, "Why does this C code crash sometimes?\n```c\nchar *copy(const char *s) {\n    char buf[64];\n"
-          "    strcpy(buf, s);\n    return buf;\n}\n```")],
-    [(_U, "Give me a bash one-liner that counts the lines of all .py files in a directory tree."),
-     (_A, "You can use: `find . -name '*.py' -print0 | xargs -0 wc -l | tail -n 1`"),
-     (_U, "How do I exclude the venv folder from that?")],
+    [
+        (
+            _U,
+            "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
+        )
+    ],
+    [
+        (
+            _U,
+            "What does this JavaScript print, and why?\n```js\nconst a = [1, 2, 3];\nconst b = a;\nb.push(4);\n"
+            "console.log(a.length, a === b);\n```",
+        )
+    ],
+    [
+        (
+            _U,
+            "Write an SQL query that returns the five customers with the highest total order amount from "
+            "tables customers(id, name) and orders(id, customer_id, amount).",
+        )
+    ],
+    [
+        (
+            _U,
+            "Explain what this Rust code does:\n```rust\nfn main() {\n    let v: Vec<i32> = (1..=10).filter(|x| "
+            "x % 3 == 0).map(|x| x * x).collect();\n    println!(\"{:?}\", v);\n}\n```",
+        )
+    ],
+    [
+        (
+            _U,
+            "Why does this C code crash sometimes?\n```c\nchar *copy(const char *s) {\n    char buf[64];\n"
+            "    strcpy(buf, s);\n    return buf;\n}\n```",
+        )
+    ],
+    [
+        (
+            _U,
+            "Give me a bash one-liner that counts the lines of all .py files in a directory tree.",
+        ),
+        (_A, "You can use: `find . -name '*.py' -print0 | xargs -0 wc -l | tail -n 1`"),
+        (_U, "How do I exclude the venv folder from that?"),
+    ],
     # ---- other languages ----
     [(_U, "Bonjour ! Pouvez-vous m'expliquer simplement comment fonctionne une pompe à chaleur ?")],
-    [(_U, "Ich möchte Deutsch lernen. Welche drei Gewohnheiten helfen am meisten im ersten Monat?")],
+    [
+        (
+            _U,
+            "Ich möchte Deutsch lernen. Welche drei Gewohnheiten helfen am meisten im ersten Monat?",
+        )
+    ],
     [(_U, "¿Cuál es la diferencia entre 'ser' y 'estar'? Dame dos ejemplos de cada uno.")],
-    [(_U, "Ciao! Sto organizzando una cena per sei persone. Mi suggerisci un menù vegetariano semplice?")],
+    [
+        (
+            _U,
+            "Ciao! Sto organizzando una cena per sei persone. Mi suggerisci un menù vegetariano semplice?",
+        )
+    ],
     [(_U, "Olá, quais são as vantagens de andar de bicicleta para ir ao trabalho?")],
     [(_U, "Hoi! Kun je uitleggen waarom de Nederlanders zoveel fietsen?")],
     [(_U, "Dzień dobry, jak najlepiej przygotować się do rozmowy o pracę?")],
@@ -87,29 +157,56 @@ CHATS: list[list[tuple[str, str]]] = [
     [(_U, "안녕하세요! 건강하게 잠을 잘 자는 방법을 알려 주세요.")],
     [(_U, "مرحبا! ما هي أفضل طريقة لتعلم لغة جديدة بسرعة؟")],
     [(_U, "Merhaba, İstanbul'da bir günüm var. Neleri görmeliyim?")],
-    [(_U, "J'ai écrit : « Je suis allé au magasin hier et j'ai acheter du pain. » Y a-t-il une faute ?"),
-     (_A, "Oui : après « j'ai », il faut le participe passé : « j'ai acheté du pain »."),
-     (_U, "Merci ! Et pourquoi « je suis allé » et pas « j'ai allé » ?")],
+    [
+        (
+            _U,
+            "J'ai écrit : « Je suis allé au magasin hier et j'ai acheter du pain. » Y a-t-il une faute ?",
+        ),
+        (_A, "Oui : après « j'ai », il faut le participe passé : « j'ai acheté du pain »."),
+        (_U, "Merci ! Et pourquoi « je suis allé » et pas « j'ai allé » ?"),
+    ],
     # ---- the long system prompt ----
-    [(_U, "Hi, I want to rent touring skis for four days next week in Tromsø. What will it cost in total?")],
-    [(_U, "Hei! Jeg kjøpte et telt for tre uker siden, og glidelåsen har gått i stykker. Hva gjør jeg?")],
-    [(_U, "Is the down sleeping bag on sale right now? And do I get the club discount on top?"),
-     (_A, "Yes: all sleeping bags are 20% off until Sunday, so the Basecamp Down -10 costs 2,232 NOK "
-          "instead of 2,790 NOK."),
-     (_U, "Great. And can I pick it up in Bergen on Saturday afternoon at 17:00?")],
-    [(_U, "We are two adults planning a kayak trip on the open sea near Lofoten. Which route is safest, and "
-          "what gear should we rent?")],
+    [
+        (
+            _U,
+            "Hi, I want to rent touring skis for four days next week in Tromsø. What will it cost in total?",
+        )
+    ],
+    [
+        (
+            _U,
+            "Hei! Jeg kjøpte et telt for tre uker siden, og glidelåsen har gått i stykker. Hva gjør jeg?",
+        )
+    ],
+    [
+        (_U, "Is the down sleeping bag on sale right now? And do I get the club discount on top?"),
+        (
+            _A,
+            "Yes: all sleeping bags are 20% off until Sunday, so the Basecamp Down -10 costs 2,232 NOK "
+            "instead of 2,790 NOK.",
+        ),
+        (_U, "Great. And can I pick it up in Bergen on Saturday afternoon at 17:00?"),
+    ],
+    [
+        (
+            _U,
+            "We are two adults planning a kayak trip on the open sea near Lofoten. Which route is safest, and "
+            "what gear should we rent?",
+        )
+    ],
 ]
 
-SYSTEMS = [SHORT_SYSTEM] * 26 + [LONG_SYSTEM] * 4     # the last four chats use the long system prompt
+SYSTEMS = [SHORT_SYSTEM] * 26 + [LONG_SYSTEM] * 4  # the last four chats use the long system prompt
 
 
 def messages() -> list[list[dict]]:
     """Each chat as OpenAI-style messages, system prompt first (what llama-server's
     /v1/chat/completions and the engine's chat template both take)."""
     assert len(SYSTEMS) == len(CHATS)
-    return [[{"role": "system", "content": s}] + [{"role": r, "content": c} for r, c in turns]
-            for s, turns in zip(SYSTEMS, CHATS)]
+    return [
+        [{"role": "system", "content": s}] + [{"role": r, "content": c} for r, c in turns]
+        for s, turns in zip(SYSTEMS, CHATS)
+    ]
 
 
 def token_ids(tokenizer) -> list[list[int]]:

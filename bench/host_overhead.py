@@ -20,6 +20,7 @@ median step minus the parts' medians. The hand-off is the mean time per token as
 iterator receives them (--steps tokens) minus the median step: wall time across two threads, so it
 grows with load.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,6 +42,7 @@ def _wrap(obj, attr, calls, key):
             return fn(*a, **kw)
         finally:
             calls[key].append(time.perf_counter() - t0)
+
     setattr(obj, attr, wrapper)
     return fn
 
@@ -49,12 +51,13 @@ def _stub_forward(model, vocab):
     logits = torch.randn(64, vocab)
 
     def forward(input_ids, positions, kv_pool, meta, logits_indices):
-        return logits[:logits_indices.shape[0]]
+        return logits[: logits_indices.shape[0]]
+
     model.forward = forward
 
 
 def measure(steps: int, vocab_model: str = "smollm2-135m") -> dict:
-    import engine.core.sample_isolated as isolated      # where the step loop calls the sampler
+    import engine.core.sample_isolated as isolated  # where the step loop calls the sampler
     import engine.exec.model_runner as mr
     from engine import LLM, SamplingParams
     from engine.text.detokenizer import IncrementalDetokenizer
@@ -65,29 +68,56 @@ def measure(steps: int, vocab_model: str = "smollm2-135m") -> dict:
     from engine.exec.loader import load_model
 
     over = {"num_hidden_layers": 1}
-    kw = dict(num_blocks=256, max_model_len=4096, device="cpu", dtype="float32", enable_prefix_caching=False)
+    kw = dict(
+        num_blocks=256,
+        max_model_len=4096,
+        device="cpu",
+        dtype="float32",
+        enable_prefix_caching=False,
+    )
     # direct: an LLMEngine with no front thread, stepped in this thread only
     cfg = EngineConfig(model=vocab_model, load_format="dummy", **kw)
-    eng = LLMEngine(cfg, load_model(vocab_model, load_format="dummy", seed=0, device="cpu", dtype=cfg.torch_dtype,
-                                    hf_overrides=over))
+    eng = LLMEngine(
+        cfg,
+        load_model(
+            vocab_model,
+            load_format="dummy",
+            seed=0,
+            device="cpu",
+            dtype=cfg.torch_dtype,
+            hf_overrides=over,
+        ),
+    )
     vocab = eng.runner.model.embed.shape[0]
     _stub_forward(eng.runner.model, vocab)
-    llm = LLM(model=vocab_model, load_format="dummy", hf_overrides=over, **kw)   # the streaming front
+    llm = LLM(
+        model=vocab_model, load_format="dummy", hf_overrides=over, **kw
+    )  # the streaming front
     _stub_forward(llm.engine.runner.model, vocab)
     try:
         params = SamplingParams(temperature=0.0, max_tokens=10**6, ignore_eos=True)
         calls = {k: [] for k in PARTS + ("step total",)}
-        originals = [(eng.scheduler, "schedule", _wrap(eng.scheduler, "schedule", calls, "scheduler")),
-                     (eng.runner.model, "forward", _wrap(eng.runner.model, "forward", calls, "forward stub")),
-                     (eng, "_emit", _wrap(eng, "_emit", calls, "stream"))]
-        orig_pack, orig_sample, orig_add = mr.pack_step, isolated.sample_batch, IncrementalDetokenizer.add
+        originals = [
+            (eng.scheduler, "schedule", _wrap(eng.scheduler, "schedule", calls, "scheduler")),
+            (
+                eng.runner.model,
+                "forward",
+                _wrap(eng.runner.model, "forward", calls, "forward stub"),
+            ),
+            (eng, "_emit", _wrap(eng, "_emit", calls, "stream")),
+        ]
+        orig_pack, orig_sample, orig_add = (
+            mr.pack_step,
+            isolated.sample_batch,
+            IncrementalDetokenizer.add,
+        )
         _wrap(mr, "pack_step", calls, "step inputs")
         _wrap(isolated, "sample_batch", calls, "sampler")
         _wrap(IncrementalDetokenizer, "add", calls, "detokenizer")
         try:
             eng.add_request(Request("host-1", list(range(3, 19)), params))
             for _ in range(4):
-                eng.step()                                   # prefill + warm decode steps
+                eng.step()  # prefill + warm decode steps
             for v in calls.values():
                 v.clear()
             for _ in range(steps):
@@ -96,14 +126,20 @@ def measure(steps: int, vocab_model: str = "smollm2-135m") -> dict:
                 calls["step total"].append(time.perf_counter() - t0)
             eng.abort_request("host-1")
         finally:
-            mr.pack_step, isolated.sample_batch, IncrementalDetokenizer.add = orig_pack, orig_sample, orig_add
+            mr.pack_step, isolated.sample_batch, IncrementalDetokenizer.add = (
+                orig_pack,
+                orig_sample,
+                orig_add,
+            )
             for obj, attr, orig in originals:
-                setattr(obj, attr, orig)                 # the unwrapped callable (the stub for forward)
+                setattr(obj, attr, orig)  # the unwrapped callable (the stub for forward)
         direct = {k: statistics.median(v) for k, v in calls.items()}
         direct["other"] = direct["step total"] - sum(direct[k] for k in PARTS)
         # through the LLM front: the gap between consecutive tokens as a caller's iterator sees them
-        stream = llm.submit({"prompt_token_ids": list(range(3, 19))},
-                            SamplingParams(temperature=0.0, max_tokens=steps + 4, ignore_eos=True))
+        stream = llm.submit(
+            {"prompt_token_ids": list(range(3, 19))},
+            SamplingParams(temperature=0.0, max_tokens=steps + 4, ignore_eos=True),
+        )
         stamps = [(time.perf_counter(), len(d.token_ids)) for d in stream if d.token_ids]
         streamed = (stamps[-1][0] - stamps[4][0]) / sum(n for _, n in stamps[5:])
     finally:

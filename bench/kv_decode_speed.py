@@ -10,13 +10,16 @@ step, in turn, `--rounds` times, so a slow spell of the machine hits all three. 
 size: 8 different prompts (the first `batch` of them), `--tokens` greedy tokens each, ignoring EOS,
 best of two; tok/s = batch x tokens / wall time (prefill included, as a chat sees it).
 """
+
 from __future__ import annotations
 
 import argparse
 import time
 
 CONFIGS = (("float32", "auto"), ("int8", "off"), ("int8", "auto"))
-PROMPTS = [f"Write a short story, number {i}, about a lighthouse keeper and a cat." for i in range(8)]
+PROMPTS = [
+    f"Write a short story, number {i}, about a lighthouse keeper and a cat." for i in range(8)
+]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -28,6 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     from engine import LLM
     from engine.exec.loader import resolve_hf_folder
     from engine.sampling.sampling_params import SamplingParams
+
     folder = resolve_hf_folder(None)[1]
     batches = [int(b) for b in args.batches.split(",")]
     sp = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
@@ -37,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
         for kv, lean in CONFIGS:
             llm = LLM(folder, dtype="float32", kv_cache_dtype=kv, lean_step=lean)
             try:
-                llm.generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=8))    # warm-up
+                llm.generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=8))  # warm-up
                 rates = []
                 for b in batches:
                     best = 0.0
@@ -49,7 +53,10 @@ def main(argv: list[str] | None = None) -> None:
             finally:
                 llm.shutdown()
             step = "lean" if lean != "off" else "loop"
-            print(f"| {rnd} | {kv} | {step} | " + " | ".join(f"{r:.1f}" for r in rates) + " |", flush=True)
+            print(
+                f"| {rnd} | {kv} | {step} | " + " | ".join(f"{r:.1f}" for r in rates) + " |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

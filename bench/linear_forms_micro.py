@@ -11,7 +11,11 @@ only same-run, interleaved ratios mean anything. Engines decode batch 1 and 32 (
 
     python -m bench.linear_forms_micro [rounds]
 """
-import os; import sys; os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import os
+import sys
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import time
 
 from engine import LLM, SamplingParams
@@ -27,16 +31,21 @@ def build(eager=False, packed_fp32=True, **kw):
 
 
 def main():
-    llms = {"fp32 before": build(eager=True, packed_fp32=False, dtype="float32"),
-            "fp32": build(dtype="float32"),
-            "bf16-packed": build(dtype="bfloat16"),
-            "int8": build(quantization="int8"),
-            "int8 eager": build(eager=True, quantization="int8")}
+    llms = {
+        "fp32 before": build(eager=True, packed_fp32=False, dtype="float32"),
+        "fp32": build(dtype="float32"),
+        "bf16-packed": build(dtype="bfloat16"),
+        "int8": build(quantization="int8"),
+        "int8 eager": build(eager=True, quantization="int8"),
+    }
     sp = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     print("load start", os.getloadavg())
     for B in (1, 32):
-        prompts = [[1, 504, 3458, 282, 1117 + i, 314, 253, 1345, 30, 2, 77, 88, 99, 100, 101, 102] for i in range(B)]
+        prompts = [
+            [1, 504, 3458, 282, 1117 + i, 314, 253, 1345, 30, 2, 77, 88, 99, 100, 101, 102]
+            for i in range(B)
+        ]
         res = {n: [] for n in llms}
         for llm in llms.values():
             llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4))
@@ -48,8 +57,10 @@ def main():
         base = sorted(res["fp32 before"])[rounds // 2]
         for n, v in res.items():
             v.sort()
-            print(f"B={B} {n}: median {v[len(v) // 2]:.1f} tok/s ({v[len(v) // 2] / base:.2f}x fp32 before)"
-                  f"  runs {[round(x, 1) for x in v]}")
+            print(
+                f"B={B} {n}: median {v[len(v) // 2]:.1f} tok/s ({v[len(v) // 2] / base:.2f}x fp32 before)"
+                f"  runs {[round(x, 1) for x in v]}"
+            )
     print("load end", os.getloadavg())
     for llm in llms.values():
         llm.shutdown()

@@ -1,11 +1,24 @@
 """Turn raw runs (per-request token times) into the numbers we report, and combine repetitions."""
+
 from __future__ import annotations
 
 import statistics
 
-ROW_FIELDS = ("requests", "output_tokens", "wall_s", "tokens_per_s", "decode_tokens_per_s",
-              "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s", "peak_kv_bytes",
-              "prompt_tokens", "prefill_tokens_computed", "prefill_tokens_cached")
+ROW_FIELDS = (
+    "requests",
+    "output_tokens",
+    "wall_s",
+    "tokens_per_s",
+    "decode_tokens_per_s",
+    "ttft_p50_s",
+    "ttft_p95_s",
+    "itl_p50_s",
+    "itl_p95_s",
+    "peak_kv_bytes",
+    "prompt_tokens",
+    "prefill_tokens_computed",
+    "prefill_tokens_cached",
+)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -45,16 +58,34 @@ def summarize(run: dict, system: str) -> dict:
     if computed is None:
         computed = run.get("stats", {}).get("prompt_tokens_computed_total", prompt - cached)
     row = {
-        "system": system, "requests": len(ts), "output_tokens": out_tokens, "wall_s": run["wall_s"],
+        "system": system,
+        "requests": len(ts),
+        "output_tokens": out_tokens,
+        "wall_s": run["wall_s"],
         "tokens_per_s": out_tokens / run["wall_s"] if run["wall_s"] > 0 else None,
         "decode_tokens_per_s": decode_rate(ts),
-        "ttft_p50_s": percentile(ttfts, 50), "ttft_p95_s": percentile(ttfts, 95),
-        "itl_p50_s": percentile(itls, 50), "itl_p95_s": percentile(itls, 95),
-        "peak_kv_bytes": run.get("peak_kv_bytes"), "prompt_tokens": prompt,
-        "prefill_tokens_computed": computed, "prefill_tokens_cached": cached,
+        "ttft_p50_s": percentile(ttfts, 50),
+        "ttft_p95_s": percentile(ttfts, 95),
+        "itl_p50_s": percentile(itls, 50),
+        "itl_p95_s": percentile(itls, 95),
+        "peak_kv_bytes": run.get("peak_kv_bytes"),
+        "prompt_tokens": prompt,
+        "prefill_tokens_computed": computed,
+        "prefill_tokens_cached": cached,
     }
-    for extra in ("stats", "setup_s", "timed_out", "finished", "failed_or_missing", "kv_bytes_kind",
-                  "generated_tokens_computed", "note", "subsample", "peak_used_blocks", "kv_bytes_per_block"):
+    for extra in (
+        "stats",
+        "setup_s",
+        "timed_out",
+        "finished",
+        "failed_or_missing",
+        "kv_bytes_kind",
+        "generated_tokens_computed",
+        "note",
+        "subsample",
+        "peak_used_blocks",
+        "kv_bytes_per_block",
+    ):
         if extra in run:
             row[extra] = run[extra]
     return row
@@ -68,7 +99,7 @@ def combine(rows: list[dict]) -> dict:
     for k in ROW_FIELDS:
         vals = [r[k] for r in rows if r.get(k) is not None]
         if vals and all(v == vals[0] for v in vals):
-            out[k] = vals[0]                     # counts that do not vary stay integers
+            out[k] = vals[0]  # counts that do not vary stay integers
         else:
             out[k] = statistics.median(vals) if vals else None
     out["reps"] = len(rows)
@@ -88,7 +119,9 @@ def token_match(ref_timings, other_timings) -> dict:
     first_div = []
     for a, b in pairs:
         if a.token_ids != b.token_ids:
-            n = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y),
-                     min(len(a.token_ids), len(b.token_ids)))
+            n = next(
+                (i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y),
+                min(len(a.token_ids), len(b.token_ids)),
+            )
             first_div.append(n)
     return {"compared": len(pairs), "identical": same, "first_divergence_positions": first_div[:20]}

@@ -5,6 +5,7 @@ the chat workload's prompts, greedy vs the app's default sampling (temperature 0
 top-p 0.95, repetition penalty 1.1 over the prompts), and the old per-row full-sort
 method for comparison. Interleaved rounds, medians: the machine is shared.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,6 +41,7 @@ def real_logits(B: int):
     from transformers import AutoModelForCausalLM
     from bench.workloads import chat_workload
     from engine.exec.loader import load_model
+
     loaded = load_model(None, progress=lambda f, m: None)
     hf = AutoModelForCausalLM.from_pretrained(loaded.hf_folder, dtype=torch.float32)
     reqs = chat_workload(loaded.tokenizer, B, 1, 1, seed=0)
@@ -60,9 +62,11 @@ def main(argv=None):
     app = SamplingParams(temperature=0.7, top_p=0.95, repetition_penalty=1.1)
     greedy = SamplingParams(temperature=0.0)
     gens = [make_generator(i) for i in range(B)]
-    cases = {"greedy": lambda: sample_batch(logits, [greedy] * B, gens, hist),
-             "app default": lambda: sample_batch(logits, [app] * B, gens, hist),
-             "old full sort (app default)": lambda: old_full_sort(logits, app, hist)}
+    cases = {
+        "greedy": lambda: sample_batch(logits, [greedy] * B, gens, hist),
+        "app default": lambda: sample_batch(logits, [app] * B, gens, hist),
+        "old full sort (app default)": lambda: old_full_sort(logits, app, hist),
+    }
     times = {k: [] for k in cases}
     with torch.inference_mode():
         for _ in range(a.rounds):

@@ -7,6 +7,7 @@ a shared box swing by more than 10% on their own; here both modes run in alterna
 one engine, so load changes hit both alike. Prompts are 16 distinct tokens (a short context, where
 sampling's share of a step is largest).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,12 +25,23 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args(argv)
     from engine import LLM, SamplingParams
+
     llm = LLM(dtype=a.dtype, num_blocks=512)
-    prompts = [[1, 504, 3458, 282, 1117 + i, 314, 253, 1345, 30, 2, 77, 88, 99, 100, 101, 102]
-               for i in range(a.batch)]
-    modes = {"greedy": SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True),
-             "app default": SamplingParams(temperature=0.7, top_p=0.95, repetition_penalty=1.1,
-                                           max_tokens=a.tokens, ignore_eos=True, seed=0)}
+    prompts = [
+        [1, 504, 3458, 282, 1117 + i, 314, 253, 1345, 30, 2, 77, 88, 99, 100, 101, 102]
+        for i in range(a.batch)
+    ]
+    modes = {
+        "greedy": SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True),
+        "app default": SamplingParams(
+            temperature=0.7,
+            top_p=0.95,
+            repetition_penalty=1.1,
+            max_tokens=a.tokens,
+            ignore_eos=True,
+            seed=0,
+        ),
+    }
     llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4))
     load = os.getloadavg()[0]
     res = {m: [] for m in modes}
@@ -39,7 +51,9 @@ def main(argv=None):
             llm.generate(prompts, sp)
             res[m].append(a.batch * a.tokens / (time.perf_counter() - t))
     g, s = statistics.median(res["greedy"]), statistics.median(res["app default"])
-    print(f"{a.dtype}, batch {a.batch}, {a.tokens} new tokens, load {load:.2f} -> {os.getloadavg()[0]:.2f}")
+    print(
+        f"{a.dtype}, batch {a.batch}, {a.tokens} new tokens, load {load:.2f} -> {os.getloadavg()[0]:.2f}"
+    )
     for m, v in res.items():
         print(f"  {m:12s} median {statistics.median(v):.1f} tok/s  runs {[round(x, 1) for x in v]}")
     print(f"  app-default sampling costs {100 * (1 - s / g):.1f}% of greedy throughput")

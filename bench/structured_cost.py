@@ -8,6 +8,7 @@ enough that no constrained row finishes before `--tokens`, so both modes decode 
 free mode is greedy with ignore_eos, the constrained one greedy under the schema. Also reported:
 the cold compile of that schema (a fresh compiler) and a cache hit (a repeated schema).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,9 +16,18 @@ import os
 import statistics
 import time
 
-SCHEMA = {"type": "object", "properties": {"items": {
-    "type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 40, "maxItems": 40}},
-    "required": ["items"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "items": {
+            "type": "array",
+            "items": {"type": "string", "maxLength": 12},
+            "minItems": 40,
+            "maxItems": 40,
+        }
+    },
+    "required": ["items"],
+}
 
 
 def main(argv=None):
@@ -31,23 +41,34 @@ def main(argv=None):
     from engine import LLM, SamplingParams
     from engine.sampling.structured import StructuredSpec
     from engine.sampling.structured.compiler import GrammarCompiler
+
     llm = LLM(dtype=a.dtype, num_blocks=512)
     spec = StructuredSpec("json_schema", SCHEMA)
     tok = llm.get_tokenizer()
-    prompts = [{"prompt_token_ids": tok.apply_chat_template(
-        [{"role": "user", "content": f"List 40 words about topic number {i} as JSON."}],
-        add_generation_prompt=True, tokenize=True, return_dict=False)} for i in range(a.batch)]
+    prompts = [
+        {
+            "prompt_token_ids": tok.apply_chat_template(
+                [{"role": "user", "content": f"List 40 words about topic number {i} as JSON."}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+            )
+        }
+        for i in range(a.batch)
+    ]
     fresh = GrammarCompiler(tok, llm.engine.vocab_size)
-    fresh.matcher(StructuredSpec("json_object"))        # the tokenizer's one-off set-up, not a compile
+    fresh.matcher(StructuredSpec("json_object"))  # the tokenizer's one-off set-up, not a compile
     t = time.perf_counter()
     fresh.matcher(spec)
     cold = time.perf_counter() - t
     t = time.perf_counter()
     fresh.matcher(spec)
     hit = time.perf_counter() - t
-    modes = {"free": SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True),
-             "json schema": SamplingParams(temperature=0, max_tokens=a.tokens, structured=spec)}
-    llm.generate(prompts[:2], modes["json schema"])      # warm-up (and the engine's own compile)
+    modes = {
+        "free": SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True),
+        "json schema": SamplingParams(temperature=0, max_tokens=a.tokens, structured=spec),
+    }
+    llm.generate(prompts[:2], modes["json schema"])  # warm-up (and the engine's own compile)
     load = os.getloadavg()[0]
     res = {m: [] for m in modes}
     for _ in range(a.rounds):
@@ -57,8 +78,10 @@ def main(argv=None):
             n = sum(len(o.outputs[0].token_ids) for o in outs)
             res[m].append(n / (time.perf_counter() - t))
     f, c = statistics.median(res["free"]), statistics.median(res["json schema"])
-    print(f"dtype {llm.config.dtype or 'default'}, batch {a.batch}, {a.tokens} new tokens, "
-          f"load {load:.2f} -> {os.getloadavg()[0]:.2f}")
+    print(
+        f"dtype {llm.config.dtype or 'default'}, batch {a.batch}, {a.tokens} new tokens, "
+        f"load {load:.2f} -> {os.getloadavg()[0]:.2f}"
+    )
     for m, v in res.items():
         print(f"  {m:12s} median {statistics.median(v):.1f} tok/s  runs {[round(x, 1) for x in v]}")
     print(f"  constrained / free throughput = {c / f:.3f} ({100 * (1 - c / f):.1f}% cost)")

@@ -13,6 +13,7 @@ Measured per turn: TTFT (submit to first token, streaming) and `num_cached_token
 cache hit); prompt tokens computed = prompt length - cached. Imports nothing of ours but
 bench.metrics (standard library only).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -21,22 +22,31 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repo root
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from bench.metrics import percentile  # noqa: E402
 
 
 def _make(job):
     from vllm import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
-    return AsyncLLM.from_engine_args(AsyncEngineArgs(
-        model=job["model"], dtype=job["dtype"], enable_prefix_caching=True, block_size=job["block_size"],
-        num_gpu_blocks_override=job["num_blocks"], max_num_seqs=max(8, job["in_flight"]),
-        max_model_len=job["max_model_len"]))
+
+    return AsyncLLM.from_engine_args(
+        AsyncEngineArgs(
+            model=job["model"],
+            dtype=job["dtype"],
+            enable_prefix_caching=True,
+            block_size=job["block_size"],
+            num_gpu_blocks_override=job["num_blocks"],
+            max_num_seqs=max(8, job["in_flight"]),
+            max_model_len=job["max_model_len"],
+        )
+    )
 
 
 async def _turn(engine, rid, ids, max_tokens):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
+
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     t0, ttft, cached, n = time.perf_counter(), None, 0, 0
     async for out in engine.generate(TokensPrompt(prompt_token_ids=ids), params, rid):
@@ -71,7 +81,10 @@ async def variant(job, restart: bool) -> dict:
 
             async def one(i, turn):
                 async with sem:
-                    return await _turn(engine, f"r{int(restart)}-{t}-{i}", turn["prompt"], turn["max_tokens"])
+                    return await _turn(
+                        engine, f"r{int(restart)}-{t}-{i}", turn["prompt"], turn["max_tokens"]
+                    )
+
             outs = await asyncio.gather(*[one(i, turn) for i, turn in enumerate(rnd)])
             ttfts[t] = [o[0] for o in outs]
             for turn, (_, cached, _) in zip(rnd, outs):
@@ -81,11 +94,16 @@ async def variant(job, restart: bool) -> dict:
     finally:
         engine.shutdown()
     later = [x for t in range(1, len(job["rounds"])) for x in ttfts[t]]
-    ms = lambda xs, q: None if not xs else round(percentile(xs, q) * 1000, 1)   # noqa: E731
-    return {"ttft_p50_ms": ms(later, 50), "ttft_p95_ms": ms(later, 95),
-            "ttft_turn_p50_ms": {t + 1: ms(ttfts[t], 50) for t in ttfts},
-            "prompt_tokens_computed": computed, "prompt_tokens_cached": cached_total,
-            "total_s": round(total, 2), "restart_s": round(restart_s, 1)}
+    ms = lambda xs, q: None if not xs else round(percentile(xs, q) * 1000, 1)  # noqa: E731
+    return {
+        "ttft_p50_ms": ms(later, 50),
+        "ttft_p95_ms": ms(later, 95),
+        "ttft_turn_p50_ms": {t + 1: ms(ttfts[t], 50) for t in ttfts},
+        "prompt_tokens_computed": computed,
+        "prompt_tokens_cached": cached_total,
+        "total_s": round(total, 2),
+        "restart_s": round(restart_s, 1),
+    }
 
 
 async def run(job) -> dict:

@@ -6,6 +6,7 @@ multiturn conversations x turns of user messages; the history is built by the en
           run and replayed as exact ids to the other systems.
 decode    equal-length short prompts (no padding anywhere), fixed output length.
 """
+
 from __future__ import annotations
 
 import random
@@ -34,7 +35,7 @@ SYSTEM_PROMPT = (
 
 # --quick's: the prompt's first three sentences (~55 tokens, 3 full blocks: the shared prefix still
 # hits), so the smoke test's prefills, HF's above all, cost a fraction of the full prompt's
-SHORT_SYSTEM_PROMPT = SYSTEM_PROMPT[:SYSTEM_PROMPT.index(", and lists are used only")] + "."
+SHORT_SYSTEM_PROMPT = SYSTEM_PROMPT[: SYSTEM_PROMPT.index(", and lists are used only")] + "."
 
 _QUESTIONS = [
     "Can I return a {item} that I bought {when}?",
@@ -46,11 +47,27 @@ _QUESTIONS = [
     "I want to buy a {item} as a gift. Can I pay with a gift card?",
     "What is the difference between your two cheapest {item} models?",
 ]
-_ITEMS = ["tent", "sleeping bag", "backpack", "headlamp", "rain jacket", "pair of trekking poles",
-          "stove", "climbing harness", "water filter", "pair of hiking boots"]
+_ITEMS = [
+    "tent",
+    "sleeping bag",
+    "backpack",
+    "headlamp",
+    "rain jacket",
+    "pair of trekking poles",
+    "stove",
+    "climbing harness",
+    "water filter",
+    "pair of hiking boots",
+]
 _WHEN = ["last week", "two months ago", "yesterday", "in the spring sale", "for my brother"]
-_TRIPS = ["a week in the Alps in October", "a weekend by the lake", "a long hike in Scotland",
-          "winter camping in Norway", "a first multi-day trek", "a summer festival"]
+_TRIPS = [
+    "a week in the Alps in October",
+    "a weekend by the lake",
+    "a long hike in Scotland",
+    "winter camping in Norway",
+    "a first multi-day trek",
+    "a summer festival",
+]
 _PLACES = ["Portugal", "Finland", "a small island in Greece", "Vienna", "the north of Scotland"]
 _DETAILS = [
     "I am about 1.85 m tall and usually sleep cold.",
@@ -77,28 +94,46 @@ class Conversation:
 
 
 def user_message(rng: random.Random) -> str:
-    q = rng.choice(_QUESTIONS).format(item=rng.choice(_ITEMS), when=rng.choice(_WHEN),
-                                      trip=rng.choice(_TRIPS), place=rng.choice(_PLACES))
+    q = rng.choice(_QUESTIONS).format(
+        item=rng.choice(_ITEMS),
+        when=rng.choice(_WHEN),
+        trip=rng.choice(_TRIPS),
+        place=rng.choice(_PLACES),
+    )
     extra = rng.sample(_DETAILS, rng.randint(0, 4))  # varied length: ~10 to ~110 tokens
     return " ".join([q] + extra) if rng.random() < 0.5 else " ".join(extra + [q])
 
 
-def chat_workload(tokenizer, n: int, out_min: int, out_max: int, seed: int,
-                  system_prompt: str = SYSTEM_PROMPT) -> list[ChatRequest]:
+def chat_workload(
+    tokenizer, n: int, out_min: int, out_max: int, seed: int, system_prompt: str = SYSTEM_PROMPT
+) -> list[ChatRequest]:
     rng = random.Random(seed)
     reqs = []
     for _ in range(n):
-        msgs = [{"role": "system", "content": system_prompt}, {"role": "user", "content": user_message(rng)}]
-        reqs.append(ChatRequest(continue_session_prompt(tokenizer, msgs, None), rng.randint(out_min, out_max)))
+        msgs = [
+            {"role": "system", "content": system_prompt},
+            {"role": "user", "content": user_message(rng)},
+        ]
+        reqs.append(
+            ChatRequest(
+                continue_session_prompt(tokenizer, msgs, None), rng.randint(out_min, out_max)
+            )
+        )
     return reqs
 
 
-def multiturn_workload(n_conv: int, n_turns: int, seed: int, system_prompt: str = SYSTEM_PROMPT) -> list[Conversation]:
+def multiturn_workload(
+    n_conv: int, n_turns: int, seed: int, system_prompt: str = SYSTEM_PROMPT
+) -> list[Conversation]:
     rng = random.Random(seed + 1)
     convs = []
     for _ in range(n_conv):
-        convs.append(Conversation([user_message(rng) for _ in range(n_turns)],
-                                  [{"role": "system", "content": system_prompt}]))
+        convs.append(
+            Conversation(
+                [user_message(rng) for _ in range(n_turns)],
+                [{"role": "system", "content": system_prompt}],
+            )
+        )
     return convs
 
 
@@ -108,7 +143,7 @@ def decode_prompts(tokenizer, batch: int, prompt_len: int, seed: int) -> list[li
     text = SYSTEM_PROMPT + " " + " ".join(_DETAILS + _QUESTIONS)
     ids = tokenizer.encode(text, add_special_tokens=False)
     starts = [rng.randrange(0, len(ids) - prompt_len) for _ in range(batch)]
-    return [ids[s:s + prompt_len] for s in starts]
+    return [ids[s : s + prompt_len] for s in starts]
 
 
 def common_prefix_len(seqs: list[list[int]]) -> int:

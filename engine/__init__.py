@@ -3,6 +3,7 @@ sessions, pins, snapshots, tenants) and `SamplingParams` are the public API.
 
 Imports are lazy so that `import engine.kv.block_pool` (tests, tools) does not load torch models.
 """
+
 import os as _os
 import sys as _sys
 
@@ -13,16 +14,30 @@ import sys as _sys
 if "torch" not in _sys.modules:
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-__all__ = ["LLM", "ServingLLM", "SamplingParams", "BeamSearchParams", "RequestStream", "RequestOutput",
-           "CompletionOutput"]
+__all__ = [
+    "LLM",
+    "ServingLLM",
+    "SamplingParams",
+    "BeamSearchParams",
+    "RequestStream",
+    "RequestOutput",
+    "CompletionOutput",
+]
 
-_WHERE = {"LLM": "engine.front.llm", "ServingLLM": "engine.front.serving", "RequestStream": "engine.front.llm", "SamplingParams": "engine.sampling.sampling_params",
-          "BeamSearchParams": "engine.core.beam_search",
-          "RequestOutput": "engine.outputs", "CompletionOutput": "engine.outputs"}
+_WHERE = {
+    "LLM": "engine.front.llm",
+    "ServingLLM": "engine.front.serving",
+    "RequestStream": "engine.front.llm",
+    "SamplingParams": "engine.sampling.sampling_params",
+    "BeamSearchParams": "engine.core.beam_search",
+    "RequestOutput": "engine.outputs",
+    "CompletionOutput": "engine.outputs",
+}
 
 
 def __getattr__(name):
     if name in _WHERE:
         import importlib
+
         return getattr(importlib.import_module(_WHERE[name]), name)
     raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -3,6 +3,7 @@
 NoFreeBlocksError is an expected, recoverable condition (the scheduler preempts or waits), so it
 carries numbers; KVCacheError means a caller bug and carries a message naming the sequence.
 """
+
 from __future__ import annotations
 
 

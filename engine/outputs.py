@@ -1,5 +1,6 @@
 """vLLM-shaped result objects returned by LLM.generate / LLM.chat, and the states a request's
 stream reports in each delta's `metrics["state"]`."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 class TokenLogprob:
     """log_softmax of the raw fp32 logits (before penalties, temperature and filters) for the
     sampled token, plus the top alternatives as (token_id, logprob), best first."""
+
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
@@ -23,9 +25,11 @@ class CompletionOutput:
     metrics: dict = field(default_factory=dict)
     logprobs: list[TokenLogprob] | None = None
     cumulative_logprob: float | None = None
-    reasoning: str | None = None      # a thinking model's reasoning (engine/text/reasoning.py); None: none
-    content: str | None = None        # the reply without its reasoning block (None: not split)
-    reasoning_tokens: int = 0         # generated tokens inside the reasoning block
+    reasoning: str | None = (
+        None  # a thinking model's reasoning (engine/text/reasoning.py); None: none
+    )
+    content: str | None = None  # the reply without its reasoning block (None: not split)
+    reasoning_tokens: int = 0  # generated tokens inside the reasoning block
 
 
 @dataclass
@@ -33,7 +37,9 @@ class RequestOutput:
     request_id: str
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
-    prompt_logprobs: list[TokenLogprob | None] | None = None    # per prompt token (first: None), if asked
+    prompt_logprobs: list[TokenLogprob | None] | None = (
+        None  # per prompt token (first: None), if asked
+    )
 
 
 # The life-cycle states a stream reports in `RequestOutputDelta.metrics["state"]`. Defined once here
@@ -42,9 +48,9 @@ class RequestOutput:
 # away; a UI guessing it from "no token for a while" cannot tell a pause from a slow step and misses
 # short pauses. A request preempted by recompute gets one delta in state PREEMPTED (no text, no
 # tokens) and, when the scheduler runs it again, one in state RESUMED; its tokens then follow.
-STATE_RUNNING = "running"        # admitted (first delta, before any token) or producing tokens
-STATE_PREEMPTED = "preempted"    # its KV blocks were taken for another request; it waits to resume
-STATE_RESUMED = "resumed"        # scheduled again after a preemption (recomputing, then tokens)
+STATE_RUNNING = "running"  # admitted (first delta, before any token) or producing tokens
+STATE_PREEMPTED = "preempted"  # its KV blocks were taken for another request; it waits to resume
+STATE_RESUMED = "resumed"  # scheduled again after a preemption (recomputing, then tokens)
 STATE_FINISHED = "finished"
 
 

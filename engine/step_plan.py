@@ -16,6 +16,7 @@ KV cache groups: a row holds one block table and one slot list per group (`block
 State groups (a model with linear-attention layers): a row holds its state slot per group
 (`state_slots`, one group: all the model's Gated DeltaNet layers); () for other models.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ class ScheduledRow:
     computed this step: the sequence's own tokens, then draft tokens a speculative step scores past
     them. `block_tables[g]`: the sequence's physical blocks in KV cache group g, logical order;
     `slots[g]`: where each of this step's tokens is stored in group g (-1: not stored)."""
+
     seq_id: object
     seq: object
     start: int
@@ -40,7 +42,7 @@ class ScheduledRow:
     token_ids: list[int]
     block_tables: tuple[list[int], ...]
     slots: tuple[list[int], ...]
-    state_slots: tuple[int, ...] = ()   # the row's slot per state group (linear-attention layers)
+    state_slots: tuple[int, ...] = ()  # the row's slot per state group (linear-attention layers)
 
     @property
     def end(self) -> int:
@@ -58,6 +60,7 @@ class LogitsRow:
     sample: the last real token of a sequence (its next token is sampled); draft: a draft token of
     a speculative row (its logits verify the next draft); prompt_logprob: a prompt position whose
     logprob was asked for (the next prompt token is scored, nothing sampled)."""
+
     row: int
     offset: int
     kind: LogitsKind
@@ -71,10 +74,11 @@ class StepPlan:
     (src, dst) state slots to copy before the forward, in order (a fork's copy on write, a
     checkpoint taken after the previous step or restored for a prefix hit; a src that is bytes is
     a state read from the KV tier, written into dst in its turn; engine/kv/state_groups.py)."""
+
     rows: list[ScheduledRow] = field(default_factory=list)
     logits: list[LogitsRow] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)
-    state_copies: list[tuple[int | bytes, int]] = field(default_factory=list)   # (src, dst) slots
+    state_copies: list[tuple[int | bytes, int]] = field(default_factory=list)  # (src, dst) slots
 
     def __bool__(self) -> bool:
         return bool(self.rows)

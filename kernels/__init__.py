@@ -5,6 +5,7 @@ Each public function dispatches to the torch implementation (kernels/reference.p
 or to Triton (kernels/triton_*.py). Triton is imported lazily on first use, so the engine on a
 CPU-only machine never imports it; on CPU it runs only under TRITON_INTERPRET=1 (tests).
 """
+
 from __future__ import annotations
 
 import os
@@ -28,9 +29,12 @@ def resolve_backend(backend, device) -> str:
         if dev.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise RuntimeError(
                 f"backend='triton' on device {dev} needs a CUDA device, or TRITON_INTERPRET=1 "
-                "set in the environment before triton is imported (slow interpreter, for tests)")
+                "set in the environment before triton is imported (slow interpreter, for tests)"
+            )
         return "triton"
-    raise ValueError(f"unknown kernel backend {backend!r}; expected None, 'auto', 'torch' or 'triton'")
+    raise ValueError(
+        f"unknown kernel backend {backend!r}; expected None, 'auto', 'torch' or 'triton'"
+    )
 
 
 def store_kv(key, value, k_cache, v_cache, slot_mapping, backend=None) -> None:
@@ -39,13 +43,25 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping, backend=None) -> None:
     if resolve_backend(backend, k_cache.device) == "torch":
         return reference.store_kv(key, value, k_cache, v_cache, slot_mapping)
     from . import kv_quant, triton_store
+
     if kv_quant.is_quantized(k_cache):
         return triton_store.store_kv_quant(key, value, k_cache, v_cache, slot_mapping)
     return triton_store.store_kv(key, value, k_cache, v_cache, slot_mapping)
 
 
-def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
-                    max_seqlen_q=None, backend=None, window=None, sinks=None):
+def paged_attention(
+    query,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    cu_seqlens_q,
+    scale,
+    max_seqlen_q=None,
+    backend=None,
+    window=None,
+    sinks=None,
+):
     """Causal attention of packed queries [num_tokens, H, d] over paged K/V; returns
     [num_tokens, H, d]. block_tables int32 [num_seqs, max_blocks]; seq_lens int32 [num_seqs]
     (context incl. this step's tokens); cu_seqlens_q int32 [num_seqs + 1]. Sequence i's queries
@@ -56,12 +72,32 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
     in its reference (the CPU kernels do not take it), the Triton kernels in their last
     normalisation."""
     if resolve_backend(backend, query.device) == "torch":
-        return reference.paged_attention(query, k_cache, v_cache, block_tables, seq_lens,
-                                         cu_seqlens_q, scale, max_seqlen_q, window=window, sinks=sinks)
+        return reference.paged_attention(
+            query,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            cu_seqlens_q,
+            scale,
+            max_seqlen_q,
+            window=window,
+            sinks=sinks,
+        )
     from . import triton_attention
-    return triton_attention.paged_attention(query, k_cache, v_cache, block_tables, seq_lens,
-                                            cu_seqlens_q, scale, max_seqlen_q, window=window,
-                                            sinks=sinks)
+
+    return triton_attention.paged_attention(
+        query,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        cu_seqlens_q,
+        scale,
+        max_seqlen_q,
+        window=window,
+        sinks=sinks,
+    )
 
 
 def copy_blocks(kv_pool, src_dst, backend=None) -> None:
@@ -70,11 +106,23 @@ def copy_blocks(kv_pool, src_dst, backend=None) -> None:
     if resolve_backend(backend, kv_pool.device) == "torch":
         return reference.copy_blocks(kv_pool, src_dst)
     from . import triton_copy
+
     return triton_copy.copy_blocks(kv_pool, src_dst)
 
 
-def moe_experts(x, topk_weights, topk_ids, w13, w2, b13=None, b2=None, act="silu", alpha=0.0,
-                limit=0.0, backend=None):
+def moe_experts(
+    x,
+    topk_weights,
+    topk_ids,
+    w13,
+    w2,
+    b13=None,
+    b2=None,
+    act="silu",
+    alpha=0.0,
+    limit=0.0,
+    backend=None,
+):
     """The routed experts of x [T, H]: sum over c < k of topk_weights[t, c] times expert
     topk_ids[t, c] applied to x[t] (act(x w13_gate^T + b) * (x w13_up^T + b), then w2), [T, H].
     w13 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I], b13 [E, 2I] / b2 [E, H] or None;
@@ -82,6 +130,8 @@ def moe_experts(x, topk_weights, topk_ids, w13, w2, b13=None, b2=None, act="silu
     Triton: kernels/triton_moe.py (grouped GEMM over the tokens sorted per expert)."""
     if resolve_backend(backend, x.device) == "torch":
         from . import moe_torch
+
         return moe_torch.moe_experts(x, topk_weights, topk_ids, w13, w2, b13, b2, act, alpha, limit)
     from . import triton_moe
+
     return triton_moe.moe_experts(x, topk_weights, topk_ids, w13, w2, b13, b2, act, alpha, limit)

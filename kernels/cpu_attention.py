@@ -4,6 +4,7 @@
 Without a compiler, or if the build fails, the pure-torch gather path is used; `active_path()`
 says which, and the first use logs it once. Set PAGED_CHAT_CPU_KERNEL=0 to force the torch path.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -19,7 +20,11 @@ log = logging.getLogger("paged_chat.kernels")
 SOURCE = CSRC / "cpu_paged_decode.cpp"
 _lock = threading.Lock()
 _state: dict = {}
-_FN = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16", torch.int8: "paged_decode_i8"}
+_FN = {
+    torch.float32: "paged_decode_f32",
+    torch.bfloat16: "paged_decode_bf16",
+    torch.int8: "paged_decode_i8",
+}
 
 
 def _build() -> ctypes.CDLL | None:
@@ -43,7 +48,7 @@ def _lib() -> ctypes.CDLL | None:
             if "lib" not in _state:
                 try:
                     _state["lib"] = _build()
-                except Exception as e:      # never let the fast path break the engine
+                except Exception as e:  # never let the fast path break the engine
                     _state["lib"], _state["why"] = None, f"build failed: {e}"
                 log.info("CPU decode attention: %s", active_path())
     return _state["lib"]
@@ -65,11 +70,18 @@ def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
     g, d, b = _state["limits"]
     _, bs, kvh, _ = k_cache.shape
     hd = kv_quant.head_dim_of(k_cache)
-    return (query.shape[1] % kvh == 0 and query.shape[1] // kvh <= g and hd <= d and bs <= b
-            and k_cache.is_contiguous())
+    return (
+        query.shape[1] % kvh == 0
+        and query.shape[1] // kvh <= g
+        and hd <= d
+        and bs <= b
+        and k_cache.is_contiguous()
+    )
 
 
-def paged_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out=None, window=None) -> torch.Tensor:
+def paged_decode(
+    query, k_cache, v_cache, block_tables, seq_lens, scale, out=None, window=None
+) -> torch.Tensor:
     """query [B, H, d] (one token per sequence); caches [num_blocks, bs, kvh, row] contiguous views
     of the pool (row = d, or d codes + a 4-byte scale for int8, kernels/kv_quant.py); block_tables
     int32 [B, W]; seq_lens int32 [B] (>= 1); window: sliding-window attention, each query sees its
@@ -78,15 +90,29 @@ def paged_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out=Non
     B, H, d = query.shape
     _, bs, kvh, _ = k_cache.shape
     q = query.to(torch.float32).contiguous()
-    direct = out is not None and out.dtype == torch.float32 and out.is_contiguous()    # no copy back
+    direct = out is not None and out.dtype == torch.float32 and out.is_contiguous()  # no copy back
     res = out if direct else torch.empty(B, H, d, dtype=torch.float32)
     tables = block_tables.to(torch.int32).contiguous()
     lens = seq_lens.to(torch.int32).contiguous()
     fn = getattr(lib, _FN[k_cache.dtype])
-    with profiled("cpu_paged_decode"):    # visible to bench.profile_decode
-        fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
-           res.data_ptr(), B, H, kvh, d, bs, tables.shape[1], float(scale), torch.get_num_threads(),
-           int(window or 0))
+    with profiled("cpu_paged_decode"):  # visible to bench.profile_decode
+        fn(
+            q.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            tables.data_ptr(),
+            lens.data_ptr(),
+            res.data_ptr(),
+            B,
+            H,
+            kvh,
+            d,
+            bs,
+            tables.shape[1],
+            float(scale),
+            torch.get_num_threads(),
+            int(window or 0),
+        )
     if out is None:
         return res.to(query.dtype)
     if not direct:

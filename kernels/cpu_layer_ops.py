@@ -8,6 +8,7 @@ straight into their pool slots) and `silu_mul`. Numerics mirror the torch expres
 and an fp64 reference. `available(dtype)` is False without a compiler, for other dtypes, or with
 PAGED_CHAT_CPU_KERNEL=0 / PAGED_CHAT_CPU_FUSED=0; the model then runs its torch ops.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -27,8 +28,13 @@ def _declare(dll) -> None:
         getattr(dll, f"silu_mul_{sfx}").argtypes = [p, p, L, L, i]
 
 
-_LIB = LazyLibrary(CSRC / "cpu_layer_ops.cpp", ("-ffp-contract=off",), disable_env="PAGED_CHAT_CPU_FUSED",
-                   declare=_declare, label="CPU fused layer ops")
+_LIB = LazyLibrary(
+    CSRC / "cpu_layer_ops.cpp",
+    ("-ffp-contract=off",),
+    disable_env="PAGED_CHAT_CPU_FUSED",
+    declare=_declare,
+    label="CPU fused layer ops",
+)
 
 
 def _lib():
@@ -53,21 +59,43 @@ def _check(*ts: torch.Tensor) -> None:
             raise ValueError("fused CPU layer ops need contiguous CPU tensors")
 
 
-def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+def add_rms_norm(
+    x: torch.Tensor,
+    delta: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """x [T, D] (updated in place to x + delta when delta is given); returns RMSNorm(x) * weight."""
     _check(x, weight, *(() if delta is None else (delta,)))
     T, D = x.shape
     out = torch.empty_like(x) if out is None else out
-    with profiled("cpu_fused_add_rms_norm"):   # visible to bench.profile_decode
+    with profiled("cpu_fused_add_rms_norm"):  # visible to bench.profile_decode
         getattr(_lib(), f"add_rms_norm_{_SUFFIX[x.dtype]}")(
-            x.data_ptr(), _ptr(delta), weight.data_ptr(), out.data_ptr(), T, D, eps, torch.get_num_threads())
+            x.data_ptr(),
+            _ptr(delta),
+            weight.data_ptr(),
+            out.data_ptr(),
+            T,
+            D,
+            eps,
+            torch.get_num_threads(),
+        )
     return out
 
 
-def rope_store(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, cos: torch.Tensor,
-               sin: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-               k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+def rope_store(
+    qkv: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+) -> torch.Tensor:
     """qkv [T, (H + 2 KVH) * D]; cos/sin [P, D] tables; positions and slot_mapping int64 [T];
     caches [num_blocks, block_size, KVH, D] contiguous. Writes rotated k and v into their slots
     (slot -1 = skip) and returns the rotated queries [T, H, D]."""
@@ -78,9 +106,20 @@ def rope_store(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: i
     q = torch.empty(T, num_heads, head_dim, dtype=qkv.dtype)
     with profiled("cpu_fused_rope_store"):
         getattr(_lib(), f"rope_store_{_SUFFIX[qkv.dtype]}")(
-            qkv.data_ptr(), T, num_heads, num_kv_heads, head_dim, cos.data_ptr(), sin.data_ptr(),
-            positions.data_ptr(), slot_mapping.data_ptr(), q.data_ptr(), k_cache.data_ptr(),
-            v_cache.data_ptr(), torch.get_num_threads())
+            qkv.data_ptr(),
+            T,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            cos.data_ptr(),
+            sin.data_ptr(),
+            positions.data_ptr(),
+            slot_mapping.data_ptr(),
+            q.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            torch.get_num_threads(),
+        )
     return q
 
 
@@ -91,5 +130,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(T, I2 // 2, dtype=gate_up.dtype)
     with profiled("cpu_fused_silu_mul"):
         getattr(_lib(), f"silu_mul_{_SUFFIX[gate_up.dtype]}")(
-            gate_up.data_ptr(), out.data_ptr(), T, I2 // 2, torch.get_num_threads())
+            gate_up.data_ptr(), out.data_ptr(), T, I2 // 2, torch.get_num_threads()
+        )
     return out

@@ -6,6 +6,7 @@ only read at one column. kernels/csrc/cpu_sampler_rows.cpp reads each row once. 
 returns None where the kernel cannot run (no compiler, PAGED_CHAT_CPU_KERNEL=0, not a contiguous
 fp32 CPU tensor); the sampler then keeps its torch ops. `active_path()` says which is in use.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -34,7 +35,7 @@ def _lib():
                         p, i, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
                         dll.sampler_row_stats.argtypes = [p, i, L, i, p, p, p, i]
                         dll.sampler_row_stats.restype = None
-                except Exception as e:          # never let the fast path break sampling
+                except Exception as e:  # never let the fast path break sampling
                     dll, why = None, f"build failed: {e}"
                 _state["lib"], _state["why"] = dll, why
                 log.info("CPU sampler row pass: %s", active_path())
@@ -49,8 +50,13 @@ def active_path() -> str:
 def row_stats(logits: torch.Tensor, k: int):
     """logits [R, V] fp32 CPU -> (values [R, k], token ids int64 [R, k] in no particular order,
     logsumexp [R]); None if the compiled pass is unavailable for this input."""
-    if (logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.dim() != 2
-            or not logits.is_contiguous() or not 0 < k <= min(MAX_K, logits.shape[1])):
+    if (
+        logits.device.type != "cpu"
+        or logits.dtype != torch.float32
+        or logits.dim() != 2
+        or not logits.is_contiguous()
+        or not 0 < k <= min(MAX_K, logits.shape[1])
+    ):
         return None
     lib = _lib()
     if lib is None:
@@ -60,6 +66,14 @@ def row_stats(logits: torch.Tensor, k: int):
     idx = torch.empty(R, k, dtype=torch.int64)
     lse = torch.empty(R, dtype=torch.float32)
     with profiled("cpu_sampler_row_stats"):
-        lib.sampler_row_stats(logits.data_ptr(), R, V, k, vals.data_ptr(), idx.data_ptr(),
-                              lse.data_ptr(), torch.get_num_threads())
+        lib.sampler_row_stats(
+            logits.data_ptr(),
+            R,
+            V,
+            k,
+            vals.data_ptr(),
+            idx.data_ptr(),
+            lse.data_ptr(),
+            torch.get_num_threads(),
+        )
     return vals, idx, lse

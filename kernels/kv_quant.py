@@ -21,11 +21,12 @@ softmax(.) (V R) R = softmax(.) V, so attention is unchanged in exact arithmetic
 outlier channels are spread over all head_dim codes and its amax shrinks toward the rms: int8's
 per-row step amax/127 gets finer. No kernel knows: only the tensors around them change.
 """
+
 from __future__ import annotations
 
 import torch
 
-SCALE_BYTES = 4          # one fp32 per (token, KV head) row
+SCALE_BYTES = 4  # one fp32 per (token, KV head) row
 QMAX = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8")
 
@@ -67,7 +68,13 @@ def head_dim_of(cache: torch.Tensor) -> int:
 
 def bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
     """2 (K and V) x layers x KV heads x (row bytes): what one token costs in this pool."""
-    return 2 * layers * kv_heads * row_width(head_dim, dtype) * torch.empty((), dtype=dtype).element_size()
+    return (
+        2
+        * layers
+        * kv_heads
+        * row_width(head_dim, dtype)
+        * torch.empty((), dtype=dtype).element_size()
+    )
 
 
 def split(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,8 +99,8 @@ def quantize_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     else:
         codes = y.clamp_(-448.0, 448.0).to(dtype)
     rows = torch.empty(*x.shape[:-1], x.shape[-1] + SCALE_BYTES, dtype=dtype, device=x.device)
-    rows[..., :x.shape[-1]] = codes
-    rows[..., x.shape[-1]:].view(torch.float32)[..., 0] = scale
+    rows[..., : x.shape[-1]] = codes
+    rows[..., x.shape[-1] :].view(torch.float32)[..., 0] = scale
     return rows
 
 
@@ -104,7 +111,6 @@ def dequantize(rows: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> to
         return rows.to(out_dtype)
     codes, scales = split(rows)
     return (codes.float() * scales[..., None]).to(out_dtype)
-
 
 
 def hadamard(d: int, device=None) -> torch.Tensor | None:
@@ -118,7 +124,7 @@ def hadamard(d: int, device=None) -> torch.Tensor | None:
     h = torch.ones(1, 1, dtype=torch.float64)
     while h.shape[0] < d:
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)])
-    return (h / d ** 0.5).to(device=device, dtype=torch.float32)
+    return (h / d**0.5).to(device=device, dtype=torch.float32)
 
 
 def rotation_for(mode: str, pool: torch.dtype, head_dim: int) -> str:
@@ -130,14 +136,18 @@ def rotation_for(mode: str, pool: torch.dtype, head_dim: int) -> str:
         return "none"
     ok = pool in QMAX and hadamard(head_dim) is not None
     if mode == "hadamard" and not ok:
-        raise ValueError(f"kv_cache_rotation='hadamard' needs an int8/fp8 KV cache and a power-of-two "
-                         f"head_dim; got a {pool} pool, head_dim {head_dim}")
+        raise ValueError(
+            f"kv_cache_rotation='hadamard' needs an int8/fp8 KV cache and a power-of-two "
+            f"head_dim; got a {pool} pool, head_dim {head_dim}"
+        )
     if mode not in ("auto", "hadamard"):
         raise ValueError(f"kv_cache_rotation must be auto, hadamard or none, got {mode!r}")
     return "hadamard" if ok else "none"
 
 
-def rotate(x: torch.Tensor, r: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def rotate(
+    x: torch.Tensor, r: torch.Tensor, out_dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """x [..., d] @ r in fp32 (r from hadamard()), as out_dtype; contiguous. k and v stay fp32 for
     the quantizing store (one rounding fewer); q and the attention output go back to the model's dtype."""
     return (x.float() @ r).to(out_dtype)

@@ -41,8 +41,9 @@ def expert_groups(idx: torch.Tensor, num_experts: int):
     return order, torch.bincount(flat, minlength=num_experts)
 
 
-def moe_experts(x, topk_weights, topk_ids, w13, w2, b13=None, b2=None, act="silu", alpha=0.0,
-                limit=0.0) -> torch.Tensor:
+def moe_experts(
+    x, topk_weights, topk_ids, w13, w2, b13=None, b2=None, act="silu", alpha=0.0, limit=0.0
+) -> torch.Tensor:
     """sum over the k choices of topk_weights[t, c] * expert_{topk_ids[t, c]}(x[t]), [T, H].
     w13 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I], biases [E, 2I] / [E, H] or None."""
     out = torch.zeros_like(x)

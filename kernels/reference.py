@@ -7,6 +7,7 @@ Python loop over blocks, and no loop over sequences in decode.
 Layouts: see docs/DESIGN.md. k_cache/v_cache are [num_blocks, block_size, kvh, d] views of one pool
 slab, so the first two dims flatten into a [num_slots, kvh, d] view (a slot = block*bs + offset).
 """
+
 from __future__ import annotations
 
 import threading
@@ -42,8 +43,11 @@ class _StepMemo:
         tensors have no version counter, so for them identity alone decides);
         extra: plain values, compared by equality."""
         extra = tuple(extra) + tuple(-1 if t.is_inference() else t._version for t in keys)
-        if (extra != self.extra or len(keys) != len(self.keys)
-                or any(a is not b for a, b in zip(keys, self.keys))):
+        if (
+            extra != self.extra
+            or len(keys) != len(self.keys)
+            or any(a is not b for a, b in zip(keys, self.keys))
+        ):
             self.keys, self.extra, self.value = keys, extra, compute()
         return self.value
 
@@ -53,7 +57,7 @@ class _ThreadMemos(threading.local):
 
     def __init__(self):
         self.store, self.decode = _StepMemo(), _StepMemo()
-        self.windowed: dict = {}      # window -> memo (a model's layers alternate windows in one step)
+        self.windowed: dict = {}  # window -> memo (a model's layers alternate windows in one step)
 
 
 _memos = _ThreadMemos()
@@ -66,16 +70,18 @@ def _slots_view(cache: torch.Tensor) -> torch.Tensor:
 
 def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
     """Scatter new tokens' K/V into their slots with one index_copy_ each; slot -1 = skip."""
+
     def plan():
         slots = slot_mapping.to(device=key.device, dtype=torch.long)
         keep = slots >= 0
         return (slots, None) if bool(keep.all()) else (slots[keep], keep)
+
     slots, keep = _memos.store.get((slot_mapping,), plan, (key.device,))
     if keep is not None:
         key, value = key[keep], value[keep]
     if slots.numel() == 0:
         return
-    if kv_quant.is_quantized(k_cache):     # whole rows: codes and their scale in one write
+    if kv_quant.is_quantized(k_cache):  # whole rows: codes and their scale in one write
         # (as raw bytes: torch's CPU index ops do not take fp8)
         k_rows = kv_quant.quantize_rows(key, k_cache.dtype).view(torch.uint8)
         v_rows = kv_quant.quantize_rows(value, v_cache.dtype).view(torch.uint8)
@@ -109,7 +115,7 @@ def _kv_as(cache: torch.Tensor, query: torch.Tensor) -> torch.dtype | None:
     if kv_quant.is_quantized(cache):
         return query.dtype if query.dtype != torch.bfloat16 else torch.float32
     if cache.dtype != query.dtype and cache.element_size() < query.element_size():
-        return query.dtype          # e.g. a bf16 pool under an fp32 model: attend in fp32
+        return query.dtype  # e.g. a bf16 pool under an fp32 model: attend in fp32
     return None
 
 
@@ -125,19 +131,23 @@ def _decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out, window=
     the query-length dimension of SDPA, attending to the [n, kvh, T, d] keys of its KV head.
     """
     from . import cpu_attention
+
     if USE_CPU_KERNEL and cpu_attention.supports(query, k_cache):
-        return cpu_attention.paged_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out,
-                                          window=window)
+        return cpu_attention.paged_decode(
+            query, k_cache, v_cache, block_tables, seq_lens, scale, out, window=window
+        )
     B, H, d = query.shape
     _, bs, kvh, row = k_cache.shape
     group = H // kvh
     kv_slots = (_gatherable(_slots_view(k_cache)), _gatherable(_slots_view(v_cache)))
     per_token = 2 * kvh * row * k_cache.element_size()
-    lowp = _kv_as(k_cache, query)     # quantized / other-dtype pool: dequantize what is gathered
+    lowp = _kv_as(k_cache, query)  # quantized / other-dtype pool: dequantize what is gathered
     memo = _memos.decode if not window else _memos.windowed.setdefault(window, _StepMemo())
-    plan = memo.get((block_tables, seq_lens),
-                    lambda: _decode_plan(block_tables, seq_lens, bs, per_token, query.device, window),
-                    (bs, per_token, query.device, window))
+    plan = memo.get(
+        (block_tables, seq_lens),
+        lambda: _decode_plan(block_tables, seq_lens, bs, per_token, query.device, window),
+        (bs, per_token, query.device, window),
+    )
     for start, end, tmax, valid, slots in plan:
         n = end - start
         k = kv_slots[0].index_select(0, slots).view(n, tmax, kvh, row).view(k_cache.dtype)
@@ -165,9 +175,9 @@ def _decode_plan(block_tables, seq_lens, bs, per_token, dev, window=None):
     for start in range(0, len(lens), chunk):
         end = min(len(lens), start + chunk)
         tmax = max(spans[start:end])
-        pos = lo_t[start:end, None] + torch.arange(tmax, device=dev)[None, :]     # [n, T]
+        pos = lo_t[start:end, None] + torch.arange(tmax, device=dev)[None, :]  # [n, T]
         valid = pos < sl[start:end, None]
-        pos = torch.where(valid, pos, lo_t[start:end, None])   # past the end: the row's first slot
+        pos = torch.where(valid, pos, lo_t[start:end, None])  # past the end: the row's first slot
         slots = torch.gather(bt[start:end], 1, pos // bs) * bs + pos % bs
         plan.append((start, end, tmax, valid, slots.flatten()))
     return plan
@@ -179,23 +189,42 @@ def _prefill_one(q, k_cache, v_cache, blocks, ctx, scale, window=None):
     window are not gathered (a sliding-window layer never reads them: they may be freed or reused)."""
     _, bs, kvh, row = k_cache.shape
     q_len, H, _ = q.shape
-    first = max(0, ctx - q_len - window + 1) // bs if window else 0    # first block any query sees
+    first = max(0, ctx - q_len - window + 1) // bs if window else 0  # first block any query sees
     nblk = (ctx + bs - 1) // bs - first
     k0 = first * bs
-    idx = blocks[first:first + nblk]
-    k = _gatherable(k_cache).index_select(0, idx).view(nblk * bs, kvh, row)[:ctx - k0].view(k_cache.dtype)
-    v = _gatherable(v_cache).index_select(0, idx).view(nblk * bs, kvh, row)[:ctx - k0].view(v_cache.dtype)
+    idx = blocks[first : first + nblk]
+    k = (
+        _gatherable(k_cache)
+        .index_select(0, idx)
+        .view(nblk * bs, kvh, row)[: ctx - k0]
+        .view(k_cache.dtype)
+    )
+    v = (
+        _gatherable(v_cache)
+        .index_select(0, idx)
+        .view(nblk * bs, kvh, row)[: ctx - k0]
+        .view(v_cache.dtype)
+    )
     lowp = _kv_as(k_cache, q)
-    if lowp is not None:      # quantized / other-dtype pool: only this sequence's blocks, dequantized
+    if lowp is not None:  # quantized / other-dtype pool: only this sequence's blocks, dequantized
         k, v = kv_quant.dequantize(k, lowp), kv_quant.dequantize(v, lowp)
     k, v = k.transpose(0, 1), v.transpose(0, 1)
     qh = q.transpose(0, 1).to(k.dtype).unsqueeze(0)
-    if q_len == ctx and not window:  # no cached prefix: plain causal (SDPA's is_causal is top-left aligned)
-        o = F.scaled_dot_product_attention(qh, k[None], v[None], is_causal=True, scale=scale,
-                                           enable_gqa=H != kvh)
+    if (
+        q_len == ctx and not window
+    ):  # no cached prefix: plain causal (SDPA's is_causal is top-left aligned)
+        o = F.scaled_dot_product_attention(
+            qh, k[None], v[None], is_causal=True, scale=scale, enable_gqa=H != kvh
+        )
     else:  # causal mask shifted right by the prefix length (and the window's left edge)
-        o = F.scaled_dot_product_attention(qh, k[None], v[None], attn_mask=_mask(ctx, q_len, k0, window, q.device),
-                                           scale=scale, enable_gqa=H != kvh)
+        o = F.scaled_dot_product_attention(
+            qh,
+            k[None],
+            v[None],
+            attn_mask=_mask(ctx, q_len, k0, window, q.device),
+            scale=scale,
+            enable_gqa=H != kvh,
+        )
     return o[0].transpose(0, 1)
 
 
@@ -220,8 +249,16 @@ def _multi_decode(query, k_cache, v_cache, block_tables, lens, q_lens, scale, ou
     rows = torch.tensor(q_lens, device=block_tables.device)
     tables = block_tables.repeat_interleave(rows, dim=0)
     ends = [ctx - n + 1 + j for ctx, n in zip(lens, q_lens) for j in range(n)]
-    return _decode(query, k_cache, v_cache, tables, torch.tensor(ends, dtype=torch.int32, device=block_tables.device),
-                   scale, out, window)
+    return _decode(
+        query,
+        k_cache,
+        v_cache,
+        tables,
+        torch.tensor(ends, dtype=torch.int32, device=block_tables.device),
+        scale,
+        out,
+        window,
+    )
 
 
 def _attend_with_sinks(query, k_cache, v_cache, block_tables, lens, cu, scale, window, sinks, out):
@@ -233,32 +270,53 @@ def _attend_with_sinks(query, k_cache, v_cache, block_tables, lens, cu, scale, w
     H = query.shape[1]
     blocks = block_tables.to(device=query.device, dtype=torch.long)
     for i, ctx in enumerate(lens):
-        q = query[cu[i]:cu[i + 1]]
+        q = query[cu[i] : cu[i + 1]]
         n = q.shape[0]
         if n == 0:
             continue
         first = max(0, ctx - n - window + 1) // bs if window else 0
         nblk = (ctx + bs - 1) // bs - first
         k0 = first * bs
-        idx = blocks[i, first:first + nblk]
-        k = _gatherable(k_cache).index_select(0, idx).view(nblk * bs, kvh, row)[:ctx - k0].view(k_cache.dtype)
-        v = _gatherable(v_cache).index_select(0, idx).view(nblk * bs, kvh, row)[:ctx - k0].view(v_cache.dtype)
+        idx = blocks[i, first : first + nblk]
+        k = (
+            _gatherable(k_cache)
+            .index_select(0, idx)
+            .view(nblk * bs, kvh, row)[: ctx - k0]
+            .view(k_cache.dtype)
+        )
+        v = (
+            _gatherable(v_cache)
+            .index_select(0, idx)
+            .view(nblk * bs, kvh, row)[: ctx - k0]
+            .view(v_cache.dtype)
+        )
         lowp = _kv_as(k_cache, q)
         if lowp is not None:
             k, v = kv_quant.dequantize(k, lowp), kv_quant.dequantize(v, lowp)
-        k = k.to(q.dtype).transpose(0, 1).repeat_interleave(H // kvh, dim=0)       # [H, L, d]
+        k = k.to(q.dtype).transpose(0, 1).repeat_interleave(H // kvh, dim=0)  # [H, L, d]
         v = v.to(q.dtype).transpose(0, 1).repeat_interleave(H // kvh, dim=0)
-        scores = (q.transpose(0, 1) @ k.transpose(1, 2)) * scale                    # [H, n, L]
+        scores = (q.transpose(0, 1) @ k.transpose(1, 2)) * scale  # [H, n, L]
         scores = scores.masked_fill(~_mask(ctx, n, k0, window, q.device), float("-inf"))
         both = torch.cat((scores, sinks.to(scores.dtype)[:, None, None].expand(H, n, 1)), dim=-1)
         both = both - both.max(dim=-1, keepdim=True).values
         probs = F.softmax(both, dim=-1, dtype=both.dtype)[..., :-1]
-        out[cu[i]:cu[i + 1]] = (probs @ v).transpose(0, 1).to(out.dtype)
+        out[cu[i] : cu[i + 1]] = (probs @ v).transpose(0, 1).to(out.dtype)
     return out
 
 
-def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
-                    max_seqlen_q=None, out=None, window=None, sinks=None):
+def paged_attention(
+    query,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    cu_seqlens_q,
+    scale,
+    max_seqlen_q=None,
+    out=None,
+    window=None,
+    sinks=None,
+):
     """out[num_tokens, H, d]. Decode batches take the batched path; otherwise the q_len==1
     sequences of a mixed batch still go through it and the rest loop per sequence.
     `window` W (None or 0: full causal attention): the query at position p sees p-W+1 .. p only.
@@ -270,8 +328,18 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
     if num_tokens == 0:
         return out
     if sinks is not None:
-        return _attend_with_sinks(query, k_cache, v_cache, block_tables, seq_lens.tolist(),
-                                  cu_seqlens_q.tolist(), scale, window, sinks, out)
+        return _attend_with_sinks(
+            query,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens.tolist(),
+            cu_seqlens_q.tolist(),
+            scale,
+            window,
+            sinks,
+            out,
+        )
     if max_seqlen_q is None:
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     if max_seqlen_q == 1 and num_tokens == seq_lens.shape[0]:
@@ -280,14 +348,24 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
     lens = seq_lens.tolist()
     q_lens = [cu[i + 1] - cu[i] for i in range(len(lens))]
     if max_seqlen_q <= MULTI_DECODE_MAX_Q and all(n > 0 for n in q_lens):
-        return _multi_decode(query, k_cache, v_cache, block_tables, lens, q_lens, scale, out, window)
+        return _multi_decode(
+            query, k_cache, v_cache, block_tables, lens, q_lens, scale, out, window
+        )
     dec = [i for i, n in enumerate(q_lens) if n == 1]
     if len(dec) > 1:
         rows = torch.tensor([cu[i] for i in dec], device=query.device)
         sel = torch.tensor(dec, device=block_tables.device)
         o = torch.empty(len(dec), H, d, dtype=out.dtype, device=out.device)
-        _decode(query[rows], k_cache, v_cache, block_tables[sel], seq_lens[sel.to(seq_lens.device)],
-                scale, o, window)
+        _decode(
+            query[rows],
+            k_cache,
+            v_cache,
+            block_tables[sel],
+            seq_lens[sel.to(seq_lens.device)],
+            scale,
+            o,
+            window,
+        )
         out[rows] = o
         dec = set(dec)
     else:
@@ -296,7 +374,6 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
     for i, ctx in enumerate(lens):
         if i in dec or q_lens[i] == 0:
             continue
-        o = _prefill_one(query[cu[i]:cu[i + 1]], k_cache, v_cache, blocks[i], ctx, scale, window)
-        out[cu[i]:cu[i + 1]] = o.to(out.dtype)
+        o = _prefill_one(query[cu[i] : cu[i + 1]], k_cache, v_cache, blocks[i], ctx, scale, window)
+        out[cu[i] : cu[i + 1]] = o.to(out.dtype)
     return out
-

@@ -15,6 +15,7 @@ Shared ideas:
   so blocks a window layer no longer needs may be freed and reused by anyone.
 - Under the interpreter (CPU tensors) every load is upcast to fp32: it mishandles bf16 math.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,8 +31,17 @@ from kernels import kv_quant
 
 
 @triton.jit
-def _load_rows(ptr, s_ptr, rows, offs_d, mask, valid, HEAD_DIM: tl.constexpr, CDT: tl.constexpr,
-               QUANT: tl.constexpr):
+def _load_rows(
+    ptr,
+    s_ptr,
+    rows,
+    offs_d,
+    mask,
+    valid,
+    HEAD_DIM: tl.constexpr,
+    CDT: tl.constexpr,
+    QUANT: tl.constexpr,
+):
     """A [positions, d] tile of K or V at row offsets `rows`. QUANT (an int8 / fp8 pool, see
     kernels/kv_quant.py): the row's codes times its fp32 scale, read from the row's last 4 bytes
     through s_ptr (an fp32 view of the same cache), so the pool is dequantized as it streams."""
@@ -44,12 +54,40 @@ def _load_rows(ptr, s_ptr, rows, offs_d, mask, valid, HEAD_DIM: tl.constexpr, CD
 
 @triton.jit
 def _decode_kernel(
-    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
-    scale_log2, stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt,
-    stride_ot, stride_oh, stride_pb, stride_ph, stride_ps, tokens_per_split, block_size,
-    GROUP: tl.constexpr, G_P2: tl.constexpr, HEAD_DIM: tl.constexpr, D_P2: tl.constexpr,
-    TILE_N: tl.constexpr, SPLIT: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr,
-    QUANT: tl.constexpr = False, window=0,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    ks_ptr,
+    vs_ptr,
+    bt_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_bt,
+    stride_ot,
+    stride_oh,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    tokens_per_split,
+    block_size,
+    GROUP: tl.constexpr,
+    G_P2: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_P2: tl.constexpr,
+    TILE_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+    CDT: tl.constexpr,
+    PREC: tl.constexpr,
+    QUANT: tl.constexpr = False,
+    window=0,
 ):
     """grid = (num_seqs, num_kv_heads, num_splits). Split s covers positions
     [s*tokens_per_split, (s+1)*tokens_per_split) and, with SPLIT, writes its normalised partial
@@ -68,8 +106,11 @@ def _decode_kernel(
     offs_n = tl.arange(0, TILE_N)
     head = kvh * GROUP + offs_g
     gd_mask = (offs_g[:, None] < GROUP) & (offs_d[None, :] < HEAD_DIM)
-    q = tl.load(q_ptr + seq * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
-                mask=gd_mask, other=0.0).to(CDT)
+    q = tl.load(
+        q_ptr + seq * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+        mask=gd_mask,
+        other=0.0,
+    ).to(CDT)
     m_i = tl.full([G_P2], float("-inf"), tl.float32)
     l_i = tl.zeros([G_P2], tl.float32)
     acc = tl.zeros([G_P2, D_P2], tl.float32)
@@ -101,15 +142,29 @@ def _decode_kernel(
         tl.store(part_lse_ptr + base // stride_ps, lse, mask=offs_g < GROUP)
     else:
         o = acc / l_i[:, None]
-        tl.store(out_ptr + seq * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=gd_mask)
+        tl.store(
+            out_ptr + seq * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=gd_mask,
+        )
 
 
 @triton.jit
 def _merge_kernel(
-    part_out_ptr, part_lse_ptr, out_ptr, stride_pb, stride_ph, stride_ps, stride_ot, stride_oh,
-    num_splits, S_P2: tl.constexpr, HEAD_DIM: tl.constexpr, D_P2: tl.constexpr,
-    sinks_ptr=None, HAS_SINKS: tl.constexpr = False,
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_ot,
+    stride_oh,
+    num_splits,
+    S_P2: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_P2: tl.constexpr,
+    sinks_ptr=None,
+    HAS_SINKS: tl.constexpr = False,
 ):
     """grid = (num_seqs, num_heads): out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max).
     HAS_SINKS (gpt-oss): the head's sink logit (base 2: sinks * log2 e) is one more term of the
@@ -131,19 +186,48 @@ def _merge_kernel(
     if HAS_SINKS:
         den += tl.exp2(sink - top)
     res = tl.sum(o * w[:, None], 0) / den
-    tl.store(out_ptr + seq * stride_ot + head * stride_oh + offs_d,
-             res.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+    tl.store(
+        out_ptr + seq * stride_ot + head * stride_oh + offs_d,
+        res.to(out_ptr.dtype.element_ty),
+        mask=offs_d < HEAD_DIM,
+    )
 
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_lens_ptr, cu_q_ptr, out_ptr,
-    scale_log2, stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt,
-    stride_ot, stride_oh, block_size,
-    GROUP: tl.constexpr, G_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
-    HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, TILE_N: tl.constexpr, CDT: tl.constexpr,
-    PREC: tl.constexpr, QUANT: tl.constexpr = False, HAS_WINDOW: tl.constexpr = False, window=0,
-    sinks_ptr=None, HAS_SINKS: tl.constexpr = False,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    ks_ptr,
+    vs_ptr,
+    bt_ptr,
+    seq_lens_ptr,
+    cu_q_ptr,
+    out_ptr,
+    scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_bt,
+    stride_ot,
+    stride_oh,
+    block_size,
+    GROUP: tl.constexpr,
+    G_P2: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_P2: tl.constexpr,
+    TILE_N: tl.constexpr,
+    CDT: tl.constexpr,
+    PREC: tl.constexpr,
+    QUANT: tl.constexpr = False,
+    HAS_WINDOW: tl.constexpr = False,
+    window=0,
+    sinks_ptr=None,
+    HAS_SINKS: tl.constexpr = False,
 ):
     """grid = (cdiv(max_seqlen_q, BLOCK_Q), num_seqs, num_kv_heads), BLOCK_Q = BLOCK_M // G_P2.
     Row r of the Q tile is token r // G_P2 of the tile, query head kvh*GROUP + r % G_P2. Keys
@@ -168,8 +252,14 @@ def _prefill_kernel(
         head = kvh * GROUP + g
         row_mask = (tok < q_len) & (g < GROUP)
         qd_mask = row_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
-        q = tl.load(q_ptr + (q_start + tok).to(tl.int64)[:, None] * stride_qt
-                    + head[:, None] * stride_qh + offs_d[None, :], mask=qd_mask, other=0.0).to(CDT)
+        q = tl.load(
+            q_ptr
+            + (q_start + tok).to(tl.int64)[:, None] * stride_qt
+            + head[:, None] * stride_qh
+            + offs_d[None, :],
+            mask=qd_mask,
+            other=0.0,
+        ).to(CDT)
         q_pos = prefix + tok
         first_pos = prefix + q_tile * BLOCK_Q
         kv_end = tl.minimum(first_pos + BLOCK_Q, ctx)  # keys [0, kv_end) matter for this tile
@@ -181,7 +271,7 @@ def _prefill_kernel(
         n_full = (first_pos + 1) // TILE_N
         j0 = 0
         lo = 0
-        if HAS_WINDOW:      # keys before lo are outside every row's window: never loaded
+        if HAS_WINDOW:  # keys before lo are outside every row's window: never loaded
             lo = tl.maximum(first_pos - window + 1, 0)
             j0 = lo // TILE_N
             for j in range(j0, n_full):
@@ -192,9 +282,11 @@ def _prefill_kernel(
                 kv_mask = seen[:, None] & d_mask
                 k = _load_rows(k_ptr, ks_ptr, rows, offs_d, kv_mask, seen, HEAD_DIM, CDT, QUANT)
                 s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
-                s = tl.where(seen[None, :] & (pos[None, :] > q_pos[:, None] - window), s, float("-inf"))
+                s = tl.where(
+                    seen[None, :] & (pos[None, :] > q_pos[:, None] - window), s, float("-inf")
+                )
                 m_new = tl.maximum(m_i, tl.max(s, 1))
-                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)     # a row with no key yet
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet
                 alpha = tl.exp2(m_i - m_use)
                 p = tl.exp2(s - m_use[:, None])
                 l_i = l_i * alpha + tl.sum(p, 1)
@@ -206,19 +298,23 @@ def _prefill_kernel(
             pos = j * TILE_N + offs_n
             blk = tl.load(bt_row + pos // block_size).to(tl.int64)
             rows = blk * stride_cb + (pos % block_size) * stride_cs + kvh * stride_ch
-            k = _load_rows(k_ptr, ks_ptr, rows, offs_d, d_mask, offs_n < TILE_N, HEAD_DIM, CDT, QUANT)
+            k = _load_rows(
+                k_ptr, ks_ptr, rows, offs_d, d_mask, offs_n < TILE_N, HEAD_DIM, CDT, QUANT
+            )
             s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = _load_rows(v_ptr, vs_ptr, rows, offs_d, d_mask, offs_n < TILE_N, HEAD_DIM, CDT, QUANT)
+            v = _load_rows(
+                v_ptr, vs_ptr, rows, offs_d, d_mask, offs_n < TILE_N, HEAD_DIM, CDT, QUANT
+            )
             acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v, input_precision=PREC)
             m_i = m_new
         for t0 in range(n_full * TILE_N, kv_end, TILE_N):  # diagonal tiles: causal mask
             pos = t0 + offs_n
             valid = pos < kv_end
-            if HAS_WINDOW:      # this tile may start before lo (both in the first row's tile)
+            if HAS_WINDOW:  # this tile may start before lo (both in the first row's tile)
                 valid = valid & (pos >= lo)
             blk = tl.load(bt_row + pos // block_size, mask=valid, other=0).to(tl.int64)
             rows = blk * stride_cb + (pos % block_size) * stride_cs + kvh * stride_ch
@@ -241,7 +337,7 @@ def _prefill_kernel(
             v = _load_rows(v_ptr, vs_ptr, rows, offs_d, kv_mask, valid, HEAD_DIM, CDT, QUANT)
             acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v, input_precision=PREC)
             m_i = m_new
-        if HAS_SINKS:   # the head's sink logit joins the denominator (no value), max kept safe
+        if HAS_SINKS:  # the head's sink logit joins the denominator (no value), max kept safe
             sink = tl.load(sinks_ptr + head, mask=row_mask, other=float("-inf")).to(tl.float32)
             sink = sink * 1.4426950408889634
             top = tl.maximum(m_i, sink)
@@ -250,9 +346,14 @@ def _prefill_kernel(
             o = acc * a[:, None] / (l_i * a + tl.exp2(sink - top))[:, None]
         else:
             o = acc / l_i[:, None]
-        tl.store(out_ptr + (q_start + tok).to(tl.int64)[:, None] * stride_ot
-                 + head[:, None] * stride_oh + offs_d[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=qd_mask)
+        tl.store(
+            out_ptr
+            + (q_start + tok).to(tl.int64)[:, None] * stride_ot
+            + head[:, None] * stride_oh
+            + offs_d[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=qd_mask,
+        )
 
 
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
@@ -277,6 +378,7 @@ class DecodeVariant:
     registers the sm_90 ahead-of-time compile reports for bf16 at head_dim 64 / 128 (65,536
     registers per SM, docs/BENCHMARKS.md "Triton variants for sm_90"); split-K is sized from it.
     The GPU check measures each variant's GB/s and picks one (scripts/gpu_check.py)."""
+
     num_warps: int
     tile_n: int
     blocks_d64: int
@@ -288,8 +390,11 @@ class DecodeVariant:
 
 # measured (triton 3.9, bf16): w4-t64 252 / 255 registers -> 2 / 2 programs per SM;
 # w8-t64 128 / 250 -> 2 / 1 (twice the warps per program); w4-t32 126 / 228 -> 4 / 2.
-DECODE_VARIANTS = {"w4-t64": DecodeVariant(4, 64, 2, 2), "w8-t64": DecodeVariant(8, 64, 2, 1),
-                   "w4-t32": DecodeVariant(4, 32, 4, 2)}
+DECODE_VARIANTS = {
+    "w4-t64": DecodeVariant(4, 64, 2, 2),
+    "w8-t64": DecodeVariant(8, 64, 2, 1),
+    "w4-t32": DecodeVariant(4, 32, 4, 2),
+}
 _decode = [DECODE_VARIANTS[os.environ.get("PAGED_CHAT_DECODE_VARIANT", "w4-t64")]]
 
 
@@ -321,12 +426,14 @@ def prefill_tiles(cache_dtype: torch.dtype, on_gpu: bool, g_p2: int) -> tuple[in
     return max(128 if on_gpu else 64, g_p2), 64
 
 
-DECODE_BLOCKS_PER_SM = DECODE_VARIANTS["w4-t64"].blocks_d64   # the default variant's residency
-DECODE_MIN_WAVES = 2         # a lone partial wave leaves SMs idle while its tail finishes
-MIN_SPLIT_POSITIONS = 256    # below this the merge and the per-split overhead stop paying off
+DECODE_BLOCKS_PER_SM = DECODE_VARIANTS["w4-t64"].blocks_d64  # the default variant's residency
+DECODE_MIN_WAVES = 2  # a lone partial wave leaves SMs idle while its tail finishes
+MIN_SPLIT_POSITIONS = 256  # below this the merge and the per-split overhead stop paying off
 
 
-def choose_num_splits(num_seqs, num_kv_heads, max_ctx, device, tile_n, num_sms=None, head_dim=64) -> int:
+def choose_num_splits(
+    num_seqs, num_kv_heads, max_ctx, device, tile_n, num_sms=None, head_dim=64
+) -> int:
     """Split-K for decode from the SM count and the context: enough (seq, kv head, split) programs
     for DECODE_MIN_WAVES full waves of DECODE_BLOCKS_PER_SM programs per SM, but no split shorter
     than MIN_SPLIT_POSITIONS (short contexts are not worth splitting). Batch 64 x 8 KV heads on 132
@@ -342,9 +449,21 @@ def choose_num_splits(num_seqs, num_kv_heads, max_ctx, device, tile_n, num_sms=N
     return max(1, min(want, max_ctx // max(MIN_SPLIT_POSITIONS, tile_n), 64))
 
 
-def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
-                    max_seqlen_q=None, out=None, num_splits=None, tile_n=None, window=None,
-                    sinks=None):
+def paged_attention(
+    query,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    cu_seqlens_q,
+    scale,
+    max_seqlen_q=None,
+    out=None,
+    num_splits=None,
+    tile_n=None,
+    window=None,
+    sinks=None,
+):
     """See kernels.paged_attention. Extra (tests/bench): out (preallocated), num_splits
     (decode split-K override), tile_n (K/V positions per inner step). window: sliding window
     (None / 0: full causal attention). sinks (fp32 [H], gpt-oss): added in the prefill kernel's
@@ -353,7 +472,9 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
     num_tokens, H, d = query.shape
     _, bs, kvh, row = k_cache.shape
     quant = kv_quant.is_quantized(k_cache)
-    assert H % kvh == 0 and kv_quant.head_dim_of(k_cache) == d and k_cache.stride() == v_cache.stride()
+    assert (
+        H % kvh == 0 and kv_quant.head_dim_of(k_cache) == d and k_cache.stride() == v_cache.stride()
+    )
     assert query.stride(2) == 1 and k_cache.stride(3) == 1
     if out is None:
         out = torch.empty_like(query)
@@ -365,8 +486,12 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     block_tables = block_tables.contiguous()
     group = H // kvh
-    cdt, prec = _compute_dtype(query if quant else k_cache)   # a quantized pool computes in q's dtype
-    scales = (k_cache.view(torch.float32), v_cache.view(torch.float32)) if quant else (k_cache, v_cache)
+    cdt, prec = _compute_dtype(
+        query if quant else k_cache
+    )  # a quantized pool computes in q's dtype
+    scales = (
+        (k_cache.view(torch.float32), v_cache.view(torch.float32)) if quant else (k_cache, v_cache)
+    )
     on_gpu = query.device.type == "cuda"
     scale_log2 = float(scale) * math.log2(math.e)
     d_p2 = max(16, triton.next_power_of_2(d))
@@ -374,11 +499,12 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
     if max_seqlen_q == 1 and num_tokens == num_seqs:  # pure decode: token i is sequence i
         variant = _decode[0]
         tile = tile_n or variant.tile_n
-        splits = num_splits or choose_num_splits(num_seqs, kvh, block_tables.shape[1] * bs,
-                                                 query.device, tile, head_dim=d)
+        splits = num_splits or choose_num_splits(
+            num_seqs, kvh, block_tables.shape[1] * bs, query.device, tile, head_dim=d
+        )
         per_split = triton.cdiv(triton.cdiv(block_tables.shape[1] * bs, splits), tile) * tile
         splits = max(1, triton.cdiv(block_tables.shape[1] * bs, per_split))
-        split = splits > 1 or sinks is not None     # sinks are added by the merge
+        split = splits > 1 or sinks is not None  # sinks are added by the merge
         if split:
             part_out = torch.empty(num_seqs, H, splits, d, device=query.device, dtype=torch.float32)
             part_lse = torch.empty(num_seqs, H, splits, device=query.device, dtype=torch.float32)
@@ -388,26 +514,86 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
             part_out = part_lse = out
             pstrides = (0, 0, 1)
         _decode_kernel[(num_seqs, kvh, splits)](
-            query, k_cache, v_cache, *scales, block_tables, seq_lens, out, part_out, part_lse,
-            scale_log2, query.stride(0), query.stride(1), *cache_args,
-            out.stride(0), out.stride(1), *pstrides, per_split, bs,
-            GROUP=group, G_P2=max(16, triton.next_power_of_2(group)), HEAD_DIM=d, D_P2=d_p2,
-            TILE_N=tile, SPLIT=split, CDT=cdt, PREC=prec, QUANT=quant, window=window,
-            num_warps=variant.num_warps)
+            query,
+            k_cache,
+            v_cache,
+            *scales,
+            block_tables,
+            seq_lens,
+            out,
+            part_out,
+            part_lse,
+            scale_log2,
+            query.stride(0),
+            query.stride(1),
+            *cache_args,
+            out.stride(0),
+            out.stride(1),
+            *pstrides,
+            per_split,
+            bs,
+            GROUP=group,
+            G_P2=max(16, triton.next_power_of_2(group)),
+            HEAD_DIM=d,
+            D_P2=d_p2,
+            TILE_N=tile,
+            SPLIT=split,
+            CDT=cdt,
+            PREC=prec,
+            QUANT=quant,
+            window=window,
+            num_warps=variant.num_warps,
+        )
         if split:
             _merge_kernel[(num_seqs, H)](
-                part_out, part_lse, out, *pstrides, out.stride(0), out.stride(1),
-                splits, S_P2=triton.next_power_of_2(splits), HEAD_DIM=d, D_P2=d_p2,
-                sinks_ptr=sinks, HAS_SINKS=sinks is not None, num_warps=4)
+                part_out,
+                part_lse,
+                out,
+                *pstrides,
+                out.stride(0),
+                out.stride(1),
+                splits,
+                S_P2=triton.next_power_of_2(splits),
+                HEAD_DIM=d,
+                D_P2=d_p2,
+                sinks_ptr=sinks,
+                HAS_SINKS=sinks is not None,
+                num_warps=4,
+            )
         return out
     g_p2 = triton.next_power_of_2(group)
     block_m, prefill_tile = prefill_tiles(query.dtype if quant else k_cache.dtype, on_gpu, g_p2)
     block_q = block_m // g_p2
     _prefill_kernel[(triton.cdiv(max_seqlen_q, block_q), num_seqs, kvh)](
-        query, k_cache, v_cache, *scales, block_tables, seq_lens, cu_seqlens_q, out,
-        scale_log2, query.stride(0), query.stride(1), *cache_args,
-        out.stride(0), out.stride(1), bs,
-        GROUP=group, G_P2=g_p2, BLOCK_M=block_m, BLOCK_Q=block_q, HEAD_DIM=d, D_P2=d_p2,
-        TILE_N=tile_n or prefill_tile, CDT=cdt, PREC=prec, QUANT=quant, HAS_WINDOW=window > 0, window=window,
-        sinks_ptr=sinks, HAS_SINKS=sinks is not None, num_warps=8 if on_gpu and d > 64 else 4)
+        query,
+        k_cache,
+        v_cache,
+        *scales,
+        block_tables,
+        seq_lens,
+        cu_seqlens_q,
+        out,
+        scale_log2,
+        query.stride(0),
+        query.stride(1),
+        *cache_args,
+        out.stride(0),
+        out.stride(1),
+        bs,
+        GROUP=group,
+        G_P2=g_p2,
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        HEAD_DIM=d,
+        D_P2=d_p2,
+        TILE_N=tile_n or prefill_tile,
+        CDT=cdt,
+        PREC=prec,
+        QUANT=quant,
+        HAS_WINDOW=window > 0,
+        window=window,
+        sinks_ptr=sinks,
+        HAS_SINKS=sinks is not None,
+        num_warps=8 if on_gpu and d > 64 else 4,
+    )
     return out

@@ -4,6 +4,7 @@ The pool [2, L, num_blocks, block_size, kvh, d] is viewed as [2L, num_blocks, sl
 (block_size*kvh*d elements) is contiguous. Grid = (pair, 2L slab index, chunk of the slab): each
 program moves CHUNK contiguous elements, so one launch covers every layer and both K and V.
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,7 +31,7 @@ def copy_blocks(kv_pool, src_dst) -> None:
     if n == 0:
         return
     two, num_layers, num_blocks = kv_pool.shape[:3]
-    if kv_pool.element_size() == 1:     # int8 / fp8 pools (codes + scales) move as plain bytes
+    if kv_pool.element_size() == 1:  # int8 / fp8 pools (codes + scales) move as plain bytes
         kv_pool = kv_pool.view(torch.uint8)
     pool = kv_pool.view(two * num_layers, num_blocks, -1)  # raises if slabs are not contiguous
     assert pool.stride(2) == 1

@@ -37,16 +37,35 @@ _TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl
 
 @triton.jit
 def _gate_up_kernel(
-    x_ptr, w_ptr, b_ptr, pairs_ptr, blk_exp_ptr, h_ptr,
-    num_pairs, hidden, inter, num_experts,
-    stride_xt, stride_we, stride_wn, stride_be, stride_ht,
-    alpha, limit,
-    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    pairs_ptr,
+    blk_exp_ptr,
+    h_ptr,
+    num_pairs,
+    hidden,
+    inter,
+    num_experts,
+    stride_xt,
+    stride_we,
+    stride_wn,
+    stride_be,
+    stride_ht,
+    alpha,
+    limit,
+    TOP_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    ACT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    CDT: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     blk = tl.program_id(0)
     e = tl.load(blk_exp_ptr + blk)
-    if e >= num_experts:          # a block past the last expert's padded run
+    if e >= num_experts:  # a block past the last expert's padded run
         return
     offs_m = blk * BLOCK_M + tl.arange(0, BLOCK_M)
     pair = tl.load(pairs_ptr + offs_m)
@@ -62,8 +81,11 @@ def _gate_up_kernel(
     for k0 in range(0, hidden, BLOCK_K):
         kk = k0 + offs_k
         k_mask = kk < hidden
-        a = tl.load(x_ptr + tok[:, None] * stride_xt + kk[None, :],
-                    mask=valid[:, None] & k_mask[None, :], other=0.0).to(CDT)
+        a = tl.load(
+            x_ptr + tok[:, None] * stride_xt + kk[None, :],
+            mask=valid[:, None] & k_mask[None, :],
+            other=0.0,
+        ).to(CDT)
         wmask = k_mask[:, None] & n_mask[None, :]
         wg = tl.load(w_gate + kk[:, None], mask=wmask, other=0.0).to(CDT)
         wu = tl.load(w_up + kk[:, None], mask=wmask, other=0.0).to(CDT)
@@ -76,24 +98,44 @@ def _gate_up_kernel(
         acc_u += tl.load(b_row + inter + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     g = round_as(acc_g, DT)
     u = round_as(acc_u, DT)
-    if ACT == 0:      # silu(gate) * up
+    if ACT == 0:  # silu(gate) * up
         h = round_as(round_as(g / (1.0 + tl.exp(-g)), DT) * u, DT)
-    else:             # gpt-oss: (clamp(up) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)
+    else:  # gpt-oss: (clamp(up) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)
         g = tl.minimum(g, limit)
         u = tl.minimum(tl.maximum(u, -limit), limit)
         sig = round_as(1.0 / (1.0 + tl.exp(-round_as(g * alpha, DT))), DT)
         h = round_as(round_as(u + 1.0, DT) * round_as(g * sig, DT), DT)
-    tl.store(h_ptr + pair.to(tl.int64)[:, None] * stride_ht + offs_n[None, :], h.to(DT),
-             mask=valid[:, None] & n_mask[None, :])
+    tl.store(
+        h_ptr + pair.to(tl.int64)[:, None] * stride_ht + offs_n[None, :],
+        h.to(DT),
+        mask=valid[:, None] & n_mask[None, :],
+    )
 
 
 @triton.jit
 def _down_kernel(
-    h_ptr, w_ptr, b_ptr, pairs_ptr, blk_exp_ptr, rw_ptr, y_ptr,
-    num_pairs, hidden, inter, num_experts,
-    stride_ht, stride_we, stride_wn, stride_be, stride_yt,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    HAS_BIAS: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr,
+    h_ptr,
+    w_ptr,
+    b_ptr,
+    pairs_ptr,
+    blk_exp_ptr,
+    rw_ptr,
+    y_ptr,
+    num_pairs,
+    hidden,
+    inter,
+    num_experts,
+    stride_ht,
+    stride_we,
+    stride_wn,
+    stride_be,
+    stride_yt,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    CDT: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     blk = tl.program_id(0)
     e = tl.load(blk_exp_ptr + blk)
@@ -111,18 +153,25 @@ def _down_kernel(
     for k0 in range(0, inter, BLOCK_K):
         kk = k0 + offs_k
         k_mask = kk < inter
-        a = tl.load(h_ptr + row[:, None] * stride_ht + kk[None, :],
-                    mask=valid[:, None] & k_mask[None, :], other=0.0).to(CDT)
+        a = tl.load(
+            h_ptr + row[:, None] * stride_ht + kk[None, :],
+            mask=valid[:, None] & k_mask[None, :],
+            other=0.0,
+        ).to(CDT)
         w = tl.load(w_base + kk[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0.0).to(CDT)
         acc += tl.dot(a, w, input_precision=PREC)
     DT = y_ptr.dtype.element_ty
     if HAS_BIAS:
-        acc += tl.load(b_ptr + e.to(tl.int64) * stride_be + offs_n, mask=n_mask,
-                       other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(b_ptr + e.to(tl.int64) * stride_be + offs_n, mask=n_mask, other=0.0).to(
+            tl.float32
+        )[None, :]
     rw = tl.load(rw_ptr + row, mask=valid, other=0.0).to(tl.float32)
     y = round_as(round_as(acc, DT) * rw[:, None], DT)
-    tl.store(y_ptr + row[:, None] * stride_yt + offs_n[None, :], y.to(DT),
-             mask=valid[:, None] & n_mask[None, :])
+    tl.store(
+        y_ptr + row[:, None] * stride_yt + offs_n[None, :],
+        y.to(DT),
+        mask=valid[:, None] & n_mask[None, :],
+    )
 
 
 def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int):
@@ -135,10 +184,10 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     pairs, dev = flat.numel(), flat.device
     order = torch.argsort(flat, stable=True)
     counts = torch.zeros(num_experts, dtype=torch.int64, device=dev)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))       # bincount would sync on CUDA
+    counts.scatter_add_(0, flat, torch.ones_like(flat))  # bincount would sync on CUDA
     blocks_of = (counts + block_m - 1) // block_m
     blk_end = torch.cumsum(blocks_of, 0)
-    run_start = torch.cumsum(counts, 0) - counts              # in the unpadded sorted order
+    run_start = torch.cumsum(counts, 0) - counts  # in the unpadded sorted order
     e_sorted = flat[order]
     rank = torch.arange(pairs, device=dev) - run_start[e_sorted]
     dest = (blk_end - blocks_of)[e_sorted] * block_m + rank
@@ -156,16 +205,31 @@ def choose_tiles(pairs: int, num_experts: int, hidden: int, inter: int, dtype, o
     255 registers and spills up to ~500 B at M=64; at 8: no spills, scripts/compile_sm90.py
     --only moe). Interpreter: large tiles, few programs (each costs ~50 us there)."""
     if not on_gpu:
-        return 16, min(128, triton.next_power_of_2(max(inter, hidden))), \
-            min(128, triton.next_power_of_2(hidden)), 4
+        return (
+            16,
+            min(128, triton.next_power_of_2(max(inter, hidden))),
+            min(128, triton.next_power_of_2(hidden)),
+            4,
+        )
     rows = pairs / max(1, min(num_experts, pairs))
     block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
     block_k = 32 if dtype == torch.float32 else 64
     return block_m, 64, block_k, 8
 
 
-def moe_experts(x, topk_weights, topk_ids, w13, w2, b13=None, b2=None, act="silu", alpha=0.0,
-                limit=0.0, tiles=None) -> torch.Tensor:
+def moe_experts(
+    x,
+    topk_weights,
+    topk_ids,
+    w13,
+    w2,
+    b13=None,
+    b2=None,
+    act="silu",
+    alpha=0.0,
+    limit=0.0,
+    tiles=None,
+) -> torch.Tensor:
     """See kernels.moe_experts. `tiles` (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) overrides
     choose_tiles (tests)."""
     T, H = x.shape
@@ -183,7 +247,7 @@ def moe_experts(x, topk_weights, topk_ids, w13, w2, b13=None, b2=None, act="silu
     sorted_pairs, block_expert = align_by_expert(topk_ids, E, bm)
     nblocks = block_expert.numel()
     if on_gpu and x.dtype != torch.float32:
-        cdt, prec = _TL[x.dtype], "tf32"       # precision is ignored for 16-bit inputs
+        cdt, prec = _TL[x.dtype], "tf32"  # precision is ignored for 16-bit inputs
     else:
         cdt, prec = tl.float32, "ieee"
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
@@ -191,18 +255,56 @@ def moe_experts(x, topk_weights, topk_ids, w13, w2, b13=None, b2=None, act="silu
     b13_ = b13.contiguous() if b13 is not None else w13
     b2_ = b2.contiguous() if b2 is not None else w2
     _gate_up_kernel[(nblocks, triton.cdiv(inter, bn))](
-        x, w13, b13_, sorted_pairs, block_expert, h,
-        pairs, H, inter, E,
-        x.stride(0), w13.stride(0), w13.stride(1), b13_.stride(0), h.stride(0),
-        float(alpha), float(limit),
-        TOP_K=k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, ACT=ACTS[act], HAS_BIAS=b13 is not None,
-        CDT=cdt, PREC=prec, num_warps=warps,
+        x,
+        w13,
+        b13_,
+        sorted_pairs,
+        block_expert,
+        h,
+        pairs,
+        H,
+        inter,
+        E,
+        x.stride(0),
+        w13.stride(0),
+        w13.stride(1),
+        b13_.stride(0),
+        h.stride(0),
+        float(alpha),
+        float(limit),
+        TOP_K=k,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        ACT=ACTS[act],
+        HAS_BIAS=b13 is not None,
+        CDT=cdt,
+        PREC=prec,
+        num_warps=warps,
     )
     _down_kernel[(nblocks, triton.cdiv(H, bn))](
-        h, w2, b2_, sorted_pairs, block_expert, rw, y,
-        pairs, H, inter, E,
-        h.stride(0), w2.stride(0), w2.stride(1), b2_.stride(0), y.stride(0),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, HAS_BIAS=b2 is not None, CDT=cdt, PREC=prec,
+        h,
+        w2,
+        b2_,
+        sorted_pairs,
+        block_expert,
+        rw,
+        y,
+        pairs,
+        H,
+        inter,
+        E,
+        h.stride(0),
+        w2.stride(0),
+        w2.stride(1),
+        b2_.stride(0),
+        y.stride(0),
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        HAS_BIAS=b2 is not None,
+        CDT=cdt,
+        PREC=prec,
         num_warps=warps,
     )
     return y.view(T, k, H).sum(1) if k > 1 else y.view(T, H)

@@ -6,6 +6,7 @@ from torch), so the tests on CPU could not tell a right kernel from a wrong one.
 bit pattern by hand gives the same result on the GPU and in the interpreter; the value returned is
 fp32 holding an exactly representable 16-bit value, so a later `.to(dtype)` is exact.
 """
+
 import triton
 import triton.language as tl
 
@@ -18,6 +19,6 @@ def round_as(x, DT: tl.constexpr):
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
         return bits.to(tl.float32, bitcast=True)
     elif DT == tl.float16:
-        return x.to(tl.float16).to(tl.float32)     # fp16 casts round correctly in the interpreter
+        return x.to(tl.float16).to(tl.float32)  # fp16 casts round correctly in the interpreter
     else:
         return x

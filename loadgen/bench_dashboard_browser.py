@@ -18,6 +18,7 @@ the page does with it (parsing, Svelte updates, plot re-renders, layout). Method
 
     .venv/bin/python -m loadgen.bench_dashboard_browser [--blocks 3000] [--users 16] [--seconds 20]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,9 +65,19 @@ def start_app(blocks: int, max_model_len: int, log: Path) -> tuple[subprocess.Po
 def start_app_args(args: list[str], log: Path) -> tuple[subprocess.Popen, str]:
     """`python app.py ARGS` on a free port with its own database; (process, url) once it serves."""
     port = _port()
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--db", str(log.with_suffix(".db")),
-                             *args], cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)
+    env = {
+        **os.environ,
+        "GRADIO_ANALYTICS_ENABLED": "False",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "app.py", "--port", str(port), "--db", str(log.with_suffix(".db")), *args],
+        cwd=ROOT,
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     url = f"http://127.0.0.1:{port}/"
 
     def ready():
@@ -76,12 +87,15 @@ def start_app_args(args: list[str], log: Path) -> tuple[subprocess.Popen, str]:
             return json.loads(_get(url + "api/kv")).get("pins") is not None
         except OSError:
             return False
+
     _wait(ready, 300, "app start")
     return proc, url
 
 
 def ticks_served(url: str) -> int:
-    return int(re.search(r"^paged_chat_dashboard_ticks_total (\d+)", _get(url + "metrics"), re.M).group(1))
+    return int(
+        re.search(r"^paged_chat_dashboard_ticks_total (\d+)", _get(url + "metrics"), re.M).group(1)
+    )
 
 
 class Probe:
@@ -93,7 +107,10 @@ class Probe:
         self.cdp.send("Network.enable")
         self.urls: dict[str, str] = {}
         self.bytes = 0
-        self.cdp.on("Network.requestWillBeSent", lambda e: self.urls.__setitem__(e["requestId"], e["request"]["url"]))
+        self.cdp.on(
+            "Network.requestWillBeSent",
+            lambda e: self.urls.__setitem__(e["requestId"], e["request"]["url"]),
+        )
         self.cdp.on("Network.dataReceived", self._data)
 
     def _data(self, e) -> None:
@@ -145,21 +162,29 @@ def window(page, probe: Probe, url: str, seconds: float) -> dict:
     m0, b0, k0, t0 = probe.metrics(), probe.bytes, ticks_served(url), time.time()
     end = t0 + seconds
     while time.time() < end:
-        page.wait_for_timeout(250)               # lets Playwright dispatch the CDP events
+        page.wait_for_timeout(250)  # lets Playwright dispatch the CDP events
     m1, b1, k1, t1 = probe.metrics(), probe.bytes, ticks_served(url), time.time()
     c1, w1 = cpu_s(pids), cpu_s(pids, whole=True)
     wall = t1 - t0
     d = lambda k: m1.get(k, 0.0) - m0.get(k, 0.0)  # noqa: E731
-    return {"seconds": round(wall, 1), "busy_pct": round(100 * d("TaskDuration") / wall, 2),
-            "main_thread_cpu_pct": round(100 * _delta(c0, c1) / wall, 2),
-            "renderer_cpu_pct": round(100 * _delta(w0, w1) / wall, 2), "renderers": len(c0.keys() & c1.keys()),
-            "script_pct": round(100 * d("ScriptDuration") / wall, 2),
-            "layout_style_pct": round(100 * (d("LayoutDuration") + d("RecalcStyleDuration")) / wall, 2),
-            "stream_bytes": b1 - b0, "ticks": k1 - k0}
+    return {
+        "seconds": round(wall, 1),
+        "busy_pct": round(100 * d("TaskDuration") / wall, 2),
+        "main_thread_cpu_pct": round(100 * _delta(c0, c1) / wall, 2),
+        "renderer_cpu_pct": round(100 * _delta(w0, w1) / wall, 2),
+        "renderers": len(c0.keys() & c1.keys()),
+        "script_pct": round(100 * d("ScriptDuration") / wall, 2),
+        "layout_style_pct": round(100 * (d("LayoutDuration") + d("RecalcStyleDuration")) / wall, 2),
+        "stream_bytes": b1 - b0,
+        "ticks": k1 - k0,
+    }
 
 
-def run(blocks: int, users: int, seconds: float, max_model_len: int, screenshot: str | None) -> dict:
+def run(
+    blocks: int, users: int, seconds: float, max_model_len: int, screenshot: str | None
+) -> dict:
     from playwright.sync_api import sync_playwright
+
     tmp = Path(tempfile.mkdtemp(prefix="bench-dash-"))
     proc, url = start_app(blocks, max_model_len, tmp / "app.log")
     try:
@@ -172,7 +197,11 @@ def run(blocks: int, users: int, seconds: float, max_model_len: int, screenshot:
             page.get_by_role("tab", name="Memory").click()
             page.fill("#kv-demo-n input", str(users))
             page.click("#kv-demo-start")
-            _wait(lambda: f"{users} chats hold" in page.inner_text("#kv-story"), 240, "demo users running")
+            _wait(
+                lambda: f"{users} chats hold" in page.inner_text("#kv-story"),
+                240,
+                "demo users running",
+            )
             page.wait_for_timeout(3000)
             shown = window(page, probe, url, seconds)
             if screenshot:
@@ -181,13 +210,19 @@ def run(blocks: int, users: int, seconds: float, max_model_len: int, screenshot:
             page.wait_for_timeout(2000)
             hidden = window(page, probe, url, seconds)
             browser.close()
-        rate = hidden["stream_bytes"] / hidden["seconds"]        # sidebar refresh, heartbeats
+        rate = hidden["stream_bytes"] / hidden["seconds"]  # sidebar refresh, heartbeats
         extra = shown["stream_bytes"] - rate * shown["seconds"]
         per_tick = round(extra / shown["ticks"]) if shown["ticks"] else None
         raw = round(shown["stream_bytes"] / shown["ticks"]) if shown["ticks"] else None
-        return {"blocks": blocks, "users": users, "memory_tab_shown": shown, "memory_tab_hidden": hidden,
-                "dashboard_bytes_per_second": round(extra / shown["seconds"]),
-                "bytes_per_tick_request": per_tick, "stream_bytes_per_tick_incl_sidebar": raw}
+        return {
+            "blocks": blocks,
+            "users": users,
+            "memory_tab_shown": shown,
+            "memory_tab_hidden": hidden,
+            "dashboard_bytes_per_second": round(extra / shown["seconds"]),
+            "bytes_per_tick_request": per_tick,
+            "stream_bytes_per_tick_incl_sidebar": raw,
+        }
     finally:
         proc.terminate()
         try:
@@ -204,7 +239,9 @@ def main(argv=None) -> None:
     a.add_argument("--max-model-len", type=int, default=4096)
     a.add_argument("--screenshot", default=None)
     args = a.parse_args(argv)
-    print(json.dumps(run(args.blocks, args.users, args.seconds, args.max_model_len, args.screenshot)))
+    print(
+        json.dumps(run(args.blocks, args.users, args.seconds, args.max_model_len, args.screenshot))
+    )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ Meanwhile this script reads /api/kv every 0.5 s. Same machine, one clock. Report
 
     .venv/bin/python -m loadgen.bench_tick_freshness [--tabs 4] [--users 16] [--seconds 60] [--app-arg ...]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,10 @@ from pathlib import Path
 
 from loadgen.bench_dashboard_browser import CHROMIUM, _wait, start_app_args
 
-PROMPT = ("Write a long, detailed essay about the history of computing, from the abacus to modern "
-          "GPUs, with many sections.")
+PROMPT = (
+    "Write a long, detailed essay about the history of computing, from the abacus to modern "
+    "GPUs, with many sections."
+)
 JOIN_HOOK = """(() => {
   const f = window.fetch.bind(window);
   window.__kvJoins = [];
@@ -52,8 +55,11 @@ def _fast_fn_index(url: str) -> int:
     with urllib.request.urlopen(url + "config", timeout=10) as r:
         cfg = json.load(r)
     bus = next(c["id"] for c in cfg["components"] if c.get("props", {}).get("elem_id") == "kv-bus")
-    return next(d["id"] for d in cfg["dependencies"]
-                if d["outputs"] == [bus] and any(t[1] == "tick" for t in d["targets"]))
+    return next(
+        d["id"]
+        for d in cfg["dependencies"]
+        if d["outputs"] == [bus] and any(t[1] == "tick" for t in d["targets"])
+    )
 
 
 class ApiPoller(threading.Thread):
@@ -68,7 +74,14 @@ class ApiPoller(threading.Thread):
             try:
                 with urllib.request.urlopen(self.url + "api/kv?compact=true", timeout=10) as r:
                     snap = json.load(r)
-                self.rows.append((time.time(), snap["time"], snap["stats"]["running"], snap["stats"]["used_blocks"]))
+                self.rows.append(
+                    (
+                        time.time(),
+                        snap["time"],
+                        snap["stats"]["running"],
+                        snap["stats"]["used_blocks"],
+                    )
+                )
             except OSError:
                 pass
             self.stop.wait(self.every)
@@ -93,7 +106,7 @@ def _keep_streaming(pages) -> None:
             if page.locator("#send").is_visible():
                 page.fill("#msg textarea", PROMPT)
                 page.keyboard.press("Enter")
-        except Exception:                  # noqa: BLE001  a page mid-repaint: next round
+        except Exception:  # noqa: BLE001  a page mid-repaint: next round
             pass
 
 
@@ -103,8 +116,12 @@ def pct(xs, q):
 
 
 def summary(xs) -> dict:
-    return {"n": len(xs), "median": round(statistics.median(xs), 3) if xs else None,
-            "p90": round(pct(xs, 0.9), 3) if xs else None, "max": round(max(xs), 3) if xs else None}
+    return {
+        "n": len(xs),
+        "median": round(statistics.median(xs), 3) if xs else None,
+        "p90": round(pct(xs, 0.9), 3) if xs else None,
+        "max": round(max(xs), 3) if xs else None,
+    }
 
 
 def analyse(ticks: list, joins: list, api: list) -> dict:
@@ -123,19 +140,26 @@ def analyse(ticks: list, joins: list, api: list) -> dict:
         if prev is not None:
             gaps.append(t["recv"] - prev)
         prev = t["recv"]
-    return {"asked_to_served_s": summary(asked_served), "served_to_applied_s": summary(back),
-            "snapshot_age_when_served_s": summary(age), "behind_api_kv_s": summary(behind),
-            "gap_between_ticks_s": summary(gaps)}
+    return {
+        "asked_to_served_s": summary(asked_served),
+        "served_to_applied_s": summary(back),
+        "snapshot_age_when_served_s": summary(age),
+        "behind_api_kv_s": summary(behind),
+        "gap_between_ticks_s": summary(gaps),
+    }
 
 
 def run(tabs: int, users: int, seconds: float, max_tokens: int, app_args: list[str]) -> dict:
     from playwright.sync_api import sync_playwright
+
     tmp = Path(tempfile.mkdtemp(prefix="bench-fresh-"))
     proc, url = start_app_args(app_args, tmp / "app.log")
     try:
         fast_fn = _fast_fn_index(url)
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+            browser = p.chromium.launch(
+                executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"]
+            )
             chats = browser.new_context(viewport={"width": 1100, "height": 800})
             pages = [_chat_tab(chats, url, max_tokens) for _ in range(tabs)]
             # one browser profile, as a person's: its tabs share the browser's connections per host
@@ -164,14 +188,20 @@ def run(tabs: int, users: int, seconds: float, max_tokens: int, app_args: list[s
             browser.close()
         ticks = [t for t in ticks if t["recv"] >= start]
         out = analyse(ticks, [j for j in joins if j["t"] >= start - 5], api.rows)
-        out.update(tabs=tabs, users=users, seconds=seconds, ticks=len(ticks),
-                   api_reads=len(api.rows), load_avg=open("/proc/loadavg").read().split()[:3])
+        out.update(
+            tabs=tabs,
+            users=users,
+            seconds=seconds,
+            ticks=len(ticks),
+            api_reads=len(api.rows),
+            load_avg=open("/proc/loadavg").read().split()[:3],
+        )
         return out
     finally:
         proc.terminate()
         try:
             proc.wait(timeout=30)
-        except Exception:                  # noqa: BLE001
+        except Exception:  # noqa: BLE001
             proc.kill()
 
 
@@ -181,9 +211,15 @@ def main(argv=None) -> None:
     a.add_argument("--users", type=int, default=16)
     a.add_argument("--seconds", type=float, default=60.0)
     a.add_argument("--max-tokens", type=int, default=512)
-    a.add_argument("--app-arg", action="append", default=[], help="extra app.py argument (repeatable)")
+    a.add_argument(
+        "--app-arg", action="append", default=[], help="extra app.py argument (repeatable)"
+    )
     args = a.parse_args(argv)
-    print(json.dumps(run(args.tabs, args.users, args.seconds, args.max_tokens, args.app_arg), indent=2))
+    print(
+        json.dumps(
+            run(args.tabs, args.users, args.seconds, args.max_tokens, args.app_arg), indent=2
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ start-up), starts N demo users (ui/dashboard/demo_users.py) and samples the engi
 bytes it would send (only outputs that changed since the previous tick, as the page does).
 Prints one JSON line at the end.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,7 @@ def _tick_bytes(values: list) -> int:
         if isinstance(v, pd.DataFrame):
             out += len(v.to_json(orient="split"))
         elif isinstance(v, dict) and v.get("__type__") == "update" and len(v) == 1:
-            out += 24                                   # a skipped output
+            out += 24  # a skipped output
         else:
             out += len(json.dumps(v, default=str))
     return out
@@ -49,8 +50,11 @@ def main(argv=None) -> dict:
         pin = llm.pin_system_prompt("shared", DEFAULT_SYSTEM_PROMPT)
         with gr.Blocks() as demo:
             D.build_dashboard(llm, DEFAULT_SYSTEM_PROMPT)
-        tick = next(demo.fns[d["id"]].fn for d in demo.get_config_file()["dependencies"]
-                    if any(t[1] == "tick" for t in d["targets"]))
+        tick = next(
+            demo.fns[d["id"]].fn
+            for d in demo.get_config_file()["dependencies"]
+            if any(t[1] == "tick" for t in d["targets"])
+        )
         load = DemoLoad(llm, DEFAULT_SYSTEM_PROMPT)
         load.start(a.users)
         samples, sizes, last = [], [], {}
@@ -67,15 +71,20 @@ def main(argv=None) -> dict:
         saved = [s["savings_vs_unshared"] for s in samples]
         last_st = samples[-1] if samples else llm.stats()
         result = {
-            "users": a.users, "seconds": a.seconds, "pool_blocks": last_st["total_blocks"],
-            "pinned_blocks": pin.num_blocks, "pinned_tokens": pin.num_tokens,
+            "users": a.users,
+            "seconds": a.seconds,
+            "pool_blocks": last_st["total_blocks"],
+            "pinned_blocks": pin.num_blocks,
+            "pinned_tokens": pin.num_tokens,
             "saved_by_sharing_median": statistics.median(saved) if saved else None,
             "saved_by_sharing_min": min(saved) if saved else None,
-            "last_used_blocks": last_st["used_blocks"], "last_unshared_blocks": last_st["logical_blocks"],
+            "last_used_blocks": last_st["used_blocks"],
+            "last_unshared_blocks": last_st["logical_blocks"],
             "last_chats": last_st["num_sequences"] + last_st["num_idle_sessions"],
             "tick_bytes_median": statistics.median(sizes[1:]) if len(sizes) > 1 else None,
             "tick_bytes_max_after_first": max(sizes[1:]) if len(sizes) > 1 else None,
-            "tick_bytes_first": sizes[0] if sizes else None, "turns": load.turns,
+            "tick_bytes_first": sizes[0] if sizes else None,
+            "turns": load.turns,
         }
         print(json.dumps(result))
         return result

@@ -6,9 +6,10 @@ by another (issue 12 item 12). Here the export never leaves storage/exports.Priv
 route asks it for the token and the requester's login (the same Gradio cookie /api/kv reads) and
 answers 404 alike for a wrong token, someone else's export and an expired one.
 """
+
 from __future__ import annotations
 
-from fastapi import Request        # module level: the route's annotation is resolved from here
+from fastapi import Request  # module level: the route's annotation is resolved from here
 
 from routes.kv import gradio_user
 
@@ -24,7 +25,13 @@ def register_export_route(app, exports, *, demo=None, auth: bool = False) -> Non
         user = gradio_user(demo, request) if auth else None
         export = exports.open(token, user) if (user or not auth) else None
         if export is None or export.name != name:
-            return JSONResponse({"error": "no such export (they expire after 15 minutes)"}, status_code=404)
+            return JSONResponse(
+                {"error": "no such export (they expire after 15 minutes)"}, status_code=404
+            )
         media = MEDIA_TYPES.get(export.path.suffix, "application/octet-stream")
-        return FileResponse(export.path, media_type=media, filename=export.name,
-                            headers={"Cache-Control": "private, no-store", "X-Content-Type-Options": "nosniff"})
+        return FileResponse(
+            export.path,
+            media_type=media,
+            filename=export.name,
+            headers={"Cache-Control": "private, no-store", "X-Content-Type-Options": "nosniff"},
+        )

@@ -10,18 +10,19 @@ v4 compact form (block_runs, block_ranges; tens of KB at 350k blocks). Bodies ar
 snapshot window and reused for every request in it: the unscoped body by the LLM
 (`latest_snapshot_bytes`), a scoped one here per (viewer, titles, form).
 """
+
 from __future__ import annotations
 
 import threading
 
-from fastapi import Request        # module level: the route's annotation is resolved from here
+from fastapi import Request  # module level: the route's annotation is resolved from here
 
 from engine.observe.kv_contract import compact_json
 from engine.observe.snapshot_cache import json_bytes
 from engine.protocol import ServesSnapshotForms
 from engine.observe.viewer_scope import scope_snapshot, titles_for
 
-_SCOPED_CACHE_MAX = 64             # viewers x forms kept per snapshot window
+_SCOPED_CACHE_MAX = 64  # viewers x forms kept per snapshot window
 
 
 def gradio_user(demo, request) -> str | None:
@@ -30,7 +31,9 @@ def gradio_user(demo, request) -> str | None:
     if server is None:
         return None
     cid = getattr(server, "cookie_id", "")
-    token = request.cookies.get(f"access-token-{cid}") or request.cookies.get(f"access-token-unsecure-{cid}")
+    token = request.cookies.get(f"access-token-{cid}") or request.cookies.get(
+        f"access-token-unsecure-{cid}"
+    )
     return server.tokens.get(token) if token else None
 
 
@@ -58,15 +61,19 @@ class _ScopedBodies:
 
 
 def _unscoped_body(llm, fresh: bool, compact: bool) -> bytes:
-    if not isinstance(llm, ServesSnapshotForms):          # an engine without the forms (a remote one)
-        return json_bytes(_maybe_compact(llm.snapshot() if fresh else llm.latest_snapshot(), compact))
+    if not isinstance(llm, ServesSnapshotForms):  # an engine without the forms (a remote one)
+        return json_bytes(
+            _maybe_compact(llm.snapshot() if fresh else llm.latest_snapshot(), compact)
+        )
     if fresh:
         return json_bytes(llm.kv_snapshot().to_json(compact=compact))
     return llm.latest_snapshot_bytes(compact)
 
 
 def _maybe_compact(snap: dict, compact: bool) -> dict:
-    return compact_json(snap) if compact and "block_runs" in snap and not snap.get("compact") else snap
+    return (
+        compact_json(snap) if compact and "block_runs" in snap and not snap.get("compact") else snap
+    )
 
 
 def register_kv_route(app, llm, *, storage=None, demo=None, auth: bool = False) -> None:
@@ -86,7 +93,9 @@ def register_kv_route(app, llm, *, storage=None, demo=None, auth: bool = False) 
         snap = llm.snapshot() if fresh else llm.latest_snapshot()
 
         def build() -> bytes:
-            return json_bytes(_maybe_compact(scope_snapshot(snap, titles=titles, viewer=user, auth=auth), compact))
+            return json_bytes(
+                _maybe_compact(scope_snapshot(snap, titles=titles, viewer=user, auth=auth), compact)
+            )
 
         if fresh:
             return Response(build(), media_type="application/json")

@@ -7,6 +7,7 @@ never moves between labels). Names are what the scheduler uses: the API key's na
 demo-user-K; never a key itself. /metrics needs no login, so logged-in users (user:NAME under
 --auth) are labelled "user-<k>" (numbered as first seen), never by name (docs/SECURITY.md).
 """
+
 from __future__ import annotations
 
 import threading
@@ -21,16 +22,42 @@ MAX_LABELS = 16
 
 # (metric, type, help, value of a row); summed over the tenants that share a label
 _SERIES = (
-    ("paged_chat_tenant_prompt_tokens_total", "counter",
-     "Prompt tokens computed for the tenant (prefix-cache hits excluded).", lambda r: r.prefill_tokens),
-    ("paged_chat_tenant_generation_tokens_total", "counter", "Decode tokens computed for the tenant.",
-     lambda r: r.decode_tokens),
-    ("paged_chat_tenant_preemptions_total", "counter", "Preemptions the tenant's sequences suffered.",
-     lambda r: r.preemptions),
-    ("paged_chat_tenant_requests_running", "gauge", "Running sequences of the tenant.", lambda r: r.running),
-    ("paged_chat_tenant_requests_waiting", "gauge", "Waiting sequences of the tenant.", lambda r: r.waiting),
-    ("paged_chat_tenant_virtual_counter", "gauge",
-     "The tenant's virtual token counter (weighted service received; engine/core/fairness.py).", lambda r: r.counter),
+    (
+        "paged_chat_tenant_prompt_tokens_total",
+        "counter",
+        "Prompt tokens computed for the tenant (prefix-cache hits excluded).",
+        lambda r: r.prefill_tokens,
+    ),
+    (
+        "paged_chat_tenant_generation_tokens_total",
+        "counter",
+        "Decode tokens computed for the tenant.",
+        lambda r: r.decode_tokens,
+    ),
+    (
+        "paged_chat_tenant_preemptions_total",
+        "counter",
+        "Preemptions the tenant's sequences suffered.",
+        lambda r: r.preemptions,
+    ),
+    (
+        "paged_chat_tenant_requests_running",
+        "gauge",
+        "Running sequences of the tenant.",
+        lambda r: r.running,
+    ),
+    (
+        "paged_chat_tenant_requests_waiting",
+        "gauge",
+        "Waiting sequences of the tenant.",
+        lambda r: r.waiting,
+    ),
+    (
+        "paged_chat_tenant_virtual_counter",
+        "gauge",
+        "The tenant's virtual token counter (weighted service received; engine/core/fairness.py).",
+        lambda r: r.counter,
+    ),
 )
 
 
@@ -79,11 +106,17 @@ def tenant_prometheus_text(rows: list[TenantStats], labels: TenantLabels) -> str
             v = max(vals) if name == "paged_chat_tenant_virtual_counter" else sum(vals)
             lines.append(f'{name}{{tenant="{_label(label)}"}} {_num(v)}')
     q = "paged_chat_tenant_queue_time_seconds"
-    lines += [f"# HELP {q} Seconds the tenant's requests waited from arrival to first admission.",
-              f"# TYPE {q} summary"]
+    lines += [
+        f"# HELP {q} Seconds the tenant's requests waited from arrival to first admission.",
+        f"# TYPE {q} summary",
+    ]
     for label, rs in grouped.items():
-        lines.append(f'{q}_sum{{tenant="{_label(label)}"}} {_num(float(sum(r.queue_time_s_total for r in rs)))}')
-        lines.append(f'{q}_count{{tenant="{_label(label)}"}} {_num(sum(r.queue_time_count for r in rs))}')
+        lines.append(
+            f'{q}_sum{{tenant="{_label(label)}"}} {_num(float(sum(r.queue_time_s_total for r in rs)))}'
+        )
+        lines.append(
+            f'{q}_count{{tenant="{_label(label)}"}} {_num(sum(r.queue_time_count for r in rs))}'
+        )
     return "\n".join(lines) + "\n"
 
 

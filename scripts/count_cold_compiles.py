@@ -10,6 +10,7 @@ process, so the union over stages is the cold total).
     TRITON_INTERPRET=1 python -m pytest -p count_cold_compiles ...     # a test run (the kernel stage)
 The key set is written to $COUNT_COMPILES_OUT (JSON) at exit when that is set.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -44,14 +45,20 @@ def _spec(v):
 
 def _constexprs(fn) -> set[str]:
     import inspect
-    return {p.name for p in inspect.signature(fn).parameters.values()
-            if "constexpr" in str(p.annotation)}
+
+    return {
+        p.name
+        for p in inspect.signature(fn).parameters.values()
+        if "constexpr" in str(p.annotation)
+    }
 
 
 def _record(self, *args, grid, warmup, **kwargs):
-    const = _constexprs(self.fn)                    # a constexpr's value is part of the key
+    const = _constexprs(self.fn)  # a constexpr's value is part of the key
     val = lambda n, v: ("constexpr", repr(v)) if n in const else _spec(v)
-    spec = [(n, val(n, a)) for n, a in zip(self.arg_names, args)] + sorted((k, val(k, v)) for k, v in kwargs.items())
+    spec = [(n, val(n, a)) for n, a in zip(self.arg_names, args)] + sorted(
+        (k, val(k, v)) for k, v in kwargs.items()
+    )
     KEYS.add((self.fn.__name__,) + tuple(spec))
     return _orig(self, *args, grid=grid, warmup=warmup, **kwargs)
 
@@ -81,8 +88,9 @@ def engines(only: str | None = None) -> dict:
     from engine.exec.models.llama import LlamaModel
     from engine.exec.warmup import warm_up
     import gpu_check
-    plan = [(c, dt, 2048) for dt in ("bfloat16", "float32") for c in gpu_check.CONFIGS]   # numerics
-    plan += [("llama-3.2-1b", "bfloat16", 512), ("llama-3.2-1b", "bfloat16", 208)]          # graphs, speed
+
+    plan = [(c, dt, 2048) for dt in ("bfloat16", "float32") for c in gpu_check.CONFIGS]  # numerics
+    plan += [("llama-3.2-1b", "bfloat16", 512), ("llama-3.2-1b", "bfloat16", 208)]  # graphs, speed
     if only:
         plan = [p for p in plan if f"{p[0]}:{p[1]}" == only]
     rows = []
@@ -90,18 +98,27 @@ def engines(only: str | None = None) -> dict:
         before = set(KEYS)
         cfg = dw.load_config(name, {"num_hidden_layers": 1, "vocab_size": 4096})
         tdt = getattr(torch, dt)
-        m = LlamaModel(cfg, dw.random_weights(cfg, seed=0, dtype=tdt), tdt, "cpu", max_positions=max_len)
-        m.use_fused = True                         # the CUDA forward (fused Triton layer ops)
+        m = LlamaModel(
+            cfg, dw.random_weights(cfg, seed=0, dtype=tdt), tdt, "cpu", max_positions=max_len
+        )
+        m.use_fused = True  # the CUDA forward (fused Triton layer ops)
         kvh = cfg.num_key_value_heads
         pool = torch.zeros(2, 1, 64, 16, kvh, m.head_dim, dtype=tdt)
         warm_up(m, pool, "triton", -(-max_len // 16), log=lambda s: None)
-        rows.append({"engine": f"{name} {dt} max_len {max_len}", "new_compiles": len(KEYS - before)})
-        print(f"{rows[-1]['engine']}: {rows[-1]['new_compiles']} new compiles (total {len(KEYS)})", flush=True)
+        rows.append(
+            {"engine": f"{name} {dt} max_len {max_len}", "new_compiles": len(KEYS - before)}
+        )
+        print(
+            f"{rows[-1]['engine']}: {rows[-1]['new_compiles']} new compiles (total {len(KEYS)})",
+            flush=True,
+        )
     return {"engines": rows, **summary()}
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["engines"]:                 # optional: CONFIG:DTYPE, e.g. llama-3.2-1b:bfloat16
+    if sys.argv[1:2] == ["engines"]:  # optional: CONFIG:DTYPE, e.g. llama-3.2-1b:bfloat16
         print(json.dumps(engines(sys.argv[2] if len(sys.argv) > 2 else None), indent=1))
     else:
-        sys.exit("usage: count_cold_compiles.py engines  (or use it as a pytest plugin: -p count_cold_compiles)")
+        sys.exit(
+            "usage: count_cold_compiles.py engines  (or use it as a pytest plugin: -p count_cold_compiles)"
+        )

@@ -8,6 +8,7 @@ writes the report, kills the stage's child process group (the kernel tests run i
 exits the process with 128 + signal. A watchdog thread does the same at the hard deadline, so a
 check whose caller kills it with SIGKILL shortly after its own timeout has already written.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,18 +28,30 @@ class Guard:
         self._rsock, self._wsock = socket.socketpair()
         self._wsock.setblocking(False)
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda s, f: None)      # the watcher thread does the work
+            signal.signal(sig, lambda s, f: None)  # the watcher thread does the work
         signal.set_wakeup_fd(self._wsock.fileno(), warn_on_full_buffer=False)
         threading.Thread(target=self._watch_signals, name="gpu-check-signals", daemon=True).start()
         self._stop = threading.Event()
         if hard_deadline_s is not None:
-            threading.Thread(target=self._watchdog, args=(hard_deadline_s,), name="gpu-check-watchdog",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._watchdog,
+                args=(hard_deadline_s,),
+                name="gpu-check-watchdog",
+                daemon=True,
+            ).start()
 
-    def run_child(self, args: list[str], timeout: float, on_start=None, **kw) -> subprocess.CompletedProcess:
+    def run_child(
+        self, args: list[str], timeout: float, on_start=None, **kw
+    ) -> subprocess.CompletedProcess:
         """subprocess.run in its own process group, killed with the check. on_start(pid)."""
-        with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              start_new_session=True, **kw) as p:
+        with subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            **kw,
+        ) as p:
             self._child = p
             if on_start:
                 on_start(p.pid)

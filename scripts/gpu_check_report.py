@@ -16,6 +16,7 @@ Stage status values:
 The verdict: FAIL if a correctness stage failed or raised, PASS if every correctness stage passed,
 otherwise INCOMPLETE (something was not run or was interrupted, nothing failed).
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,15 @@ import time
 from pathlib import Path
 
 CORRECTNESS = ("kernels", "numerics", "bigpool", "graphs")
-TAGS = {"pass": "ok  ", "fail": "FAIL", "info": "info", "error": "ERR ", "not_run": "skip",
-        "interrupted": "INTR", "running": "...."}
+TAGS = {
+    "pass": "ok  ",
+    "fail": "FAIL",
+    "info": "info",
+    "error": "ERR ",
+    "not_run": "skip",
+    "interrupted": "INTR",
+    "running": "....",
+}
 
 
 def line(stage: str, tag: str, msg: str) -> None:
@@ -44,9 +52,14 @@ class Report:
         self._running: str | None = None
         self._running_t0 = 0.0
         self.closed = False
-        self.data: dict = {"mode": mode, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                           "planned_stages": list(stages), "stages": {}, "verdict": "INCOMPLETE",
-                           "finished": False}
+        self.data: dict = {
+            "mode": mode,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "planned_stages": list(stages),
+            "stages": {},
+            "verdict": "INCOMPLETE",
+            "finished": False,
+        }
         self.write()
 
     # --- stage transitions ---------------------------------------------------------------
@@ -62,8 +75,13 @@ class Report:
             if self.closed:
                 return
             entry = dict(data or {})
-            entry.update(status=status, summary=msg,
-                         seconds=round(time.monotonic() - self._running_t0, 2) if self._running == name else 0.0)
+            entry.update(
+                status=status,
+                summary=msg,
+                seconds=round(time.monotonic() - self._running_t0, 2)
+                if self._running == name
+                else 0.0,
+            )
             self.data["stages"][name] = entry
             self._running = None
             self.write()
@@ -73,8 +91,12 @@ class Report:
         with self._lock:
             if self.closed:
                 return
-            self.data["stages"][name] = {"status": "not_run", "reason": reason, "summary": f"not run: {reason}",
-                                         "seconds": 0.0}
+            self.data["stages"][name] = {
+                "status": "not_run",
+                "reason": reason,
+                "summary": f"not run: {reason}",
+                "seconds": 0.0,
+            }
             self.write()
         line(name, TAGS["not_run"], f"not run: {reason}")
 
@@ -98,12 +120,23 @@ class Report:
             running = self._running
             if running is not None:
                 entry = self.data["stages"].get(running, {})
-                entry.update(status="interrupted", reason=reason, summary=f"interrupted: {reason}",
-                             seconds=round(time.monotonic() - self._running_t0, 2))
+                entry.update(
+                    status="interrupted",
+                    reason=reason,
+                    summary=f"interrupted: {reason}",
+                    seconds=round(time.monotonic() - self._running_t0, 2),
+                )
                 self.data["stages"][running] = entry
             for name in self.data["planned_stages"]:
-                self.data["stages"].setdefault(name, {"status": "not_run", "reason": f"check ended: {reason}",
-                                                      "summary": f"not run: check ended ({reason})", "seconds": 0.0})
+                self.data["stages"].setdefault(
+                    name,
+                    {
+                        "status": "not_run",
+                        "reason": f"check ended: {reason}",
+                        "summary": f"not run: check ended ({reason})",
+                        "seconds": 0.0,
+                    },
+                )
             self.data["interrupted"] = {"reason": reason, "stage": running, "at_s": self.elapsed()}
             self.close()
         if running:
@@ -119,8 +152,11 @@ class Report:
             self.write()
             self.closed = True
         met = [t for t in self.data.get("targets", []) if t.get("met")]
-        print(f"[gpu-check] VERDICT {self.data['verdict']} ({self.data['mode']}, {self.data['seconds']:.0f} s; "
-              f"targets met {len(met)}/{len(self.data.get('targets', []))}) -> {self.path}", flush=True)
+        print(
+            f"[gpu-check] VERDICT {self.data['verdict']} ({self.data['mode']}, {self.data['seconds']:.0f} s; "
+            f"targets met {len(met)}/{len(self.data.get('targets', []))}) -> {self.path}",
+            flush=True,
+        )
 
     # --- output --------------------------------------------------------------------------
     def elapsed(self) -> float:

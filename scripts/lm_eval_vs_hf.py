@@ -10,6 +10,7 @@ local JSONL files (no dataset hub is reachable here): `pc_sums` (multiple choice
 and `pc_capitals` (greedy generation, exact match). lm-eval is not a requirement of the project:
 install it in its own environment (`pip install "lm-eval[api]"`) and point --lm-eval at its CLI.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,32 +68,85 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from engine.exec.loader import resolve_hf_folder
+
     folder = resolve_hf_folder(None)[1]
     port = a.port or _free_port()
     tmp = Path(tempfile.mkdtemp(prefix="lm-eval-"))
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    app = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--db", str(tmp / "chat.db"),
-                            "--dtype", "float32", "--num-blocks", "512", "--max-model-len", "1024"],
-                           cwd=ROOT, env=env, stdout=open(tmp / "app.log", "wb"), stderr=subprocess.STDOUT)
+    env = {
+        **os.environ,
+        "GRADIO_ANALYTICS_ENABLED": "False",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+    }
+    app = subprocess.Popen(
+        [
+            sys.executable,
+            "app.py",
+            "--port",
+            str(port),
+            "--db",
+            str(tmp / "chat.db"),
+            "--dtype",
+            "float32",
+            "--num-blocks",
+            "512",
+            "--max-model-len",
+            "1024",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=open(tmp / "app.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
     common = ["--tasks", TASKS, "--include_path", str(ROOT / "bench" / "lm_eval_tasks")]
     if a.limit:
         common += ["--limit", str(a.limit)]
     try:
         _wait(f"http://127.0.0.1:{port}/v1/models", app)
-        model = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models"))["data"][0]["id"]
+        model = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models"))["data"][0][
+            "id"
+        ]
         t = time.time()
-        subprocess.run([a.lm_eval, "--model", "local-completions", "--model_args",
-                        f"model={model},base_url=http://127.0.0.1:{port}/v1/completions,tokenizer={folder},"
-                        "tokenized_requests=False,num_concurrent=4,max_retries=1",
-                        "--output_path", str(tmp / "server"), *common], cwd=ROOT, env=env, check=True)
+        subprocess.run(
+            [
+                a.lm_eval,
+                "--model",
+                "local-completions",
+                "--model_args",
+                f"model={model},base_url=http://127.0.0.1:{port}/v1/completions,tokenizer={folder},"
+                "tokenized_requests=False,num_concurrent=4,max_retries=1",
+                "--output_path",
+                str(tmp / "server"),
+                *common,
+            ],
+            cwd=ROOT,
+            env=env,
+            check=True,
+        )
         server_s = time.time() - t
     finally:
         app.terminate()
         app.wait(timeout=60)
     t = time.time()
-    subprocess.run([a.lm_eval, "--model", "hf", "--model_args", f"pretrained={folder},dtype=float32",
-                    "--device", "cpu", "--batch_size", "8", "--output_path", str(tmp / "hf"), *common],
-                   cwd=ROOT, env=env, check=True)
+    subprocess.run(
+        [
+            a.lm_eval,
+            "--model",
+            "hf",
+            "--model_args",
+            f"pretrained={folder},dtype=float32",
+            "--device",
+            "cpu",
+            "--batch_size",
+            "8",
+            "--output_path",
+            str(tmp / "hf"),
+            *common,
+        ],
+        cwd=ROOT,
+        env=env,
+        check=True,
+    )
     hf_s = time.time() - t
     srv, hf = _scores(tmp / "server"), _scores(tmp / "hf")
     print("\n| task | metric | server (local-completions) | HF backend | |diff| | stderr |")
@@ -100,7 +154,9 @@ def main(argv=None) -> int:
     for task in sorted(set(srv) | set(hf)):
         name, v, se = srv.get(task, ("?", float("nan"), None))
         _, h, hse = hf.get(task, ("?", float("nan"), None))
-        print(f"| {task} | {name} | {v:.4f} | {h:.4f} | {abs(v - h):.4f} | {se or 0:.4f} / {hse or 0:.4f} |")
+        print(
+            f"| {task} | {name} | {v:.4f} | {h:.4f} | {abs(v - h):.4f} | {se or 0:.4f} / {hse or 0:.4f} |"
+        )
     print(f"\nserver run {server_s:.0f} s, HF run {hf_s:.0f} s; outputs under {tmp}")
     return 0
 

@@ -6,6 +6,7 @@ LLM start-up spends on the pool's bookkeeping), a chat-like load on it, stats() 
 Why: at 85% of an H200, SmolLM2's bf16 pool is ~341k blocks; one Python object per block cost
 ~1 s at start-up and every snapshot walked them all. Medians of --repeat runs are printed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,7 @@ def measure(num_blocks: int, sessions: int = 64, block_size: int = 16) -> dict:
     t0 = time.perf_counter()
     m = KVCacheManager(num_blocks, block_size, max_model_len=8192, kv_bytes_per_token=18432)
     t_build = time.perf_counter() - t0
-    system = list(range(1000, 1300))            # a shared 300-token system prompt
+    system = list(range(1000, 1300))  # a shared 300-token system prompt
     t0 = time.perf_counter()
     for s in range(sessions):
         toks = system + [s * 7 + i for i in range(200)]
@@ -41,10 +42,17 @@ def measure(num_blocks: int, sessions: int = 64, block_size: int = 16) -> dict:
     t_json = time.perf_counter() - t0
     for s in range(sessions):
         m.free(f"s{s}")
-    return {"num_blocks": num_blocks, "build_s": t_build, "admit_64_sessions_s": t_admit,
-            "stats_s": t_stats, "snapshot_s": t_snap, "snapshot_json_s": t_json,
-            "snapshot_json_bytes": len(payload), "used_blocks_at_snapshot": st["used_blocks"],
-            "free_after": kv_stats(m).to_json()["free_blocks"]}
+    return {
+        "num_blocks": num_blocks,
+        "build_s": t_build,
+        "admit_64_sessions_s": t_admit,
+        "stats_s": t_stats,
+        "snapshot_s": t_snap,
+        "snapshot_json_s": t_json,
+        "snapshot_json_bytes": len(payload),
+        "used_blocks_at_snapshot": st["used_blocks"],
+        "free_after": kv_stats(m).to_json()["free_blocks"],
+    }
 
 
 def main(argv=None) -> int:

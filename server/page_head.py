@@ -6,9 +6,10 @@ tracker does to `requestAnimationFrame`) never sees what that script changes. Th
 middleware edits the one HTML response that matters, the page at "/", as it leaves the server;
 every other response (the event streams included) passes through untouched.
 """
+
 from __future__ import annotations
 
-MAX_PAGE_BYTES = 8 * 2**20      # the page is ~100 kB (it carries Gradio's config); never buffer more
+MAX_PAGE_BYTES = 8 * 2**20  # the page is ~100 kB (it carries Gradio's config); never buffer more
 
 
 class HeadFirst:
@@ -16,11 +17,15 @@ class HeadFirst:
         self.app, self.script, self.path = app, script.encode(), path
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope.get("method") != "GET" or scope.get("path") != self.path:
+        if (
+            scope["type"] != "http"
+            or scope.get("method") != "GET"
+            or scope.get("path") != self.path
+        ):
             return await self.app(scope, receive, send)
         start: dict | None = None
         chunks: list[bytes] = []
-        passing = False          # not HTML, or too big: the rest goes out as it comes
+        passing = False  # not HTML, or too big: the rest goes out as it comes
 
         async def edit(message):
             nonlocal start, passing
@@ -40,7 +45,9 @@ class HeadFirst:
                 if sum(map(len, chunks)) > MAX_PAGE_BYTES:
                     passing = True
                     await send(start)
-                    await send({"type": "http.response.body", "body": b"".join(chunks), "more_body": True})
+                    await send(
+                        {"type": "http.response.body", "body": b"".join(chunks), "more_body": True}
+                    )
                 return
             body = b"".join(chunks).replace(b"<head>", b"<head>" + self.script, 1)
             headers = [(k, v) for k, v in start.get("headers", []) if k != b"content-length"]

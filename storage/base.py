@@ -102,12 +102,15 @@ class StoreBase:
     def _current_prompt(self, owner=None):
         """The user's newest own prompt, else the app's newest (a new user starts from it)."""
         if owner:
-            rows = self._rows("SELECT id, text FROM system_prompts WHERE owner = ? "
-                              "ORDER BY id DESC LIMIT 1", [owner])
+            rows = self._rows(
+                "SELECT id, text FROM system_prompts WHERE owner = ? ORDER BY id DESC LIMIT 1",
+                [owner],
+            )
             if rows:
                 return rows[0]
-        return self._rows("SELECT id, text FROM system_prompts WHERE owner IS NULL "
-                          "ORDER BY id DESC LIMIT 1")[0]
+        return self._rows(
+            "SELECT id, text FROM system_prompts WHERE owner IS NULL ORDER BY id DESC LIMIT 1"
+        )[0]
 
     def _conversation(self, conv_id, owner):
         rows = self._rows("SELECT * FROM conversations WHERE id = ?", [conv_id])
@@ -122,7 +125,9 @@ class StoreBase:
             return conv["system_prompt_override"]
         if conv["system_prompt_id"] is None:
             return self._current_prompt()["text"]
-        rows = self._rows("SELECT text FROM system_prompts WHERE id = ?", [conv["system_prompt_id"]])
+        rows = self._rows(
+            "SELECT text FROM system_prompts WHERE id = ?", [conv["system_prompt_id"]]
+        )
         return rows[0]["text"]
 
     def _touch(self, conv_id, title=None):

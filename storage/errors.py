@@ -5,6 +5,7 @@ with a readable str() (a bare KeyError prints its message in quotes) and a disti
 case a user must be told about: the conversation vanished while this process was writing to it,
 typically because another window or another server process on the same database deleted it.
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,8 +23,10 @@ class ConversationDeletedError(NotFoundError):
     """A write hit a conversation or message that was deleted meanwhile; nothing was stored."""
 
     def __init__(self, detail: str = ""):
-        msg = ("This conversation was deleted (perhaps in another window or by another process "
-               "using the same database), so this change could not be saved.")
+        msg = (
+            "This conversation was deleted (perhaps in another window or by another process "
+            "using the same database), so this change could not be saved."
+        )
         super().__init__(msg + (f" [{detail}]" if detail else ""))
 
 

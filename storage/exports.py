@@ -18,6 +18,7 @@ account in the temp folder whose process is gone (or, for roots without the reco
 older than max_age_s). Only plain 0700 folders named `paged-chat-exports-*` owned by this account
 are touched; symbolic links and others' folders are left alone.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-DEFAULT_MAX_AGE_S = 15 * 60     # long enough to click "download", short enough not to pile up
+DEFAULT_MAX_AGE_S = 15 * 60  # long enough to click "download", short enough not to pile up
 ROOT_PREFIX = "paged-chat-exports-"
 PID_FILE = ".owner-pid"
 
@@ -44,6 +45,7 @@ def export_url(token: str, name: str) -> str:
 @dataclass(frozen=True)
 class Export:
     """One written export: where it is, who may download it, and the token that names it."""
+
     token: str
     path: Path
     owner: str | None
@@ -58,7 +60,7 @@ class PrivateExports:
     def __init__(self, root: str | os.PathLike | None = None, max_age_s: float = DEFAULT_MAX_AGE_S):
         if root is None:
             sweep_leftover_roots(Path(tempfile.gettempdir()), max_age_s)
-            self.root = Path(tempfile.mkdtemp(prefix=ROOT_PREFIX))   # mkdtemp: 0700
+            self.root = Path(tempfile.mkdtemp(prefix=ROOT_PREFIX))  # mkdtemp: 0700
             fd = os.open(self.root / PID_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(str(os.getpid()))
@@ -124,7 +126,7 @@ def _process_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:          # someone else's process: alive
+    except PermissionError:  # someone else's process: alive
         return True
     return True
 
@@ -132,6 +134,7 @@ def _process_alive(pid: int) -> bool:
 def sweep_leftover_roots(tmp: Path, max_age_s: float = DEFAULT_MAX_AGE_S) -> int:
     """Remove export roots of this account left by processes that are gone; returns how many."""
     import stat
+
     removed, now = 0, time.time()
     try:
         entries = list(tmp.iterdir())
@@ -142,12 +145,16 @@ def sweep_leftover_roots(tmp: Path, max_age_s: float = DEFAULT_MAX_AGE_S) -> int
             continue
         try:
             st = entry.lstat()
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) != 0o700:
+            if (
+                not stat.S_ISDIR(st.st_mode)
+                or st.st_uid != os.getuid()
+                or stat.S_IMODE(st.st_mode) != 0o700
+            ):
                 continue
             try:
                 pid = int((entry / PID_FILE).read_text().strip())
                 stale = pid != os.getpid() and not _process_alive(pid)
-            except (OSError, ValueError):    # no record (an older version): judge by age
+            except (OSError, ValueError):  # no record (an older version): judge by age
                 stale = now - st.st_mtime > max_age_s
         except OSError:
             continue
@@ -162,7 +169,13 @@ def _safe_name(filename: str) -> str:
     if not isinstance(filename, str):
         raise ValueError("export file name must be a string")
     name = filename.replace("\x00", "").strip()
-    if not name or name != os.path.basename(name) or "/" in name or "\\" in name \
-            or name in (".", "..") or name.startswith("."):
+    if (
+        not name
+        or name != os.path.basename(name)
+        or "/" in name
+        or "\\" in name
+        or name in (".", "..")
+        or name.startswith(".")
+    ):
         raise ValueError(f"export file name {filename!r} is not a plain file name")
     return name[:200]

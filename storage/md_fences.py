@@ -11,16 +11,18 @@ CommonMark; it comes with Gradio (through rich) and is declared in requirements.
 Both the chat page (ui/chat/view.py) and the Markdown export (storage/transfer.py) use it, so it
 lives on the lower floor (storage), which the page may import.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
 
-_SENTINEL = "q7ZpagedchatFenceProbe"     # a word no fence info string or closer can look like
+_SENTINEL = "q7ZpagedchatFenceProbe"  # a word no fence info string or closer can look like
 
 
 @lru_cache(maxsize=1)
 def _parser():
     from markdown_it import MarkdownIt
+
     return MarkdownIt("commonmark")
 
 
@@ -39,7 +41,7 @@ def open_fence(text: str) -> str | None:
 def close_open_fence(text: str) -> str:
     """`text` with a closing fence appended when it ends inside a fenced code block (else as is),
     so what follows it is not code. Its own characters are kept exactly."""
-    for _ in range(3):                   # one closer is enough; bounded all the same
+    for _ in range(3):  # one closer is enough; bounded all the same
         fence = open_fence(text)
         if fence is None:
             return text

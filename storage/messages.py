@@ -27,8 +27,13 @@ _UNSET = object()
 _TITLE_CHARS = 40
 # added later (m004: cached_blocks; m006: the speculative decoding pair): left out when unset, so
 # an older reply's stats read as they always did
-_OPTIONAL_STATS = ("cached_blocks", "spec_accepted_tokens", "decode_steps", "served_by",
-                   "reasoning_tokens")
+_OPTIONAL_STATS = (
+    "cached_blocks",
+    "spec_accepted_tokens",
+    "decode_steps",
+    "served_by",
+    "reasoning_tokens",
+)
 _STATS_SELECT = ", ".join(f"s.{f} AS stat_{f}" for f in STAT_FIELDS)
 
 
@@ -78,7 +83,7 @@ class MessagesMixin:
         )
         for row in rows:
             stats = {f: row.pop(f"stat_{f}") for f in STAT_FIELDS}
-            for f in _OPTIONAL_STATS:                   # absent on replies that never had them
+            for f in _OPTIONAL_STATS:  # absent on replies that never had them
                 if stats.get(f) is None:
                     stats.pop(f, None)
             row["stats"] = stats if row.pop("has_stats") is not None else None
@@ -89,7 +94,9 @@ class MessagesMixin:
         return self._message_rows("m.conversation_id = ?", [conv_id])
 
     def _selected(self, conv_id):
-        rows = self._rows("SELECT message_id FROM active_branch WHERE conversation_id = ?", [conv_id])
+        rows = self._rows(
+            "SELECT message_id FROM active_branch WHERE conversation_id = ?", [conv_id]
+        )
         return rows[0]["message_id"] if rows else None
 
     def _branch(self, conv_id, through=None):
@@ -100,8 +107,12 @@ class MessagesMixin:
 
     def _follow_title(self, conv_id, old_path, new_path):
         """Auto titles follow the first user message of the active branch; a renamed one stays."""
+
         def first(path):
-            return next((m["content"] for m in path if m["role"] == "user" and m["content"].strip()), None)
+            return next(
+                (m["content"] for m in path if m["role"] == "user" and m["content"].strip()), None
+            )
+
         old, new = first(old_path), first(new_path)
         if old is None or new is None or old == new:
             return None
@@ -129,7 +140,9 @@ class MessagesMixin:
             leaf = by_id.get(leaf["parent_id"])
         return path[::-1]
 
-    def _insert_message(self, conv_id, parent_id, role, content, token_ids, status, created_at=None):
+    def _insert_message(
+        self, conv_id, parent_id, role, content, token_ids, status, created_at=None
+    ):
         tokens = json.dumps(token_ids) if token_ids is not None else None
         self.db.execute("DELETE FROM active_branch WHERE conversation_id = ?", [conv_id])
         cur = self.db.execute(
@@ -193,7 +206,9 @@ class MessagesMixin:
         conv_id = old["conversation_id"]
         before = self._branch(conv_id)
         with self.db.atomic():
-            new_id = self._insert_message(conv_id, old["parent_id"], old["role"], content, token_ids, status)
+            new_id = self._insert_message(
+                conv_id, old["parent_id"], old["role"], content, token_ids, status
+            )
             self._touch(conv_id, self._follow_title(conv_id, before, self._branch(conv_id)))
         return self._message(new_id, None)
 
@@ -216,7 +231,9 @@ class MessagesMixin:
 
     @write_to_existing
     @locked
-    def update_message(self, message_id, content=_UNSET, token_ids=_UNSET, status=_UNSET, owner=None):
+    def update_message(
+        self, message_id, content=_UNSET, token_ids=_UNSET, status=_UNSET, owner=None
+    ):
         """Change content / token_ids / status (e.g. while streaming); committed at once."""
         msg = self._message(message_id, owner)
         changes = {}
@@ -271,7 +288,8 @@ class MessagesMixin:
         self._conversation(conv_id, owner)
         groups = {}
         for row in self._rows(
-            "SELECT id, parent_id, role FROM messages WHERE conversation_id = ? ORDER BY id", [conv_id]
+            "SELECT id, parent_id, role FROM messages WHERE conversation_id = ? ORDER BY id",
+            [conv_id],
         ):
             groups.setdefault((row["parent_id"], row["role"]), []).append(row["id"])
         return {i: ids for ids in groups.values() if len(ids) > 1 for i in ids}
@@ -280,4 +298,6 @@ class MessagesMixin:
     def count_messages(self, conv_id, owner=None):
         """Every stored message of the conversation, all branches (what a delete removes)."""
         self._conversation(conv_id, owner)
-        return self._rows("SELECT count(*) AS n FROM messages WHERE conversation_id = ?", [conv_id])[0]["n"]
+        return self._rows(
+            "SELECT count(*) AS n FROM messages WHERE conversation_id = ?", [conv_id]
+        )[0]["n"]

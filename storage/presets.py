@@ -8,6 +8,7 @@ model's tokenizer; the support policy is the long one (~700 tokens).
 Plain data: storage seeds the default from here, the chat UI lists the presets, the demo load
 uses whatever prompt is current.
 """
+
 from __future__ import annotations
 
 ASSISTANT_POLICY = """You are Paged Chat's assistant, a careful and friendly helper running on the user's own machine.
@@ -99,8 +100,10 @@ DEFAULT_SYSTEM_PROMPT = ASSISTANT_POLICY
 
 # Used instead of the default when a small context (e.g. --max-model-len 512) cannot spare a quarter
 # of itself for the full policy: a chat app whose every message is "too long" helps nobody.
-SHORT_SYSTEM_PROMPT = ("You are a helpful, honest and concise assistant running on the user's own machine. "
-                       "Say so when you are unsure.")
+SHORT_SYSTEM_PROMPT = (
+    "You are a helpful, honest and concise assistant running on the user's own machine. "
+    "Say so when you are unsure."
+)
 
 # (name shown in the picker, text); the first is the default
 PRESETS: dict[str, str] = {

@@ -4,6 +4,7 @@ Why a separate table from system_prompts: those rows are the prompts conversatio
 with (kept forever, referenced by id); these are a user's library of reusable texts, which they
 may overwrite by name. Owner '' is the local single user (no --auth).
 """
+
 from __future__ import annotations
 
 from . import schema
@@ -25,15 +26,20 @@ class PromptsMixin:
         self.db.execute(
             "INSERT INTO saved_prompts (owner, name, text, created_at) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (owner, name) DO UPDATE SET text = excluded.text",
-            [owner, name, text, self._now()])
+            [owner, name, text, self._now()],
+        )
         return {"name": name, "text": text}
 
     @locked
     def named_prompts(self, owner):
         """`owner`'s saved prompts, oldest first: [{"name", "text"}]."""
-        return self._rows("SELECT name, text FROM saved_prompts WHERE owner = ? ORDER BY id", [owner])
+        return self._rows(
+            "SELECT name, text FROM saved_prompts WHERE owner = ? ORDER BY id", [owner]
+        )
 
     @locked
     def delete_named_prompt(self, owner, name):
-        cur = self.db.execute("DELETE FROM saved_prompts WHERE owner = ? AND name = ?", [owner, name])
+        cur = self.db.execute(
+            "DELETE FROM saved_prompts WHERE owner = ? AND name = ?", [owner, name]
+        )
         return cur.rowcount > 0

@@ -9,11 +9,19 @@ import math
 from sqlite_utils import Migrations
 
 from .presets import DEFAULT_SYSTEM_PROMPT  # noqa: E402,F401  (a real ~550-token policy; see presets.py)
+
 NEW_CHAT_TITLE = "New chat"
 ROLES = ("system", "user", "assistant")
 STATUSES = ("complete", "stopped", "error")
-INT_STATS = ("prompt_tokens", "cached_tokens", "output_tokens", "cached_blocks", "spec_accepted_tokens",
-             "decode_steps", "reasoning_tokens")
+INT_STATS = (
+    "prompt_tokens",
+    "cached_tokens",
+    "output_tokens",
+    "cached_blocks",
+    "spec_accepted_tokens",
+    "decode_steps",
+    "reasoning_tokens",
+)
 FLOAT_STATS = ("ttft_s", "tokens_per_s")
 TEXT_STATS = ("finish_reason", "served_by")
 STAT_FIELDS = INT_STATS + FLOAT_STATS + TEXT_STATS
@@ -152,7 +160,9 @@ def check_stats(stats):
         raise ValueError("stats must be an object")
     unknown = set(stats) - set(STAT_FIELDS)
     if unknown:
-        raise ValueError(f"unknown stats {sorted(map(str, unknown))}; known: {', '.join(STAT_FIELDS)}")
+        raise ValueError(
+            f"unknown stats {sorted(map(str, unknown))}; known: {', '.join(STAT_FIELDS)}"
+        )
     for name, value in stats.items():
         if value is None:
             continue

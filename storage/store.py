@@ -58,9 +58,11 @@ class Storage(MessagesMixin, PromptsMixin, TransferMixin, StoreBase):
     def users_with_own_prompt(self):
         """[(owner, text of their current own prompt)], most recently saved first (start-up
         re-pins them, newest first, while the pin cap allows)."""
-        rows = self._rows("SELECT p.owner, p.text FROM system_prompts p JOIN "
-                          "(SELECT owner, MAX(id) AS id FROM system_prompts WHERE owner IS NOT NULL "
-                          "GROUP BY owner) last ON last.id = p.id ORDER BY p.id DESC")
+        rows = self._rows(
+            "SELECT p.owner, p.text FROM system_prompts p JOIN "
+            "(SELECT owner, MAX(id) AS id FROM system_prompts WHERE owner IS NOT NULL "
+            "GROUP BY owner) last ON last.id = p.id ORDER BY p.id DESC"
+        )
         return [(r["owner"], r["text"]) for r in rows]
 
     # -- conversations -------------------------------------------------------------------
@@ -77,7 +79,9 @@ class Storage(MessagesMixin, PromptsMixin, TransferMixin, StoreBase):
             system_prompt_id = self._current_prompt(owner)["id"]
         elif not self._rows("SELECT id FROM system_prompts WHERE id = ?", [system_prompt_id]):
             raise KeyError(f"system prompt {system_prompt_id!r} not found")
-        return self._insert_conversation(owner, title.strip(), system_prompt_id, system_prompt_override)
+        return self._insert_conversation(
+            owner, title.strip(), system_prompt_id, system_prompt_override
+        )
 
     @locked
     def get_conversation(self, conv_id, owner=None):

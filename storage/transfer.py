@@ -20,9 +20,16 @@ from .md_fences import close_open_fence
 
 FORMAT = "llm-chat-conversation"
 VERSION = 1
-_MESSAGE_FIELDS = ("id", "parent_id", "role", "content", "token_ids", "status", "created_at", "stats")
-
-
+_MESSAGE_FIELDS = (
+    "id",
+    "parent_id",
+    "role",
+    "content",
+    "token_ids",
+    "status",
+    "created_at",
+    "stats",
+)
 
 
 def _stats_line(stats):
@@ -42,8 +49,6 @@ def _stats_line(stats):
     if stats.get("finish_reason"):
         parts.append(f"finish: {stats['finish_reason']}")
     return "_" + " · ".join(parts) + "_" if parts else ""
-
-
 
 
 def _parse_message(raw, seen):
@@ -140,8 +145,12 @@ class TransferMixin:
         lines = [f"# {conv['title']}", "", dates, ""]
         prompt = self._effective_prompt(conv)
         if prompt.strip():
-            lines += ["**System prompt:**", ""] + [f"> {line}" for line in prompt.splitlines()] + [""]
-        for msg in self._branch(conv_id):          # the branch on screen (active_branch), not the newest leaf
+            lines += (
+                ["**System prompt:**", ""] + [f"> {line}" for line in prompt.splitlines()] + [""]
+            )
+        for msg in self._branch(
+            conv_id
+        ):  # the branch on screen (active_branch), not the newest leaf
             # each text exactly as written, with a closing fence after it if it ends inside a code
             # block (a reply cut by max tokens): else the rest of the document would read as code
             lines += [f"## {msg['role'].capitalize()}", "", close_open_fence(msg["content"]), ""]
@@ -182,7 +191,9 @@ class TransferMixin:
                 )
                 if msg["stats"] is not None:
                     self._write_stats(new_ids[msg["id"]], msg["stats"])
-            if active is not None:      # the branch that was on screen, not the newest leaf
-                self.db.execute("INSERT INTO active_branch (conversation_id, message_id) VALUES (?, ?)",
-                                 [conv["id"], new_ids[active]])
+            if active is not None:  # the branch that was on screen, not the newest leaf
+                self.db.execute(
+                    "INSERT INTO active_branch (conversation_id, message_id) VALUES (?, ?)",
+                    [conv["id"], new_ids[active]],
+                )
         return self._conversation(conv["id"], None)

@@ -2,12 +2,13 @@
 
 TRITON_INTERPRET must be set before anything imports triton, so it is set here, first.
 """
+
 import os
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # see engine/__init__.py: tests share 2 cores
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see engine/__init__.py: tests share 2 cores
 
 import torch  # noqa: E402
 
@@ -69,12 +70,14 @@ def model_folder() -> str:
     if reason:
         pytest.skip(reason)
     from engine.exec.loader import resolve_hf_folder
+
     return resolve_hf_folder(None)[1]
 
 
 @pytest.fixture(scope="session")
 def hf_model(model_folder):
     from transformers import AutoModelForCausalLM
+
     m = AutoModelForCausalLM.from_pretrained(model_folder, dtype=torch.float32)
     m.eval()
     return m
@@ -83,6 +86,7 @@ def hf_model(model_folder):
 @pytest.fixture(scope="session")
 def tokenizer(model_folder):
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(model_folder)
 
 
@@ -105,6 +109,7 @@ def pytest_runtest_teardown(item, nextitem):
     yield
     if nextitem is None or nextitem.module is not item.module:
         import gc
+
         _modules_done[0] += 1
         if _modules_done[0] % _MODULES_BETWEEN_FULL_COLLECTIONS == 0:
             gc.unfreeze()
@@ -135,7 +140,7 @@ def _keep_freed_memory() -> None:
     Chromium keep glibc's defaults."""
     M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
     _libc_call("mallopt", M_MMAP_MAX, 0)
-    _libc_call("mallopt", M_TRIM_THRESHOLD, 2**31 - 1)    # mallopt takes a C int
+    _libc_call("mallopt", M_TRIM_THRESHOLD, 2**31 - 1)  # mallopt takes a C int
 
 
 def _rss_bytes() -> int:
@@ -149,8 +154,9 @@ def _rss_bytes() -> int:
 def _libc_call(name: str, *args) -> None:
     try:
         import ctypes
+
         getattr(ctypes.CDLL("libc.so.6"), name)(*args)
-    except (OSError, AttributeError):     # not glibc: nothing to tune this way
+    except (OSError, AttributeError):  # not glibc: nothing to tune this way
         pass
 
 
@@ -161,10 +167,12 @@ def pytest_collection_finish(session):
     """Collection imported torch, transformers, gradio and every test module: freeze them before
     the first test (see pytest_runtest_teardown)."""
     import gc
+
     gc.collect()
     gc.freeze()
 
 
 def pytest_unconfigure(config):
     import gc
-    gc.unfreeze()       # an ordinary interpreter shutdown (extension modules check for leaks then)
+
+    gc.unfreeze()  # an ordinary interpreter shutdown (extension modules check for leaks then)

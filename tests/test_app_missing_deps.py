@@ -1,5 +1,6 @@
 """app.py on a machine without gradio (the GPU machine's engine-only install): a clear message
 naming what is missing and how to install it, exit status 2, before any model is loaded."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +20,9 @@ sys.exit(__import__('app').main())
 
 
 def test_missing_gradio_gives_a_clear_message_and_no_model_load():
-    r = subprocess.run([sys.executable, "-c", _BLOCKED_RUN], cwd=REPO, capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", _BLOCKED_RUN], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     assert "needs gradio, sqlite-utils" in r.stderr and "scripts/setup.sh" in r.stderr
     assert "Loading the model" not in r.stderr and "Traceback" not in r.stderr
@@ -34,6 +36,7 @@ def test_nothing_reported_missing_here():
         sys.path.remove(str(REPO))
     missing = app.missing_app_dependencies()
     import torch
+
     if missing and torch.cuda.is_available():
         pytest.skip(f"engine-only install on this CUDA machine: {missing} absent")
-    assert missing == []     # CPU CI: the full app is installed
+    assert missing == []  # CPU CI: the full app is installed

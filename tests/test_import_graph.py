@@ -10,6 +10,7 @@ Floors, top to bottom; a package may import its own modules and packages on lowe
 never one on its own floor (sideways) or above. loadgen/ and bench/ are tools: they may import
 anything, and nothing in the product imports them.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,14 +20,14 @@ from tests.import_walk import find_cycles, imports_of, module_name
 ROOT = Path(__file__).resolve().parents[1]
 
 FLOORS = {
-    "app": 7,           # flags -> engine, storage -> server
-    "server": 6,        # assembles the FastAPI app: routes, security, exports, pins, the page
-    "ui": 5,            # pages only (chat, dashboard)
-    "routes": 5,        # /v1, /metrics, /api/kv, login, security middleware
-    "backends": 4,      # the ChatEngine face over a remote OpenAI-compatible server
-    "storage": 4,       # SQLite history, exports
-    "engine": 2,        # the engine (its wings: tests/engine/test_engine_wings.py)
-    "kernels": 1,       # attention / KV kernels
+    "app": 7,  # flags -> engine, storage -> server
+    "server": 6,  # assembles the FastAPI app: routes, security, exports, pins, the page
+    "ui": 5,  # pages only (chat, dashboard)
+    "routes": 5,  # /v1, /metrics, /api/kv, login, security middleware
+    "backends": 4,  # the ChatEngine face over a remote OpenAI-compatible server
+    "storage": 4,  # SQLite history, exports
+    "engine": 2,  # the engine (its wings: tests/engine/test_engine_wings.py)
+    "kernels": 1,  # attention / KV kernels
 }
 TOOLS = ("loadgen", "bench")
 PACKAGES = (*FLOORS, *TOOLS)
@@ -49,8 +50,11 @@ def arrows() -> list[tuple[str, int, str]]:
     out = []
     for path in files():
         me = module_name(path, ROOT)
-        out += [(me, line, target) for line, target in imports_of(path, ROOT, set(PACKAGES))
-                if top_of(target) != top_of(me)]
+        out += [
+            (me, line, target)
+            for line, target in imports_of(path, ROOT, set(PACKAGES))
+            if top_of(target) != top_of(me)
+        ]
     return out
 
 
@@ -60,12 +64,16 @@ def violations() -> list[str]:
         mine, theirs = top_of(me), top_of(target)
         if theirs in TOOLS:
             if mine not in TOOLS:
-                bad.append(f"{me}:{line} imports the tool {target} (the product never imports loadgen/bench)")
+                bad.append(
+                    f"{me}:{line} imports the tool {target} (the product never imports loadgen/bench)"
+                )
         elif mine in TOOLS:
             continue
         elif FLOORS[theirs] >= FLOORS[mine]:
-            bad.append(f"{me}:{line} ({mine}) imports {target} ({theirs}): "
-                       f"{'sideways' if FLOORS[theirs] == FLOORS[mine] else 'upward'}")
+            bad.append(
+                f"{me}:{line} ({mine}) imports {target} ({theirs}): "
+                f"{'sideways' if FLOORS[theirs] == FLOORS[mine] else 'upward'}"
+            )
     return bad
 
 
@@ -78,7 +86,9 @@ def package_cycles() -> list[list[str]]:
 
 def test_every_product_package_has_a_floor():
     here = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    assert here - set(PACKAGES) <= {"tests", "scripts"}, f"give {here - set(PACKAGES)} a floor in FLOORS"
+    assert here - set(PACKAGES) <= {"tests", "scripts"}, (
+        f"give {here - set(PACKAGES)} a floor in FLOORS"
+    )
 
 
 def test_imports_run_down_the_floors_only():
@@ -95,9 +105,17 @@ def test_the_walker_sees_the_known_arrows():
     """The walk is not vacuous: it sees lazy imports (server.__init__'s), module-level ones, and
     the downward arrows the product is built on."""
     pairs = {(top_of(me), top_of(t)) for me, _, t in arrows()}
-    assert {("app", "server"), ("server", "ui"), ("server", "routes"), ("ui", "engine"), ("routes", "engine"),
-            ("engine", "kernels"), ("ui", "backends"), ("loadgen", "ui")} <= pairs
-    lazy = imports_of(ROOT / "server" / "__init__.py", ROOT, {"server"})      # inside functions
+    assert {
+        ("app", "server"),
+        ("server", "ui"),
+        ("server", "routes"),
+        ("ui", "engine"),
+        ("routes", "engine"),
+        ("engine", "kernels"),
+        ("ui", "backends"),
+        ("loadgen", "ui"),
+    } <= pairs
+    lazy = imports_of(ROOT / "server" / "__init__.py", ROOT, {"server"})  # inside functions
     assert {t for _, t in lazy} >= {"server.assembly", "server.run"}
 
 
@@ -109,12 +127,13 @@ def test_the_checker_fails_on_upward_sideways_tool_imports_and_cycles(tmp_path, 
         (tmp_path / pkg).mkdir()
         (tmp_path / pkg / "__init__.py").write_text("")
     (tmp_path / "ui" / "page.py").write_text("from loadgen import demo\n")
-    (tmp_path / "loadgen" / "demo.py").write_text("import ui.page\n")               # tools may
+    (tmp_path / "loadgen" / "demo.py").write_text("import ui.page\n")  # tools may
     (tmp_path / "routes" / "kv.py").write_text("from ui.page import scope\nimport storage.db\n")
     (tmp_path / "engine" / "x.py").write_text("def f():\n    from storage import db\n")
     (tmp_path / "storage" / "db.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from routes import kv\n")
-    (tmp_path / "kernels" / "k.py").write_text("from . import k2\n")                # relative, same package
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from routes import kv\n"
+    )
+    (tmp_path / "kernels" / "k.py").write_text("from . import k2\n")  # relative, same package
     (tmp_path / "kernels" / "k2.py").write_text("")
     monkeypatch.setattr(__import__(__name__, fromlist=["x"]), "ROOT", tmp_path)
     bad = violations()
@@ -122,6 +141,6 @@ def test_the_checker_fails_on_upward_sideways_tool_imports_and_cycles(tmp_path, 
     assert any(v.startswith("engine.x:2") and "upward" in v for v in bad)
     assert any(v.startswith("ui.page:1") and "tool" in v for v in bad)
     assert not any(v.startswith("loadgen.") or v.startswith("kernels.") for v in bad)
-    assert any("storage.db:3" in v and "upward" in v for v in bad)                    # TYPE_CHECKING counts
+    assert any("storage.db:3" in v and "upward" in v for v in bad)  # TYPE_CHECKING counts
     cycles = package_cycles()
     assert any(set(c) == {"routes", "storage"} for c in cycles)

@@ -1,5 +1,6 @@
 """Tiny random-weight checkpoints for tests that need a real model of a given shape (seconds to
 build, a 300-token vocabulary read through the default model's tokenizer)."""
+
 from __future__ import annotations
 
 import torch
@@ -9,9 +10,17 @@ def save_tiny_llama(folder, tokenizer, *, kv_heads: int = 2, seed: int = 0):
     """A 2-layer Llama (hidden 64, 4 heads) saved as an HF folder with the given tokenizer;
     returns the HF model (the reference)."""
     from transformers import AutoModelForCausalLM, LlamaConfig
-    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=256,
-                      tie_word_embeddings=False)
+
+    cfg = LlamaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg).eval()
     model.save_pretrained(folder)
@@ -22,19 +31,31 @@ def save_tiny_llama(folder, tokenizer, *, kv_heads: int = 2, seed: int = 0):
 def hf_greedy(model, prompt: list[int], n: int = 8) -> list[int]:
     x = torch.tensor([prompt])
     with torch.no_grad():
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
-                             eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def scripted_chain(tokenizer, reply: list[str], after: str = "\n") -> list[int]:
     """Token ids of `reply` (each piece one token of `tokenizer`), led by the token `after`: the
     last token of the chat template's generation prompt. Every id appears once (a chain)."""
-    ids = [tokenizer.convert_tokens_to_ids(after) if after in tokenizer.get_added_vocab()
-           else tokenizer.encode(after, add_special_tokens=False)[-1]]
+    ids = [
+        tokenizer.convert_tokens_to_ids(after)
+        if after in tokenizer.get_added_vocab()
+        else tokenizer.encode(after, add_special_tokens=False)[-1]
+    ]
     for piece in reply:
-        got = tokenizer.convert_tokens_to_ids(piece) if piece in tokenizer.get_added_vocab() \
+        got = (
+            tokenizer.convert_tokens_to_ids(piece)
+            if piece in tokenizer.get_added_vocab()
             else tokenizer.encode(piece, add_special_tokens=False)
+        )
         got = [got] if isinstance(got, int) else got
         if len(got) != 1:
             raise ValueError(f"{piece!r} is {len(got)} tokens, not one")
@@ -56,17 +77,38 @@ def save_scripted_qwen3(folder, tokenizer, chain: list[int], *, sliding_window: 
     from transformers import AutoModelForCausalLM
 
     from engine.exec import dummy_weights as dw
+
     hidden = 64
     if len(chain) > hidden:
         raise ValueError(f"at most {hidden} chained tokens")
-    windows = {} if sliding_window is None else {
-        "use_sliding_window": True, "sliding_window": sliding_window, "max_window_layers": 1,
-        "layer_types": ["sliding_attention", "full_attention"]}
-    cfg = dw.load_config("qwen3-0.6b", dict(
-        num_hidden_layers=2, hidden_size=hidden, intermediate_size=128, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, vocab_size=len(tokenizer), tie_word_embeddings=False,
-        bos_token_id=None, pad_token_id=None, max_position_embeddings=8192,
-        eos_token_id=tokenizer.convert_tokens_to_ids(tokenizer.eos_token), **windows))
+    windows = (
+        {}
+        if sliding_window is None
+        else {
+            "use_sliding_window": True,
+            "sliding_window": sliding_window,
+            "max_window_layers": 1,
+            "layer_types": ["sliding_attention", "full_attention"],
+        }
+    )
+    cfg = dw.load_config(
+        "qwen3-0.6b",
+        dict(
+            num_hidden_layers=2,
+            hidden_size=hidden,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            vocab_size=len(tokenizer),
+            tie_word_embeddings=False,
+            bos_token_id=None,
+            pad_token_id=None,
+            max_position_embeddings=8192,
+            eos_token_id=tokenizer.convert_tokens_to_ids(tokenizer.eos_token),
+            **windows,
+        ),
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():
@@ -78,7 +120,7 @@ def save_scripted_qwen3(folder, tokenizer, chain: list[int], *, sliding_window: 
             emb[t].zero_()
             emb[t, k] = 1.0
             if k + 1 < len(chain):
-                head[chain[k + 1], k] = 8.0      # normed one-hot: 8 at dim k -> logit 64
+                head[chain[k + 1], k] = 8.0  # normed one-hot: 8 at dim k -> logit 64
         for layer in model.model.layers:
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()

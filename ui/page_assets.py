@@ -3,11 +3,13 @@
 Why a module: they are long strings that change for look-and-feel reasons, apart from the wiring
 in ui/layout.py, which stays readable in one sitting without them.
 """
+
 from __future__ import annotations
 
 from ui.chat import view
 
-CSS = """
+CSS = (
+    """
 .reply-stats { font-size: 0.78em; opacity: 0.65; }
 .branch-nav { font-size: 0.85em; opacity: 0.8; user-select: none; white-space: nowrap; }
 .branch-nav a { text-decoration: none; padding: 0.15em 0.6em; font-weight: bold; font-size: 1.25em;
@@ -78,7 +80,9 @@ body.drop-files #chatbot { outline: 3px dashed var(--color-accent, #f97316); out
   #kv-dashboard .kvd th, #kv-dashboard .kvd td { white-space: normal; padding: 2px 5px; }
   #kv-dashboard .kvd td:first-child { min-width: 7em; }
 }
-""" + view.BUTTONS_CSS
+"""
+    + view.BUTTONS_CSS
+)
 
 # The page's script, installed once on load: (1) the `< k/n >` links in messages switch versions
 # through a hidden textbox + button (Gradio cannot bind events to HTML inside a message);

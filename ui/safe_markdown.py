@@ -20,6 +20,7 @@ agrees on and escape when unsure (an escaped `<` inside code shows as "&lt;": ug
   with a later run and shift every pairing after it), and not containing `|` (in a GFM table the
   pipe splits cells before code spans are found).
 """
+
 from __future__ import annotations
 
 import html
@@ -39,14 +40,14 @@ def safe_markdown(text: str) -> str:
     out: list[str] = []
     lines = text.split("\n")
     i = 0
-    trusted = True                  # no unpaired backtick run yet in this block of non-blank lines
+    trusted = True  # no unpaired backtick run yet in this block of non-blank lines
     while i < len(lines):
         line = lines[i]
         m = _FENCE_OPEN.match(line)
         if m and not (m.group(1)[0] == "`" and "`" in m.group(2)):
             fence = m.group(1)
             end = _find_fence_close(lines, i + 1, fence)
-            out.extend(lines[i:end + 1])            # the whole block verbatim (to the end if unclosed)
+            out.extend(lines[i : end + 1])  # the whole block verbatim (to the end if unclosed)
             i = end + 1
             trusted = True
             continue
@@ -81,7 +82,7 @@ def _escape_line(line: str, trusted: bool) -> tuple[str, bool]:
             i += 1
             continue
         backslashes = len(line[:i]) - len(line[:i].rstrip("\\"))
-        if backslashes % 2 == 1:                    # \` is a literal backtick
+        if backslashes % 2 == 1:  # \` is a literal backtick
             i += 1
             continue
         j = i
@@ -90,7 +91,7 @@ def _escape_line(line: str, trusted: bool) -> tuple[str, bool]:
         run = j - i
         close = _find_run(line, j, run)
         if close < 0:
-            trusted = False                         # unpaired here: a renderer may pair it later
+            trusted = False  # unpaired here: a renderer may pair it later
             i = j
             continue
         if not trusted or "|" in line[j:close]:
@@ -98,7 +99,7 @@ def _escape_line(line: str, trusted: bool) -> tuple[str, bool]:
             i = close + run
             continue
         parts.append(_escape_text(line[plain_start:i]))
-        parts.append(line[i:close + run])           # the code span, verbatim
+        parts.append(line[i : close + run])  # the code span, verbatim
         i = plain_start = close + run
     parts.append(_escape_text(line[plain_start:]))
     return "".join(parts), trusted
@@ -134,7 +135,7 @@ def _check_link(m: re.Match) -> str:
 def _neutralize_ref_def(line: str) -> str:
     m = _REF_DEF.match(line)
     if m and not _url_is_safe(m.group(3)):
-        return line[:len(m.group(1))] + "\\" + line[len(m.group(1)):]
+        return line[: len(m.group(1))] + "\\" + line[len(m.group(1)) :]
     return line
 
 
@@ -143,7 +144,7 @@ def _url_is_safe(url: str) -> bool:
     renderer applies (entities, backslash escapes) and the characters browsers ignore. An empty
     destination is refused: CommonMark lets the real one follow on the next line."""
     if not url:
-        return False        # the destination may follow on the next line: do not make it a link
+        return False  # the destination may follow on the next line: do not make it a link
     decoded = html.unescape(url.replace("&lt;", "<")).lstrip("<")
     decoded = re.sub(r"\\(.)", r"\1", decoded)
     decoded = re.sub(r"[\x00-\x20\x7f]", "", decoded).lower()

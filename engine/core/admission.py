@@ -5,6 +5,7 @@ finished / failed); past a bound, `enter` raises `QueueFull` at once, before any
 so a flood gets a clear "busy" answer (429 + Retry-After on /v1, a sentence in the chat) instead
 of waiting forever. Callers in any thread; one lock, O(1) per call.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class QueueBounds:
     """None: unbounded. Per-tenant bounds apply to each tenant separately."""
+
     max_queued_requests: int | None = None
     max_queued_tokens: int | None = None
     tenant_max_queued_requests: int | None = None
@@ -37,9 +39,9 @@ class QueueFull(RuntimeError):
 class AdmissionControl:
     def __init__(self, bounds: QueueBounds | None = None, drain_per_s: float = 4.0):
         self.bounds = bounds or QueueBounds()
-        self.drain_per_s = drain_per_s      # requests leaving the queue per second, for Retry-After
+        self.drain_per_s = drain_per_s  # requests leaving the queue per second, for Retry-After
         self._lock = threading.Lock()
-        self._entries: dict[str, tuple[str, int]] = {}     # request id -> (tenant, tokens)
+        self._entries: dict[str, tuple[str, int]] = {}  # request id -> (tenant, tokens)
         self._req: dict[str, int] = {}
         self._tok: dict[str, int] = {}
         self._total_req = 0
@@ -55,21 +57,40 @@ class AdmissionControl:
         with self._lock:
             treq, ttok = self._req.get(tenant, 0), self._tok.get(tenant, 0)
             if b.tenant_max_queued_requests is not None and treq + 1 > b.tenant_max_queued_requests:
-                raise QueueFull(f"you already have {treq} requests waiting (bound "
-                                f"{b.tenant_max_queued_requests} per user); wait for one to start",
-                                self._retry(treq), "tenant", treq)
-            if b.tenant_max_queued_tokens is not None and ttok + tokens > b.tenant_max_queued_tokens:
-                raise QueueFull(f"your waiting requests would hold {ttok + tokens} prompt tokens (bound "
-                                f"{b.tenant_max_queued_tokens} per user); wait for one to start",
-                                self._retry(treq + 1), "tenant", treq)
+                raise QueueFull(
+                    f"you already have {treq} requests waiting (bound "
+                    f"{b.tenant_max_queued_requests} per user); wait for one to start",
+                    self._retry(treq),
+                    "tenant",
+                    treq,
+                )
+            if (
+                b.tenant_max_queued_tokens is not None
+                and ttok + tokens > b.tenant_max_queued_tokens
+            ):
+                raise QueueFull(
+                    f"your waiting requests would hold {ttok + tokens} prompt tokens (bound "
+                    f"{b.tenant_max_queued_tokens} per user); wait for one to start",
+                    self._retry(treq + 1),
+                    "tenant",
+                    treq,
+                )
             if b.max_queued_requests is not None and self._total_req + 1 > b.max_queued_requests:
-                raise QueueFull(f"the server is busy: {self._total_req} requests are waiting (bound "
-                                f"{b.max_queued_requests})", self._retry(self._total_req), "server",
-                                self._total_req)
+                raise QueueFull(
+                    f"the server is busy: {self._total_req} requests are waiting (bound "
+                    f"{b.max_queued_requests})",
+                    self._retry(self._total_req),
+                    "server",
+                    self._total_req,
+                )
             if b.max_queued_tokens is not None and self._total_tok + tokens > b.max_queued_tokens:
-                raise QueueFull(f"the server is busy: waiting requests would hold {self._total_tok + tokens} "
-                                f"prompt tokens (bound {b.max_queued_tokens})",
-                                self._retry(self._total_req + 1), "server", self._total_req)
+                raise QueueFull(
+                    f"the server is busy: waiting requests would hold {self._total_tok + tokens} "
+                    f"prompt tokens (bound {b.max_queued_tokens})",
+                    self._retry(self._total_req + 1),
+                    "server",
+                    self._total_req,
+                )
             self._entries[request_id] = (tenant, tokens)
             self._req[tenant] = treq + 1
             self._tok[tenant] = ttok + tokens

@@ -29,28 +29,52 @@ sequence may take a slot or blocks from a running one, and what the step cost ea
 With one tenant and one class it reduces to first-come first-served, except for the same-step
 cached-prefix tie-break.
 """
+
 from __future__ import annotations
 
 import math
 import time
 from collections import deque
 from engine.core.sequence import Sequence
-from engine.core.tenancy import (FairnessEvent, FCFSPolicy, Occupancy, SchedulingPolicy, TenantStats, priority_of,
-                                 slots_of, tenant_of)
+from engine.core.tenancy import (
+    FairnessEvent,
+    FCFSPolicy,
+    Occupancy,
+    SchedulingPolicy,
+    TenantStats,
+    priority_of,
+    slots_of,
+    tenant_of,
+)
 
-SHARE_WINDOW_S = 60.0           # "share of tokens in the last minute"
-DEFAULT_STARVATION_WAIT_S = 5.0     # the longest a runnable lower-class request waits (--starvation-wait)
+SHARE_WINDOW_S = 60.0  # "share of tokens in the last minute"
+DEFAULT_STARVATION_WAIT_S = (
+    5.0  # the longest a runnable lower-class request waits (--starvation-wait)
+)
 
 
 class _Tenant:
-    __slots__ = ("name", "weight", "counter", "running", "waiting", "prefill", "decode", "window",
-                 "preemptions", "held_back", "queue_s", "queue_n", "last_held_event")
+    __slots__ = (
+        "name",
+        "weight",
+        "counter",
+        "running",
+        "waiting",
+        "prefill",
+        "decode",
+        "window",
+        "preemptions",
+        "held_back",
+        "queue_s",
+        "queue_n",
+        "last_held_event",
+    )
 
     def __init__(self, name: str, weight: float, counter: float):
         self.name, self.weight, self.counter = name, weight, counter
         self.running = self.waiting = 0
         self.prefill = self.decode = 0
-        self.window: deque = deque()        # (second, tokens) for the last-minute share
+        self.window: deque = deque()  # (second, tokens) for the last-minute share
         self.preemptions = self.held_back = 0
         self.queue_s, self.queue_n = 0.0, 0
         self.last_held_event = 0.0
@@ -62,12 +86,21 @@ class _Tenant:
 
 class FairPolicy:
     """VTC between tenants, priority classes on top (see the module docstring for the rules)."""
+
     name = "fair"
     preempts_for_fairness = True
 
-    def __init__(self, weights: dict[str, float] | None = None, *, prefill_cost: float = 1.0,
-                 decode_cost: float = 2.0, starvation_every: int = 4, tie_break_lookups: int = 8,
-                 starvation_wait_s: float = DEFAULT_STARVATION_WAIT_S, clock=time.time):
+    def __init__(
+        self,
+        weights: dict[str, float] | None = None,
+        *,
+        prefill_cost: float = 1.0,
+        decode_cost: float = 2.0,
+        starvation_every: int = 4,
+        tie_break_lookups: int = 8,
+        starvation_wait_s: float = DEFAULT_STARVATION_WAIT_S,
+        clock=time.time,
+    ):
         for k, w in (weights or {}).items():
             if not w > 0:
                 raise ValueError(f"tenant weight for {k!r} must be > 0, got {w}")
@@ -76,19 +109,21 @@ class FairPolicy:
         if not 0 < starvation_wait_s < math.inf:
             raise ValueError(f"starvation_wait_s must be > 0 seconds, got {starvation_wait_s}")
         self.starvation_wait_s = float(starvation_wait_s)
-        self._waiting_since: dict[str, float] = {}    # seq id -> clock() when it last began waiting
-        self._top_running: int | None = None         # the highest class running (lowest value)
+        self._waiting_since: dict[str, float] = {}  # seq id -> clock() when it last began waiting
+        self._top_running: int | None = None  # the highest class running (lowest value)
         self.weights = dict(weights or {})
         self.prefill_cost, self.decode_cost = float(prefill_cost), float(decode_cost)
         self.starvation_every = starvation_every
         self.tie_break_lookups = tie_break_lookups
         self.clock = clock
         self.tenants: dict[str, _Tenant] = {}
-        self._high_water: dict[str, int] = {}     # seq id -> tokens ever computed (no double charge)
-        self._arrival_step: dict[str, int] = {}   # seq id -> add() count at arrival (tie-break window)
+        self._high_water: dict[str, int] = {}  # seq id -> tokens ever computed (no double charge)
+        self._arrival_step: dict[
+            str, int
+        ] = {}  # seq id -> add() count at arrival (tie-break window)
         self._adds = 0
         self._steps_since_add = 0
-        self._top_streak = 0          # admissions in a row to the top class while a lower one waited
+        self._top_streak = 0  # admissions in a row to the top class while a lower one waited
         self._admitted_before: set[str] = set()
         self._events: deque = deque(maxlen=50)
 
@@ -105,7 +140,7 @@ class FairPolicy:
 
     def on_add(self, seq: Sequence) -> None:
         t = self._tenant(tenant_of(seq))
-        if not t.backlogged:                  # returns after idling: lift, no banked credit
+        if not t.backlogged:  # returns after idling: lift, no banked credit
             floor = self._floor(exclude=t.name)
             if floor is not None:
                 t.counter = max(t.counter, floor)
@@ -176,8 +211,12 @@ class FairPolicy:
         now, best, since = self.clock(), None, math.inf
         for s in heads:
             t = self._waiting_since.setdefault(s.seq_id, now)
-            if priority_of(s) > top and now - t >= self.starvation_wait_s and t < since \
-                    and not self._tenant(tenant_of(s)).running:
+            if (
+                priority_of(s) > top
+                and now - t >= self.starvation_wait_s
+                and t < since
+                and not self._tenant(tenant_of(s)).running
+            ):
                 best, since = s, t
         return best
 
@@ -185,8 +224,11 @@ class FairPolicy:
         """seq has waited past the time bound and its tenant has nothing running (it may preempt
         a higher class, fair_victim)."""
         t = self._waiting_since.get(seq.seq_id)
-        return t is not None and self.clock() - t >= self.starvation_wait_s \
+        return (
+            t is not None
+            and self.clock() - t >= self.starvation_wait_s
             and not self._tenant(tenant_of(seq)).running
+        )
 
     def pick_waiting(self, waiting, cached_len, starvation: bool = True) -> Sequence | None:
         """The next waiting sequence to admit. cached_len(seq) -> prefix-cache hit length (pure).
@@ -203,18 +245,24 @@ class FairPolicy:
         pool = [s for s in heads.values() if priority_of(s) == classes[0]]
         overdue = self._overdue(heads.values())
         if overdue is not None:
-            return overdue                  # its own tenant's head: arrival order kept
+            return overdue  # its own tenant's head: arrival order kept
         if starvation and len(classes) > 1 and self._top_streak >= self.starvation_every - 1:
             lower = [s for s in heads.values() if priority_of(s) > classes[0]]
-            pool = [min(lower, key=lambda s: s.request.arrival_time)]   # longest-waiting lower class
-        best = min(pool, key=lambda s: (self._tenant(tenant_of(s)).counter,
-                                        self._tenant(tenant_of(s)).running, s.request.arrival_time))
+            pool = [min(lower, key=lambda s: s.request.arrival_time)]  # longest-waiting lower class
+        best = min(
+            pool,
+            key=lambda s: (
+                self._tenant(tenant_of(s)).counter,
+                self._tenant(tenant_of(s)).running,
+                s.request.arrival_time,
+            ),
+        )
         return self._tie_break(best, waiting, cached_len)
 
     def _tie_break(self, head: Sequence, waiting, cached_len) -> Sequence:
         """Among the tenant's requests that arrived in the same step as its head, the longest cached
         prefix first, skipping any with an earlier waiting turn of the same conversation."""
-        if head.request.forked or self._high_water.get(head.seq_id):     # preempted: it goes first
+        if head.request.forked or self._high_water.get(head.seq_id):  # preempted: it goes first
             return head
         tenant, stamp = tenant_of(head), self._arrival_step.get(head.seq_id)
         best, best_len, looked = head, None, 0
@@ -243,7 +291,7 @@ class FairPolicy:
         p = priority_of(seq)
         others = [s for s in waiting if s is not seq]
         if any(priority_of(s) < p for s in others):
-            self._top_streak = 0            # a lower class got its turn
+            self._top_streak = 0  # a lower class got its turn
         elif any(priority_of(s) > p for s in others):
             self._top_streak += 1
         else:
@@ -256,14 +304,21 @@ class FairPolicy:
                 now = self.clock()
                 if now - t.last_held_event >= 5.0:
                     t.last_held_event = now
-                    self._events.append(FairnessEvent(
-                        now, "held_back", t.name, me,
-                        f"held {t.name} back (counter {t.counter:.0f}) to serve {me} "
-                        f"(counter {self._tenant(me).counter:.0f})"))
+                    self._events.append(
+                        FairnessEvent(
+                            now,
+                            "held_back",
+                            t.name,
+                            me,
+                            f"held {t.name} back (counter {t.counter:.0f}) to serve {me} "
+                            f"(counter {self._tenant(me).counter:.0f})",
+                        )
+                    )
                 break
 
-    def fair_victim(self, cand: Sequence, running: list[Sequence], occ: Occupancy,
-                    by_blocks: bool) -> Sequence | None:
+    def fair_victim(
+        self, cand: Sequence, running: list[Sequence], occ: Occupancy, by_blocks: bool
+    ) -> Sequence | None:
         """A running sequence `cand` may take over: the newest of the tenant most above its fair
         share of slots (or blocks), if cand's tenant is below its own share and not of a lower class.
         An overdue lower-class cand (the time bound) takes the newest running sequence of a higher
@@ -271,10 +326,16 @@ class FairPolicy:
         if self.is_overdue(cand):
             for seq in reversed(running):
                 if priority_of(seq) < priority_of(cand) and tenant_of(seq) != tenant_of(cand):
-                    self._events.append(FairnessEvent(
-                        self.clock(), "starvation_preempt", tenant_of(seq), tenant_of(cand),
-                        f"preempted {tenant_of(seq)} (priority {priority_of(seq)}) so {tenant_of(cand)} "
-                        f"(priority {priority_of(cand)}) waits no more than {self.starvation_wait_s:g} s"))
+                    self._events.append(
+                        FairnessEvent(
+                            self.clock(),
+                            "starvation_preempt",
+                            tenant_of(seq),
+                            tenant_of(cand),
+                            f"preempted {tenant_of(seq)} (priority {priority_of(seq)}) so {tenant_of(cand)} "
+                            f"(priority {priority_of(cand)}) waits no more than {self.starvation_wait_s:g} s",
+                        )
+                    )
                     return seq
         used = occ.blocks if by_blocks else occ.slots
         total = occ.total_blocks if by_blocks else occ.max_slots
@@ -296,10 +357,16 @@ class FairPolicy:
             return None
         for seq in reversed(running):
             if tenant_of(seq) == best.name and priority_of(seq) >= priority_of(cand):
-                self._events.append(FairnessEvent(
-                    self.clock(), "fair_preempt", best.name, me.name,
-                    f"preempted {best.name} (above its fair share of "
-                    f"{'blocks' if by_blocks else 'slots'}) to serve {me.name}"))
+                self._events.append(
+                    FairnessEvent(
+                        self.clock(),
+                        "fair_preempt",
+                        best.name,
+                        me.name,
+                        f"preempted {best.name} (above its fair share of "
+                        f"{'blocks' if by_blocks else 'slots'}) to serve {me.name}",
+                    )
+                )
                 return seq
         return None
 
@@ -335,10 +402,24 @@ class FairPolicy:
                 t.window.popleft()
             recent[t.name] = sum(n for _, n in t.window)
         total = sum(recent.values()) or 1
-        return [TenantStats(t.name, t.weight, t.counter, t.running, t.waiting, t.prefill, t.decode,
-                            recent[t.name], recent[t.name] / total, t.preemptions, t.held_back,
-                            t.queue_s, t.queue_n)
-                for t in sorted(self.tenants.values(), key=lambda t: t.name)]
+        return [
+            TenantStats(
+                t.name,
+                t.weight,
+                t.counter,
+                t.running,
+                t.waiting,
+                t.prefill,
+                t.decode,
+                recent[t.name],
+                recent[t.name] / total,
+                t.preemptions,
+                t.held_back,
+                t.queue_s,
+                t.queue_n,
+            )
+            for t in sorted(self.tenants.values(), key=lambda t: t.name)
+        ]
 
     def events(self) -> list[FairnessEvent]:
         return list(self._events)
@@ -346,7 +427,7 @@ class FairPolicy:
 
 def make_policy(name: str, weights: dict[str, float] | None = None, **kw) -> SchedulingPolicy:
     if name == "fcfs":
-        return FCFSPolicy()             # arrival order: no classes, nothing to bound
+        return FCFSPolicy()  # arrival order: no classes, nothing to bound
     if name == "fair":
         return FairPolicy(weights, **kw)
     raise ValueError(f"scheduling policy must be 'fair' or 'fcfs', got {name!r}")

@@ -3,6 +3,7 @@
 One step = schedule -> copy-on-write copies -> one forward over the packed batch -> sample ->
 detokenize -> stream deltas -> free or park finished sequences.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,64 +47,104 @@ class LLMEngine:
         self._seed_rng = make_generator(cfg.seed)
         self.runner = ModelRunner(cfg, loaded.config, loaded.weights, loaded.weights_key)
         self.max_model_len = self.runner.max_model_len
-        states = None           # linear-attention layers: state slots beside the blocks (engine/kv/state_groups.py)
+        states = None  # linear-attention layers: state slots beside the blocks (engine/kv/state_groups.py)
         if self.runner.linear_state is not None:
             if cfg.speculative:
-                raise ValueError("speculative decoding is not supported for models with linear-attention layers: "
-                                 "their state cannot be rolled back past rejected draft tokens")
+                raise ValueError(
+                    "speculative decoding is not supported for models with linear-attention layers: "
+                    "their state cannot be rolled back past rejected draft tokens"
+                )
             from engine.kv.state_groups import StateGroups
-            states = StateGroups(self.runner.num_state_slots, cfg.block_size,
-                                 bytes_per_slot=self.runner.state_bytes_per_slot)
-        self.kv = KVCacheManager(self.runner.num_blocks, cfg.block_size, max_model_len=self.max_model_len,
-                                 layout=self.runner.kv_layout, kv_bytes_per_token=self.runner.kv_bytes_per_token,
-                                 enable_prefix_caching=cfg.enable_prefix_caching,
-                                 max_pin_fraction=cfg.max_pin_fraction, states=states)
+
+            states = StateGroups(
+                self.runner.num_state_slots,
+                cfg.block_size,
+                bytes_per_slot=self.runner.state_bytes_per_slot,
+            )
+        self.kv = KVCacheManager(
+            self.runner.num_blocks,
+            cfg.block_size,
+            max_model_len=self.max_model_len,
+            layout=self.runner.kv_layout,
+            kv_bytes_per_token=self.runner.kv_bytes_per_token,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            max_pin_fraction=cfg.max_pin_fraction,
+            states=states,
+        )
         # the KV wing's owners the loop talks to: parked sessions, pins, the pool's peak window
         self.parked, self.pins, self.block_pool = self.kv.parked, self.kv.pins, self.kv.pool
-        from engine.kv.tier.setup import build_tier       # second KV tier (off unless asked for)
-        self.tier_link = build_tier(self.kv, self.runner.kv_pool, loaded.weights,
-                                    kv_rotation=self.runner.kv_rotation, gib=cfg.kv_offload_gib,
-                                    folder=cfg.kv_offload_dir, device=cfg.device, dtype=cfg.dtype,
-                                    state_io=self.runner.linear_state)
-        self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens,
-                                   make_policy(cfg.scheduling_policy, cfg.tenant_weights,
-                                               starvation_wait_s=cfg.starvation_wait_s))
+        from engine.kv.tier.setup import build_tier  # second KV tier (off unless asked for)
+
+        self.tier_link = build_tier(
+            self.kv,
+            self.runner.kv_pool,
+            loaded.weights,
+            kv_rotation=self.runner.kv_rotation,
+            gib=cfg.kv_offload_gib,
+            folder=cfg.kv_offload_dir,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            state_io=self.runner.linear_state,
+        )
+        self.scheduler = Scheduler(
+            self.kv,
+            cfg.max_num_seqs,
+            cfg.max_num_batched_tokens,
+            make_policy(
+                cfg.scheduling_policy, cfg.tenant_weights, starvation_wait_s=cfg.starvation_wait_s
+            ),
+        )
         self.requests: dict[str, Request] = {}
-        self.sessions = SessionTable()      # chat sessions: exact ids + life cycle (engine/core/sessions.py)
-        self.eos_ids = set(end_of_turn_ids(self.hf_config, self.tokenizer))   # engine/text/end_of_turn.py
-        self.kept_markers = structure_ids(self.tokenizer)     # harmony's channels stay in the text
+        self.sessions = (
+            SessionTable()
+        )  # chat sessions: exact ids + life cycle (engine/core/sessions.py)
+        self.eos_ids = set(
+            end_of_turn_ids(self.hf_config, self.tokenizer)
+        )  # engine/text/end_of_turn.py
+        self.kept_markers = structure_ids(self.tokenizer)  # harmony's channels stay in the text
         self.generated_tokens_total = 0
         self.prompt_tokens_computed_total = 0
         self.steps = 0
-        self._broken: set[str] = set()      # requests whose consumer raised: aborted after the step
-        self.drivers: dict[str, RequestDriver] = {}   # driven requests (engine/core/request_driver.py)
-        self._paused: set[str] = set()      # seq ids preempted and not yet scheduled again
+        self._broken: set[str] = set()  # requests whose consumer raised: aborted after the step
+        self.drivers: dict[
+            str, RequestDriver
+        ] = {}  # driven requests (engine/core/request_driver.py)
+        self._paused: set[str] = set()  # seq ids preempted and not yet scheduled again
         self.vocab_size = self.runner.model.embed.shape[0]
-        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size)   # engine/sampling/structured/
-        self.spec = Speculator(cfg.speculative, cfg.num_speculative_tokens, cfg.speculative_adaptive) \
-            if cfg.speculative else None
+        self.grammars = GrammarCompiler(
+            self.tokenizer, self.vocab_size
+        )  # engine/sampling/structured/
+        self.spec = (
+            Speculator(cfg.speculative, cfg.num_speculative_tokens, cfg.speculative_adaptive)
+            if cfg.speculative
+            else None
+        )
 
     # ---- requests -------------------------------------------------------------------------
     def validate_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:
             raise ValueError("prompt is empty")
         if len(prompt_ids) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(prompt_ids)} tokens; this engine's max_model_len is "
-                             f"{self.max_model_len} (prompt + at least 1 generated token must fit)")
+            raise ValueError(
+                f"prompt has {len(prompt_ids)} tokens; this engine's max_model_len is "
+                f"{self.max_model_len} (prompt + at least 1 generated token must fit)"
+            )
         vocab = self.runner.model.embed.shape[0]
         bad = [t for t in prompt_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
 
     def add_request(self, req: Request) -> None:
-        if not req.validated:           # the front validated it once already (LLM.submit)
+        if not req.validated:  # the front validated it once already (LLM.submit)
             self.validate_prompt(req.prompt_ids)
         if req.request_id in self.requests:
             raise ValueError(f"request id {req.request_id!r} is already in use")
         p = req.params
-        if p.structured is not None and req.grammar is None:   # LLM.submit compiles off the loop
+        if p.structured is not None and req.grammar is None:  # LLM.submit compiles off the loop
             req.grammar = self.grammars.matcher(p.structured)
-        if p.prompt_logprobs is not None:       # every prompt position computed (engine/sampling/prompt_logprobs.py)
+        if (
+            p.prompt_logprobs is not None
+        ):  # every prompt position computed (engine/sampling/prompt_logprobs.py)
             req.cache_salt = prompt_logprobs.salt_for(req.request_id)
         self.requests[req.request_id] = req
         if req.session_id is not None:
@@ -112,11 +153,17 @@ class LLMEngine:
 
     def _new_sequence(self, req: Request, index: int, token_ids: list[int]) -> Sequence:
         p = req.params
-        seed = (p.seed * 1_000_003 + index) if p.seed is not None else int(
-            torch.randint(0, 2**62, (1,), generator=self._seed_rng))
-        detok = IncrementalDetokenizer(self.tokenizer, req.prompt_ids, p.stop, p.skip_special_tokens,
-                                       self.kept_markers)
-        seq = Sequence(f"{req.request_id}#{index}", req, index, token_ids, detok, make_generator(seed))
+        seed = (
+            (p.seed * 1_000_003 + index)
+            if p.seed is not None
+            else int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
+        )
+        detok = IncrementalDetokenizer(
+            self.tokenizer, req.prompt_ids, p.stop, p.skip_special_tokens, self.kept_markers
+        )
+        seq = Sequence(
+            f"{req.request_id}#{index}", req, index, token_ids, detok, make_generator(seed)
+        )
         req.seqs.append(seq)
         if index == 0:
             if p.structured is not None:
@@ -124,7 +171,9 @@ class LLMEngine:
             self.scheduler.add(seq)
         return seq
 
-    def abort_request(self, request_id: str, reason: str = "abort", error: str | None = None) -> bool:
+    def abort_request(
+        self, request_id: str, reason: str = "abort", error: str | None = None
+    ) -> bool:
         """End a request now (user stop, closed tab, engine error); its blocks are released."""
         req = self.requests.get(request_id)
         if req is None:
@@ -132,10 +181,14 @@ class LLMEngine:
         for seq in list(req.seqs):
             if seq.status is not SeqStatus.FINISHED:
                 self._finish(seq, reason, error=error)
-        if not req.forked and req.on_output is not None:     # n > 1 children never got created
+        if not req.forked and req.on_output is not None:  # n > 1 children never got created
             for i in range(len(req.seqs), req.params.n):
-                self._deliver(req, RequestOutputDelta(req.request_id, i, "", [], True, reason, error, {}))
-        driver = self.drivers.pop(request_id, None)     # a driven request: its caller learns of the abort
+                self._deliver(
+                    req, RequestOutputDelta(req.request_id, i, "", [], True, reason, error, {})
+                )
+        driver = self.drivers.pop(
+            request_id, None
+        )  # a driven request: its caller learns of the abort
         if driver is not None:
             driver.abort(reason, error)
         self.requests.pop(request_id, None)
@@ -179,7 +232,7 @@ class LLMEngine:
         """Forget a session (conversation deleted): ids dropped, blocks released."""
         self.sessions.close(session_id)
         had = session_id in self.parked
-        self.kv.forget_owner(session_id)      # its private blocks leave the pool and the KV tier
+        self.kv.forget_owner(session_id)  # its private blocks leave the pool and the KV tier
         return had
 
     def keep_pool_in_tier(self, budget_s: float) -> dict | None:
@@ -193,7 +246,9 @@ class LLMEngine:
         """Close every output of a request that never got into the engine."""
         if req.on_output is not None:
             for i in range(req.params.n):
-                self._deliver(req, RequestOutputDelta(req.request_id, i, "", [], True, "error", message, {}))
+                self._deliver(
+                    req, RequestOutputDelta(req.request_id, i, "", [], True, "error", message, {})
+                )
 
     def fail_all(self, message: str) -> None:
         """After a failed step: the failed batch's blocks were hashed when scheduled but their KV may
@@ -222,19 +277,23 @@ class LLMEngine:
         while self._broken:
             self.abort_request(self._broken.pop())
         if self.tier_link is not None:
-            self.tier_link.new_step()       # the KV tier's per-step load budget
-        if self.spec is not None:           # drafts first: the scheduler sizes their steps
+            self.tier_link.new_step()  # the KV tier's per-step load budget
+        if self.spec is not None:  # drafts first: the scheduler sizes their steps
             try:
                 self.spec.propose(self.scheduler.running, self)
-            except Exception:               # an optimisation must not fail the batch: plain steps
+            except Exception:  # an optimisation must not fail the batch: plain steps
                 log.exception("speculative drafting failed; this step runs without drafts")
                 for seq in self.scheduler.running:
                     seq.draft = []
-        plan = self.scheduler.schedule()        # engine/step_plan.py: what this step computes
+        plan = self.scheduler.schedule()  # engine/step_plan.py: what this step computes
         self._signal_preemptions(plan)
         for row in plan.rows:
             seq = row.seq
-            if row.start == seq.cached_tokens and seq.first_token_time is None and row.end <= seq.prompt_len:
+            if (
+                row.start == seq.cached_tokens
+                and seq.first_token_time is None
+                and row.end <= seq.prompt_len
+            ):
                 self._emit(seq, "", [], state=STATE_RUNNING)
         if not plan:
             return
@@ -244,19 +303,22 @@ class LLMEngine:
         if self.spec is not None:
             self.spec.step_started(plan)
         logits = self.runner.run_on_device(plan)
-        if self.tier_link is not None and self.runner.device.type == "cpu":   # synchronous: a real cost
+        if (
+            self.tier_link is not None and self.runner.device.type == "cpu"
+        ):  # synchronous: a real cost
             self.tier_link.observe_compute(plan.num_tokens, time.perf_counter() - t0)
         sample_rows = plan.sampled
-        if len(sample_rows) < len(plan.logits):     # prompt-logprob rows follow the sampled ones
-            prompt_logprobs.record(plan, logits[len(sample_rows):])
-            logits = logits[:len(sample_rows)]
+        if len(sample_rows) < len(plan.logits):  # prompt-logprob rows follow the sampled ones
+            prompt_logprobs.record(plan, logits[len(sample_rows) :])
+            logits = logits[: len(sample_rows)]
         self.steps += 1
         self.prompt_tokens_computed_total += sum(
-            max(0, min(row.end, row.seq.prompt_len) - row.start) for row in plan.rows)
+            max(0, min(row.end, row.seq.prompt_len) - row.start) for row in plan.rows
+        )
         if not sample_rows:
             return
         seqs = [plan.rows[lr.row].seq for lr in sample_rows]
-        if self.drivers:                    # driven requests' rows go to their driver, not the sampler
+        if self.drivers:  # driven requests' rows go to their driver, not the sampler
             seqs, logits = self._route_driven_rows(seqs, logits)
         seqs, logits = self._fork_after_prefill(seqs, logits)
         if self.spec is None:
@@ -265,7 +327,7 @@ class LLMEngine:
             for seq, res in zip(seqs, sampled):
                 if isinstance(res, Exception):
                     self._fail_sampling(seq, res)
-                elif seq.status is not SeqStatus.FINISHED:      # a failed sibling may have ended it
+                elif seq.status is not SeqStatus.FINISHED:  # a failed sibling may have ended it
                     self._append(seq, res[0], now, res[1])
         else:
             self._sample_speculative(seqs, logits)
@@ -292,17 +354,17 @@ class LLMEngine:
         sampled = sample_isolated(seqs, logits, self.vocab_size, hist)
         now = time.time()
         for seq, i, k in groups:
-            res = sampled[i:i + k + 1]
+            res = sampled[i : i + k + 1]
             err = next((r for r in res if isinstance(r, Exception)), None)
             if err is not None:
                 self._fail_sampling(seq, err)
                 continue
-            if seq.status is SeqStatus.FINISHED:            # a failed sibling may have ended it
+            if seq.status is SeqStatus.FINISHED:  # a failed sibling may have ended it
                 continue
             if k:
                 try:
                     res = self.spec.accept(seq, res, states.get(seq.seq_id), self.kv)
-                except Exception as e:      # noqa: BLE001 - this request's alone; its blocks are freed
+                except Exception as e:  # noqa: BLE001 - this request's alone; its blocks are freed
                     self._fail_sampling(seq, e)
                     continue
             if seq.spec is not None:
@@ -331,9 +393,9 @@ class LLMEngine:
         """End the request whose sampling raised; its blocks are freed, not parked for reuse."""
         req = seq.request
         if req.request_id not in self.requests:
-            return                                          # already ended by a sibling's failure
-        if req.session_id is not None:      # the session table decides: free, do not park, a
-            self.sessions.release(req.session_id)           # failed step's blocks for the next turn
+            return  # already ended by a sibling's failure
+        if req.session_id is not None:  # the session table decides: free, do not park, a
+            self.sessions.release(req.session_id)  # failed step's blocks for the next turn
         self.abort_request(req.request_id, reason="error", error=f"sampling failed: {err!r}")
 
     def _fork_after_prefill(self, seqs: list[Sequence], logits: torch.Tensor):
@@ -348,13 +410,13 @@ class LLMEngine:
                 for i in range(1, req.params.n):
                     child = self._new_sequence(req, i, list(seq.token_ids))
                     child.cached_tokens = seq.cached_tokens
-                    if seq.grammar is not None:         # each fork its own matcher state
+                    if seq.grammar is not None:  # each fork its own matcher state
                         child.grammar = seq.grammar.fork()
                     self.kv.fork(seq.seq_id, child.seq_id, child.token_ids)
                     self.scheduler.add_forked(seq, child)
                     out_seqs.append(child)
                     out_rows.append(r)
-        if len(out_rows) == len(seqs):      # nothing forked: no gather (a copy, and on CUDA an upload)
+        if len(out_rows) == len(seqs):  # nothing forked: no gather (a copy, and on CUDA an upload)
             return out_seqs, logits
         return out_seqs, logits[out_rows]
 
@@ -370,14 +432,19 @@ class LLMEngine:
         g = seq.grammar
         if g is not None:
             g.accept(tok, text)
-        if g is not None and g.error is not None and g.matcher is not None and not seq.detok.stopped:
+        if (
+            g is not None
+            and g.error is not None
+            and g.matcher is not None
+            and not seq.detok.stopped
+        ):
             self._finish(seq, "error", text, [tok], error=f"structured: {g.error}")
             return
         if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids):
             reason = "stop"
         elif seq.detok.stopped:
             reason = "stop"
-        elif g is not None and g.done:          # the grammar is complete: nothing may follow
+        elif g is not None and g.done:  # the grammar is complete: nothing may follow
             reason = "stop"
         elif len(seq.output_ids) >= p.max_tokens or len(seq.token_ids) >= self.max_model_len:
             reason = "length"
@@ -387,8 +454,15 @@ class LLMEngine:
         else:
             self._finish(seq, reason, text, [tok], logprobs=lps)
 
-    def _finish(self, seq: Sequence, reason: str, text: str = "", toks: list[int] | None = None,
-                error: str | None = None, logprobs=None) -> None:
+    def _finish(
+        self,
+        seq: Sequence,
+        reason: str,
+        text: str = "",
+        toks: list[int] | None = None,
+        error: str | None = None,
+        logprobs=None,
+    ) -> None:
         self.scheduler.remove(seq)
         self._paused.discard(seq.seq_id)
         was_admitted = self.kv.has_sequence(seq.seq_id)
@@ -396,9 +470,12 @@ class LLMEngine:
         seq.finish_reason = reason
         req = seq.request
         owner = None
-        if req.session_id is not None and seq.index == 0:   # the session table decides, and keeps the ids
-            owner = self.sessions.finish_turn(req.session_id, req.request_id,
-                                              None if reason == "error" else seq.token_ids)
+        if (
+            req.session_id is not None and seq.index == 0
+        ):  # the session table decides, and keeps the ids
+            owner = self.sessions.finish_turn(
+                req.session_id, req.request_id, None if reason == "error" else seq.token_ids
+            )
         if self.spec is not None:
             self.spec.finished(seq)
         if was_admitted:
@@ -406,32 +483,64 @@ class LLMEngine:
                 self.kv.park(seq.seq_id, owner)
             else:
                 self.kv.free(seq.seq_id)
-        self._emit(seq, text + seq.detok.flush(), toks or [], finished=True, reason=reason, error=error,
-                   logprobs=logprobs)
-        if all(s.status is SeqStatus.FINISHED for s in req.seqs) and (req.forked or req.params.n == 1):
+        self._emit(
+            seq,
+            text + seq.detok.flush(),
+            toks or [],
+            finished=True,
+            reason=reason,
+            error=error,
+            logprobs=logprobs,
+        )
+        if all(s.status is SeqStatus.FINISHED for s in req.seqs) and (
+            req.forked or req.params.n == 1
+        ):
             self.requests.pop(req.request_id, None)
 
-    def _emit(self, seq: Sequence, text: str, toks: list[int], finished=False, reason=None, state=None,
-              error=None, logprobs=None):
+    def _emit(
+        self,
+        seq: Sequence,
+        text: str,
+        toks: list[int],
+        finished=False,
+        reason=None,
+        state=None,
+        error=None,
+        logprobs=None,
+    ):
         req = seq.request
         if req.on_output is None:
             return
         now = time.time()
         out_n = len(seq.output_ids)
-        m = {"prompt_tokens": seq.prompt_len, "cached_tokens": seq.cached_tokens, "output_tokens": out_n,
-             "cached_blocks": seq.cached_tokens // self.cfg.block_size,     # shared prompt blocks reused
-             "state": state or (STATE_FINISHED if finished else STATE_RUNNING)}
+        m = {
+            "prompt_tokens": seq.prompt_len,
+            "cached_tokens": seq.cached_tokens,
+            "output_tokens": out_n,
+            "cached_blocks": seq.cached_tokens
+            // self.cfg.block_size,  # shared prompt blocks reused
+            "state": state or (STATE_FINISHED if finished else STATE_RUNNING),
+        }
         if seq.first_token_time is not None:
             m["ttft_s"] = seq.first_token_time - req.arrival_time
             span = (seq.last_token_time or now) - seq.first_token_time
             m["tokens_per_s"] = (out_n - 1) / span if out_n > 1 and span > 0 else None
-        if self.spec is not None:           # "17 accepted from drafts (2.1 tokens/step)"
+        if self.spec is not None:  # "17 accepted from drafts (2.1 tokens/step)"
             m.update(self.spec.metrics(seq))
-        delta = RequestOutputDelta(req.request_id, seq.index, text, toks, finished, reason, error, m, logprobs)
-        if req.params.prompt_logprobs is not None and (toks or finished) and not seq.prompt_logprobs_sent:
-            seq.prompt_logprobs_sent = True            # once per sequence, with its first token (children: the parent's)
-            delta.prompt_logprobs = (seq.prompt_logprobs if seq.index == 0 else req.seqs[0].prompt_logprobs) \
-                or [None] * seq.prompt_len
+        delta = RequestOutputDelta(
+            req.request_id, seq.index, text, toks, finished, reason, error, m, logprobs
+        )
+        if (
+            req.params.prompt_logprobs is not None
+            and (toks or finished)
+            and not seq.prompt_logprobs_sent
+        ):
+            seq.prompt_logprobs_sent = (
+                True  # once per sequence, with its first token (children: the parent's)
+            )
+            delta.prompt_logprobs = (
+                seq.prompt_logprobs if seq.index == 0 else req.seqs[0].prompt_logprobs
+            ) or [None] * seq.prompt_len
         self._deliver(req, delta)
 
     # ---- observability -----------------------------------------------------------------------
@@ -441,15 +550,26 @@ class LLMEngine:
 
     def kv_stats(self) -> KVStats:
         return dataclasses.replace(
-            kv_stats(self.kv), running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
-            peak_running=self.scheduler.peak_running, generated_tokens_total=self.generated_tokens_total,
+            kv_stats(self.kv),
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            peak_running=self.scheduler.peak_running,
+            generated_tokens_total=self.generated_tokens_total,
             prompt_tokens_computed_total=self.prompt_tokens_computed_total,
-            max_model_len=self.max_model_len, steps=self.steps,
+            max_model_len=self.max_model_len,
+            steps=self.steps,
             kv_cache_dtype=kv_dtype_name(self.runner.kv_dtype),
             weights_kv_bytes_per_token=self.runner.weights_kv_bytes_per_token,
-            **({} if self.spec is None else dict(spec_num_drafts=self.spec.num_drafts,
-                                                 spec_draft_tokens=self.spec.draft_tokens,
-                                                 spec_accepted_tokens=self.spec.accepted_tokens)))
+            **(
+                {}
+                if self.spec is None
+                else dict(
+                    spec_num_drafts=self.spec.num_drafts,
+                    spec_draft_tokens=self.spec.draft_tokens,
+                    spec_accepted_tokens=self.spec.accepted_tokens,
+                )
+            ),
+        )
 
     def stats(self) -> dict:
         return self.kv_stats().to_json()

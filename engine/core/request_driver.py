@@ -9,6 +9,7 @@ KV manager's public calls, and ends the request with `LLMEngine.end_driven_reque
 (engine/core/beam_search.py) is one driver; speculative verification or best-of-n reranking
 would be others.
 """
+
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable

@@ -13,6 +13,7 @@ order (the newest running sequence is the victim); with `FairPolicy`, per-tenant
 counters and priority classes, and a waiting request of a tenant below its fair share may take a
 slot or blocks from a tenant above it (at the start of a step, so no victim is ever in the batch).
 """
+
 from __future__ import annotations
 
 import time
@@ -26,18 +27,23 @@ from engine.step_plan import LogitsRow, ScheduledRow, StepPlan
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 policy: SchedulingPolicy | None = None):
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        policy: SchedulingPolicy | None = None,
+    ):
         self.kv = kv
-        self.layout = kv.layout          # KV cache groups (engine/kv/cache_spec.py)
+        self.layout = kv.layout  # KV cache groups (engine/kv/cache_spec.py)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.policy: SchedulingPolicy = policy or FCFSPolicy()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.peak_running = 0
-        self._preempted: list[Sequence] = []    # preempted since the engine last asked
-        self._reserved: list[Sequence] = []     # waiting sequences a fair preemption freed room for
+        self._preempted: list[Sequence] = []  # preempted since the engine last asked
+        self._reserved: list[Sequence] = []  # waiting sequences a fair preemption freed room for
 
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
@@ -63,7 +69,7 @@ class Scheduler:
             self.policy.on_remove(seq, False)
 
     def _preempt(self, seq: Sequence) -> None:
-        self.kv.preempt(seq.seq_id)          # the manager counts it and logs the victim and tokens lost
+        self.kv.preempt(seq.seq_id)  # the manager counts it and logs the victim and tokens lost
         seq.draft = []
         self.running.remove(seq)
         seq.status = SeqStatus.WAITING
@@ -87,8 +93,11 @@ class Scheduler:
 
     def _cached_len(self, seq: Sequence) -> int:
         req = seq.request
-        return self.kv.lookup_prefix(seq.token_ids, cache_salt=req.cache_salt,
-                                     session_id=req.session_id if seq.index == 0 else None)
+        return self.kv.lookup_prefix(
+            seq.token_ids,
+            cache_salt=req.cache_salt,
+            session_id=req.session_id if seq.index == 0 else None,
+        )
 
     def _occupancy(self, reserved=()) -> Occupancy:
         """Slots and blocks held per tenant; `reserved` (admitted next) count as holding their slots."""
@@ -114,17 +123,23 @@ class Scheduler:
                 return
             taken = sum(map(slots_of, self.running)) + sum(map(slots_of, self._reserved))
             by_slots = taken + slots_of(cand) > self.max_num_seqs
-            todo = len(cand.token_ids) - self._cached_len(cand)     # blocks it needs, every KV cache group
-            need = sum(g.blocks_held(todo, self.kv.block_size, self.max_num_batched_tokens)
-                       for g in self.layout.groups)
+            todo = len(cand.token_ids) - self._cached_len(
+                cand
+            )  # blocks it needs, every KV cache group
+            need = sum(
+                g.blocks_held(todo, self.kv.block_size, self.max_num_batched_tokens)
+                for g in self.layout.groups
+            )
             by_blocks = not by_slots and need > self.kv.num_free_blocks
             if not (by_slots or by_blocks):
                 return
-            victim = self.policy.fair_victim(cand, self.running, self._occupancy(self._reserved), by_blocks)
+            victim = self.policy.fair_victim(
+                cand, self.running, self._occupancy(self._reserved), by_blocks
+            )
             if victim is None:
                 return
             self._preempt(victim)
-            self._reserved.append(cand)     # the freed room is cand's, not the victim's back
+            self._reserved.append(cand)  # the freed room is cand's, not the victim's back
             waiting.remove(cand)
 
     def schedule(self) -> StepPlan:
@@ -151,10 +166,16 @@ class Scheduler:
         for r, (seq, start, n) in enumerate(batch):
             end = start + n
             toks = seq.token_ids
-            ids = toks[start:end] if end <= len(toks) else toks[start:] + seq.draft[:end - len(toks)]
+            ids = (
+                toks[start:end] if end <= len(toks) else toks[start:] + seq.draft[: end - len(toks)]
+            )
             tables, slots = kv.step_kv(seq.seq_id, start, end)
-            rows.append(ScheduledRow(seq.seq_id, seq, start, n, ids, tables, slots, kv.step_state(seq.seq_id)))
-            past = end - len(toks)          # >= 0: the chunk reaches the sequence's last token
+            rows.append(
+                ScheduledRow(
+                    seq.seq_id, seq, start, n, ids, tables, slots, kv.step_state(seq.seq_id)
+                )
+            )
+            past = end - len(toks)  # >= 0: the chunk reaches the sequence's last token
             if past >= 0:
                 logits.append(LogitsRow(r, n - 1 - past, "sample"))
                 logits.extend(LogitsRow(r, n - past + j, "draft") for j in range(past))
@@ -172,9 +193,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            start = self.kv.num_computed(seq.seq_id)     # the manager owns this count
+            start = self.kv.num_computed(seq.seq_id)  # the manager owns this count
             n = self.kv.chunk_end(seq.seq_id, start, min(len(seq.token_ids) - start, budget))
-            if seq.draft:       # speculative: the last token + its draft, if budget and pool allow
+            if seq.draft:  # speculative: the last token + its draft, if budget and pool allow
                 k = min(len(seq.draft), budget - 1) if len(seq.token_ids) - start == 1 else 0
                 if k > 0 and self.kv.try_allocate_slots(seq.seq_id, 1 + k):
                     del seq.draft[k:]
@@ -182,7 +203,7 @@ class Scheduler:
                     budget -= 1 + k
                     i += 1
                     continue
-                seq.draft = []          # no room for the draft: the plain step below
+                seq.draft = []  # no room for the draft: the plain step below
             # No room is an answer, not an error: preempt (newest, or under the fair policy the
             # newest of the tenant furthest ahead) until this sequence fits or was the victim.
             while not self.kv.try_allocate_slots(seq.seq_id, n):
@@ -201,17 +222,28 @@ class Scheduler:
         taken = sum(map(slots_of, self.running))
         reserved, self._reserved = [s for s in self._reserved if s.status is SeqStatus.WAITING], []
         while self.waiting and budget > 0 and taken < self.max_num_seqs:
-            seq = reserved.pop(0) if reserved else self.policy.pick_waiting(self.waiting, self._cached_len)
+            seq = (
+                reserved.pop(0)
+                if reserved
+                else self.policy.pick_waiting(self.waiting, self._cached_len)
+            )
             req = seq.request
             if self.running and taken + slots_of(seq) > self.max_num_seqs:
-                break                   # alone, an n > max_num_seqs request still runs
+                break  # alone, an n > max_num_seqs request still runs
             session = req.session_id if seq.index == 0 else None
             # one prefix lookup: the manager clamps the budget to what is not cached
-            cached = self.kv.try_add_sequence(seq.seq_id, seq.token_ids, num_new_tokens=budget,
-                                              cache_salt=req.cache_salt, session_id=session)
+            cached = self.kv.try_add_sequence(
+                seq.seq_id,
+                seq.token_ids,
+                num_new_tokens=budget,
+                cache_salt=req.cache_salt,
+                session_id=session,
+            )
             if cached is None:
-                break                   # no room now: it waits (running sequences free blocks)
-            n = self.kv.num_computed(seq.seq_id) - cached   # what the manager gave slots (a chunk may
+                break  # no room now: it waits (running sequences free blocks)
+            n = (
+                self.kv.num_computed(seq.seq_id) - cached
+            )  # what the manager gave slots (a chunk may
             # end early at a state checkpoint: engine/kv/state_groups.py)
             self.policy.admitted(seq, self.waiting)
             if self.waiting[0] is seq:

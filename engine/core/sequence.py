@@ -1,4 +1,5 @@
 """Request and Sequence state. A request with n > 1 owns n sequences after its prompt is prefilled."""
+
 from __future__ import annotations
 
 import enum
@@ -18,8 +19,15 @@ class SeqStatus(enum.Enum):
 class Sequence:
     """One stream of tokens. `token_ids` is the list the KV manager hashes from (prompt + output)."""
 
-    def __init__(self, seq_id: str, request: "Request", index: int, token_ids: list[int],
-                 detok: IncrementalDetokenizer, generator):
+    def __init__(
+        self,
+        seq_id: str,
+        request: "Request",
+        index: int,
+        token_ids: list[int],
+        detok: IncrementalDetokenizer,
+        generator,
+    ):
         self.seq_id = seq_id
         self.request = request
         self.index = index
@@ -28,14 +36,18 @@ class Sequence:
         self.generator = generator
         self.status = SeqStatus.WAITING
         self.finish_reason: str | None = None
-        self.cached_tokens = 0      # prompt tokens served from the prefix cache / session at admission
+        self.cached_tokens = 0  # prompt tokens served from the prefix cache / session at admission
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
-        self.grammar = None         # engine.sampling.structured.state.GrammarState when the request is constrained
-        self.prompt_logprobs: list | None = None    # [None, TokenLogprob, ...] when the request asked
+        self.grammar = (
+            None  # engine.sampling.structured.state.GrammarState when the request is constrained
+        )
+        self.prompt_logprobs: list | None = None  # [None, TokenLogprob, ...] when the request asked
         self.prompt_logprobs_sent = False
-        self.draft: list[int] = []  # speculative tokens scored this step, never in token_ids (engine/core/speculation.py)
-        self.spec = None            # engine.core.speculation.SpecState once the sequence has drafted
+        self.draft: list[
+            int
+        ] = []  # speculative tokens scored this step, never in token_ids (engine/core/speculation.py)
+        self.spec = None  # engine.core.speculation.SpecState once the sequence has drafted
 
     @property
     def prompt_len(self) -> int:
@@ -43,12 +55,13 @@ class Sequence:
 
     @property
     def output_ids(self) -> list[int]:
-        return self.token_ids[self.prompt_len:]
+        return self.token_ids[self.prompt_len :]
 
 
 @dataclass
 class RequestOutputDelta:
     """What the engine streams out for one sequence after a step."""
+
     request_id: str
     index: int
     text: str
@@ -57,8 +70,10 @@ class RequestOutputDelta:
     finish_reason: str | None = None
     error: str | None = None
     metrics: dict = field(default_factory=dict)
-    logprobs: list | None = None      # list[TokenLogprob] for token_ids, when the request asked
-    prompt_logprobs: list | None = None   # once, with the first token: [None, TokenLogprob, ...] per prompt token
+    logprobs: list | None = None  # list[TokenLogprob] for token_ids, when the request asked
+    prompt_logprobs: list | None = (
+        None  # once, with the first token: [None, TokenLogprob, ...] per prompt token
+    )
 
 
 @dataclass
@@ -69,12 +84,12 @@ class Request:
     session_id: str | None = None
     cache_salt: str | None = None
     arrival_time: float = field(default_factory=time.time)
-    on_output: object = None          # callable(RequestOutputDelta) set by the front
+    on_output: object = None  # callable(RequestOutputDelta) set by the front
     seqs: list[Sequence] = field(default_factory=list)
     forked: bool = False
-    tenant: str = "local"             # who is served (engine/core/fairness.py): user, API key name, ...
-    priority: int = 0                 # lower first, as vLLM's; chat turns 0, API calls 1 by default
-    grammar: object = None            # a fresh matcher compiled off the step loop (LLM.submit), or None
+    tenant: str = "local"  # who is served (engine/core/fairness.py): user, API key name, ...
+    priority: int = 0  # lower first, as vLLM's; chat turns 0, API calls 1 by default
+    grammar: object = None  # a fresh matcher compiled off the step loop (LLM.submit), or None
     # the front checked prompt_ids against this engine (LLM.encode_prompt): add_request trusts it
     # rather than walk the prompt a second time on the engine thread
     validated: bool = False

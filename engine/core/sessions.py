@@ -18,6 +18,7 @@ Operations: open (optionally with ids read back from storage after a restart), b
 Thread-safety: callers read ids from any thread; writes come from the engine thread and the
 front, so one lock guards the dict.
 """
+
 from __future__ import annotations
 
 import threading
@@ -27,9 +28,9 @@ from dataclasses import dataclass
 @dataclass
 class _Session:
     token_ids: list[int]
-    turn: str | None = None          # request id of the turn in flight
-    keep_blocks: bool = True          # False after release/close during a turn: free, don't park
-    parked_as: str | None = None      # the owner handle its blocks were last parked under
+    turn: str | None = None  # request id of the turn in flight
+    keep_blocks: bool = True  # False after release/close during a turn: free, don't park
+    parked_as: str | None = None  # the owner handle its blocks were last parked under
 
 
 class SessionTable:
@@ -61,7 +62,9 @@ class SessionTable:
             handle, s.parked_as = s.parked_as, None
             return handle
 
-    def finish_turn(self, session_id: str, request_id: str, token_ids: list[int] | None) -> str | None:
+    def finish_turn(
+        self, session_id: str, request_id: str, token_ids: list[int] | None
+    ) -> str | None:
         """A turn ended (engine thread). Records its ids when given; returns the owner handle to
         park its blocks under for the next turn, or None to free them (the session was released
         or closed meanwhile, or this is not the turn in flight)."""

@@ -25,6 +25,7 @@ The cycle of one decoding sequence, when `--speculative ngram|suffix` is on:
 Not speculated (opt-out, documented): n > 1, beam search and other driven requests, structured
 outputs (the grammar would have to advance through drafts), `SamplingParams(speculative=False)`.
 """
+
 from __future__ import annotations
 
 import time
@@ -34,7 +35,7 @@ import torch
 from engine.sampling.speculative.adaptive import Acceptance, StepCost, draft_length
 from engine.sampling.speculative.ngram import NgramIndex, SuffixHistory
 
-SUFFIX_PROMPT_TAIL = 512        # prompt tokens kept with a finished reply in the suffix history
+SUFFIX_PROMPT_TAIL = 512  # prompt tokens kept with a finished reply in the suffix history
 
 
 def accepted_prefix(draft: list[int], sampled: list[int]) -> int:
@@ -49,13 +50,14 @@ def accepted_prefix(draft: list[int], sampled: list[int]) -> int:
 
 class SpecState:
     """One sequence's speculation: its n-gram index, acceptance, and a pending shadow check."""
+
     __slots__ = ("index", "acceptance", "shadow", "steps")
 
     def __init__(self):
         self.index = NgramIndex()
         self.acceptance = Acceptance()
-        self.shadow: tuple[int, int] | None = None    # (position, token) guessed but not verified
-        self.steps = 0                                # steps that gave this sequence tokens
+        self.shadow: tuple[int, int] | None = None  # (position, token) guessed but not verified
+        self.steps = 0  # steps that gave this sequence tokens
 
 
 class Speculator:
@@ -71,21 +73,29 @@ class Speculator:
     # ---- before the schedule ----------------------------------------------------------------
     def eligible(self, seq, engine) -> bool:
         p = seq.request.params
-        return (p.speculative and p.n == 1 and seq.grammar is None and p.structured is None
-                and seq.request.request_id not in engine.drivers)
+        return (
+            p.speculative
+            and p.n == 1
+            and seq.grammar is None
+            and p.structured is None
+            and seq.request.request_id not in engine.drivers
+        )
 
     def propose(self, running: list, engine) -> None:
         """Set seq.draft for every decoding sequence of `running` (cleared for the others)."""
         decoding = []
         for seq in running:
             seq.draft = []
-            if engine.kv.has_sequence(seq.seq_id) and \
-                    engine.kv.num_computed(seq.seq_id) == len(seq.token_ids) - 1 and self.eligible(seq, engine):
+            if (
+                engine.kv.has_sequence(seq.seq_id)
+                and engine.kv.num_computed(seq.seq_id) == len(seq.token_ids) - 1
+                and self.eligible(seq, engine)
+            ):
                 decoding.append(seq)
         if not decoding:
             return
         B = len(running)
-        a, b = self.cost.fit() if self.cost.ready else (1.0, 0.1)   # the prior until fitted
+        a, b = self.cost.fit() if self.cost.ready else (1.0, 0.1)  # the prior until fitted
         for seq in decoding:
             st = seq.spec
             if st is None:
@@ -95,11 +105,19 @@ class Speculator:
                 st.acceptance.shadow(toks[st.shadow[0]] == st.shadow[1])
                 st.shadow = None
             p = seq.request.params
-            room = min(self.max_k, engine.max_model_len - len(toks), p.max_tokens - len(seq.output_ids) - 1)
-            k = 0 if room <= 0 else draft_length(st.acceptance.p, a, b, B, B, room) if self.adaptive else room
+            room = min(
+                self.max_k, engine.max_model_len - len(toks), p.max_tokens - len(seq.output_ids) - 1
+            )
+            k = (
+                0
+                if room <= 0
+                else draft_length(st.acceptance.p, a, b, B, B, room)
+                if self.adaptive
+                else room
+            )
             draft = st.index.propose(toks, max(k, 1))
             if not draft and self.history is not None:
-                draft = self.history.propose(seq.request.tenant, toks[-st.index.max_n:], max(k, 1))
+                draft = self.history.propose(seq.request.tenant, toks[-st.index.max_n :], max(k, 1))
             if k > 0:
                 seq.draft = draft[:k]
             elif draft:
@@ -130,7 +148,7 @@ class Speculator:
         k = len(draft)
         a = accepted_prefix(draft, [t for t, _ in results])
         kv.rollback(seq.seq_id, len(seq.token_ids) + a)
-        if gen_state is not None:            # one uniform per emitted token, as without drafts
+        if gen_state is not None:  # one uniform per emitted token, as without drafts
             seq.generator.set_state(gen_state)
             for _ in range(a + 1):
                 torch.rand(1, generator=seq.generator)
@@ -156,5 +174,8 @@ class Speculator:
         st = seq.spec
         if st is None:
             return {"spec_accepted_tokens": 0, "spec_draft_tokens": 0, "decode_steps": 0}
-        return {"spec_accepted_tokens": st.acceptance.accepted, "spec_draft_tokens": st.acceptance.drafted,
-                "decode_steps": st.steps}
+        return {
+            "spec_accepted_tokens": st.acceptance.accepted,
+            "spec_draft_tokens": st.acceptance.drafted,
+            "decode_steps": st.steps,
+        }

@@ -5,6 +5,7 @@ plain first-come first-served policy.
 Why apart from engine/core/fairness.py: the scheduler, the front, the routes and the dashboard
 need these names; only the engine's start-up needs the fair policy itself (VTC, fairness.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,8 +13,8 @@ from typing import Protocol, runtime_checkable
 
 from engine.core.sequence import Sequence
 
-LOCAL_TENANT = "local"          # the single user of a local app without --auth
-KEYLESS_API_TENANT = "api"      # /v1 calls on a server that asks for no key
+LOCAL_TENANT = "local"  # the single user of a local app without --auth
+KEYLESS_API_TENANT = "api"  # /v1 calls on a server that asks for no key
 
 
 def slots_of(seq: Sequence) -> int:
@@ -33,6 +34,7 @@ def priority_of(seq: Sequence) -> int:
 @dataclass(frozen=True)
 class Occupancy:
     """What the running sequences hold, per tenant, when a waiting one is blocked."""
+
     slots: dict[str, int]
     blocks: dict[str, int]
     max_slots: int
@@ -42,18 +44,19 @@ class Occupancy:
 @dataclass
 class TenantStats:
     """One row of the Memory tab's "who is served" panel and of /metrics."""
+
     tenant: str
     weight: float
     counter: float
     running: int = 0
     waiting: int = 0
-    prefill_tokens: int = 0         # computed (not cached) prompt tokens, all time
+    prefill_tokens: int = 0  # computed (not cached) prompt tokens, all time
     decode_tokens: int = 0
     tokens_last_minute: int = 0
     share_last_minute: float = 0.0
-    preemptions: int = 0            # preemptions this tenant suffered
-    held_back: int = 0              # admissions where this tenant was passed over for a fairer one
-    queue_time_s_total: float = 0.0     # arrival -> first admission, summed over requests
+    preemptions: int = 0  # preemptions this tenant suffered
+    held_back: int = 0  # admissions where this tenant was passed over for a fairer one
+    queue_time_s_total: float = 0.0  # arrival -> first admission, summed over requests
     queue_time_count: int = 0
 
     def to_json(self) -> dict:
@@ -63,17 +66,18 @@ class TenantStats:
 @dataclass(frozen=True)
 class FairnessEvent:
     """A decision worth a line in the dashboard's event feed."""
+
     t: float
-    kind: str           # "held_back" | "fair_preempt" | "starvation_preempt"
-    tenant: str         # the tenant held back or preempted
-    favoured: str       # the tenant served instead
+    kind: str  # "held_back" | "fair_preempt" | "starvation_preempt"
+    tenant: str  # the tenant held back or preempted
+    favoured: str  # the tenant served instead
     text: str
 
 
 @runtime_checkable
 class SchedulingPolicy(Protocol):
     name: str
-    preempts_for_fairness: bool      # False: the scheduler never asks fair_victim
+    preempts_for_fairness: bool  # False: the scheduler never asks fair_victim
 
     def on_add(self, seq: Sequence) -> None: ...
     def on_fork(self, seq: Sequence) -> None: ...
@@ -84,31 +88,55 @@ class SchedulingPolicy(Protocol):
     def on_remove(self, seq: Sequence, was_running: bool) -> None: ...
     def order_running(self, running: list[Sequence]) -> list[Sequence]: ...
     def pick_waiting(self, waiting, cached_len, starvation: bool = True) -> Sequence | None: ...
-    def fair_victim(self, cand: Sequence, running: list[Sequence], occ: Occupancy,
-                    by_blocks: bool) -> Sequence | None: ...
+    def fair_victim(
+        self, cand: Sequence, running: list[Sequence], occ: Occupancy, by_blocks: bool
+    ) -> Sequence | None: ...
     def charge(self, plan) -> None: ...
 
 
 @runtime_checkable
 class ReportsTenants(Protocol):
     """An optional ability: per-tenant rows and decision events for the dashboard and /metrics."""
+
     def tenant_stats(self) -> list[TenantStats]: ...
     def events(self) -> list[FairnessEvent]: ...
 
 
 class FCFSPolicy:
     """Arrival order, admission order, newest running sequence is the victim (the old behaviour)."""
+
     name = "fcfs"
     preempts_for_fairness = False
 
-    def on_add(self, seq): pass
-    def on_fork(self, seq): pass
-    def sync(self, running, waiting): pass
-    def admitted(self, seq, waiting): pass
-    def on_admit(self, seq, now): pass
-    def on_preempt(self, seq): pass
-    def on_remove(self, seq, was_running): pass
-    def order_running(self, running): return running
-    def pick_waiting(self, waiting, cached_len, starvation=True): return waiting[0] if waiting else None
-    def fair_victim(self, cand, running, occ, by_blocks): return None
-    def charge(self, plan): pass
+    def on_add(self, seq):
+        pass
+
+    def on_fork(self, seq):
+        pass
+
+    def sync(self, running, waiting):
+        pass
+
+    def admitted(self, seq, waiting):
+        pass
+
+    def on_admit(self, seq, now):
+        pass
+
+    def on_preempt(self, seq):
+        pass
+
+    def on_remove(self, seq, was_running):
+        pass
+
+    def order_running(self, running):
+        return running
+
+    def pick_waiting(self, waiting, cached_len, starvation=True):
+        return waiting[0] if waiting else None
+
+    def fair_victim(self, cand, running, occ, by_blocks):
+        return None
+
+    def charge(self, plan):
+        pass

@@ -20,6 +20,7 @@ and re-lays-out the weight on every call. Three forms, picked once at load time:
   dequantizing is a fixed cost (measured here, bf16, [rows,576]x[576,3072]: 0.46 vs 2.5 ms at 8 rows,
   2.2 vs 3.8 ms at 64, 6.8 vs 4.4 ms at 128; the 49k-row LM head: 13 vs 184 ms at 8 rows).
 """
+
 from __future__ import annotations
 
 import os
@@ -28,11 +29,13 @@ import torch
 import torch.nn.functional as F
 
 QUANTIZATIONS = (None, "int8")
-INT8_KERNEL_MAX_ROWS = 64    # rows up to which the int8 kernel beats dequantize + GEMM (measured)
+INT8_KERNEL_MAX_ROWS = 64  # rows up to which the int8 kernel beats dequantize + GEMM (measured)
 
 
 def mkldnn_bf16_available() -> bool:
-    return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    return bool(torch.backends.mkldnn.is_available()) and hasattr(
+        torch.ops.mkldnn, "_linear_pointwise"
+    )
 
 
 def packed_fp32_enabled() -> bool:
@@ -78,7 +81,7 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class Int8Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, act_dtype: torch.dtype):
         self.q, scale = quantize_int8(weight)
-        self.scale = scale.to(act_dtype)      # both paths use this one rounding of the scale
+        self.scale = scale.to(act_dtype)  # both paths use this one rounding of the scale
         self.bias, self.act_dtype = bias, act_dtype
         self.out_features = weight.shape[0]
 
@@ -95,10 +98,14 @@ class Int8Linear:
         return self.q.numel() + (0 if self.bias is None else self.bias.numel())
 
 
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, quantization: str | None = None):
+def make_linear(
+    weight: torch.Tensor, bias: torch.Tensor | None, *, quantization: str | None = None
+):
     """The fastest form that keeps the dtype's contract (see module docstring)."""
     if quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be one of {QUANTIZATIONS[1:]} or None, got {quantization!r}")
+        raise ValueError(
+            f"quantization must be one of {QUANTIZATIONS[1:]} or None, got {quantization!r}"
+        )
     if weight.device.type != "cpu":
         if quantization is not None:
             raise ValueError("quantization='int8' is a CPU option (torch's CPU int8 weight kernel)")
@@ -113,7 +120,9 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, quantization
 
 
 def describe(linear) -> str:
-    return {DenseLinear: "dense", PackedLinear: "onednn-packed", Int8Linear: "int8-weight"}[type(linear)]
+    return {DenseLinear: "dense", PackedLinear: "onednn-packed", Int8Linear: "int8-weight"}[
+        type(linear)
+    ]
 
 
 def layer_linear(L: dict, name: str, x: torch.Tensor) -> torch.Tensor:

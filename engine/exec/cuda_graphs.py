@@ -16,6 +16,7 @@ Inputs reach the static tensors through one pinned staging buffer and one non-bl
 (engine/exec/step_inputs.py). Buckets are captured largest first so they share one memory pool.
 A step that is not pure decode, or is larger / longer than the graphs, runs eagerly.
 """
+
 from __future__ import annotations
 
 import sys
@@ -36,19 +37,32 @@ def bucket_sizes(max_batch: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model, kv_pool: torch.Tensor, block_size: int, max_batch: int, max_len: int,
-                 backend: str):
+    def __init__(
+        self,
+        model,
+        kv_pool: torch.Tensor,
+        block_size: int,
+        max_batch: int,
+        max_len: int,
+        backend: str,
+    ):
         self.model, self.kv_pool, self.bs, self.backend = model, kv_pool, block_size, backend
         self.buckets = bucket_sizes(max_batch)
         self.bmax = max_batch
         self.max_len = max_len
         self.width = -(-max_len // block_size)
-        self.groups = G = 1 + max(g for _, g in model.kv_layer)     # KV cache groups
+        self.groups = G = 1 + max(g for _, g in model.kv_layer)  # KV cache groups
         dev = kv_pool.device
         i64, i32 = torch.int64, torch.int32
-        self.layout = Layout([("ids", self.bmax, i64), ("pos", self.bmax, i64),
-                              ("slots", G * self.bmax, i64), ("seq_lens", self.bmax, i32),
-                              ("tables", G * self.bmax * self.width, i32)])
+        self.layout = Layout(
+            [
+                ("ids", self.bmax, i64),
+                ("pos", self.bmax, i64),
+                ("slots", G * self.bmax, i64),
+                ("seq_lens", self.bmax, i32),
+                ("tables", G * self.bmax * self.width, i32),
+            ]
+        )
         self.buf = StagingBuffer(dev, self.layout.nbytes)
         L, b = self.layout, self.buf
         self.h_ids, self.h_pos = L.host(b, "ids"), L.host(b, "pos")
@@ -65,14 +79,21 @@ class DecodeGraphs:
 
     def _meta(self, B: int) -> AttentionMetadata:
         groups = self.groups > 1
-        return AttentionMetadata(slot_mapping=self.slots[0, :B], block_tables=self.tables[0, :B],
-                                 seq_lens=self.seq_lens[:B], cu_seqlens_q=self.cu[:B + 1], max_seqlen_q=1,
-                                 backend=self.backend,
-                                 group_slots=self.slots[:, :B] if groups else None,
-                                 group_tables=self.tables[:, :B] if groups else None)
+        return AttentionMetadata(
+            slot_mapping=self.slots[0, :B],
+            block_tables=self.tables[0, :B],
+            seq_lens=self.seq_lens[:B],
+            cu_seqlens_q=self.cu[: B + 1],
+            max_seqlen_q=1,
+            backend=self.backend,
+            group_slots=self.slots[:, :B] if groups else None,
+            group_tables=self.tables[:, :B] if groups else None,
+        )
 
     def _forward(self, B: int) -> torch.Tensor:
-        return self.model.forward(self.ids[:B], self.pos[:B], self.kv_pool, self._meta(B), self.logits_idx[:B])
+        return self.model.forward(
+            self.ids[:B], self.pos[:B], self.kv_pool, self._meta(B), self.logits_idx[:B]
+        )
 
     def _fill_pads(self, start: int, end: int) -> None:
         self.h_ids[start:end] = 0
@@ -97,7 +118,7 @@ class DecodeGraphs:
         torch.cuda.synchronize()
         pool = None
         for i, B in enumerate(reversed(self.buckets)):
-            self._forward(B)                      # eager once: compiles and autotunes outside capture
+            self._forward(B)  # eager once: compiles and autotunes outside capture
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool):
@@ -109,8 +130,12 @@ class DecodeGraphs:
         return time.perf_counter() - t0
 
     def can_run(self, plan: StepPlan) -> bool:
-        return (bool(self.graphs) and 0 < len(plan) <= self.bmax and plan.is_pure_decode
-                and all(row.start < self.max_len for row in plan.rows))
+        return (
+            bool(self.graphs)
+            and 0 < len(plan) <= self.bmax
+            and plan.is_pure_decode
+            and all(row.start < self.max_len for row in plan.rows)
+        )
 
     def run(self, plan: StepPlan) -> torch.Tensor | None:
         """Replay the bucket for this pure-decode step; returns logits [len(plan), vocab] (a view
@@ -121,15 +146,15 @@ class DecodeGraphs:
         B = next(b for b in self.buckets if b >= n)
         if any(len(t) > self.width for row in rows for t in row.block_tables):
             return None
-        self.buf.reserve(self.layout.nbytes)          # previous step's copy must be done
+        self.buf.reserve(self.layout.nbytes)  # previous step's copy must be done
         for r, row in enumerate(rows):
             self.h_ids[r] = row.token_ids[0]
             self.h_pos[r] = row.start
             self.h_lens[r] = row.end
             for g, table in enumerate(row.block_tables):
                 self.h_slots[g, r] = row.slots[g][0]
-                self.h_tab[g, r, :len(table)] = table
-        np.maximum(self.h_tab[:, :n], 0, out=self.h_tab[:, :n])       # released entries: block 0
+                self.h_tab[g, r, : len(table)] = table
+        np.maximum(self.h_tab[:, :n], 0, out=self.h_tab[:, :n])  # released entries: block 0
         self._fill_pads(n, B)
         off_tab = self.layout.fields["tables"][0]
         # everything up to row B of the last group's table

@@ -5,6 +5,7 @@ machine where multi-GB checkpoints cannot travel. The weights are drawn on the t
 fixed order from one seeded generator, so a run is repeatable, and HF transformers can be given the
 very same tensors (`hf_model_with_weights`) to serve as the numerical reference.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,13 +32,15 @@ def config_path(model: str) -> Path:
     if not p.is_file():
         raise FileNotFoundError(
             f"dummy model {model!r}: no such config file or folder with config.json; shipped "
-            f"configs: {', '.join(shipped_configs())}")
+            f"configs: {', '.join(shipped_configs())}"
+        )
     return p
 
 
 def load_config(model: str, overrides: dict | None = None):
     """A transformers config from JSON, with overrides (e.g. {"num_hidden_layers": 2})."""
     from transformers import AutoConfig
+
     d = json.loads(config_path(model).read_text())
     d = {k: v for k, v in d.items() if not k.startswith("_")}
     d.update(overrides or {})
@@ -49,6 +52,7 @@ def load_config(model: str, overrides: dict | None = None):
 def _param_shapes(config) -> dict[str, tuple[int, ...]]:
     """Parameter names and shapes of the HF model, taken from a meta-device instance (no memory)."""
     from transformers import AutoModelForCausalLM
+
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -80,9 +84,10 @@ def random_weights(config, seed: int = 0, device="cpu", dtype=torch.float32) -> 
 def hf_model_with_weights(config, weights: dict, dtype=torch.float32, device="cpu"):
     """HF transformers' own model of `config` holding exactly `weights` (the reference forward)."""
     from transformers import AutoModelForCausalLM
+
     try:
         from transformers.initialization import no_init_weights
-    except ImportError:            # older transformers
+    except ImportError:  # older transformers
         try:
             from transformers.modeling_utils import no_init_weights
         except ImportError:
@@ -98,7 +103,9 @@ def hf_model_with_weights(config, weights: dict, dtype=torch.float32, device="cp
     tied = getattr(config, "tie_word_embeddings", False)
     missing = [m for m in missing if not (m == "lm_head.weight" and tied)]
     if missing or unexpected:
-        raise ValueError(f"weights do not fit the config: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        raise ValueError(
+            f"weights do not fit the config: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
     if tied:
         model.tie_weights()
     return model.eval()
@@ -114,8 +121,10 @@ class TokenIdTokenizer:
         self.vocab_size = vocab_size
 
     def encode(self, text, add_special_tokens=True):
-        raise ValueError("this model was loaded without a tokenizer (load_format='dummy'): "
-                         "send token ids ({'prompt_token_ids': [...]}) instead of text")
+        raise ValueError(
+            "this model was loaded without a tokenizer (load_format='dummy'): "
+            "send token ids ({'prompt_token_ids': [...]}) instead of text"
+        )
 
     def decode(self, ids, skip_special_tokens=True):
         return ""
@@ -130,8 +139,10 @@ class TokenIdTokenizer:
 def load_tokenizer_if_any(model: str):
     """The tokenizer next to the config, or None (a shipped name or a bare config.json has none)."""
     p = config_path(model).parent
-    if p == CONFIG_DIR or not any((p / f).exists() for f in ("tokenizer.json", "tokenizer_config.json",
-                                                           "tokenizer.model")):
+    if p == CONFIG_DIR or not any(
+        (p / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+    ):
         return None
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(str(p))

@@ -21,6 +21,7 @@ three things it does not know, the file says what the model is and we complete t
 The completed config is handed to transformers before it builds the model.
 Everything else (tensors, dequantization, tokenizer, chat template) is transformers' reading.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,6 +41,7 @@ def _field(reader, key, default=None):
 
 def architecture(path: str) -> str:
     import gguf
+
     return str(_field(gguf.GGUFReader(path), "general.architecture", ""))
 
 
@@ -51,6 +53,7 @@ def reader_knows(arch: str):
         return
     from transformers import modeling_gguf_pytorch_utils as G
     from transformers.integrations import ggml
+
     added = arch not in ggml.GGUF_CONFIG_MAPPING
     if added:
         ggml.GGUF_CONFIG_MAPPING[arch] = dict(ggml.GGUF_CONFIG_MAPPING["llama"])
@@ -68,29 +71,32 @@ def reader_knows(arch: str):
 def complete_config(path: str, cfg: dict) -> dict:
     """The HF config dict transformers built from GGUF `path`, completed from the file (module doc)."""
     import gguf
+
     reader = gguf.GGUFReader(path)
     arch = str(_field(reader, "general.architecture", ""))
     cfg = dict(cfg)
-    key_length = _field(reader, f"{arch}.attention.key_length")     # Qwen3's mapping drops it
+    key_length = _field(reader, f"{arch}.attention.key_length")  # Qwen3's mapping drops it
     if key_length and int(key_length) != int(cfg.get("head_dim") or 0):
         cfg["head_dim"] = int(key_length)
     pad = cfg.get("pad_token_id")
     if isinstance(pad, int) and not 0 <= pad < int(cfg.get("vocab_size") or 0):
-        cfg["pad_token_id"] = None          # a config class's default that this vocabulary lacks
-    if arch == "qwen3moe":    # transformers' table has no key for the experts' width; llama.cpp's
-        ff = _field(reader, "qwen3moe.expert_feed_forward_length")      # qwen3moe graph always
-        if ff:                                                          # renormalises the top-k weights
+        cfg["pad_token_id"] = None  # a config class's default that this vocabulary lacks
+    if arch == "qwen3moe":  # transformers' table has no key for the experts' width; llama.cpp's
+        ff = _field(reader, "qwen3moe.expert_feed_forward_length")  # qwen3moe graph always
+        if ff:  # renormalises the top-k weights
             cfg["moe_intermediate_size"] = int(ff)
         cfg["norm_topk_prob"] = True
     if arch == "smollm3":
         cfg["no_rope_layer_interval"] = 4
-        cfg["no_rope_layers"] = [int((i + 1) % 4 != 0) for i in range(int(cfg["num_hidden_layers"]))]
+        cfg["no_rope_layers"] = [
+            int((i + 1) % 4 != 0) for i in range(int(cfg["num_hidden_layers"]))
+        ]
         cfg.setdefault("use_sliding_window", False)
     elif arch == "phi3":
         _phi3(reader, cfg)
     elif arch == "llama":
         t = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
-        if t is not None:     # Llama 3.1+ scaling, stored as a divisor per frequency (rope.py)
+        if t is not None:  # Llama 3.1+ scaling, stored as a divisor per frequency (rope.py)
             cfg["rope_freq_factors"] = [float(x) for x in t.data.reshape(-1)]
     elif arch == "gemma3":
         kind = _field(reader, "gemma3.rope.scaling.type")
@@ -112,12 +118,20 @@ def _phi3(reader, cfg: dict) -> None:
     if rot and int(rot) < head_dim:
         cfg["partial_rotary_factor"] = params["partial_rotary_factor"] = int(rot) / head_dim
     tensors = {t.name: t for t in reader.tensors}
-    long_t, short_t = tensors.get("rope_factors_long.weight"), tensors.get("rope_factors_short.weight")
+    long_t, short_t = (
+        tensors.get("rope_factors_long.weight"),
+        tensors.get("rope_factors_short.weight"),
+    )
     if long_t is not None and short_t is not None:
-        orig = _field(reader, "phi3.rope.scaling.original_context_length") or cfg.get("max_position_embeddings")
-        params.update(rope_type="longrope", long_factor=[float(x) for x in long_t.data.reshape(-1)],
-                      short_factor=[float(x) for x in short_t.data.reshape(-1)],
-                      original_max_position_embeddings=int(orig))
+        orig = _field(reader, "phi3.rope.scaling.original_context_length") or cfg.get(
+            "max_position_embeddings"
+        )
+        params.update(
+            rope_type="longrope",
+            long_factor=[float(x) for x in long_t.data.reshape(-1)],
+            short_factor=[float(x) for x in short_t.data.reshape(-1)],
+            original_max_position_embeddings=int(orig),
+        )
         params.pop("type", None)
         cfg["original_max_position_embeddings"] = int(orig)
     window = _field(reader, "phi3.attention.sliding_window")

@@ -13,6 +13,7 @@ How: inside the context, `gguf.GGUFReader` hands out one reader per (path, mode)
 time, so it picks them up. Both are read-only in transformers' use. Outside the context nothing is
 changed, and where gguf lacks either name (another version) the context does nothing.
 """
+
 from __future__ import annotations
 
 import contextlib

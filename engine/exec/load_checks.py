@@ -5,6 +5,7 @@ halfway through reading weights (the app dies without a word), and a chat templa
 render is otherwise found out by the first user who sends a message. Both are refused at start-up
 with a ModelLoadError that says what to do.
 """
+
 from __future__ import annotations
 
 import glob
@@ -32,10 +33,11 @@ def available_memory_bytes() -> int | None:
 def folder_weight_elements(folder: str) -> int:
     """Elements of a folder's safetensors weights, from their headers (nothing is read)."""
     from safetensors import safe_open
+
     n = 0
     for f in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
         with safe_open(f, "pt") as g:
-            for k in g.keys():   # noqa: SIM118 (safe_open is not a dict)
+            for k in g.keys():  # noqa: SIM118 (safe_open is not a dict)
                 shape = g.get_slice(k).get_shape()
                 size = 1
                 for s in shape:
@@ -47,6 +49,7 @@ def folder_weight_elements(folder: str) -> int:
 def gguf_weight_elements(path: str) -> int:
     """Elements of a GGUF's tensors, from its tensor table."""
     import gguf
+
     return sum(int(t.n_elements) for t in gguf.GGUFReader(path).tensors)
 
 
@@ -58,7 +61,8 @@ def check_fits_memory(elements: int, what: str, bytes_per_element: int = 4) -> N
         raise ModelLoadError(
             f"{what} is too large for this machine: loading its {elements / 1e9:.2f} B weights takes about "
             f"{need / 2**30:.1f} GiB of memory and {avail / 2**30:.1f} GiB is available. Pick a smaller "
-            "model, or close other programs and try again")
+            "model, or close other programs and try again"
+        )
 
 
 PROBE = [{"role": "user", "content": "Hello, can you hear me?"}]
@@ -70,12 +74,17 @@ def check_chat_template(tokenizer, what: str) -> None:
     if not getattr(tokenizer, "chat_template", None):
         return
     from engine.text.chat_tokens import encode_chat, render_chat
+
     try:
         text = render_chat(tokenizer, PROBE)
         encode_chat(tokenizer, PROBE)
-    except Exception as e:      # jinja errors, a template calling raise_exception, a missing filter
-        raise ModelLoadError(f"the chat template of {what} cannot be rendered ({type(e).__name__}: {e}); "
-                             "the model cannot be chatted with safely") from e
+    except Exception as e:  # jinja errors, a template calling raise_exception, a missing filter
+        raise ModelLoadError(
+            f"the chat template of {what} cannot be rendered ({type(e).__name__}: {e}); "
+            "the model cannot be chatted with safely"
+        ) from e
     if PROBE[0]["content"] not in text:
-        raise ModelLoadError(f"the chat template of {what} leaves the user's message out of the prompt; "
-                             "the model cannot be chatted with")
+        raise ModelLoadError(
+            f"the chat template of {what} leaves the user's message out of the prompt; "
+            "the model cannot be chatted with"
+        )

@@ -11,6 +11,7 @@ On CPU there is no copy: the "device" views are the host buffer itself.
 Two layouts share this code: the eager layout (fields sized by the step) and the decode-graph
 layout (fields at fixed offsets sized for the largest bucket; CUDA graphs read fixed addresses).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,7 +20,7 @@ import torch
 from engine.step_plan import StepPlan
 
 _NP = {torch.int64: np.int64, torch.int32: np.int32}
-_SIZE = {torch.int64: 8, torch.int32: 4, torch.uint8: 1}    # itemsize without a torch.empty per field
+_SIZE = {torch.int64: 8, torch.int32: 4, torch.uint8: 1}  # itemsize without a torch.empty per field
 
 
 class StagingBuffer:
@@ -36,7 +37,11 @@ class StagingBuffer:
         self.capacity = nbytes
         self.host = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=self.on_cuda)
         self.host_np = self.host.numpy()
-        self.dev = torch.zeros(nbytes, dtype=torch.uint8, device=self.device) if self.on_cuda else self.host
+        self.dev = (
+            torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
+            if self.on_cuda
+            else self.host
+        )
 
     def reserve(self, nbytes: int) -> None:
         """Wait until the last copy out of the host buffer is done; grow if too small."""
@@ -47,10 +52,10 @@ class StagingBuffer:
             self._alloc(max(nbytes, 2 * self.capacity))
 
     def host_view(self, offset: int, n: int, dtype) -> np.ndarray:
-        return self.host_np[offset:offset + n * np.dtype(_NP[dtype]).itemsize].view(_NP[dtype])
+        return self.host_np[offset : offset + n * np.dtype(_NP[dtype]).itemsize].view(_NP[dtype])
 
     def dev_view(self, offset: int, n: int, dtype) -> torch.Tensor:
-        return self.dev[offset:offset + n * _SIZE[dtype]].view(dtype)
+        return self.dev[offset : offset + n * _SIZE[dtype]].view(dtype)
 
     def upload(self, nbytes: int) -> None:
         """The one host -> device copy of this step (the first nbytes)."""
@@ -61,7 +66,7 @@ class StagingBuffer:
 
 
 def _align(n: int) -> int:
-    return (n + 15) & ~15    # 16 bytes: Triton specializes pointer args on 16-byte alignment
+    return (n + 15) & ~15  # 16 bytes: Triton specializes pointer args on 16-byte alignment
 
 
 class Layout:
@@ -95,9 +100,18 @@ def pack_step(buf: StagingBuffer, plan: StepPlan):
     G = len(rows[0].block_tables)
     W = max(len(t) for r in rows for t in r.block_tables)
     i64, i32 = torch.int64, torch.int32
-    lay = Layout([("ids", T, i64), ("pos", T, i64), ("slots", G * T, i64),
-                  ("logits_idx", len(plan.logits), i64), ("copies", 2 * len(plan.copies), i64),
-                  ("seq_lens", S, i32), ("cu", S + 1, i32), ("tables", G * S * W, i32)])
+    lay = Layout(
+        [
+            ("ids", T, i64),
+            ("pos", T, i64),
+            ("slots", G * T, i64),
+            ("logits_idx", len(plan.logits), i64),
+            ("copies", 2 * len(plan.copies), i64),
+            ("seq_lens", S, i32),
+            ("cu", S + 1, i32),
+            ("tables", G * S * W, i32),
+        ]
+    )
     buf.reserve(lay.nbytes)
     ids, pos = lay.host(buf, "ids"), lay.host(buf, "pos")
     slots = lay.host(buf, "slots").reshape(G, T)
@@ -108,22 +122,29 @@ def pack_step(buf: StagingBuffer, plan: StepPlan):
     t = 0
     for r, row in enumerate(rows):
         n = row.num_tokens
-        ids[t:t + n] = row.token_ids
-        pos[t:t + n] = np.arange(row.start, row.end)
+        ids[t : t + n] = row.token_ids
+        pos[t : t + n] = np.arange(row.start, row.end)
         for g in range(G):
             table = row.block_tables[g]
-            slots[g, t:t + n] = row.slots[g]
-            tab[g, r, :len(table)] = table
+            slots[g, t : t + n] = row.slots[g]
+            tab[g, r, : len(table)] = table
         seq_lens[r] = row.end
         t += n
         cu[r + 1] = t
-    np.maximum(tab, 0, out=tab)                 # released entries (NULL_BLOCK): block 0, never read
+    np.maximum(tab, 0, out=tab)  # released entries (NULL_BLOCK): block 0, never read
     lay.host(buf, "logits_idx")[:] = [int(cu[lr.row]) + lr.offset for lr in plan.logits]
     if plan.copies:
         lay.host(buf, "copies")[:] = np.asarray(plan.copies, dtype=np.int64).reshape(-1)
     buf.upload(lay.nbytes)
     d = lambda name: lay.dev(buf, name)
-    return (d("ids"), d("pos"), d("slots").view(G, T), d("tables").view(G, S, W), d("seq_lens"),
-            d("cu"),
-            d("logits_idx"), d("copies").view(-1, 2) if plan.copies else None,
-            plan.max_num_tokens)
+    return (
+        d("ids"),
+        d("pos"),
+        d("slots").view(G, T),
+        d("tables").view(G, S, W),
+        d("seq_lens"),
+        d("cu"),
+        d("logits_idx"),
+        d("copies").view(-1, 2) if plan.copies else None,
+        plan.max_num_tokens,
+    )

@@ -10,6 +10,7 @@ one decode attention launch per variant reachable with the engine's widths (deco
 Each stage reports progress. Pool blocks written here hold no cached content and are overwritten
 before anything reads them.
 """
+
 from __future__ import annotations
 
 import sys
@@ -30,23 +31,39 @@ def _prefill(model, kv_pool, width: int, n_tok: int, backend: str) -> None:
     bs = kv_pool.shape[3]
     n_tok = max(1, min(n_tok, width * bs))
     meta = AttentionMetadata(
-        slot_mapping=torch.arange(n_tok, device=dev), block_tables=torch.arange(width, dtype=torch.int32,
-                                                                                 device=dev)[None],
+        slot_mapping=torch.arange(n_tok, device=dev),
+        block_tables=torch.arange(width, dtype=torch.int32, device=dev)[None],
         seq_lens=torch.tensor([n_tok], dtype=torch.int32, device=dev),
-        cu_seqlens_q=torch.tensor([0, n_tok], dtype=torch.int32, device=dev), max_seqlen_q=n_tok,
-        backend=backend)
-    model.forward(torch.zeros(n_tok, dtype=torch.int64, device=dev), torch.arange(n_tok, device=dev),
-                  kv_pool, meta, torch.tensor([n_tok - 1], device=dev))
+        cu_seqlens_q=torch.tensor([0, n_tok], dtype=torch.int32, device=dev),
+        max_seqlen_q=n_tok,
+        backend=backend,
+    )
+    model.forward(
+        torch.zeros(n_tok, dtype=torch.int64, device=dev),
+        torch.arange(n_tok, device=dev),
+        kv_pool,
+        meta,
+        torch.tensor([n_tok - 1], device=dev),
+    )
 
 
 def _decode_splits(model, kv_pool, width: int, splits: int, window: int | None = None) -> None:
     from kernels import triton_attention
+
     dev = kv_pool.device
     q = torch.zeros(1, model.num_heads, model.head_dim, dtype=model.cos.dtype, device=dev)
     triton_attention.paged_attention(
-        q, kv_pool[0, 0], kv_pool[1, 0], torch.zeros(1, width, dtype=torch.int32, device=dev),
-        torch.ones(1, dtype=torch.int32, device=dev), torch.tensor([0, 1], dtype=torch.int32, device=dev),
-        model.scale, max_seqlen_q=1, num_splits=splits, window=window)
+        q,
+        kv_pool[0, 0],
+        kv_pool[1, 0],
+        torch.zeros(1, width, dtype=torch.int32, device=dev),
+        torch.ones(1, dtype=torch.int32, device=dev),
+        torch.tensor([0, 1], dtype=torch.int32, device=dev),
+        model.scale,
+        max_seqlen_q=1,
+        num_splits=splits,
+        window=window,
+    )
 
 
 def effective_splits(width: int, block_size: int, splits: int, tile: int | None = None) -> int:
@@ -54,6 +71,7 @@ def effective_splits(width: int, block_size: int, splits: int, tile: int | None 
     tile: the selected decode variant's K/V tile by default)."""
     if tile is None:
         from kernels.triton_attention import current_decode_variant
+
         tile = current_decode_variant().tile_n
     ctx = width * block_size
     per = -(-(-(-ctx // splits)) // tile) * tile
@@ -97,8 +115,10 @@ def warm_up(model, kv_pool: torch.Tensor, backend: str, max_blocks_per_seq: int,
             for j, (w, splits) in enumerate(plan):
                 _decode_splits(model, kv_pool, w, splits, window)
                 launches += 1
-        log(f"decode split-K variants {len(plan)}/{len(plan)} (table widths 1..{max_blocks_per_seq})")
-    if num_blocks > 1:    # copy-on-write kernel
+        log(
+            f"decode split-K variants {len(plan)}/{len(plan)} (table widths 1..{max_blocks_per_seq})"
+        )
+    if num_blocks > 1:  # copy-on-write kernel
         kernels.copy_blocks(kv_pool, torch.tensor([[0, 1]], device=kv_pool.device), backend=backend)
     if kv_pool.device.type == "cuda":
         torch.cuda.synchronize()

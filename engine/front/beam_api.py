@@ -4,6 +4,7 @@ tenant's queue bounds, and admit every search in one engine command; a handle pe
 Why on the front floor: submitting drives the LLM (encode, admission, `run_on_engine`); the search
 itself (engine/core/beam_search.py) runs on the engine thread and never sees the front.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -33,9 +34,16 @@ class BeamSearchHandle:
         return asyncio.wrap_future(self.future).__await__()
 
 
-def submit_beam_searches(llm, prompts: list, params: BeamSearchParams, on_step=None,
-                         request_ids: list | None = None, cache_salt=None, tenant: str | None = None,
-                         priority: int = 0) -> list[BeamSearchHandle]:
+def submit_beam_searches(
+    llm,
+    prompts: list,
+    params: BeamSearchParams,
+    on_step=None,
+    request_ids: list | None = None,
+    cache_salt=None,
+    tenant: str | None = None,
+    priority: int = 0,
+) -> list[BeamSearchHandle]:
     """Encode (raising ValueError on bad input before anything is queued), then admit all in one
     engine command so they share the next step. cache_salt: every search's prefix-cache salt
     (engine/kv/salt_rule.py; a search must not skip the user's salt, #29.2). tenant / priority:
@@ -52,11 +60,24 @@ def submit_beam_searches(llm, prompts: list, params: BeamSearchParams, on_step=N
         max_new = max(1, min(params.max_tokens, info.max_model_len - len(ids)))
         # n = k so that the scheduler reserves k of max_num_seqs at admission (the group forks into
         # k beams after the prompt); the group's rows never reach the engine's own n > 1 fork
-        req = Request(rid, ids, SamplingParams(n=params.beam_width, temperature=0, max_tokens=max_new,
-                                               ignore_eos=True), cache_salt=cache_salt,
-                      tenant=str(tenant) if tenant else LOCAL_TENANT, priority=int(priority),
-                      validated=True)             # by encode_prompt above
-        group = BeamGroup(req, params, set(info.eos_token_ids), max_new, llm.get_tokenizer(), info.block_size, on_step)
+        req = Request(
+            rid,
+            ids,
+            SamplingParams(n=params.beam_width, temperature=0, max_tokens=max_new, ignore_eos=True),
+            cache_salt=cache_salt,
+            tenant=str(tenant) if tenant else LOCAL_TENANT,
+            priority=int(priority),
+            validated=True,
+        )  # by encode_prompt above
+        group = BeamGroup(
+            req,
+            params,
+            set(info.eos_token_ids),
+            max_new,
+            llm.get_tokenizer(),
+            info.block_size,
+            on_step,
+        )
         handles.append(BeamSearchHandle(llm, group))
     entered = []
     try:
@@ -70,11 +91,12 @@ def submit_beam_searches(llm, prompts: list, params: BeamSearchParams, on_step=N
     for h in handles:
         leave = (lambda rid: lambda *_: llm.admission.leave(rid))(h.request_id)
         h._group.on_started = leave
-        h.future.add_done_callback(leave)       # ended before its first step (aborted, refused)
+        h.future.add_done_callback(leave)  # ended before its first step (aborted, refused)
     groups = [h._group for h in handles]
 
     def admit(e) -> None:
         for g in groups:
             add_beam_request(e, g)
+
     llm.run_on_engine(admit)
     return handles

@@ -11,6 +11,7 @@ Life cycle: started by the LLM front; between steps it drains commands (blocking
 (requests end with "the engine was shut down", futures raise) and new ones are refused, so no
 caller waits forever and no request is left without a final output.
 """
+
 from __future__ import annotations
 
 import queue
@@ -20,7 +21,7 @@ from concurrent.futures import Future
 from typing import Callable
 
 SHUT_DOWN = "the engine has been shut down"
-SAVE_BUDGET_S = 5.0      # a graceful stop keeps the pool's blocks in the KV tier at most this long
+SAVE_BUDGET_S = 5.0  # a graceful stop keeps the pool's blocks in the KV tier at most this long
 
 
 class EngineThread:
@@ -32,10 +33,10 @@ class EngineThread:
         self.engine = engine
         self._after_step = after_step
         self._commands: queue.Queue = queue.Queue()
-        self._lock = threading.Lock()           # `closed` and the last puts agree (see _close)
+        self._lock = threading.Lock()  # `closed` and the last puts agree (see _close)
         self._stopping = False
         self.closed = False
-        self.saved_to_tier: dict | None = None    # what the stop kept in the KV tier (None: none)
+        self.saved_to_tier: dict | None = None  # what the stop kept in the KV tier (None: none)
         self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -66,7 +67,7 @@ class EngineThread:
 
     def _ask(self, kind: str, arg, timeout: float | None):
         fut: Future = Future()
-        with self._lock:                # _close drains the queue after setting `closed` under it
+        with self._lock:  # _close drains the queue after setting `closed` under it
             if self.closed:
                 raise RuntimeError(SHUT_DOWN)
             self._commands.put((kind, arg, fut))
@@ -83,12 +84,14 @@ class EngineThread:
                 if eng.has_unfinished():
                     try:
                         eng.step()
-                    except Exception as e:  # a bug or OOM must not kill every other session silently
+                    except (
+                        Exception
+                    ) as e:  # a bug or OOM must not kill every other session silently
                         traceback.print_exc()
                         eng.fail_all(f"engine error: {e!r}")
                 if self._after_step is not None:
                     self._after_step(eng, not eng.has_unfinished())
-            except Exception:             # never let the one engine thread die
+            except Exception:  # never let the one engine thread die
                 traceback.print_exc()
         self._close()
 
@@ -111,7 +114,7 @@ class EngineThread:
                 for req in arg:
                     try:
                         self.engine.add_request(req)
-                    except Exception as e:                      # that request only
+                    except Exception as e:  # that request only
                         self.engine.fail_request_outputs(req, str(e))
                 result = None
             elif kind == "abort":
@@ -136,7 +139,7 @@ class EngineThread:
         self.engine.fail_all("the engine was shut down")
         try:
             self.saved_to_tier = self.engine.keep_pool_in_tier(SAVE_BUDGET_S)
-        except Exception:                 # keeping them is an optimisation; stopping is not
+        except Exception:  # keeping them is an optimisation; stopping is not
             traceback.print_exc()
         while True:
             try:

@@ -8,6 +8,7 @@ loop's queue under the lock that also guards every `put`, so nothing is lost or 
 from then on each item reaches the loop through `call_soon_threadsafe`. engine/front/request_stream.py
 and backends/remote_stream.py both hand over through it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -25,7 +26,7 @@ class Handover:
     def put(self, item) -> None:
         """From the producer's thread. Raises RuntimeError when the async consumer's loop is closed
         (nobody is listening any more: the producer may stop producing)."""
-        with self._lock:            # held while delivering, so the switch below cannot happen midway
+        with self._lock:  # held while delivering, so the switch below cannot happen midway
             if self._loop is None:
                 self._q.put(item)
             else:
@@ -40,7 +41,7 @@ class Handover:
         if self._aq is None:
             with self._lock:
                 self._loop, self._aq = asyncio.get_running_loop(), asyncio.Queue()
-                while True:                     # what arrived before the switch, in order
+                while True:  # what arrived before the switch, in order
                     try:
                         self._aq.put_nowait(self._q.get_nowait())
                     except queue.Empty:

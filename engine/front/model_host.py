@@ -16,6 +16,7 @@ the rendered conversation, so another tokenizer's ids are never reused). Their o
 dropped with the old pool; the second tier keys blocks by the model's fingerprint, so no block of
 one model is ever read by another.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,8 +34,9 @@ GIB = 2**30
 @dataclass(frozen=True)
 class ModelChoice:
     """One model the app may serve: `name` (what the picker and /v1/models show), `path`."""
+
     name: str
-    path: str | None            # None: the bundled default model
+    path: str | None  # None: the bundled default model
 
 
 def model_catalog(paths: list[str] | None) -> list[ModelChoice]:
@@ -75,25 +77,30 @@ def _weights_bytes(path: str | None) -> int:
     files = [path] if os.path.isfile(path) else glob.glob(os.path.join(path, "*.safetensors"))
     size = sum(os.path.getsize(f) for f in files if os.path.exists(f))
     if path.endswith(".gguf"):
-        size *= 8       # a quantized GGUF (~4 bits per weight) dequantizes to fp32
+        size *= 8  # a quantized GGUF (~4 bits per weight) dequantizes to fp32
     return size
 
 
 class ModelHost:
     """The app's engine: the current `ServingLLM` plus the models it may switch to."""
 
-    def __init__(self, catalog: list[ModelChoice], config: EngineConfig, *, progress=None, factory=None):
+    def __init__(
+        self, catalog: list[ModelChoice], config: EngineConfig, *, progress=None, factory=None
+    ):
         if not catalog:
             raise ValueError("no model to serve")
         from engine.front.serving import ServingLLM
+
         self._factory = factory or ServingLLM
         self._catalog = list(catalog)
         self._base = config
-        self._lock = threading.Lock()           # one switch at a time
+        self._lock = threading.Lock()  # one switch at a time
         self._listeners: list = []
         self._choice = self._catalog[0]
-        self._engine = self._factory(dataclasses.replace(config, model=self._choice.path), progress=progress)
-        self.switching: str | None = None       # the model being loaded, for a status line
+        self._engine = self._factory(
+            dataclasses.replace(config, model=self._choice.path), progress=progress
+        )
+        self.switching: str | None = None  # the model being loaded, for a status line
 
     def __getattr__(self, name):
         """Every engine member is the current engine's (ChatEngine and its abilities)."""
@@ -118,10 +125,14 @@ class ModelHost:
         current model keeps serving. ValueError for a name that is not in the catalog."""
         choice = next((c for c in self._catalog if name in (c.name, c.path)), None)
         if choice is None:
-            raise ValueError(f"{name!r} is not one of this app's models: "
-                             f"{', '.join(c.name for c in self._catalog)}")
+            raise ValueError(
+                f"{name!r} is not one of this app's models: "
+                f"{', '.join(c.name for c in self._catalog)}"
+            )
         if not self._lock.acquire(blocking=False):
-            raise ModelLoadError(f"another model is loading ({self.switching}); try again when it is ready")
+            raise ModelLoadError(
+                f"another model is loading ({self.switching}); try again when it is ready"
+            )
         try:
             if choice == self._choice:
                 return self._summary("already serving")
@@ -130,13 +141,15 @@ class ModelHost:
             old = self._engine
             both_fit = _weights_bytes(choice.path) * 1.3 < _available_ram()
             if both_fit:
-                new = self._factory(cfg, progress=progress)     # the old one serves meanwhile
+                new = self._factory(cfg, progress=progress)  # the old one serves meanwhile
             else:
                 old.shutdown()
                 try:
                     new = self._factory(cfg, progress=progress)
                 except Exception:
-                    self._engine = self._factory(dataclasses.replace(self._base, model=self._choice.path))
+                    self._engine = self._factory(
+                        dataclasses.replace(self._base, model=self._choice.path)
+                    )
                     raise
             self._engine, self._choice = new, choice
             if both_fit:
@@ -150,9 +163,11 @@ class ModelHost:
 
     def _summary(self, verb: str) -> str:
         s = self._engine.stats()
-        return (f"{verb} {self._choice.name}: KV pool of {s['total_blocks']:,} blocks x {s['block_size']} "
-                f"tokens = {s['kv_capacity_tokens']:,} tokens ({s['kv_bytes_per_token']:,} B/token), "
-                f"context {self._engine.max_model_len:,}")
+        return (
+            f"{verb} {self._choice.name}: KV pool of {s['total_blocks']:,} blocks x {s['block_size']} "
+            f"tokens = {s['kv_capacity_tokens']:,} tokens ({s['kv_bytes_per_token']:,} B/token), "
+            f"context {self._engine.max_model_len:,}"
+        )
 
     def shutdown(self) -> dict | None:
         return self._engine.shutdown()

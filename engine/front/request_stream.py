@@ -5,6 +5,7 @@ threads or event loops. The engine thread calls `_put`; a caller iterates (block
 thread) or uses `async for` (in an asyncio handler, without holding a thread); the switch from the
 blocking queue to the event loop's is engine/front/handover.py's (no delta lost or reordered).
 """
+
 from __future__ import annotations
 
 from typing import Protocol
@@ -13,6 +14,7 @@ from engine.front.handover import Handover
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling.sampling_params import SamplingParams
 from engine.core.sequence import RequestOutputDelta
+
 
 class Aborts(Protocol):
     """All a stream needs of whoever made it: a way to abort its request (the LLM front)."""
@@ -28,7 +30,7 @@ class RequestStream:
         self.prompt_ids = prompt_ids
         self.n = n
         self._llm = llm
-        self._handover = Handover()      # engine/front/handover.py: blocking or async consumer
+        self._handover = Handover()  # engine/front/handover.py: blocking or async consumer
         self._open = n
 
     def _put(self, delta: RequestOutputDelta) -> None:

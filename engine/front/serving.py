@@ -9,6 +9,7 @@ engine/front/pin_api.py, the snapshot cache, the fair policy), so neither face g
 users need. The app (app.py), the UI, the routes and the tests of the product use this class; every
 member they use is declared by a Protocol in engine/protocol.py.
 """
+
 from __future__ import annotations
 
 import time
@@ -32,20 +33,22 @@ class ServingLLM(LLM):
 
     # published by the engine thread after each step (`_after_step`), read plainly by anyone; class
     # defaults so that the engine thread, started by LLM.__init__, never sees them missing
-    _load: tuple[int, int] = (0, 0)              # (running, waiting) after the last step
-    _waiting_ids: tuple[str, ...] = ()           # waiting request ids in admission order, same moment
-    _tenant_rows: tuple = ((), ())               # (TenantStats rows, FairnessEvents)
+    _load: tuple[int, int] = (0, 0)  # (running, waiting) after the last step
+    _waiting_ids: tuple[str, ...] = ()  # waiting request ids in admission order, same moment
+    _tenant_rows: tuple = ((), ())  # (TenantStats rows, FairnessEvents)
     _tenant_rows_at = 0.0
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._snapshots = SharedSnapshot(self.kv_snapshot, _SNAPSHOT_PERIOD_S)   # latest_snapshot*
+        self._snapshots = SharedSnapshot(self.kv_snapshot, _SNAPSHOT_PERIOD_S)  # latest_snapshot*
 
     def _after_step(self, eng, idle: bool) -> None:
         """Engine thread, after each step: publish what plain reads (load, queue, tenants) return."""
         self._load = (len(eng.scheduler.running), len(eng.scheduler.waiting))
-        self._publish_tenants(eng, force=idle)      # idle next: publish the final rows
-        self._waiting_ids = tuple(eng.scheduler.waiting_request_ids()) if eng.scheduler.waiting else ()
+        self._publish_tenants(eng, force=idle)  # idle next: publish the final rows
+        self._waiting_ids = (
+            tuple(eng.scheduler.waiting_request_ids()) if eng.scheduler.waiting else ()
+        )
 
     def _publish_tenants(self, eng, force: bool = False) -> None:
         """Every 0.5 s (engine thread): the fair policy's rows and events, for plain reads by the
@@ -60,21 +63,39 @@ class ServingLLM(LLM):
         if isinstance(pol, ReportsTenants):
             self._tenant_rows = (tuple(pol.tenant_stats()), tuple(pol.events()))
 
-    def prepare_chat(self, messages: list[dict], *, previous_ids: list[int] | None = None,
-                     session_id: str | None = None, thinking: bool | None = None) -> PreparedPrompt:
+    def prepare_chat(
+        self,
+        messages: list[dict],
+        *,
+        previous_ids: list[int] | None = None,
+        session_id: str | None = None,
+        thinking: bool | None = None,
+    ) -> PreparedPrompt:
         """Render and tokenize a chat turn's prompt once (engine/text/prepared_prompt.py): its
         length for a "too long" answer before anything is stored, and the ids `submit_chat` runs
         when handed this value. `previous_ids` / `session_id` / `thinking`: as for submit_chat."""
-        previous = previous_ids if previous_ids else (self.engine.sessions.token_ids(session_id)
-                                                      if session_id else None)
+        previous = (
+            previous_ids
+            if previous_ids
+            else (self.engine.sessions.token_ids(session_id) if session_id else None)
+        )
         ids = continue_session_prompt(self.tokenizer, messages, previous, enable_thinking=thinking)
         return PreparedPrompt(tuple(messages), thinking, len(ids), tuple(ids), made_by=self)
 
-    def submit_chat(self, messages: list[dict], params: SamplingParams | None = None, *,
-                    session_id: str | None = None, request_id: str | None = None,
-                    previous_ids: list[int] | None = None, cache_salt: str | None = None,
-                    tenant: str | None = None, priority: int = 0, thinking: bool | None = None,
-                    prepared: PreparedPrompt | None = None) -> RequestStream:
+    def submit_chat(
+        self,
+        messages: list[dict],
+        params: SamplingParams | None = None,
+        *,
+        session_id: str | None = None,
+        request_id: str | None = None,
+        previous_ids: list[int] | None = None,
+        cache_salt: str | None = None,
+        tenant: str | None = None,
+        priority: int = 0,
+        thinking: bool | None = None,
+        prepared: PreparedPrompt | None = None,
+    ) -> RequestStream:
         """Chat turn. The previous turn's exact token ids are reused as the prefix: `previous_ids`
         when the caller kept them (e.g. read back from storage after a restart, or the branch being
         continued), else the session's last turn. They are used only if they decode to the start
@@ -86,23 +107,50 @@ class ServingLLM(LLM):
         they are, not rendered again (unless another engine made them: then they are)."""
         ids = prepared.ids_for(self, messages, thinking) if prepared is not None else None
         if ids is None:
-            ids = list(self.prepare_chat(messages, previous_ids=previous_ids, session_id=session_id,
-                                         thinking=thinking).token_ids)
-        salt = prompt_salt(self.tokenizer, messages, ids, cache_salt)   # engine/kv/salt_rule.py
-        return self.submit({"prompt_token_ids": ids}, params, session_id=session_id, request_id=request_id,
-                           cache_salt=salt, tenant=tenant, priority=priority)
+            ids = list(
+                self.prepare_chat(
+                    messages, previous_ids=previous_ids, session_id=session_id, thinking=thinking
+                ).token_ids
+            )
+        salt = prompt_salt(self.tokenizer, messages, ids, cache_salt)  # engine/kv/salt_rule.py
+        return self.submit(
+            {"prompt_token_ids": ids},
+            params,
+            session_id=session_id,
+            request_id=request_id,
+            cache_salt=salt,
+            tenant=tenant,
+            priority=priority,
+        )
 
-    def submit_continue(self, token_ids: list[int], params: SamplingParams | None, messages: list[dict], *,
-                        session_id: str | None = None, request_id: str | None = None,
-                        cache_salt: str | None = None, tenant: str | None = None,
-                        priority: int = 0) -> RequestStream:
+    def submit_continue(
+        self,
+        token_ids: list[int],
+        params: SamplingParams | None,
+        messages: list[dict],
+        *,
+        session_id: str | None = None,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+        tenant: str | None = None,
+        priority: int = 0,
+    ) -> RequestStream:
         """Continue a reply: `token_ids` are its prompt's exact ids + the reply's own ids, so the
         session's parked blocks are reused and greedy decoding goes on exactly as if the reply had
         never stopped. `messages` (the conversation before the reply) only places the shared
         system-prompt boundary of the cache salt, as submit_chat does."""
-        salt = prompt_salt(self.tokenizer, messages, list(token_ids), cache_salt)   # engine/kv/salt_rule.py
-        return self.submit({"prompt_token_ids": list(token_ids)}, params, session_id=session_id,
-                           request_id=request_id, cache_salt=salt, tenant=tenant, priority=priority)
+        salt = prompt_salt(
+            self.tokenizer, messages, list(token_ids), cache_salt
+        )  # engine/kv/salt_rule.py
+        return self.submit(
+            {"prompt_token_ids": list(token_ids)},
+            params,
+            session_id=session_id,
+            request_id=request_id,
+            cache_salt=salt,
+            tenant=tenant,
+            priority=priority,
+        )
 
     def open_session(self, session_id: str, token_ids: list[int] | None = None) -> None:
         """Declare a chat session, optionally with the exact ids of its last turn (prompt + reply)
@@ -123,16 +171,33 @@ class ServingLLM(LLM):
         """Forget a session (its conversation was deleted): ids dropped, blocks released."""
         return bool(self.run_on_engine(lambda eng: eng.close_session(session_id)))
 
-    def submit_beam_search(self, prompt, params, *, on_step=None, request_id: str | None = None,
-                           cache_salt=None, tenant: str | None = None, priority: int = 0):
+    def submit_beam_search(
+        self,
+        prompt,
+        params,
+        *,
+        on_step=None,
+        request_id: str | None = None,
+        cache_salt=None,
+        tenant: str | None = None,
+        priority: int = 0,
+    ):
         """One search, not waited for: a BeamSearchHandle (result() / await / abort()); on_step gets a
         BeamStepEvent per step in the engine thread (forks, frees, current beams) for live views.
         cache_salt, tenant, priority: as for submit (engine/kv/salt_rule.prompt_salt gives a chat's
         salt); the search counts against the tenant's queue bounds (QueueFull) until it starts."""
         from engine.front.beam_api import submit_beam_searches
-        return submit_beam_searches(self, [prompt], params, on_step,
-                                    [request_id] if request_id else None, cache_salt=cache_salt,
-                                    tenant=tenant, priority=priority)[0]
+
+        return submit_beam_searches(
+            self,
+            [prompt],
+            params,
+            on_step,
+            [request_id] if request_id else None,
+            cache_salt=cache_salt,
+            tenant=tenant,
+            priority=priority,
+        )[0]
 
     def count_prompt_tokens(self, messages: list[dict], thinking: bool | None = None) -> int:
         """Length of the prompt these chat messages render to (no session reuse), for a
@@ -197,6 +262,7 @@ class ServingLLM(LLM):
             if not isinstance(pol, ReportsTenants):
                 return []
             return pol.tenant_stats() if which == 0 else pol.events()
+
         return self.run_on_engine(read)
 
     def kv_snapshot(self):

@@ -6,6 +6,7 @@ copies of that walk could drift (one forgot the per-block salt rule once); every
 `walk_blocks` and verifies what it finds against the block's stored tokens, parent and salt, so a
 hash collision is never a hit.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,8 +20,10 @@ def hash_block_tokens(parent_hash, token_ids: tuple, salt) -> int:
     """Chain hash of one full block (64 bits of blake2b over parent hash, token ids and the salt's
     repr). Stable across processes (Python's hash() of a str salt is not), so the KV tier can key
     its files by it and find them after a restart. Module level so tests can force collisions."""
-    h = hashlib.blake2b(b"" if parent_hash is None else parent_hash.to_bytes(8, "little", signed=False),
-                        digest_size=8)
+    h = hashlib.blake2b(
+        b"" if parent_hash is None else parent_hash.to_bytes(8, "little", signed=False),
+        digest_size=8,
+    )
     h.update(array("q", token_ids).tobytes())
     h.update(repr(salt).encode())
     return int.from_bytes(h.digest(), "little")
@@ -52,21 +55,28 @@ def state_key(chain_hash: int) -> int:
 
 
 class ChainBlock(NamedTuple):
-    index: int          # block number in the sequence
-    tokens: tuple       # its block_size token ids
-    salt: object        # the salt it is hashed with (`block_salt`: None inside a shared prefix)
-    hash: int           # hash_block_tokens(parent, tokens, salt)
+    index: int  # block number in the sequence
+    tokens: tuple  # its block_size token ids
+    salt: object  # the salt it is hashed with (`block_salt`: None inside a shared prefix)
+    hash: int  # hash_block_tokens(parent, tokens, salt)
     parent: int | None  # the previous block's hash (None for the first)
 
 
-def walk_blocks(token_ids, salt, block_size: int, *, start: int = 0, stop: int | None = None,
-                parent: int | None = None) -> Iterator[ChainBlock]:
+def walk_blocks(
+    token_ids,
+    salt,
+    block_size: int,
+    *,
+    start: int = 0,
+    stop: int | None = None,
+    parent: int | None = None,
+) -> Iterator[ChainBlock]:
     """The full blocks `start` .. `stop` - 1 of `token_ids` (default: every full block), each with
     its chained hash; `parent` is the hash of block `start - 1`. Lazy: a caller that misses stops
     the walk and pays for no more hashing."""
     end = len(token_ids) // block_size if stop is None else stop
     for i in range(start, end):
-        toks = tuple(token_ids[i * block_size:(i + 1) * block_size])
+        toks = tuple(token_ids[i * block_size : (i + 1) * block_size])
         bsalt = block_salt(salt, i, block_size)
         h = hash_block_tokens(parent, toks, bsalt)
         yield ChainBlock(i, toks, bsalt, h, parent)

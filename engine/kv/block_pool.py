@@ -20,6 +20,7 @@ copying the three arrays is a memcpy (well under a millisecond), and the reader'
 them into JSON. Every write to Block.ref_count / filled / block_hash therefore goes through this
 class (nothing else in the engine assigns them).
 """
+
 from __future__ import annotations
 
 from array import array
@@ -32,8 +33,19 @@ class Block:
     """One physical block. Free iff ref_count == 0. block_hash is set iff this block is the
     pool's `cached[block_hash]` entry; token_ids/parent_hash/salt let a lookup verify a hit."""
 
-    __slots__ = ("block_id", "ref_count", "block_hash", "token_ids", "parent_hash", "salt",
-                 "filled", "prev", "next", "owner", "group")
+    __slots__ = (
+        "block_id",
+        "ref_count",
+        "block_hash",
+        "token_ids",
+        "parent_hash",
+        "salt",
+        "filled",
+        "prev",
+        "next",
+        "owner",
+        "group",
+    )
 
     def __init__(self, block_id: int):
         self.block_id = block_id
@@ -42,9 +54,11 @@ class Block:
         self.token_ids: tuple[int, ...] | None = None
         self.parent_hash: int | None = None
         self.salt = None
-        self.filled = 0            # token slots holding valid KV (0 for a free, hashless block)
-        self.owner: str | None = None   # tier/store.owner_tag of the chat that registered it (private KV)
-        self.group = 0             # the KV cache group it was last handed out to (engine/kv/cache_spec.py)
+        self.filled = 0  # token slots holding valid KV (0 for a free, hashless block)
+        self.owner: str | None = (
+            None  # tier/store.owner_tag of the chat that registered it (private KV)
+        )
+        self.group = 0  # the KV cache group it was last handed out to (engine/kv/cache_spec.py)
         self.prev: Block | None = None
         self.next: Block | None = None
 
@@ -89,23 +103,23 @@ class BlockPool:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
         self.blocks = _LazyBlocks(num_blocks)
-        self._head = Block(-1)          # sentinels: no None checks when linking
+        self._head = Block(-1)  # sentinels: no None checks when linking
         self._tail = Block(-1)
-        self._fresh = Block(-2)         # stands for ids [fresh_next, num_blocks), in id order
+        self._fresh = Block(-2)  # stands for ids [fresh_next, num_blocks), in id order
         self.fresh_next = 0
         self._head.next, self._fresh.prev = self._fresh, self._head
         self._fresh.next, self._tail.prev = self._tail, self._fresh
         self.num_free = num_blocks
         self.cached: dict[int, Block] = {}
-        self.num_cached_free = 0        # ref 0 and holding a hash (revivable)
-        self.num_shared = 0             # ref >= 2
-        self.num_used_tokens = 0        # sum of `filled` over blocks with ref >= 1
+        self.num_cached_free = 0  # ref 0 and holding a hash (revivable)
+        self.num_shared = 0  # ref >= 2
+        self.num_used_tokens = 0  # sum of `filled` over blocks with ref >= 1
         # per-block mirrors for snapshots (see the module docstring); zero = a fresh block
         self.ref_counts = array("i", bytes(4 * num_blocks))
         self.filled_counts = array("i", bytes(4 * num_blocks))
-        self.hashed = array("b", bytes(num_blocks))    # 1 iff the block holds a prefix-cache hash
-        self.groups = array("b", bytes(num_blocks))    # the KV cache group of its content
-        self.peak_used = 0              # the most blocks used at once since reset_peak
+        self.hashed = array("b", bytes(num_blocks))  # 1 iff the block holds a prefix-cache hash
+        self.groups = array("b", bytes(num_blocks))  # the KV cache group of its content
+        self.peak_used = 0  # the most blocks used at once since reset_peak
         # called with a cached block just before its hash and content are lost to a new owner
         # (the KV tier's write-back, engine/kv/kv_cache_manager.py); its KV is still intact then
         self.on_evict = None
@@ -185,13 +199,13 @@ class BlockPool:
         b = self.blocks[self.fresh_next]
         self.fresh_next += 1
         self.num_free -= 1
-        if self.fresh_next == self.num_blocks:   # range used up: drop its node from the list
+        if self.fresh_next == self.num_blocks:  # range used up: drop its node from the list
             f = self._fresh
             f.prev.next, f.next.prev = f.next, f.prev
             f.prev = f.next = None
         b.ref_count = 1
         b.filled = 0
-        self.ref_counts[b.block_id] = 1         # filled/hashed of a fresh block are already 0
+        self.ref_counts[b.block_id] = 1  # filled/hashed of a fresh block are already 0
         return b
 
     def touch(self, blocks: Iterable[Block]) -> None:
@@ -200,7 +214,9 @@ class BlockPool:
         for b in blocks:
             if b.ref_count == 0:
                 if b.prev is None:
-                    raise KVCacheError(f"block {b.block_id} was never allocated; it cannot be shared")
+                    raise KVCacheError(
+                        f"block {b.block_id} was never allocated; it cannot be shared"
+                    )
                 self._unlink(b)
                 if b.block_hash is not None:
                     self.num_cached_free -= 1

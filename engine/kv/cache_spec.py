@@ -24,18 +24,20 @@ Which layer keeps which window is the model's description (engine/exec/models/de
 each family's config as transformers does); the runner builds the layout from it. This module is
 the only part of engine/kv that execution imports (tests/engine/test_engine_wings.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Sequence
 
-NULL_BLOCK = -1     # a released table entry in a step's plan: no kernel reads it (see step_inputs)
+NULL_BLOCK = -1  # a released table entry in a step's plan: no kernel reads it (see step_inputs)
 
 
 @dataclass(frozen=True)
 class KVCacheGroupSpec:
     """One group: its attention kind and the model layers in its pool slots (slot j = layers[j])."""
-    sliding_window: int | None      # None: full attention; W: the query at p reads p-W+1 .. p
+
+    sliding_window: int | None  # None: full attention; W: the query at p reads p-W+1 .. p
     layers: tuple[int, ...]
 
     @property
@@ -72,14 +74,18 @@ def _group_layers(windows: Sequence[int | None]) -> tuple[list[KVCacheGroupSpec]
     # full attention first (group 0 of a model with any full layer), then wider windows first
     order = sorted(kinds, key=lambda w: (w is not None, -(w or 0)))
     p = min(len(v) for v in kinds.values())
-    groups = [KVCacheGroupSpec(w, tuple(kinds[w][j:j + p])) for w in order
-              for j in range(0, len(kinds[w]), p)]
+    groups = [
+        KVCacheGroupSpec(w, tuple(kinds[w][j : j + p]))
+        for w in order
+        for j in range(0, len(kinds[w]), p)
+    ]
     return groups, p
 
 
 @dataclass(frozen=True)
 class KVCacheLayout:
     """The groups of a model and the pool's layer-slot count P. `layer_kv[i]` = (slot, group)."""
+
     groups: tuple[KVCacheGroupSpec, ...]
     pool_layers: int
     num_layers: int
@@ -131,8 +137,9 @@ class KVCacheLayout:
         (so the files of a model without groups stay valid), else the groups and their layers."""
         if self.num_groups == 1 and not self.has_sliding:
             return ""
-        return ";groups=" + "|".join(f"{s.sliding_window or 'full'}:{','.join(map(str, s.layers))}"
-                                     for s in self.groups)
+        return ";groups=" + "|".join(
+            f"{s.sliding_window or 'full'}:{','.join(map(str, s.layers))}" for s in self.groups
+        )
 
     def max_tokens(self, num_blocks: int, block_size: int, chunk: int) -> int:
         """The longest sequence that fits in a pool of `num_blocks` on its own (so preemption
@@ -140,8 +147,8 @@ class KVCacheLayout:
         if not self.has_sliding:
             return num_blocks * block_size // self.num_groups
         full = any(s.sliding_window is None for s in self.groups)
-        lo, hi = 0, num_blocks * block_size if full else 1 << 30     # windows alone: no pool bound
-        while lo < hi:                      # blocks_held grows with the length: bisect
+        lo, hi = 0, num_blocks * block_size if full else 1 << 30  # windows alone: no pool bound
+        while lo < hi:  # blocks_held grows with the length: bisect
             mid = (lo + hi + 1) // 2
             if sum(s.blocks_held(mid, block_size, chunk) for s in self.groups) <= num_blocks:
                 lo = mid

@@ -10,6 +10,7 @@ date by every change, so a step's plan (`tolist`) and a snapshot (a slice: memcp
 instead of walking Block objects each step. Nothing outside these methods changes `blocks`,
 `released` or `ids`.
 """
+
 from __future__ import annotations
 
 from array import array
@@ -39,10 +40,10 @@ class GroupTable:
         return self.blocks[i - self.released]
 
     def __repr__(self) -> str:
-        return f"GroupTable(released={self.released}, ids={self.ids[self.released:]})"
+        return f"GroupTable(released={self.released}, ids={self.ids[self.released :]})"
 
     def live_ids(self) -> list[int]:
-        return self.ids[self.released:].tolist()
+        return self.ids[self.released :].tolist()
 
     def copy(self) -> "GroupTable":
         out = GroupTable.__new__(GroupTable)
@@ -65,7 +66,7 @@ class GroupTable:
             return []
         out = self.blocks[:k]
         del self.blocks[:k]
-        self.ids[self.released:upto] = array("i", [NULL_BLOCK] * k)
+        self.ids[self.released : upto] = array("i", [NULL_BLOCK] * k)
         self.released = upto
         return out
 
@@ -75,7 +76,7 @@ class GroupTable:
             return []
         if n < self.released:
             raise IndexError(f"cannot cut a table to {n} entries: {self.released} were released")
-        out = self.blocks[n - self.released:]
-        del self.blocks[n - self.released:]
+        out = self.blocks[n - self.released :]
+        del self.blocks[n - self.released :]
         del self.ids[n:]
         return out

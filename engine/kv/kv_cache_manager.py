@@ -27,6 +27,7 @@ second tier's link (engine/kv/tier/link.py, `tier_link`: it moves blocks and own
 counters and policy), stats and snapshots (engine/observe/kv_snapshot.py reads `holders()`, the
 pool and the counters below).
 """
+
 from __future__ import annotations
 
 import logging
@@ -50,10 +51,18 @@ log = logging.getLogger("paged_chat.engine")
 
 
 class KVCacheManager(TableGrowth, StateHooks):
-    def __init__(self, num_blocks: int, block_size: int, *, max_model_len: int,
-                 layout: KVCacheLayout | None = None, kv_bytes_per_token: int = 0,
-                 enable_prefix_caching: bool = True,
-                 max_pin_fraction: float = DEFAULT_MAX_PIN_FRACTION, states=None):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        max_model_len: int,
+        layout: KVCacheLayout | None = None,
+        kv_bytes_per_token: int = 0,
+        enable_prefix_caching: bool = True,
+        max_pin_fraction: float = DEFAULT_MAX_PIN_FRACTION,
+        states=None,
+    ):
         if block_size not in BLOCK_SIZES:
             raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {block_size}")
         if num_blocks < 1:
@@ -62,29 +71,30 @@ class KVCacheManager(TableGrowth, StateHooks):
         self.pool = BlockPool(num_blocks)
         self._bs = block_size
         self.max_model_len = max_model_len
-        self.kv_bytes_per_token = kv_bytes_per_token      # one block's bytes / block_size
+        self.kv_bytes_per_token = kv_bytes_per_token  # one block's bytes / block_size
         self.enable_prefix_caching = enable_prefix_caching
         self._seqs: dict = {}
         self.parked = ParkedSessions(self._release_tables)
         self.pins = PinTable(self.pool, block_size, self.layout, max_fraction=max_pin_fraction)
-        self.tier_link: TierLink | None = None    # second tier, see attach_tier
+        self.tier_link: TierLink | None = None  # second tier, see attach_tier
         self._pending: list[tuple[int, int]] = []
-        self._shortfall = (0, 0)          # (needed, available) of the last allocation that failed
+        self._shortfall = (0, 0)  # (needed, available) of the last allocation that failed
         # counters, read by engine/observe/kv_snapshot.kv_stats
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         self.num_preemptions = 0
         self.preemption_events: deque = deque(maxlen=50)
         self.tokens_recomputed_after_preempt = 0  # tokens a preemption dropped (recompute)
-        self.spec_rollbacks = 0                   # speculative steps that gave slots back
-        self.spec_rolled_back_slots = 0           # slots of rejected draft tokens given back
-        self.window_released_blocks = [0] * self.layout.num_groups   # per group, since start
+        self.spec_rollbacks = 0  # speculative steps that gave slots back
+        self.spec_rolled_back_slots = 0  # slots of rejected draft tokens given back
+        self.window_released_blocks = [0] * self.layout.num_groups  # per group, since start
         # state groups (engine/kv/state_groups.py, engine/kv/state_hooks.py): the state slots of a
         # model with linear-attention layers, held by the same table lists as the blocks; else None
         self.states = states
 
-    def attach_tier(self, tier: KVTier, io, policy: TierPolicy | None = None,
-                    state_io=None) -> TierLink:
+    def attach_tier(
+        self, tier: KVTier, io, policy: TierPolicy | None = None, state_io=None
+    ) -> TierLink:
         """Put `tier` behind the pool; returns the link that moves blocks to and from it.
         io: read(block_id) -> bytes, write(block_id, bytes). state_io (a model with linear-attention
         layers): slot_bytes(slot) -> bytes, slot_nbytes: its states go to the tier too
@@ -95,6 +105,7 @@ class KVCacheManager(TableGrowth, StateHooks):
         self.pool.on_evict = self.tier_link.write_back
         if self.states is not None and state_io is not None:
             from engine.kv.tier.state_entries import StateTier
+
             self.tier_link.states = StateTier(self.tier_link, self.states, state_io, self._bs)
         return self.tier_link
 
@@ -104,7 +115,8 @@ class KVCacheManager(TableGrowth, StateHooks):
     num_free_blocks = property(lambda self: self.pool.num_free)
     num_used_blocks = property(lambda self: self.pool.num_used)
 
-    def has_sequence(self, seq_id) -> bool: return seq_id in self._seqs
+    def has_sequence(self, seq_id) -> bool:
+        return seq_id in self._seqs
 
     def holders(self):
         """Read-only views of who holds blocks, for snapshots (engine/observe/kv_snapshot.py):
@@ -122,13 +134,28 @@ class KVCacheManager(TableGrowth, StateHooks):
     def _plan(self, token_ids, salt, session_id) -> HitPlan:
         if not self.enable_prefix_caching:
             return HitPlan.empty(self.layout, self._bs)
-        plan = plan_hit(self.layout, self._bs, self.pool, self.tier_link, token_ids, salt,
-                        self.parked.get(session_id))
-        if self.states is not None:             # a hit needs a state to start from (state_hit.py)
+        plan = plan_hit(
+            self.layout,
+            self._bs,
+            self.pool,
+            self.tier_link,
+            token_ids,
+            salt,
+            self.parked.get(session_id),
+        )
+        if self.states is not None:  # a hit needs a state to start from (state_hit.py)
             from engine.kv import state_hit
-            plan = state_hit.clamp(self.states, plan, self.layout, self._bs, lambda: plan_hit(
-                self.layout, self._bs, self.pool, self.tier_link, token_ids, salt, None),
-                tier=self.tier_link.states if self.tier_link is not None else None)
+
+            plan = state_hit.clamp(
+                self.states,
+                plan,
+                self.layout,
+                self._bs,
+                lambda: plan_hit(
+                    self.layout, self._bs, self.pool, self.tier_link, token_ids, salt, None
+                ),
+                tier=self.tier_link.states if self.tier_link is not None else None,
+            )
         return plan
 
     def lookup_prefix(self, token_ids, *, cache_salt=None, session_id=None) -> int:
@@ -137,17 +164,24 @@ class KVCacheManager(TableGrowth, StateHooks):
         return plan.cached if plan.session is not None else plan.num_blocks * self._bs
 
     # ---- sequence lifecycle -------------------------------------------------------------
-    def add_sequence(self, seq_id, token_ids, *, num_new_tokens, cache_salt=None,
-                     session_id=None) -> int:
+    def add_sequence(
+        self, seq_id, token_ids, *, num_new_tokens, cache_salt=None, session_id=None
+    ) -> int:
         """`try_add_sequence` for callers that treat no room as an error: NoFreeBlocksError."""
-        cached = self.try_add_sequence(seq_id, token_ids, num_new_tokens=num_new_tokens,
-                                       cache_salt=cache_salt, session_id=session_id)
+        cached = self.try_add_sequence(
+            seq_id,
+            token_ids,
+            num_new_tokens=num_new_tokens,
+            cache_salt=cache_salt,
+            session_id=session_id,
+        )
         if cached is None:
             raise NoFreeBlocksError(*self._shortfall)
         return cached
 
-    def try_add_sequence(self, seq_id, token_ids, *, num_new_tokens, cache_salt=None,
-                         session_id=None) -> int | None:
+    def try_add_sequence(
+        self, seq_id, token_ids, *, num_new_tokens, cache_salt=None, session_id=None
+    ) -> int | None:
         """Admit a sequence: reuse its cached prefix (pool, tier, or its owner's parked tables),
         give num_new_tokens more tokens slots. Returns the number of cached tokens, or None when
         the pool cannot hold it even after releasing parked blocks; then nothing changed (plan
@@ -162,8 +196,9 @@ class KVCacheManager(TableGrowth, StateHooks):
             # Room for the loads and the new tokens before any read; a read that fails (torn,
             # corrupt: the tier drops it) plans again without it, keeping what was read. A
             # hybrid model's state after the hit is read with its blocks (tier/state_entries.py).
-            if not self._state_room(1, dry=True, restore=getattr(plan, "state_restore", None)) \
-                    or not self._room_for_hit(seq_id, plan, token_ids, num_new_tokens):
+            if not self._state_room(
+                1, dry=True, restore=getattr(plan, "state_restore", None)
+            ) or not self._room_for_hit(seq_id, plan, token_ids, num_new_tokens):
                 return None
             missing = [x for _, _, x in plan.loads if x not in datas]
             for ident in missing:
@@ -183,12 +218,14 @@ class KVCacheManager(TableGrowth, StateHooks):
         if plan.session is not None:
             sess = plan.session
             if self.states is not None and not self._state_room(
-                    int(self.states.needs_copy(sess.tables)), keep=sess.session_id, dry=True):
+                int(self.states.needs_copy(sess.tables)), keep=sess.session_id, dry=True
+            ):
                 return None
             return self._adopt(seq_id, token_ids, plan, num_new_tokens, cache_salt)
-        restore = getattr(plan, "state_restore", None)      # state groups: a checkpoint to copy in
-        if not self._state_room(1, dry=True, restore=restore) or \
-                not self._room_for_hit(seq_id, plan, token_ids, num_new_tokens):
+        restore = getattr(plan, "state_restore", None)  # state groups: a checkpoint to copy in
+        if not self._state_room(1, dry=True, restore=restore) or not self._room_for_hit(
+            seq_id, plan, token_ids, num_new_tokens
+        ):
             return None
         if not self._state_room(1, restore=restore):
             return None
@@ -209,11 +246,12 @@ class KVCacheManager(TableGrowth, StateHooks):
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
         self._check_len(seq_id, seq.num_computed + num_new_tokens)
         need, dying = self._needed(seq.tables, seq.num_computed, num_new_tokens)
-        copy = int(self.states is not None and num_new_tokens > 0
-                   and self.states.needs_copy(seq.tables))
+        copy = int(
+            self.states is not None and num_new_tokens > 0 and self.states.needs_copy(seq.tables)
+        )
         if not self._state_room(copy, dry=True) or not self._make_room(need, dropping=dying):
             return False
-        if not self._state_room(copy):          # a shared state slot is copied before the step
+        if not self._state_room(copy):  # a shared state slot is copied before the step
             return False
         self._grow(seq, num_new_tokens)
         return True
@@ -231,17 +269,24 @@ class KVCacheManager(TableGrowth, StateHooks):
         the token list (the next `_grow`, or `park`)."""
         seq = self._get(seq_id)
         nc, bs = seq.num_computed, self._bs
-        windowed = [(s, t) for s, t in zip(self.layout.groups, seq.tables)
-                    if s.sliding_window is not None]
-        if not len(seq.hashes) * bs <= num_computed <= nc or \
-                any(s.first_live_block(num_computed, bs) < t.released for s, t in windowed):
-            raise KVCacheError(f"sequence {seq_id!r}: cannot roll back to {num_computed} "
-                               f"(computed {nc}, hashed up to {len(seq.hashes) * bs})")
+        windowed = [
+            (s, t) for s, t in zip(self.layout.groups, seq.tables) if s.sliding_window is not None
+        ]
+        if not len(seq.hashes) * bs <= num_computed <= nc or any(
+            s.first_live_block(num_computed, bs) < t.released for s, t in windowed
+        ):
+            raise KVCacheError(
+                f"sequence {seq_id!r}: cannot roll back to {num_computed} "
+                f"(computed {nc}, hashed up to {len(seq.hashes) * bs})"
+            )
         if num_computed == nc:
             return 0
         keep = -(-num_computed // bs)
-        if any(b.ref_count != 1 or b.block_hash is not None
-               for t in seq.tables for b in t.blocks[keep - t.released:]):
+        if any(
+            b.ref_count != 1 or b.block_hash is not None
+            for t in seq.tables
+            for b in t.blocks[keep - t.released :]
+        ):
             raise KVCacheError(f"sequence {seq_id!r}: a rolled-back block is shared or cached")
         for t in seq.tables:
             self._free_blocks(t.truncate(keep)[::-1])
@@ -257,13 +302,19 @@ class KVCacheManager(TableGrowth, StateHooks):
         parent = self._get(parent_id)
         if child_id in self._seqs:
             raise KVCacheError(f"sequence {child_id!r} already exists")
-        child = SeqTables(child_id, child_token_ids, parent.salt, None,
-                     [t.copy() for t in parent.tables], owner=parent.owner)
+        child = SeqTables(
+            child_id,
+            child_token_ids,
+            parent.salt,
+            None,
+            [t.copy() for t in parent.tables],
+            owner=parent.owner,
+        )
         child.num_computed, child.hashes = parent.num_computed, list(parent.hashes)
         for t in child.tables:
             self.pool.touch(t.blocks)
         self._seqs[child_id] = child
-        if self.states is not None:     # the child reads its parent's state until one writes
+        if self.states is not None:  # the child reads its parent's state until one writes
             self.states.share(parent.tables, child.tables)
 
     def free(self, seq_id) -> None:
@@ -278,7 +329,7 @@ class KVCacheManager(TableGrowth, StateHooks):
         for t in seq.tables:
             for b in t.blocks:
                 self.pool.drop_hash(b)
-        if self.states is not None:     # states it checkpointed may be as unwritten as its KV
+        if self.states is not None:  # states it checkpointed may be as unwritten as its KV
             for h in seq.hashes:
                 self.states.drop(h)
         seq.hashes = []
@@ -305,11 +356,22 @@ class KVCacheManager(TableGrowth, StateHooks):
         lost = max(0, seq.num_computed - swapped)
         self.num_preemptions += 1
         self.tokens_recomputed_after_preempt += lost
-        log.info("preempted %s by %s: %d tokens swapped out, %d to recompute", seq_id, mode,
-                 swapped, lost)
+        log.info(
+            "preempted %s by %s: %d tokens swapped out, %d to recompute",
+            seq_id,
+            mode,
+            swapped,
+            lost,
+        )
         self.preemption_events.append(
-            {"seq_id": seq_id, "tokens_lost": lost, "time": time.time(), "mode": mode,
-             "tokens_swapped": swapped})
+            {
+                "seq_id": seq_id,
+                "tokens_lost": lost,
+                "time": time.time(),
+                "mode": mode,
+                "tokens_swapped": swapped,
+            }
+        )
         return lost
 
     def park(self, seq_id, owner) -> None:
@@ -320,16 +382,17 @@ class KVCacheManager(TableGrowth, StateHooks):
         if not self.enable_prefix_caching or owner is None:
             self.free(seq_id)
             return
-        self._hash_full(seq)        # full blocks a last speculative step completed
+        self._hash_full(seq)  # full blocks a last speculative step completed
         del self._seqs[seq_id]
         self.parked.release(owner)
         link = self.tier_link
-        if link is not None and link.policy.write_through_parked:   # survives eviction and restarts
+        if link is not None and link.policy.write_through_parked:  # survives eviction and restarts
             link.write_through([b for t in seq.tables for b in t.blocks], reason="park")
-            if link.states is not None:     # and the states those blocks need (tier/state_entries.py)
+            if link.states is not None:  # and the states those blocks need (tier/state_entries.py)
                 link.states.write_holder(seq, seq.num_computed, reason="park")
-        self.parked.put(Parked(owner, list(seq.tokens[:seq.num_computed]), seq.tables, seq.salt,
-                               seq.hashes))
+        self.parked.put(
+            Parked(owner, list(seq.tokens[: seq.num_computed]), seq.tables, seq.salt, seq.hashes)
+        )
 
     def forget_owner(self, owner) -> int:
         """The owner's conversation is deleted: free its parked blocks, drop the free cached blocks
@@ -337,18 +400,19 @@ class KVCacheManager(TableGrowth, StateHooks):
         tier. Returns the tier entries deleted."""
         self.parked.release(owner)
         tag = owner_tag(owner)
-        if self.states is not None:     # its private state checkpoints, before any write-back
+        if self.states is not None:  # its private state checkpoints, before any write-back
             self.states.drop_owner(tag)
         for b in [b for b in self.pool.cached.values() if b.owner == tag]:
             if b.ref_count == 0:
                 self.pool.forget_free(b)
-            else:                       # still held by a fork of it: no longer its private block
+            else:  # still held by a fork of it: no longer its private block
                 b.owner = None
         return self.tier_link.delete_owner(owner) if self.tier_link is not None else 0
 
     # ---- what a step reads ---------------------------------------------------------------
-    def step_kv(self, seq_id, start: int, end: int) -> tuple[tuple[list[int], ...],
-                                                              tuple[list[int], ...]]:
+    def step_kv(
+        self, seq_id, start: int, end: int
+    ) -> tuple[tuple[list[int], ...], tuple[list[int], ...]]:
         """A scheduled row's KV, per KV cache group: the sequence's block table (NULL_BLOCK where
         the window released an entry) and the slots of positions [start, end). The scheduler
         copies them into the step's plan (engine/step_plan.py), so execution never asks."""
@@ -357,8 +421,9 @@ class KVCacheManager(TableGrowth, StateHooks):
         for t in seq.tables:
             if start < t.released * bs or end > len(t) * bs:
                 raise KVCacheError(f"sequence {seq_id!r} has no slots for [{start}, {end})")
-        return tables, tuple([ids[p // bs] * bs + p % bs for p in range(start, end)]
-                             for ids in tables)
+        return tables, tuple(
+            [ids[p // bs] * bs + p % bs for p in range(start, end)] for ids in tables
+        )
 
     def block_table(self, seq_id, group: int = 0) -> list[int]:
         """Group `group`'s live block ids, in table order (a view for tests and tools)."""

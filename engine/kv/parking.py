@@ -9,6 +9,7 @@ short; the engine releases and lists entries here directly (engine/core/llm_engi
 chat sessions exist and their life cycle belong to the session table (engine/core/sessions.py),
 which hands its session id to the engine as the owner id.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -21,10 +22,12 @@ class Parked:
     """A finished turn's KV kept for its owner: its computed tokens, one table per KV cache
     group, the salt it was hashed under and the chain hashes of its full blocks. `session_id`
     names the owner id as the session table hands it over."""
+
     __slots__ = ("session_id", "tokens", "tables", "salt", "hashes")
 
-    def __init__(self, session_id, tokens: list[int], tables: list[GroupTable], salt,
-                 hashes: list[int]):
+    def __init__(
+        self, session_id, tokens: list[int], tables: list[GroupTable], salt, hashes: list[int]
+    ):
         self.session_id, self.tokens, self.tables = session_id, tokens, tables
         self.salt, self.hashes = salt, hashes
 

@@ -19,6 +19,7 @@ still use them.
 
 One engine thread calls this (through KVCacheManager.pins), so there are no locks.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from engine.kv.prefix_hit import cached_block
 from engine.errors import KVCacheError
 from engine.observe.kv_contract import PinView
 
-DEFAULT_MAX_PIN_FRACTION = 0.10     # EngineConfig.max_pin_fraction's default too
+DEFAULT_MAX_PIN_FRACTION = 0.10  # EngineConfig.max_pin_fraction's default too
 
 
 class PinCapError(KVCacheError, ValueError):
@@ -44,7 +45,7 @@ class PinMissError(KVCacheError):
 @dataclass(frozen=True)
 class PinInfo:
     name: str
-    num_tokens: int               # tokens pinned (full blocks only)
+    num_tokens: int  # tokens pinned (full blocks only)
     block_ids: tuple[int, ...]
 
     @property
@@ -56,8 +57,14 @@ class PinTable:
     """name -> the blocks the app holds for it, found by the prefix cache's chain hash
     (engine/kv/block_hash.py, the one walk every lookup uses)."""
 
-    def __init__(self, pool: BlockPool, block_size: int, layout: KVCacheLayout | None = None, *,
-                 max_fraction: float = DEFAULT_MAX_PIN_FRACTION):
+    def __init__(
+        self,
+        pool: BlockPool,
+        block_size: int,
+        layout: KVCacheLayout | None = None,
+        *,
+        max_fraction: float = DEFAULT_MAX_PIN_FRACTION,
+    ):
         if not 0.0 <= max_fraction <= 1.0:
             raise ValueError(f"max_fraction must be in [0, 1], got {max_fraction}")
         self._pool, self._bs = pool, block_size
@@ -82,7 +89,8 @@ class PinTable:
             raise PinCapError(
                 f"pinning {need} blocks ({num_tokens} tokens) would exceed the pin cap: "
                 f"{len(others)} of {self.max_blocks} blocks "
-                f"({self.max_fraction:.0%} of a {self._pool.num_blocks}-block pool) are already pinned")
+                f"({self.max_fraction:.0%} of a {self._pool.num_blocks}-block pool) are already pinned"
+            )
 
     def _held(self, exclude: str | None = None) -> set[int]:
         out: set[int] = set()
@@ -96,10 +104,12 @@ class PinTable:
         chain = list(walk_blocks(token_ids, salt, self._bs))
         k, out = len(chain), []
         for g, spec in enumerate(self._layout.groups):
-            for c in chain[spec.first_live_block(k * self._bs, self._bs):]:
+            for c in chain[spec.first_live_block(k * self._bs, self._bs) :]:
                 b = cached_block(self._pool, g, c)
                 if b is None:
-                    raise PinMissError(f"block {c.index} of the prompt is not cached (KV cache group {g})")
+                    raise PinMissError(
+                        f"block {c.index} of the prompt is not cached (KV cache group {g})"
+                    )
                 out.append(b)
         return out
 
@@ -110,9 +120,11 @@ class PinTable:
             raise ValueError("a pin needs a name")
         self.check_cap(name, len(token_ids))
         blocks = self._cached_blocks(list(token_ids), salt)
-        self._pool.touch(blocks)          # before unpinning the old one: shared blocks never drop to 0
+        self._pool.touch(blocks)  # before unpinning the old one: shared blocks never drop to 0
         self.unpin(name)
-        info = PinInfo(name, len(token_ids) // self._bs * self._bs, tuple(b.block_id for b in blocks))
+        info = PinInfo(
+            name, len(token_ids) // self._bs * self._bs, tuple(b.block_id for b in blocks)
+        )
         self._pins[name] = (info, blocks)
         return info
 
@@ -121,7 +133,7 @@ class PinTable:
         entry = self._pins.pop(name, None)
         if entry is None:
             return False
-        self._pool.free_blocks(entry[1][::-1])     # tail first, like any table
+        self._pool.free_blocks(entry[1][::-1])  # tail first, like any table
         return True
 
     def get(self, name: str) -> PinInfo | None:
@@ -132,8 +144,10 @@ class PinTable:
         return [info for info, _ in self._pins.values()]
 
     def views(self) -> list[PinView]:
-        return [PinView(name=i.name, num_tokens=i.num_tokens, block_table=list(i.block_ids))
-                for i in self.infos()]
+        return [
+            PinView(name=i.name, num_tokens=i.num_tokens, block_table=list(i.block_ids))
+            for i in self.infos()
+        ]
 
     def pinned_ids(self) -> set[int]:
         return self._held()

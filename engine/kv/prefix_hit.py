@@ -15,6 +15,7 @@ group still holds the window before its common prefix.
 
 Everything here is pure: it reads the pool's cached map and the tier's index, never changes them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -31,8 +32,13 @@ def cached_block(pool: BlockPool, group: int, c: ChainBlock) -> Block | None:
     """The pool's block for chain block `c` in `group`, verified (tokens, parent, salt, group),
     so a hash collision is never a hit; None if there is none."""
     b = pool.cached.get(group_key(c.hash, group))
-    if b is None or b.token_ids != c.tokens or b.parent_hash != group_key(c.parent, group) \
-            or b.salt != c.salt or b.group != group:
+    if (
+        b is None
+        or b.token_ids != c.tokens
+        or b.parent_hash != group_key(c.parent, group)
+        or b.salt != c.salt
+        or b.group != group
+    ):
         return None
     return b
 
@@ -48,6 +54,7 @@ class HitPlan:
     [first[g], k), each a pool Block or a BlockIdentity to load from the tier; `chain`: the chain
     blocks [0, k). With `session` set the owner's parked tables are adopted up to `cached` tokens
     instead (`picks` unused)."""
+
     cached: int = 0
     num_blocks: int = 0
     first: list[int] = field(default_factory=list)
@@ -62,8 +69,12 @@ class HitPlan:
     @property
     def loads(self) -> list[tuple[int, int, BlockIdentity]]:
         """(group, block index, identity) of the blocks to load, block index first."""
-        out = [(i, g, x) for g, (lo, ps) in enumerate(zip(self.first, self.picks))
-               for i, x in enumerate(ps, lo) if isinstance(x, BlockIdentity)]
+        out = [
+            (i, g, x)
+            for g, (lo, ps) in enumerate(zip(self.first, self.picks))
+            for i, x in enumerate(ps, lo)
+            if isinstance(x, BlockIdentity)
+        ]
         return [(g, i, x) for i, g, x in sorted(out, key=lambda t: (t[0], t[1]))]
 
     block_size: int = 0
@@ -103,8 +114,9 @@ def _shrink(k: int, lower: int, sliding: list, layout: KVCacheLayout, bs: int, p
     return lower
 
 
-def plan_hit(layout: KVCacheLayout, bs: int, pool: BlockPool, link, token_ids, salt,
-             session: Parked | None) -> HitPlan:
+def plan_hit(
+    layout: KVCacheLayout, bs: int, pool: BlockPool, link, token_ids, salt, session: Parked | None
+) -> HitPlan:
     """The hit for `token_ids` (at least one token is always left to compute: the last one
     must produce logits). Pure."""
     if len(token_ids) < 2:
@@ -137,6 +149,7 @@ def plan_hit(layout: KVCacheLayout, bs: int, pool: BlockPool, link, token_ids, s
 
         def have(g: int, i: int) -> bool:
             return in_pool(g, i) is not None or tier.has(tier_identity(chain[i], g))
+
         top = k
         if full:
             while top < limit and all(have(g, top) for g in full):
@@ -151,9 +164,14 @@ def plan_hit(layout: KVCacheLayout, bs: int, pool: BlockPool, link, token_ids, s
         plan.cached = pool_k * bs
     if session is not None and session.salt == salt:
         common = common_prefix(session.tokens, token_ids, len(token_ids) - 1)
-        if common and common >= plan.num_blocks * bs and all(
+        if (
+            common
+            and common >= plan.num_blocks * bs
+            and all(
                 layout.groups[g].first_live_block(common, bs) >= session.tables[g].released
-                for g in sliding):
+                for g in sliding
+            )
+        ):
             return HitPlan(cached=common, session=session, block_size=bs)
     return plan
 
@@ -164,5 +182,6 @@ def _picks(layout: KVCacheLayout, bs: int, chain: _Chain, k: int, in_pool) -> Hi
         lo = min(k, spec.first_live_block(k * bs, bs))
         first.append(lo)
         picks.append([in_pool(g, i) or tier_identity(chain[i], g) for i in range(lo, k)])
-    return HitPlan(num_blocks=k, first=first, picks=picks, chain=[chain[i] for i in range(k)],
-                   block_size=bs)
+    return HitPlan(
+        num_blocks=k, first=first, picks=picks, chain=[chain[i] for i in range(k)], block_size=bs
+    )

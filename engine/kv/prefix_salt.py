@@ -5,6 +5,7 @@ security decision (issue 12, the prefix-cache oracle) that readers should find w
 the whole KV manager. The manager hashes each full block with `block_salt(...)` of its sequence's
 salt; everything here is pure.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -18,6 +19,7 @@ class SharedPrefixSalt(NamedTuple):
     within `shared_tokens` are hashed unsalted (shared by everyone); from the first block that
     holds a later token on, the chain is salted, so nothing after the system prompt is shared.
     """
+
     salt: str
     shared_tokens: int
 

@@ -16,6 +16,7 @@ path (a chat turn, n > 1, beam search, regenerate / continue, the /v1 API, the d
   prompt is stored once for everyone. Pins hold only such system prefixes, which is why
   `engine/front/pin_api.py` pins them unsalted: the same hashes this rule gives those blocks.
 """
+
 from __future__ import annotations
 
 from engine.kv.prefix_salt import SharedPrefixSalt
@@ -31,11 +32,13 @@ def principal_salt(kind: str, name: str = "", *, multi_user: bool) -> str | None
     if kind == "demo":
         return "demo"
     if not multi_user:
-        return None                  # the one local user: chats and the API share the cache
+        return None  # the one local user: chats and the API share the cache
     return f"{kind}:{name or 'default'}"
 
 
-def prompt_salt(tokenizer, messages: list[dict] | None, ids: list[int], salt) -> SharedPrefixSalt | None:
+def prompt_salt(
+    tokenizer, messages: list[dict] | None, ids: list[int], salt
+) -> SharedPrefixSalt | None:
     """The salt a request with prompt `ids` is hashed under: `salt` (from `principal_salt`) for
     everything after the leading system messages of `messages`; those stay shared. No messages
     (a raw completion prompt): nothing is spared."""

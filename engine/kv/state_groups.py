@@ -64,7 +64,9 @@ class Checkpoint:
     ready: bool = False  # its copy is in a plan (restores queued after it read the right state)
     tokens: tuple | None = None  # the last block's token ids and salt (the tier's identity check)
     salt: object = None
-    owner: str | None = None  # its block's owner tag (a chat's private state; engine/kv/tier/store.py)
+    owner: str | None = (
+        None  # its block's owner tag (a chat's private state; engine/kv/tier/store.py)
+    )
     boundary: bool = False  # a holder's latest-boundary checkpoint, replaced at its next one
 
 
@@ -84,7 +86,9 @@ class StateGroups:
         self._wanted: dict[int, list] = {}  # id(tables) -> boundaries to checkpoint at, ascending
         self._boundary: dict[int, int] = {}  # id(tables) -> key of its boundary checkpoint
         self.take_checkpoints = True
-        self.keep_boundaries = False  # set while a KV tier is attached (engine/kv/tier/state_entries.py)
+        self.keep_boundaries = (
+            False  # set while a KV tier is attached (engine/kv/tier/state_entries.py)
+        )
         self.tier_loads = 0  # states read back from the KV tier
         self.tier_writes = 0  # states written to it
         self.checkpoints_taken = 0
@@ -241,8 +245,14 @@ class StateGroups:
             return None
         slot = self.pool.allocate()
         self._deferred.append((self.slot_of(seq.tables), slot))
-        ck = Checkpoint(slot, pos, key, tokens=tuple(seq.tokens[pos - self.bs : pos]),
-                        salt=block_salt(seq.salt, k - 1, self.bs), owner=seq.tables[0][k - 1].owner)
+        ck = Checkpoint(
+            slot,
+            pos,
+            key,
+            tokens=tuple(seq.tokens[pos - self.bs : pos]),
+            salt=block_salt(seq.salt, k - 1, self.bs),
+            owner=seq.tables[0][k - 1].owner,
+        )
         self.checkpoints[key] = ck
         self.checkpoints_taken += 1
         return ck

@@ -50,7 +50,7 @@ class StateHooks:
             for key in drops:
                 if st.pool.num_free >= n:
                     break
-                if states_tier is not None:     # the tier keeps it, as an evicted block's KV
+                if states_tier is not None:  # the tier keeps it, as an evicted block's KV
                     states_tier.write_back(key)
                 st.drop(key)
             for sid in victims:

@@ -18,6 +18,7 @@ A model with linear-attention layers also holds a state slot per sequence
 one before the step writes it and takes wanted checkpoints, `_release_tables` lets it go; the
 room checks and chunk ends are the manager's StateHooks (engine/kv/state_hooks.py).
 """
+
 from __future__ import annotations
 
 from engine.errors import KVCacheError
@@ -34,8 +35,17 @@ from engine.kv.prefix_salt import SharedPrefixSalt
 class SeqTables:
     """A running sequence as the manager holds it: its tables per group, computed count, salt,
     owner tag (for the tier) and the chain hashes of its full blocks."""
-    __slots__ = ("seq_id", "tokens", "tables", "num_computed", "salt", "session_id", "hashes",
-                 "owner")
+
+    __slots__ = (
+        "seq_id",
+        "tokens",
+        "tables",
+        "num_computed",
+        "salt",
+        "session_id",
+        "hashes",
+        "owner",
+    )
 
     def __init__(self, seq_id, tokens, salt, session_id, tables, owner=None):
         self.seq_id, self.tokens, self.salt, self.session_id = seq_id, tokens, salt, session_id
@@ -43,7 +53,7 @@ class SeqTables:
         self.owner = owner if owner is not None else owner_tag(session_id)
         self.tables: list[GroupTable] = tables
         self.num_computed = 0
-        self.hashes: list[int] = []     # token chain hash of each full block already hashed
+        self.hashes: list[int] = []  # token chain hash of each full block already hashed
 
 
 class TableGrowth:
@@ -60,12 +70,14 @@ class TableGrowth:
     tier_link: object
     prefix_cache_queries: int
     prefix_cache_hits: int
-    states: object      # engine/kv/state_groups.StateGroups of a linear-attention model, or None
+    states: object  # engine/kv/state_groups.StateGroups of a linear-attention model, or None
 
     def _check_len(self, seq_id, end: int) -> None:
         if end > self.max_model_len:
-            raise KVCacheError(f"sequence {seq_id!r} would hold {end} tokens, "
-                               f"past max_model_len={self.max_model_len}")
+            raise KVCacheError(
+                f"sequence {seq_id!r} would hold {end} tokens, "
+                f"past max_model_len={self.max_model_len}"
+            )
 
     def _room_for_hit(self, seq_id, plan: HitPlan, token_ids, num_new_tokens: int) -> bool:
         start = plan.num_blocks * self._bs
@@ -75,15 +87,16 @@ class TableGrowth:
         revived = [b for ps in plan.picks for b in ps if isinstance(b, Block)]
         return self._make_room(need, reserved=revived)
 
-    def _admit(self, seq_id, token_ids, plan: HitPlan, datas: dict, num_new_tokens, salt,
-               session_id) -> int:
+    def _admit(
+        self, seq_id, token_ids, plan: HitPlan, datas: dict, num_new_tokens, salt, session_id
+    ) -> int:
         """Mutate: revive the pool's blocks, fresh blocks for the loaded ones (their bytes copied
         in before any forward reads them), then the new tokens' slots."""
         bs, pool = self._bs, self.pool
         tables, loaded_blocks, loaded_datas = [], [], []
         seq = SeqTables(seq_id, token_ids, salt, session_id, tables)
         hits = [[b for b in picks if isinstance(b, Block)] for picks in plan.picks]
-        for h in hits:              # every group's hits first: a fresh block never evicts one
+        for h in hits:  # every group's hits first: a fresh block never evicts one
             pool.touch(h)
         for g, (lo, picks) in enumerate(zip(plan.first, plan.picks)):
             fresh = iter(pool.get_new_blocks(len(picks) - len(hits[g]), g))
@@ -106,9 +119,12 @@ class TableGrowth:
         if self.states is not None:
             # a fresh slot, or the checkpoint's state copied into one; keep one where the KV hit
             # ended and one at the prompt's last block boundary
-            load = getattr(plan, "state_load", None)    # a state read from the KV tier
-            self.states.attach(tables, getattr(plan, "state_restore", None),
-                               load=(load, datas[load.key]) if load is not None else None)
+            load = getattr(plan, "state_load", None)  # a state read from the KV tier
+            self.states.attach(
+                tables,
+                getattr(plan, "state_restore", None),
+                load=(load, datas[load.key]) if load is not None else None,
+            )
             self.states.want_checkpoint(tables, getattr(plan, "kv_hit_blocks", 0) * bs)
             self.states.want_checkpoint(tables, len(token_ids) // bs * bs)
             num_new_tokens = self.chunk_end(seq_id, start, num_new_tokens)
@@ -116,8 +132,13 @@ class TableGrowth:
         self.prefix_cache_hits += start
         self._grow(seq, max(0, min(num_new_tokens, len(token_ids) - start)))
         if loaded_blocks:
-            event = {"seq_id": seq_id, "session_id": session_id, "tokens_loaded": start - cached,
-                     "tokens_cached": cached, "tokens_computed": len(token_ids) - start}
+            event = {
+                "seq_id": seq_id,
+                "session_id": session_id,
+                "tokens_loaded": start - cached,
+                "tokens_cached": cached,
+                "tokens_computed": len(token_ids) - start,
+            }
             self.tier_link.install(loaded_blocks, loaded_datas, event)
         return start
 
@@ -136,20 +157,20 @@ class TableGrowth:
         need, _ = self._needed(tables, c, n)
         if not self._make_room(need, keep=sess.session_id, dropping=dropping):
             return None
-        if self.states is not None:     # the parked slot shared with a fork: room for its copy
+        if self.states is not None:  # the parked slot shared with a fork: room for its copy
             self._state_room(int(self.states.needs_copy(sess.tables)), keep=sess.session_id)
         self.parked.take(sess.session_id)
         self._free_blocks(dropping)
         seq = SeqTables(seq_id, token_ids, salt, sess.session_id, tables)
-        seq.hashes, seq.num_computed = sess.hashes[:c // bs], c
-        if self.states is not None:     # the parked state is the next turn's
+        seq.hashes, seq.num_computed = sess.hashes[: c // bs], c
+        if self.states is not None:  # the parked state is the next turn's
             self.states.adopt(sess.tables, tables)
             self.states.want_checkpoint(tables, len(token_ids) // bs * bs)
         if c % bs:
             for t in tables:
                 last = t[-1]
                 if last.ref_count == 1 and last.block_hash is None:
-                    self.pool.set_filled(last, c % bs)      # the rest is stale
+                    self.pool.set_filled(last, c % bs)  # the rest is stale
         self._seqs[seq_id] = seq
         self.prefix_cache_queries += len(token_ids)
         self.prefix_cache_hits += c
@@ -168,7 +189,7 @@ class TableGrowth:
             if nc % bs and t[-1].ref_count >= 2:
                 need += 1
             if spec.sliding_window is not None:
-                dying += t.blocks[:spec.first_live_block(nc, bs) - t.released]
+                dying += t.blocks[: spec.first_live_block(nc, bs) - t.released]
         return need, dying
 
     def _make_room(self, need: int, reserved=(), keep=None, dropping=()) -> bool:
@@ -205,14 +226,14 @@ class TableGrowth:
         the window no longer shows the step's first query; capacity already checked."""
         if n <= 0:
             return
-        states = self.states        # state groups (engine/kv/state_groups.py), or None
-        if states is not None:      # the step writes the state: a shared slot is copied first
+        states = self.states  # state groups (engine/kv/state_groups.py), or None
+        if states is not None:  # the step writes the state: a shared slot is copied first
             states.writable(seq.tables)
-        self._hash_full(seq)        # blocks an accepted draft completed: hashed before release
+        self._hash_full(seq)  # blocks an accepted draft completed: hashed before release
         pool, bs = self.pool, self._bs
         nc, end = seq.num_computed, seq.num_computed + n
         for g, (spec, t) in enumerate(zip(self.layout.groups, seq.tables)):
-            if spec.sliding_window is not None:     # every group's release before any allocation
+            if spec.sliding_window is not None:  # every group's release before any allocation
                 dead = t.release_front(spec.first_live_block(nc, bs))
                 if dead:
                     self._free_blocks(dead[::-1])
@@ -220,13 +241,13 @@ class TableGrowth:
         for g, t in enumerate(seq.tables):
             if nc % bs:
                 last = t[-1]
-                if last.ref_count >= 2:                     # shared partial block: copy-on-write
+                if last.ref_count >= 2:  # shared partial block: copy-on-write
                     new = pool.get_new_blocks(1, g)[0]
                     self._pending.append((last.block_id, new.block_id))
                     pool.free_blocks((last,))
                     pool.set_filled(new, nc % bs)
                     t.replace_last(new)
-                elif last.block_hash is not None:           # adopted full block, tail overwritten
+                elif last.block_hash is not None:  # adopted full block, tail overwritten
                     pool.drop_hash(last)
             extra = -(-end // bs) - len(t)
             if extra > 0:
@@ -238,15 +259,18 @@ class TableGrowth:
             pool.set_filled(t[last_i], end - last_i * bs)
         seq.num_computed = end
         self._hash_full(seq)
-        if states is not None:      # a wanted state checkpoint at `end` is taken after this step
+        if states is not None:  # a wanted state checkpoint at `end` is taken after this step
             states.reached(seq, end)
 
     def _register(self, b: Block, group: int, c: ChainBlock, seq) -> None:
         key, parent = group_key(c.hash, group), group_key(c.parent, group)
-        shared = c.salt is None and isinstance(seq.salt, SharedPrefixSalt)    # the system prompt
-        if self.pool.register(b, key, c.tokens, parent, c.salt) and seq.owner is not None \
-                and not shared:
-            b.owner = seq.owner             # the chat's own block (not the shared system prompt)
+        shared = c.salt is None and isinstance(seq.salt, SharedPrefixSalt)  # the system prompt
+        if (
+            self.pool.register(b, key, c.tokens, parent, c.salt)
+            and seq.owner is not None
+            and not shared
+        ):
+            b.owner = seq.owner  # the chat's own block (not the shared system prompt)
 
     def _hash_full(self, seq) -> None:
         """Hash the blocks that are full within num_computed (and the token list); register
@@ -255,8 +279,9 @@ class TableGrowth:
             return
         bs, hashes, toks = self._bs, seq.hashes, seq.tokens
         full = min(seq.num_computed, len(toks)) // bs
-        for c in walk_blocks(toks, seq.salt, bs, start=len(hashes), stop=full,
-                             parent=hashes[-1] if hashes else None):
+        for c in walk_blocks(
+            toks, seq.salt, bs, start=len(hashes), stop=full, parent=hashes[-1] if hashes else None
+        ):
             hashes.append(c.hash)
             for g, t in enumerate(seq.tables):
                 if c.index >= t.released:
@@ -265,7 +290,7 @@ class TableGrowth:
     def _free_blocks(self, blocks: list[Block]) -> None:
         """Drop one reference each (in eviction order) and the copies into blocks now free."""
         self.pool.free_blocks(blocks)
-        if self._pending:       # a copy into a block nobody holds any more must not run
+        if self._pending:  # a copy into a block nobody holds any more must not run
             self._pending = [(s, d) for s, d in self._pending if self.pool.blocks[d].ref_count > 0]
 
     def _release_tables(self, tables: list[GroupTable]) -> None:

@@ -5,6 +5,7 @@ Why a module of its own: these are the parts whose cost grows with the pool (350
 H200), so they are built from raw C-array copies with numpy, on the reader's thread, and only
 when asked for; kv_contract.py keeps the contract's shape and JSON.
 """
+
 from __future__ import annotations
 
 import gc
@@ -29,8 +30,8 @@ def _no_gc():
             gc.enable()
 
 
-STATES = ("free", "used", "cached", "pinned")     # index = the state's code in `block_runs`
-_STATE_OBJ = np.array(STATES, dtype=object)         # code -> the very str objects (tolist is cheap)
+STATES = ("free", "used", "cached", "pinned")  # index = the state's code in `block_runs`
+_STATE_OBJ = np.array(STATES, dtype=object)  # code -> the very str objects (tolist is cheap)
 _CODE = {name: k for k, name in enumerate(STATES)}
 
 
@@ -51,13 +52,15 @@ class BlockArrays:
 
     def __init__(self, state, ref_count, filled, group=None):
         self._state, self._ref, self._filled = state, ref_count, filled
-        self._group = group                 # list, or None: every block in group 0
-        self._group_col = None              # array("b") from the pool (from_columns)
+        self._group = group  # list, or None: every block in group 0
+        self._group_col = None  # array("b") from the pool (from_columns)
         self._cols = self._codes = None
         self._lock = threading.Lock()
 
     @classmethod
-    def from_columns(cls, ref_counts, filled_counts, hashed, pinned_ids=(), groups=None) -> "BlockArrays":
+    def from_columns(
+        cls, ref_counts, filled_counts, hashed, pinned_ids=(), groups=None
+    ) -> "BlockArrays":
         """ref_counts / filled_counts: array("i"), hashed: array("b") (block_pool.BlockPool.columns()),
         copies owned by this snapshot; pinned_ids: ids held by an app pin; groups: array("b") of
         each block's KV cache group, or None for a pool of one group."""
@@ -90,13 +93,25 @@ class BlockArrays:
                 if self._cols is not None:
                     ref, filled, hashed, pinned = self._cols
                     r = np.frombuffer(ref, dtype=np.intc) if len(ref) else np.zeros(0, np.intc)
-                    f = np.frombuffer(filled, dtype=np.intc) if len(filled) else np.zeros(0, np.intc)
-                    h = np.frombuffer(hashed, dtype=np.int8) if len(hashed) else np.zeros(0, np.int8)
-                    codes = np.where(r > 0, np.int8(1), np.where(h != 0, np.int8(2), np.int8(0))).astype(np.int8)
+                    f = (
+                        np.frombuffer(filled, dtype=np.intc)
+                        if len(filled)
+                        else np.zeros(0, np.intc)
+                    )
+                    h = (
+                        np.frombuffer(hashed, dtype=np.int8)
+                        if len(hashed)
+                        else np.zeros(0, np.int8)
+                    )
+                    codes = np.where(
+                        r > 0, np.int8(1), np.where(h != 0, np.int8(2), np.int8(0))
+                    ).astype(np.int8)
                     if pinned:
                         codes[np.fromiter(pinned, dtype=np.int64, count=len(pinned))] = 3
                 else:
-                    codes = np.fromiter((_CODE[x] for x in self._state), dtype=np.int8, count=len(self._state))
+                    codes = np.fromiter(
+                        (_CODE[x] for x in self._state), dtype=np.int8, count=len(self._state)
+                    )
                     r = np.asarray(self._ref, dtype=np.intc)
                     f = np.asarray(self._filled, dtype=np.intc)
                 self._codes = (codes, r, f)
@@ -122,16 +137,36 @@ class BlockArrays:
         codes, r, f = self._np()
         n = len(codes)
         if n == 0:
-            return {"states": list(STATES), "start": [], "length": [], "state": [], "ref_count": [],
-                    "filled": [], "group": []}
+            return {
+                "states": list(STATES),
+                "start": [],
+                "length": [],
+                "state": [],
+                "ref_count": [],
+                "filled": [],
+                "group": [],
+            }
         g = self._groups_np(n)
-        cut = np.flatnonzero((codes[1:] != codes[:-1]) | (r[1:] != r[:-1]) | (f[1:] != f[:-1])
-                             | (g[1:] != g[:-1])) + 1
+        cut = (
+            np.flatnonzero(
+                (codes[1:] != codes[:-1])
+                | (r[1:] != r[:-1])
+                | (f[1:] != f[:-1])
+                | (g[1:] != g[:-1])
+            )
+            + 1
+        )
         start = np.concatenate(([0], cut))
         length = np.diff(np.concatenate((start, [n])))
-        return {"states": list(STATES), "start": start.tolist(), "length": length.tolist(),
-                "state": codes[start].tolist(), "ref_count": r[start].tolist(), "filled": f[start].tolist(),
-                "group": g[start].tolist()}
+        return {
+            "states": list(STATES),
+            "start": start.tolist(),
+            "length": length.tolist(),
+            "state": codes[start].tolist(),
+            "ref_count": r[start].tolist(),
+            "filled": f[start].tolist(),
+            "group": g[start].tolist(),
+        }
 
     @classmethod
     def from_runs(cls, runs: dict) -> "BlockArrays":
@@ -139,8 +174,9 @@ class BlockArrays:
         names = runs.get("states", STATES)
         state, ref, filled, group = [], [], [], []
         groups = runs.get("group") or [0] * len(runs["start"])
-        for s, n, c, r, f, g in zip(runs["start"], runs["length"], runs["state"], runs["ref_count"],
-                                    runs["filled"], groups):
+        for s, n, c, r, f, g in zip(
+            runs["start"], runs["length"], runs["state"], runs["ref_count"], runs["filled"], groups
+        ):
             state += [names[c]] * n
             ref += [r] * n
             filled += [f] * n
@@ -154,7 +190,9 @@ class BlockArrays:
 
     __hash__ = None
 
-    def __reduce__(self):          # copy / deepcopy / pickle: the materialized lists (a Lock cannot be copied)
+    def __reduce__(
+        self,
+    ):  # copy / deepcopy / pickle: the materialized lists (a Lock cannot be copied)
         return (BlockArrays, self._lists() + (self.group,))
 
     def __len__(self) -> int:

@@ -13,6 +13,7 @@ table): well under a millisecond of memcpy plus O(live sequences) for a 350k-blo
 (BlockArrays, LazySequenceViews). A snapshot is taken on demand (between engine steps), never
 periodically on the engine thread.
 """
+
 from __future__ import annotations
 
 import threading
@@ -25,47 +26,48 @@ import numpy as np
 from engine.observe.kv_columns import STATES, BlockArrays, _no_gc, expand_ranges, id_ranges  # noqa: F401 (re-exported)
 
 SCHEMA = "paged-chat.kv"
-VERSION = 9          # 1: the untyped dict before issue 10; 2: this module (adds "schema", "version");
-                     # 3: block state "pinned", "pins", stats pinned_blocks / max_pinned_blocks;
-                     # 4: "block_runs" (run-length block states), to_json(compact=True) without
-                     #    "blocks"/"owners"; every v3 field is still produced by default;
-                     # 5: stats kv_cache_dtype / weights_kv_bytes_per_token (quantized KV, issue 22)
-                     # 6: the second KV tier (stats tier_*, swap_preemptions, tokens_swapped_out,
-                     #    tokens_recomputed_after_preempt; preemption events "mode", "tokens_swapped")
-                     # 7: speculative decoding counters (stats spec_*)
-                     # 8: stats shared_blocks leaves pinned blocks out (one vocabulary, issue 47:
-                     #    shared = held by 2+ chats, not pinned), stats saved_blocks; KV cache groups
-                     #    (stats num_groups, kv_groups, window_released_blocks, full_attention_blocks,
-                     #    savings_vs_full_attention; blocks "group"; sequences "group_blocks",
-                     #    "released_blocks"); one group: group 0 everywhere
-                     # 9: state groups of linear-attention models (stats "state_groups", snapshot
-                     #    "state_slots"); {} and [] for every other model
+VERSION = 9  # 1: the untyped dict before issue 10; 2: this module (adds "schema", "version");
+# 3: block state "pinned", "pins", stats pinned_blocks / max_pinned_blocks;
+# 4: "block_runs" (run-length block states), to_json(compact=True) without
+#    "blocks"/"owners"; every v3 field is still produced by default;
+# 5: stats kv_cache_dtype / weights_kv_bytes_per_token (quantized KV, issue 22)
+# 6: the second KV tier (stats tier_*, swap_preemptions, tokens_swapped_out,
+#    tokens_recomputed_after_preempt; preemption events "mode", "tokens_swapped")
+# 7: speculative decoding counters (stats spec_*)
+# 8: stats shared_blocks leaves pinned blocks out (one vocabulary, issue 47:
+#    shared = held by 2+ chats, not pinned), stats saved_blocks; KV cache groups
+#    (stats num_groups, kv_groups, window_released_blocks, full_attention_blocks,
+#    savings_vs_full_attention; blocks "group"; sequences "group_blocks",
+#    "released_blocks"); one group: group 0 everywhere
+# 9: state groups of linear-attention models (stats "state_groups", snapshot
+#    "state_slots"); {} and [] for every other model
 
 
 @dataclass(frozen=True)
 class KVStats:
     """Counters: the manager's (pool, prefix cache, sharing) plus the engine's (scheduler)."""
+
     block_size: int
     total_blocks: int
     free_blocks: int
     used_blocks: int
-    cached_blocks: int            # free but still holding a prefix-cache hash (revivable)
-    shared_blocks: int            # held by 2+ block tables (ref_count >= 2), not pinned (issue 47)
+    cached_blocks: int  # free but still holding a prefix-cache hash (revivable)
+    shared_blocks: int  # held by 2+ block tables (ref_count >= 2), not pinned (issue 47)
     peak_used_blocks: int
-    logical_blocks: int           # sum of every live table's length (what no sharing would use)
+    logical_blocks: int  # sum of every live table's length (what no sharing would use)
     kv_bytes_per_token: int
     kv_bytes_per_block: int
     kv_capacity_tokens: int
     used_tokens: int
-    prefix_cache_queries: int     # tokens looked up
-    prefix_cache_hits: int        # tokens found
+    prefix_cache_queries: int  # tokens looked up
+    prefix_cache_hits: int  # tokens found
     num_preemptions: int
-    savings_vs_unshared: float    # 1 - chat_used_blocks / logical
+    savings_vs_unshared: float  # 1 - chat_used_blocks / logical
     savings_vs_contiguous: float  # 1 - chat_used_blocks / (live sequences x max_model_len blocks)
     num_sequences: int
-    num_idle_sessions: int        # parked sessions holding blocks between turns
+    num_idle_sessions: int  # parked sessions holding blocks between turns
     internal_fragmentation_tokens: int
-    usage: float                  # used / total, 0..1
+    usage: float  # used / total, 0..1
     # engine-level (0 when read from a bare manager)
     running: int = 0
     waiting: int = 0
@@ -75,42 +77,44 @@ class KVStats:
     max_model_len: int = 0
     steps: int = 0
     # pinned prefixes (engine/kv/pinning.py), version 3
-    pinned_blocks: int = 0        # blocks held by the app's pins (also counted in used_blocks)
-    max_pinned_blocks: int = 0    # the pin cap, in blocks
-    chat_used_blocks: int = 0     # used blocks minus pinned ones no table holds (savings use this)
+    pinned_blocks: int = 0  # blocks held by the app's pins (also counted in used_blocks)
+    max_pinned_blocks: int = 0  # the pin cap, in blocks
+    chat_used_blocks: int = 0  # used blocks minus pinned ones no table holds (savings use this)
     # the pool's format (kernels/kv_quant.py), version 5
-    kv_cache_dtype: str = ""              # float32 / bfloat16 / float16 / int8 / fp8 ("" = unknown)
-    weights_kv_bytes_per_token: int = 0   # what a token would cost at the weights' dtype (0 = unknown)
+    kv_cache_dtype: str = ""  # float32 / bfloat16 / float16 / int8 / fp8 ("" = unknown)
+    weights_kv_bytes_per_token: int = (
+        0  # what a token would cost at the weights' dtype (0 = unknown)
+    )
     # the second KV tier (engine/kv/tier/store.py), version 6; tier_kind "" = no tier
-    tier_kind: str = ""           # "disk" (CPU: files) or "host" (CUDA: host memory)
+    tier_kind: str = ""  # "disk" (CPU: files) or "host" (CUDA: host memory)
     tier_blocks: int = 0
     tier_bytes: int = 0
     tier_capacity_bytes: int = 0
-    tier_hits_blocks: int = 0     # blocks read back from the tier
-    tier_loaded_tokens: int = 0   # prompt tokens served by tier loads (also in prefix_cache_hits)
-    tier_writes_blocks: int = 0   # write-back + write-through + swap-out
+    tier_hits_blocks: int = 0  # blocks read back from the tier
+    tier_loaded_tokens: int = 0  # prompt tokens served by tier loads (also in prefix_cache_hits)
+    tier_writes_blocks: int = 0  # write-back + write-through + swap-out
     tier_writebacks_blocks: int = 0
     tier_swapouts_blocks: int = 0
     tier_dropped_corrupt: int = 0
     tier_evicted_blocks: int = 0
     tier_deleted_blocks: int = 0
     tier_restored_blocks: int = 0  # entries found at start-up (warm restart)
-    swap_preemptions: int = 0     # preemptions that swapped out instead of dropping
+    swap_preemptions: int = 0  # preemptions that swapped out instead of dropping
     tokens_swapped_out: int = 0
     tokens_recomputed_after_preempt: int = 0
     # speculative decoding (engine/sampling/speculative/), version 7; all 0 with it off
-    spec_num_drafts: int = 0          # verification steps (one per sequence that had a draft)
-    spec_draft_tokens: int = 0        # draft tokens scored
-    spec_accepted_tokens: int = 0     # draft tokens accepted (each one a step saved)
-    spec_rollbacks: int = 0           # verification steps that gave rejected slots back
-    spec_rolled_back_slots: int = 0   # slots of rejected draft tokens returned to the pool
+    spec_num_drafts: int = 0  # verification steps (one per sequence that had a draft)
+    spec_draft_tokens: int = 0  # draft tokens scored
+    spec_accepted_tokens: int = 0  # draft tokens accepted (each one a step saved)
+    spec_rollbacks: int = 0  # verification steps that gave rejected slots back
+    spec_rolled_back_slots: int = 0  # slots of rejected draft tokens returned to the pool
     # KV cache groups (engine/kv/cache_spec.py), version 8; one group: 1, 0, logical_blocks, ...
     num_groups: int = 1
-    window_released_blocks: int = 0   # blocks sliding windows gave back since start (all groups)
-    full_attention_blocks: int = 0    # live tables' entries, released ones included: what paging
-                                      # without windows would hold for the same chats
-    savings_vs_full_attention: float = 0.0    # 1 - chat_used_blocks / full_attention_blocks
-    kv_groups: list = field(default_factory=list)   # per group: {group, kind, sliding_window,
+    window_released_blocks: int = 0  # blocks sliding windows gave back since start (all groups)
+    full_attention_blocks: int = 0  # live tables' entries, released ones included: what paging
+    # without windows would hold for the same chats
+    savings_vs_full_attention: float = 0.0  # 1 - chat_used_blocks / full_attention_blocks
+    kv_groups: list = field(default_factory=list)  # per group: {group, kind, sliding_window,
     # layers, used_blocks, held_blocks, released_entries, window_released_blocks}
     # state groups (engine/kv/state_groups.py), version 9: {} for a model without linear-attention
     # layers, else {state_slots_total, _used, _free, _shared, state_bytes_per_slot, state_checkpoints,
@@ -119,7 +123,7 @@ class KVStats:
     state_groups: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        if not self.pinned_blocks:      # no pins: every used block is held by some table
+        if not self.pinned_blocks:  # no pins: every used block is held by some table
             object.__setattr__(self, "chat_used_blocks", self.used_blocks)
 
     @property
@@ -148,18 +152,21 @@ class KVStats:
 @dataclass(frozen=True)
 class SequenceView:
     """A running sequence or a parked session: its block table and what is shared."""
-    seq_id: str | None            # None for a parked session
+
+    seq_id: str | None  # None for a parked session
     session_id: str | None
-    state: str                    # "running" | "idle_session"
+    state: str  # "running" | "idle_session"
     num_tokens: int
     num_computed: int
     block_table: list
-    shared: list                  # per table entry: ref_count >= 2
+    shared: list  # per table entry: ref_count >= 2
     last_block_filled: int
     request_id: str | None = None
-    title: str | None = None      # hook for the UI (e.g. a conversation title); the engine leaves it None
-    group_blocks: list | None = None      # live blocks per KV cache group (block_table: group 0 first)
-    released_blocks: int = 0              # table entries the sliding windows gave back (v8)
+    title: str | None = (
+        None  # hook for the UI (e.g. a conversation title); the engine leaves it None
+    )
+    group_blocks: list | None = None  # live blocks per KV cache group (block_table: group 0 first)
+    released_blocks: int = 0  # table entries the sliding windows gave back (v8)
 
 
 def compact_sequence(s: dict) -> dict:
@@ -193,15 +200,29 @@ class LazySequenceViews(Sequence):
     def _build(self) -> list:
         with self._lock, _no_gc():
             if self._views is None:
-                r = np.frombuffer(self._ref, dtype=np.intc) if len(self._ref) else np.zeros(0, np.intc)
+                r = (
+                    np.frombuffer(self._ref, dtype=np.intc)
+                    if len(self._ref)
+                    else np.zeros(0, np.intc)
+                )
                 views = []
                 for seq_id, sid, state, ntok, nc, ids, rid, last, per_group, released in self._raw:
                     a = np.frombuffer(ids, dtype=np.intc) if len(ids) else np.zeros(0, np.intc)
-                    views.append(SequenceView(
-                        seq_id=seq_id, session_id=sid, state=state, num_tokens=ntok, num_computed=nc,
-                        block_table=a.tolist(), shared=(r[a] >= 2).tolist(),
-                        last_block_filled=last, request_id=rid, group_blocks=list(per_group),
-                        released_blocks=released))
+                    views.append(
+                        SequenceView(
+                            seq_id=seq_id,
+                            session_id=sid,
+                            state=state,
+                            num_tokens=ntok,
+                            num_computed=nc,
+                            block_table=a.tolist(),
+                            shared=(r[a] >= 2).tolist(),
+                            last_block_filled=last,
+                            request_id=rid,
+                            group_blocks=list(per_group),
+                            released_blocks=released,
+                        )
+                    )
                 self._views = views
             return self._views
 
@@ -211,10 +232,21 @@ class LazySequenceViews(Sequence):
         out = []
         for seq_id, sid, state, ntok, nc, ids, rid, last, per_group, released in self._raw:
             a = np.frombuffer(ids, dtype=np.intc) if len(ids) else np.zeros(0, np.intc)
-            out.append({"seq_id": seq_id, "session_id": sid, "state": state, "num_tokens": ntok,
-                        "num_computed": nc, "block_ranges": id_ranges(a),
-                        "last_block_filled": last, "request_id": rid, "title": None,
-                        "group_blocks": list(per_group), "released_blocks": released})
+            out.append(
+                {
+                    "seq_id": seq_id,
+                    "session_id": sid,
+                    "state": state,
+                    "num_tokens": ntok,
+                    "num_computed": nc,
+                    "block_ranges": id_ranges(a),
+                    "last_block_filled": last,
+                    "request_id": rid,
+                    "title": None,
+                    "group_blocks": list(per_group),
+                    "released_blocks": released,
+                }
+            )
         return out
 
     def __getitem__(self, i):
@@ -233,7 +265,7 @@ class LazySequenceViews(Sequence):
 
     __hash__ = None
 
-    def __reduce__(self):          # copy / deepcopy / pickle: a plain list of the views
+    def __reduce__(self):  # copy / deepcopy / pickle: a plain list of the views
         return (list, (self._build(),))
 
     def __repr__(self) -> str:
@@ -243,6 +275,7 @@ class LazySequenceViews(Sequence):
 @dataclass(frozen=True)
 class PinView:
     """A pinned prefix (a shared system prompt the app holds): its name and blocks."""
+
     name: str
     num_tokens: int
     block_table: list
@@ -252,22 +285,23 @@ class PinView:
 class PreemptionEvent:
     request_id: str
     seq_id: str
-    tokens_lost: int              # computed tokens dropped (recomputed on re-admission)
+    tokens_lost: int  # computed tokens dropped (recomputed on re-admission)
     time: float
-    mode: str = "recompute"       # "swap": full blocks went to the KV tier (version 6)
+    mode: str = "recompute"  # "swap": full blocks went to the KV tier (version 6)
     tokens_swapped: int = 0
 
 
 @dataclass(frozen=True)
 class TierLoadEvent:
     """A sequence admitted with blocks loaded from the KV tier instead of computed (v6)."""
+
     request_id: str | None
     seq_id: str | None
     session_id: str | None
-    tokens_loaded: int            # from the tier (disk or host memory)
-    tokens_cached: int            # already in the pool
-    tokens_computed: int          # prompt tokens left to compute
-    kind: str                     # "disk" or "host"
+    tokens_loaded: int  # from the tier (disk or host memory)
+    tokens_cached: int  # already in the pool
+    tokens_computed: int  # prompt tokens left to compute
+    kind: str  # "disk" or "host"
     time: float
 
 
@@ -276,12 +310,13 @@ class StateSlotView:
     """One held state slot of a linear-attention model (engine/kv/state_pool.py): its holders
     (running sequence ids, parked session ids, "checkpoint"), the tokens its state has seen
     (a checkpoint's boundary; -1 where the holder's own position says it) and the bytes it holds."""
+
     slot: int
     ref_count: int
     holders: list
     tokens: int
     bytes: int
-    checkpoint_uses: int = 0      # prefix hits a checkpoint served
+    checkpoint_uses: int = 0  # prefix hits a checkpoint served
 
 
 @dataclass(frozen=True)
@@ -291,11 +326,11 @@ class KVSnapshot:
     num_blocks: int
     stats: KVStats
     blocks: BlockArrays
-    sequences: list = field(default_factory=list)          # [SequenceView]
+    sequences: list = field(default_factory=list)  # [SequenceView]
     preemption_events: list = field(default_factory=list)  # [PreemptionEvent], oldest first
-    pins: list = field(default_factory=list)               # [PinView]
-    tier_events: list = field(default_factory=list)        # [TierLoadEvent], oldest first (v6)
-    state_slots: list = field(default_factory=list)        # [StateSlotView], held slots (v9)
+    pins: list = field(default_factory=list)  # [PinView]
+    tier_events: list = field(default_factory=list)  # [TierLoadEvent], oldest first (v6)
+    state_slots: list = field(default_factory=list)  # [StateSlotView], held slots (v9)
 
     @property
     def owners(self) -> dict:
@@ -320,20 +355,22 @@ class KVSnapshot:
         lens = [len(s.block_table) for s in seqs]
         if not sum(lens):
             return {}
-        ids = np.fromiter(chain.from_iterable(s.block_table for s in seqs), dtype=np.int64, count=sum(lens))
+        ids = np.fromiter(
+            chain.from_iterable(s.block_table for s in seqs), dtype=np.int64, count=sum(lens)
+        )
         once = np.bincount(ids, minlength=self.num_blocks)[ids] == 1
-        keys = list(map(str, ids.tolist()))                  # C-level passes over every entry
+        keys = list(map(str, ids.tolist()))  # C-level passes over every entry
         once_l, multi_l = once.tolist(), (~once).tolist()
         owners: dict[str, list] = {}
         pos = 0
         for s, n in zip(seqs, lens):
             who = s.seq_id if s.seq_id is not None else s.session_id
-            ks, end = keys[pos:pos + n], pos + n
-            if not once[pos:end].all():                      # blocks shared with other tables
+            ks, end = keys[pos : pos + n], pos + n
+            if not once[pos:end].all():  # blocks shared with other tables
                 for k in compress(ks, multi_l[pos:end]):
                     owners.setdefault(k, []).append(who)
                 ks = compress(ks, once_l[pos:end])
-            owners.update(dict.fromkeys(ks, [who]))          # one list per table: see above
+            owners.update(dict.fromkeys(ks, [who]))  # one list per table: see above
             pos = end
         return owners
 
@@ -343,16 +380,28 @@ class KVSnapshot:
         per-block lists ("blocks") and "owners", and gives each sequence "block_ranges" instead
         of "block_table"/"shared": with "block_runs" that is the same information in a size that
         follows the number of runs, not the pool (350k blocks: kilobytes, not 13 MB)."""
-        out = {"schema": SCHEMA, "version": VERSION, "time": self.time, "block_size": self.block_size,
-               "num_blocks": self.num_blocks, "stats": self.stats.to_json()}
+        out = {
+            "schema": SCHEMA,
+            "version": VERSION,
+            "time": self.time,
+            "block_size": self.block_size,
+            "num_blocks": self.num_blocks,
+            "stats": self.stats.to_json(),
+        }
         if compact:
             out["compact"] = True
         else:
-            out["blocks"] = {"state": self.blocks.state, "ref_count": self.blocks.ref_count,
-                             "filled": self.blocks.filled, "group": self.blocks.group}
-            out["owners"] = self._owners_json()                          # derived, see `owners`
+            out["blocks"] = {
+                "state": self.blocks.state,
+                "ref_count": self.blocks.ref_count,
+                "filled": self.blocks.filled,
+                "group": self.blocks.group,
+            }
+            out["owners"] = self._owners_json()  # derived, see `owners`
         out["block_runs"] = self.blocks.runs()
-        if not compact:   # shallow: the lists inside are fresh per snapshot (asdict's deep copy costs ~10x)
+        if (
+            not compact
+        ):  # shallow: the lists inside are fresh per snapshot (asdict's deep copy costs ~10x)
             out["sequences"] = [dict(vars(s)) for s in self.sequences]
         elif isinstance(self.sequences, LazySequenceViews):
             out["sequences"] = self.sequences.compact_dicts()
@@ -367,20 +416,31 @@ class KVSnapshot:
     @classmethod
     def from_json(cls, d: dict) -> "KVSnapshot":
         if d.get("schema", SCHEMA) != SCHEMA or d.get("version", VERSION) > VERSION:
-            raise ValueError(f"not a {SCHEMA} v<={VERSION} snapshot: {d.get('schema')} v{d.get('version')}")
+            raise ValueError(
+                f"not a {SCHEMA} v<={VERSION} snapshot: {d.get('schema')} v{d.get('version')}"
+            )
         b = d.get("blocks")
-        blocks = BlockArrays(b["state"], b["ref_count"], b["filled"], b.get("group")) if b is not None \
-            else BlockArrays.from_runs(d["block_runs"])                   # a compact snapshot
+        blocks = (
+            BlockArrays(b["state"], b["ref_count"], b["filled"], b.get("group"))
+            if b is not None
+            else BlockArrays.from_runs(d["block_runs"])
+        )  # a compact snapshot
         seqs = []
         for s in d.get("sequences", []):
-            if "block_ranges" in s:                                         # compact
+            if "block_ranges" in s:  # compact
                 s = dict(s)
                 s["block_table"] = expand_ranges(s.pop("block_ranges"))
                 s["shared"] = [blocks.ref_count[i] >= 2 for i in s["block_table"]]
             seqs.append(SequenceView(**s))
-        return cls(time=d["time"], block_size=d["block_size"], num_blocks=d["num_blocks"],
-                   stats=KVStats.from_json(d["stats"]), blocks=blocks, sequences=seqs,
-                   preemption_events=[PreemptionEvent(**e) for e in d.get("preemption_events", [])],
-                   pins=[PinView(**p) for p in d.get("pins", [])],
-                   tier_events=[TierLoadEvent(**e) for e in d.get("tier_events", [])],
-                   state_slots=[StateSlotView(**v) for v in d.get("state_slots", [])])
+        return cls(
+            time=d["time"],
+            block_size=d["block_size"],
+            num_blocks=d["num_blocks"],
+            stats=KVStats.from_json(d["stats"]),
+            blocks=blocks,
+            sequences=seqs,
+            preemption_events=[PreemptionEvent(**e) for e in d.get("preemption_events", [])],
+            pins=[PinView(**p) for p in d.get("pins", [])],
+            tier_events=[TierLoadEvent(**e) for e in d.get("tier_events", [])],
+            state_slots=[StateSlotView(**v) for v in d.get("state_slots", [])],
+        )

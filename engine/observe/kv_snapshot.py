@@ -93,7 +93,7 @@ def kv_stats(m) -> KVStats:
         free_blocks=pool.num_free,
         used_blocks=used,
         cached_blocks=pool.num_cached_free,
-        shared_blocks=pool.num_shared - m.pins.num_pinned_shared,     # not pinned (issue 47)
+        shared_blocks=pool.num_shared - m.pins.num_pinned_shared,  # not pinned (issue 47)
         peak_used_blocks=max(pool.peak_used, used),
         logical_blocks=logical,
         kv_bytes_per_token=m.kv_bytes_per_token,
@@ -190,7 +190,7 @@ def _state_slots(m) -> list:
     st = m.states
     if st is None:
         return []
-    running, parked = m.holders()       # fresh views: take_snapshot's parked iterator is spent
+    running, parked = m.holders()  # fresh views: take_snapshot's parked iterator is spent
     who: dict[int, list] = {}
     for s in running:
         who.setdefault(st.slot_of(s.tables), []).append((s.seq_id, s.num_computed))
@@ -198,9 +198,19 @@ def _state_slots(m) -> list:
         who.setdefault(st.slot_of(p.tables), []).append((p.session_id, len(p.tokens)))
     out = []
     for slot, hs in sorted(who.items()):
-        out.append(StateSlotView(slot, st.pool.ref[slot], [h for h, _ in hs],
-                                 max(n for _, n in hs), st.bytes_per_slot))
+        out.append(
+            StateSlotView(
+                slot,
+                st.pool.ref[slot],
+                [h for h, _ in hs],
+                max(n for _, n in hs),
+                st.bytes_per_slot,
+            )
+        )
     for ck in st.checkpoints.values():
-        out.append(StateSlotView(ck.slot, st.pool.ref[ck.slot], ["checkpoint"], ck.pos,
-                                 st.bytes_per_slot, ck.uses))
+        out.append(
+            StateSlotView(
+                ck.slot, st.pool.ref[ck.slot], ["checkpoint"], ck.pos, st.bytes_per_slot, ck.uses
+            )
+        )
     return out

@@ -14,6 +14,7 @@ forms took to build on readers' threads, so viewers polling a 350k-block pool's 
 second of GIL-holding work) cost the process at most ~25% of a core, leaving the GIL to the engine
 thread; at dashboard pool sizes (milliseconds) the window stays at period_s.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,7 +26,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 def json_bytes(d: dict) -> bytes:
     """The JSON body as Starlette's JSONResponse would render it (compact separators, UTF-8)."""
-    return json.dumps(d, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode("utf-8")
+    return json.dumps(
+        d, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
+    ).encode("utf-8")
 
 
 class _Period:
@@ -34,7 +37,9 @@ class _Period:
     def __init__(self, snap, taken: float, cost: float):
         self.snap, self.taken, self.cost = snap, taken, cost
         self.forms: dict = {}
-        self.locks = {key: threading.Lock() for key in ("dict", "dict-compact", "bytes", "bytes-compact")}
+        self.locks = {
+            key: threading.Lock() for key in ("dict", "dict-compact", "bytes", "bytes-compact")
+        }
 
 
 class SharedSnapshot:
@@ -45,15 +50,27 @@ class SharedSnapshot:
     burst's prefill can take seconds on a CPU) the reader gets the previous window's snapshot,
     whose own `time` says how old it is. Only the very first snapshot is waited for."""
 
-    def __init__(self, take, period_s: float, *, cost_factor: float = 4.0, clock=time.monotonic,
-                 max_wait_s: float = 0.2):
-        self._take, self.period_s, self.cost_factor, self._clock = take, period_s, cost_factor, clock
+    def __init__(
+        self,
+        take,
+        period_s: float,
+        *,
+        cost_factor: float = 4.0,
+        clock=time.monotonic,
+        max_wait_s: float = 0.2,
+    ):
+        self._take, self.period_s, self.cost_factor, self._clock = (
+            take,
+            period_s,
+            cost_factor,
+            clock,
+        )
         self.max_wait_s = max_wait_s
         self._lock = threading.Lock()
         self._period: _Period | None = None
-        self._pending: Future | None = None   # the take in flight, if any
-        self.takes = 0                     # how many snapshots were taken (tests, metrics)
-        self.stale_reads = 0               # reads answered with the previous window (engine busy)
+        self._pending: Future | None = None  # the take in flight, if any
+        self.takes = 0  # how many snapshots were taken (tests, metrics)
+        self.stale_reads = 0  # reads answered with the previous window (engine busy)
 
     def current(self) -> _Period:
         """This window's snapshot; when it is older than its window_s(), a new one is taken (off
@@ -66,10 +83,14 @@ class SharedSnapshot:
             pending = self._pending
             if pending is None:
                 pending = self._pending = Future()
-                threading.Thread(target=self._take_into, args=(pending, now), daemon=True,
-                                 name="kv-snapshot-take").start()
+                threading.Thread(
+                    target=self._take_into,
+                    args=(pending, now),
+                    daemon=True,
+                    name="kv-snapshot-take",
+                ).start()
         if p is None:
-            return pending.result()            # nothing older to show: the first one is waited for
+            return pending.result()  # nothing older to show: the first one is waited for
         try:
             return pending.result(timeout=self.max_wait_s)
         except FutureTimeout:
@@ -79,7 +100,7 @@ class SharedSnapshot:
     def _take_into(self, fut: Future, asked: float) -> None:
         try:
             snap = self._take()
-        except BaseException as e:             # e.g. RuntimeError: the engine was shut down
+        except BaseException as e:  # e.g. RuntimeError: the engine was shut down
             with self._lock:
                 self._pending = None
             fut.set_exception(e)
@@ -108,10 +129,14 @@ class SharedSnapshot:
         """The period's /api/kv dict (full, or compact: engine/observe/kv_contract.KVSnapshot.to_json).
         Shared by all callers: read-only."""
         p = self.current()
-        return self._form(p, "dict-compact" if compact else "dict", lambda: p.snap.to_json(compact=compact))
+        return self._form(
+            p, "dict-compact" if compact else "dict", lambda: p.snap.to_json(compact=compact)
+        )
 
     def body(self, compact: bool = False) -> bytes:
         """The period's /api/kv JSON bytes, serialized once for all viewers."""
         p = self.current()
-        d = self._form(p, "dict-compact" if compact else "dict", lambda: p.snap.to_json(compact=compact))
+        d = self._form(
+            p, "dict-compact" if compact else "dict", lambda: p.snap.to_json(compact=compact)
+        )
         return self._form(p, "bytes-compact" if compact else "bytes", lambda: json_bytes(d))

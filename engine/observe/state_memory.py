@@ -58,8 +58,7 @@ def state_sentence(a: dict, fmt=_mib) -> str:
     n = f"{a['context_tokens']:,}"
     head = f"{a['name']}, a {n}-token chat" if a["name"] else f"A {n}-token chat"
     parts = [
-        f"{att['layers']} attention {_layers(att['layers'])} all {n} tokens "
-        f"({fmt(att['bytes'])})"
+        f"{att['layers']} attention {_layers(att['layers'])} all {n} tokens ({fmt(att['bytes'])})"
     ]
     if lin["layers"]:
         parts.append(

@@ -16,10 +16,11 @@ Rules:
   are named "another user's prompt"; state slots held by others say "another chat";
 - aggregate stats are never changed, so the headline equals /metrics and the unscoped numbers.
 """
+
 from __future__ import annotations
 
-PIN_APP = "shared"                  # the app's own shared prompt
-PIN_USER_PREFIX = "user:"           # a user's own prompt under --auth: "user:<name>"
+PIN_APP = "shared"  # the app's own shared prompt
+PIN_USER_PREFIX = "user:"  # a user's own prompt under --auth: "user:<name>"
 
 
 def pin_name_for(owner: str | None) -> str:
@@ -38,8 +39,9 @@ def _title_of(sid, titles: dict, own_conv: str | None) -> str | None:
     return f"{t} (this tab)" if sid == own_conv else t
 
 
-def scope_snapshot(snap: dict, *, titles: dict, viewer: str | None, own_conv: str | None = None,
-                   auth: bool = False) -> dict:
+def scope_snapshot(
+    snap: dict, *, titles: dict, viewer: str | None, own_conv: str | None = None, auth: bool = False
+) -> dict:
     """A copy of snap for one viewer. titles: conversation id -> title of the conversations the
     viewer may see (all of them without --auth; their own with it)."""
     out = dict(snap)
@@ -66,19 +68,32 @@ def scope_snapshot(snap: dict, *, titles: dict, viewer: str | None, own_conv: st
         own_rids = {s.get("request_id") for s in kept}
         out["preemption_events"] = [
             e if e.get("request_id") in own_rids else {**e, "request_id": None, "seq_id": None}
-            for e in snap.get("preemption_events", [])]
-        out["tier_events"] = [          # another user's load: counted, never named
-            e if e.get("request_id") in own_rids else {**e, "request_id": None, "seq_id": None, "session_id": None}
-            for e in snap.get("tier_events", [])]
+            for e in snap.get("preemption_events", [])
+        ]
+        out["tier_events"] = [  # another user's load: counted, never named
+            e
+            if e.get("request_id") in own_rids
+            else {**e, "request_id": None, "seq_id": None, "session_id": None}
+            for e in snap.get("tier_events", [])
+        ]
         mine_pin = pin_name_for(viewer)
-        out["pins"] = [p if p["name"] in (PIN_APP, mine_pin) else {**p, "name": "another user's prompt"}
-                       for p in snap.get("pins", [])]
-        own_ids = {str(s[k]) for s in kept for k in ("seq_id", "session_id")
-                   if s.get(k) is not None}
-        out["state_slots"] = [      # a linear-attention state slot (v9): others' holders unnamed
-            {**v, "holders": [h if h == "checkpoint" or str(h) in own_ids else "another chat"
-                              for h in v["holders"]]}
-            for v in snap.get("state_slots", [])]
+        out["pins"] = [
+            p if p["name"] in (PIN_APP, mine_pin) else {**p, "name": "another user's prompt"}
+            for p in snap.get("pins", [])
+        ]
+        own_ids = {
+            str(s[k]) for s in kept for k in ("seq_id", "session_id") if s.get(k) is not None
+        }
+        out["state_slots"] = [  # a linear-attention state slot (v9): others' holders unnamed
+            {
+                **v,
+                "holders": [
+                    h if h == "checkpoint" or str(h) in own_ids else "another chat"
+                    for h in v["holders"]
+                ],
+            }
+            for v in snap.get("state_slots", [])
+        ]
     return out
 
 

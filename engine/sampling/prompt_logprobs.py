@@ -8,6 +8,7 @@ prefill chunks, and each chunk asks the model for the logits of all its prompt p
 only the last one. The cost is this request's own recompute and one vocab-wide row per prompt
 token of its chunk; other requests are untouched.
 """
+
 from __future__ import annotations
 
 import torch
@@ -42,8 +43,10 @@ def positions(plan: StepPlan) -> list[LogitsRow]:
 def record(plan: StepPlan, logits: torch.Tensor) -> None:
     """Store each prompt-logprob row's TokenLogprob on its sequence (`seq.prompt_logprobs[p + 1]`);
     `logits`: one row per `plan.prompt_logprob_rows` entry, in that order."""
-    where = [(plan.rows[lr.row].seq, plan.rows[lr.row].start + lr.offset)
-             for lr in plan.prompt_logprob_rows]
+    where = [
+        (plan.rows[lr.row].seq, plan.rows[lr.row].start + lr.offset)
+        for lr in plan.prompt_logprob_rows
+    ]
     if not where:
         return
     lp = logits.float().log_softmax(-1)
@@ -56,5 +59,6 @@ def record(plan: StepPlan, logits: torch.Tensor) -> None:
         if seq.prompt_logprobs is None:
             seq.prompt_logprobs = [None] * seq.prompt_len
         k = seq.request.params.prompt_logprobs
-        seq.prompt_logprobs[p + 1] = TokenLogprob(seq.token_ids[p + 1], chosen[j],
-                                                  tuple(zip(ti[j][:k], tv[j][:k])))
+        seq.prompt_logprobs[p + 1] = TokenLogprob(
+            seq.token_ids[p + 1], chosen[j], tuple(zip(ti[j][:k], tv[j][:k]))
+        )

@@ -18,6 +18,7 @@ penalty 1.1) used to sort the whole 49k vocabulary per row (~5 ms a row on CPU).
   generator and nothing else depends on the neighbours.
 * Only token ids (and requested logprobs) leave the device.
 """
+
 from __future__ import annotations
 
 import threading
@@ -30,9 +31,9 @@ from kernels import cpu_sampling
 from engine.sampling.sampling_params import SamplingParams
 from engine.sampling.structured.bitmask import apply_bitmask_
 
-NUM_CANDIDATES = 256        # candidates per row before the exactness checks (>= max top_k + 64)
-MASS_MARGIN = 1e-4          # top-p bound must hold with this slack (float sums differ by ulps)
-FULL_SORT_ELEMENTS = 1 << 23    # rows x vocabulary sorted at once on a GPU (~0.3 GB of temporaries)
+NUM_CANDIDATES = 256  # candidates per row before the exactness checks (>= max top_k + 64)
+MASS_MARGIN = 1e-4  # top-p bound must hold with this slack (float sums differ by ulps)
+FULL_SORT_ELEMENTS = 1 << 23  # rows x vocabulary sorted at once on a GPU (~0.3 GB of temporaries)
 
 
 def uses_full_sort(device: torch.device) -> bool:
@@ -58,12 +59,16 @@ class SamplerOutput:
 
 def _draw_uniforms(generators, rows: list[int], device) -> torch.Tensor:
     """One U[0,1) per sampled row from that row's generator (CPU), then one copy to the device."""
-    u = torch.cat([torch.rand(1, generator=generators[r]) for r in rows])   # fp32, < 1
+    u = torch.cat([torch.rand(1, generator=generators[r]) for r in rows])  # fp32, < 1
     return u.to(device)
 
 
-def apply_penalties(logits: torch.Tensor, params: list[SamplingParams], histories: list[list[int]],
-                    prompt_lens: list[int] | None = None) -> None:
+def apply_penalties(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    histories: list[list[int]],
+    prompt_lens: list[int] | None = None,
+) -> None:
     """In place, batched. Repetition penalty (HF/CTRL rule, over prompt + output: positive logits
     divided, negative multiplied); presence and frequency penalties (OpenAI rule, over output
     tokens only: logit -= frequency * count + presence * (count > 0))."""
@@ -74,7 +79,9 @@ def apply_penalties(logits: torch.Tensor, params: list[SamplingParams], historie
     of_rows = [i for i, p in enumerate(params) if p.presence_penalty or p.frequency_penalty]
     if of_rows:
         plens = prompt_lens or [0] * B
-        outs = [torch.as_tensor(histories[i][plens[i]:], dtype=torch.long) + i * V for i in of_rows]
+        outs = [
+            torch.as_tensor(histories[i][plens[i] :], dtype=torch.long) + i * V for i in of_rows
+        ]
         idx = torch.cat(outs)
         if idx.numel():
             freq = torch.tensor([p.frequency_penalty for p in params], dtype=logits.dtype)
@@ -93,7 +100,12 @@ def _scratch(like: torch.Tensor) -> torch.Tensor:
     faults on CPU (a third of the division's time here). Per thread, because several engines may
     sample at once; valid until this thread's next call."""
     buf = getattr(_local, "buf", None)
-    if buf is None or buf.shape != like.shape or buf.dtype != like.dtype or buf.device != like.device:
+    if (
+        buf is None
+        or buf.shape != like.shape
+        or buf.dtype != like.dtype
+        or buf.device != like.device
+    ):
         buf = _local.buf = torch.empty_like(like)
     return buf
 
@@ -105,7 +117,9 @@ def _repetition_penalty(dst_flat, src_flat, V: int, params, histories, temp=None
         return
     dev = dst_flat.device
     # duplicates are harmless: every write of a slot stores the same value
-    idx = torch.cat([torch.as_tensor(histories[i], dtype=torch.long) + i * V for i in rep_rows]).to(dev)
+    idx = torch.cat([torch.as_tensor(histories[i], dtype=torch.long) + i * V for i in rep_rows]).to(
+        dev
+    )
     row = idx // V
     pen = torch.tensor([p.repetition_penalty for p in params], dtype=dst_flat.dtype).to(dev)[row]
     seen = src_flat[idx]
@@ -122,14 +136,19 @@ def _canonical(vals: torch.Tensor, idx: torch.Tensor):
     return vals, idx.gather(-1, o)
 
 
-def _keep_mask(vals: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
-               lse: torch.Tensor):
+def _keep_mask(
+    vals: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    lse: torch.Tensor,
+):
     """Which sorted candidates survive top-k, top-p and min-p, and their probabilities.
     vals [R, K] in canonical order; top_k [R] in 1..K; lse [R]: normaliser of the top-k-masked row."""
     K = vals.shape[1]
     pos = torch.arange(K, device=vals.device)
     kth = vals.gather(-1, (top_k - 1)[:, None])
-    keep = vals >= kth                          # ties at the k-th value are kept (reference rule)
+    keep = vals >= kth  # ties at the k-th value are kept (reference rule)
     probs = (vals.masked_fill(~keep, float("-inf")) - lse[:, None]).exp()
     before = probs.cumsum(-1) - probs
     keep &= (before < top_p[:, None]) | (pos == 0)
@@ -142,14 +161,14 @@ def _invert(probs: torch.Tensor, ids: torch.Tensor, u: torch.Tensor, total=None)
     cdf = probs.cumsum(-1)
     total = cdf[:, -1] if total is None else total
     j = torch.searchsorted(cdf, (u * total)[:, None], right=True)
-    last = (cdf < cdf[:, -1:]).sum(-1, keepdim=True)    # first position holding all kept mass
+    last = (cdf < cdf[:, -1:]).sum(-1, keepdim=True)  # first position holding all kept mass
     return ids.gather(-1, torch.minimum(j, last)).squeeze(-1)
 
 
 def _sample_rows_exact(l: torch.Tensor, top_k, top_p, min_p, u: torch.Tensor) -> torch.Tensor:
     """Full-sort path for [R, V] rows: the definition the fast path reproduces."""
     R, V = l.shape
-    vals, order = l.sort(dim=-1, descending=True, stable=True)     # ties: lower token id first
+    vals, order = l.sort(dim=-1, descending=True, stable=True)  # ties: lower token id first
     tk = torch.where(top_k > 0, top_k, torch.full_like(top_k, V))
     kth = vals.gather(-1, (tk - 1)[:, None])
     lse = torch.logsumexp(vals.masked_fill(vals < kth, float("-inf")), -1)
@@ -162,13 +181,23 @@ def _sample_rows_full_sort(l: torch.Tensor, top_k, top_p, min_p, u: torch.Tensor
     step = max(1, FULL_SORT_ELEMENTS // l.shape[1])
     if l.shape[0] <= step:
         return _sample_rows_exact(l, top_k, top_p, min_p, u)
-    return torch.cat([_sample_rows_exact(l[i:i + step], top_k[i:i + step], top_p[i:i + step],
-                                         min_p[i:i + step], u[i:i + step])
-                      for i in range(0, l.shape[0], step)])
+    return torch.cat(
+        [
+            _sample_rows_exact(
+                l[i : i + step],
+                top_k[i : i + step],
+                top_p[i : i + step],
+                min_p[i : i + step],
+                u[i : i + step],
+            )
+            for i in range(0, l.shape[0], step)
+        ]
+    )
 
 
-def _sample_rows(l: torch.Tensor, ps: list[SamplingParams], u: torch.Tensor,
-                 K: int = NUM_CANDIDATES) -> torch.Tensor:
+def _sample_rows(
+    l: torch.Tensor, ps: list[SamplingParams], u: torch.Tensor, K: int = NUM_CANDIDATES
+) -> torch.Tensor:
     """l: [R, V] temperature-scaled logits of the rows that sample. Fast path with exact fallback:
     rows the K candidates cannot decide retry with 16x more candidates, then the full sort.
     Off the CPU the full sort directly (uses_full_sort)."""
@@ -200,17 +229,18 @@ def _sample_rows(l: torch.Tensor, ps: list[SamplingParams], u: torch.Tensor,
     kth = vals.gather(-1, (tk - 1)[:, None]).squeeze(-1)
     # top-k rows are normalised over their kept set (inside the candidates when k_ok), others
     # over the whole row
-    lse = torch.where(has_k, torch.logsumexp(vals.masked_fill(vals < kth[:, None], float("-inf")), -1),
-                      lse_full)
+    lse = torch.where(
+        has_k, torch.logsumexp(vals.masked_fill(vals < kth[:, None], float("-inf")), -1), lse_full
+    )
     keep, probs = _keep_mask(vals, tk, top_p, min_p, lse)
     tail = vals[:, -1]
     # topk picks an arbitrary subset of the tokens tied with its last value, so only positions
     # strictly above the tail value are known to be the head of the canonical order ("trusted")
     trusted = vals > tail[:, None]
     # rows whose kept set provably lies inside the trusted candidates
-    k_ok = has_k & (tail < kth)                                 # no tie across the boundary
+    k_ok = has_k & (tail < kth)  # no tie across the boundary
     mass = ((vals - lse_full[:, None]).exp() * trusted).sum(-1)
-    p_ok = ~has_k & (top_p < 1) & (mass >= top_p + MASS_MARGIN)   # the nucleus closes inside
+    p_ok = ~has_k & (top_p < 1) & (mass >= top_p + MASS_MARGIN)  # the nucleus closes inside
     m_ok = ~has_k & (min_p > 0) & (tail - vals[:, 0] < torch.log(min_p.clamp_min(1e-30)) - 1e-4)
     closed = k_ok | p_ok | m_ok
     # unfiltered rows keep the whole row (total mass ~1): the candidates decide the draw iff the
@@ -218,7 +248,7 @@ def _sample_rows(l: torch.Tensor, ps: list[SamplingParams], u: torch.Tensor,
     open_ = ~has_k & (top_p >= 1) & (min_p <= 0)
     cdf_last = probs.cumsum(-1)[:, -1]
     total = cdf_last
-    if bool(open_.any()):       # one more pass over the vocabulary, only for unfiltered rows
+    if bool(open_.any()):  # one more pass over the vocabulary, only for unfiltered rows
         whole = lsm.exp().sum(-1) if lsm is not None else (l - lse_full[:, None]).exp().sum(-1)
         total = torch.where(closed, cdf_last, whole)
     ok = closed | (open_ & (u * total < (probs * trusted).sum(-1) * (1 - 1e-5)))
@@ -236,11 +266,13 @@ def _logprobs(logits: torch.Tensor, rows: list[int], ks: list[int], tokens: torc
     lp = logits[rows].float().log_softmax(-1)
     chosen = lp.gather(-1, tokens[rows][:, None]).squeeze(-1).tolist()
     kmax = max(ks)
-    tv, ti = (lp.topk(kmax, -1) if kmax else (lp[:, :0], lp[:, :0].long()))
+    tv, ti = lp.topk(kmax, -1) if kmax else (lp[:, :0], lp[:, :0].long())
     tv, ti = tv.tolist(), ti.tolist()
     tok = tokens[rows].tolist()
-    return [TokenLogprob(t, c, tuple(zip(ti[j][:k], tv[j][:k])))
-            for j, (t, c, k) in enumerate(zip(tok, chosen, ks))]
+    return [
+        TokenLogprob(t, c, tuple(zip(ti[j][:k], tv[j][:k])))
+        for j, (t, c, k) in enumerate(zip(tok, chosen, ks))
+    ]
 
 
 def _apply_logit_bias_(l: torch.Tensor, params: list[SamplingParams]) -> None:
@@ -252,16 +284,26 @@ def _apply_logit_bias_(l: torch.Tensor, params: list[SamplingParams]) -> None:
             cols.append(t)
             vals.append(b)
     if max(cols) >= l.shape[1]:
-        raise ValueError(f"logit_bias: token id {max(cols)} is outside the vocabulary (0..{l.shape[1] - 1})")
+        raise ValueError(
+            f"logit_bias: token id {max(cols)} is outside the vocabulary (0..{l.shape[1] - 1})"
+        )
     dev = l.device
-    l.index_put_((torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)),
-                 torch.tensor(vals, dtype=l.dtype, device=dev), accumulate=True)
+    l.index_put_(
+        (torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)),
+        torch.tensor(vals, dtype=l.dtype, device=dev),
+        accumulate=True,
+    )
 
 
 @torch.inference_mode()
-def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
-                 histories: list[list[int]], prompt_lens: list[int] | None = None,
-                 constraint: tuple[list[int], torch.Tensor] | None = None) -> SamplerOutput:
+def sample_batch(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator],
+    histories: list[list[int]],
+    prompt_lens: list[int] | None = None,
+    constraint: tuple[list[int], torch.Tensor] | None = None,
+) -> SamplerOutput:
     """logits: [B, vocab] (any float dtype, any device). histories: prompt + output ids per row.
     constraint: (rows, packed int32 bitmask [len(rows), words]) from engine/sampling/structured: those rows
     may only draw allowed tokens. Logit bias and the mask shape the logits every rule below sees;
@@ -290,15 +332,16 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
         u = _draw_uniforms(generators, rows, l.device)
         tokens = _sample_rows(sub, params, u)
         return SamplerOutput(tokens.tolist(), _all_logprobs(raw, params, tokens))
-    if l is logits and any(p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
-                           for p in params):
-        l = l.clone()           # penalties work in place; logprobs need the raw logits
+    if l is logits and any(
+        p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty for p in params
+    ):
+        l = l.clone()  # penalties work in place; logprobs need the raw logits
     apply_penalties(l, params, histories, prompt_lens)
-    if not rows:                # all greedy: one argmax, no scatter through an index list (an upload on CUDA)
+    if not rows:  # all greedy: one argmax, no scatter through an index list (an upload on CUDA)
         tokens = l.argmax(-1)
         return SamplerOutput(tokens.tolist(), _all_logprobs(raw, params, tokens))
     tokens = torch.zeros(B, dtype=torch.long, device=l.device)
-    if len(rows) < B:           # greedy rows: argmax of the penalised logits
+    if len(rows) < B:  # greedy rows: argmax of the penalised logits
         g = [i for i, p in enumerate(params) if p.greedy]
         tokens[g] = l[g].argmax(-1)
     if rows:
@@ -313,7 +356,9 @@ def _all_logprobs(raw: torch.Tensor, params, tokens: torch.Tensor) -> list[Token
     lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
     lps: list[TokenLogprob | None] = [None] * len(params)
     if lp_rows:
-        for i, t in zip(lp_rows, _logprobs(raw, lp_rows, [params[i].logprobs for i in lp_rows], tokens)):
+        for i, t in zip(
+            lp_rows, _logprobs(raw, lp_rows, [params[i].logprobs for i in lp_rows], tokens)
+        ):
             lps[i] = t
     return lps
 

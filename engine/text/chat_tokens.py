@@ -28,6 +28,7 @@ apart first (engine/text/harmony.split_reply: the analysis goes to `thinking`, t
 template reads, the rest to `content`), so every harmony marker in any message is escaped and the
 template alone decides whether past analysis comes back (gpt-oss's drops it once a final exists).
 """
+
 from __future__ import annotations
 
 import re
@@ -35,17 +36,22 @@ import re
 from engine.text import harmony
 from engine.text.reasoning import MARKERS as REASONING_MARKERS
 
-_OPEN, _CLOSE = "\ue000", "\ue001"       # private-use code points: never produced by a template
+_OPEN, _CLOSE = "\ue000", "\ue001"  # private-use code points: never produced by a template
 _ESC_RE = re.compile(_OPEN + "(\\d+)" + _CLOSE)
-PLAIN, SPECIAL, LITERAL = "plain", "special", "literal"     # segment kinds (chat_segments)
+PLAIN, SPECIAL, LITERAL = "plain", "special", "literal"  # segment kinds (chat_segments)
 
 
-REASONING_EFFORTS = ("low", "medium", "high")      # gpt-oss's template: "Reasoning: <effort>"
+REASONING_EFFORTS = ("low", "medium", "high")  # gpt-oss's template: "Reasoning: <effort>"
 
 
-def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
-                continue_final_message: bool = False, enable_thinking: bool | None = None,
-                reasoning_effort: str | None = None) -> str:
+def render_chat(
+    tokenizer,
+    messages: list[dict],
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    enable_thinking: bool | None = None,
+    reasoning_effort: str | None = None,
+) -> str:
     """The template's text. `continue_final_message` (with add_generation_prompt False): the text
     ends inside the last (assistant) message, so the model continues that message (vLLM's field).
     `enable_thinking` (None: the template's default) goes to templates that have the switch (Qwen3,
@@ -55,25 +61,37 @@ def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = T
     if not messages:
         raise ValueError("messages is empty")
     for m in messages:
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") \
-                or not isinstance(m.get("content"), str) \
-                or not isinstance(m.get("reasoning_content", ""), str) \
-                or not isinstance(m.get("thinking", ""), str):
+        if (
+            not isinstance(m, dict)
+            or m.get("role") not in ("system", "user", "assistant")
+            or not isinstance(m.get("content"), str)
+            or not isinstance(m.get("reasoning_content", ""), str)
+            or not isinstance(m.get("thinking", ""), str)
+        ):
             raise ValueError("each message must be {'role': system|user|assistant, 'content': str}")
     if continue_final_message and (add_generation_prompt or messages[-1]["role"] != "assistant"):
-        raise ValueError("continue_final_message needs add_generation_prompt false and an assistant message last")
+        raise ValueError(
+            "continue_final_message needs add_generation_prompt false and an assistant message last"
+        )
     extra = {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
     if reasoning_effort is not None:
         if reasoning_effort not in REASONING_EFFORTS:
             raise ValueError(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}")
         extra["reasoning_effort"] = reasoning_effort
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                         continue_final_message=continue_final_message, **extra)
+    return tokenizer.apply_chat_template(
+        messages,
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        **extra,
+    )
 
 
 def _special_strings(tokenizer) -> list[str]:
     added = getattr(tokenizer, "get_added_vocab", lambda: {})()
-    return sorted(set(added) | set(getattr(tokenizer, "all_special_tokens", [])), key=len, reverse=True)
+    return sorted(
+        set(added) | set(getattr(tokenizer, "all_special_tokens", [])), key=len, reverse=True
+    )
 
 
 def _escaper(specials: list[str], table: list[str]):
@@ -85,7 +103,9 @@ def _escaper(specials: list[str], table: list[str]):
         def sub(m):
             table.append(m.group(0))
             return f"{_OPEN}{len(table) - 1}{_CLOSE}"
+
         return pattern.sub(sub, text)
+
     return escape
 
 
@@ -120,9 +140,11 @@ def chat_segments(tokenizer, messages: list[dict], **mode) -> tuple[str, list[tu
         pos = 0
         for esc_m in _ESC_RE.finditer(piece):
             if esc_m.start() > pos:
-                segments.append((piece[pos:esc_m.start()], PLAIN))
+                segments.append((piece[pos : esc_m.start()], PLAIN))
             index = int(esc_m.group(1))
-            segments.append((table[index], LITERAL) if index < len(table) else (esc_m.group(0), PLAIN))
+            segments.append(
+                (table[index], LITERAL) if index < len(table) else (esc_m.group(0), PLAIN)
+            )
             pos = esc_m.end()
         if pos < len(piece):
             segments.append((piece[pos:], PLAIN))
@@ -174,15 +196,15 @@ def encode_segments(tokenizer, segments: list[tuple[str, str]], start_char: int 
         if end <= start_char:
             pos = end
             continue
-        if pos < start_char:                    # the cut falls inside this segment: keep its tail
-            seg, kind = seg[start_char - pos:], (LITERAL if kind == LITERAL else PLAIN)
+        if pos < start_char:  # the cut falls inside this segment: keep its tail
+            seg, kind = seg[start_char - pos :], (LITERAL if kind == LITERAL else PLAIN)
         if kind == PLAIN:
             plain.append(seg)
         else:
             flush()
             if kind == SPECIAL:
                 ids.append(tokenizer.convert_tokens_to_ids(seg))
-            else:                               # typed marker: one character at a time, never the token
+            else:  # typed marker: one character at a time, never the token
                 for ch in seg:
                     ids.extend(_encode(tokenizer, ch))
         pos = end
@@ -190,8 +212,9 @@ def encode_segments(tokenizer, segments: list[tuple[str, str]], start_char: int 
     return ids
 
 
-def specials_where_template_puts_them(tokenizer, messages: list[dict], ids: list[int],
-                                      segments=None, **mode) -> bool:
+def specials_where_template_puts_them(
+    tokenizer, messages: list[dict], ids: list[int], segments=None, **mode
+) -> bool:
     """True when every special token in `ids` (kept ids of an earlier turn: generated, stored,
     or imported) stands exactly where the template of `messages` puts one, and none is missing.
 

@@ -5,6 +5,7 @@ Why its own file: the compare is the measure of what may be shared (KV blocks, t
 of a prompt), so it must give the same answer everywhere; a full match is one C-level compare,
 the rare partial match a short loop.
 """
+
 from __future__ import annotations
 
 

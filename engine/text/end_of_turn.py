@@ -5,6 +5,7 @@ stop sequence" or "max tokens" by them. Two copies (the model config's list vs t
 single id) once disagreed for models whose config names several (Llama 3: <|eot_id|> and
 <|end_of_text|>), so a reply the engine ended on one was shown as cut short.
 """
+
 from __future__ import annotations
 
 from engine.text.harmony import end_of_reply_ids

@@ -19,6 +19,7 @@ body (final, commentary) is answer, headers and markers are neither. The chat te
 file, decides what of a past reply goes back into the next prompt: `split_reply` hands it the
 analysis as `thinking` (the field gpt-oss's template reads) and the rest as `content`.
 """
+
 from __future__ import annotations
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
@@ -58,7 +59,7 @@ def end_of_reply_ids(tokenizer) -> tuple[int, ...]:
 def _channel(header: str) -> str:
     """The channel named in a header ("assistant<|channel|>final", "analysis", "commentary to=x")."""
     k = header.rfind(CHANNEL)
-    rest = header[k + len(CHANNEL):] if k >= 0 else header
+    rest = header[k + len(CHANNEL) :] if k >= 0 else header
     rest = rest.split(CONSTRAIN)[0].strip()
     return rest.split()[0] if rest.split() else ""
 
@@ -77,7 +78,7 @@ class HarmonyParser:
     (a model that ignores the format is still shown)."""
 
     def __init__(self):
-        self.state = "undecided"      # -> header | body | plain
+        self.state = "undecided"  # -> header | body | plain
         self.header = ""
         self.reasoning_body = False
         self.seen_reasoning = False
@@ -102,7 +103,7 @@ class HarmonyParser:
                 if k < 0:
                     break
                 self.header += self.buf[:k]
-                self.buf = self.buf[k + len(MESSAGE):]
+                self.buf = self.buf[k + len(MESSAGE) :]
                 self.reasoning_body = _channel(self.header) == REASONING_CHANNEL
                 self.seen_reasoning |= self.reasoning_body
                 self.state, self.header = "body", ""
@@ -112,12 +113,12 @@ class HarmonyParser:
                 k, m = min(hits)
                 out[self.reasoning_body] += self.buf[:k]
                 # a body ends at <|end|> / <|return|> / <|call|>; a new header may follow at once
-                self.buf = self.buf[k + len(m):] if m in (END, RETURN, CALL) else self.buf[k:]
+                self.buf = self.buf[k + len(m) :] if m in (END, RETURN, CALL) else self.buf[k:]
                 self.state = "header"
                 continue
             keep = _partial(self.buf)
-            out[self.reasoning_body] += self.buf[:len(self.buf) - keep]
-            self.buf = self.buf[len(self.buf) - keep:]
+            out[self.reasoning_body] += self.buf[: len(self.buf) - keep]
+            self.buf = self.buf[len(self.buf) - keep :]
             break
         return out[True], out[False]
 

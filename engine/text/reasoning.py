@@ -12,6 +12,7 @@ template that writes "<think>\\n" into the generation prompt), the reply starts 
 The newlines templates put right after either marker are dropped, as are those just before the end
 marker; nothing else is changed. A reply cut short inside reasoning has reasoning and no answer.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -44,9 +45,9 @@ def prompt_opens_reasoning(prompt_ids, tokenizer, markers) -> bool:
 
 @dataclass(frozen=True)
 class Split:
-    reasoning: str | None        # None: the reply has no reasoning block
+    reasoning: str | None  # None: the reply has no reasoning block
     content: str
-    reasoning_tokens: int = 0    # generated tokens strictly inside the block
+    reasoning_tokens: int = 0  # generated tokens strictly inside the block
 
 
 class ReasoningParser:
@@ -57,7 +58,7 @@ class ReasoningParser:
         self.state = "reasoning" if inside else "undecided"
         self.seen_reasoning = inside
         self.buf = ""
-        self._lead = True            # drop newlines at the start of the current part
+        self._lead = True  # drop newlines at the start of the current part
 
     def _emit(self, text: str) -> str:
         if self._lead:
@@ -72,24 +73,28 @@ class ReasoningParser:
             if self.state == "undecided":
                 head = self.buf.lstrip()
                 if not head or (self.start.startswith(head) and head != self.start):
-                    return reasoning, content                  # still could be the start marker
+                    return reasoning, content  # still could be the start marker
                 if head.startswith(self.start):
                     self.state, self.seen_reasoning, self._lead = "reasoning", True, True
-                    self.buf = head[len(self.start):]
+                    self.buf = head[len(self.start) :]
                     continue
-                self.state, self._lead = "content", False      # no reasoning: the reply as it is
+                self.state, self._lead = "content", False  # no reasoning: the reply as it is
                 continue
             if self.state == "reasoning":
                 k = self.buf.find(self.end)
                 if k >= 0:
                     reasoning += self._emit(self.buf[:k].rstrip("\n"))
-                    self.buf, self.state, self._lead = self.buf[k + len(self.end):], "content", True
+                    self.buf, self.state, self._lead = (
+                        self.buf[k + len(self.end) :],
+                        "content",
+                        True,
+                    )
                     continue
                 keep = _partial_suffix(self.buf, self.end)
-                body = self.buf[:len(self.buf) - keep]
-                hold = len(body) - len(body.rstrip("\n"))     # newlines may precede the end marker
-                reasoning += self._emit(body[:len(body) - hold])
-                self.buf = self.buf[len(body) - hold:]
+                body = self.buf[: len(self.buf) - keep]
+                hold = len(body) - len(body.rstrip("\n"))  # newlines may precede the end marker
+                reasoning += self._emit(body[: len(body) - hold])
+                self.buf = self.buf[len(body) - hold :]
                 return reasoning, content
             content += self._emit(self.buf)
             self.buf = ""
@@ -111,8 +116,13 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-def split_reasoning(text: str, token_ids=(), markers=MARKERS, inside: bool = False,
-                    marker_ids: tuple[int, int] | None = None) -> Split:
+def split_reasoning(
+    text: str,
+    token_ids=(),
+    markers=MARKERS,
+    inside: bool = False,
+    marker_ids: tuple[int, int] | None = None,
+) -> Split:
     """The whole reply at once (the batch API, stored replies); token count from `marker_ids`."""
     p = ReasoningParser(markers, inside)
     r1, c1 = p.feed(text)
@@ -122,7 +132,9 @@ def split_reasoning(text: str, token_ids=(), markers=MARKERS, inside: bool = Fal
     return Split(r1 + r2, c1 + c2, reasoning_token_count(token_ids, marker_ids, inside))
 
 
-def reasoning_token_count(token_ids, marker_ids: tuple[int, int] | None, inside: bool = False) -> int:
+def reasoning_token_count(
+    token_ids, marker_ids: tuple[int, int] | None, inside: bool = False
+) -> int:
     """Generated tokens strictly between the start and end marker tokens (from the first token when
     the prompt opened the block; to the end when it never closed)."""
     if not marker_ids:
@@ -135,7 +147,7 @@ def reasoning_token_count(token_ids, marker_ids: tuple[int, int] | None, inside:
         i = ids.index(start)
     else:
         return 0
-    j = ids.index(end, i + 1) if end in ids[i + 1:] else len(ids)
+    j = ids.index(end, i + 1) if end in ids[i + 1 :] else len(ids)
     return j - i - 1
 
 
@@ -144,6 +156,7 @@ class ReasoningSplit:
     """How one request's replies split: the model's markers, their ids, whether the prompt opened a
     block. One rule for every reader of a stream: the OpenAI routes (reasoning_content) and the
     chat (the folded reasoning and its token count)."""
+
     markers: tuple
     ids: tuple
     inside: bool
@@ -158,8 +171,13 @@ class ReasoningSplit:
         ids = tuple(tokenizer.convert_tokens_to_ids(m) for m in markers)
         if tuple(markers) == HARMONY_MARKERS:
             added = tokenizer.get_added_vocab()
-            return cls(HARMONY_MARKERS, ids, False, {m: added[m] for m in harmony._ALL if m in added},
-                       tokenizer)
+            return cls(
+                HARMONY_MARKERS,
+                ids,
+                False,
+                {m: added[m] for m in harmony._ALL if m in added},
+                tokenizer,
+            )
         return cls(tuple(markers), ids, prompt_opens_reasoning(prompt_ids, tokenizer, markers))
 
     @property
@@ -168,7 +186,11 @@ class ReasoningSplit:
 
     def parser(self):
         """A streaming parser (feed / finish -> (reasoning, content) deltas) for this format."""
-        return harmony.HarmonyParser() if self.is_harmony else ReasoningParser(self.markers, self.inside)
+        return (
+            harmony.HarmonyParser()
+            if self.is_harmony
+            else ReasoningParser(self.markers, self.inside)
+        )
 
     def _decode(self, ids) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)

@@ -4,17 +4,24 @@ Re-tokenizing the assistant's decoded reply can give different ids than were gen
 would miss the KV cache from that point on. So we keep the ids, render the whole conversation
 with the chat template, and tokenize only the text that follows what the kept ids decode to.
 """
+
 from __future__ import annotations
 
-from engine.text.chat_tokens import (chat_segments, encode_chat, encode_segments, render_chat,
-                                     specials_where_template_puts_them)
+from engine.text.chat_tokens import (
+    chat_segments,
+    encode_chat,
+    encode_segments,
+    render_chat,
+    specials_where_template_puts_them,
+)
 from engine.text.common_prefix import common_prefix
 
 __all__ = ["continue_session_prompt", "render_chat", "shared_system_tokens"]
 
 
-def continue_session_prompt(tokenizer, messages: list[dict], previous_ids: list[int] | None,
-                            **mode) -> list[int]:
+def continue_session_prompt(
+    tokenizer, messages: list[dict], previous_ids: list[int] | None, **mode
+) -> list[int]:
     """Message text is tokenized as plain text: special tokens come only from the template
     (engine/text/chat_tokens.py). Kept ids are trusted only when they decode to the start of the
     rendered conversation and their special tokens sit where the template's do; else the prompt
@@ -24,8 +31,11 @@ def continue_session_prompt(tokenizer, messages: list[dict], previous_ids: list[
     text, segments = chat_segments(tokenizer, messages, **mode)
     if previous_ids:
         prev_text = tokenizer.decode(previous_ids, skip_special_tokens=False)
-        if prev_text and text.startswith(prev_text) \
-                and specials_where_template_puts_them(tokenizer, messages, previous_ids, segments):
+        if (
+            prev_text
+            and text.startswith(prev_text)
+            and specials_where_template_puts_them(tokenizer, messages, previous_ids, segments)
+        ):
             tail = encode_segments(tokenizer, segments, start_char=len(prev_text))
             return list(previous_ids) + tail
     return encode_segments(tokenizer, segments)

@@ -9,6 +9,7 @@ holding its bound made every call of key beta 429 before the fair scheduler ever
 the key's own bound; the engine's admission bounds (--max-queued-*, per tenant first, then
 overall) come after, at submit. Under FCFS the bounds are the server's (no tenants).
 """
+
 from __future__ import annotations
 
 import threading
@@ -35,34 +36,44 @@ class ApiAdmission:
             with self._lock:
                 mine = self._flight.get(tenant, 0)
             if mine + seqs > self.max_pending:
-                return (f"your key ({tenant}) already has {mine} API sequences in flight and asks "
-                        f"for {seqs} more (bound {self.max_pending} per key); retry when one "
-                        f"finishes")
+                return (
+                    f"your key ({tenant}) already has {mine} API sequences in flight and asks "
+                    f"for {seqs} more (bound {self.max_pending} per key); retry when one "
+                    f"finishes"
+                )
             if mine_waiting >= self.max_num_seqs:
-                return (f"your key ({tenant}) already has {mine_waiting} requests waiting (bound "
-                        f"{self.max_num_seqs} per key); retry shortly")
+                return (
+                    f"your key ({tenant}) already has {mine_waiting} requests waiting (bound "
+                    f"{self.max_num_seqs} per key); retry shortly"
+                )
             return None
         if waiting >= self.max_num_seqs or self.metrics.in_flight + seqs > self.max_pending:
-            return (f"the server is busy ({waiting} requests waiting, bound {self.max_num_seqs}; "
-                    f"API sequences in flight bound {self.max_pending}); retry shortly")
+            return (
+                f"the server is busy ({waiting} requests waiting, bound {self.max_num_seqs}; "
+                f"API sequences in flight bound {self.max_pending}); retry shortly"
+            )
         return None
 
     def admit(self, seqs: int, tenant: str) -> None:
         """Reserve `seqs` in-flight slots for `tenant`, or APIError(429) naming the bound."""
         reason = self.refusal(seqs, tenant)
         if reason is None and self.per_tenant:
-            with self._lock:                 # reserve, re-checked under the lock (calls at once)
+            with self._lock:  # reserve, re-checked under the lock (calls at once)
                 mine = self._flight.get(tenant, 0)
                 if mine + seqs <= self.max_pending:
                     self._flight[tenant] = mine + seqs
                 else:
-                    reason = (f"your key ({tenant}) already has {mine} API sequences in flight "
-                              f"(bound {self.max_pending} per key); retry when one finishes")
+                    reason = (
+                        f"your key ({tenant}) already has {mine} API sequences in flight "
+                        f"(bound {self.max_pending} per key); retry when one finishes"
+                    )
             if reason is None:
-                self.metrics.try_admit(seqs, 10**9)          # the gauge only: no global bound here
+                self.metrics.try_admit(seqs, 10**9)  # the gauge only: no global bound here
         elif reason is None and not self.metrics.try_admit(seqs, self.max_pending):
-            reason = (f"the server is busy (API sequences in flight bound {self.max_pending}); "
-                      f"retry shortly")
+            reason = (
+                f"the server is busy (API sequences in flight bound {self.max_pending}); "
+                f"retry shortly"
+            )
         if reason is not None:
             raise APIError(429, reason, code="queue_full", headers={"Retry-After": "1"})
 

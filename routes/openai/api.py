@@ -19,6 +19,7 @@ overall) answer 429 + Retry-After too. 503 means the engine has shut down.
 Priority: a call runs at the class the operator gave its key (`--api-priority`, or
 `NAME:KEY:PRIORITY`); its own `priority` field may only lower it (routes/openai/keys.py).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -47,9 +48,9 @@ from routes.openai import tools as openai_tools
 from routes.openai.render import ChatRender, CompletionRender, ReasoningSplit
 from routes.openai.structured import structured_spec
 
-KEY_THROTTLE_USER = "\x00api-key"     # the throttle's user slot for API keys (no login name has a NUL)
+KEY_THROTTLE_USER = "\x00api-key"  # the throttle's user slot for API keys (no login name has a NUL)
 
-API_PREFIX = "api-"          # engine request ids of API calls start with this (dashboard, /api/kv)
+API_PREFIX = "api-"  # engine request ids of API calls start with this (dashboard, /api/kv)
 
 
 def served_model_name(llm) -> str:
@@ -59,8 +60,11 @@ def served_model_name(llm) -> str:
 
 
 def _endpoint_of(path: str) -> str:
-    for suffix, name in (("/chat/completions", "chat_completions"), ("/completions", "completions"),
-                         ("/models", "models")):
+    for suffix, name in (
+        ("/chat/completions", "chat_completions"),
+        ("/completions", "completions"),
+        ("/models", "models"),
+    ):
         if path.rstrip("/").endswith(suffix):
             return name
     return "other"
@@ -75,8 +79,14 @@ class _KeyCheck:
     Requests sent by another site's page (not an --allowed-origin) are refused with 403 first and
     count for nobody, so a page cannot get the local user's own key throttled (#29.6)."""
 
-    def __init__(self, app, access: ApiAccess, metrics: ApiMetrics, throttle: LoginThrottle | None = None,
-                 allowed_origins=()):
+    def __init__(
+        self,
+        app,
+        access: ApiAccess,
+        metrics: ApiMetrics,
+        throttle: LoginThrottle | None = None,
+        allowed_origins=(),
+    ):
         self.app, self.access, self.metrics = app, access, metrics
         self.throttle = throttle or LoginThrottle()
         self.allowed_origins = list(allowed_origins or ())
@@ -92,27 +102,39 @@ class _KeyCheck:
             wait = self.throttle.retry_after(KEY_THROTTLE_USER, address)
             try:
                 if wait > 0:
-                    raise APIError(429, f"too many requests with a wrong API key; try again in {wait:.0f} s",
-                                   code="rate_limit_exceeded")
+                    raise APIError(
+                        429,
+                        f"too many requests with a wrong API key; try again in {wait:.0f} s",
+                        code="rate_limit_exceeded",
+                    )
                 self.access.check(Headers(scope=scope))
             except APIError as e:
                 if e.status == 401 and self.access.keys:
                     self.throttle.failed(KEY_THROTTLE_USER, address)
                 self.metrics.count(_endpoint_of(scope.get("path", "")), e.status)
                 headers = {"Retry-After": str(max(1, round(wait)))} if e.status == 429 else None
-                await JSONResponse(e.body(), status_code=e.status, headers=headers)(scope, receive, send)
+                await JSONResponse(e.body(), status_code=e.status, headers=headers)(
+                    scope, receive, send
+                )
                 return
             self.throttle.succeeded(KEY_THROTTLE_USER, address)
         await self.app(scope, receive, send)
 
 
-DEFAULT_API_PRIORITY = 1   # chat turns are 0: interactive first unless a call asks (--api-priority)
+DEFAULT_API_PRIORITY = 1  # chat turns are 0: interactive first unless a call asks (--api-priority)
 
 
 class OpenAIServer:
-    def __init__(self, llm, *, model_name: str | None = None, max_pending: int | None = None,
-                 multi_user: bool = False, access: ApiAccess | None = None,
-                 default_priority: int = DEFAULT_API_PRIORITY):
+    def __init__(
+        self,
+        llm,
+        *,
+        model_name: str | None = None,
+        max_pending: int | None = None,
+        multi_user: bool = False,
+        access: ApiAccess | None = None,
+        default_priority: int = DEFAULT_API_PRIORITY,
+    ):
         self.llm = llm
         self.access = access or ApiAccess(default_priority=default_priority)
         # one principal per key (issue 48.2): under --auth, or whenever several keys are configured
@@ -122,13 +144,18 @@ class OpenAIServer:
         self.created = int(time.time())
         self.max_num_seqs = llm.config.max_num_seqs
         self.max_pending = max_pending if max_pending is not None else 2 * self.max_num_seqs
-        self._fmt: tuple | None = None          # (tokenizer, LogprobFormatter) of the served model
+        self._fmt: tuple | None = None  # (tokenizer, LogprobFormatter) of the served model
         self.metrics = ApiMetrics()
         # fair scheduling: the waiting and in-flight bounds count each tenant (API key) on its own,
         # so one key that floods /v1 is refused, not every other key with it
         self.per_tenant = llm.config.scheduling_policy == "fair"
-        self.admission = ApiAdmission(llm, self.metrics, max_pending=self.max_pending,
-                                      max_num_seqs=self.max_num_seqs, per_tenant=self.per_tenant)
+        self.admission = ApiAdmission(
+            llm,
+            self.metrics,
+            max_pending=self.max_pending,
+            max_num_seqs=self.max_num_seqs,
+            per_tenant=self.per_tenant,
+        )
 
     # ---- the model served now (an app with several models may switch: engine/front/model_host.py) --
     @property
@@ -158,8 +185,12 @@ class OpenAIServer:
     # ---- shared steps ------------------------------------------------------------------------------
     def _check_model(self, name: str) -> None:
         if name != self.model:
-            raise APIError(404, f"the model '{name}' does not exist; this server serves '{self.model}'",
-                           param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"the model '{name}' does not exist; this server serves '{self.model}'",
+                param="model",
+                code="model_not_found",
+            )
 
     def salt_of(self, tenant: str):
         """The cache salt of a caller (engine/kv/salt_rule.py): its key's name, one per key."""
@@ -177,27 +208,46 @@ class OpenAIServer:
         """Give back what _admit reserved (once per admitted call)."""
         self.admission.release(seqs, tenant, usage)
 
-    def _submit(self, prompts: list[list[int]], params_list, cid: str, n: int, messages=None,
-                tenant: str = "api", priority: int = DEFAULT_API_PRIORITY) -> Generation:
+    def _submit(
+        self,
+        prompts: list[list[int]],
+        params_list,
+        cid: str,
+        n: int,
+        messages=None,
+        tenant: str = "api",
+        priority: int = DEFAULT_API_PRIORITY,
+    ) -> Generation:
         subs = []
         try:
             for k, (ids, params) in enumerate(zip(prompts, params_list)):
                 rid = f"{API_PREFIX}{cid}" if len(prompts) == 1 else f"{API_PREFIX}{cid}-{k}"
                 salt = prompt_salt(self.tokenizer, messages, ids, self.salt_of(tenant))
-                stream = self.llm.submit({"prompt_token_ids": ids}, params, request_id=rid,
-                                         cache_salt=salt,
-                                         tenant=tenant, priority=priority)
+                stream = self.llm.submit(
+                    {"prompt_token_ids": ids},
+                    params,
+                    request_id=rid,
+                    cache_salt=salt,
+                    tenant=tenant,
+                    priority=priority,
+                )
                 subs.append(Submitted(stream, len(ids), k * n))
-        except QueueFull as e:              # an admission bound (--max-queued-requests / -tokens)
+        except QueueFull as e:  # an admission bound (--max-queued-requests / -tokens)
             self._abort_subs(subs)
-            raise APIError(429, f"the server is busy: {e}; retry in {e.retry_after_s} s", code="queue_full",
-                           headers={"Retry-After": str(e.retry_after_s)}) from e
+            raise APIError(
+                429,
+                f"the server is busy: {e}; retry in {e.retry_after_s} s",
+                code="queue_full",
+                headers={"Retry-After": str(e.retry_after_s)},
+            ) from e
         except ValueError as e:
             self._abort_subs(subs)
             raise APIError(400, str(e), code="invalid_value") from e
         except RuntimeError as e:
             self._abort_subs(subs)
-            raise APIError(503, f"the engine is not available: {e}", code="engine_unavailable") from e
+            raise APIError(
+                503, f"the engine is not available: {e}", code="engine_unavailable"
+            ) from e
         return Generation(self.llm, subs, n)
 
     def _abort_subs(self, subs) -> None:
@@ -205,12 +255,23 @@ class OpenAIServer:
         if subs:
             Generation(self.llm, subs, 1).abort()
 
-    async def _run(self, endpoint: str, request: Request, body, prompts: list[list[int]], cid: str, render,
-                   messages=None, structured=None):
+    async def _run(
+        self,
+        endpoint: str,
+        request: Request,
+        body,
+        prompts: list[list[int]],
+        cid: str,
+        render,
+        messages=None,
+        structured=None,
+    ):
         """Admit, submit, then either stream (render.chunks) or collect and answer (render.final).
         A constraint is compiled first in a worker thread (cached), so neither the event loop nor
         the engine's step loop waits for it."""
-        params = [to_sampling_params(body, len(ids), self.max_model_len, structured) for ids in prompts]
+        params = [
+            to_sampling_params(body, len(ids), self.max_model_len, structured) for ids in prompts
+        ]
         if structured is not None:
             try:
                 await asyncio.to_thread(self.llm.compile_structured, structured)
@@ -219,7 +280,7 @@ class OpenAIServer:
                 raise APIError(400, str(e), param=param, code="invalid_value") from e
         seqs = len(prompts) * body.n
         tenant = self.access.tenant_of(request.headers)
-        priority = effective_priority(body.priority, self.access.priority_class(tenant))   # 48.1
+        priority = effective_priority(body.priority, self.access.priority_class(tenant))  # 48.1
         self._admit(seqs, tenant)
         try:
             gen = self._submit(prompts, params, cid, body.n, messages, tenant, priority)
@@ -229,8 +290,12 @@ class OpenAIServer:
         if body.stream:
             self.metrics.count(endpoint, 200)
             ender = _StreamEnd(gen, self, seqs, tenant)
-            return _EngineStream(self._stream(gen, body, render, ender), ender, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return _EngineStream(
+                self._stream(gen, body, render, ender),
+                ender,
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
         watcher = asyncio.create_task(watch_disconnect(request, gen))
         try:
             await gen.collect()
@@ -257,7 +322,11 @@ class OpenAIServer:
                 yield sse(chunk)
             async for i, d in gen.deltas():
                 if d.error:
-                    yield sse(error_body(503 if "shut down" in d.error else 500, f"generation failed: {d.error}"))
+                    yield sse(
+                        error_body(
+                            503 if "shut down" in d.error else 500, f"generation failed: {d.error}"
+                        )
+                    )
                     continue
                 for chunk in render.chunks(created, gen, i, d):
                     yield sse(chunk)
@@ -266,12 +335,19 @@ class OpenAIServer:
                 yield sse(render.usage_chunk(created, ender.usage))
             yield DONE
         finally:
-            ender()                       # a client that left mid-stream: free its blocks now
+            ender()  # a client that left mid-stream: free its blocks now
 
     # ---- endpoints ---------------------------------------------------------------------------------
     def models(self) -> dict:
-        others = [c.name.removesuffix(".gguf") for c in self.llm.loadable_models()
-                  if c.name != self.llm.current_model()] if isinstance(self.llm, SwitchesModels) else []
+        others = (
+            [
+                c.name.removesuffix(".gguf")
+                for c in self.llm.loadable_models()
+                if c.name != self.llm.current_model()
+            ]
+            if isinstance(self.llm, SwitchesModels)
+            else []
+        )
         return S.model_list(self.model, self.created, self.max_model_len, loadable=others)
 
     async def chat(self, body: S.ChatCompletionRequest, request: Request):
@@ -279,21 +355,40 @@ class OpenAIServer:
         tools = openai_tools.plan(body)
         spec, tool_spec = structured_spec(body), tools.spec() if tools else None
         if spec is not None and tool_spec is not None:
-            raise APIError(400, "response_format / structured_outputs cannot be combined with tools unless "
-                                "tool_choice is 'none'", param="response_format", code="invalid_value")
-        mode = dict(add_generation_prompt=body.add_generation_prompt,
-                    continue_final_message=body.continue_final_message, enable_thinking=body.enable_thinking(),
-                    reasoning_effort=body.effort())
+            raise APIError(
+                400,
+                "response_format / structured_outputs cannot be combined with tools unless "
+                "tool_choice is 'none'",
+                param="response_format",
+                code="invalid_value",
+            )
+        mode = dict(
+            add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
+            enable_thinking=body.enable_thinking(),
+            reasoning_effort=body.effort(),
+        )
         try:
             messages = openai_tools.template_messages(body, tools)
-            ids = await asyncio.to_thread(continue_session_prompt, self.tokenizer, messages, None, **mode)
+            ids = await asyncio.to_thread(
+                continue_session_prompt, self.tokenizer, messages, None, **mode
+            )
         except ValueError as e:
             raise APIError(400, str(e), param="messages", code="invalid_value") from e
         cid = S.new_id("chatcmpl")
-        thinking = ReasoningSplit.of(self.tokenizer, self.reasoning_markers, ids)     # None: not a thinking model
-        return await self._run("chat_completions", request, body, [ids], cid,
-                               ChatRender(self, body, cid, tools if tools and tools.parses else None, thinking),
-                               messages=messages, structured=spec or tool_spec)
+        thinking = ReasoningSplit.of(
+            self.tokenizer, self.reasoning_markers, ids
+        )  # None: not a thinking model
+        return await self._run(
+            "chat_completions",
+            request,
+            body,
+            [ids],
+            cid,
+            ChatRender(self, body, cid, tools if tools and tools.parses else None, thinking),
+            messages=messages,
+            structured=spec or tool_spec,
+        )
 
     async def completions(self, body: S.CompletionRequest, request: Request):
         self._check_model(body.model)
@@ -304,10 +399,19 @@ class OpenAIServer:
             except ValueError as e:
                 raise APIError(400, str(e), param="prompt", code="invalid_value") from e
         if body.echo and body.stream:
-            raise APIError(400, "echo: not supported with stream", param="echo", code="invalid_value")
+            raise APIError(
+                400, "echo: not supported with stream", param="echo", code="invalid_value"
+            )
         cid = S.new_id("cmpl")
-        return await self._run("completions", request, body, prompts, cid,
-                               CompletionRender(self, body, cid, prompts), structured=structured_spec(body))
+        return await self._run(
+            "completions",
+            request,
+            body,
+            prompts,
+            cid,
+            CompletionRender(self, body, cid, prompts),
+            structured=structured_spec(body),
+        )
 
 
 class _StreamEnd:
@@ -339,19 +443,34 @@ class _EngineStream(StreamingResponse):
             self._ender()
 
 
-def create_openai_app(llm, *, api_keys: list[str] | None = None, require_key: bool = False,
-                      allowed_origins: list[str] | None = None, max_pending: int | None = None,
-                      model_name: str | None = None, multi_user: bool = False,
-                      default_priority: int = DEFAULT_API_PRIORITY) -> FastAPI:
+def create_openai_app(
+    llm,
+    *,
+    api_keys: list[str] | None = None,
+    require_key: bool = False,
+    allowed_origins: list[str] | None = None,
+    max_pending: int | None = None,
+    model_name: str | None = None,
+    multi_user: bool = False,
+    default_priority: int = DEFAULT_API_PRIORITY,
+) -> FastAPI:
     """The /v1 sub-application (mount it with `mount_openai_api`, or serve it alone in tests).
     multi_user: the app has logins (--auth), so API calls get their own cache salt (as do
     several keys).
     api_keys: "KEY", "NAME:KEY" or "NAME:KEY:PRIORITY" (the name is the caller's tenant for fair
     scheduling and its cache salt; PRIORITY its class, else default_priority: --api-priority)."""
     access = ApiAccess(api_keys, require_key=require_key, default_priority=default_priority)
-    srv = OpenAIServer(llm, model_name=model_name, max_pending=max_pending, multi_user=multi_user,
-                       access=access, default_priority=default_priority)
-    app = FastAPI(title="Paged Chat OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None)
+    srv = OpenAIServer(
+        llm,
+        model_name=model_name,
+        max_pending=max_pending,
+        multi_user=multi_user,
+        access=access,
+        default_priority=default_priority,
+    )
+    app = FastAPI(
+        title="Paged Chat OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.state.server = srv
     install_error_handlers(app)
 
@@ -368,9 +487,13 @@ def create_openai_app(llm, *, api_keys: list[str] | None = None, require_key: bo
     async def completions(body: S.CompletionRequest, request: Request):
         return await _counted(srv, "completions", srv.completions(body, request))
 
-    app.add_middleware(RequestLimits, server=srv)      # caps before parsing (routes/security/request_limits.py)
-    app.add_middleware(_KeyCheck, access=access, metrics=srv.metrics, allowed_origins=allowed_origins)
-    add_cors(app, allowed_origins)        # outermost: answers preflights before the key check
+    app.add_middleware(
+        RequestLimits, server=srv
+    )  # caps before parsing (routes/security/request_limits.py)
+    app.add_middleware(
+        _KeyCheck, access=access, metrics=srv.metrics, allowed_origins=allowed_origins
+    )
+    add_cors(app, allowed_origins)  # outermost: answers preflights before the key check
     return app
 
 

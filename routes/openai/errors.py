@@ -3,21 +3,36 @@
 Clients (the `openai` package, LangChain, open-webui) branch on the HTTP status and read
 `error.message`; FastAPI's default 422 with a `detail` list would surface as an opaque error.
 """
+
 from __future__ import annotations
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 429: "rate_limit_error", 500: "server_error", 503: "service_unavailable"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable",
+}
 
 
 class APIError(Exception):
     """Raised anywhere in a request handler; becomes `{"error": {...}}` with `status`."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 headers: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.headers = headers or {}
@@ -26,9 +41,17 @@ class APIError(Exception):
         return error_body(self.status, self.message, self.param, self.code)
 
 
-def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"),
-                      "param": param, "code": code if code is not None else status}}
+def error_body(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict:
+    return {
+        "error": {
+            "message": message,
+            "type": _TYPES.get(status, "server_error"),
+            "param": param,
+            "code": code if code is not None else status,
+        }
+    }
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -58,10 +81,16 @@ def install_error_handlers(app) -> None:
 
     @app.exception_handler(404)
     async def _not_found(request: Request, exc):
-        return JSONResponse(error_body(404, f"unknown endpoint {request.method} {request.url.path}",
-                                       code="unknown_url"), status_code=404)
+        return JSONResponse(
+            error_body(
+                404, f"unknown endpoint {request.method} {request.url.path}", code="unknown_url"
+            ),
+            status_code=404,
+        )
 
     @app.exception_handler(405)
     async def _bad_method(request: Request, exc):
-        return JSONResponse(error_body(405, f"method {request.method} not allowed on {request.url.path}"),
-                            status_code=405)
+        return JSONResponse(
+            error_body(405, f"method {request.method} not allowed on {request.url.path}"),
+            status_code=405,
+        )

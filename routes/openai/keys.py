@@ -14,6 +14,7 @@ Priority is the operator's (issue 48.1): each key has a class, `--api-priority` 
 `NAME:KEY:PRIORITY` for one; a call's own `priority` field may only lower it (a larger number),
 never rise above it, so a key holder cannot claim to go before the chat users.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -33,7 +34,7 @@ def keys_from_env(environ=None) -> list[str]:
 
 _KEY_NAME = re.compile(r"[A-Za-z0-9_.@-]{1,40}")
 _PRIORITY = re.compile(r"-?[0-9]{1,4}")
-PRIORITY_RANGE = (-1000, 1000)          # vLLM's field, as routes/openai/schemas.py accepts it
+PRIORITY_RANGE = (-1000, 1000)  # vLLM's field, as routes/openai/schemas.py accepts it
 
 
 def split_named_key(value: str, index: int) -> tuple[str, str]:
@@ -66,11 +67,16 @@ def effective_priority(asked: int | None, operator_class: int) -> int:
 
 
 class ApiAccess:
-    def __init__(self, api_keys: list[str] | None = None, *, require_key: bool = False,
-                 default_priority: int = 1):
+    def __init__(
+        self,
+        api_keys: list[str] | None = None,
+        *,
+        require_key: bool = False,
+        default_priority: int = 1,
+    ):
         named = [parse_key(k, i + 1) for i, k in enumerate(k for k in (api_keys or []) if k)]
         self.keys = [k for _, k, _ in named]
-        self.key_names = [n for n, _, _ in named]       # each key's tenant (core/fairness.py)
+        self.key_names = [n for n, _, _ in named]  # each key's tenant (core/fairness.py)
         self.default_priority = int(default_priority)
         self.key_priority = {n: p for n, _, p in named if p is not None}
         self.require_key = require_key or bool(self.keys)
@@ -86,7 +92,7 @@ class ApiAccess:
             return KEYLESS_TENANT
         token = headers.get("authorization", "").partition(" ")[2].strip()
         found = KEYLESS_TENANT
-        for name, k in zip(self.key_names, self.keys):   # no early exit, as in check()
+        for name, k in zip(self.key_names, self.keys):  # no early exit, as in check()
             if hmac.compare_digest(token.encode(), k.encode()):
                 found = name
         return found
@@ -96,15 +102,21 @@ class ApiAccess:
         if not self.require_key:
             return
         if not self.keys:
-            raise APIError(401, "this server requires an API key, but none is configured: start it with "
-                                "--api-key KEY (or set PAGED_CHAT_API_KEYS)", code="invalid_api_key")
+            raise APIError(
+                401,
+                "this server requires an API key, but none is configured: start it with "
+                "--api-key KEY (or set PAGED_CHAT_API_KEYS)",
+                code="invalid_api_key",
+            )
         header = headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
-            raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+            raise APIError(
+                401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key"
+            )
         ok = False
-        for k in self.keys:                       # no early exit: constant work per request
+        for k in self.keys:  # no early exit: constant work per request
             ok |= hmac.compare_digest(token.encode(), k.encode())
         if not ok:
             raise APIError(401, "incorrect API key provided", code="invalid_api_key")
@@ -116,5 +128,11 @@ def add_cors(app, allowed_origins: list[str] | None) -> None:
     if not origins:
         return
     from fastapi.middleware.cors import CORSMiddleware
-    app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "OPTIONS"],
-                       allow_headers=["Authorization", "Content-Type"], allow_credentials=False)
+
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=origins,
+        allow_methods=["GET", "POST", "OPTIONS"],
+        allow_headers=["Authorization", "Content-Type"],
+        allow_credentials=False,
+    )

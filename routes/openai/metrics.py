@@ -3,6 +3,7 @@
 The engine's own gauges (running, waiting, KV usage) already count API requests; these add what
 only the API layer knows: calls per endpoint and status, rejections, tokens, requests in flight.
 """
+
 from __future__ import annotations
 
 import threading
@@ -12,8 +13,8 @@ from collections import Counter
 class ApiMetrics:
     def __init__(self):
         self._lock = threading.Lock()
-        self.requests: Counter = Counter()      # (endpoint, status) -> count
-        self.in_flight = 0                      # engine sequences of API calls not yet finished
+        self.requests: Counter = Counter()  # (endpoint, status) -> count
+        self.in_flight = 0  # engine sequences of API calls not yet finished
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.generation_tokens = 0
@@ -41,17 +42,39 @@ class ApiMetrics:
     def prometheus_text(self) -> str:
         with self._lock:
             reqs = sorted(self.requests.items())
-            lines = ["# HELP paged_chat_api_requests_total OpenAI-compatible API calls by endpoint and HTTP status.",
-                     "# TYPE paged_chat_api_requests_total counter"]
-            lines += [f'paged_chat_api_requests_total{{endpoint="{e}",status="{s}"}} {n}' for (e, s), n in reqs]
+            lines = [
+                "# HELP paged_chat_api_requests_total OpenAI-compatible API calls by endpoint and HTTP status.",
+                "# TYPE paged_chat_api_requests_total counter",
+            ]
+            lines += [
+                f'paged_chat_api_requests_total{{endpoint="{e}",status="{s}"}} {n}'
+                for (e, s), n in reqs
+            ]
             for name, kind, help_, value in (
-                    ("paged_chat_api_sequences_in_flight", "gauge",
-                     "Sequences of API calls admitted and not yet finished (running or waiting).", self.in_flight),
-                    ("paged_chat_api_prompt_tokens_total", "counter", "Prompt tokens of finished API calls.",
-                     self.prompt_tokens),
-                    ("paged_chat_api_cached_prompt_tokens_total", "counter",
-                     "Prompt tokens of finished API calls served from the prefix cache.", self.cached_tokens),
-                    ("paged_chat_api_generation_tokens_total", "counter", "Tokens generated for API calls.",
-                     self.generation_tokens)):
+                (
+                    "paged_chat_api_sequences_in_flight",
+                    "gauge",
+                    "Sequences of API calls admitted and not yet finished (running or waiting).",
+                    self.in_flight,
+                ),
+                (
+                    "paged_chat_api_prompt_tokens_total",
+                    "counter",
+                    "Prompt tokens of finished API calls.",
+                    self.prompt_tokens,
+                ),
+                (
+                    "paged_chat_api_cached_prompt_tokens_total",
+                    "counter",
+                    "Prompt tokens of finished API calls served from the prefix cache.",
+                    self.cached_tokens,
+                ),
+                (
+                    "paged_chat_api_generation_tokens_total",
+                    "counter",
+                    "Tokens generated for API calls.",
+                    self.generation_tokens,
+                ),
+            ):
                 lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value}"]
         return "\n".join(lines) + "\n"

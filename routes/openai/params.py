@@ -5,6 +5,7 @@ have yet is rejected with a clear 400 naming it instead of being dropped, so a c
 silently different sampling than it asked for. Detection is by SamplingParams' fields, so nothing
 here changes when the engine gains them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,20 +25,35 @@ def to_sampling_params(req, prompt_len: int, max_model_len: int, structured=None
     `structured`: the constraint the route derived (response_format, tools), if any."""
     room = max_model_len - prompt_len
     if room < 1:
-        raise APIError(400, f"this model's maximum context length is {max_model_len} tokens; the prompt has "
-                            f"{prompt_len}", param="messages" if isinstance(req, ChatCompletionRequest) else "prompt",
-                       code="context_length_exceeded")
+        raise APIError(
+            400,
+            f"this model's maximum context length is {max_model_len} tokens; the prompt has "
+            f"{prompt_len}",
+            param="messages" if isinstance(req, ChatCompletionRequest) else "prompt",
+            code="context_length_exceeded",
+        )
     limit = req.token_limit()
     if limit is not None and limit > room:
-        param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
-        raise APIError(400, f"this model's maximum context length is {max_model_len} tokens; the prompt has "
-                            f"{prompt_len}, so at most {room} can be generated (requested {limit})",
-                       param=param, code="context_length_exceeded")
-    kw = dict(n=req.n, max_tokens=limit if limit is not None else room,
-              temperature=1.0 if req.temperature is None else req.temperature,
-              top_p=1.0 if req.top_p is None else req.top_p,
-              stop=req.stop_list(), seed=req.seed, ignore_eos=req.ignore_eos)
-    for name in ("top_k", "min_p", "repetition_penalty"):       # vLLM extras
+        param = (
+            "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
+        )
+        raise APIError(
+            400,
+            f"this model's maximum context length is {max_model_len} tokens; the prompt has "
+            f"{prompt_len}, so at most {room} can be generated (requested {limit})",
+            param=param,
+            code="context_length_exceeded",
+        )
+    kw = dict(
+        n=req.n,
+        max_tokens=limit if limit is not None else room,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        stop=req.stop_list(),
+        seed=req.seed,
+        ignore_eos=req.ignore_eos,
+    )
+    for name in ("top_k", "min_p", "repetition_penalty"):  # vLLM extras
         if getattr(req, name) is not None:
             kw[name] = getattr(req, name)
     for name in ("presence_penalty", "frequency_penalty"):
@@ -45,12 +61,16 @@ def to_sampling_params(req, prompt_len: int, max_model_len: int, structured=None
         if value is None or value == 0:
             continue
         if not _has_field(name):
-            raise APIError(400, f"{name} is not supported by this engine yet (only 0 is accepted)", param=name,
-                           code="unsupported_parameter")
+            raise APIError(
+                400,
+                f"{name} is not supported by this engine yet (only 0 is accepted)",
+                param=name,
+                code="unsupported_parameter",
+            )
         kw[name] = value
-    if req.speculative is False:        # the engine's --speculative, off for this request
+    if req.speculative is False:  # the engine's --speculative, off for this request
         kw["speculative"] = False
-    if limit == 0:                      # echo-only scoring: one token is generated and dropped
+    if limit == 0:  # echo-only scoring: one token is generated and dropped
         kw["max_tokens"] = 1
     if structured is not None:
         kw["structured"] = structured
@@ -58,12 +78,18 @@ def to_sampling_params(req, prompt_len: int, max_model_len: int, structured=None
     if bias:
         kw["logit_bias"] = bias
     if getattr(req, "echo", False) and req.num_logprobs() is not None:
-        kw["prompt_logprobs"] = req.num_logprobs()      # /v1/completions echo: the prompt's own logprobs
+        kw["prompt_logprobs"] = (
+            req.num_logprobs()
+        )  # /v1/completions echo: the prompt's own logprobs
     k = req.num_logprobs()
     if k is not None:
         if not _has_field("logprobs"):
-            raise APIError(400, "logprobs are not supported by this engine yet", param="logprobs",
-                           code="unsupported_parameter")
+            raise APIError(
+                400,
+                "logprobs are not supported by this engine yet",
+                param="logprobs",
+                code="unsupported_parameter",
+            )
         kw["logprobs"] = k
     try:
         return SamplingParams(**kw)
@@ -92,9 +118,21 @@ class LogprobFormatter:
         content = []
         for r in records:
             t = self.token(r.token_id)
-            content.append({"token": t, "logprob": float(r.logprob), "bytes": list(t.encode()),
-                            "top_logprobs": [{"token": self.token(i), "logprob": float(lp),
-                                              "bytes": list(self.token(i).encode())} for i, lp in r.top]})
+            content.append(
+                {
+                    "token": t,
+                    "logprob": float(r.logprob),
+                    "bytes": list(t.encode()),
+                    "top_logprobs": [
+                        {
+                            "token": self.token(i),
+                            "logprob": float(lp),
+                            "bytes": list(self.token(i).encode()),
+                        }
+                        for i, lp in r.top
+                    ],
+                }
+            )
         return {"content": content, "refusal": None}
 
     def completion(self, records, text_offset: int = 0) -> dict | None:

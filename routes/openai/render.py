@@ -10,6 +10,7 @@ A thinking model's (Qwen3, SmolLM3) replies are split as vLLM's reasoning parser
 `reasoning_content` beside `content` in the message and in the streamed deltas, and the reasoning
 tokens in `usage.completion_tokens_details` (engine/text/reasoning.py holds the rule).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -23,11 +24,18 @@ if TYPE_CHECKING:
 
 
 class ChatRender:
-    def __init__(self, srv: "OpenAIServer", body, cid: str, tools=None, thinking: ReasoningSplit | None = None):
+    def __init__(
+        self,
+        srv: "OpenAIServer",
+        body,
+        cid: str,
+        tools=None,
+        thinking: ReasoningSplit | None = None,
+    ):
         self.srv, self.body, self.cid = srv, body, cid
         self.lp = body.num_logprobs() is not None
-        self.tools = tools          # routes/openai/tools.ToolPlan when tool calls are parsed
-        self.thinking = thinking    # a thinking model's split (None: replies are all content)
+        self.tools = tools  # routes/openai/tools.ToolPlan when tool calls are parsed
+        self.thinking = thinking  # a thinking model's split (None: replies are all content)
         self.parsers: dict[int, openai_tools.ToolCallParser] = {}
         self.splitters: dict[int, ReasoningParser] = {}
         self.gen = None
@@ -44,8 +52,10 @@ class ChatRender:
         return S.chat_chunk(self.cid, self.srv.model, created, choices, usage)
 
     def opening(self, created, gen):
-        return [self._chunk(created, [S.chat_chunk_choice(i, {"role": "assistant", "content": ""})])
-                for i in range(len(gen.choices))]
+        return [
+            self._chunk(created, [S.chat_chunk_choice(i, {"role": "assistant", "content": ""})])
+            for i in range(len(gen.choices))
+        ]
 
     def _split(self, i, d) -> tuple[str, str]:
         """(reasoning, content) of delta d of choice i (all content for a model that does not think)."""
@@ -66,10 +76,16 @@ class ChatRender:
         reasoning, content = self._split(i, d)
         lp = self.srv.fmt.chat(d.logprobs or []) if self.lp and (d.text or d.token_ids) else None
         if reasoning:
-            out.append(self._chunk(created, [S.chat_chunk_choice(i, {"reasoning_content": reasoning}, None, lp)]))
+            out.append(
+                self._chunk(
+                    created, [S.chat_chunk_choice(i, {"reasoning_content": reasoning}, None, lp)]
+                )
+            )
             lp = None
         if content or (self.thinking is None and (d.text or d.token_ids)) or lp is not None:
-            out.append(self._chunk(created, [S.chat_chunk_choice(i, {"content": content}, None, lp)]))
+            out.append(
+                self._chunk(created, [S.chat_chunk_choice(i, {"content": content}, None, lp)])
+            )
         if d.finished:
             out.append(self._chunk(created, [S.chat_chunk_choice(i, {}, d.finish_reason)]))
         return out
@@ -83,19 +99,37 @@ class ChatRender:
         lp = self.srv.fmt.chat(d.logprobs or []) if self.lp and d.token_ids else None
         out = []
         if reasoning:
-            out.append(self._chunk(created, [S.chat_chunk_choice(i, {"reasoning_content": reasoning}, None, lp)]))
+            out.append(
+                self._chunk(
+                    created, [S.chat_chunk_choice(i, {"reasoning_content": reasoning}, None, lp)]
+                )
+            )
             lp = None
         for k, ev in enumerate(events):
-            out.append(self._chunk(created, [S.chat_chunk_choice(i, openai_tools.stream_delta(ev), None,
-                                                                 lp if k == 0 else None)]))
+            out.append(
+                self._chunk(
+                    created,
+                    [
+                        S.chat_chunk_choice(
+                            i, openai_tools.stream_delta(ev), None, lp if k == 0 else None
+                        )
+                    ],
+                )
+            )
         if d.finished:
-            out.append(self._chunk(created, [S.chat_chunk_choice(i, {}, self._finish_reason(p, d.finish_reason))]))
+            out.append(
+                self._chunk(
+                    created, [S.chat_chunk_choice(i, {}, self._finish_reason(p, d.finish_reason))]
+                )
+            )
         return out
 
     def _usage(self, gen, usage):
         if self.thinking is None or gen is None:
             return usage
-        return S.with_reasoning_tokens(usage, sum(self.thinking.tokens(c.token_ids) for c in gen.choices))
+        return S.with_reasoning_tokens(
+            usage, sum(self.thinking.tokens(c.token_ids) for c in gen.choices)
+        )
 
     def usage_chunk(self, created, usage):
         return S.chat_chunk(self.cid, self.srv.model, created, [], self._usage(self.gen, usage))
@@ -107,7 +141,9 @@ class ChatRender:
             if self.thinking is not None:
                 sp = self.thinking.split(c.text)
                 text, reasoning = sp.content, sp.reasoning
-            ch = S.chat_choice(i, text, c.finish_reason, self.srv.fmt.chat(c.logprobs) if self.lp else None)
+            ch = S.chat_choice(
+                i, text, c.finish_reason, self.srv.fmt.chat(c.logprobs) if self.lp else None
+            )
             if self.thinking is not None:
                 # a harmony reply with no analysis message has none (null, as vLLM), not ""
                 harmony_none = self.thinking.is_harmony and not reasoning
@@ -123,7 +159,9 @@ class ChatRender:
 
 
 class CompletionRender:
-    def __init__(self, srv: "OpenAIServer", body, cid: str, prompt_ids: list[list[int]] | None = None):
+    def __init__(
+        self, srv: "OpenAIServer", body, cid: str, prompt_ids: list[list[int]] | None = None
+    ):
         self.srv, self.body, self.cid = srv, body, cid
         self.lp = body.num_logprobs() is not None
         self.prompt_ids = prompt_ids or []
@@ -160,8 +198,15 @@ class CompletionRender:
         offset = len(gen.choices[i].text) - len(d.text)
         lp = self.srv.fmt.completion(d.logprobs or [], offset) if self.lp else None
         usage = None if self.body.include_usage else S._NO_USAGE
-        return [S.completion(self.cid, self.srv.model, [S.completion_choice(i, d.text, d.finish_reason, lp)],
-                             usage, created)]
+        return [
+            S.completion(
+                self.cid,
+                self.srv.model,
+                [S.completion_choice(i, d.text, d.finish_reason, lp)],
+                usage,
+                created,
+            )
+        ]
 
     def usage_chunk(self, created, usage):
         return S.completion(self.cid, self.srv.model, [], usage, created)
@@ -174,6 +219,12 @@ class CompletionRender:
                 reason = "length" if self.body.max_tokens == 0 else c.finish_reason
                 choices.append(S.completion_choice(i, text, reason, lp))
             else:
-                choices.append(S.completion_choice(i, c.text, c.finish_reason,
-                                                   self.srv.fmt.completion(c.logprobs) if self.lp else None))
+                choices.append(
+                    S.completion_choice(
+                        i,
+                        c.text,
+                        c.finish_reason,
+                        self.srv.fmt.completion(c.logprobs) if self.lp else None,
+                    )
+                )
         return S.completion(cid, self.srv.model, choices, usage)

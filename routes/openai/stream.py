@@ -5,6 +5,7 @@ request whose n sequences share the prompt's blocks. Either way the handler sees
 (choice index, delta). Leaving early (client gone, error) aborts every request that is still
 running, from a worker thread so the event loop never waits for an engine step.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,20 +28,20 @@ class Choice:
     logprobs: list = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
-    prompt_logprobs: list | None = None     # echo: [None, TokenLogprob, ...] per prompt token
+    prompt_logprobs: list | None = None  # echo: [None, TokenLogprob, ...] per prompt token
 
 
 @dataclass
 class Submitted:
-    stream: object              # engine.front.llm.RequestStream
+    stream: object  # engine.front.llm.RequestStream
     prompt_len: int
-    first_choice: int           # choice index of this request's sequence 0
+    first_choice: int  # choice index of this request's sequence 0
 
 
 def _abort_quietly(llm, request_id: str) -> None:
     try:
         llm.abort(request_id)
-    except RuntimeError:        # engine already shut down: nothing left to free
+    except RuntimeError:  # engine already shut down: nothing left to free
         pass
 
 
@@ -88,6 +89,7 @@ class Generation:
                     q.put_nowait((k, d))
             finally:
                 q.put_nowait((k, None))
+
         tasks = [asyncio.create_task(pump(k, s.stream)) for k, s in enumerate(self.subs)]
         try:
             left = len(tasks)
@@ -118,8 +120,11 @@ class Generation:
         return next((c.error for c in self.choices if c.error), None)
 
     def usage(self) -> dict:
-        return usage_dict(sum(s.prompt_len for s in self.subs), sum(len(c.token_ids) for c in self.choices),
-                          sum(self.cached))
+        return usage_dict(
+            sum(s.prompt_len for s in self.subs),
+            sum(len(c.token_ids) for c in self.choices),
+            sum(self.cached),
+        )
 
 
 async def watch_disconnect(request, gen: Generation) -> None:

@@ -14,6 +14,7 @@ model's ChatML has none). The format, documented in docs/DESIGN.md ("Tool calls"
 `ToolCallParser` turns the generated text, as it streams, into content text and OpenAI's
 tool-call deltas (index, id, name, argument fragments).
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,8 @@ def _bad(msg: str, param: str = "tools"):
 
 @dataclass
 class ToolPlan:
-    tools: list[dict]                   # [{"name", "description", "parameters"}]
-    choice: str                         # "auto" | "none" | "required" | "function"
+    tools: list[dict]  # [{"name", "description", "parameters"}]
+    choice: str  # "auto" | "none" | "required" | "function"
     named: str | None = None
     parallel: bool = True
 
@@ -50,9 +51,18 @@ class ToolPlan:
         return [t for t in self.tools if self.named is None or t["name"] == self.named]
 
     def _body_schema(self) -> dict:
-        opts = [{"type": "object", "properties": {"name": {"const": t["name"]},
-                                                  "arguments": closed_objects(t["parameters"])},
-                 "required": ["name", "arguments"], "additionalProperties": False} for t in self.callable()]
+        opts = [
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"const": t["name"]},
+                    "arguments": closed_objects(t["parameters"]),
+                },
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for t in self.callable()
+        ]
         schema = opts[0] if len(opts) == 1 else {"anyOf": opts}
         return {**schema, "x-guidance": JSON_OPTIONS}
 
@@ -67,9 +77,9 @@ class ToolPlan:
         body = "body: %json " + json.dumps(self._body_schema())
         call = f"{json.dumps(CALL_OPEN)} body {json.dumps(CALL_CLOSE)}"
         more = ""
-        for _ in range(self.max_calls() - 1):           # ("\n" call ("\n" call)?)? ...
+        for _ in range(self.max_calls() - 1):  # ("\n" call ("\n" call)?)? ...
             more = f' ("\\n" call{more})?'
-        if self.choice == "auto":       # lazy: what follows the first marker the model writes
+        if self.choice == "auto":  # lazy: what follows the first marker the model writes
             lark = f"start: body {json.dumps(CALL_CLOSE)}{more}\ncall: {call}\n{body}"
             return StructuredSpec("grammar", lark, trigger=CALL_OPEN)
         return StructuredSpec("grammar", f"start: call{more}\ncall: {call}\n{body}")
@@ -77,10 +87,19 @@ class ToolPlan:
     def system_text(self) -> str:
         lines = ["You can call these tools (JSON schema of each one's arguments):"]
         for t in self.callable():
-            lines.append(json.dumps({"name": t["name"], "description": t["description"],
-                                     "parameters": t["parameters"]}))
-        lines.append(f'To call a tool, reply with {CALL_OPEN}{{"name": "<tool name>", "arguments": '
-                     f'{{...}}}}{CALL_CLOSE}' + (" (one call per line)." if self.parallel else "."))
+            lines.append(
+                json.dumps(
+                    {
+                        "name": t["name"],
+                        "description": t["description"],
+                        "parameters": t["parameters"],
+                    }
+                )
+            )
+        lines.append(
+            f'To call a tool, reply with {CALL_OPEN}{{"name": "<tool name>", "arguments": '
+            f'{{...}}}}{CALL_CLOSE}' + (" (one call per line)." if self.parallel else ".")
+        )
         if self.choice == "auto":
             lines.append("Call a tool only when it helps; otherwise answer normally.")
         return "\n".join(lines)
@@ -97,23 +116,43 @@ def plan(body) -> ToolPlan | None:
         raise _bad(f"tools: at most {MAX_TOOLS}")
     out = []
     for t in tools:
-        f = t.get("function") if isinstance(t, dict) and t.get("type", "function") == "function" else None
-        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not _NAME_RE.match(f["name"]):
-            raise _bad("tools: each must be {'type': 'function', 'function': {'name': [A-Za-z0-9_.-]{1,64}, ...}}")
+        f = (
+            t.get("function")
+            if isinstance(t, dict) and t.get("type", "function") == "function"
+            else None
+        )
+        if (
+            not isinstance(f, dict)
+            or not isinstance(f.get("name"), str)
+            or not _NAME_RE.match(f["name"])
+        ):
+            raise _bad(
+                "tools: each must be {'type': 'function', 'function': {'name': [A-Za-z0-9_.-]{1,64}, ...}}"
+            )
         params = f.get("parameters") or {"type": "object", "properties": {}}
         if not isinstance(params, dict):
             raise _bad(f"tools: {f['name']}.parameters must be a JSON schema object")
-        out.append({"name": f["name"], "description": str(f.get("description") or ""), "parameters": params})
+        out.append(
+            {
+                "name": f["name"],
+                "description": str(f.get("description") or ""),
+                "parameters": params,
+            }
+        )
     if len({t["name"] for t in out}) != len(out):
         raise _bad("tools: names must be unique")
     named = None
     if choice is None:
         choice = "auto"
     elif isinstance(choice, dict):
-        named = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+        named = (
+            (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+        )
         if named not in {t["name"] for t in out}:
-            raise _bad("tool_choice: must name one of the tools ({'type': 'function', 'function': {'name': ...}})",
-                       "tool_choice")
+            raise _bad(
+                "tool_choice: must name one of the tools ({'type': 'function', 'function': {'name': ...}})",
+                "tool_choice",
+            )
         choice = "function"
     elif choice not in ("auto", "none", "required"):
         raise _bad("tool_choice: must be auto, none, required or a named function", "tool_choice")
@@ -126,7 +165,9 @@ def _call_text(call: dict) -> str:
     try:
         args = json.loads(args) if isinstance(args, str) else args
     except ValueError:
-        raise _bad("messages: an assistant tool call's arguments must be a JSON string", "messages") from None
+        raise _bad(
+            "messages: an assistant tool call's arguments must be a JSON string", "messages"
+        ) from None
     return CALL_OPEN + json.dumps({"name": f.get("name", ""), "arguments": args}) + CALL_CLOSE
 
 
@@ -162,12 +203,13 @@ class ToolCall:
 class ToolCallParser:
     """Streaming: feed() the generated text piece by piece, finish() at the end. Each returns
     events: ("content", text) | ("call", index, id, name) | ("args", index, fragment)."""
+
     calls: list[ToolCall] = field(default_factory=list)
     content: str = ""
     _buf: str = ""
     _in_call: bool = False
     _named: bool = False
-    _after_call: bool = False           # the newline that separates calls is not content
+    _after_call: bool = False  # the newline that separates calls is not content
 
     def _emit_content(self, text, ev):
         if text:
@@ -186,13 +228,19 @@ class ToolCallParser:
                     self._after_call = False
                 at = self._buf.find(CALL_OPEN)
                 if at < 0:
-                    keep = next((k for k in range(min(len(CALL_OPEN) - 1, len(self._buf)), 0, -1)
-                                 if CALL_OPEN.startswith(self._buf[-k:])), 0)
-                    self._emit_content(self._buf[:len(self._buf) - keep], ev)
-                    self._buf = self._buf[len(self._buf) - keep:]
+                    keep = next(
+                        (
+                            k
+                            for k in range(min(len(CALL_OPEN) - 1, len(self._buf)), 0, -1)
+                            if CALL_OPEN.startswith(self._buf[-k:])
+                        ),
+                        0,
+                    )
+                    self._emit_content(self._buf[: len(self._buf) - keep], ev)
+                    self._buf = self._buf[len(self._buf) - keep :]
                     return ev
                 self._emit_content(self._buf[:at], ev)
-                self._buf = self._buf[at + len(CALL_OPEN):]
+                self._buf = self._buf[at + len(CALL_OPEN) :]
                 self._in_call, self._named = True, False
             if not self._named:
                 m = _HEAD_RE.match(self._buf)
@@ -201,16 +249,16 @@ class ToolCallParser:
                 call = ToolCall(f"call_{uuid.uuid4().hex[:24]}", json.loads(f'"{m.group(1)}"'))
                 self.calls.append(call)
                 ev.append(("call", len(self.calls) - 1, call.id, call.name))
-                self._buf, self._named = self._buf[m.end():], True
+                self._buf, self._named = self._buf[m.end() :], True
             end = self._buf.find(CALL_CLOSE)
-            if end < 0:                 # hold back what may still be the outer "}" + the close marker
+            if end < 0:  # hold back what may still be the outer "}" + the close marker
                 cut = max(0, len(self._buf) - len(CALL_CLOSE) - 1)
                 self._args(self._buf[:cut], ev)
                 self._buf = self._buf[cut:]
                 return ev
             inner = self._buf[:end].rstrip()
             self._args(inner[:-1] if inner.endswith("}") else inner, ev)
-            self._buf = self._buf[end + len(CALL_CLOSE):]
+            self._buf = self._buf[end + len(CALL_CLOSE) :]
             self._in_call, self._after_call = False, True
 
     def _args(self, frag: str, ev) -> None:
@@ -234,8 +282,14 @@ class ToolCallParser:
         """`content` and `tool_calls` of the final assistant message."""
         out = {"content": self.content.strip() or None}
         if self.calls:
-            out["tool_calls"] = [{"id": c.id, "type": "function",
-                                  "function": {"name": c.name, "arguments": c.arguments}} for c in self.calls]
+            out["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in self.calls
+            ]
         return out
 
 
@@ -244,6 +298,14 @@ def stream_delta(event) -> dict:
     if event[0] == "content":
         return {"content": event[1]}
     if event[0] == "call":
-        return {"tool_calls": [{"index": event[1], "id": event[2], "type": "function",
-                                "function": {"name": event[3], "arguments": ""}}]}
+        return {
+            "tool_calls": [
+                {
+                    "index": event[1],
+                    "id": event[2],
+                    "type": "function",
+                    "function": {"name": event[3], "arguments": ""},
+                }
+            ]
+        }
     return {"tool_calls": [{"index": event[1], "function": {"arguments": event[2]}}]}

@@ -4,6 +4,7 @@ Why: the login throttle (routes/security/auth.py) and Gradio's cancel guard (rou
 at a POST body before deciding, and the app behind them still expects to receive it. One place also
 bounds how much a middleware buffers.
 """
+
 from __future__ import annotations
 
 
@@ -35,4 +36,5 @@ def replaying(body: bytes, receive):
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
         return await receive()
+
     return replay

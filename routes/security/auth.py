@@ -18,6 +18,7 @@ Throttling: Gradio's /login checks passwords as fast as they arrive (500 guesses
 count, and the rest of the login's defences, are routes/security/login_guard.py. Hashing goes through one
 global budget (routes/security/hash_budget.py) so that attempts cannot starve generation.
 """
+
 from __future__ import annotations
 
 import base64
@@ -34,7 +35,7 @@ from routes.security.hash_budget import HashBudget
 
 FREE_FAILURES = 5
 MAX_DELAY_S = 300.0
-MAX_TRACKED = 10_000            # (user, address) pairs remembered; the oldest are forgotten
+MAX_TRACKED = 10_000  # (user, address) pairs remembered; the oldest are forgotten
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
 HASH_PREFIXES = ("scrypt$", "pbkdf2_sha256$")
 
@@ -61,26 +62,43 @@ def _parse_hash(encoded: str):
             n, r, p = (int(x) for x in parts[1:4])
             if n < 2 or n & (n - 1) or not 1 <= r <= 64 or not 1 <= p <= 16:
                 raise ValueError
-            return ("scrypt", (n, r, p), base64.b64decode(parts[4], validate=True),
-                    base64.b64decode(parts[5], validate=True))
+            return (
+                "scrypt",
+                (n, r, p),
+                base64.b64decode(parts[4], validate=True),
+                base64.b64decode(parts[5], validate=True),
+            )
         if parts[0] == "pbkdf2_sha256" and len(parts) == 4:
             iterations = int(parts[1])
             if iterations < 1:
                 raise ValueError
-            return ("pbkdf2_sha256", (iterations,), base64.b64decode(parts[2], validate=True),
-                    base64.b64decode(parts[3], validate=True))
+            return (
+                "pbkdf2_sha256",
+                (iterations,),
+                base64.b64decode(parts[2], validate=True),
+                base64.b64decode(parts[3], validate=True),
+            )
     except (ValueError, TypeError):
         pass
-    raise ValueError("not a valid password hash (expected scrypt$N$r$p$SALT$HASH or "
-                     "pbkdf2_sha256$ITERATIONS$SALT$HASH; make one with `python -m routes.security.auth USER`)")
+    raise ValueError(
+        "not a valid password hash (expected scrypt$N$r$p$SALT$HASH or "
+        "pbkdf2_sha256$ITERATIONS$SALT$HASH; make one with `python -m routes.security.auth USER`)"
+    )
 
 
 def verify_password(password: str, encoded: str) -> bool:
     kind, params, salt, expected = _parse_hash(encoded)
     if kind == "scrypt":
         n, r, p = params
-        got = hashlib.scrypt(password.encode(), salt=salt, n=n, r=r, p=p, dklen=len(expected),
-                             maxmem=256 * n * r * p + (1 << 20))
+        got = hashlib.scrypt(
+            password.encode(),
+            salt=salt,
+            n=n,
+            r=r,
+            p=p,
+            dklen=len(expected),
+            maxmem=256 * n * r * p + (1 << 20),
+        )
     else:
         got = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, params[0], dklen=len(expected))
     return hmac.compare_digest(got, expected)
@@ -128,8 +146,11 @@ def parse_env_auth(value: str) -> dict[str, str]:
     return users
 
 
-def load_credentials(pairs: list[tuple[str, str]] | None = None, auth_file: str | None = None,
-                     env_value: str | None = None) -> "Credentials | None":
+def load_credentials(
+    pairs: list[tuple[str, str]] | None = None,
+    auth_file: str | None = None,
+    env_value: str | None = None,
+) -> "Credentials | None":
     """All sources merged (later ones win for the same user); None when no user is configured."""
     users: dict[str, str] = {}
     for user, password in pairs or []:
@@ -144,8 +165,12 @@ def load_credentials(pairs: list[tuple[str, str]] | None = None, auth_file: str 
 class Credentials:
     """Hashed users. `gradio_auth` is the async check to hand to Gradio's `auth=`."""
 
-    def __init__(self, users: dict[str, str], throttle: "LoginThrottle | None" = None,
-                 budget: HashBudget | None = None):
+    def __init__(
+        self,
+        users: dict[str, str],
+        throttle: "LoginThrottle | None" = None,
+        budget: HashBudget | None = None,
+    ):
         for encoded in users.values():
             check_hash_format(encoded)
         self.users = dict(users)
@@ -163,10 +188,12 @@ class Credentials:
     def gradio_auth(self):
         """Every check takes the global hashing slot (routes/security/hash_budget.py); an unknown name waits
         there as long as a hash takes but hashes nothing (#29.7)."""
+
         async def check(username: str, password: str) -> bool:
             known = isinstance(username, str) and username in self.users
             ok = await self.budget.run(lambda: self.verify(username, password), hash_it=known)
             return bool(ok)
+
         check.throttle = self.throttle
         check.budget = self.budget
         check.credentials = self
@@ -178,8 +205,13 @@ class LoginThrottle:
     """Exponential backoff per (user, address) after FREE_FAILURES failed attempts.
     forget_after_s: a key idle that long starts from zero again (None: only a success clears it)."""
 
-    def __init__(self, free_failures: int = FREE_FAILURES, max_delay_s: float = MAX_DELAY_S,
-                 clock=time.monotonic, forget_after_s: float | None = None):
+    def __init__(
+        self,
+        free_failures: int = FREE_FAILURES,
+        max_delay_s: float = MAX_DELAY_S,
+        clock=time.monotonic,
+        forget_after_s: float | None = None,
+    ):
         self.free_failures, self.max_delay_s, self.clock = free_failures, max_delay_s, clock
         self.forget_after_s = forget_after_s
         self._failures: OrderedDict[tuple[str, str], tuple[int, float]] = OrderedDict()
@@ -216,9 +248,13 @@ class LoginThrottle:
 def main(argv=None) -> int:
     """`python -m routes.security.auth USER`: ask for a password (twice) and print an auth-file line."""
     import getpass
+
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or ":" in args[0] or not args[0].strip():
-        print("usage: python -m routes.security.auth USER   (prints USER:HASH for --auth-file)", file=sys.stderr)
+        print(
+            "usage: python -m routes.security.auth USER   (prints USER:HASH for --auth-file)",
+            file=sys.stderr,
+        )
         return 2
     if sys.stdin.isatty():
         password = getpass.getpass("Password: ")

@@ -10,6 +10,7 @@ the session's owner - the TabRegistry's, else the login that used the hash first
 is bound to the login that first streams or beats with it) - and the asking user from Gradio's
 login cookie, and answers 403 when they differ. Every other request passes through untouched.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,8 @@ from urllib.parse import parse_qs
 
 from routes.security.asgi_body import BodyTooLarge, read_body, replaying
 
-MAX_CANCEL_BODY = 64 * 1024        # a cancel call is a few dozen bytes of JSON
-MAX_BOUND = 50_000                 # session hashes remembered with their first login (oldest dropped)
+MAX_CANCEL_BODY = 64 * 1024  # a cancel call is a few dozen bytes of JSON
+MAX_BOUND = 50_000  # session hashes remembered with their first login (oldest dropped)
 
 
 class SessionBindings:
@@ -51,10 +52,19 @@ def _stream_hash(scope) -> str | None:
 
 
 async def _forbidden(send) -> None:
-    await send({"type": "http.response.start", "status": 403,
-                "headers": [(b"content-type", b"application/json")]})
-    await send({"type": "http.response.body",
-                "body": b'{"detail": "This browser session belongs to another user."}'})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 403,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
+    await send(
+        {
+            "type": "http.response.body",
+            "body": b'{"detail": "This browser session belongs to another user."}',
+        }
+    )
 
 
 class CancelOwnerGuard:
@@ -77,13 +87,16 @@ class CancelOwnerGuard:
             if owner is not None and owner != user:
                 return await _forbidden(send)
             return await self.app(scope, receive, send)
-        if scope["type"] != "http" or scope.get("method") != "POST" \
-                or not scope.get("path", "").rstrip("/").endswith("/gradio_api/cancel"):
+        if (
+            scope["type"] != "http"
+            or scope.get("method") != "POST"
+            or not scope.get("path", "").rstrip("/").endswith("/gradio_api/cancel")
+        ):
             return await self.app(scope, receive, send)
         try:
             body = await read_body(receive, MAX_CANCEL_BODY)
         except BodyTooLarge:
-            body = b""                     # not a cancel Gradio sends: no session hash, app decides
+            body = b""  # not a cancel Gradio sends: no session hash, app decides
         if body is None:
             return
         try:
@@ -99,6 +112,7 @@ class CancelOwnerGuard:
 
 def gradio_user_of(gradio_app):
     """user_of(scope) for a mounted Gradio App: its login cookie -> user name (None: no login)."""
+
     def user_of(scope) -> str | None:
         cookies = {}
         for k, v in scope.get("headers", []):
@@ -109,13 +123,17 @@ def gradio_user_of(gradio_app):
         cid = getattr(gradio_app, "cookie_id", None)
         token = cookies.get(f"access-token-{cid}") or cookies.get(f"access-token-unsecure-{cid}")
         return getattr(gradio_app, "tokens", {}).get(token)
+
     return user_of
 
 
 def install_cancel_guard(app, tabs) -> None:
     """Put the guard in front of the Gradio app mounted on FastAPI `app` (with --auth only)."""
     from gradio.routes import App as GradioApp
-    gradio_app = next((r.app for r in app.routes if isinstance(getattr(r, "app", None), GradioApp)), None)
+
+    gradio_app = next(
+        (r.app for r in app.routes if isinstance(getattr(r, "app", None), GradioApp)), None
+    )
     if gradio_app is None:
         raise RuntimeError("no mounted Gradio app found to guard")
     app.add_middleware(CancelOwnerGuard, tabs=tabs, user_of=gradio_user_of(gradio_app))

@@ -10,11 +10,12 @@ sent a request: `Sec-Fetch-Site` (sent to loopback and https origins by every cu
 Non-browser clients (curl, the openai package, gradio_client) send neither header: they are the
 local user's tools and are judged by their credentials as before.
 """
+
 from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-FOREIGN_FETCH_SITES = ("cross-site", "same-site")     # same-site: another port of the same host, too
+FOREIGN_FETCH_SITES = ("cross-site", "same-site")  # same-site: another port of the same host, too
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -37,7 +38,11 @@ def _origin_authority(origin: str) -> str | None:
 
 
 def _host_authority(host: str, scheme: str) -> str:
-    name, _, port = host.lower().rpartition(":") if host.rsplit(":", 1)[-1].isdigit() else (host.lower(), "", "")
+    name, _, port = (
+        host.lower().rpartition(":")
+        if host.rsplit(":", 1)[-1].isdigit()
+        else (host.lower(), "", "")
+    )
     return f"{name.strip('[]')}:{port or DEFAULT_PORTS.get(scheme, 80)}"
 
 

@@ -13,28 +13,35 @@ a hash takes, without hashing: equal timing for known and unknown names, no CPU 
 At most MAX_WAITING attempts queue for the slot; the rest are told the server is busy (429) by
 the login middleware before Gradio sees them.
 """
+
 from __future__ import annotations
 
 import asyncio
 import time
 
-SHARE = 0.05                 # of one core, at most, spent hashing passwords over time
-BURST_S = 1.0                # CPU seconds of hashing allowed at once (~16 logins here)
-MAX_WAITING = 16             # attempts queued for the slot; more get 429 at once
-FIRST_GUESS_S = 0.06         # assumed hash cost until one has been measured
+SHARE = 0.05  # of one core, at most, spent hashing passwords over time
+BURST_S = 1.0  # CPU seconds of hashing allowed at once (~16 logins here)
+MAX_WAITING = 16  # attempts queued for the slot; more get 429 at once
+FIRST_GUESS_S = 0.06  # assumed hash cost until one has been measured
 
 
 class HashBudget:
-    def __init__(self, share: float = SHARE, burst_s: float = BURST_S, max_waiting: int = MAX_WAITING,
-                 clock=time.monotonic, sleep=asyncio.sleep):
+    def __init__(
+        self,
+        share: float = SHARE,
+        burst_s: float = BURST_S,
+        max_waiting: int = MAX_WAITING,
+        clock=time.monotonic,
+        sleep=asyncio.sleep,
+    ):
         if not 0 < share <= 1 or burst_s < 0:
             raise ValueError("share must be in (0, 1] and burst_s >= 0")
         self.share, self.burst_s, self.max_waiting = share, burst_s, max_waiting
         self.clock, self.sleep = clock, sleep
-        self.typical_cpu_s = FIRST_GUESS_S       # the last hash's CPU time (what every attempt pays)
-        self.typical_wall_s = FIRST_GUESS_S      # ... and its wall time (what unknown names wait)
+        self.typical_cpu_s = FIRST_GUESS_S  # the last hash's CPU time (what every attempt pays)
+        self.typical_wall_s = FIRST_GUESS_S  # ... and its wall time (what unknown names wait)
         self.waiting = 0
-        self.hashes = 0                          # hashes run (for tests and the docs' numbers)
+        self.hashes = 0  # hashes run (for tests and the docs' numbers)
         self.cpu_spent_s = 0.0
         self._lock: asyncio.Lock | None = None
         self._tokens, self._filled_at = burst_s, clock()

@@ -21,6 +21,7 @@ Why each (issue #29):
 - *Bounded hashing* (item 7): when MAX_WAITING attempts already wait for the hashing slot
   (routes/security/hash_budget.py), more are answered 429 at once, before Gradio or scrypt see them.
 """
+
 from __future__ import annotations
 
 import base64
@@ -78,8 +79,10 @@ def _cookie(scope, name: str) -> str | None:
 
 async def login_fields(scope, body: bytes) -> tuple[list, list]:
     """(usernames, passwords) of the form as Gradio's FastAPI route parses it."""
+
     async def no_more():
         return {"type": "http.disconnect"}
+
     form = await Request({**scope, "type": "http"}, replaying(body, no_more)).form()
     try:
         return form.getlist("username"), form.getlist("password")
@@ -90,22 +93,33 @@ async def login_fields(scope, body: bytes) -> tuple[list, list]:
 class LoginThrottleMiddleware:
     """ASGI, in front of the mounted Gradio app (routes/security.install_security)."""
 
-    def __init__(self, app, throttle: LoginThrottle | None = None, budget: HashBudget | None = None,
-                 address_throttle: LoginThrottle | None = None, devices: DeviceCookies | None = None):
+    def __init__(
+        self,
+        app,
+        throttle: LoginThrottle | None = None,
+        budget: HashBudget | None = None,
+        address_throttle: LoginThrottle | None = None,
+        devices: DeviceCookies | None = None,
+    ):
         self.app = app
         self.throttle = throttle or LoginThrottle()
         self.budget = budget
-        self.addresses = address_throttle or LoginThrottle(free_failures=ADDRESS_FREE_FAILURES,
-                                                           clock=self.throttle.clock,
-                                                           forget_after_s=ADDRESS_FORGET_S)
+        self.addresses = address_throttle or LoginThrottle(
+            free_failures=ADDRESS_FREE_FAILURES,
+            clock=self.throttle.clock,
+            forget_after_s=ADDRESS_FORGET_S,
+        )
         self.devices = devices or DeviceCookies()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope.get("method") != "POST" \
-                or not scope.get("path", "").rstrip("/").endswith("/login"):
+        if (
+            scope["type"] != "http"
+            or scope.get("method") != "POST"
+            or not scope.get("path", "").rstrip("/").endswith("/login")
+        ):
             return await self.app(scope, receive, send)
         reason = foreign_origin(scope)
-        if reason:                       # another site's page: refused, and it counts for nobody
+        if reason:  # another site's page: refused, and it counts for nobody
             return await _json(send, 403, {"detail": f"Login refused: {reason}."})
         try:
             body = await read_body(receive, MAX_LOGIN_BODY)
@@ -113,22 +127,35 @@ class LoginThrottleMiddleware:
             return await _json(send, 413, {"detail": "login request too large"})
         if body is None:
             return
-        if self.budget is not None and self.budget.full():     # before any parsing: a flood costs little
-            return await _json(send, 429, {"detail": "The server is busy checking other logins. Try again "
-                                                     "in a few seconds."}, [(b"retry-after", b"2")])
+        if (
+            self.budget is not None and self.budget.full()
+        ):  # before any parsing: a flood costs little
+            return await _json(
+                send,
+                429,
+                {"detail": "The server is busy checking other logins. Try again in a few seconds."},
+                [(b"retry-after", b"2")],
+            )
         address = (scope.get("client") or ("?", 0))[0]
         try:
             users, passwords = await login_fields(scope, body)
-        except Exception:                # a form Starlette cannot parse: Gradio could not either
+        except Exception:  # a form Starlette cannot parse: Gradio could not either
             users, passwords = [], []
-        if len(users) != 1 or len(passwords) != 1 or isinstance(users[0], UploadFile) \
-                or isinstance(passwords[0], UploadFile):
+        if (
+            len(users) != 1
+            or len(passwords) != 1
+            or isinstance(users[0], UploadFile)
+            or isinstance(passwords[0], UploadFile)
+        ):
             wait = self.addresses.retry_after("", address)
             if wait > 0:
                 return await _too_many(send, wait)
             self.addresses.failed("", address)
-            return await _json(send, 400, {"detail": "A login form must have exactly one username and "
-                                                     "one password field."})
+            return await _json(
+                send,
+                400,
+                {"detail": "A login form must have exactly one username and one password field."},
+            )
         user = users[0].strip()
         device = self.devices.device_of(_cookie(scope, DEVICE_COOKIE), user)
         key = f"device:{device}" if device else address
@@ -142,10 +169,14 @@ class LoginThrottleMiddleware:
             if message["type"] == "http.response.start":
                 if message["status"] == 200:
                     self.throttle.succeeded(user, key)
-                    cookie = (f"{DEVICE_COOKIE}={self.devices.issue(user)}; Max-Age={DEVICE_MAX_AGE_S}; "
-                              f"Path=/; HttpOnly; SameSite=Strict")
-                    message = {**message, "headers": [*message.get("headers", []),
-                                                      (b"set-cookie", cookie.encode())]}
+                    cookie = (
+                        f"{DEVICE_COOKIE}={self.devices.issue(user)}; Max-Age={DEVICE_MAX_AGE_S}; "
+                        f"Path=/; HttpOnly; SameSite=Strict"
+                    )
+                    message = {
+                        **message,
+                        "headers": [*message.get("headers", []), (b"set-cookie", cookie.encode())],
+                    }
                 elif message["status"] in (400, 401, 403, 422):
                     self.throttle.failed(user, key)
                     if not device:
@@ -156,13 +187,25 @@ class LoginThrottleMiddleware:
 
 
 async def _too_many(send, wait: float) -> None:
-    await _json(send, 429, {"detail": f"Too many failed logins. Try again in {wait:.0f} s."},
-                [(b"retry-after", str(max(1, round(wait))).encode())])
+    await _json(
+        send,
+        429,
+        {"detail": f"Too many failed logins. Try again in {wait:.0f} s."},
+        [(b"retry-after", str(max(1, round(wait))).encode())],
+    )
 
 
 async def _json(send, status: int, payload: dict, headers=()) -> None:
     body = json.dumps(payload).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()), *headers]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

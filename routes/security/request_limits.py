@@ -16,6 +16,7 @@ said 429. Here one pass, in a worker thread, decides from the raw bytes:
   fair scheduling "full" is the caller's own bound (its key's sequences), never all tenants'.
 Everything else passes through with its body replayed; the route still validates fields itself.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -29,18 +30,30 @@ from routes.openai.errors import error_body
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_MESSAGES = 1_000
-MAX_CHARS = 400_000          # all strings of one request together (the UI allows 100,000 per message)
-MAX_VALUES = 200_000         # JSON values (token ids of a pre-tokenized prompt count one each)
+MAX_CHARS = 400_000  # all strings of one request together (the UI allows 100,000 per message)
+MAX_VALUES = 200_000  # JSON values (token ids of a pre-tokenized prompt count one each)
 MAX_DEPTH = 32
-DRAIN_BYTES = 64 * 1024 * 1024   # an oversized body is read and dropped up to this much, so the
-                                 # client sees the 413 instead of a reset connection
+DRAIN_BYTES = 64 * 1024 * 1024  # an oversized body is read and dropped up to this much, so the
+# client sees the 413 instead of a reset connection
 
 
 class RequestRefused(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str = "invalid_value",
-                 headers: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str = "invalid_value",
+        headers: dict | None = None,
+    ):
         super().__init__(message)
-        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
+        self.status, self.message, self.param, self.code, self.headers = (
+            status,
+            message,
+            param,
+            code,
+            headers,
+        )
 
     def response(self) -> JSONResponse:
         body = error_body(self.status, self.message, self.param, self.code)
@@ -52,20 +65,33 @@ class RequestRefused(Exception):
 def _walk(value, limits: "Limits", path: str, depth: int, counts: list[int]) -> None:
     """Depth, characters, values and lone surrogates, in one pass over the parsed document."""
     if depth > limits.max_depth:
-        raise RequestRefused(400, f"the request nests deeper than {limits.max_depth} levels", path or None)
+        raise RequestRefused(
+            400, f"the request nests deeper than {limits.max_depth} levels", path or None
+        )
     counts[1] += 1
     if counts[1] > limits.max_values:
-        raise RequestRefused(400, f"the request holds more than {limits.max_values:,} values", path or None)
+        raise RequestRefused(
+            400, f"the request holds more than {limits.max_values:,} values", path or None
+        )
     if isinstance(value, str):
         counts[0] += len(value)
         if counts[0] > limits.max_chars:
-            raise RequestRefused(400, f"the request holds more than {limits.max_chars:,} characters of text "
-                                      f"(this server's limit per request)", path or None, "too_long")
+            raise RequestRefused(
+                400,
+                f"the request holds more than {limits.max_chars:,} characters of text "
+                f"(this server's limit per request)",
+                path or None,
+                "too_long",
+            )
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            raise RequestRefused(400, f"{path or 'a string'}: contains a lone surrogate (\\ud800-\\udfff), "
-                                      f"which is not text", path or None) from None
+            raise RequestRefused(
+                400,
+                f"{path or 'a string'}: contains a lone surrogate (\\ud800-\\udfff), "
+                f"which is not text",
+                path or None,
+            ) from None
     elif isinstance(value, dict):
         for k, v in value.items():
             _walk(k, limits, path, depth + 1, counts)
@@ -76,9 +102,19 @@ def _walk(value, limits: "Limits", path: str, depth: int, counts: list[int]) -> 
 
 
 class Limits:
-    def __init__(self, max_body_bytes=MAX_BODY_BYTES, max_messages=MAX_MESSAGES, max_chars=MAX_CHARS,
-                 max_values=MAX_VALUES, max_depth=MAX_DEPTH):
-        self.max_body_bytes, self.max_messages, self.max_chars = max_body_bytes, max_messages, max_chars
+    def __init__(
+        self,
+        max_body_bytes=MAX_BODY_BYTES,
+        max_messages=MAX_MESSAGES,
+        max_chars=MAX_CHARS,
+        max_values=MAX_VALUES,
+        max_depth=MAX_DEPTH,
+    ):
+        self.max_body_bytes, self.max_messages, self.max_chars = (
+            max_body_bytes,
+            max_messages,
+            max_chars,
+        )
         self.max_values, self.max_depth = max_values, max_depth
 
     def check(self, body: bytes) -> dict | None:
@@ -86,20 +122,30 @@ class Limits:
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise RequestRefused(400, f"the request body is not valid UTF-8 (byte {e.start})") from None
+            raise RequestRefused(
+                400, f"the request body is not valid UTF-8 (byte {e.start})"
+            ) from None
         try:
             doc = json.loads(text)
         except RecursionError:
-            raise RequestRefused(400, f"the request nests deeper than {self.max_depth} levels") from None
-        except ValueError as e:         # JSONDecodeError, and ints past sys.get_int_max_str_digits
-            raise RequestRefused(400, f"the request body is not valid JSON: {str(e)[:120]}") from None
+            raise RequestRefused(
+                400, f"the request nests deeper than {self.max_depth} levels"
+            ) from None
+        except ValueError as e:  # JSONDecodeError, and ints past sys.get_int_max_str_digits
+            raise RequestRefused(
+                400, f"the request body is not valid JSON: {str(e)[:120]}"
+            ) from None
         _walk(doc, self, "", 0, [0, 0])
         if not isinstance(doc, dict):
             return None
         messages = doc.get("messages")
         if isinstance(messages, list) and len(messages) > self.max_messages:
-            raise RequestRefused(400, f"messages: at most {self.max_messages:,} messages per request, got "
-                                      f"{len(messages):,}", "messages")
+            raise RequestRefused(
+                400,
+                f"messages: at most {self.max_messages:,} messages per request, got "
+                f"{len(messages):,}",
+                "messages",
+            )
         return doc
 
 
@@ -139,8 +185,11 @@ class RequestLimits:
     async def _read(self, scope, receive) -> bytes | None:
         cap = self.limits.max_body_bytes
         length = dict(scope.get("headers", [])).get(b"content-length", b"")
-        too_big = RequestRefused(413, f"the request body is larger than this server's limit of "
-                                      f"{cap:,} bytes", code="request_too_large")
+        too_big = RequestRefused(
+            413,
+            f"the request body is larger than this server's limit of {cap:,} bytes",
+            code="request_too_large",
+        )
         if length.isdigit() and int(length) > cap:
             if int(length) <= DRAIN_BYTES:
                 await _drain(receive, DRAIN_BYTES)
@@ -158,12 +207,16 @@ class RequestLimits:
         if srv is None or seqs == 0:
             return
         if seqs > srv.max_pending:
-            raise RequestRefused(400, f"this request asks for {seqs:,} sequences (prompts x n); this server "
-                                      f"runs at most {srv.max_pending:,} API sequences at once", "prompt")
+            raise RequestRefused(
+                400,
+                f"this request asks for {seqs:,} sequences (prompts x n); this server "
+                f"runs at most {srv.max_pending:,} API sequences at once",
+                "prompt",
+            )
         tenant = srv.access.tenant_of(Headers(scope=scope)) if scope is not None else "api"
         try:
             reason = srv.capacity_refusal(seqs, tenant)
-        except Exception:                # engine gone: the route answers 503 with its own words
+        except Exception:  # engine gone: the route answers 503 with its own words
             return
         if reason is not None:
             raise RequestRefused(429, reason, code="queue_full", headers={"Retry-After": "1"})
@@ -182,7 +235,10 @@ async def _drain(receive, limit: int) -> None:
 
 
 def _endpoint(path: str) -> str:
-    for suffix, name in (("/chat/completions", "chat_completions"), ("/completions", "completions")):
+    for suffix, name in (
+        ("/chat/completions", "chat_completions"),
+        ("/completions", "completions"),
+    ):
         if path.rstrip("/").endswith(suffix):
             return name
     return "other"

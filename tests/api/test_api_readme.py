@@ -1,5 +1,6 @@
 """The README's API examples are executed as written (only the port changes): each curl command must
 succeed and print a well-formed answer, and the Python example must run with the `openai` package."""
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ def api_section() -> str:
     text = README.read_text()
     start = text.index("## OpenAI-compatible API")
     nxt = text.find("\n## ", start + 3)
-    return text[start: nxt if nxt != -1 else len(text)]
+    return text[start : nxt if nxt != -1 else len(text)]
 
 
 def blocks(lang: str) -> list[str]:
@@ -34,12 +35,20 @@ def run_doc(cmd: list[str], server, stdin: str | None = None) -> str:
 def test_readme_curl_examples_run(server, model_id):
     curls = blocks("bash")
     assert len(curls) >= 4 and all(c.lstrip().startswith("curl") for c in curls)
-    assert all(model_id in c for c in curls[1:])          # the documented model name is the served one
-    outputs = [run_doc(["bash", "-c", "set -euo pipefail; " + c.replace(DOC_URL, server.url.rstrip("/"))], server)
-               for c in curls]
+    assert all(model_id in c for c in curls[1:])  # the documented model name is the served one
+    outputs = [
+        run_doc(
+            ["bash", "-c", "set -euo pipefail; " + c.replace(DOC_URL, server.url.rstrip("/"))],
+            server,
+        )
+        for c in curls
+    ]
     assert json.loads(outputs[0])["data"][0]["id"] == model_id
     chat = json.loads(outputs[1])
-    assert chat["choices"][0]["message"]["content"] and "cached_tokens" in chat["usage"]["prompt_tokens_details"]
+    assert (
+        chat["choices"][0]["message"]["content"]
+        and "cached_tokens" in chat["usage"]["prompt_tokens_details"]
+    )
     events = [line[6:] for line in outputs[2].splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     assert "cached_tokens" in json.loads(events[-2])["usage"]["prompt_tokens_details"]
@@ -49,5 +58,7 @@ def test_readme_curl_examples_run(server, model_id):
 
 def test_readme_python_example_runs(server):
     (code,) = blocks("python")
-    out = run_doc([sys.executable, "-"], server, stdin=code.replace(DOC_URL, server.url.rstrip("/")))
+    out = run_doc(
+        [sys.executable, "-"], server, stdin=code.replace(DOC_URL, server.url.rstrip("/"))
+    )
     assert "cached prompt tokens:" in out

@@ -3,6 +3,7 @@
 bounded numbers, optional fields), every output checked with `jsonschema`; tool_choice required /
 named / auto, streamed tool calls reassembled by the SDK, n=3 constrained choices, vLLM's
 structured_outputs extras, logit_bias, and continue_final_message."""
+
 from __future__ import annotations
 
 import asyncio
@@ -135,7 +136,9 @@ def _models() -> list[type[BaseModel]]:
         class Inner(BaseModel):
             class Core(BaseModel):
                 value: int = Field(ge=0, le=9)
+
             core: Core
+
         inner: Inner
 
     class Answer(BaseModel):
@@ -165,9 +168,38 @@ def _models() -> list[type[BaseModel]]:
         stops: conlist(str, max_length=2)
         days: int = Field(ge=1, le=30)
 
-    return [Person, PersonAddr, Order, Paint, Flag, Temperature, Tags, Score, Book, Point, Polygon, Recipe,
-            Maybe, Company, Ticket, Pet, Family, Event, Rating, Matrix, Inventory, Login, Money, Nested3,
-            Answer, Weather, Song, Contact, Shape, Trip]
+    return [
+        Person,
+        PersonAddr,
+        Order,
+        Paint,
+        Flag,
+        Temperature,
+        Tags,
+        Score,
+        Book,
+        Point,
+        Polygon,
+        Recipe,
+        Maybe,
+        Company,
+        Ticket,
+        Pet,
+        Family,
+        Event,
+        Rating,
+        Matrix,
+        Inventory,
+        Login,
+        Money,
+        Nested3,
+        Answer,
+        Weather,
+        Song,
+        Contact,
+        Shape,
+        Trip,
+    ]
 
 
 def test_parse_with_30_pydantic_models_all_validate(aclient, model_id):
@@ -176,11 +208,17 @@ def test_parse_with_30_pydantic_models_all_validate(aclient, model_id):
 
     async def one(i, m):
         return await aclient.chat.completions.parse(
-            model=model_id, response_format=m, max_tokens=250, temperature=0 if i % 2 else 0.7, seed=i,
-            messages=[{"role": "user", "content": f"Give an example {m.__name__} as JSON."}])
+            model=model_id,
+            response_format=m,
+            max_tokens=250,
+            temperature=0 if i % 2 else 0.7,
+            seed=i,
+            messages=[{"role": "user", "content": f"Give an example {m.__name__} as JSON."}],
+        )
 
     async def run():
         return await asyncio.gather(*(one(i, m) for i, m in enumerate(models)))
+
     results = asyncio.run(run())
     for m, r in zip(models, results):
         msg = r.choices[0].message
@@ -190,13 +228,26 @@ def test_parse_with_30_pydantic_models_all_validate(aclient, model_id):
 
 
 def test_n3_constrained_choices_all_validate(client, model_id):
-    schema = {"type": "object", "properties": {"animal": {"enum": ["cat", "dog", "owl"]},
-                                               "age": {"type": "integer", "minimum": 0, "maximum": 30}},
-              "required": ["animal", "age"]}
+    schema = {
+        "type": "object",
+        "properties": {
+            "animal": {"enum": ["cat", "dog", "owl"]},
+            "age": {"type": "integer", "minimum": 0, "maximum": 30},
+        },
+        "required": ["animal", "age"],
+    }
     r = client.chat.completions.create(
-        model=model_id, n=3, temperature=1.0, seed=3, max_tokens=60,
+        model=model_id,
+        n=3,
+        temperature=1.0,
+        seed=3,
+        max_tokens=60,
         messages=[{"role": "user", "content": "An animal as JSON."}],
-        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": True}})
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "a", "schema": schema, "strict": True},
+        },
+    )
     assert len(r.choices) == 3
     for c in r.choices:
         jsonschema.validate(json.loads(c.message.content), schema)
@@ -204,46 +255,97 @@ def test_n3_constrained_choices_all_validate(client, model_id):
 
 def test_structured_outputs_extras_regex_and_choice(client, model_id):
     msgs = [{"role": "user", "content": "Invent a serial number."}]
-    r = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=20, temperature=0.8, seed=1,
-                                       extra_body={"structured_outputs": {"regex": r"SN-[0-9]{4}-[A-Z]{2}"}})
+    r = client.chat.completions.create(
+        model=model_id,
+        messages=msgs,
+        max_tokens=20,
+        temperature=0.8,
+        seed=1,
+        extra_body={"structured_outputs": {"regex": r"SN-[0-9]{4}-[A-Z]{2}"}},
+    )
     assert re.fullmatch(r"SN-[0-9]{4}-[A-Z]{2}", r.choices[0].message.content)
-    r = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=5,
-                                       extra_body={"guided_choice": ["alpha", "beta"]})
+    r = client.chat.completions.create(
+        model=model_id, messages=msgs, max_tokens=5, extra_body={"guided_choice": ["alpha", "beta"]}
+    )
     assert r.choices[0].message.content in ("alpha", "beta")
-    r = client.completions.create(model=model_id, prompt="The answer is", max_tokens=10,
-                                  extra_body={"structured_outputs": {"choice": [" yes", " no"]}})
+    r = client.completions.create(
+        model=model_id,
+        prompt="The answer is",
+        max_tokens=10,
+        extra_body={"structured_outputs": {"choice": [" yes", " no"]}},
+    )
     assert r.choices[0].text in (" yes", " no")
 
 
 def test_json_object_mode(client, model_id):
-    r = client.chat.completions.create(model=model_id, max_tokens=120, response_format={"type": "json_object"},
-                                       messages=[{"role": "user", "content": 'Reply with {"ok": true} as JSON.'}])
+    r = client.chat.completions.create(
+        model=model_id,
+        max_tokens=120,
+        response_format={"type": "json_object"},
+        messages=[{"role": "user", "content": 'Reply with {"ok": true} as JSON.'}],
+    )
     c = r.choices[0]
     assert c.message.content.startswith("{")
     if c.finish_reason == "stop":
         assert isinstance(json.loads(c.message.content), dict)
 
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
-                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city", "unit"]}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "Local time in a timezone",
-    "parameters": {"type": "object", "properties": {"tz": {"type": "string", "pattern": "^[A-Z][a-z]+/[A-Z][a-z]+$"}},
-                   "required": ["tz"]}}}
-SCHEMAS = {"get_weather": WEATHER["function"]["parameters"], "get_time": TIME["function"]["parameters"]}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 30},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Local time in a timezone",
+        "parameters": {
+            "type": "object",
+            "properties": {"tz": {"type": "string", "pattern": "^[A-Z][a-z]+/[A-Z][a-z]+$"}},
+            "required": ["tz"],
+        },
+    },
+}
+SCHEMAS = {
+    "get_weather": WEATHER["function"]["parameters"],
+    "get_time": TIME["function"]["parameters"],
+}
 ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 
 
-@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_time"}}]
+)
 @pytest.mark.parametrize("parallel", [True, False])
 def test_required_and_named_tool_calls_validate(aclient, model_id, choice, parallel):
-    async def three_seeds():          # at once, as three clients would: the engine batches them
-        return await asyncio.gather(*(aclient.chat.completions.create(
-            model=model_id, messages=ASK, tools=[WEATHER, TIME], tool_choice=choice, parallel_tool_calls=parallel,
-            max_tokens=120, temperature=0.8, seed=seed) for seed in range(3)))
+    async def three_seeds():  # at once, as three clients would: the engine batches them
+        return await asyncio.gather(
+            *(
+                aclient.chat.completions.create(
+                    model=model_id,
+                    messages=ASK,
+                    tools=[WEATHER, TIME],
+                    tool_choice=choice,
+                    parallel_tool_calls=parallel,
+                    max_tokens=120,
+                    temperature=0.8,
+                    seed=seed,
+                )
+                for seed in range(3)
+            )
+        )
+
     for r in asyncio.run(three_seeds()):
         c = r.choices[0]
         assert c.finish_reason == "tool_calls", c
@@ -256,90 +358,161 @@ def test_required_and_named_tool_calls_validate(aclient, model_id, choice, paral
 
 
 def test_streamed_tool_calls_are_reassembled_by_the_sdk(client, model_id):
-    kw = dict(model=model_id, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", max_tokens=120,
-              temperature=0, parallel_tool_calls=False)
+    kw = dict(
+        model=model_id,
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        max_tokens=120,
+        temperature=0,
+        parallel_tool_calls=False,
+    )
     whole = client.chat.completions.create(**kw).choices[0].message.tool_calls[0]
     with client.chat.completions.stream(**kw) as stream:
         deltas = [e for e in stream if e.type == "tool_calls.function.arguments.delta"]
         final = stream.get_final_completion()
     call = final.choices[0].message.tool_calls[0]
     assert final.choices[0].finish_reason == "tool_calls"
-    assert (call.function.name, json.loads(call.function.arguments)) == \
-        (whole.function.name, json.loads(whole.function.arguments))
-    assert len(deltas) > 1                          # arguments arrive in fragments, not in one piece
+    assert (call.function.name, json.loads(call.function.arguments)) == (
+        whole.function.name,
+        json.loads(whole.function.arguments),
+    )
+    assert len(deltas) > 1  # arguments arrive in fragments, not in one piece
     # raw chunks: the first tool-call delta carries index, id, type and name; later ones only fragments
     chunks = list(client.chat.completions.create(stream=True, **kw))
-    tc = [ch.choices[0].delta.tool_calls[0] for ch in chunks if ch.choices and ch.choices[0].delta.tool_calls]
+    tc = [
+        ch.choices[0].delta.tool_calls[0]
+        for ch in chunks
+        if ch.choices and ch.choices[0].delta.tool_calls
+    ]
     assert tc[0].index == 0 and tc[0].id and tc[0].function.name == whole.function.name
     assert all(t.id is None and t.function.name is None for t in tc[1:])
     assert "".join(t.function.arguments or "" for t in tc) == call.function.arguments
 
 
 def test_tool_result_in_history_and_auto_choice(client, model_id):
-    call = {"id": "call_1", "type": "function",
-            "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris", "unit": "celsius"})}}
-    msgs = ASK + [{"role": "assistant", "content": None, "tool_calls": [call]},
-                  {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"temp_c": 21, "sky": "sunny"})}]
-    r = client.chat.completions.create(model=model_id, messages=msgs, tools=[WEATHER], max_tokens=60, temperature=0)
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "arguments": json.dumps({"city": "Paris", "unit": "celsius"}),
+        },
+    }
+    msgs = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {
+            "role": "tool",
+            "tool_call_id": "call_1",
+            "content": json.dumps({"temp_c": 21, "sky": "sunny"}),
+        },
+    ]
+    r = client.chat.completions.create(
+        model=model_id, messages=msgs, tools=[WEATHER], max_tokens=60, temperature=0
+    )
     c = r.choices[0]
     assert c.finish_reason in ("stop", "length", "tool_calls")
-    if c.message.tool_calls:                    # auto: a call, if made, still fits its schema
+    if c.message.tool_calls:  # auto: a call, if made, still fits its schema
         for t in c.message.tool_calls:
             jsonschema.validate(json.loads(t.function.arguments), SCHEMAS[t.function.name])
     else:
         assert c.message.content
-    r = client.chat.completions.create(model=model_id, messages=ASK, tools=[WEATHER], tool_choice="none", max_tokens=20)
+    r = client.chat.completions.create(
+        model=model_id, messages=ASK, tools=[WEATHER], tool_choice="none", max_tokens=20
+    )
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason != "tool_calls"
 
 
 def test_logit_bias_on_both_endpoints(client, model_id, llm):
     tok = llm.get_tokenizer().encode(" banana", add_special_tokens=False)[0]
-    r = client.completions.create(model=model_id, prompt="My favourite fruit is", max_tokens=2, temperature=0,
-                                  logit_bias={str(tok): 100})
+    r = client.completions.create(
+        model=model_id,
+        prompt="My favourite fruit is",
+        max_tokens=2,
+        temperature=0,
+        logit_bias={str(tok): 100},
+    )
     assert r.choices[0].text == " banana banana"
-    r = client.chat.completions.create(model=model_id, messages=ASK, max_tokens=2, temperature=0,
-                                       logit_bias={str(tok): 100})
+    r = client.chat.completions.create(
+        model=model_id, messages=ASK, max_tokens=2, temperature=0, logit_bias={str(tok): 100}
+    )
     assert r.choices[0].message.content == " banana banana"
 
 
 def test_continue_final_message_extends_the_assistant_message(client, model_id):
     q = [{"role": "user", "content": "Write one sentence about the moon."}]
-    full = client.chat.completions.create(model=model_id, messages=q, max_tokens=24, temperature=0,
-                                          extra_body={"ignore_eos": True}).choices[0].message.content
-    cut = full[:full.index(" ", 12)]            # a word boundary: the same ids when re-tokenized
+    full = (
+        client.chat.completions.create(
+            model=model_id,
+            messages=q,
+            max_tokens=24,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        .choices[0]
+        .message.content
+    )
+    cut = full[: full.index(" ", 12)]  # a word boundary: the same ids when re-tokenized
     rest = client.chat.completions.create(
-        model=model_id, messages=q + [{"role": "assistant", "content": cut}], max_tokens=40, temperature=0,
-        extra_body={"continue_final_message": True, "add_generation_prompt": False, "ignore_eos": True})
+        model=model_id,
+        messages=q + [{"role": "assistant", "content": cut}],
+        max_tokens=40,
+        temperature=0,
+        extra_body={
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+            "ignore_eos": True,
+        },
+    )
     assert (cut + rest.choices[0].message.content).startswith(full)
     with pytest.raises(openai.BadRequestError, match="continue_final_message"):
-        client.chat.completions.create(model=model_id, messages=q, max_tokens=2,
-                                       extra_body={"continue_final_message": True, "add_generation_prompt": False})
+        client.chat.completions.create(
+            model=model_id,
+            messages=q,
+            max_tokens=2,
+            extra_body={"continue_final_message": True, "add_generation_prompt": False},
+        )
 
 
-def test_without_the_grammar_library_structured_requests_are_400_and_others_run(client, model_id, monkeypatch):
+def test_without_the_grammar_library_structured_requests_are_400_and_others_run(
+    client, model_id, monkeypatch
+):
     from engine.sampling.structured import compiler
+
     monkeypatch.setattr(compiler, "llguidance", None)
     with pytest.raises(openai.BadRequestError, match="llguidance"):
-        client.chat.completions.create(model=model_id, messages=ASK, max_tokens=5,
-                                       response_format={"type": "json_object"})
+        client.chat.completions.create(
+            model=model_id, messages=ASK, max_tokens=5, response_format={"type": "json_object"}
+        )
     with pytest.raises(openai.BadRequestError, match="llguidance"):
-        client.chat.completions.create(model=model_id, messages=ASK, max_tokens=5, tools=[WEATHER],
-                                       tool_choice="required")
+        client.chat.completions.create(
+            model=model_id, messages=ASK, max_tokens=5, tools=[WEATHER], tool_choice="required"
+        )
     r = client.chat.completions.create(model=model_id, messages=ASK, max_tokens=3)
     assert r.choices[0].message.content
 
 
-@pytest.mark.parametrize("extra", [
-    {"structured_outputs": {"regex": "a{1000}{1000}"}},
-    {"structured_outputs": {"regex": "(a{1000}){1000}"}},
-    {"guided_grammar": 'start: x{1000}\nx: "a"{1000}'},
-    {"structured_outputs": {"json": {"type": "string", "pattern": "^(ab{100}){200}$"}}},
-])
-def test_a_constraint_that_would_blow_up_mid_generation_is_400_at_validation(client, model_id, extra):
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"structured_outputs": {"regex": "a{1000}{1000}"}},
+        {"structured_outputs": {"regex": "(a{1000}){1000}"}},
+        {"guided_grammar": 'start: x{1000}\nx: "a"{1000}'},
+        {"structured_outputs": {"json": {"type": "string", "pattern": "^(ab{100}){200}$"}}},
+    ],
+)
+def test_a_constraint_that_would_blow_up_mid_generation_is_400_at_validation(
+    client, model_id, extra
+):
     """Issue 48.5: these compile, then fail mid-generation ("lexer error: too many expressions
     constructed": a 500 after tokens were sent, not every time) and slow every step until then.
     Nested counts are now bounded before compiling (engine/sampling/structured/bounds.py)."""
     with pytest.raises(openai.BadRequestError, match="use \\* or \\+ for long runs") as e:
-        client.chat.completions.create(model=model_id, max_tokens=8, temperature=0, extra_body=extra,
-                                       messages=[{"role": "user", "content": "Write some letters."}])
+        client.chat.completions.create(
+            model=model_id,
+            max_tokens=8,
+            temperature=0,
+            extra_body=extra,
+            messages=[{"role": "user", "content": "Write some letters."}],
+        )
     assert e.value.status_code == 400

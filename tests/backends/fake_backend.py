@@ -5,6 +5,7 @@ client hangs up. `FakeBackend().start()` serves it on a free local port in a thr
 It is not a fake of our engine (the happy path is tested against a real app.py); it stands in for
 a misbehaving remote server, which is the thing under test here.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,8 +37,11 @@ CACHE_CONFIG = (
 
 
 def chunk(text=None, finish=None, usage=None, index=0) -> str:
-    choices = [] if usage else [{"index": index, "delta": {"content": text} if text else {},
-                                 "finish_reason": finish}]
+    choices = (
+        []
+        if usage
+        else [{"index": index, "delta": {"content": text} if text else {}, "finish_reason": finish}]
+    )
     body = {"id": "x", "object": "chat.completion.chunk", "model": "fake", "choices": choices}
     if usage:
         body["usage"] = usage
@@ -46,8 +50,8 @@ def chunk(text=None, finish=None, usage=None, index=0) -> str:
 
 class FakeBackend:
     def __init__(self, mode: str = "ok", key: str | None = None, extra_metrics: str = ""):
-        self.mode, self.key = mode, key       # mode: ok | 500 | drop | slow; key: required Bearer key
-        self.extra_metrics = extra_metrics    # more /metrics lines (e.g. vllm:cache_config_info)
+        self.mode, self.key = mode, key  # mode: ok | 500 | drop | slow; key: required Bearer key
+        self.extra_metrics = extra_metrics  # more /metrics lines (e.g. vllm:cache_config_info)
         self.requests: list[dict] = []
         self.disconnected = threading.Event()
         self.counters = {"usage": 0.25, "running": 0, "queries": 0, "hits": 0, "gen": 0}
@@ -59,7 +63,10 @@ class FakeBackend:
 
         @app.get("/v1/models")
         def models():
-            return {"object": "list", "data": [{"id": "fake", "object": "model", "max_model_len": 2048}]}
+            return {
+                "object": "list",
+                "data": [{"id": "fake", "object": "model", "max_model_len": 2048}],
+            }
 
         @app.get("/metrics")
         def metrics():
@@ -70,11 +77,27 @@ class FakeBackend:
         async def chat(body: dict, authorization: str | None = Header(None)):
             self.requests.append(body)
             if self.key is not None and authorization != f"Bearer {self.key}":
-                return JSONResponse({"error": {"message": "Invalid API key", "type": "invalid_request_error",
-                                               "code": "invalid_api_key"}}, status_code=401)
+                return JSONResponse(
+                    {
+                        "error": {
+                            "message": "Invalid API key",
+                            "type": "invalid_request_error",
+                            "code": "invalid_api_key",
+                        }
+                    },
+                    status_code=401,
+                )
             if self.mode == "500":
-                return JSONResponse({"error": {"message": "CUDA out of memory (simulated)", "type": "server_error",
-                                               "code": 500}}, status_code=500)
+                return JSONResponse(
+                    {
+                        "error": {
+                            "message": "CUDA out of memory (simulated)",
+                            "type": "server_error",
+                            "code": 500,
+                        }
+                    },
+                    status_code=500,
+                )
 
             async def gen():
                 try:
@@ -87,12 +110,19 @@ class FakeBackend:
                             await asyncio.sleep(0.05)
                             yield chunk(" more")
                     yield chunk(finish="stop")
-                    yield chunk(usage={"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14,
-                                       "prompt_tokens_details": {"cached_tokens": 8}})
+                    yield chunk(
+                        usage={
+                            "prompt_tokens": 12,
+                            "completion_tokens": 2,
+                            "total_tokens": 14,
+                            "prompt_tokens_details": {"cached_tokens": 8},
+                        }
+                    )
                     yield "data: [DONE]\n\n"
                 finally:
                     if self.mode == "slow":
                         self.disconnected.set()
+
             return StreamingResponse(gen(), media_type="text/event-stream")
 
     def start(self) -> "FakeBackend":
@@ -100,8 +130,11 @@ class FakeBackend:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
-                                                    log_level="critical", ws="none"))
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                self.app, host="127.0.0.1", port=self.port, log_level="critical", ws="none"
+            )
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.time() + 20

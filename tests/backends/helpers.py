@@ -1,5 +1,6 @@
 """Helpers several backend tests share: the two recorded vLLM KV-event streams and how to replay
 them through a Feed, and scripted /metrics texts. Here so that no test module imports another."""
+
 from backends.kv_blocks import ReplicaBlocks
 from backends.kv_events import decode_batch, seq_of
 from backends.kv_feed import Feed

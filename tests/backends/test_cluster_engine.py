@@ -146,9 +146,20 @@ def test_flags_are_checked():
 def test_app_flags_take_several_backends_and_their_event_streams():
     from app import parse_args
 
-    a = parse_args(["--backend", "http://g1:8000", "--backend", "http://g2:8000",
-                    "--backend-kv-events", "tcp://g1:5557,tcp://g1:5558",
-                    "--backend-kv-events", "tcp://g2:5557", "--backend-routing", "round-robin"])
+    a = parse_args(
+        [
+            "--backend",
+            "http://g1:8000",
+            "--backend",
+            "http://g2:8000",
+            "--backend-kv-events",
+            "tcp://g1:5557,tcp://g1:5558",
+            "--backend-kv-events",
+            "tcp://g2:5557",
+            "--backend-routing",
+            "round-robin",
+        ]
+    )
     assert a.backend == ["http://g1:8000", "http://g2:8000"] and a.backend_routing == "round-robin"
     assert a.backend_kv_events == ["tcp://g1:5557,tcp://g1:5558", "tcp://g2:5557"]
     assert parse_args(["--backend", "http://g1:8000"]).backend_kv_events is None

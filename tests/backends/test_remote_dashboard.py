@@ -1,4 +1,5 @@
 """The remote Memory view's pure parts (ui/dashboard/remote.py): headline wording and plot frames."""
+
 from __future__ import annotations
 
 from backends.monitor import BackendMonitor
@@ -28,6 +29,13 @@ def test_headline_says_measuring_then_a_rate_and_not_exposed_for_missing_counter
 
 
 def test_long_frame_leaves_out_values_not_exposed():
-    rows = [{"seconds": -1.0, "running": 2, "waiting": None}, {"seconds": 0.0, "running": 3, "waiting": 1}]
+    rows = [
+        {"seconds": -1.0, "running": 2, "waiting": None},
+        {"seconds": 0.0, "running": 3, "waiting": 1},
+    ]
     df = long_frame(rows, "requests", {"running": "running", "waiting": "waiting"})
-    assert list(df["series"]) == ["running", "running", "waiting"] and list(df["requests"]) == [2, 3, 1]
+    assert list(df["series"]) == ["running", "running", "waiting"] and list(df["requests"]) == [
+        2,
+        3,
+        1,
+    ]

@@ -1,5 +1,6 @@
 """RemoteEngine against a misbehaving OpenAI server (tests/backends/fake_backend.py): every failure
 becomes a clear message for that request only; streams, stats, abort and request bodies."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,16 +26,22 @@ def test_implements_the_ui_protocol(fake):
     eng = RemoteEngine(fake.url)
     assert isinstance(eng, ChatEngine)
     assert eng.model == "fake" and eng.max_model_len == 2048 and eng.startup_error is None
-    assert eng.end_session("c1") is False and eng.close_session("c1") is False     # no remote sessions
-    assert eng.model_info().block_size == 128            # from vLLM's cache_config_info (issue 47)
+    assert eng.end_session("c1") is False and eng.close_session("c1") is False  # no remote sessions
+    assert eng.model_info().block_size == 128  # from vLLM's cache_config_info (issue 47)
     from backends.remote import block_size_of
-    assert block_size_of("paged_chat_kv_block_size_tokens 16\n") == 16 and block_size_of("x 1\n") == 0
+
+    assert (
+        block_size_of("paged_chat_kv_block_size_tokens 16\n") == 16 and block_size_of("x 1\n") == 0
+    )
 
 
 def test_stream_text_finish_and_stats(fake):
     eng = RemoteEngine(fake.url + "/v1/")
-    deltas = list(eng.submit_chat(MESSAGES, SamplingParams(max_tokens=5, temperature=0.0, seed=3,
-                                                           repetition_penalty=1.1)))
+    deltas = list(
+        eng.submit_chat(
+            MESSAGES, SamplingParams(max_tokens=5, temperature=0.0, seed=3, repetition_penalty=1.1)
+        )
+    )
     assert "".join(d.text for d in deltas) == "Hello there"
     last = deltas[-1]
     assert last.finished and last.finish_reason == "stop" and last.error is None
@@ -51,8 +58,11 @@ def test_http_500_is_a_clear_refusal(fake):
     eng = RemoteEngine(fake.url)
     with pytest.raises(BackendError, match=r"HTTP 500: CUDA out of memory \(simulated\)"):
         eng.submit_chat(MESSAGES, SamplingParams(max_tokens=4))
-    fake.mode = "ok"                          # the next request is unaffected
-    assert "".join(d.text for d in eng.submit_chat(MESSAGES, SamplingParams(max_tokens=4))) == "Hello there"
+    fake.mode = "ok"  # the next request is unaffected
+    assert (
+        "".join(d.text for d in eng.submit_chat(MESSAGES, SamplingParams(max_tokens=4)))
+        == "Hello there"
+    )
 
 
 def test_dropped_stream_ends_with_error_and_keeps_text(fake):
@@ -87,7 +97,7 @@ def test_abort_hangs_up_and_the_server_sees_it(fake):
     out = asyncio.run(consume())
     assert out[-1].finished and out[-1].finish_reason == "abort" and out[-1].error is None
     assert fake.disconnected.wait(10), "the server never saw the client hang up"
-    assert eng.abort("r1") is False            # forgotten once closed
+    assert eng.abort("r1") is False  # forgotten once closed
 
 
 def test_metrics_and_no_kv_snapshot(fake):
@@ -102,8 +112,9 @@ def test_many_async_streams_on_one_loop(fake):
     eng = RemoteEngine(fake.url)
 
     async def one(k):
-        stream = await asyncio.to_thread(eng.submit_chat, MESSAGES, SamplingParams(max_tokens=4),
-                                         request_id=f"r{k}")
+        stream = await asyncio.to_thread(
+            eng.submit_chat, MESSAGES, SamplingParams(max_tokens=4), request_id=f"r{k}"
+        )
         return "".join([d.text async for d in stream])
 
     async def main():
@@ -116,8 +127,13 @@ def test_backend_key_is_sent_and_a_wrong_one_is_named():
     fb = FakeBackend(key="s3cret").start()
     try:
         with pytest.raises(BackendError, match="HTTP 401: Invalid API key"):
-            RemoteEngine(fb.url, api_key="wrong").submit_chat(MESSAGES, SamplingParams(max_tokens=4))
+            RemoteEngine(fb.url, api_key="wrong").submit_chat(
+                MESSAGES, SamplingParams(max_tokens=4)
+            )
         eng = RemoteEngine(fb.url, api_key="s3cret")
-        assert "".join(d.text for d in eng.submit_chat(MESSAGES, SamplingParams(max_tokens=4))) == "Hello there"
+        assert (
+            "".join(d.text for d in eng.submit_chat(MESSAGES, SamplingParams(max_tokens=4)))
+            == "Hello there"
+        )
     finally:
         fb.stop()

@@ -5,6 +5,7 @@ future change be tuned on it. The peers bench prints a ratio only for a peer at 
 reference figure in the same run, and "peer handicapped" otherwise; its report must say so.
 Pure functions and file reads only (no model, no peer binaries).
 """
+
 import pathlib
 import re
 
@@ -16,9 +17,13 @@ TESTS = pathlib.Path(__file__).resolve().parents[1]
 def test_no_test_reads_the_held_out_chats():
     me = pathlib.Path(__file__).resolve()
     use = re.compile(r"import\s+[\w.]*heldout_chats|heldout_chats\s+import|heldout_chats\.(?!py\b)")
-    readers = [p for p in TESTS.rglob("*.py") if p != me and use.search(p.read_text(errors="ignore"))]
+    readers = [
+        p for p in TESTS.rglob("*.py") if p != me and use.search(p.read_text(errors="ignore"))
+    ]
     assert readers == []
-    assert use.search("from bench import heldout_chats") and not use.search("bench/heldout_chats.py")
+    assert use.search("from bench import heldout_chats") and not use.search(
+        "bench/heldout_chats.py"
+    )
 
 
 def test_the_held_out_set_is_large_and_mixed():
@@ -32,8 +37,8 @@ def test_the_held_out_set_is_large_and_mixed():
 
 def test_a_peer_below_85_percent_of_its_reference_gets_no_ratio():
     assert peers.verdict(60.0, 50.0, 55.0) == "1.20x"
-    assert peers.verdict(60.0, 40.0, 55.0).startswith("peer handicapped")      # 40 < 0.85 x 55
-    assert peers.verdict(60.0, 50.0, None).startswith("peer handicapped")      # no reference: no ratio
+    assert peers.verdict(60.0, 40.0, 55.0).startswith("peer handicapped")  # 40 < 0.85 x 55
+    assert peers.verdict(60.0, 50.0, None).startswith("peer handicapped")  # no reference: no ratio
     assert peers.verdict(None, 50.0, 55.0) == "not measured"
-    assert peers.verdict(60.0, 50.0, 55.0, 18.7) == "1.20x"                     # 2 threads beat 1: fine
-    assert "machine busy" in peers.verdict(60.0, 1.4, 1.5, 18.7)                # 2 threads below 1: busy
+    assert peers.verdict(60.0, 50.0, 55.0, 18.7) == "1.20x"  # 2 threads beat 1: fine
+    assert "machine busy" in peers.verdict(60.0, 1.4, 1.5, 18.7)  # 2 threads below 1: busy

@@ -16,6 +16,7 @@ Protocol (one JSON object per line on the zygote's stdin / stdout; the zygote se
   {"op": "status", "pid": N}  -> {"returncode": int | null}   (reaps the child when it has exited)
 The zygote is the children's parent, so only it can reap them; the client signals them by pid.
 """
+
 from __future__ import annotations
 
 import gc
@@ -32,13 +33,35 @@ ROOT = Path(__file__).resolve().parents[2]
 # What `python app.py` imports before it serves (measured: ~10 s of a ~15 s start on 2 cores). The
 # transformers modules are imported lazily, at the first AutoConfig / AutoTokenizer call: left out,
 # every forked app spent ~1.3 s of its ~2.2 s start importing them (torch.distributed, sympy, ...).
-PRELOAD = ("torch", "gradio", "transformers", "uvicorn", "sqlite_utils", "engine", "engine.front.llm",
-           "server.assembly", "ui.layout", "routes.openai.api", "storage")
-LAZY_PRELOAD = ("transformers.models.llama.configuration_llama", "transformers.models.auto.tokenization_auto",
-                "transformers.tokenization_utils_tokenizers")      # names of transformers 5; skipped if absent
+PRELOAD = (
+    "torch",
+    "gradio",
+    "transformers",
+    "uvicorn",
+    "sqlite_utils",
+    "engine",
+    "engine.front.llm",
+    "server.assembly",
+    "ui.layout",
+    "routes.openai.api",
+    "storage",
+)
+LAZY_PRELOAD = (
+    "transformers.models.llama.configuration_llama",
+    "transformers.models.auto.tokenization_auto",
+    "transformers.tokenization_utils_tokenizers",
+)  # names of transformers 5; skipped if absent
 # Variables read when a module is imported: a spawn that changes them gets a plain subprocess.
-IMPORT_TIME_ENV = ("TRITON_INTERPRET", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
-                   "GRADIO_ANALYTICS_ENABLED", "HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "OMP_WAIT_POLICY")
+IMPORT_TIME_ENV = (
+    "TRITON_INTERPRET",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+    "GRADIO_ANALYTICS_ENABLED",
+    "HF_HUB_OFFLINE",
+    "TOKENIZERS_PARALLELISM",
+    "OMP_WAIT_POLICY",
+)
 
 
 def _threads() -> int:
@@ -64,14 +87,16 @@ def _child(req: dict) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.argv = list(req["argv"])
         import runpy
+
         runpy.run_path(str(ROOT / "app.py"), run_name="__main__")
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if not isinstance(e.code, int) and e.code is not None:
             print(e.code, file=sys.stderr)
-    except BaseException:           # noqa: BLE001 - report like the interpreter would, then exit
+    except BaseException:  # noqa: BLE001 - report like the interpreter would, then exit
         import traceback
+
         traceback.print_exc()
         code = 1
     finally:
@@ -112,8 +137,14 @@ def _prepare_default_model() -> str:
     try:
         loaded = load_model(None)
         dtype = getattr(torch, resolve_dtype("auto", "cpu"))
-        LlamaModel(loaded.config, loaded.weights, dtype, torch.device("cpu"), max_positions=1,
-                   weights_key=loaded.weights_key)
+        LlamaModel(
+            loaded.config,
+            loaded.weights,
+            dtype,
+            torch.device("cpu"),
+            max_positions=1,
+            weights_key=loaded.weights_key,
+        )
         return f"{loaded.source} ({dtype})"
     except (ModelLoadError, OSError, ValueError) as e:
         return f"not prepared: {e}"
@@ -124,7 +155,7 @@ def _prepare_default_model() -> str:
 def serve() -> None:
     """The zygote's loop (run as `python -m tests.e2e.app_zygote`)."""
     out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)                    # stray prints of imported modules must not corrupt the protocol
+    os.dup2(2, 1)  # stray prints of imported modules must not corrupt the protocol
     for name in PRELOAD:
         __import__(name)
     for name in LAZY_PRELOAD:
@@ -175,11 +206,20 @@ class Zygote:
         # single-threaded. Only numpy's BLAS is affected in the children (the engine computes with
         # torch's own thread pool, which is created after the fork).
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OPENBLAS_NUM_THREADS": "1"}
-        self._proc = subprocess.Popen([sys.executable, "-m", "tests.e2e.app_zygote"], cwd=ROOT, env=env,
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.e2e.app_zygote"],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         hello = json.loads(self._proc.stdout.readline() or "{}")
         if not hello.get("ready"):
-            print(f"[app zygote] not used: {hello or 'it exited'}; starting plain subprocesses", file=sys.stderr)
+            print(
+                f"[app zygote] not used: {hello or 'it exited'}; starting plain subprocesses",
+                file=sys.stderr,
+            )
             self.close()
             return False
         return True
@@ -198,7 +238,9 @@ class Zygote:
             if self._proc is None and not self._start():
                 self._broken = True
                 return None
-            pid = self._ask({"op": "spawn", "argv": argv, "env": env, "cwd": str(ROOT), "log": str(log)})["pid"]
+            pid = self._ask(
+                {"op": "spawn", "argv": argv, "env": env, "cwd": str(ROOT), "log": str(log)}
+            )["pid"]
         return ForkedProcess(self, pid, argv)
 
     def returncode(self, pid: int) -> int | None:

@@ -8,6 +8,7 @@ Measured on this 2-core box (4 page loads of the chat page each, same run): ~3.3
 per page load with the GPU process, ~2.9 without. What the page does, its DOM and its screenshots
 are the same.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,9 @@ ARGS = ("--no-sandbox", "--disable-gpu")
 
 def require_chromium() -> None:
     if not os.path.exists(CHROMIUM):
-        pytest.fail("Debian chromium is not installed: `apt-get install chromium` (test.sh does it)")
+        pytest.fail(
+            "Debian chromium is not installed: `apt-get install chromium` (test.sh does it)"
+        )
 
 
 def launch_chromium(playwright):
@@ -37,6 +40,7 @@ def _chromium():
     """One Chromium per test module: a launch costs ~1.2 s of CPU, and many tests use it."""
     require_chromium()
     import playwright.sync_api as sync_api
+
     with sync_api.sync_playwright() as p:
         b = launch_chromium(p)
         try:

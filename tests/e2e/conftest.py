@@ -1,5 +1,6 @@
 """Launch `python app.py` as a real server process on a free local port, wait until it serves,
 and always stop it in teardown. Used by the chat (and dashboard) end-to-end tests."""
+
 from __future__ import annotations
 
 import json
@@ -36,15 +37,21 @@ class AppServer:
         self.db, self.port, self.log_path = db, free_port(), log
         self.url = f"http://127.0.0.1:{self.port}/"
         cmd = [sys.executable, "app.py", "--port", str(self.port), "--db", str(db), *args]
-        full_env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1",
-                    "GRADIO_HEARTBEAT_INTERVAL": "1", "PYTHONUNBUFFERED": "1",
-                    "PAGED_CHAT_KV_OFFLOAD_DIR": str(log.parent / "kv-tier"),   # per test, not ~/.cache
-                    **(env or {})}
+        full_env = {
+            **os.environ,
+            "GRADIO_ANALYTICS_ENABLED": "False",
+            "HF_HUB_OFFLINE": "1",
+            "GRADIO_HEARTBEAT_INTERVAL": "1",
+            "PYTHONUNBUFFERED": "1",
+            "PAGED_CHAT_KV_OFFLOAD_DIR": str(log.parent / "kv-tier"),  # per test, not ~/.cache
+            **(env or {}),
+        }
         self._log = open(log, "wb")
         # forked from a zygote that has the app's modules imported (tests/e2e/app_zygote.py), else a
         # plain subprocess: either way a separate `app.py` process with this command line
         self.proc = _ZYGOTE.spawn(cmd[1:], full_env, log) or subprocess.Popen(
-            cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=full_env)
+            cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=full_env
+        )
 
     def wait_ready(self, timeout: float = 120) -> "AppServer":
         deadline = time.time() + timeout
@@ -54,7 +61,7 @@ class AppServer:
             try:
                 with urllib.request.urlopen(self.url + "config", timeout=2):
                     return self
-            except urllib.error.HTTPError:      # e.g. 401 with --auth: it is serving
+            except urllib.error.HTTPError:  # e.g. 401 with --auth: it is serving
                 return self
             except OSError:
                 time.sleep(0.2)
@@ -104,9 +111,15 @@ def launch(tmp_path):
     """launch(db=None, args=SMALL) -> a ready AppServer; every one is stopped at teardown."""
     servers = []
 
-    def _launch(db: Path | None = None, args: list[str] | None = None, env: dict | None = None) -> AppServer:
-        server = AppServer(db or tmp_path / "chat.db", SMALL if args is None else args,
-                           tmp_path / f"app-{len(servers)}.log", env)
+    def _launch(
+        db: Path | None = None, args: list[str] | None = None, env: dict | None = None
+    ) -> AppServer:
+        server = AppServer(
+            db or tmp_path / "chat.db",
+            SMALL if args is None else args,
+            tmp_path / f"app-{len(servers)}.log",
+            env,
+        )
         servers.append(server)
         return server.wait_ready()
 
@@ -119,8 +132,11 @@ def launch(tmp_path):
 def module_server(tmp_path_factory):
     """One shared app per test module (small pool, short context, at most 2 running sequences)."""
     tmp = tmp_path_factory.mktemp("app")
-    server = AppServer(tmp / "chat.db", ["--num-blocks", "512", "--max-model-len", "512", "--max-num-seqs", "2"],
-                       tmp / "app.log")
+    server = AppServer(
+        tmp / "chat.db",
+        ["--num-blocks", "512", "--max-model-len", "512", "--max-num-seqs", "2"],
+        tmp / "app.log",
+    )
     try:
         yield server.wait_ready()
     finally:
@@ -137,7 +153,7 @@ def sampling(max_tokens: int = 16, n: int = 1, temperature: float = 0.0, seed=No
 def text_of(content) -> str:
     if isinstance(content, str):
         return content
-    if isinstance(content, list):        # a reply's parts (ui/chat/view.row_content): text, then footer
+    if isinstance(content, list):  # a reply's parts (ui/chat/view.row_content): text, then footer
         return "\n\n".join(text_of(c) for c in content)
     if isinstance(content, dict):
         return content.get("text") or ""
@@ -164,8 +180,6 @@ def conversation_id(output) -> str | None:
     return radio.get("value") if isinstance(radio, dict) else None
 
 
-
-
 def streaming_text(job) -> str | None:
     """The reply text of a running /send job once real text (not the queued/… placeholder) shows."""
     outs = job.outputs()
@@ -179,6 +193,7 @@ def streaming_text(job) -> str | None:
 def read_db(db: Path, sql: str, params=()) -> list[dict]:
     """Read the app's SQLite file from outside (read-only; WAL lets us read while it runs)."""
     import sqlite3
+
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
     con.row_factory = sqlite3.Row
     try:
@@ -190,9 +205,17 @@ def read_db(db: Path, sql: str, params=()) -> list[dict]:
 @pytest.fixture(scope="session")
 def chat_api():
     import types
-    return types.SimpleNamespace(sampling=sampling, chat_rows=chat_rows, reply_text=reply_text,
-                                 conversation_id=conversation_id, wait_for=wait_for,
-                                 streaming_text=streaming_text, read_db=read_db, text_of=text_of)
+
+    return types.SimpleNamespace(
+        sampling=sampling,
+        chat_rows=chat_rows,
+        reply_text=reply_text,
+        conversation_id=conversation_id,
+        wait_for=wait_for,
+        streaming_text=streaming_text,
+        read_db=read_db,
+        text_of=text_of,
+    )
 
 
 @pytest.fixture

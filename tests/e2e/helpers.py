@@ -1,6 +1,7 @@
 """Page helpers the browser tests share, here so that no test module imports another and a helper
 is written once. Two kinds of sending: `send` only types and presses Enter (tests that watch the
 reply stream), `send_and_wait` waits for the whole reply (tests about what comes after it)."""
+
 from tests.e2e.polling import wait_until
 
 
@@ -32,7 +33,9 @@ def reply(page) -> str:
 def finished(page) -> bool:
     """The status line under the chat says "finished"; the stats line is under the reply."""
     status = page.locator("#chat-status").inner_text()
-    return status.strip() == "finished" and "tok/s" in reply(page)  # the stats line, under the reply
+    return status.strip() == "finished" and "tok/s" in reply(
+        page
+    )  # the stats line, under the reply
 
 
 # ---- whole turns (the branch, button and state tests) -----------------------------------------
@@ -43,8 +46,11 @@ def open_in_new_context(browser, url, **kw):
 
 def set_sampling(page, max_tokens=None, n=None, temperature=None):
     page.locator("#sampling .label-wrap").first.click()
-    for elem_id, value in (("max-tokens", max_tokens), ("n-alternatives", n),
-                           ("temperature", temperature)):
+    for elem_id, value in (
+        ("max-tokens", max_tokens),
+        ("n-alternatives", n),
+        ("temperature", temperature),
+    ):
         if value is not None:
             set_slider(page, elem_id, value)
     page.locator("#sampling .label-wrap").first.click()
@@ -64,10 +70,13 @@ def set_slider(page, elem_id: str, value) -> None:
             wait_until(lambda: float(rng.input_value()) == float(value), timeout=5)
             return
         except TimeoutError:
-            print(f"[set_slider] {elem_id}: typed {value}, box {box.input_value()!r}, "
-                  f"range {rng.input_value()!r}; typing again")
-    raise TimeoutError(f"{elem_id}: typed {value}, box {box.input_value()!r}, "
-                       f"range {rng.input_value()!r}")
+            print(
+                f"[set_slider] {elem_id}: typed {value}, box {box.input_value()!r}, "
+                f"range {rng.input_value()!r}; typing again"
+            )
+    raise TimeoutError(
+        f"{elem_id}: typed {value}, box {box.input_value()!r}, range {rng.input_value()!r}"
+    )
 
 
 def status(page) -> str:
@@ -86,8 +95,9 @@ def send_and_wait(page, text):
     page.fill("#msg textarea", text)
     page.keyboard.press("Enter")
     wait_until(lambda: len(rows(page, "user")) > asked, timeout=30)
-    wait_until(lambda: done(page) and len(rows(page, "bot")) >= len(rows(page, "user")),
-               timeout=120)
+    wait_until(
+        lambda: done(page) and len(rows(page, "bot")) >= len(rows(page, "user")), timeout=120
+    )
 
 
 def rows(page, role):
@@ -103,7 +113,7 @@ PIXEL = """(b) => { const c = document.querySelector('#kv-grid canvas'); const p
 
 def rgb(hex_colour: str) -> str:
     h = hex_colour.lstrip("#")
-    return "rgb(%d, %d, %d)" % tuple(int(h[i:i + 2], 16) for i in (0, 2, 4))
+    return "rgb(%d, %d, %d)" % tuple(int(h[i : i + 2], 16) for i in (0, 2, 4))
 
 
 # {replica: its cached blocks}, as the tab's replica cards carry them (data-replica, data-blocks)

@@ -1,4 +1,5 @@
 """One polling helper for the end-to-end tests (app processes and browsers answer asynchronously)."""
+
 import time
 
 

@@ -2,6 +2,7 @@
 tests/backends/fake_backend.py): HTTP 500, a stream that breaks off, and a backend unreachable at
 start-up. Each gives the user a clear message and loses nothing already stored; the app's own
 history keeps working. The front app loads no model, so these run in seconds."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,31 +28,36 @@ def test_http_500_then_a_dropped_stream_then_recovery(launch, fake, chat_api):
     api = chat_api
     server = launch(args=["--backend", fake.url])
     import urllib.error
-    with pytest.raises(urllib.error.HTTPError):     # no local engine: no local /v1 or /api/kv
+
+    with pytest.raises(urllib.error.HTTPError):  # no local engine: no local /v1 or /api/kv
         server.get("v1/models")
     c = Client(server.url, verbose=False)
     out = c.predict("first question", *api.sampling(max_tokens=8), api_name="/send")
     reply = api.reply_text(out)
-    assert reply.startswith("Hello there")                    # the happy path through the fake
-    assert "reused 8 of 12 prompt tokens from cache" in reply and "TTFT" in reply   # usage + client-side stats
+    assert reply.startswith("Hello there")  # the happy path through the fake
+    assert (
+        "reused 8 of 12 prompt tokens from cache" in reply and "TTFT" in reply
+    )  # usage + client-side stats
 
     fake.mode = "500"
     out = c.predict("second question", *api.sampling(max_tokens=8), api_name="/send")
     assert "could not answer" in api.reply_text(out) and "HTTP 500" in api.reply_text(out)
     assert "CUDA out of memory (simulated)" in out[2]
     rows = _messages(api, server.db)
-    assert [(r["role"], r["content"]) for r in rows if r["role"] == "user"] == \
-        [("user", "first question"), ("user", "second question")]   # the question is kept
+    assert [(r["role"], r["content"]) for r in rows if r["role"] == "user"] == [
+        ("user", "first question"),
+        ("user", "second question"),
+    ]  # the question is kept
     assert rows[1]["content"] == "Hello there" and rows[1]["status"] == "complete"
 
     fake.mode = "drop"
     out = c.predict("third question", *api.sampling(max_tokens=8), api_name="/send")
-    assert api.reply_text(out).startswith("Hello there")      # the partial reply stays on screen
+    assert api.reply_text(out).startswith("Hello there")  # the partial reply stays on screen
     assert "could not answer" in out[2] and "stream" in out[2]
     last = _messages(api, server.db)[-1]
     assert last == {"role": "assistant", "content": "Hello there", "status": "error"}
 
-    fake.mode = "ok"                                          # the next message works again
+    fake.mode = "ok"  # the next message works again
     out = c.predict("fourth question", *api.sampling(max_tokens=8), api_name="/send")
     assert api.reply_text(out).startswith("Hello there")
     # every turn sent the whole branch (no remote sessions): the last body holds all four questions

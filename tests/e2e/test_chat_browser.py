@@ -2,6 +2,7 @@
 a streamed reply, Stop mid-reply without an error badge, a second tab chatting at the same time (n=2
 alternatives side by side), edit-and-resend of a past message,
 and a closed tab's KV blocks released. Screenshots go to docs/."""
+
 import shutil
 import time
 from pathlib import Path
@@ -56,12 +57,14 @@ def _sessions(server) -> set:
     return {s["session_id"] for s in server.kv()["sequences"]}
 
 
-def test_chat_in_the_browser_stop_second_tab_and_close(launch, browser, chat_api, tmp_path, screenshot_dir):
+def test_chat_in_the_browser_stop_second_tab_and_close(
+    launch, browser, chat_api, tmp_path, screenshot_dir
+):
     api = chat_api
     server = launch()
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = _open(context, server.url)
-    page.locator("#sampling .label-wrap").first.click()                       # open the sampling settings
+    page.locator("#sampling .label-wrap").first.click()  # open the sampling settings
     _set_number(page, "temperature", 0)
     _set_number(page, "max-tokens", 80)
 
@@ -72,14 +75,16 @@ def test_chat_in_the_browser_stop_second_tab_and_close(launch, browser, chat_api
     _send(page, "Write a Python function that adds two numbers.")
     _wait(lambda: _finished(page), every=0.1)
     seen = set(page.evaluate("() => window.__replies"))
-    assert len({s for s in seen if s and "queued" not in s}) >= 3, seen      # it streamed
+    assert len({s for s in seen if s and "queued" not in s}) >= 3, seen  # it streamed
     assert "prompt tokens from cache" in _reply(page)
     _no_error_badge(page)
     conv1 = api.read_db(server.db, "SELECT id FROM conversations")[0]["id"]
-    page.locator("#sampling .label-wrap").first.click()                       # fold the settings away for the screenshots
+    page.locator(
+        "#sampling .label-wrap"
+    ).first.click()  # fold the settings away for the screenshots
     page.evaluate("window.scrollTo(0, 0)")
     page.screenshot(path=str(tmp_path / "chat.png"))
-    dark = _open(context, server.url + "?__theme=dark")      # Gradio's dark mode, same conversation
+    dark = _open(context, server.url + "?__theme=dark")  # Gradio's dark mode, same conversation
     dark.locator("#conv-list label").filter(has_text="Python function").click()
     _wait(lambda: "prompt tokens from cache" in _reply(dark))
     dark.screenshot(path=str(tmp_path / "chat-dark.png"))
@@ -88,17 +93,23 @@ def test_chat_in_the_browser_stop_second_tab_and_close(launch, browser, chat_api
 
     # 2. Stop mid-reply, twice (the badge showed up only sometimes with naive Blocks chats).
     _set_number(page, "max-tokens", 400)
-    for prompt in ("Tell me a long story about a dragon who loves bread.", "Tell me another long story."):
+    for prompt in (
+        "Tell me a long story about a dragon who loves bread.",
+        "Tell me another long story.",
+    ):
         _send(page, prompt)
         _wait(lambda: len(_body(page).split()) >= 5 and "queued" not in _reply(page))
         page.click("#stop")
         _wait(lambda: "stopped" in _reply(page), timeout=15)
         frozen = _reply(page)
         time.sleep(1.0)
-        assert _reply(page) == frozen                  # nothing streams after Stop
+        assert _reply(page) == frozen  # nothing streams after Stop
         _no_error_badge(page)
-    rows = api.read_db(server.db, "SELECT role, status FROM messages WHERE conversation_id = ? ORDER BY id",
-                       (conv1,))
+    rows = api.read_db(
+        server.db,
+        "SELECT role, status FROM messages WHERE conversation_id = ? ORDER BY id",
+        (conv1,),
+    )
     assert [r["status"] for r in rows if r["role"] == "assistant"][-2:] == ["stopped", "stopped"]
     assert server.wait_kv(lambda s: s["stats"]["running"] == 0)["stats"]["running"] == 0
     page.screenshot(path=str(tmp_path / "chat-stopped.png"))
@@ -107,7 +118,7 @@ def test_chat_in_the_browser_stop_second_tab_and_close(launch, browser, chat_api
     page2 = _open(context, server.url)
     page2.locator("#sampling .label-wrap").first.click()
     _set_number(page2, "max-tokens", 40)
-    _set_number(page2, "n-alternatives", 2)         # two alternatives side by side
+    _set_number(page2, "n-alternatives", 2)  # two alternatives side by side
     _set_number(page, "max-tokens", 40)
     _send(page2, "What is a KV cache? Answer in one sentence.")
     _send(page, "Thanks! Now say goodbye.")
@@ -118,9 +129,14 @@ def test_chat_in_the_browser_stop_second_tab_and_close(launch, browser, chat_api
     assert not page2.locator("#alt-2").is_visible()
     assert "Alternative 2" in page2.locator("#alt-1").inner_text()
     page2.screenshot(path=str(tmp_path / "chat-alternatives.png"), full_page=True)
-    conv2 = _wait(lambda: [r["id"] for r in api.read_db(server.db, "SELECT id FROM conversations")
-                           if r["id"] != conv1])[0]
-    assert {conv1, conv2} <= _sessions(server)      # both open conversations hold their KV blocks
+    conv2 = _wait(
+        lambda: [
+            r["id"]
+            for r in api.read_db(server.db, "SELECT id FROM conversations")
+            if r["id"] != conv1
+        ]
+    )[0]
+    assert {conv1, conv2} <= _sessions(server)  # both open conversations hold their KV blocks
 
     # 4. Edit the second tab's question in place and resend: a new branch, the old one kept.
     _set_number(page2, "n-alternatives", 1)
@@ -131,11 +147,16 @@ def test_chat_in_the_browser_stop_second_tab_and_close(launch, browser, chat_api
     _wait(lambda: "block table" in page2.locator("#chatbot .message.user").first.inner_text())
     _wait(lambda: _finished(page2) and "tokens" in _reply(page2))
     _no_error_badge(page2)
-    users = api.read_db(server.db, "SELECT content FROM messages WHERE conversation_id = ? AND role = 'user' "
-                                   "ORDER BY id", (conv2,))
-    assert [u["content"] for u in users] == ["What is a KV cache? Answer in one sentence.",
-                                             "What is a block table? One sentence."]
-    assert page2.locator("#chatbot .message.user").count() == 1     # the active branch only
+    users = api.read_db(
+        server.db,
+        "SELECT content FROM messages WHERE conversation_id = ? AND role = 'user' ORDER BY id",
+        (conv2,),
+    )
+    assert [u["content"] for u in users] == [
+        "What is a KV cache? Answer in one sentence.",
+        "What is a block table? One sentence.",
+    ]
+    assert page2.locator("#chatbot .message.user").count() == 1  # the active branch only
     assert page2.locator("#chatbot .message.bot").count() == 1
 
     # 5. Close the second tab: its blocks are released, the first tab's stay.
@@ -175,6 +196,7 @@ def test_editing_a_message_with_markup_stores_what_was_typed(module_server, brow
     """The edit box starts from the message's safe display form (`&lt;div>`); saving an edit stores
     the user's own characters (`<div>`), not the display form, and not the branch links."""
     from tests.e2e.conftest import read_db
+
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = _open(context, module_server.url)
     _short_replies(page)
@@ -184,12 +206,19 @@ def test_editing_a_message_with_markup_stores_what_was_typed(module_server, brow
     page.locator("#chatbot .message.user").last.hover()
     page.locator("#chatbot button[title='Edit']").last.click()
     box = page.locator("#chatbot textarea").first
-    assert "&lt;div" in box.input_value()                      # what Gradio's edit box starts from
+    assert "&lt;div" in box.input_value()  # what Gradio's edit box starts from
     box.fill(box.input_value() + " Briefly.")
     box.press("Enter")
-    _wait(lambda: "2/2" in page.locator("#chatbot .message.user").last.inner_text(), 60, what="the new version")
+    _wait(
+        lambda: "2/2" in page.locator("#chatbot .message.user").last.inner_text(),
+        60,
+        what="the new version",
+    )
     _wait(lambda: _finished(page), 120, what="the reply to the edit")
-    rows = read_db(module_server.db, "SELECT content FROM messages WHERE role = 'user' ORDER BY id DESC LIMIT 1")
+    rows = read_db(
+        module_server.db,
+        "SELECT content FROM messages WHERE role = 'user' ORDER BY id DESC LIMIT 1",
+    )
     assert rows[0]["content"] == "What does <div> do? Briefly."
     # a second edit of the message now showing `‹ 2/2 ›`: the links are not stored either
     page.locator("#chatbot .message.user").last.hover()
@@ -197,8 +226,15 @@ def test_editing_a_message_with_markup_stores_what_was_typed(module_server, brow
     box = page.locator("#chatbot textarea").first
     box.fill(box.input_value().replace("Briefly.", "In one line."))
     box.press("Enter")
-    _wait(lambda: "3/3" in page.locator("#chatbot .message.user").last.inner_text(), 60, what="a third version")
-    rows = read_db(module_server.db, "SELECT content FROM messages WHERE role = 'user' ORDER BY id DESC LIMIT 1")
+    _wait(
+        lambda: "3/3" in page.locator("#chatbot .message.user").last.inner_text(),
+        60,
+        what="a third version",
+    )
+    rows = read_db(
+        module_server.db,
+        "SELECT content FROM messages WHERE role = 'user' ORDER BY id DESC LIMIT 1",
+    )
     assert rows[0]["content"] == "What does <div> do? In one line."
     context.close()
 
@@ -221,11 +257,12 @@ def test_an_idle_tab_asks_for_no_status_tracker_frames(module_server, browser):
     per open tab, measured); the page's first script spaces those frames out as timeouts. The page
     served at / starts its <head> with that script, and an idle tab asks for no such frame."""
     from ui.page_assets import HEAD
+
     assert module_server.get("/").split("<head>", 1)[1].startswith(HEAD)
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     context.add_init_script(_COUNT_TRACKER_FRAMES)
     page = _open(context, module_server.url)
-    page.wait_for_timeout(1500)                     # the chat list's timer ticks in between
+    page.wait_for_timeout(1500)  # the chat list's timer ticks in between
     assert page.evaluate("() => window.__trackerFrames") == 0
     # the elapsed-time counter still runs while an event is pending: its frames come as timeouts
     assert "setTimeout" in page.evaluate("() => window.requestAnimationFrame.toString()")

@@ -4,6 +4,7 @@ same branch) whose ids equal an uninterrupted greedy reply of the same total len
 with that many tokens, on the same server), and the continuation reused the reply's blocks; a page
 reloaded mid-continue reattaches and the whole continuation is stored (issue 26.1); a
 "JSON matching a schema" reply validates against the pasted schema."""
+
 import json
 import re
 
@@ -40,9 +41,12 @@ _RECORD_LIVE = """(() => {
 
 
 def _replies(db):
-    return read_db(db, "SELECT m.id, m.parent_id, m.content, m.token_ids, m.status, s.cached_tokens "
-                       "FROM messages m LEFT JOIN reply_stats s ON s.message_id = m.id "
-                       "WHERE m.role = 'assistant' ORDER BY m.id")
+    return read_db(
+        db,
+        "SELECT m.id, m.parent_id, m.content, m.token_ids, m.status, s.cached_tokens "
+        "FROM messages m LEFT JOIN reply_stats s ON s.message_id = m.id "
+        "WHERE m.role = 'assistant' ORDER BY m.id",
+    )
 
 
 def _click_and_wait(page, selector):
@@ -59,21 +63,25 @@ def test_continue_extends_the_same_reply_like_an_uninterrupted_greedy_one(module
     first = _replies(module_server.db)
     assert len(first) == 1
     cut = json.loads(first[0]["token_ids"])
-    assert len(cut) == 10                                     # cut by max tokens, not ended by the model
+    assert len(cut) == 10  # cut by max tokens, not ended by the model
     _wait(lambda: page.locator("#continue-reply").is_visible(), timeout=10)
     _click_and_wait(page, "#continue-reply")
     after = _replies(module_server.db)
-    assert [r["id"] for r in after] == [first[0]["id"]]       # the same message, no new branch
+    assert [r["id"] for r in after] == [first[0]["id"]]  # the same message, no new branch
     ids = json.loads(after[0]["token_ids"])
     assert ids[:10] == cut and len(ids) == 20
     assert after[0]["content"].startswith(first[0]["content"])
     shown = page.locator("#chatbot .message.bot").last.inner_text()
     assert after[0]["content"][-20:].strip() in shown
-    assert "+10 tokens (20 total)" in shown                   # the line counts the whole reply (issue 47)
-    prompt = read_db(module_server.db, "SELECT token_ids FROM messages WHERE id = ?", (after[0]["parent_id"],))
+    assert "+10 tokens (20 total)" in shown  # the line counts the whole reply (issue 47)
+    prompt = read_db(
+        module_server.db, "SELECT token_ids FROM messages WHERE id = ?", (after[0]["parent_id"],)
+    )
     prompt_len = len(json.loads(prompt[0]["token_ids"]))
-    assert after[0]["cached_tokens"] >= (prompt_len + 10) // 16 * 16    # the reply's blocks were reused
-    assert _greedy_ids(json.loads(prompt[0]["token_ids"]), 20) == ids    # as if never interrupted
+    assert (
+        after[0]["cached_tokens"] >= (prompt_len + 10) // 16 * 16
+    )  # the reply's blocks were reused
+    assert _greedy_ids(json.loads(prompt[0]["token_ids"]), 20) == ids  # as if never interrupted
     page.context.close()
 
 
@@ -81,22 +89,31 @@ def _greedy_ids(prompt_ids: list[int], max_tokens: int) -> list[int]:
     """An uninterrupted greedy reply: the engine as the app builds it (dtype "auto"), the chat's
     settings (greedy, repetition penalty 1.1), the stored prompt ids."""
     from engine import LLM, SamplingParams
+
     ref = LLM(num_blocks=64, max_model_len=512, dtype="auto")
     try:
-        whole = ref.generate([{"prompt_token_ids": prompt_ids}],
-                             SamplingParams(temperature=0, repetition_penalty=1.1, max_tokens=max_tokens))[0]
+        whole = ref.generate(
+            [{"prompt_token_ids": prompt_ids}],
+            SamplingParams(temperature=0, repetition_penalty=1.1, max_tokens=max_tokens),
+        )[0]
     finally:
         ref.shutdown()
     return whole.outputs[0].token_ids
 
 
 def _reply_of(db, conv):
-    rows = read_db(db, "SELECT id, parent_id, content, token_ids, status FROM messages "
-                       "WHERE conversation_id = ? AND role = 'assistant' ORDER BY id", (conv,))
+    rows = read_db(
+        db,
+        "SELECT id, parent_id, content, token_ids, status FROM messages "
+        "WHERE conversation_id = ? AND role = 'assistant' ORDER BY id",
+        (conv,),
+    )
     return rows
 
 
-def test_reload_mid_continue_keeps_streaming_and_stores_the_whole_greedy_reply(module_server, browser):  # noqa: F811
+def test_reload_mid_continue_keeps_streaming_and_stores_the_whole_greedy_reply(
+    module_server, browser
+):  # noqa: F811
     """Issue 26.1: a continued reply belongs to the server like any other. Reload the page while
     Continue is generating: the reloaded page reattaches and keeps painting it, and the stored reply
     is the whole continuation, equal to one uninterrupted greedy reply of the same length."""
@@ -114,32 +131,43 @@ def test_reload_mid_continue_keeps_streaming_and_stores_the_whole_greedy_reply(m
     page.locator("#continue-reply").click()
     # mid-continue: the stored reply (flushed every ~2 s while it streams) has grown
     _wait(lambda: len(_reply_of(db, conv)[0]["content"]) > len(first[0]["content"]), timeout=120)
-    page.add_init_script(_RECORD_LIVE)      # records in the page: no polling window to miss
+    page.add_init_script(_RECORD_LIVE)  # records in the page: no polling window to miss
     page.reload()
     page.wait_for_selector("#msg textarea")
 
     def ended():
         """The reply's ids are stored (only at its end: before, the row keeps the first 10) and the
         page shows Send again."""
-        return len(json.loads(_reply_of(db, conv)[0]["token_ids"])) > 10 and page.locator("#send").is_visible()
+        return (
+            len(json.loads(_reply_of(db, conv)[0]["token_ids"])) > 10
+            and page.locator("#send").is_visible()
+        )
+
     _wait(ended, timeout=240, every=0.1, what="the continued reply stored")
-    live = set(page.evaluate("() => window.__live || []"))     # painted while Stop was up
+    live = set(page.evaluate("() => window.__live || []"))  # painted while Stop was up
     after = _reply_of(db, conv)
     assert [r["id"] for r in after] == [first[0]["id"]]  # still the one reply, continued in place
-    assert after[0]["status"] == "complete"              # not "stopped" by the reload
-    assert len(live) >= 2, live                          # the reloaded page painted it as it grew
+    assert after[0]["status"] == "complete"  # not "stopped" by the reload
+    assert len(live) >= 2, live  # the reloaded page painted it as it grew
     _wait(lambda: _done(page), timeout=30, what="the page's final paint")
     ids = json.loads(after[0]["token_ids"])
     assert ids[:10] == cut and len(ids) > 10 + 10
-    assert after[0]["content"][-20:].strip() in page.locator("#chatbot .message.bot").last.inner_text()
+    assert (
+        after[0]["content"][-20:].strip() in page.locator("#chatbot .message.bot").last.inner_text()
+    )
     prompt = read_db(db, "SELECT token_ids FROM messages WHERE id = ?", (after[0]["parent_id"],))
     assert _greedy_ids(json.loads(prompt[0]["token_ids"]), 10 + 300) == ids
     page.context.close()
 
 
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
-                                           "legs": {"type": "integer", "minimum": 0, "maximum": 8}},
-          "required": ["name", "legs"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "legs": {"type": "integer", "minimum": 0, "maximum": 8},
+    },
+    "required": ["name", "legs"],
+}
 
 
 def test_reply_format_json_schema(module_server, browser):  # noqa: F811

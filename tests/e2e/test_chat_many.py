@@ -1,5 +1,6 @@
 """More concurrent streaming chats than Gradio has worker threads (40): the async handlers hold
 none while they wait, so all of them stream at once, and closing them releases every block."""
+
 import json
 import time
 import urllib.request
@@ -18,8 +19,10 @@ def test_44_concurrent_streaming_chats(launch, chat_api):
     server = launch(args=["--num-blocks", "1024", "--max-model-len", "512", "--max-num-seqs", "64"])
     with ThreadPoolExecutor(8) as ex:
         clients = list(ex.map(lambda _: Client(server.url, verbose=False), range(USERS)))
-    jobs = [c.submit(f"Say hello to user number {i}.", *api.sampling(max_tokens=16), api_name="/send")
-            for i, c in enumerate(clients)]
+    jobs = [
+        c.submit(f"Say hello to user number {i}.", *api.sampling(max_tokens=16), api_name="/send")
+        for i, c in enumerate(clients)
+    ]
     peak = 0
     deadline = time.time() + 180
     while not all(j.done() for j in jobs) and time.time() < deadline:
@@ -34,6 +37,8 @@ def test_44_concurrent_streaming_chats(launch, chat_api):
     with ThreadPoolExecutor(8) as ex:
         assert set(ex.map(lambda c: c.predict(api_name="/close_tab"), clients)) == {"closed"}
     snap = server.wait_kv(lambda s: s["stats"]["used_blocks"] == s["stats"]["pinned_blocks"])
-    assert snap["stats"]["used_blocks"] == snap["stats"]["pinned_blocks"] and snap["sequences"] == []
+    assert (
+        snap["stats"]["used_blocks"] == snap["stats"]["pinned_blocks"] and snap["sequences"] == []
+    )
     with ThreadPoolExecutor(8) as ex:
         list(ex.map(lambda c: c.close(), clients))

@@ -1,5 +1,6 @@
 """History in SQLite survives the app: SIGTERM mid-reply (clean shutdown), restart and continue,
 then SIGKILL mid-reply (no cleanup at all)."""
+
 import time
 
 import pytest
@@ -7,20 +8,27 @@ from gradio_client import Client
 
 pytestmark = pytest.mark.slow
 
-LONG = 400      # max tokens of the replies interrupted on purpose
+LONG = 400  # max tokens of the replies interrupted on purpose
 
 
 def _rows(api, db, conv):
-    return api.read_db(db, "SELECT role, content, status FROM messages WHERE conversation_id = ? ORDER BY id",
-                       (conv,))
+    return api.read_db(
+        db,
+        "SELECT role, content, status FROM messages WHERE conversation_id = ? ORDER BY id",
+        (conv,),
+    )
 
 
 def _interrupt_mid_reply(api, client, db, conv, prompt):
     """Start a long reply and return once its partial text is streaming and stored."""
     job = client.submit(prompt, *api.sampling(max_tokens=LONG), api_name="/send")
     api.wait_for(lambda: len(api.streaming_text(job) or "") > 20)
-    api.wait_for(lambda: [r for r in _rows(api, db, conv) if r["role"] == "assistant" and r["status"] == "stopped"],
-                 timeout=10)
+    api.wait_for(
+        lambda: [
+            r for r in _rows(api, db, conv) if r["role"] == "assistant" and r["status"] == "stopped"
+        ],
+        timeout=10,
+    )
     return job
 
 
@@ -34,13 +42,13 @@ def test_sigterm_restart_then_sigkill_keep_every_committed_message(launch, tmp_p
     reply = api.reply_text(out).split("\n\n<span")[0]
     _interrupt_mid_reply(api, c, db, conv, "Tell me a very long story about Ada.")
     started = time.time()
-    assert first.stop() == 0                                  # SIGTERM (as Ctrl-C): a clean exit...
-    assert time.time() - started < 15                         # ...that does not wait for the reply
+    assert first.stop() == 0  # SIGTERM (as Ctrl-C): a clean exit...
+    assert time.time() - started < 15  # ...that does not wait for the reply
     assert "Bye." in first.log() and "Traceback" not in first.log()
     c.close()
     rows = _rows(api, db, conv)
     assert [r["status"] for r in rows] == ["complete", "complete", "complete", "stopped"]
-    assert rows[3]["content"]                                 # the partial reply was kept
+    assert rows[3]["content"]  # the partial reply was kept
 
     second = launch(db)
     c = Client(second.url, verbose=False)
@@ -51,7 +59,7 @@ def test_sigterm_restart_then_sigkill_keep_every_committed_message(launch, tmp_p
     assert shown[:2] == [("user", "My name is Ada. Remember it."), ("assistant", reply)]
     assert len(shown) == 4 and "stopped" in api.text_of(opened[0][3]["content"])
     out = c.predict("What is my name?", *api.sampling(max_tokens=8), api_name="/send")
-    assert api.conversation_id(out) == conv                   # the same conversation continues
+    assert api.conversation_id(out) == conv  # the same conversation continues
     assert len(api.chat_rows(out)) == 6
 
     # SIGKILL mid-reply: every message committed before the kill is still there.
@@ -61,4 +69,6 @@ def test_sigterm_restart_then_sigkill_keep_every_committed_message(launch, tmp_p
     assert [r["role"] for r in rows] == ["user", "assistant"] * 4
     assert rows[6]["content"] == "Now write a very long poem about your memory."
     assert rows[5]["status"] == "complete"
-    assert rows[7]["status"] == "stopped" and rows[7]["content"]   # the partial reply, honestly marked
+    assert (
+        rows[7]["status"] == "stopped" and rows[7]["content"]
+    )  # the partial reply, honestly marked

@@ -2,6 +2,7 @@
 closed tab (the page reattaches to the live stream; the stored reply is complete), the context meter
 equals /api/kv for its chat, the `?` overlay lists the shortcuts, and the Memory tab speaks one
 vocabulary and fits a 390 px phone. One app and one browser for the module; short greedy replies."""
+
 import json
 import re
 import time
@@ -27,6 +28,7 @@ DATA = "els => Object.fromEntries(els.map(e => [e.dataset.k, e.dataset.v]))"
 def browser():
     require_chromium()
     import playwright.sync_api as sync_api
+
     with sync_api.sync_playwright() as p:
         b = launch_chromium(p)
         b.new_context = _patient(b.new_context)
@@ -39,12 +41,14 @@ def browser():
 
 def _patient(make):
     """Pages and contexts with 90 s timeouts: the shared 2-core machine is often loaded."""
+
     def wrapped(*a, **kw):
         obj = make(*a, **kw)
         obj.set_default_timeout(90_000)
         if hasattr(obj, "new_page"):
             obj.new_page = _patient(obj.new_page)
         return obj
+
     return wrapped
 
 
@@ -69,8 +73,12 @@ def _conv_of(page) -> str | None:
 
 
 def _stored_reply(api, server, conv):
-    rows = api.read_db(server.db, "SELECT content, status, token_ids FROM messages WHERE conversation_id = ? "
-                                  "AND role = 'assistant' ORDER BY id DESC LIMIT 1", (conv,))
+    rows = api.read_db(
+        server.db,
+        "SELECT content, status, token_ids FROM messages WHERE conversation_id = ? "
+        "AND role = 'assistant' ORDER BY id DESC LIMIT 1",
+        (conv,),
+    )
     return rows[0] if rows else None
 
 
@@ -87,13 +95,18 @@ def test_reload_mid_reply_keeps_streaming_and_stores_it_complete(module_server, 
     conv = _conv_of(page)
     assert conv
     before = _body(page)
-    page.reload()                                          # mid-reply
+    page.reload()  # mid-reply
     page.wait_for_selector("#msg textarea")
     seen = set()
-    _wait(lambda: seen.add(_body(page)) or _finished(page), 180, every=0.1, what="the reply finished after the reload")
+    _wait(
+        lambda: seen.add(_body(page)) or _finished(page),
+        180,
+        every=0.1,
+        what="the reply finished after the reload",
+    )
     after = _body(page)
     assert len(after) > len(before) and after.startswith(before[:6])
-    assert len({s for s in seen if s}) >= 2, seen          # it kept streaming on the reloaded page
+    assert len({s for s in seen if s}) >= 2, seen  # it kept streaming on the reloaded page
     row = _stored_reply(api, server, conv)
     assert row["status"] == "complete"
     assert row["content"].strip()[:20] == after.strip()[:20]
@@ -108,9 +121,12 @@ def test_close_the_tab_reopen_later_and_the_full_reply_is_there(module_server, b
     _send(page, "Name twenty animals, one per line.")
     _wait(lambda: len(_body(page)) >= 4, 120, what="the reply started")
     conv = _conv_of(page)
-    page.close()                                           # the tab closes mid-reply
-    _wait(lambda: (_stored_reply(api, server, conv) or {}).get("status") == "complete", 180,
-          what="the reply completed with no tab open")
+    page.close()  # the tab closes mid-reply
+    _wait(
+        lambda: (_stored_reply(api, server, conv) or {}).get("status") == "complete",
+        180,
+        what="the reply completed with no tab open",
+    )
     stored = _stored_reply(api, server, conv)["content"]
     later = _open(context, server.url + f"?c={conv}")
     _wait(lambda: "tok/s" in _reply(later), 30, what="the reopened chat")
@@ -118,7 +134,9 @@ def test_close_the_tab_reopen_later_and_the_full_reply_is_there(module_server, b
     context.close()
 
 
-def test_the_context_meter_equals_api_kv_and_the_shortcuts_overlay(module_server, browser, screenshot_dir):
+def test_the_context_meter_equals_api_kv_and_the_shortcuts_overlay(
+    module_server, browser, screenshot_dir
+):
     server = module_server
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = _open(context, server.url)
@@ -136,24 +154,34 @@ def test_the_context_meter_equals_api_kv_and_the_shortcuts_overlay(module_server
         b = snap["blocks"]
         code = {i: VOC.state_of(b["state"][i], b["ref_count"][i]) for i in seq["block_table"]}
         pinned, shared = ([i for i in seq["block_table"] if code[i] == c] for c in "ns")
-        return (int(shown["ctx_tokens"]) == seq["num_tokens"] and int(shown["ctx_max"]) == 512
-                and int(shown["ctx_pinned_blocks"]) == len(pinned) > 0
-                and int(shown["ctx_pinned_tokens"]) == sum(b["filled"][i] for i in pinned)
-                and int(shown["ctx_shared_blocks"]) == len(shared)
-                and int(shown["ctx_own_blocks"]) == len(seq["block_table"]) - len(shared) - len(pinned))
+        return (
+            int(shown["ctx_tokens"]) == seq["num_tokens"]
+            and int(shown["ctx_max"]) == 512
+            and int(shown["ctx_pinned_blocks"]) == len(pinned) > 0
+            and int(shown["ctx_pinned_tokens"]) == sum(b["filled"][i] for i in pinned)
+            and int(shown["ctx_shared_blocks"]) == len(shared)
+            and int(shown["ctx_own_blocks"]) == len(seq["block_table"]) - len(shared) - len(pinned)
+        )
+
     _wait(agree, 20, every=0.5, what="the meter equal to /api/kv")
     page.screenshot(path=str(screenshot_dir / "chat.png"))
-    for name, url, viewport in (("chat-dark.png", f"?c={conv}&__theme=dark", {"width": 1280, "height": 900}),
-                                ("chat-phone.png", f"?c={conv}", {"width": 390, "height": 844})):
+    for name, url, viewport in (
+        ("chat-dark.png", f"?c={conv}&__theme=dark", {"width": 1280, "height": 900}),
+        ("chat-phone.png", f"?c={conv}", {"width": 390, "height": 844}),
+    ):
         shot = browser.new_page(viewport=viewport)
         shot.goto(server.url + url)
-        _wait(lambda: "tok/s" in _reply(shot) and "Context" in shot.inner_text("#ctx-meter"), 60, what=name)
+        _wait(
+            lambda: "tok/s" in _reply(shot) and "Context" in shot.inner_text("#ctx-meter"),
+            60,
+            what=name,
+        )
         shot.screenshot(path=str(screenshot_dir / name))
         shot.close()
 
     overlay = page.locator("#shortcuts-overlay")
     assert overlay.is_hidden()
-    page.locator("#chatbot").click()                       # not typing in a box
+    page.locator("#chatbot").click()  # not typing in a box
     page.keyboard.press("?")
     _wait(lambda: overlay.is_visible(), 5, what="the overlay")
     text = overlay.inner_text()
@@ -161,7 +189,7 @@ def test_the_context_meter_equals_api_kv_and_the_shortcuts_overlay(module_server
         assert words in text
     page.keyboard.press("Escape")
     _wait(lambda: overlay.is_hidden(), 5, what="the overlay closed")
-    page.keyboard.press("Control+Shift+C")                 # copy the last reply: its text, no stats line
+    page.keyboard.press("Control+Shift+C")  # copy the last reply: its text, no stats line
     _wait(lambda: page.evaluate("window.__lastCopied || ''") != "", 5, what="the copy")
     copied = page.evaluate("window.__lastCopied")
     assert "tok/s" not in copied and copied[:10] == _body(page)[:10] and copied
@@ -169,13 +197,14 @@ def test_the_context_meter_equals_api_kv_and_the_shortcuts_overlay(module_server
 
 
 def _memory(page):
-    page.wait_for_selector("#msg textarea")                # the page is up before its tab is clicked
+    page.wait_for_selector("#msg textarea")  # the page is up before its tab is clicked
 
     def shown():
         if page.locator("#kv-story .kvb-t").count() == 3:
             return True
         page.get_by_role("tab", name="Memory").click()
         return False
+
     _wait(shown, 60, every=2.0, what="the Memory tab")
 
 
@@ -183,23 +212,39 @@ def _live_under_load(server, profile, page, tabs) -> None:
     """Four tabs of `profile` streaming (two more opened), 16 demo users; `page` shows the Memory
     tab: four ticks in a row within the 2 s bound, every visible panel stamped."""
     tabs = tabs + [_open(profile, server.url) for _ in range(2)]
-    for k, tab in enumerate(tabs):                        # streaming (or queued: 2 run at once here)
+    for k, tab in enumerate(tabs):  # streaming (or queued: 2 run at once here)
         _greedy(tab, 200)
         _send(tab, f"Count from {k + 1} to two hundred, one number per line.")
     page.fill("#kv-demo-n input", "16")
     page.click("#kv-demo-start")
-    _wait(lambda: "16 simulated users" in page.inner_text("#kv-demo-status"), 60, what="the demo users")
+    _wait(
+        lambda: "16 simulated users" in page.inner_text("#kv-demo-status"),
+        60,
+        what="the demo users",
+    )
     try:
         for _ in range(4):
-            api = json.loads(server.get("api/kv?compact=true"))["time"]      # the newest state served...
+            api = json.loads(server.get("api/kv?compact=true"))[
+                "time"
+            ]  # the newest state served...
             before = page.evaluate(_FRESH)["applied"]
-            shown = _wait(lambda: (lambda f: f if f["applied"] > before else None)(page.evaluate(_FRESH)),
-                          30, every=0.1, what="a tick applied while the chats stream")
-            assert shown["snap"] >= api - 2.0, (shown["snap"], api)         # ...and the tick after it
+            shown = _wait(
+                lambda: (lambda f: f if f["applied"] > before else None)(page.evaluate(_FRESH)),
+                30,
+                every=0.1,
+                what="a tick applied while the chats stream",
+            )
+            assert shown["snap"] >= api - 2.0, (shown["snap"], api)  # ...and the tick after it
             fast = [st for st in shown["stamps"] if st[0] == "fast"]
-            assert len(fast) >= 8 and all(abs(st[1] - shown["snap"]) < 1e-6 for st in fast), shown["stamps"]
-            assert all(re.fullmatch(r"as of [\d.]+ (s|min) ago", st[2]) for st in shown["stamps"]), shown
-        assert any(st[0] == "slow" and st[1] > 0 for st in page.evaluate(_FRESH)["stamps"])   # the plots'
+            assert len(fast) >= 8 and all(abs(st[1] - shown["snap"]) < 1e-6 for st in fast), shown[
+                "stamps"
+            ]
+            assert all(
+                re.fullmatch(r"as of [\d.]+ (s|min) ago", st[2]) for st in shown["stamps"]
+            ), shown
+        assert any(
+            st[0] == "slow" and st[1] > 0 for st in page.evaluate(_FRESH)["stamps"]
+        )  # the plots'
     finally:
         page.click("#kv-demo-stop")
         for tab in tabs:
@@ -213,16 +258,24 @@ _LEGEND = """() => [...document.querySelectorAll('#kv-grid .kvl > span:not([hidd
 
 
 # the same first message in two chats: beyond the pinned prompt their full prompt blocks are shared
-SAME = ("Please read this note twice and tell me what it says: the lighthouse keeper logs the wind, "
-        "the tide and every ship that passes the point.")
+SAME = (
+    "Please read this note twice and tell me what it says: the lighthouse keeper logs the wind, "
+    "the tide and every ship that passes the point."
+)
 _REUSED = re.compile(r"reused ([\d,]+) of ([\d,]+) prompt tokens from cache \(([\d,]+) blocks?\)")
 
 
 def _metric(server, name: str) -> float:
-    return float(re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", server.get("metrics"), re.M).group(1))
+    return float(
+        re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", server.get("metrics"), re.M).group(
+            1
+        )
+    )
 
 
-def test_memory_tab_one_vocabulary_live_under_load_and_a_phone(module_server, browser, screenshot_dir):
+def test_memory_tab_one_vocabulary_live_under_load_and_a_phone(
+    module_server, browser, screenshot_dir
+):
     """Issue 47. (1) pinned, shared (held by 2+ chats), reused from cache and saved by sharing are
     one word and one number each in six places, read in one quiet state: the tiles, the grid's
     legend, the reply line, the context meter, /api/kv and /metrics. (2) The tab stays live beside
@@ -234,73 +287,127 @@ def test_memory_tab_one_vocabulary_live_under_load_and_a_phone(module_server, br
     the Memory tab received nothing while the chats streamed. Every visible panel says how old its
     numbers are. (3) The tab on a 390 px phone."""
     server = module_server
-    chats = browser.new_context(viewport={"width": 1280, "height": 900})     # one profile, as a person's
+    chats = browser.new_context(
+        viewport={"width": 1280, "height": 900}
+    )  # one profile, as a person's
     tabs = []
-    for k in range(2):                                    # two chats with the same first message
+    for k in range(2):  # two chats with the same first message
         tab = _open(chats, server.url)
         _greedy(tab, 4)
         if k == 1:
-            hits0, api0 = _metric(server, "vllm:prefix_cache_hits_total"), server.kv()["stats"]["prefix_cache_hits"]
+            hits0, api0 = (
+                _metric(server, "vllm:prefix_cache_hits_total"),
+                server.kv()["stats"]["prefix_cache_hits"],
+            )
         _send(tab, SAME)
         _wait(lambda: _finished(tab), 120, what="a reply")
         tabs.append(tab)
-    hits1, api1 = _metric(server, "vllm:prefix_cache_hits_total"), server.kv()["stats"]["prefix_cache_hits"]
+    hits1, api1 = (
+        _metric(server, "vllm:prefix_cache_hits_total"),
+        server.kv()["stats"]["prefix_cache_hits"],
+    )
     page = _open(chats, server.url)
     page.set_viewport_size({"width": 1366, "height": 900})
     _memory(page)
-    snap = server.kv()                                    # quiet now: both replies are done
+    snap = server.kv()  # quiet now: both replies are done
     st = snap["stats"]
 
     def shown():
         grid = page.eval_on_selector_all("#kv-grid [data-k]", DATA)
         tiles = page.eval_on_selector_all("#kv-headline [data-k]", DATA)
-        if "cells_3" not in grid or "shared_blocks" not in tiles or int(tiles["shared_blocks"]) != st["shared_blocks"]:
+        if (
+            "cells_3" not in grid
+            or "shared_blocks" not in tiles
+            or int(tiles["shared_blocks"]) != st["shared_blocks"]
+        ):
             return None
         return grid, tiles
+
     grid, tiles = _wait(shown, 30, every=0.5, what="the tiles showing the quiet state")
-    metrics = {k: _metric(server, f"paged_chat_kv_blocks_{k}") for k in ("shared", "pinned", "saved_by_sharing")}
-    assert st["shared_blocks"] > 0 and st["pinned_blocks"] > 0                 # both words have blocks to count
-    assert int(tiles["shared_blocks"]) == int(grid["cells_3"]) == st["shared_blocks"] == metrics["shared"]
-    assert int(tiles["pinned_blocks"]) == int(grid["cells_4"]) == st["pinned_blocks"] == metrics["pinned"]
+    metrics = {
+        k: _metric(server, f"paged_chat_kv_blocks_{k}")
+        for k in ("shared", "pinned", "saved_by_sharing")
+    }
+    assert st["shared_blocks"] > 0 and st["pinned_blocks"] > 0  # both words have blocks to count
+    assert (
+        int(tiles["shared_blocks"])
+        == int(grid["cells_3"])
+        == st["shared_blocks"]
+        == metrics["shared"]
+    )
+    assert (
+        int(tiles["pinned_blocks"])
+        == int(grid["cells_4"])
+        == st["pinned_blocks"]
+        == metrics["pinned"]
+    )
     assert int(tiles["saved_blocks"]) == st["saved_blocks"] == metrics["saved_by_sharing"]
     b = snap["blocks"]
     seq = next(x for x in snap["sequences"] if x["session_id"] == _conv_of(tabs[1]))
     mine = [VOC.state_of(b["state"][i], b["ref_count"][i]) for i in seq["block_table"]]
-    meter = _wait(lambda: (lambda m: m if m.get("ctx_pinned_blocks") and int(m["ctx_tokens"]) == seq["num_tokens"]
-                           else None)(tabs[1].eval_on_selector_all("#ctx-meter [data-k]", DATA)),
-                  20, every=0.5, what="the meter")
-    assert int(meter["ctx_pinned_blocks"]) == mine.count("n") and int(meter["ctx_shared_blocks"]) == mine.count("s")
+    meter = _wait(
+        lambda: (
+            lambda m: (
+                m
+                if m.get("ctx_pinned_blocks") and int(m["ctx_tokens"]) == seq["num_tokens"]
+                else None
+            )
+        )(tabs[1].eval_on_selector_all("#ctx-meter [data-k]", DATA)),
+        20,
+        every=0.5,
+        what="the meter",
+    )
+    assert int(meter["ctx_pinned_blocks"]) == mine.count("n") and int(
+        meter["ctx_shared_blocks"]
+    ) == mine.count("s")
     assert mine.count("s") > 0 and "shared block" in tabs[1].inner_text("#ctx-meter")
-    reused, prompt, blocks = (int(x.replace(",", "")) for x in _REUSED.search(_reply(tabs[1])).groups())
-    assert reused == hits1 - hits0 == api1 - api0 > 0                          # reused from cache, in tokens
-    assert blocks == mine.count("n") + mine.count("s")                          # ...the pinned and shared blocks
-    for words, where in ((("Pinned blocks", "Shared blocks", "Saved by sharing"), page.inner_text("#kv-headline")),
-                         (("pinned:", "shared:"), page.inner_text("#kv-grid .kvl"))):
+    reused, prompt, blocks = (
+        int(x.replace(",", "")) for x in _REUSED.search(_reply(tabs[1])).groups()
+    )
+    assert reused == hits1 - hits0 == api1 - api0 > 0  # reused from cache, in tokens
+    assert blocks == mine.count("n") + mine.count("s")  # ...the pinned and shared blocks
+    for words, where in (
+        (("Pinned blocks", "Shared blocks", "Saved by sharing"), page.inner_text("#kv-headline")),
+        (("pinned:", "shared:"), page.inner_text("#kv-grid .kvl")),
+    ):
         assert all(w in where for w in words), (words, where)
     assert "Blocks held by 2 or more chats, not pinned" in server.get("metrics")
     # names and colours read in one script run (the legend's elements are kept across paints too:
     # read in two steps around a repaint that rebuilt them, the swatches of detached elements read '')
     legend = page.evaluate(_LEGEND)
     assert [n.split(":")[0].strip() for n, _ in legend[:5]] == [s.name for s in VOC.STATES]
-    want = ["rgb(%d, %d, %d)" % tuple(int(s.light[i:i + 2], 16) for i in (1, 3, 5)) for s in VOC.STATES]
+    want = [
+        "rgb(%d, %d, %d)" % tuple(int(s.light[i : i + 2], 16) for i in (1, 3, 5))
+        for s in VOC.STATES
+    ]
     assert [c for _, c in legend[:5]] == want
     swatch = page.query_selector("#kv-grid .kvl > span > b")
     painted = int(page.get_attribute("#kv-grid canvas", "data-painted"))
-    page.evaluate("() => { const c = document.querySelector('#kv-grid canvas'); c.kvPaint(window.__kvGrid); }")
+    page.evaluate(
+        "() => { const c = document.querySelector('#kv-grid canvas'); c.kvPaint(window.__kvGrid); }"
+    )
     assert int(page.get_attribute("#kv-grid canvas", "data-painted")) > painted
-    assert swatch.evaluate("e => e.isConnected")                 # a repaint keeps the legend's elements
+    assert swatch.evaluate("e => e.isConnected")  # a repaint keeps the legend's elements
     _live_under_load(server, chats, page, tabs)
     page.close()
 
     phone = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
     phone.goto(server.url)
     _memory(phone)
-    _wait(lambda: phone.evaluate("document.querySelectorAll('#kv-story .kvb-bar').length") == 3, 30, what="bars")
+    _wait(
+        lambda: phone.evaluate("document.querySelectorAll('#kv-story .kvb-bar').length") == 3,
+        30,
+        what="bars",
+    )
     time.sleep(1.0)
-    widths = phone.eval_on_selector_all("#kv-story .kvb-t", "els => els.map(e => e.getBoundingClientRect().width)")
-    assert len(widths) == 3 and all(w > 100 for w in widths), widths       # the bars' tracks are visible
-    bars = phone.eval_on_selector_all("#kv-story .kvb-bar", "els => els.map(e => e.getBoundingClientRect().width)")
-    assert all(b > 0 for b in bars), bars                   # two chats hold blocks: every bar shows
+    widths = phone.eval_on_selector_all(
+        "#kv-story .kvb-t", "els => els.map(e => e.getBoundingClientRect().width)"
+    )
+    assert len(widths) == 3 and all(w > 100 for w in widths), widths  # the bars' tracks are visible
+    bars = phone.eval_on_selector_all(
+        "#kv-story .kvb-bar", "els => els.map(e => e.getBoundingClientRect().width)"
+    )
+    assert all(b > 0 for b in bars), bars  # two chats hold blocks: every bar shows
     overflow = phone.evaluate("document.scrollingElement.scrollWidth - window.innerWidth")
     assert overflow <= 0, f"the Memory tab is {overflow} px wider than the phone"
     misfits = phone_misfits(phone)
@@ -402,7 +509,9 @@ def test_a_document_attached_in_two_chats_shares_its_blocks(module_server, brows
     """Also (issue 47): two files picked at once, a file dropped on the chat, and the chat titled by
     the typed question, not by the `<document ...>` wrapper the message starts with (sidebar, /api/kv)."""
     server = module_server
-    text = "\n".join(f"Line {i}: the lighthouse keeper logs wind, tide and passing ships." for i in range(12))
+    text = "\n".join(
+        f"Line {i}: the lighthouse keeper logs wind, tide and passing ships." for i in range(12)
+    )
     doc, notes = tmp_path / "keeper.txt", tmp_path / "notes.md"
     doc.write_text(text)
     notes.write_text("# Notes\nThe lamp was serviced on Tuesday.")
@@ -411,29 +520,37 @@ def test_a_document_attached_in_two_chats_shares_its_blocks(module_server, brows
     for k, question in enumerate(("When was the wind strongest?", "Which ships passed?")):
         page = _open(context, server.url)
         _greedy(page, 2)
-        if k == 0:                                          # two files at once, picked
+        if k == 0:  # two files at once, picked
             with page.expect_file_chooser() as chooser:
                 page.click("#attach")
             chooser.value.set_files([str(doc), str(notes)])
             _wait(lambda: "notes.md" in page.inner_text("#doc-chips"), 30, what="the chips")
-        else:                                               # one file dropped on the chat
+        else:  # one file dropped on the chat
             page.evaluate(_DROP, ["keeper.txt", text])
         _wait(lambda: "keeper.txt" in page.inner_text("#doc-chips"), 30, what="the chip")
         assert re.search(r"keeper\.txt · [\d,]+ tokens", page.inner_text("#doc-chips"))
-        assert page.get_attribute("#attach", "aria-label") and page.get_attribute("#attach", "title")
+        assert page.get_attribute("#attach", "aria-label") and page.get_attribute(
+            "#attach", "title"
+        )
         _send(page, question)
         _wait(lambda: _finished(page), 120, what="the reply")
         assert "keeper.txt" in page.locator("#chatbot .message.user .doc-chip").first.inner_text()
-        _wait(lambda: "keeper.txt" not in page.inner_text("#doc-chips"), 30, what="the chip gone")   # sent with it
+        _wait(
+            lambda: "keeper.txt" not in page.inner_text("#doc-chips"), 30, what="the chip gone"
+        )  # sent with it
         _wait(lambda: question in page.inner_text("#conv-list"), 20, what="the title")
         assert "<document" not in page.inner_text("#conv-list")
         convs.append(_conv_of(page))
     snap = server.kv()
     titles = {s["session_id"]: s.get("title") for s in snap["sequences"]}
-    assert [titles[c] for c in convs] == ["When was the wind strongest?", "Which ships passed?"], titles
-    tables = {s["session_id"]: s["block_table"] for s in snap["sequences"] if s["session_id"] in convs}
+    assert [titles[c] for c in convs] == ["When was the wind strongest?", "Which ships passed?"], (
+        titles
+    )
+    tables = {
+        s["session_id"]: s["block_table"] for s in snap["sequences"] if s["session_id"] in convs
+    }
     a, b = tables[convs[0]], tables[convs[1]]
     common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
-    assert common * snap["block_size"] > 150                       # the document's blocks, not only the prompt's
+    assert common * snap["block_size"] > 150  # the document's blocks, not only the prompt's
     assert all(snap["blocks"]["ref_count"][blk] >= 2 for blk in a[:common])
     context.close()

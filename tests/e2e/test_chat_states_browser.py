@@ -3,6 +3,7 @@ a pool small enough that a second chat is preempted shows "paused: memory full, 
 then finishes; a chat reply behind waiting API requests shows its real queue position; a context
 that fills before max tokens says "context full (n/n tokens)"; at
 390x844 the sidebar is a drawer that closes once a chat is picked, and Send/Stop stay reachable."""
+
 import pytest
 
 from tests.e2e.polling import wait_until as _wait
@@ -57,10 +58,14 @@ def test_preempted_reply_shows_paused_then_finishes(launch, browser):  # noqa: F
     assert server.kv()["stats"]["num_preemptions"] >= 1
     paused = [name for name, texts in seen.items() if "paused: memory full, resuming…" in texts]
     assert paused, f"no page showed the paused state: {seen}"
-    for name in paused:          # paused while generating, then it resumed by itself and finished
+    for name in paused:  # paused while generating, then it resumed by itself and finished
         texts = seen[name]
         k = texts.index("paused: memory full, resuming…")
-        assert "generating…" in texts[:k] and "generating…" in texts[k + 1:] and texts[-1] == "finished", texts
+        assert (
+            "generating…" in texts[:k]
+            and "generating…" in texts[k + 1 :]
+            and texts[-1] == "finished"
+        ), texts
     assert _status(a).strip() == "finished" and _status(b).strip() == "finished"
     for page in (a, b):
         assert "memory full" not in _rows(page, "bot")[-1]
@@ -72,6 +77,7 @@ def test_queued_position_counts_api_requests_waiting_ahead(launch, browser):  # 
     import threading
 
     import httpx
+
     server = launch(args=["--num-blocks", "64", "--max-model-len", "256", "--max-num-seqs", "1"])
     model = httpx.get(server.url + "v1/models").json()["data"][0]["id"]
     page = _open(browser, server.url)
@@ -79,8 +85,17 @@ def test_queued_position_counts_api_requests_waiting_ahead(launch, browser):  # 
     page.evaluate(_RECORD_STATUS)
 
     def complete(max_tokens):
-        httpx.post(server.url + "v1/completions", timeout=300, json={
-            "model": model, "prompt": "Once upon a time", "max_tokens": max_tokens, "ignore_eos": True})
+        httpx.post(
+            server.url + "v1/completions",
+            timeout=300,
+            json={
+                "model": model,
+                "prompt": "Once upon a time",
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+            },
+        )
+
     calls = [threading.Thread(target=complete, args=(n,)) for n in (80, 4)]
     calls[0].start()
     _wait(lambda: server.kv()["stats"]["running"] == 1, timeout=60, every=0.05)
@@ -111,28 +126,36 @@ def _on_phone_screen(button) -> bool:
     """Tappable without scrolling on a 390x844 screen: the button's centre is on screen and a tap
     there lands on the button (nothing covers it). Not "every pixel on screen": the sticky
     composer can sit a pixel or two past the bottom edge mid-stream (CI runs measured 1.6 px)."""
-    return bool(button.evaluate("""(b) => {
+    return bool(
+        button.evaluate("""(b) => {
         const r = b.getBoundingClientRect(), x = r.left + r.width / 2, y = r.top + r.height / 2;
         if (r.width === 0 || x < 0 || y < 0 || x > 390 || y > 844) return false;
         const hit = document.elementFromPoint(x, y);
         return !!hit && b.contains(hit);
-    }"""))
+    }""")
+    )
 
 
 def test_phone_drawer_closes_after_picking_a_chat_then_send_and_stop(module_server, browser):  # noqa: F811
     from playwright.sync_api import Error as PlaywrightError
+
     desk = _open(browser, module_server.url)
     _sampling(desk, max_tokens=8)
     _send(desk, "Phone test chat")
     desk.context.close()
-    page = _open(browser, module_server.url, viewport={"width": 390, "height": 844}, is_mobile=True,
-                 has_touch=True)
+    page = _open(
+        browser,
+        module_server.url,
+        viewport={"width": 390, "height": 844},
+        is_mobile=True,
+        has_touch=True,
+    )
     toggle = page.locator(".sidebar > .toggle-button").first
-    _wait(lambda: page.locator(".sidebar.open").count() == 0, timeout=10)   # opens on the chat
+    _wait(lambda: page.locator(".sidebar.open").count() == 0, timeout=10)  # opens on the chat
     toggle.click()
     _wait(lambda: page.locator(".sidebar.open").count() == 1, timeout=10)
     page.locator("#conv-list label", has_text="Phone test chat").first.click()
-    _wait(lambda: page.locator(".sidebar.open").count() == 0, timeout=10)   # the drawer closed
+    _wait(lambda: page.locator(".sidebar.open").count() == 0, timeout=10)  # the drawer closed
     _wait(lambda: "Phone test chat" in " ".join(_rows(page, "user")), timeout=10)
     _wait(lambda: _on_phone_screen(page.locator("#send")), timeout=10, what="Send on screen")
     _sampling(page, max_tokens=300)
@@ -146,6 +169,7 @@ def test_phone_drawer_closes_after_picking_a_chat_then_send_and_stop(module_serv
     def stop_on_screen():
         boxes.append((page.locator("#stop").bounding_box(), _status(page).strip()[:60]))
         return _on_phone_screen(page.locator("#stop"))
+
     try:
         _wait(stop_on_screen, timeout=20)
     except TimeoutError:
@@ -169,10 +193,13 @@ def test_phone_drawer_closes_after_picking_a_chat_then_send_and_stop(module_serv
         except PlaywrightError:
             pass
         return False
+
     try:
         _wait(stopped, timeout=60, every=1.0, what="stopped")
     except TimeoutError:
-        raise AssertionError(f"not stopped; (done, status, Stop shown) seen: {seen[:3]} ... {seen[-3:]}")
+        raise AssertionError(
+            f"not stopped; (done, status, Stop shown) seen: {seen[:3]} ... {seen[-3:]}"
+        )
     # no "Error" badge over the stopped reply's status or the message box (Gradio painted one when
     # Stop cancelled the reply's handler just as it started; Stop no longer cancels it)
     assert page.get_by_text("Error", exact=True).count() == 0

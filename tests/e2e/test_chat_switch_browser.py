@@ -3,6 +3,7 @@ chat A. A must show at once and stay on screen (B's stream must not paint over i
 not jump back), B's reply must finish and be stored in B, the next message must go to A (the chat on
 screen), a reload must reopen A from its address (/?c=<id>), a chat created in one tab must appear
 in another tab's list without a click, and a second send into a generating chat gets "busy"."""
+
 import time
 
 import pytest
@@ -35,14 +36,20 @@ def _selected(page) -> str:
 
 def _conv_of(api, db, first_message: str) -> str | None:
     """The id of the conversation whose first message is `first_message`."""
-    rows = api.read_db(db, "SELECT conversation_id FROM messages WHERE content = ? ORDER BY id LIMIT 1",
-                       (first_message,))
+    rows = api.read_db(
+        db,
+        "SELECT conversation_id FROM messages WHERE content = ? ORDER BY id LIMIT 1",
+        (first_message,),
+    )
     return rows[0]["conversation_id"] if rows else None
 
 
 def _messages(api, db, conv_id) -> list[dict]:
-    return api.read_db(db, "SELECT role, content, status FROM messages WHERE conversation_id = ? ORDER BY id",
-                       (conv_id,))
+    return api.read_db(
+        db,
+        "SELECT role, content, status FROM messages WHERE conversation_id = ? ORDER BY id",
+        (conv_id,),
+    )
 
 
 def test_switching_chats_while_a_reply_streams(launch, browser, chat_api):  # noqa: F811
@@ -69,15 +76,21 @@ def test_switching_chats_while_a_reply_streams(launch, browser, chat_api):  # no
     _set_number(page, "rep-penalty", 1.0)
     _set_number(page, "max-tokens", 640)
     _send(page, "Tell me a long story about a dragon who bakes bread.")
-    _wait(lambda: len(page.locator("#chatbot .message.bot").last.inner_text().split()) >= 4
-          if page.locator("#chatbot .message.bot").count() else False, what="B streams")
+    _wait(
+        lambda: (
+            len(page.locator("#chatbot .message.bot").last.inner_text().split()) >= 4
+            if page.locator("#chatbot .message.bot").count()
+            else False
+        ),
+        what="B streams",
+    )
     conv_b = _conv_of(api, server.db, "Tell me a long story about a dragon who bakes bread.")
 
     # The click on A while B streams: A shows at once, and stays.
     page.locator("#conv-list label").filter(has_text="Say hello.").click()
     _wait(lambda: _users(page) == ["Say hello."], timeout=5, what="chat A on screen")
     assert "dragon" not in _chat_text(page)
-    assert _messages(api, server.db, conv_b)[-1]["status"] != "complete"    # B is still generating
+    assert _messages(api, server.db, conv_b)[-1]["status"] != "complete"  # B is still generating
     shown = _chat_text(page)
     time.sleep(1.5)
     assert _chat_text(page) == shown, "B's stream painted over chat A"
@@ -88,13 +101,20 @@ def test_switching_chats_while_a_reply_streams(launch, browser, chat_api):  # no
     _set_number(page, "max-tokens", 12)
     _send(page, "And goodbye.")
     _wait(lambda: _finished(page) and len(_users(page)) == 2)
-    assert [m["content"] for m in _messages(api, server.db, conv_a) if m["role"] == "user"] == \
-        ["Say hello.", "And goodbye."]
+    assert [m["content"] for m in _messages(api, server.db, conv_a) if m["role"] == "user"] == [
+        "Say hello.",
+        "And goodbye.",
+    ]
     assert "Say hello." in _selected(page), "the sidebar jumped away from the chat on screen"
 
     # B's reply completes and is stored in B alone.
-    b = _wait(lambda: (lambda ms: ms if ms[-1]["status"] == "complete" else None)(
-        _messages(api, server.db, conv_b)), timeout=180, what="B's reply stored")
+    b = _wait(
+        lambda: (lambda ms: ms if ms[-1]["status"] == "complete" else None)(
+            _messages(api, server.db, conv_b)
+        ),
+        timeout=180,
+        what="B's reply stored",
+    )
     assert [m["role"] for m in b] == ["user", "assistant"] and len(b[1]["content"].split()) > 20
     assert _users(page) == ["Say hello.", "And goodbye."]
 
@@ -103,37 +123,69 @@ def test_switching_chats_while_a_reply_streams(launch, browser, chat_api):  # no
     page.wait_for_selector("#msg textarea")
     _wait(lambda: _users(page) == ["Say hello.", "And goodbye."], timeout=15, what="A after reload")
     assert f"c={conv_a}" in page.url
-    page.locator("#sampling .label-wrap").first.click()          # settings are per page load
+    page.locator("#sampling .label-wrap").first.click()  # settings are per page load
     _set_number(page, "temperature", 0)
     _set_number(page, "max-tokens", 12)
 
     # Back to B: its whole stored reply is there.
     page.locator("#conv-list label").filter(has_text="dragon").click()
-    _wait(lambda: b[1]["content"][:60] in _chat_text(page).replace("\n", " ") or
-          b[1]["content"][:30] in _chat_text(page), timeout=10, what="B's stored reply")
+    _wait(
+        lambda: (
+            b[1]["content"][:60] in _chat_text(page).replace("\n", " ")
+            or b[1]["content"][:30] in _chat_text(page)
+        ),
+        timeout=10,
+        what="B's stored reply",
+    )
     _wait(lambda: f"c={conv_b}" in page.url, timeout=10)
 
     # Another tab of the same user: a chat created here appears there, with no click.
     page2 = _open(context, server.url + f"?c={conv_b}")
-    _wait(lambda: _users(page2) == ["Tell me a long story about a dragon who bakes bread."], timeout=15)
+    _wait(
+        lambda: _users(page2) == ["Tell me a long story about a dragon who bakes bread."],
+        timeout=15,
+    )
     page.click("#new-chat")
     _send(page, "What is a block table?")
-    _wait(lambda: page2.locator("#conv-list label").filter(has_text="What is a block table?").count() == 1,
-          timeout=8, what="the new chat in the other tab's list")
+    _wait(
+        lambda: (
+            page2.locator("#conv-list label").filter(has_text="What is a block table?").count() == 1
+        ),
+        timeout=8,
+        what="the new chat in the other tab's list",
+    )
 
     # Two tabs on one chat: the second send while the first generates is refused as busy.
     _wait(lambda: _finished(page))
     page.locator("#conv-list label").filter(has_text="dragon").click()
     _wait(lambda: f"c={conv_b}" in page.url, timeout=10)
-    _set_number(page, "max-tokens", 700)     # long enough to still run when tab 2 sends on a loaded machine
-    _send(page, "Continue the story.")       # (it is stopped below; 120 once finished first under CI load)
-    _wait(lambda: "generating" in page.locator("#chat-status").inner_text(), what="tab 1 generating")
+    _set_number(
+        page, "max-tokens", 700
+    )  # long enough to still run when tab 2 sends on a loaded machine
+    _send(
+        page, "Continue the story."
+    )  # (it is stopped below; 120 once finished first under CI load)
+    _wait(
+        lambda: "generating" in page.locator("#chat-status").inner_text(), what="tab 1 generating"
+    )
     _send(page2, "Me too.")
-    _wait(lambda: "already being generated" in page2.locator(".toast-body").all_inner_texts().__str__(),
-          timeout=10, what="a busy notice in tab 2")
-    _wait(lambda: "Continue the story." in _users(page2), timeout=10, what="tab 2 sees tab 1's message")
+    _wait(
+        lambda: (
+            "already being generated" in page2.locator(".toast-body").all_inner_texts().__str__()
+        ),
+        timeout=10,
+        what="a busy notice in tab 2",
+    )
+    _wait(
+        lambda: "Continue the story." in _users(page2),
+        timeout=10,
+        what="tab 2 sees tab 1's message",
+    )
     users_b = [m["content"] for m in _messages(api, server.db, conv_b) if m["role"] == "user"]
-    assert users_b == ["Tell me a long story about a dragon who bakes bread.", "Continue the story."]
+    assert users_b == [
+        "Tell me a long story about a dragon who bakes bread.",
+        "Continue the story.",
+    ]
     page.click("#stop")
     _wait(lambda: not server.kv()["stats"]["running"], timeout=20)
     page.close()

@@ -1,6 +1,7 @@
 """Issue #12, UI side, against a real app process with --auth (real model, real SQLite):
 per-user cache salt (2), size limits and a stream that never stalls (5), owner check on per-tab
 calls (10), validation before storing (11), a conversation deleted mid-reply (14)."""
+
 import json
 import math
 import threading
@@ -10,7 +11,14 @@ import pytest
 from gradio_client import Client, handle_file
 
 from storage import Storage
-from tests.e2e.conftest import AppServer, conversation_id, read_db, reply_text, sampling, streaming_text
+from tests.e2e.conftest import (
+    AppServer,
+    conversation_id,
+    read_db,
+    reply_text,
+    sampling,
+    streaming_text,
+)
 from tests.e2e.polling import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -49,9 +57,14 @@ def post(server, path, as_client, payload):
     """POST JSON with `as_client`'s login cookie; (status, body)."""
     import urllib.error
     import urllib.request
+
     cookie = "; ".join(f"{k}={v}" for k, v in as_client.cookies.items())
-    req = urllib.request.Request(server.url + path, data=json.dumps(payload).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", "Cookie": cookie})
+    req = urllib.request.Request(
+        server.url + path,
+        data=json.dumps(payload).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "Cookie": cookie},
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, r.read()
@@ -69,36 +82,64 @@ def long_reply(c, text="Write a long story about a lighthouse keeper and the sea
 def test_stolen_session_hash_cannot_stop_read_or_release(server):
     alice, bob = client(server, "alice"), client(server, "bob")
     job = long_reply(alice)
-    bob.session_hash = alice.session_hash            # bob replays alice's tab id
+    bob.session_hash = alice.session_hash  # bob replays alice's tab id
     # Each call is refused: the server raises TabOwnerError before touching the tab. bob queues
     # the calls with raw HTTP (his login cookie, alice's hash) and opens no event stream of his
     # own: two clients reading one session hash's stream would steal each other's messages.
     before = server.log().count("ui.chat.guard.TabOwnerError:")
     for api_name in ("/stop", "/stop", "/close_tab"):
-        post(server, "gradio_api/queue/join", bob, {"data": [], "fn_index": alice._infer_fn_index(api_name, None),
-                                                    "session_hash": alice.session_hash, "trigger_id": None})
-        wait_until(lambda: server.log().count("ui.chat.guard.TabOwnerError:") > before, timeout=30,
-                   what=f"{api_name} refused")
+        post(
+            server,
+            "gradio_api/queue/join",
+            bob,
+            {
+                "data": [],
+                "fn_index": alice._infer_fn_index(api_name, None),
+                "session_hash": alice.session_hash,
+                "trigger_id": None,
+            },
+        )
+        wait_until(
+            lambda: server.log().count("ui.chat.guard.TabOwnerError:") > before,
+            timeout=30,
+            what=f"{api_name} refused",
+        )
         before += 1
-    out = job.result(timeout=180)
+    job.result(timeout=180)  # alice's reply runs to its end
     conv = next(conversation_id(o) for o in job.outputs() if conversation_id(o))
-    row = read_db(server.db, "SELECT status FROM messages WHERE conversation_id = ? AND role = 'assistant'",
-                  (conv,))
-    assert row == [{"status": "complete"}]           # bob's stops did nothing
+    row = read_db(
+        server.db,
+        "SELECT status FROM messages WHERE conversation_id = ? AND role = 'assistant'",
+        (conv,),
+    )
+    assert row == [{"status": "complete"}]  # bob's stops did nothing
     assert alice.predict(api_name="/close_tab") == "closed"
     alice.close()
 
 
-REPLY_FREE = ["Free text", "", True]  # /send's reply format and schema (ui/chat/reply_format.py), Think on
+REPLY_FREE = [
+    "Free text",
+    "",
+    True,
+]  # /send's reply format and schema (ui/chat/reply_format.py), Think on
 
 
 def queue_raw(server, as_client, api_name, data) -> None:
     """Queue a call the way a hand-written client would (raw JSON: NaN and lone surrogates, which
     gradio_client cannot send), with `as_client`'s login and a fresh session hash."""
     import uuid
-    status, body = post(server, "gradio_api/queue/join", as_client, {
-        "data": data, "fn_index": as_client._infer_fn_index(api_name, None),
-        "session_hash": uuid.uuid4().hex[:11], "trigger_id": None})
+
+    status, body = post(
+        server,
+        "gradio_api/queue/join",
+        as_client,
+        {
+            "data": data,
+            "fn_index": as_client._infer_fn_index(api_name, None),
+            "session_hash": uuid.uuid4().hex[:11],
+            "trigger_id": None,
+        },
+    )
     assert status == 200, body
 
 
@@ -106,20 +147,34 @@ def refused_in_log(server, text) -> None:
     wait_until(lambda: text in server.log(), timeout=30, what=f"refusal {text!r}")
 
 
-@pytest.mark.parametrize("bad, field", [
-    (dict(top_p=math.nan), "top_p"), (dict(temperature=1e-40), "temperature"),
-    (dict(repetition_penalty=math.nan), "repetition_penalty"),   # (inf: Gradio's slider bounds refuse it)
-])
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        (dict(top_p=math.nan), "top_p"),
+        (dict(temperature=1e-40), "temperature"),
+        (
+            dict(repetition_penalty=math.nan),
+            "repetition_penalty",
+        ),  # (inf: Gradio's slider bounds refuse it)
+    ],
+)
 def test_bad_sampling_values_are_refused_before_anything_is_stored(server, bad, field):
     alice = client(server, "alice")
-    values = dict(zip(["temperature", "top_p", "top_k", "max_tokens", "repetition_penalty", "seed", "n"],
-                      sampling(max_tokens=4)))
+    values = dict(
+        zip(
+            ["temperature", "top_p", "top_k", "max_tokens", "repetition_penalty", "seed", "n"],
+            sampling(max_tokens=4),
+        )
+    )
     values.update(bad)
     convs, msgs = count(server, "conversations"), count(server, "messages")
     before = server.log().count("Sampling settings not accepted")
     queue_raw(server, alice, "/send", [f"hello {field}", *values.values(), "sample", *REPLY_FREE])
-    wait_until(lambda: server.log().count("Sampling settings not accepted") > before, timeout=30,
-               what="the refusal")
+    wait_until(
+        lambda: server.log().count("Sampling settings not accepted") > before,
+        timeout=30,
+        what="the refusal",
+    )
     assert f"SamplingParams.{field}" in server.log().split("Sampling settings not accepted")[-1]
     assert (count(server, "conversations"), count(server, "messages")) == (convs, msgs)
     alice.close()
@@ -130,10 +185,16 @@ def test_lone_surrogates_huge_searches_and_long_titles_get_clear_errors(server):
     convs, msgs = count(server, "conversations"), count(server, "messages")
     queue_raw(server, alice, "/send", ["hi \ud800 there", *sampling(4), "sample", *REPLY_FREE])
     refused_in_log(server, "The message contains an invalid character (a lone UTF-16 surrogate)")
-    assert "search text is too long" in refused(lambda: alice.predict("(" * 50_000, api_name="/search"))
-    assert "message is too long" in refused(lambda: alice.predict("x" * 200_001, *sampling(4), api_name="/send"))
+    assert "search text is too long" in refused(
+        lambda: alice.predict("(" * 50_000, api_name="/search")
+    )
+    assert "message is too long" in refused(
+        lambda: alice.predict("x" * 200_001, *sampling(4), api_name="/send")
+    )
     assert "title is too long" in refused(lambda: alice.predict("t" * 1000, api_name="/rename"))
-    assert "system prompt is too long" in refused(lambda: alice.predict("p" * 30_000, api_name="/set_override"))
+    assert "system prompt is too long" in refused(
+        lambda: alice.predict("p" * 30_000, api_name="/set_override")
+    )
     assert (count(server, "conversations"), count(server, "messages")) == (convs, msgs)
     alice.close()
 
@@ -171,20 +232,29 @@ def _max_gap_during(job, action) -> tuple[float, object]:
 def test_another_users_stream_never_stalls_on_a_20mb_message_or_a_huge_import(server, tmp_path):
     alice, bob = client(server, "alice"), client(server, "bob")
     job = long_reply(alice)
-    gap, err = _max_gap_during(job, lambda: refused(
-        lambda: bob.predict("y" * (20 * 2**20), *sampling(4), api_name="/send")))
+    gap, err = _max_gap_during(
+        job,
+        lambda: refused(lambda: bob.predict("y" * (20 * 2**20), *sampling(4), api_name="/send")),
+    )
     print(f"max gap during 20 MB message: {gap:.3f} s")
     assert "message is too long" in err
     assert gap < 2.0
     # 100k messages, compact enough to pass the byte limit: parsed (off the loop), then refused
-    export = {"format": "llm-chat-conversation", "version": 1, "conversation": {"title": "huge"},
-              "messages": [{"id": i, "parent_id": i - 1 if i else None, "role": "user", "content": "m"}
-                           for i in range(100_000)]}
+    export = {
+        "format": "llm-chat-conversation",
+        "version": 1,
+        "conversation": {"title": "huge"},
+        "messages": [
+            {"id": i, "parent_id": i - 1 if i else None, "role": "user", "content": "m"}
+            for i in range(100_000)
+        ],
+    }
     path = tmp_path / "huge.json"
     path.write_text(json.dumps(export))
     convs = count(server, "conversations")
-    gap, err = _max_gap_during(job, lambda: refused(
-        lambda: bob.predict(handle_file(str(path)), api_name="/import_json")))
+    gap, err = _max_gap_during(
+        job, lambda: refused(lambda: bob.predict(handle_file(str(path)), api_name="/import_json"))
+    )
     print(f"max gap during {path.stat().st_size / 2**20:.1f} MB import: {gap:.3f} s")
     assert "100,000 messages" in err
     assert gap < 2.0
@@ -199,12 +269,12 @@ def test_a_conversation_deleted_mid_reply_is_reported_in_plain_words(server):
     alice = client(server, "alice")
     job = long_reply(alice, "Tell me everything about the history of bridges, at length.")
     conv = next(conversation_id(o) for o in job.outputs() if conversation_id(o))
-    other = Storage(str(server.db))                 # another process's view of the same history
+    other = Storage(str(server.db))  # another process's view of the same history
     other.delete_conversation(conv)
     out = job.result(timeout=180)
     text = reply_text(out)
     assert "was deleted" in text and "could not be saved" in text
-    assert "[" not in text and "not found" not in text      # no raw storage detail
+    assert "[" not in text and "not found" not in text  # no raw storage detail
     assert read_db(server.db, "SELECT id FROM messages WHERE conversation_id = ?", (conv,)) == []
     alice.predict(api_name="/close_tab")
     alice.close()
@@ -224,12 +294,17 @@ def test_the_cache_oracle_gives_bob_the_same_count_for_right_and_wrong_guesses(s
         conv = conversation_id(out)
         c.predict(api_name="/close_tab")
         c.close()
-        return read_db(server.db, "SELECT s.cached_tokens AS c FROM reply_stats s JOIN messages m ON m.id = "
-                       "s.message_id WHERE m.conversation_id = ?", (conv,))[0]["c"]
+        return read_db(
+            server.db,
+            "SELECT s.cached_tokens AS c FROM reply_stats s JOIN messages m ON m.id = "
+            "s.message_id WHERE m.conversation_id = ?",
+            (conv,),
+        )[0]["c"]
+
     right = cached("bob", secret)
     wrong_count = cached("carol", wrong)
     assert right == wrong_count
-    assert right > 0                                # the shared system prompt still hits
+    assert right > 0  # the shared system prompt still hits
     alice.predict(api_name="/close_tab")
     alice.close()
 
@@ -238,14 +313,24 @@ def test_gradios_own_cancel_route_refuses_another_users_session_hash(server):
     """Stop's cancels= goes to Gradio's /gradio_api/cancel, which runs none of our handlers."""
     alice, bob = client(server, "alice"), client(server, "bob")
     job = long_reply(alice)
-    status, _ = post(server, "gradio_api/cancel", bob, {"session_hash": alice.session_hash,
-                                                        "fn_index": alice._infer_fn_index("/send", None),
-                                                        "event_id": "x"})
+    status, _ = post(
+        server,
+        "gradio_api/cancel",
+        bob,
+        {
+            "session_hash": alice.session_hash,
+            "fn_index": alice._infer_fn_index("/send", None),
+            "event_id": "x",
+        },
+    )
     assert status == 403
     job.result(timeout=180)
     conv = next(conversation_id(o) for o in job.outputs() if conversation_id(o))
-    assert read_db(server.db, "SELECT status FROM messages WHERE conversation_id = ? AND role = 'assistant'",
-                   (conv,)) == [{"status": "complete"}]
+    assert read_db(
+        server.db,
+        "SELECT status FROM messages WHERE conversation_id = ? AND role = 'assistant'",
+        (conv,),
+    ) == [{"status": "complete"}]
     alice.predict(api_name="/close_tab")
     alice.close()
     bob.close()
@@ -255,6 +340,7 @@ def get(server, path, as_client=None):
     """GET with `as_client`'s login cookie (or none); (status, headers, body)."""
     import urllib.error
     import urllib.request
+
     headers = {}
     if as_client is not None:
         headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in as_client.cookies.items())
@@ -270,6 +356,7 @@ def test_an_export_downloads_for_its_owner_only(server, tmp_path):
     """#12.12: the export link is served by the app to its owner; not through Gradio's file cache,
     which any logged-in user with the URL could read."""
     import re
+
     alice, bob = client(server, "alice"), client(server, "bob")
     alice.predict("My export secret is tangerine-42.", *sampling(max_tokens=4), api_name="/send")
     html = alice.predict(api_name="/export_json")
@@ -279,7 +366,7 @@ def test_an_export_downloads_for_its_owner_only(server, tmp_path):
     code, headers, body = get(server, href, alice)
     assert code == 200 and "tangerine-42" in body.decode()
     assert "attachment" in headers["content-disposition"] and "no-store" in headers["cache-control"]
-    for who in (bob, None):                           # another login, or none: nothing, and no hint
+    for who in (bob, None):  # another login, or none: nothing, and no hint
         code, _, body = get(server, href, who)
         assert code in (401, 403, 404) and b"tangerine" not in body
     token = href.split("/")[1]

@@ -60,16 +60,18 @@ def make_llm(_engines):
 
     def make(**kw):
         kw.setdefault("num_blocks", 512)
-        kw.setdefault("device", "cpu")       # the references are fp32 HF on CPU, on any machine
+        kw.setdefault("device", "cpu")  # the references are fp32 HF on CPU, on any machine
         if "model" not in kw:
             from tests import deps
             import torch
+
             reason = deps.bundled_model_skip_reason(torch.cuda.is_available() or deps.ASSUME_CUDA)
             if reason:
                 pytest.skip(reason)
         llm = ServingLLM(**kw)
         _engines.made.append(llm)
         return llm
+
     return make
 
 

@@ -9,6 +9,7 @@ Quantization: "Q8_0" through gguf-py's own quantizer (every 2-D weight whose row
 blocks directly: 144 bytes per 256 weights, random codes and sub-scales with small finite fp16
 block scales; any such bytes are a valid Q4_K block, and every reader dequantizes the same bytes.
 """
+
 from __future__ import annotations
 
 import functools
@@ -18,26 +19,37 @@ import json
 import numpy as np
 import torch
 
-TEXT = ("The quick brown fox jumps over the lazy dog. Paged attention keeps the cache in blocks. "
-        "Hello world, how are you today? I think, therefore I am. 0123456789 ") * 20
+TEXT = (
+    "The quick brown fox jumps over the lazy dog. Paged attention keeps the cache in blocks. "
+    "Hello world, how are you today? I think, therefore I am. 0123456789 "
+) * 20
 
 
 @functools.lru_cache(maxsize=None)
 def tiny_tokenizer(specials: tuple[str, ...], vocab: int = 300):
     """A byte-level BPE of `vocab` tokens (256 bytes, merges learnt from TEXT, the specials)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=list(specials), show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=list(specials),
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator([TEXT], trainer)
     return tok
 
 
 def _permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """llama.cpp's q/k row order for rotate-pair RoPE (transformers reverses it when reading)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def _q4k_blocks(n: int, seed: int) -> np.ndarray:
@@ -45,20 +57,35 @@ def _q4k_blocks(n: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=(n, 144), dtype=np.uint8)
     d = rng.uniform(0.0002, 0.0004, size=n).astype(np.float16)
-    dmin = (7.5 * d).astype(np.float16)          # offsets near the codes' mean: weights centred near 0
+    dmin = (7.5 * d).astype(np.float16)  # offsets near the codes' mean: weights centred near 0
     raw[:, 0:2] = d.view(np.uint8).reshape(n, 2)
     raw[:, 2:4] = dmin.view(np.uint8).reshape(n, 2)
     return raw
 
 
-GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "smollm3": "smollm3",
-             "phi3": "phi3", "gemma3_text": "gemma3"}
+GGUF_ARCH = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "smollm3": "smollm3",
+    "phi3": "phi3",
+    "gemma3_text": "gemma3",
+}
 
 
-def write_gguf(path, cfg, weights: dict, specials=("<|endoftext|>",), template: str | None = None,
-               quant: str | None = None, name: str = "tiny") -> None:
+def write_gguf(
+    path,
+    cfg,
+    weights: dict,
+    specials=("<|endoftext|>",),
+    template: str | None = None,
+    quant: str | None = None,
+    name: str = "tiny",
+) -> None:
     import gguf
     from gguf import GGMLQuantizationType as Q
+
     mt = cfg.model_type
     arch = GGUF_ARCH[mt]
     n = cfg.num_hidden_layers
@@ -86,14 +113,25 @@ def write_gguf(path, cfg, weights: dict, specials=("<|endoftext|>",), template: 
         w.add_rope_dimension_count(rot)
         if params.get("rope_type") == "longrope":
             w.add_rope_scaling_orig_ctx_len(params["original_max_position_embeddings"])
-            w.add_tensor("rope_factors_long.weight", np.asarray(params["long_factor"], dtype=np.float32))
-            w.add_tensor("rope_factors_short.weight", np.asarray(params["short_factor"], dtype=np.float32))
-    if arch == "llama" and params.get("rope_type") == "llama3":     # as llama.cpp's converter stores it
+            w.add_tensor(
+                "rope_factors_long.weight", np.asarray(params["long_factor"], dtype=np.float32)
+            )
+            w.add_tensor(
+                "rope_factors_short.weight", np.asarray(params["short_factor"], dtype=np.float32)
+            )
+    if (
+        arch == "llama" and params.get("rope_type") == "llama3"
+    ):  # as llama.cpp's converter stores it
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
         scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
-        plain = 1.0 / (params["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+        plain = 1.0 / (
+            params["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d)
+        )
         w.add_tensor("rope_freqs.weight", (plain / scaled).numpy().astype(np.float32))
-    names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), n)
+    names = gguf.get_tensor_name_map(
+        next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), n
+    )
     for k, t in weights.items():
         base, suffix = k.rsplit(".", 1)
         gname = names.get_name(base)

@@ -14,6 +14,7 @@ logits agree to ~1e-6). A token whose top two logits are that close could go eit
 reference; tests/engine/test_hf_reference.py checks that right, wrong, short and junk drafts all
 come back as `generate`'s tokens.
 """
+
 import functools
 
 import torch
@@ -40,9 +41,15 @@ def _generate(ids: tuple, max_new_tokens: int, eos: bool) -> tuple:
     # explicit mask: pad id == <|im_end|> occurs inside chat prompts; without eos set, HF would
     # otherwise infer a mask that hides those tokens
     with torch.no_grad():
-        out = m.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
-                         do_sample=False, pad_token_id=m.config.eos_token_id, **kwargs)
-    return tuple(out[0, len(ids):].tolist())
+        out = m.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=m.config.eos_token_id,
+            **kwargs,
+        )
+    return tuple(out[0, len(ids) :].tolist())
 
 
 @functools.lru_cache(maxsize=None)
@@ -51,8 +58,8 @@ def _greedy_with_draft(ids: tuple, max_new_tokens: int, eos: bool, draft: tuple)
     draft = draft[:max_new_tokens]
     x = torch.tensor([list(ids) + list(draft)])
     with torch.no_grad():
-        logits = m(x, attention_mask=torch.ones_like(x)).logits[0, len(ids) - 1:]
-    choice = logits.argmax(-1).tolist()     # HF's token after ids + draft[:i], for i = 0..len(draft)
+        logits = m(x, attention_mask=torch.ones_like(x)).logits[0, len(ids) - 1 :]
+    choice = logits.argmax(-1).tolist()  # HF's token after ids + draft[:i], for i = 0..len(draft)
     stop = _eos_ids(m) if eos else set()
     out: list[int] = []
     for i, tok in enumerate(choice):
@@ -60,7 +67,7 @@ def _greedy_with_draft(ids: tuple, max_new_tokens: int, eos: bool, draft: tuple)
         if tok in stop or len(out) == max_new_tokens:
             return tuple(out)
         if i == len(draft) or tok != draft[i]:
-            break                           # past the draft, or HF chose otherwise: HF goes on alone
+            break  # past the draft, or HF chose otherwise: HF goes on alone
     return tuple(out) + _generate(ids + tuple(out), max_new_tokens - len(out), eos)
 
 

@@ -8,6 +8,7 @@ included: a type that needs an upward import is a sign the type lives in the wro
 Floors, top to bottom; a module may import its own wing and any wing on a lower floor, never one on
 its own floor or above. `engine/__init__.py` is the public face (it may name anything, lazily).
 """
+
 from __future__ import annotations
 
 import re
@@ -20,14 +21,14 @@ ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "engine"
 
 FLOORS = {
-    "front": 6,       # LLM: the thread-safe public face, request streams, pin calls
-    "core": 5,        # the engine loop, scheduler and policies, sequences, sessions, beam search
-    "exec": 4,        # model runner, step inputs, CUDA graphs, warm-up, models, loader, weights
-    "kv": 3,          # block pool, KV manager, salts, pins, the second tier
-    "sampling": 3,    # sampling params, the vectorized sampler, grammar masks
-    "observe": 2,     # the typed snapshot / stats contract, the snapshot cache
-    "text": 2,        # chat tokens (one safe path), detokenizer, session prompts
-    "base": 1,        # errors, config, outputs, protocol: shared by every wing
+    "front": 6,  # LLM: the thread-safe public face, request streams, pin calls
+    "core": 5,  # the engine loop, scheduler and policies, sequences, sessions, beam search
+    "exec": 4,  # model runner, step inputs, CUDA graphs, warm-up, models, loader, weights
+    "kv": 3,  # block pool, KV manager, salts, pins, the second tier
+    "sampling": 3,  # sampling params, the vectorized sampler, grammar masks
+    "observe": 2,  # the typed snapshot / stats contract, the snapshot cache
+    "text": 2,  # chat tokens (one safe path), detokenizer, session prompts
+    "base": 1,  # errors, config, outputs, protocol: shared by every wing
 }
 
 
@@ -60,10 +61,14 @@ def violations() -> list[str]:
         for line, target in engine_imports(path):
             theirs = wing_of(target)
             if theirs == "face":
-                bad.append(f"{me}:{line} imports the package face `{target}` (import the module itself)")
+                bad.append(
+                    f"{me}:{line} imports the package face `{target}` (import the module itself)"
+                )
             elif theirs != mine and FLOORS[theirs] >= FLOORS[mine]:
-                bad.append(f"{me}:{line} ({mine}) imports {target} ({theirs}): "
-                           f"{'sideways' if FLOORS[theirs] == FLOORS[mine] else 'upward'}")
+                bad.append(
+                    f"{me}:{line} ({mine}) imports {target} ({theirs}): "
+                    f"{'sideways' if FLOORS[theirs] == FLOORS[mine] else 'upward'}"
+                )
     return bad
 
 
@@ -77,9 +82,14 @@ def module_cycles() -> list[list[str]]:
 
 
 def test_every_engine_module_lives_in_a_wing():
-    loose = [p.name for p in ENGINE.glob("*.py")
-             if p.stem not in ("__init__", "errors", "config", "outputs", "protocol", "step_plan")]
-    assert not loose, f"engine/ top level holds only the face and the base modules; move {loose} into a wing"
+    loose = [
+        p.name
+        for p in ENGINE.glob("*.py")
+        if p.stem not in ("__init__", "errors", "config", "outputs", "protocol", "step_plan")
+    ]
+    assert not loose, (
+        f"engine/ top level holds only the face and the base modules; move {loose} into a wing"
+    )
 
 
 def test_imports_run_down_the_floors_only():
@@ -111,9 +121,13 @@ def test_execution_and_the_loop_read_the_plan_not_the_manager():
     no one in the loop or in execution asks the manager for them again, and logits rows are
     named (LogitsRow), never told apart by type."""
     pattern = re.compile(r"kv\.(block_table|slots_for)\(|isinstance\(r, int\)")
-    hits = [f"{p.relative_to(ROOT)}:{i}" for wing in ("exec", "core")
-            for p in sorted((ENGINE / wing).rglob("*.py"))
-            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    hits = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for wing in ("exec", "core")
+        for p in sorted((ENGINE / wing).rglob("*.py"))
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert not hits, hits
 
 
@@ -135,6 +149,8 @@ def test_the_checker_sees_an_upward_import(tmp_path, monkeypatch):
     monkeypatch.setattr(__import__(__name__, fromlist=["x"]), "ENGINE", tmp_path / "engine")
     assert any("engine.kv.bad" in v and "upward" in v for v in violations())
     (tmp_path / "engine" / "exec").mkdir()
-    (tmp_path / "engine" / "exec" / "runner.py").write_text("from engine.kv import kv_cache_manager\n")
+    (tmp_path / "engine" / "exec" / "runner.py").write_text(
+        "from engine.kv import kv_cache_manager\n"
+    )
     assert any("engine.exec.runner" in v for v in exec_kv_imports())
     assert any("engine.core.a" in c and "engine.core.b" in c for c in module_cycles())

@@ -4,6 +4,7 @@ variable must be set before triton is first imported, hence at conftest import t
 test.sh gives each worker one thread (two workers fill two cores); the kernels here take their thread
 count from torch per call, so these tests raise it to at least two: the paths that split work across
 threads (OpenMP loops, the lean step's own threads and barrier) run here on every machine."""
+
 import os
 
 import pytest

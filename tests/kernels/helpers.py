@@ -1,5 +1,6 @@
 """Helpers the paged-attention tests share: the case builder (NaN pool, permuted block ids), the fp64
 dense oracle, and running a backend on a case. Here so that no test module imports another."""
+
 import torch
 from kernels import reference
 
@@ -10,8 +11,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.float16: 3e-3}
 
 
-def dense_attention_fp64(query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
-                         window=None, sinks=None):
+def dense_attention_fp64(
+    query, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, window=None, sinks=None
+):
     """The oracle, deliberately naive and independent of the code under test: per sequence,
     concatenate its blocks in Python, repeat K/V for every query head, fp64 softmax(QK^T)V with
     an explicit causal mask at positions ctx-q_len..ctx-1 (and, with a sliding window W, keys at
@@ -22,7 +24,7 @@ def dense_attention_fp64(query, k_cache, v_cache, block_tables, seq_lens, cu_seq
     out = torch.zeros(query.shape, dtype=torch.float64)
     cu = [int(x) for x in cu_seqlens_q]
     for i, ctx in enumerate(int(x) for x in seq_lens):
-        q = query[cu[i]:cu[i + 1]].double().cpu()
+        q = query[cu[i] : cu[i + 1]].double().cpu()
         q_len = q.shape[0]
         ids = [int(b) for b in block_tables[i, : (ctx + bs - 1) // bs]]
         k = torch.cat([k_cache[b] for b in ids])[:ctx].double().repeat_interleave(H // kvh, 1)
@@ -30,16 +32,16 @@ def dense_attention_fp64(query, k_cache, v_cache, block_tables, seq_lens, cu_seq
         s = torch.einsum("qhd,khd->hqk", q, k) * scale
         kpos, qpos = torch.arange(ctx)[None, :], torch.arange(ctx - q_len, ctx)[:, None]
         hidden = (kpos > qpos) | ((kpos <= qpos - window) if window else False)
-        if window:      # released blocks (NaN, see release_outside_window) weigh exactly 0 here
+        if window:  # released blocks (NaN, see release_outside_window) weigh exactly 0 here
             k, v = k.nan_to_num(), v.nan_to_num()
             s = torch.einsum("qhd,khd->hqk", q, k) * scale
         s = s.masked_fill(hidden, -torch.inf)
-        if sinks is not None:   # gpt-oss: one more logit per head in the denominator, no value
+        if sinks is not None:  # gpt-oss: one more logit per head in the denominator, no value
             sk = sinks.double().cpu()[:, None, None].expand(H, q_len, 1)
             p = torch.cat((s, sk), -1).softmax(-1)[..., :-1]
         else:
             p = s.softmax(-1)
-        out[cu[i]:cu[i + 1]] = torch.einsum("hqk,khd->qhd", p, v)
+        out[cu[i] : cu[i + 1]] = torch.einsum("hqk,khd->qhd", p, v)
     return out
 
 
@@ -69,9 +71,15 @@ def build_case(bs, H, kvh, d, seqs, dtype, share_blocks=0, seed=0, device=DEVICE
     cu = torch.tensor([0] + torch.tensor(qls).cumsum(0).tolist(), dtype=torch.int32)
     query = torch.randn(sum(qls), H, d, generator=g).to(dtype)
     dev = lambda t: t.to(device)
-    return dict(query=dev(query), pool=dev(pool), block_tables=dev(bt),
-                seq_lens=dev(torch.tensor(ctxs, dtype=torch.int32)), cu_seqlens_q=dev(cu),
-                scale=d ** -0.5, max_seqlen_q=max(qls))
+    return dict(
+        query=dev(query),
+        pool=dev(pool),
+        block_tables=dev(bt),
+        seq_lens=dev(torch.tensor(ctxs, dtype=torch.int32)),
+        cu_seqlens_q=dev(cu),
+        scale=d**-0.5,
+        max_seqlen_q=max(qls),
+    )
 
 
 def release_outside_window(c, window):
@@ -92,21 +100,38 @@ def release_outside_window(c, window):
 
 def run_backend(c, backend, window=None, **kw):
     pool = c["pool"]
-    args = (c["query"], pool[0, 1], pool[1, 1], c["block_tables"], c["seq_lens"],
-            c["cu_seqlens_q"], c["scale"], c["max_seqlen_q"])
+    args = (
+        c["query"],
+        pool[0, 1],
+        pool[1, 1],
+        c["block_tables"],
+        c["seq_lens"],
+        c["cu_seqlens_q"],
+        c["scale"],
+        c["max_seqlen_q"],
+    )
     out = torch.full_like(c["query"], float("nan"))
     if backend == "torch":
         reference.paged_attention(*args, out=out, window=window)
     else:
         from kernels import triton_attention
+
         triton_attention.paged_attention(*args, out=out, window=window, **kw)
     return out
 
 
 def oracle(c, window=None):
     pool = c["pool"]
-    return dense_attention_fp64(c["query"], pool[0, 1], pool[1, 1], c["block_tables"],
-                                c["seq_lens"], c["cu_seqlens_q"], c["scale"], window)
+    return dense_attention_fp64(
+        c["query"],
+        pool[0, 1],
+        pool[1, 1],
+        c["block_tables"],
+        c["seq_lens"],
+        c["cu_seqlens_q"],
+        c["scale"],
+        window,
+    )
 
 
 def check(c, out, ref=None):

@@ -8,6 +8,7 @@ fp32: 1e-4 (+1e-4 relative); fp16: 3e-3 (+3e-3 relative; fp16 output rounding is
 The Triton set is a covering set, not a cartesian product: each case batches many
 (context, prefix, chunk) combinations into one launch to keep the interpreter run short.
 """
+
 import os
 import subprocess
 import sys
@@ -72,7 +73,9 @@ def test_extend(case, backend):
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("case", [(16, 64, 9, 3, torch.float32), (32, 128, 8, 2, torch.float16)], ids=_id)
+@pytest.mark.parametrize(
+    "case", [(16, 64, 9, 3, torch.float32), (32, 128, 8, 2, torch.float16)], ids=_id
+)
 def test_speculative_verification_rows(case, backend):
     """Speculative decoding's step: decode rows mixed with k + 1-token rows over long paged
     contexts, chunks starting anywhere in a block (the torch backend runs them as one multi-row
@@ -104,17 +107,29 @@ WINDOW = [
 ]
 
 
-@pytest.mark.parametrize("case,backend", [(c, b) for c in WINDOW for b in ("torch", "triton")
-                                          if b == "torch" or c is not WINDOW[2]],
-                         ids=lambda v: v if isinstance(v, str) else _id(v))
+@pytest.mark.parametrize(
+    "case,backend",
+    [(c, b) for c in WINDOW for b in ("torch", "triton") if b == "torch" or c is not WINDOW[2]],
+    ids=lambda v: v if isinstance(v, str) else _id(v),
+)
 def test_sliding_window(case, backend, monkeypatch):
     """Sliding-window attention (Mistral, Gemma 3's local layers): decode rows, chunks after a
     prefix longer than the window, a whole prompt longer than it, short contexts inside it, and
     speculative-length rows, in one batch, then a pure-decode batch (split-K on Triton). Blocks
     wholly outside every query's window are NaN: a kernel that reads one fails."""
     bs, d, H, kvh, dtype, window, tile = case
-    mixed = [(0, 1), (3, 1), (window + 30, 1), (bs * 6 + 3, 1), (0, 90), (bs * 4 + 2, 40),
-             (window - 2, 3), (bs * 5, 9), (7, 20), (window + 15, 4)]      # the last: window and prefix in one tile
+    mixed = [
+        (0, 1),
+        (3, 1),
+        (window + 30, 1),
+        (bs * 6 + 3, 1),
+        (0, 90),
+        (bs * 4 + 2, 40),
+        (window - 2, 3),
+        (bs * 5, 9),
+        (7, 20),
+        (window + 15, 4),
+    ]  # the last: window and prefix in one tile
     decode = [(c - 1, 1) for c in (1, window - 1, window, window + 1, 300, bs * 9 + 5)]
     for seqs, seed in ((mixed, 6), (decode, 7)):
         c = build_case(bs, H, kvh, d, seqs, dtype, seed=seed)
@@ -123,7 +138,7 @@ def test_sliding_window(case, backend, monkeypatch):
         check(c, run_backend(c, backend, window=window, tile_n=tile), ref)
         if backend == "triton" and seqs is decode:
             check(c, run_backend(c, backend, window=window, num_splits=5), ref)
-        if backend == "torch" and dtype == torch.float32:     # the gather path under the C++ kernel
+        if backend == "torch" and dtype == torch.float32:  # the gather path under the C++ kernel
             monkeypatch.setattr(reference, "USE_CPU_KERNEL", False)
             check(c, run_backend(c, backend, window=window), ref)
             monkeypatch.undo()
@@ -143,6 +158,7 @@ def test_reference_decode_chunked(monkeypatch):
 def test_triton_auto_split():
     """Few (seq, kv head) programs and a long context: the heuristic splits by itself."""
     from kernels import triton_attention as ta
+
     assert ta.choose_num_splits(1, 1, 4096, torch.device("cpu"), 64) > 1
     assert ta.choose_num_splits(64, 8, 4096, torch.device("cpu"), 64) == 1
     c = build_case(32, 4, 1, 64, [(1000, 1)], torch.float32, seed=4)
@@ -153,8 +169,16 @@ def test_triton_auto_split():
 def test_public_dispatch(backend):
     c = build_case(16, 8, 2, 64, [(20, 1), (0, 7)], torch.float32, seed=5)
     pool = c["pool"]
-    out = kernels.paged_attention(c["query"], pool[0, 1], pool[1, 1], c["block_tables"],
-                                  c["seq_lens"], c["cu_seqlens_q"], c["scale"], backend=backend)
+    out = kernels.paged_attention(
+        c["query"],
+        pool[0, 1],
+        pool[1, 1],
+        c["block_tables"],
+        c["seq_lens"],
+        c["cu_seqlens_q"],
+        c["scale"],
+        backend=backend,
+    )
     check(c, out)
 
 
@@ -190,17 +214,33 @@ def test_sinks_in_the_triton_kernels():
     sinks = torch.tensor([0.5, -1.0, 30.0, -30.0])
     mixed = [(0, 1), (bs + 3, 1), (0, 40), (bs * 2 + 2, 20), (5, 9)]
     decode = [(c - 1, 1) for c in (1, bs + 1, 90)]
-    for seqs, window, splits in ((mixed, None, None), (mixed, 24, None), (decode, None, 1),
-                                 (decode, 24, 3)):
+    for seqs, window, splits in (
+        (mixed, None, None),
+        (mixed, 24, None),
+        (decode, None, 1),
+        (decode, 24, 3),
+    ):
         c = build_case(bs, H, kvh, d, seqs, torch.float32, seed=11)
         pool = c["pool"]
-        args = (c["query"], pool[0, 1], pool[1, 1], c["block_tables"], c["seq_lens"],
-                c["cu_seqlens_q"], c["scale"], c["max_seqlen_q"])
+        args = (
+            c["query"],
+            pool[0, 1],
+            pool[1, 1],
+            c["block_tables"],
+            c["seq_lens"],
+            c["cu_seqlens_q"],
+            c["scale"],
+            c["max_seqlen_q"],
+        )
         if window:
             release_outside_window(c, window)
         ref = dense_attention_fp64(*args[:7], window=window, sinks=sinks)
-        out = triton_attention.paged_attention(*args, window=window, sinks=sinks.to(DEVICE),
-                                               num_splits=splits)
+        out = triton_attention.paged_attention(
+            *args, window=window, sinks=sinks.to(DEVICE), num_splits=splits
+        )
         check(c, out, ref)
-        check(c, kernels.paged_attention(*args, backend="torch", window=window,
-                                         sinks=sinks.to(DEVICE)), ref)
+        check(
+            c,
+            kernels.paged_attention(*args, backend="torch", window=window, sinks=sinks.to(DEVICE)),
+            ref,
+        )

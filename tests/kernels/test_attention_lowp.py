@@ -10,6 +10,7 @@ kernel (P, the output). Two bounds, both must hold:
   our max error <= 2x its max error + eps/4. A kernel reading a wrong block, dropping a split or
   mis-scaling is off by O(1) and fails both.
 """
+
 import pytest
 import torch
 
@@ -27,7 +28,7 @@ def native_dense(c) -> torch.Tensor:
     cu = [int(x) for x in c["cu_seqlens_q"]]
     out = torch.zeros(c["query"].shape, dtype=dt)
     for i, ctx in enumerate(int(x) for x in c["seq_lens"]):
-        q = c["query"][cu[i]:cu[i + 1]].cpu()
+        q = c["query"][cu[i] : cu[i + 1]].cpu()
         ids = [int(b) for b in c["block_tables"][i, : (ctx + bs - 1) // bs]]
         k = torch.cat([kc[b] for b in ids])[:ctx].repeat_interleave(H // kvh, 1)
         v = torch.cat([vc[b] for b in ids])[:ctx].repeat_interleave(H // kvh, 1)
@@ -35,7 +36,7 @@ def native_dense(c) -> torch.Tensor:
         ql = q.shape[0]
         future = torch.arange(ctx)[None, :] > torch.arange(ctx - ql, ctx)[:, None]
         p = s.masked_fill(future, -torch.inf).softmax(-1).to(dt)
-        out[cu[i]:cu[i + 1]] = torch.einsum("hqk,khd->qhd", p.float(), v.float()).to(dt)
+        out[cu[i] : cu[i + 1]] = torch.einsum("hqk,khd->qhd", p.float(), v.float()).to(dt)
     return out
 
 
@@ -47,7 +48,9 @@ def check_lowp(c, out):
     err = (out.double().cpu() - ref).abs()
     torch.testing.assert_close(out.double().cpu(), ref, atol=4 * eps, rtol=4 * eps)
     base = (native_dense(c).double() - ref).abs().max().item()
-    assert err.max().item() <= 2 * base + eps / 4, f"error {err.max().item():.2e} vs dense {dt}: {base:.2e}"
+    assert err.max().item() <= 2 * base + eps / 4, (
+        f"error {err.max().item():.2e} vs dense {dt}: {base:.2e}"
+    )
     return err.max().item()
 
 
@@ -96,12 +99,19 @@ def test_lowp_check_catches_a_wrong_block():
 def test_split_k_fills_an_h200_at_batch_64():
     """132 SMs, 2 programs per SM: batch 64 x 8 KV heads (512 programs) needs splits for 2 waves."""
     from kernels import triton_attention as ta
+
     sms, per_wave = 132, 132 * ta.DECODE_BLOCKS_PER_SM
-    for batch, kvh, ctx in [(64, 8, 4096), (1, 8, 4096), (8, 2, 2048), (256, 8, 4096), (64, 3, 1024)]:
+    for batch, kvh, ctx in [
+        (64, 8, 4096),
+        (1, 8, 4096),
+        (8, 2, 2048),
+        (256, 8, 4096),
+        (64, 3, 1024),
+    ]:
         s = ta.choose_num_splits(batch, kvh, ctx, None, 64, num_sms=sms)
         progs = batch * kvh * s
         assert progs >= 2 * per_wave or ctx // s <= 2 * ta.MIN_SPLIT_POSITIONS, (batch, kvh, ctx, s)
         assert ctx // s >= ta.MIN_SPLIT_POSITIONS, "split shorter than worth it"
     assert ta.choose_num_splits(64, 8, 4096, None, 64, num_sms=sms) == 2
     assert ta.choose_num_splits(256, 8, 4096, None, 64, num_sms=sms) == 1
-    assert ta.choose_num_splits(1, 8, 128, None, 64, num_sms=sms) == 1     # too short to split
+    assert ta.choose_num_splits(1, 8, 128, None, 64, num_sms=sms) == 1  # too short to split

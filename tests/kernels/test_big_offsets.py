@@ -7,6 +7,7 @@ tensors' own storage (no copy). Its integer math is numpy's, so an index compute
 exactly as on the GPU and lands elsewhere: rope_and_store, store_kv, decode and prefill attention
 and copy_blocks are each checked at the top of the pool. On a GPU the same test runs on the device.
 """
+
 import json
 import os
 import subprocess
@@ -40,9 +41,17 @@ def test_kernels_at_element_offsets_past_int32():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     if DEVICE == "cpu":
         env["TRITON_INTERPRET"] = "1"
-    p = subprocess.run([sys.executable, "-c", BIG, DEVICE], cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert p.returncode == 0, f"exit {p.returncode} (-11: an out-of-pool address): {p.stderr[-2000:]}"
+    p = subprocess.run(
+        [sys.executable, "-c", BIG, DEVICE],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.returncode == 0, (
+        f"exit {p.returncode} (-11: an out-of-pool address): {p.stderr[-2000:]}"
+    )
     r = json.loads(p.stdout.strip().splitlines()[-1])
     assert r["layer_slab_elements"] > 2**31 - 1 and r["offsets_past_int32"]
     assert r["rope_store_exact"] is True, r
@@ -55,4 +64,10 @@ def test_big_pool_check_small_pool_passes_and_sees_offsets():
     """The same stage on a small pool (the smoke shape): every part runs and agrees."""
     r = check_big_pool(DEVICE, "bfloat16", kvh=2, d=64, max_bytes=32 << 20, backend="triton")
     assert not r["offsets_past_int32"]
-    assert r["rope_store_exact"] and r["store_exact"] and r["attention_ok"] and r["prefill_ok"] and r["copy_exact"], r
+    assert (
+        r["rope_store_exact"]
+        and r["store_exact"]
+        and r["attention_ok"]
+        and r["prefill_ok"]
+        and r["copy_exact"]
+    ), r

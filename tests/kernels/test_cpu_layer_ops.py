@@ -6,6 +6,7 @@ bf16. RMSNorm sums in another order (and SiLU's exp is another implementation), 
 checked to fp64 at float rounding and to the torch expression within one bf16 step. Unused pool
 slots are NaN-poisoned: a write to a wrong slot or a missed skip shows.
 """
+
 import shutil
 
 import pytest
@@ -28,9 +29,9 @@ def test_fused_ops_build_where_a_compiler_exists():
 def _ulp_ok(got, want, dtype):
     if dtype == torch.float32:
         torch.testing.assert_close(got, want, atol=1e-6, rtol=2e-6)
-    else:       # at most one bf16 step apart (2^-7 relative), and nearly all equal
+    else:  # at most one bf16 step apart (2^-7 relative), and nearly all equal
         diff = (got.float() - want.float()).abs()
-        assert bool((diff <= want.float().abs() * 2 ** -7 + 1e-30).all())
+        assert bool((diff <= want.float().abs() * 2**-7 + 1e-30).all())
         assert (diff == 0).float().mean() > 0.97
 
 
@@ -45,13 +46,13 @@ def test_add_rms_norm(dtype, T):
     want = rms_norm(want_x, w, 1e-5)
     got_x = x.clone()
     got = ops.add_rms_norm(got_x, d, w, 1e-5)
-    assert torch.equal(got_x, want_x)                        # the residual add: one rounding
+    assert torch.equal(got_x, want_x)  # the residual add: one rounding
     _ulp_ok(got, want, dtype)
     xd = want_x.double()
     ref = w.double() * xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.double(), ref, atol=tol, rtol=tol)
-    assert torch.equal(ops.add_rms_norm(want_x.clone(), None, w, 1e-5), got)   # no-delta form
+    assert torch.equal(ops.add_rms_norm(want_x.clone(), None, w, 1e-5), got)  # no-delta form
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -63,18 +64,18 @@ def test_rope_store_is_bit_identical_to_rope_then_store(dtype):
     sin = torch.randn(100, D, generator=g).to(dtype)
     pos = torch.randint(0, 100, (T,), generator=g)
     slots = torch.randperm(nb * bs, generator=g)[:T]
-    slots[3] = -1                                            # a skipped token
+    slots[3] = -1  # a skipped token
     kc = torch.full((nb, bs, KVH, D), float("nan"), dtype=dtype)
     vc = torch.full((nb, bs, KVH, D), float("nan"), dtype=dtype)
     kc2, vc2 = kc.clone(), vc.clone()
     q = ops.rope_store(qkv, H, KVH, D, cos, sin, pos, slots, kc, vc)
     v3 = qkv.view(T, H + 2 * KVH, D)
-    qk = apply_rope(v3[:, :H + KVH], cos[pos], sin[pos])
-    reference.store_kv(qk[:, H:], v3[:, H + KVH:], kc2, vc2, slots)
+    qk = apply_rope(v3[:, : H + KVH], cos[pos], sin[pos])
+    reference.store_kv(qk[:, H:], v3[:, H + KVH :], kc2, vc2, slots)
     assert torch.equal(q, qk[:, :H])
     assert torch.equal(kc.isnan(), kc2.isnan()) and torch.equal(kc.nan_to_num(), kc2.nan_to_num())
     assert torch.equal(vc.isnan(), vc2.isnan()) and torch.equal(vc.nan_to_num(), vc2.nan_to_num())
-    assert int((~kc.isnan()).all(-1).all(-1).sum()) == T - 1      # exactly the kept tokens written
+    assert int((~kc.isnan()).all(-1).all(-1).sum()) == T - 1  # exactly the kept tokens written
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -99,17 +100,25 @@ def test_fused_model_loop_rejects_out_of_range_positions_and_slots():
     """The fused loop checks what the C++ ops would read unchecked; the eager loop would raise too."""
     from engine.exec.dummy_weights import load_config, random_weights
     from engine.exec.models.llama import AttentionMetadata, LlamaModel
+
     cfg = load_config("smollm2-135m", {"num_hidden_layers": 2})
     model = LlamaModel(cfg, random_weights(cfg), torch.float32, "cpu", max_positions=64)
     pool = torch.zeros(2, 2, 4, 16, model.num_kv_heads, model.head_dim)
     assert model.use_cpu_fused
     ids = torch.tensor([1, 2, 3])
-    meta = AttentionMetadata(torch.tensor([0, 1, 2]), torch.tensor([[0]], dtype=torch.int32),
-                             torch.tensor([3], dtype=torch.int32), torch.tensor([0, 3], dtype=torch.int32), 3, "torch")
-    model.forward(ids, torch.arange(3), pool, meta, torch.tensor([2]))          # in range: runs
+    meta = AttentionMetadata(
+        torch.tensor([0, 1, 2]),
+        torch.tensor([[0]], dtype=torch.int32),
+        torch.tensor([3], dtype=torch.int32),
+        torch.tensor([0, 3], dtype=torch.int32),
+        3,
+        "torch",
+    )
+    model.forward(ids, torch.arange(3), pool, meta, torch.tensor([2]))  # in range: runs
     with pytest.raises(ValueError, match="RoPE table"):
-        model.forward(ids, torch.tensor([0, 1, 10 ** 6]), pool, meta, torch.tensor([2]))
-    bad = AttentionMetadata(torch.tensor([0, 1, 10 ** 6]), meta.block_tables, meta.seq_lens,
-                            meta.cu_seqlens_q, 3, "torch")
+        model.forward(ids, torch.tensor([0, 1, 10**6]), pool, meta, torch.tensor([2]))
+    bad = AttentionMetadata(
+        torch.tensor([0, 1, 10**6]), meta.block_tables, meta.seq_lens, meta.cu_seqlens_q, 3, "torch"
+    )
     with pytest.raises(ValueError, match="beyond the pool"):
         model.forward(ids, torch.arange(3), pool, bad, torch.tensor([2]))

@@ -2,6 +2,7 @@
 DECODE_VARIANTS) and the fp32 prefill tiles: each is checked against the fp64 dense oracle on a
 NaN-poisoned pool, with and without split-K, and the selection is scoped (the check picks one
 from measured GB/s; a test or the check's own `with decode_variant(...)` must not leak it)."""
+
 import pytest
 import torch
 
@@ -15,7 +16,9 @@ VARIANTS = list(ta.DECODE_VARIANTS)
 @pytest.mark.parametrize("splits", [None, 3])
 def test_every_decode_variant_matches_dense(name, splits):
     # contexts across tile edges of both tile sizes (32 and 64), GQA group 3
-    c = build_case(16, 6, 2, 64, [(0, 1), (30, 1), (63, 1), (64, 1), (130, 1)], torch.float32, seed=4)
+    c = build_case(
+        16, 6, 2, 64, [(0, 1), (30, 1), (63, 1), (64, 1), (130, 1)], torch.float32, seed=4
+    )
     with ta.decode_variant(name) as v:
         assert ta.current_decode_variant() is v
         out = run_backend(c, "triton", num_splits=splits)
@@ -40,7 +43,7 @@ def test_fp32_prefill_tiles_on_gpu_are_the_small_ones():
     assert ta.prefill_tiles(torch.float32, True, 4) == (64, 32)
     assert ta.prefill_tiles(torch.bfloat16, True, 4) == (128, 64)
     assert ta.prefill_tiles(torch.float32, False, 4) == (64, 64)
-    assert ta.prefill_tiles(torch.float32, True, 128) == (128, 32)       # a group wider than the tile
+    assert ta.prefill_tiles(torch.float32, True, 128) == (128, 32)  # a group wider than the tile
 
 
 AOT = """
@@ -68,12 +71,19 @@ def test_attention_variants_compile_for_sm90_and_small_fp32_tiles_spill_less():
     import subprocess
     import sys
     from pathlib import Path
+
     if torch.cuda.is_available():
         pytest.skip("on a GPU the other tests compile and run these kernels for real")
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", AOT], cwd=root, env={**env, "PYTHONPATH": str(root)},
-                       capture_output=True, text=True, timeout=550)
+    r = subprocess.run(
+        [sys.executable, "-c", AOT],
+        cwd=root,
+        env={**env, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=550,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = {x["variant"]: x for x in json.loads(r.stdout.strip().splitlines()[-1])}
     assert all(rows[f"decode bf16 d=64 {v} split"]["registers"] for v in VARIANTS)

@@ -54,7 +54,7 @@ def case(T, H, inter, E, k, ids=None, bias=False, seed=0):
     b13 = torch.randn(E, 2 * inter, generator=g) if bias else None
     b2 = torch.randn(E, H, generator=g) if bias else None
     unused = sorted(set(range(E)) - set(ids.reshape(-1).tolist()))
-    for e in unused:                      # an expert with no tokens must never be read
+    for e in unused:  # an expert with no tokens must never be read
         w13[e], w2[e] = float("nan"), float("nan")
         if bias:
             b13[e], b2[e] = float("nan"), float("nan")
@@ -88,13 +88,14 @@ def test_grouped_experts_match_dense_fp64(name, dtype):
     assert ref.isfinite().all() and ref.std() > 0.3
     cast = [None if t is None else t.to(dtype) for t in (x, w, w13, w2, b13, b2)]
     dev = [None if t is None else t.to(DEVICE) for t in cast]
-    out = triton_moe.moe_experts(dev[0], dev[1], ids.to(DEVICE), dev[2], dev[3], dev[4], dev[5],
-                                 act=act, tiles=tiles, **kw)
+    out = triton_moe.moe_experts(
+        dev[0], dev[1], ids.to(DEVICE), dev[2], dev[3], dev[4], dev[5], act=act, tiles=tiles, **kw
+    )
     assert out.dtype == dtype and out.shape == (T, H)
     err = (out.double().cpu() - ref).abs().max().item()
     if dtype == torch.float32:
         assert err < 2e-5 * ref.abs().max().item(), err
-    else:   # the same roundings as the torch path: no worse than it, up to a few units
+    else:  # the same roundings as the torch path: no worse than it, up to a few units
         torch_out = moe_torch.moe_experts(cast[0], cast[1], ids, *cast[2:], act=act, **kw)
         torch_err = (torch_out.double() - ref).abs().max().item()
         eps = torch.finfo(dtype).eps * ref.abs().max().item()
@@ -111,14 +112,14 @@ def test_alignment_groups_pairs_per_expert_in_blocks():
     real = pairs[pairs < flat.numel()]
     assert sorted(real.tolist()) == list(range(flat.numel()))
     for b, e in enumerate(block_expert.tolist()):
-        rows = pairs[b * bm:(b + 1) * bm]
+        rows = pairs[b * bm : (b + 1) * bm]
         rows = rows[rows < flat.numel()].long()
         if e == E:
             assert rows.numel() == 0
         else:
             assert rows.numel() and (flat[rows] == e).all()
     used = block_expert[block_expert < E].tolist()
-    assert used == [0, 1, 2, 2, 3, 4]        # expert 2 (20 rows) takes two blocks; 5 none
+    assert used == [0, 1, 2, 2, 3, 4]  # expert 2 (20 rows) takes two blocks; 5 none
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
@@ -141,7 +142,6 @@ def test_moe_layer_with_the_kernel_equals_the_torch_path(family):
     assert (out - ref).abs().max().item() < 1e-5 * max(1.0, ref.abs().max().item())
 
 
-
 @pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
 def test_model_on_the_triton_path_equals_hf(family):
     """The whole tiny model as the CUDA engine runs it (meta.backend "triton": the per-layer loop
@@ -153,19 +153,31 @@ def test_model_on_the_triton_path_equals_hf(family):
     cfg = hh.config(family)
     m = LlamaModel(cfg, hh.weights(family, cfg), torch.float32, DEVICE, max_positions=64)
     ids, bs = hh.prompt(1, 42), 16
-    pool = torch.full((2, m.num_kv_layers, 6, bs, m.num_kv_heads, m.head_dim), float("nan"),
-                      device=DEVICE)
+    pool = torch.full(
+        (2, m.num_kv_layers, 6, bs, m.num_kv_heads, m.head_dim), float("nan"), device=DEVICE
+    )
     table = torch.arange(1, 6, dtype=torch.int32).flip(0)[None]
     out, start = [], 0
     for n in (40, 1, 1):
         end = start + n
         slots = torch.tensor([int(table[0, p // bs]) * bs + p % bs for p in range(start, end)])
-        meta = AttentionMetadata(slots.to(DEVICE), table.to(DEVICE),
-                                 torch.tensor([end], dtype=torch.int32, device=DEVICE),
-                                 torch.tensor([0, n], dtype=torch.int32, device=DEVICE), n, "triton")
-        out.append(m.forward(torch.tensor(ids[start:end], device=DEVICE),
-                             torch.arange(start, end, device=DEVICE), pool, meta,
-                             torch.arange(n, device=DEVICE)).cpu())
+        meta = AttentionMetadata(
+            slots.to(DEVICE),
+            table.to(DEVICE),
+            torch.tensor([end], dtype=torch.int32, device=DEVICE),
+            torch.tensor([0, n], dtype=torch.int32, device=DEVICE),
+            n,
+            "triton",
+        )
+        out.append(
+            m.forward(
+                torch.tensor(ids[start:end], device=DEVICE),
+                torch.arange(start, end, device=DEVICE),
+                pool,
+                meta,
+                torch.arange(n, device=DEVICE),
+            ).cpu()
+        )
         start = end
     ours, ref = torch.cat(out), hh.hf_logits(family, ids)
     assert ref.std() > 0.3

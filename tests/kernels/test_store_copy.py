@@ -3,6 +3,7 @@
 Pools start as NaN; every slot that is not written must stay NaN (bit-exact checks), keys come
 from a strided slice of a fused qkv-like tensor, and slot_mapping holds -1 entries to skip.
 """
+
 import pytest
 import torch
 
@@ -13,17 +14,23 @@ BACKENDS = ["torch", "triton"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("bs,kvh,d,dtype", [
-    (8, 3, 64, torch.float32), (16, 2, 128, torch.float16), (32, 1, 64, torch.bfloat16),
-    (16, 4, 32, torch.float32)])
+@pytest.mark.parametrize(
+    "bs,kvh,d,dtype",
+    [
+        (8, 3, 64, torch.float32),
+        (16, 2, 128, torch.float16),
+        (32, 1, 64, torch.bfloat16),
+        (16, 4, 32, torch.float32),
+    ],
+)
 def test_store_kv(bs, kvh, d, dtype, backend):
     g = torch.Generator().manual_seed(bs + kvh)
     nb, L, n = 9, 2, 40
     pool = torch.full((2, L, nb, bs, kvh, d), float("nan"), dtype=dtype, device=DEVICE)
     # keys/values as strided views into one [n, (1 + 2) * kvh * d + 5] projection output
     qkv = torch.randn(n, 3 * kvh * d + 5, generator=g).to(dtype).to(DEVICE)
-    key = qkv[:, kvh * d: 2 * kvh * d].view(n, kvh, d)
-    value = qkv[:, 2 * kvh * d: 3 * kvh * d].view(n, kvh, d)
+    key = qkv[:, kvh * d : 2 * kvh * d].view(n, kvh, d)
+    value = qkv[:, 2 * kvh * d : 3 * kvh * d].view(n, kvh, d)
     slots = torch.randperm(nb * bs, generator=g)[:n]
     slots[::7] = -1
     kernels.store_kv(key, value, pool[0, 1], pool[1, 1], slots.to(DEVICE), backend=backend)
@@ -73,12 +80,13 @@ def test_copy_blocks_reference_reads_before_writing():
 def test_step_memo_recomputes_for_new_or_edited_metadata():
     """The per-step index memo must never serve a plan for different metadata."""
     from kernels.reference import _StepMemo
+
     memo, calls = _StepMemo(), []
     a = torch.tensor([1, 2, 3])
     compute = lambda: calls.append(1) or len(calls)
     assert memo.get((a,), compute) == 1
-    assert memo.get((a,), compute) == 1          # same tensor, untouched: reused
-    a[0] = 7                                     # in-place edit bumps the version
+    assert memo.get((a,), compute) == 1  # same tensor, untouched: reused
+    a[0] = 7  # in-place edit bumps the version
     assert memo.get((a,), compute) == 2
     assert memo.get((a.clone(),), compute) == 3  # equal content, different tensor
     assert memo.get((a,), compute, extra=(16,)) == 4

@@ -1,5 +1,6 @@
 """OpenAI / vLLM request fields -> the engine's StructuredSpec and logit bias, without a model:
 each accepted form maps to the right spec, malformed or ambiguous ones are a 400 naming the field."""
+
 import pytest
 
 from engine.sampling.structured import StructuredSpec
@@ -15,31 +16,47 @@ def _chat(**kw):
     return ChatCompletionRequest(model="m", messages=MSG, **kw)
 
 
-@pytest.mark.parametrize("kw,spec", [
-    ({}, None),
-    (dict(response_format={"type": "text"}), None),
-    (dict(response_format={"type": "json_object"}), StructuredSpec("json_object")),
-    (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}}),
-     StructuredSpec("json_schema", SCHEMA)),
-    (dict(structured_outputs={"regex": "a+"}), StructuredSpec("regex", "a+")),
-    (dict(structured_outputs={"choice": ["x", "y"]}), StructuredSpec("choice", ["x", "y"])),
-    (dict(structured_outputs={"json": SCHEMA}), StructuredSpec("json_schema", SCHEMA)),
-    (dict(structured_outputs={"grammar": 'start: "a"'}), StructuredSpec("grammar", 'start: "a"')),
-    (dict(structured_outputs={"json_object": True}), StructuredSpec("json_object")),
-    (dict(guided_regex="b+"), StructuredSpec("regex", "b+")),
-    (dict(guided_choice=["p"]), StructuredSpec("choice", ["p"])),
-])
+@pytest.mark.parametrize(
+    "kw,spec",
+    [
+        ({}, None),
+        (dict(response_format={"type": "text"}), None),
+        (dict(response_format={"type": "json_object"}), StructuredSpec("json_object")),
+        (
+            dict(
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": SCHEMA, "strict": True},
+                }
+            ),
+            StructuredSpec("json_schema", SCHEMA),
+        ),
+        (dict(structured_outputs={"regex": "a+"}), StructuredSpec("regex", "a+")),
+        (dict(structured_outputs={"choice": ["x", "y"]}), StructuredSpec("choice", ["x", "y"])),
+        (dict(structured_outputs={"json": SCHEMA}), StructuredSpec("json_schema", SCHEMA)),
+        (
+            dict(structured_outputs={"grammar": 'start: "a"'}),
+            StructuredSpec("grammar", 'start: "a"'),
+        ),
+        (dict(structured_outputs={"json_object": True}), StructuredSpec("json_object")),
+        (dict(guided_regex="b+"), StructuredSpec("regex", "b+")),
+        (dict(guided_choice=["p"]), StructuredSpec("choice", ["p"])),
+    ],
+)
 def test_accepted_forms_map_to_one_spec(kw, spec):
     assert structured_spec(_chat(**kw)) == spec
 
 
-@pytest.mark.parametrize("kw,param", [
-    (dict(response_format={"type": "yaml"}), "response_format"),
-    (dict(response_format={"type": "json_schema", "json_schema": "x"}), "response_format"),
-    (dict(structured_outputs={"regex": "a", "choice": ["b"]}), "structured_outputs"),
-    (dict(structured_outputs={"choice": []}), "structured_outputs"),
-    (dict(response_format={"type": "json_object"}, guided_regex="a"), "guided_regex"),
-])
+@pytest.mark.parametrize(
+    "kw,param",
+    [
+        (dict(response_format={"type": "yaml"}), "response_format"),
+        (dict(response_format={"type": "json_schema", "json_schema": "x"}), "response_format"),
+        (dict(structured_outputs={"regex": "a", "choice": ["b"]}), "structured_outputs"),
+        (dict(structured_outputs={"choice": []}), "structured_outputs"),
+        (dict(response_format={"type": "json_object"}, guided_regex="a"), "guided_regex"),
+    ],
+)
 def test_malformed_or_ambiguous_constraints_are_400(kw, param):
     with pytest.raises(APIError) as e:
         structured_spec(_chat(**kw))

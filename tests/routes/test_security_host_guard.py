@@ -3,12 +3,18 @@
 Built the way ui/layout.py builds the real app: a FastAPI app with our routes, Gradio mounted at
 "/", then install_security. Requests go through the whole ASGI stack (Starlette's TestClient).
 """
+
 import fastapi
 import gradio as gr
 import pytest
 from fastapi.testclient import TestClient
 
-from routes.security.host_guard import HostGuard, install_security, is_loopback_host, split_host_header
+from routes.security.host_guard import (
+    HostGuard,
+    install_security,
+    is_loopback_host,
+    split_host_header,
+)
 
 
 def _app(bind_host="127.0.0.1", allowed=(), auth=None):
@@ -31,17 +37,42 @@ def local_client():
         yield c
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1:7860", "localhost:7860", "localhost", "[::1]:7860",
-                                  "127.0.0.2", "LOCALHOST:7860", "app.localhost:7860", "localhost.",
-                                  "chat.lan:7860", "CHAT.LAN"])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "127.0.0.1:7860",
+        "localhost:7860",
+        "localhost",
+        "[::1]:7860",
+        "127.0.0.2",
+        "LOCALHOST:7860",
+        "app.localhost:7860",
+        "localhost.",
+        "chat.lan:7860",
+        "CHAT.LAN",
+    ],
+)
 def test_loopback_and_named_hosts_are_served(local_client, host):
     r = local_client.get("/config-like", headers={"host": host})
     assert r.status_code == 200 and r.json() == {"conversations": ["alice-secret"]}
 
 
-@pytest.mark.parametrize("host", ["evil.example", "evil.example:7860", "127.0.0.1.evil.example",
-                                  "localhost.evil.example", "192.168.1.5:7860", "0.0.0.0", "[::ffff:7f00:1]x",
-                                  "user@127.0.0.1", "::1", "", "chat.lan.evil"])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "evil.example",
+        "evil.example:7860",
+        "127.0.0.1.evil.example",
+        "localhost.evil.example",
+        "192.168.1.5:7860",
+        "0.0.0.0",
+        "[::ffff:7f00:1]x",
+        "user@127.0.0.1",
+        "::1",
+        "",
+        "chat.lan.evil",
+    ],
+)
 def test_other_hosts_are_refused_before_any_route(local_client, host):
     for path in ("/config-like", "/", "/config", "/gradio_api/info"):
         r = local_client.get(path, headers={"host": host})
@@ -51,6 +82,7 @@ def test_other_hosts_are_refused_before_any_route(local_client, host):
 
 def test_websocket_with_a_foreign_host_is_closed(local_client):
     from starlette.websockets import WebSocketDisconnect
+
     with pytest.raises(WebSocketDisconnect):
         with local_client.websocket_connect("/anything", headers={"host": "evil.example"}):
             pass
@@ -78,5 +110,9 @@ def test_host_header_parsing():
     assert split_host_header("[::1]") == "::1"
     assert split_host_header("::1") is None
     assert split_host_header("a b") is None and split_host_header("h:port") is None
-    assert is_loopback_host("127.9.9.9") and is_loopback_host("::1") and not is_loopback_host("10.0.0.1")
+    assert (
+        is_loopback_host("127.9.9.9")
+        and is_loopback_host("::1")
+        and not is_loopback_host("10.0.0.1")
+    )
     assert not HostGuard(None).host_allowed(None)

@@ -1,6 +1,7 @@
 """--share serves this app (with all its guards) through a tunnel: the link's host name is allowed
 by the Host guard once the tunnel is up, and no other name is (routes/share.py). The tunnel itself
 (Gradio's share server) needs internet, so it is replaced by a function returning a link."""
+
 import fastapi
 import gradio as gr
 from fastapi.testclient import TestClient
@@ -36,7 +37,9 @@ def test_the_share_links_host_is_served_once_the_tunnel_is_up_and_no_other():
         url = open_share_link("127.0.0.1", 7860, share_hosts, tunnel=tunnel)
         assert url == "https://0123abcd.gradio.live" and calls == [("127.0.0.1", 7860)]
         assert c.get("/config-like", headers={"host": "0123abcd.gradio.live"}).status_code == 200
-        assert c.get("/config-like", headers={"host": "0123ABCD.gradio.live:443"}).status_code == 200
+        assert (
+            c.get("/config-like", headers={"host": "0123ABCD.gradio.live:443"}).status_code == 200
+        )
         for other in ("evil.example", "other.gradio.live", "gradio.live"):
             assert c.get("/config-like", headers={"host": other}).status_code == 421
         assert c.get("/config-like", headers={"host": "127.0.0.1:7860"}).status_code == 200

@@ -1,5 +1,6 @@
 """/metrics per-tenant lines: parsed back with prometheus_client's own text parser; the label set
 stays bounded (first 16 tenants by name, the rest summed into "other")."""
+
 import pytest
 
 from engine.core.tenancy import TenantStats
@@ -21,8 +22,23 @@ def _samples(text):
 
 
 def test_tokens_and_queue_time_per_tenant_parse_back():
-    rows = [_row("user:alice", prefill_tokens=120, decode_tokens=64, queue_time_s_total=1.5, queue_time_count=3),
-            _row("batch-key", prefill_tokens=9000, decode_tokens=4000, preemptions=2, running=8, waiting=40)]
+    rows = [
+        _row(
+            "user:alice",
+            prefill_tokens=120,
+            decode_tokens=64,
+            queue_time_s_total=1.5,
+            queue_time_count=3,
+        ),
+        _row(
+            "batch-key",
+            prefill_tokens=9000,
+            decode_tokens=4000,
+            preemptions=2,
+            running=8,
+            waiting=40,
+        ),
+    ]
     s = _samples(tenant_prometheus_text(rows, TenantLabels()))
     assert s[("paged_chat_tenant_prompt_tokens_total", "user:alice")] == 120
     assert s[("paged_chat_tenant_generation_tokens_total", "batch-key")] == 4000
@@ -39,17 +55,23 @@ def test_label_set_is_bounded_and_stable():
     tenants = {t for (_, t) in s}
     assert tenants == {"t0", "t1", "t2", OTHER}
     assert s[("paged_chat_tenant_generation_tokens_total", OTHER)] == sum(range(3, 10))
-    again = _samples(tenant_prometheus_text(list(reversed(rows)), labels))    # order changes nothing
+    again = _samples(tenant_prometheus_text(list(reversed(rows)), labels))  # order changes nothing
     assert {t for (_, t) in again} == tenants
     assert again[("paged_chat_tenant_generation_tokens_total", "t2")] == 2
 
 
 def test_logged_in_users_are_numbered_not_named_when_anonymous():
     labels = TenantLabels(anonymous_users=True)
-    rows = [_row("user:alice", decode_tokens=5), _row("nightly", decode_tokens=7), _row("user:bob", decode_tokens=1)]
+    rows = [
+        _row("user:alice", decode_tokens=5),
+        _row("nightly", decode_tokens=7),
+        _row("user:bob", decode_tokens=1),
+    ]
     text = tenant_prometheus_text(rows, labels)
     assert "alice" not in text and "bob" not in text
     s = _samples(text)
     assert s[("paged_chat_tenant_generation_tokens_total", "user-1")] == 5
     assert s[("paged_chat_tenant_generation_tokens_total", "user-2")] == 1
-    assert s[("paged_chat_tenant_generation_tokens_total", "nightly")] == 7     # key names are the operator's
+    assert (
+        s[("paged_chat_tenant_generation_tokens_total", "nightly")] == 7
+    )  # key names are the operator's

@@ -1,5 +1,6 @@
 """server/page_head.HeadFirst: the page at / gets the script first in its <head>, with a matching
 Content-Length; everything else (other paths, other methods, non-HTML, event streams) is untouched."""
+
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from fastapi.testclient import TestClient
@@ -19,6 +20,7 @@ def _client() -> TestClient:
     def stream():
         yield b"data: <head>\n\n"
         yield b"data: 2\n\n"
+
     app.get("/stream")(lambda: StreamingResponse(stream(), media_type="text/event-stream"))
     app.add_middleware(HeadFirst, script=SCRIPT, path="/")
     return TestClient(app)
@@ -36,4 +38,4 @@ def test_everything_else_passes_untouched():
     assert c.get("/other").text == PAGE
     assert c.get("/data").json() == {"<head>": 1}
     assert c.get("/stream").text == "data: <head>\n\ndata: 2\n\n"
-    assert c.post("/").status_code == 405            # not a GET: the app answers as it would
+    assert c.post("/").status_code == 405  # not a GET: the app answers as it would

@@ -28,9 +28,9 @@ def test_edit_then_browse_back_and_continue_on_old_branch(store, make_chat):
 def test_alternatives_are_siblings_and_a_pick_is_kept(store, make_chat):
     conv, (u1, a1) = make_chat("q", "alt 1")
     a2 = store.add_sibling(a1["id"], "alt 2")
-    store.select_branch(a1["id"])          # shown: the first alternative
+    store.select_branch(a1["id"])  # shown: the first alternative
     assert contents(store, conv["id"]) == ["q", "alt 1"]
-    store.select_branch(a2["id"])          # the user picks the second one
+    store.select_branch(a2["id"])  # the user picks the second one
     assert contents(store, conv["id"]) == ["q", "alt 2"]
     store.add_message(conv["id"], "user", "next")
     assert store.get_messages(conv["id"])[-1]["parent_id"] == a2["id"]
@@ -54,5 +54,5 @@ def test_select_branch_checks_owner_and_existence(store):
         store.select_branch(m["id"], owner="bob")
     with pytest.raises(KeyError):
         store.select_branch(10_000)
-    store.delete_conversation(conv["id"], owner="alice")     # cascades the selection row
+    store.delete_conversation(conv["id"], owner="alice")  # cascades the selection row
     assert not list(store.db.query("SELECT * FROM active_branch"))

@@ -14,7 +14,9 @@ def test_system_prompt_seeded_then_versioned(store):
     # Older conversations keep the prompt they were created with; new ones get the new one.
     assert store.get_conversation(old_conv["id"])["system_prompt_id"] == first["id"]
     assert store.conversation_system_prompt(old_conv["id"]) == DEFAULT_SYSTEM_PROMPT
-    assert store.conversation_system_prompt(store.create_conversation()["id"]) == "Talk like a pirate."
+    assert (
+        store.conversation_system_prompt(store.create_conversation()["id"]) == "Talk like a pirate."
+    )
     with pytest.raises(ValueError):
         store.set_system_prompt(None)
 
@@ -115,7 +117,9 @@ def test_search_follows_edits_and_deletes(store, make_chat):
     assert [c["id"] for c in store.list_conversations(query="giraffes")] == [conv["id"]]
     store.delete_conversation(conv["id"])
     assert store.list_conversations(query="giraffes") == []
-    fts_rows = store.db.execute("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'giraffes'")
+    fts_rows = store.db.execute(
+        "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'giraffes'"
+    )
     assert fts_rows.fetchone()[0] == 0
 
 

@@ -26,7 +26,9 @@ def test_twenty_threads_write_concurrently(store):
             barrier.wait()
             conv = store.create_conversation(owner=f"user{n}")
             for turn in range(5):
-                store.add_message(conv["id"], "user", f"thread {n} question {turn}", owner=f"user{n}")
+                store.add_message(
+                    conv["id"], "user", f"thread {n} question {turn}", owner=f"user{n}"
+                )
                 reply = store.add_message(conv["id"], "assistant", "", status="stopped")
                 for k in range(3):  # streamed updates
                     store.update_message(reply["id"], content=f"answer {n}.{turn} part {k}")
@@ -48,7 +50,10 @@ def test_twenty_threads_write_concurrently(store):
         (conv,) = store.list_conversations(owner=f"user{n}")
         msgs = store.get_messages(conv["id"])
         assert len(msgs) == 10 and all(m["status"] == "complete" for m in msgs)
-        assert msgs[-1]["content"] == f"answer {n}.4 part 2" and msgs[-1]["stats"]["output_tokens"] == 3
+        assert (
+            msgs[-1]["content"] == f"answer {n}.4 part 2"
+            and msgs[-1]["stats"]["output_tokens"] == 3
+        )
     # Appends to the shared conversation never raced: one unbranched chain of every message.
     chain = store.get_messages(shared["id"])
     assert len(chain) == THREADS * 5 == len({m["content"] for m in chain})
@@ -80,7 +85,11 @@ CHILD = textwrap.dedent("""
 def test_sigkill_mid_stream_keeps_committed_writes(db_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(db_path)], capture_output=True, text=True, env=env, timeout=60
+        [sys.executable, "-c", CHILD, str(db_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     done_id, live_id = proc.stdout.split()

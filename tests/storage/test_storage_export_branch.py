@@ -1,5 +1,6 @@
 """Export follows the branch on screen (active_branch), not the newest leaf: the Markdown is that
 branch, the JSON names it (and still holds every message), and an import shows it again."""
+
 import json
 
 import pytest
@@ -29,11 +30,11 @@ def test_json_export_names_the_selected_branch_and_import_shows_it(store, two_br
     data = store.export_json(conv["id"])
     assert data["active_branch"] == [m["id"] for m in old]
     assert data["active_message_id"] == old[0]["id"]
-    assert len(data["messages"]) == 6                       # every branch is still in the file
+    assert len(data["messages"]) == 6  # every branch is still in the file
     copy = store.import_json(json.loads(json.dumps(data)))
     assert [m["content"] for m in store.get_messages(copy["id"])] == [m["content"] for m in old]
     versions = store.branch_versions(copy["id"])
-    assert len(versions[store.get_messages(copy["id"])[0]["id"]]) == 2   # the newer branch came too
+    assert len(versions[store.get_messages(copy["id"])[0]["id"]]) == 2  # the newer branch came too
 
 
 def test_import_refuses_an_active_message_that_is_not_in_the_file(store, two_branches):
@@ -42,6 +43,6 @@ def test_import_refuses_an_active_message_that_is_not_in_the_file(store, two_bra
     data["active_message_id"] = 10_000
     with pytest.raises(ValueError, match="active_message_id"):
         store.import_json(data)
-    data.pop("active_message_id")                           # an older export: the newest leaf shows
+    data.pop("active_message_id")  # an older export: the newest leaf shows
     copy = store.import_json(data)
     assert store.get_messages(copy["id"])[-1]["content"] == "A-new"

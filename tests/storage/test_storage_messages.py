@@ -11,11 +11,17 @@ def test_add_update_and_stats(store):
     conv = store.create_conversation()
     user = store.add_message(conv["id"], "user", "Hi")
     reply = store.add_message(conv["id"], "assistant", "", status="stopped")
-    assert reply["parent_id"] == user["id"] and reply["token_ids"] is None and reply["stats"] is None
-    done = store.update_message(reply["id"], content="Hello!", token_ids=[9, 8, 2], status="complete")
+    assert (
+        reply["parent_id"] == user["id"] and reply["token_ids"] is None and reply["stats"] is None
+    )
+    done = store.update_message(
+        reply["id"], content="Hello!", token_ids=[9, 8, 2], status="complete"
+    )
     assert (done["content"], done["token_ids"], done["status"]) == ("Hello!", [9, 8, 2], "complete")
     stats = store.add_reply_stats(reply["id"], prompt_tokens=20, cached_tokens=16, ttft_s=0.25)
-    stats = store.add_reply_stats(reply["id"], output_tokens=3, tokens_per_s=40.5, finish_reason="stop")
+    stats = store.add_reply_stats(
+        reply["id"], output_tokens=3, tokens_per_s=40.5, finish_reason="stop"
+    )
     assert stats == {
         "prompt_tokens": 20, "cached_tokens": 16, "output_tokens": 3,
         "ttft_s": 0.25, "tokens_per_s": 40.5, "finish_reason": "stop",
@@ -47,7 +53,12 @@ def test_add_message_rejects_bad_values(store, kwargs):
 def test_bad_stats_and_unknown_ids(store):
     conv = store.create_conversation()
     msg = store.add_message(conv["id"], "assistant", "x")
-    for bad in ({"bogus": 1}, {"output_tokens": 1.5}, {"ttft_s": float("nan")}, {"finish_reason": 3}):
+    for bad in (
+        {"bogus": 1},
+        {"output_tokens": 1.5},
+        {"ttft_s": float("nan")},
+        {"finish_reason": 3},
+    ):
         with pytest.raises(ValueError):
             store.add_reply_stats(msg["id"], **bad)
     with pytest.raises(KeyError):
@@ -63,7 +74,9 @@ def test_first_user_message_sets_title(store):
     conv = store.create_conversation()
     store.add_message(conv["id"], "system", "setup text")
     assert store.get_conversation(conv["id"])["title"] == "New chat"
-    store.add_message(conv["id"], "user", "  Please   explain how a transformer model attends to it ")
+    store.add_message(
+        conv["id"], "user", "  Please   explain how a transformer model attends to it "
+    )
     title = store.get_conversation(conv["id"])["title"]
     assert title == "Please explain how a transformer model…"
     store.add_message(conv["id"], "user", "Second question")

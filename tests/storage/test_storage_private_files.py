@@ -2,6 +2,7 @@
 
 The DB and its WAL files were 0644 and exports stayed 0644 in a shared temp folder forever.
 """
+
 import os
 import stat
 import time
@@ -49,7 +50,7 @@ def test_exports_are_private_separate_and_cleaned_up(tmp_path):
     os.utime(a.parent, (old, old))
     assert ex.cleanup() == 1
     assert not a.exists() and b.exists()
-    c = ex.write("later.md", b"bytes").path          # writing also sweeps old ones
+    c = ex.write("later.md", b"bytes").path  # writing also sweeps old ones
     assert c.read_bytes() == b"bytes"
     ex.close()
     assert not ex.root.exists()
@@ -64,8 +65,9 @@ def test_default_root_is_a_fresh_private_temp_folder():
         ex.close()
 
 
-@pytest.mark.parametrize("name", ["../evil.json", "/etc/passwd", "a/b.md", ".hidden", "..", "", " ",
-                                  "a\\b.json", None])
+@pytest.mark.parametrize(
+    "name", ["../evil.json", "/etc/passwd", "a/b.md", ".hidden", "..", "", " ", "a\\b.json", None]
+)
 def test_export_names_cannot_escape_the_folder(tmp_path, name):
     ex = PrivateExports(tmp_path / "exports")
     with pytest.raises(ValueError):
@@ -76,14 +78,14 @@ def test_export_names_cannot_escape_the_folder(tmp_path, name):
 def test_an_export_opens_only_for_its_owner_and_only_while_it_exists(tmp_path):
     ex = PrivateExports(tmp_path / "exports", max_age_s=60)
     mine = ex.write("alice.json", "{}", owner="alice")
-    local = ex.write("local.md", "# hi")                      # no --auth: owner None
+    local = ex.write("local.md", "# hi")  # no --auth: owner None
     assert len(mine.token) >= 20 and mine.token != local.token
     assert ex.open(mine.token, "alice") == mine
-    assert ex.open(mine.token, "bob") is None                  # another user: same answer as no export
+    assert ex.open(mine.token, "bob") is None  # another user: same answer as no export
     assert ex.open(mine.token, None) is None
     assert ex.open("not-a-token", "alice") is None
     assert ex.open(local.token, None) == local and ex.open(local.token, "alice") is None
     old = time.time() - 3600
     os.utime(mine.path.parent, (old, old))
     ex.cleanup()
-    assert ex.open(mine.token, "alice") is None                # swept: gone for its owner too
+    assert ex.open(mine.token, "alice") is None  # swept: gone for its owner too

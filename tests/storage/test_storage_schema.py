@@ -16,9 +16,16 @@ def test_creates_schema_and_pragmas(store):
     assert next(store.db.query("PRAGMA journal_mode"))["journal_mode"] == "wal"
     assert next(store.db.query("PRAGMA foreign_keys"))["foreign_keys"] == 1
     names = [m.name for m in MIGRATIONS.applied(store.db)]
-    assert names == ["m001_tables", "m002_message_search", "m003_user_prompts",
-                     "m004_reply_cached_blocks", "m005_active_branch", "m006_reply_speculative",
-                     "m007_reply_served_by", "m008_thinking"]
+    assert names == [
+        "m001_tables",
+        "m002_message_search",
+        "m003_user_prompts",
+        "m004_reply_cached_blocks",
+        "m005_active_branch",
+        "m006_reply_speculative",
+        "m007_reply_served_by",
+        "m008_thinking",
+    ]
 
 
 def test_default_path_creates_data_dir(tmp_path, monkeypatch):
@@ -88,19 +95,27 @@ def test_a_file_from_before_speculative_stats_keeps_its_replies_and_takes_the_ne
     accepted-draft count and decode steps (the chat line's "17 accepted from drafts")."""
     old = Database(sqlite3.connect(db_path))
     MIGRATIONS.apply(old, stop_before="m006_reply_speculative")
-    old.execute("INSERT INTO conversations (id, owner, title, created_at, updated_at)"
-                " VALUES ('c1', '', 'old chat', '2020-01-01', '2020-01-01')")
-    old.execute("INSERT INTO messages (conversation_id, role, content, created_at)"
-                " VALUES ('c1', 'assistant', 'old reply', '2020-01-01')")
+    old.execute(
+        "INSERT INTO conversations (id, owner, title, created_at, updated_at)"
+        " VALUES ('c1', '', 'old chat', '2020-01-01', '2020-01-01')"
+    )
+    old.execute(
+        "INSERT INTO messages (conversation_id, role, content, created_at)"
+        " VALUES ('c1', 'assistant', 'old reply', '2020-01-01')"
+    )
     mid = old.execute("SELECT id FROM messages").fetchone()[0]
     old.execute("INSERT INTO reply_stats (message_id, output_tokens) VALUES (?, 5)", [mid])
     old.conn.commit()
     old.close()
     with Storage(db_path) as s:
         assert s.get_message(mid)["stats"]["output_tokens"] == 5
-        assert "decode_steps" not in s.get_message(mid)["stats"]       # as before m006
+        assert "decode_steps" not in s.get_message(mid)["stats"]  # as before m006
         stats = s.add_reply_stats(mid, spec_accepted_tokens=17, decode_steps=25)
-        assert stats["output_tokens"] == 5 and stats["spec_accepted_tokens"] == 17 and stats["decode_steps"] == 25
+        assert (
+            stats["output_tokens"] == 5
+            and stats["spec_accepted_tokens"] == 17
+            and stats["decode_steps"] == 25
+        )
         assert s.get_message(mid)["stats"]["decode_steps"] == 25
         with pytest.raises(ValueError):
             s.add_reply_stats(mid, decode_steps=-1)

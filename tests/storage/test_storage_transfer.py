@@ -22,7 +22,9 @@ def shape(export):
 def branched(store, make_chat):
     conv, (u1, a1, u2, a2) = make_chat("q1", "a1", "q2", "a2")
     store.update_message(a2["id"], token_ids=[5, 6, 2])
-    store.add_reply_stats(a2["id"], prompt_tokens=30, output_tokens=3, ttft_s=0.5, finish_reason="stop")
+    store.add_reply_stats(
+        a2["id"], prompt_tokens=30, output_tokens=3, ttft_s=0.5, finish_reason="stop"
+    )
     regen = store.add_sibling(a2["id"], "a2 again", token_ids=[7, 2], status="stopped")
     store.add_reply_stats(regen["id"], output_tokens=2, tokens_per_s=12.5)
     store.set_conversation_system_prompt(conv["id"], "Custom prompt\nsecond line")
@@ -39,7 +41,9 @@ def test_json_round_trip(store, branched):
     assert shape(again) == shape(exported)
     active = lambda cid: [(m["content"], m["stats"]) for m in store.get_messages(cid)]  # noqa: E731
     assert active(copy["id"]) == active(branched["id"])
-    assert store.get_conversation(copy["id"])["system_prompt_override"] == "Custom prompt\nsecond line"
+    assert (
+        store.get_conversation(copy["id"])["system_prompt_override"] == "Custom prompt\nsecond line"
+    )
 
 
 def test_import_binds_known_prompt_and_accepts_json_text(store, make_chat):
@@ -88,7 +92,9 @@ def test_import_rejects_bad_data_clearly(store, mutate, error):
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=10,
 )
 message_like = st.fixed_dictionaries(
@@ -104,7 +110,9 @@ documents = st.fixed_dictionaries(
 )  # fmt: skip
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(doc=documents | json_values)
 def test_import_fuzz_only_value_errors(store, doc):
     """Arbitrary input either imports and round-trips, or fails with ValueError - nothing else."""
@@ -120,7 +128,9 @@ def test_markdown_export(store, branched):
     md = store.export_markdown(branched["id"])
     assert md.startswith("# q1\n")
     assert "**System prompt:**\n\n> Custom prompt\n> second line\n" in md
-    assert "## User\n\nq1\n\n## Assistant\n\na1\n\n## User\n\nq2\n\n## Assistant\n\na2 again\n" in md
+    assert (
+        "## User\n\nq1\n\n## Assistant\n\na1\n\n## User\n\nq2\n\n## Assistant\n\na2 again\n" in md
+    )
     assert "_(stopped)_" in md and "_2 tokens · 12.5 tok/s_" in md
     assert "\na2\n" not in md  # only the active branch
     assert md.endswith("\n") and not md.endswith("\n\n")
@@ -140,8 +150,16 @@ def test_markdown_export_closes_a_reply_left_inside_a_code_block(store):
 
 def test_a_chat_is_titled_by_what_was_typed_not_by_an_attached_documents_wrapper(store):
     conv = store.create_conversation()
-    store.add_message(conv["id"], "user", '<document name="memo.pdf">\nProject plan\n</document>\n\nSummarize it please')
+    store.add_message(
+        conv["id"],
+        "user",
+        '<document name="memo.pdf">\nProject plan\n</document>\n\nSummarize it please',
+    )
     assert store.get_conversation(conv["id"])["title"] == "Summarize it please"
     only = store.create_conversation()
-    store.add_message(only["id"], "user", '<document name="a.txt">\nx\n</document>\n\n<document name="b.md">\ny\n</document>\n\n')
+    store.add_message(
+        only["id"],
+        "user",
+        '<document name="a.txt">\nx\n</document>\n\n<document name="b.md">\ny\n</document>\n\n',
+    )
     assert store.get_conversation(only["id"])["title"] == "a.txt, b.md"

@@ -5,6 +5,7 @@ share one database. Every later write to that conversation must raise Conversati
 (a KeyError, with a sentence a user can read) instead of "message 122 not found", store nothing,
 and leave this process's store working for other conversations.
 """
+
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +18,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _delete_in_other_process(db_path, conv_id):
-    code = ("import sys; from storage import Storage\n"
-            "with Storage(sys.argv[1]) as s: s.delete_conversation(sys.argv[2])")
-    subprocess.run([sys.executable, "-c", code, str(db_path), conv_id], cwd=ROOT, check=True, timeout=120)
+    code = (
+        "import sys; from storage import Storage\n"
+        "with Storage(sys.argv[1]) as s: s.delete_conversation(sys.argv[2])"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, str(db_path), conv_id], cwd=ROOT, check=True, timeout=120
+    )
 
 
 def test_streaming_into_a_conversation_deleted_by_another_process(store, db_path):
@@ -45,7 +50,9 @@ def test_streaming_into_a_conversation_deleted_by_another_process(store, db_path
         assert text.startswith("This conversation was deleted") and "another" in text
         assert not text.startswith("'")
 
-    count = store.db.execute("SELECT count(*) FROM messages WHERE conversation_id = ?", [conv["id"]])
+    count = store.db.execute(
+        "SELECT count(*) FROM messages WHERE conversation_id = ?", [conv["id"]]
+    )
     assert count.fetchone()[0] == 0, "nothing may be written back into the deleted conversation"
     store.add_message(other["id"], "user", "still works")
     assert [m["content"] for m in store.get_messages(other["id"])] == ["still works"]
@@ -59,6 +66,7 @@ def test_foreign_key_race_is_reported_the_same_way(store):
     store.db.execute(
         "CREATE TEMP TRIGGER vanish BEFORE INSERT ON messages BEGIN "
         "UPDATE messages SET parent_id = NULL WHERE conversation_id = NEW.conversation_id; "
-        "DELETE FROM conversations WHERE id = NEW.conversation_id; END")
+        "DELETE FROM conversations WHERE id = NEW.conversation_id; END"
+    )
     with pytest.raises(ConversationDeletedError):
         store.add_message(conv["id"], "assistant", "reply")

@@ -1,4 +1,5 @@
 """Per-user shared system prompts (--auth) and saved named prompts, on a real SQLite file."""
+
 import pytest
 
 from storage import Storage
@@ -10,8 +11,8 @@ def test_each_user_has_own_prompt_and_new_users_start_from_default(store):
     assert store.get_system_prompt("alice")["text"] == DEFAULT_SYSTEM_PROMPT
     store.set_system_prompt("Alice's prompt.", owner="alice")
     assert store.get_system_prompt("alice")["text"] == "Alice's prompt."
-    assert store.get_system_prompt("bob")["text"] == DEFAULT_SYSTEM_PROMPT   # unchanged
-    assert store.get_system_prompt()["text"] == DEFAULT_SYSTEM_PROMPT        # the app's too
+    assert store.get_system_prompt("bob")["text"] == DEFAULT_SYSTEM_PROMPT  # unchanged
+    assert store.get_system_prompt()["text"] == DEFAULT_SYSTEM_PROMPT  # the app's too
     bob = store.create_conversation(owner="bob")
     alice = store.create_conversation(owner="alice")
     assert store.conversation_system_prompt(bob["id"]) == DEFAULT_SYSTEM_PROMPT
@@ -21,7 +22,7 @@ def test_each_user_has_own_prompt_and_new_users_start_from_default(store):
 def test_local_user_prompt_is_the_app_prompt(store):
     store.set_system_prompt("Local prompt.", owner="")
     assert store.get_system_prompt()["text"] == "Local prompt."
-    assert store.get_system_prompt("carol")["text"] == "Local prompt."   # a new user starts from it
+    assert store.get_system_prompt("carol")["text"] == "Local prompt."  # a new user starts from it
 
 
 def test_named_prompts_are_per_owner_and_overwrite_by_name(store):

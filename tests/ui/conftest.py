@@ -1,4 +1,5 @@
 """Fixtures several chat handler test modules share (a module's own fixture of the same name wins)."""
+
 import pytest
 
 from tests.ui.fake_engine import FakeLLM

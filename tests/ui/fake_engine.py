@@ -7,6 +7,7 @@ Streams work both ways the UI consumes them: `async for` (chat handlers) and pla
 thread (the dashboard's simulated users). `gate` (a threading.Event) pauses every stream, so a
 test can hold a reply mid-way; abort() ends it the way the engine does (a final "abort" delta).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,11 +21,25 @@ from engine.observe.kv_contract import compact_json
 from engine.observe.snapshot_cache import json_bytes
 from engine.text.prepared_prompt import PreparedPrompt
 
-INFO = ModelInfo(name="SmolLM2-135M-Instruct.Q4_1", source="/models/SmolLM2-135M-Instruct.Q4_1.gguf",
-                 architecture="LlamaForCausalLM", num_layers=30, num_attention_heads=9, num_kv_heads=3,
-                 head_dim=64, hidden_size=576, vocab_size=49152, dtype="float32", max_model_len=40,
-                 block_size=16, num_blocks=64, kv_bytes_per_token=46080, max_num_seqs=4,
-                 attention_backend="torch", device="cpu")
+INFO = ModelInfo(
+    name="SmolLM2-135M-Instruct.Q4_1",
+    source="/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+    architecture="LlamaForCausalLM",
+    num_layers=30,
+    num_attention_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    hidden_size=576,
+    vocab_size=49152,
+    dtype="float32",
+    max_model_len=40,
+    block_size=16,
+    num_blocks=64,
+    kv_bytes_per_token=46080,
+    max_num_seqs=4,
+    attention_backend="torch",
+    device="cpu",
+)
 
 
 class FakeTokenizer:
@@ -50,15 +65,30 @@ class FakeStream:
             if self.aborted:
                 break
             last = k == len(self.words) - 1
-            m = {"state": "finished" if last else "running", "prompt_tokens": 9, "cached_tokens": 4,
-                 "output_tokens": k + 1, "ttft_s": 0.1, "tokens_per_s": 20.0 if k else None}
+            m = {
+                "state": "finished" if last else "running",
+                "prompt_tokens": 9,
+                "cached_tokens": 4,
+                "output_tokens": k + 1,
+                "ttft_s": 0.1,
+                "tokens_per_s": 20.0 if k else None,
+            }
             for i in range(self.n):
-                yield None, RequestOutputDelta(self.request_id, i, word, [100 + k], last,
-                                               "stop" if last else None, None, m)
+                yield (
+                    None,
+                    RequestOutputDelta(
+                        self.request_id, i, word, [100 + k], last, "stop" if last else None, None, m
+                    ),
+                )
             yield "pause", None
         if self.aborted:
             for i in range(self.n):
-                yield None, RequestOutputDelta(self.request_id, i, "", [], True, "abort", None, {"state": "finished"})
+                yield (
+                    None,
+                    RequestOutputDelta(
+                        self.request_id, i, "", [], True, "abort", None, {"state": "finished"}
+                    ),
+                )
 
     async def _agen(self):
         for what, d in self._deltas():
@@ -114,18 +144,19 @@ class FakeLLM:
     def __init__(self, words=("Hello", " there", "!"), snapshot=None, pause_s=0.06, info=INFO):
         self.words, self.snap, self.pause_s, self.info = list(words), snapshot, pause_s, info
         self.submitted, self.previous, self.aborted, self.ended, self.closed = [], [], [], [], []
-        self.tenants: list = []             # the tenant each chat turn was submitted for
-        self.thinking: list = []            # the `thinking` each chat turn was submitted with
-        self.calls: list[str] = []                   # snapshot reads: "latest" / "exact"
-        self.log: list[tuple] = []                   # ("abort", rid) / ("end", sid) / ("close", sid), in order
+        self.tenants: list = []  # the tenant each chat turn was submitted for
+        self.thinking: list = []  # the `thinking` each chat turn was submitted with
+        self.calls: list[str] = []  # snapshot reads: "latest" / "exact"
+        self.log: list[tuple] = []  # ("abort", rid) / ("end", sid) / ("close", sid), in order
         self.streams: dict[str, FakeStream] = {}
         self.gate = threading.Event()
         self.gate.set()
         self.lock = threading.Lock()
-        self.config = types.SimpleNamespace(block_size=info.block_size, max_num_seqs=info.max_num_seqs,
-                                            scheduling_policy="fair")
-        self.structured: list = []                   # specs compiled (the reply format check)
-        self.pinned: dict[str, list[int]] = {}       # pin name -> token ids
+        self.config = types.SimpleNamespace(
+            block_size=info.block_size, max_num_seqs=info.max_num_seqs, scheduling_policy="fair"
+        )
+        self.structured: list = []  # specs compiled (the reply format check)
+        self.pinned: dict[str, list[int]] = {}  # pin name -> token ids
         self.snapshot_wait_s = 0.2
         self.shut_down = False
         self.models = ["fake-model", "other-model"]  # SwitchesModels: names; the first is served
@@ -169,16 +200,29 @@ class FakeLLM:
 
     def prepare_chat(self, messages, *, previous_ids=None, session_id=None, thinking=None):
         """Like a remote engine's: the length, no ids."""
-        return PreparedPrompt(tuple(messages), thinking,
-                              self.count_prompt_tokens(messages, thinking))
+        return PreparedPrompt(
+            tuple(messages), thinking, self.count_prompt_tokens(messages, thinking)
+        )
 
     @staticmethod
     def prompt_ids_of(k):
         """The prompt ids the fake reports for its k-th submission."""
         return list(range(1000 * k, 1000 * k + 9))
 
-    def submit_chat(self, messages, params=None, *, session_id=None, request_id=None, previous_ids=None,
-                    cache_salt=None, tenant=None, priority=0, thinking=None, prepared=None):
+    def submit_chat(
+        self,
+        messages,
+        params=None,
+        *,
+        session_id=None,
+        request_id=None,
+        previous_ids=None,
+        cache_salt=None,
+        tenant=None,
+        priority=0,
+        thinking=None,
+        prepared=None,
+    ):
         with self.lock:
             self.thinking.append(thinking)
             k = len(self.submitted)
@@ -186,8 +230,9 @@ class FakeLLM:
             self.submitted.append(([dict(m) for m in messages], params, session_id))
             self.tenants.append(tenant)
             self.previous.append(previous_ids)
-            s = self.streams[rid] = FakeStream(self, rid, self.words, getattr(params, "n", 1),
-                                               self.prompt_ids_of(k), self.pause_s)
+            s = self.streams[rid] = FakeStream(
+                self, rid, self.words, getattr(params, "n", 1), self.prompt_ids_of(k), self.pause_s
+            )
         return s
 
     def abort(self, request_id):
@@ -233,10 +278,10 @@ class FakeLLM:
         self.shut_down = True
 
     # ---- optional abilities (engine/protocol.py) ----------------------------------------------
-    def stats(self):                                 # ReportsStats: the snapshot's stats
+    def stats(self):  # ReportsStats: the snapshot's stats
         return self.latest_snapshot()["stats"]
 
-    def kv_snapshot(self):                           # ServesSnapshotForms
+    def kv_snapshot(self):  # ServesSnapshotForms
         self.calls.append("exact")
         return FakeSnapshot(self.snap)
 
@@ -246,29 +291,55 @@ class FakeLLM:
     def set_snapshot_wait(self, max_wait_s):
         self.snapshot_wait_s = max_wait_s
 
-    def tenant_stats(self, fresh=False):             # ServesTenants: no tenant rows
+    def tenant_stats(self, fresh=False):  # ServesTenants: no tenant rows
         return []
 
     def fairness_events(self, fresh=False):
         return []
 
-    def queue_position(self, request_id):            # ReportsQueuePosition: nothing ever waits
+    def queue_position(self, request_id):  # ReportsQueuePosition: nothing ever waits
         return None
 
-    def compile_structured(self, spec):              # ConstrainsOutput: every spec is accepted
+    def compile_structured(self, spec):  # ConstrainsOutput: every spec is accepted
         self.structured.append(spec)
 
-    def submit_continue(self, token_ids, params, messages, *, session_id=None, request_id=None,
-                        cache_salt=None, tenant=None, priority=0):    # ContinuesReplies
-        return self.submit_chat(messages, params, session_id=session_id, request_id=request_id,
-                                previous_ids=list(token_ids), cache_salt=cache_salt, tenant=tenant,
-                                priority=priority)
+    def submit_continue(
+        self,
+        token_ids,
+        params,
+        messages,
+        *,
+        session_id=None,
+        request_id=None,
+        cache_salt=None,
+        tenant=None,
+        priority=0,
+    ):  # ContinuesReplies
+        return self.submit_chat(
+            messages,
+            params,
+            session_id=session_id,
+            request_id=request_id,
+            previous_ids=list(token_ids),
+            cache_salt=cache_salt,
+            tenant=tenant,
+            priority=priority,
+        )
 
-    def submit_beam_search(self, prompt, params, *, on_step=None, request_id=None, cache_salt=None, tenant=None,
-                           priority=0):
-        raise ValueError("the fake engine has no beam search")        # BeamSearches: refused
+    def submit_beam_search(
+        self,
+        prompt,
+        params,
+        *,
+        on_step=None,
+        request_id=None,
+        cache_salt=None,
+        tenant=None,
+        priority=0,
+    ):
+        raise ValueError("the fake engine has no beam search")  # BeamSearches: refused
 
-    def system_prefix_ids(self, text):               # PinsPrompts
+    def system_prefix_ids(self, text):  # PinsPrompts
         return FakeTokenizer().encode(text)
 
     def check_pin(self, name, num_tokens):
@@ -287,20 +358,36 @@ class FakeLLM:
     def unpin(self, name):
         return self.pinned.pop(name, None) is not None
 
-    def encode_prompt(self, prompt):                 # ServesCompletions
+    def encode_prompt(self, prompt):  # ServesCompletions
         if isinstance(prompt, dict):
             return list(prompt["prompt_token_ids"])
         return FakeTokenizer().encode(prompt) if isinstance(prompt, str) else list(prompt)
 
-    def submit(self, prompt, params=None, *, session_id=None, request_id=None, cache_salt=None,
-               tenant=None, priority=0):
-        return self.submit_chat([{"role": "user", "content": str(prompt)}], params, session_id=session_id,
-                                request_id=request_id, cache_salt=cache_salt, tenant=tenant, priority=priority)
+    def submit(
+        self,
+        prompt,
+        params=None,
+        *,
+        session_id=None,
+        request_id=None,
+        cache_salt=None,
+        tenant=None,
+        priority=0,
+    ):
+        return self.submit_chat(
+            [{"role": "user", "content": str(prompt)}],
+            params,
+            session_id=session_id,
+            request_id=request_id,
+            cache_salt=cache_salt,
+            tenant=tenant,
+            priority=priority,
+        )
 
-    def metrics_text(self):                          # RemoteBackend: a local engine serves none
+    def metrics_text(self):  # RemoteBackend: a local engine serves none
         return None
 
-    routing = "none"                       # ServesReplicas: a local engine has no replicas
+    routing = "none"  # ServesReplicas: a local engine has no replicas
 
     def cluster_view(self):
         return None

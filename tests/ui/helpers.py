@@ -1,5 +1,6 @@
 """Helpers the chat handler tests share (a ChatContext over a fake engine and a real SQLite store,
 the handler call shapes), here so that no test module imports another."""
+
 import asyncio
 import re
 from contextlib import contextmanager
@@ -10,8 +11,15 @@ from ui.chat.tabs import TabRegistry
 from ui.chat import view
 
 
-KW = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_tokens": 8, "repetition_penalty": 1.0,
-      "seed": None, "n": 1}
+KW = {
+    "temperature": 0.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "max_tokens": 8,
+    "repetition_penalty": 1.0,
+    "seed": None,
+    "n": 1,
+}
 
 
 @contextmanager

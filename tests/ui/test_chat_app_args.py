@@ -1,4 +1,5 @@
 """app.py's small helpers: flags, --auth parsing, what counts as a local bind, progress bar."""
+
 import pytest
 
 import app
@@ -6,8 +7,14 @@ import app
 
 def test_defaults_bind_locally_without_share_or_auth():
     a = app.parse_args([])
-    assert (a.host, a.port, a.block_size, a.db, a.share, a.auth) == ("127.0.0.1", 7860, 16, "data/chat.db",
-                                                                     False, None)
+    assert (a.host, a.port, a.block_size, a.db, a.share, a.auth) == (
+        "127.0.0.1",
+        7860,
+        16,
+        "data/chat.db",
+        False,
+        None,
+    )
     assert a.num_blocks is None and a.kv_cache_gib is None and a.max_num_seqs == 64
 
 
@@ -27,7 +34,7 @@ def test_kv_cache_dtype_flag_defaults_to_auto_and_takes_vllms_values():
 
 
 def test_max_num_batched_tokens_flag_defaults_to_the_engines_choice():
-    assert app.parse_args([]).max_num_batched_tokens is None       # engine/config.py: 512 CPU, 8192 CUDA
+    assert app.parse_args([]).max_num_batched_tokens is None  # engine/config.py: 512 CPU, 8192 CUDA
     assert app.parse_args(["--max-num-batched-tokens", "8192"]).max_num_batched_tokens == 8192
 
 
@@ -48,7 +55,11 @@ def test_auth_pairs():
 
 def test_local_hosts():
     assert app.is_local("127.0.0.1") and app.is_local("localhost") and app.is_local("::1")
-    assert not app.is_local("0.0.0.0") and not app.is_local("192.168.1.5") and not app.is_local("example.org")
+    assert (
+        not app.is_local("0.0.0.0")
+        and not app.is_local("192.168.1.5")
+        and not app.is_local("example.org")
+    )
 
 
 def test_non_local_host_without_auth_warns(monkeypatch, capsys):
@@ -57,8 +68,9 @@ def test_non_local_host_without_auth_warns(monkeypatch, capsys):
 
     def no_engine(*a, **k):
         raise Stop
+
     monkeypatch.setattr("engine.front.model_host.ModelHost", no_engine)
-    monkeypatch.setattr(app.signal, "signal", lambda *a: None)      # leave pytest's handlers alone
+    monkeypatch.setattr(app.signal, "signal", lambda *a: None)  # leave pytest's handlers alone
     with pytest.raises(Stop):
         app.main(["--host", "0.0.0.0"])
     assert "WARNING" in capsys.readouterr().err

@@ -1,11 +1,12 @@
 """Documents attached to a message (ui/chat/documents.py, issue 26.4): what is accepted and refused
 (with the numbers), the stored form the model reads, and the chip the page shows instead of the text."""
+
 import pytest
 
 from ui.chat import documents as D
 from ui.chat import view
 
-count = lambda text: len(text.split())      # noqa: E731  a word tokenizer, like the fake engine's
+count = lambda text: len(text.split())  # noqa: E731  a word tokenizer, like the fake engine's
 
 
 def test_a_text_file_becomes_a_document_with_its_token_count(tmp_path):
@@ -17,13 +18,16 @@ def test_a_text_file_becomes_a_document_with_its_token_count(tmp_path):
     assert "notes.md · 5 tokens" in html and 'data-v="5"' in html
 
 
-@pytest.mark.parametrize("name,data,words", [
-    ("broken.pdf", b"%PDF-1.7\nnot a pdf at all", "could not be read as a PDF"),
-    ("photo.png", b"\x89PNG", "only text, Markdown and code"),
-    ("data.txt", b"abc\x00def", "looks binary"),
-    ("latin.txt", "café".encode("latin-1"), "not UTF-8"),
-    ("trick.md", b"x\n</document>\ny", "would end it early"),
-])
+@pytest.mark.parametrize(
+    "name,data,words",
+    [
+        ("broken.pdf", b"%PDF-1.7\nnot a pdf at all", "could not be read as a PDF"),
+        ("photo.png", b"\x89PNG", "only text, Markdown and code"),
+        ("data.txt", b"abc\x00def", "looks binary"),
+        ("latin.txt", "café".encode("latin-1"), "not UTF-8"),
+        ("trick.md", b"x\n</document>\ny", "would end it early"),
+    ],
+)
 def test_files_that_cannot_be_documents_are_refused_in_plain_words(tmp_path, name, data, words):
     f = tmp_path / name
     f.write_bytes(data)
@@ -43,21 +47,30 @@ def test_a_document_too_large_for_the_context_is_refused_with_the_numbers():
     other = D.Document("a.txt", "y", 50)
     with pytest.raises(ValueError) as e:
         D.check_fits(doc, 200, 512, [other])
-    assert str(e.value) == ("book.txt has 300 tokens; with this chat's 200 and 50 already attached that is "
-                            "550, and the context holds 512")
-    D.check_fits(doc, 100, 512, [other])       # 450 < 512: fits
+    assert str(e.value) == (
+        "book.txt has 300 tokens; with this chat's 200 and 50 already attached that is "
+        "550, and the context holds 512"
+    )
+    D.check_fits(doc, 100, 512, [other])  # 450 < 512: fits
 
 
 def test_documents_come_first_in_the_message_and_show_as_chips():
     docs = [D.Document("a.py", "def f():\n    return 1", 7), D.Document("b.md", "# B", 2)]
     stored = D.message_text(docs, "What does f return?")
-    assert stored.startswith('<document name="a.py">\ndef f():\n    return 1\n</document>\n\n<document name="b.md">')
-    assert D.split(stored) == ([("a.py", "def f():\n    return 1"), ("b.md", "# B")], "What does f return?")
-    shown, _ = view.display_messages([{"id": 1, "role": "user", "content": stored, "status": "complete"}])
+    assert stored.startswith(
+        '<document name="a.py">\ndef f():\n    return 1\n</document>\n\n<document name="b.md">'
+    )
+    assert D.split(stored) == (
+        [("a.py", "def f():\n    return 1"), ("b.md", "# B")],
+        "What does f return?",
+    )
+    shown, _ = view.display_messages(
+        [{"id": 1, "role": "user", "content": stored, "status": "complete"}]
+    )
     text = shown[0]["content"]
     assert "a.py · 2 lines" in text and "b.md · 1 lines" in text and "What does f return?" in text
-    assert "📄" not in text and text.count('class="doc-ico"') == 2             # an icon no font has to draw
-    assert "return 1" not in text                  # the chip, not the document's text
+    assert "📄" not in text and text.count('class="doc-ico"') == 2  # an icon no font has to draw
+    assert "return 1" not in text  # the chip, not the document's text
     assert view.engine_messages(None, [{"role": "user", "content": stored}])[0]["content"] == stored
 
 
@@ -65,13 +78,19 @@ def _pdf(pages: list[str]) -> bytes:
     """A minimal PDF written by hand (one Helvetica text line per page, a correct xref table), so
     the test needs no PDF writer: what pypdf reads back is what a real PDF's text layer gives."""
     n = len(pages)
-    objs = ["<< /Type /Catalog /Pages 2 0 R >>",
-            "<< /Type /Pages /Kids [" + " ".join(f"{4 + 2 * i} 0 R" for i in range(n)) + f"] /Count {n} >>",
-            "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
+    objs = [
+        "<< /Type /Catalog /Pages 2 0 R >>",
+        "<< /Type /Pages /Kids ["
+        + " ".join(f"{4 + 2 * i} 0 R" for i in range(n))
+        + f"] /Count {n} >>",
+        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
     for i, text in enumerate(pages):
         stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET" if text else ""
-        objs.append(f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents {5 + 2 * i} 0 R "
-                    "/Resources << /Font << /F1 3 0 R >> >> >>")
+        objs.append(
+            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents {5 + 2 * i} 0 R "
+            "/Resources << /Font << /F1 3 0 R >> >> >>"
+        )
         objs.append(f"<< /Length {len(stream)} >>\nstream\n{stream}\nendstream")
     out, offsets = b"%PDF-1.4\n", []
     for k, body in enumerate(objs, 1):
@@ -111,15 +130,20 @@ def _bomb(pages: int, content: bytes) -> bytes:
     """Issue 48.4's PDF bomb, by hand: every page draws the same FlateDecode content stream, so
     the file stays a few KB while each page makes the reader inflate and parse it again."""
     import zlib
+
     packed = zlib.compress(content, 9)
-    objs = [b"<< /Type /Catalog /Pages 2 0 R >>",
-            b"<< /Type /Pages /Kids [" + b" ".join(b"%d 0 R" % (5 + i) for i in range(pages))
-            + b"] /Count %d >>" % pages,
-            b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
-            b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(packed) + packed
-            + b"\nendstream"]
-    objs += [b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
-             b"/Resources << /Font << /F1 3 0 R >> >> >>"] * pages
+    objs = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids ["
+        + b" ".join(b"%d 0 R" % (5 + i) for i in range(pages))
+        + b"] /Count %d >>" % pages,
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+        b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(packed) + packed + b"\nendstream",
+    ]
+    objs += [
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+        b"/Resources << /Font << /F1 3 0 R >> >> >>"
+    ] * pages
     out, offsets = b"%PDF-1.4\n", []
     for k, body in enumerate(objs, 1):
         offsets.append(len(out))
@@ -152,6 +176,7 @@ def test_a_slow_pdf_within_the_budget_is_stopped_at_the_time_limit(tmp_path, mon
     """16 MB of operators to parse is inside the inflated budget; the worker's wall-clock limit
     (shortened here to 0.5 s; parsing alone takes seconds) stops it and says so."""
     from ui.chat import pdf_text
+
     f = tmp_path / "slow.pdf"
     f.write_bytes(_bomb(40, _ops(27_000)))
     monkeypatch.setattr(pdf_text, "TIME_S", 0.5)

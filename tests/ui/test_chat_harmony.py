@@ -4,14 +4,24 @@ never a marker; the template is known to drop past analysis. Pure functions, che
 
 from ui.chat import thinking, view
 
-REPLY = ("<|channel|>analysis<|message|>Weigh <img src=x onerror=alert(1)></details> it.<|end|>"
-         "<|start|>assistant<|channel|>final<|message|>It is **42**.")
+REPLY = (
+    "<|channel|>analysis<|message|>Weigh <img src=x onerror=alert(1)></details> it.<|end|>"
+    "<|start|>assistant<|channel|>final<|message|>It is **42**."
+)
 
 
 def test_a_harmony_reply_folds_its_analysis_and_shows_no_marker():
-    stored = {"id": 2, "role": "assistant", "content": REPLY, "status": "complete",
-              "token_ids": list(range(3, 30)), "stats": {"output_tokens": 27, "reasoning_tokens": 9}}
-    shown, _ = view.display_messages([{"id": 1, "role": "user", "content": "q"}, stored], eos_ids=set())
+    stored = {
+        "id": 2,
+        "role": "assistant",
+        "content": REPLY,
+        "status": "complete",
+        "token_ids": list(range(3, 30)),
+        "stats": {"output_tokens": 27, "reasoning_tokens": 9},
+    }
+    shown, _ = view.display_messages(
+        [{"id": 1, "role": "user", "content": "q"}, stored], eos_ids=set()
+    )
     fold, answer, _footer = (p["text"] for p in shown[1]["content"])
     assert fold.startswith('<details class="reasoning"><summary>Thought for 9 tokens</summary>')
     assert "&lt;img" in fold and "<img" not in fold and fold.count("</details>") == 1
@@ -19,7 +29,9 @@ def test_a_harmony_reply_folds_its_analysis_and_shows_no_marker():
     direct = "<|channel|>final<|message|>Just this."
     sp = thinking.stored_split(direct, {"reasoning_tokens": 0})
     assert not thinking.has_fold(sp)
-    assert view.shown_text(view.with_footer(direct, {"reasoning_tokens": 0}, split=sp)).startswith("Just this.")
+    assert view.shown_text(view.with_footer(direct, {"reasoning_tokens": 0}, split=sp)).startswith(
+        "Just this."
+    )
 
 
 def test_the_harmony_template_drops_past_analysis():

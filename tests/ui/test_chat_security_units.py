@@ -1,5 +1,6 @@
 """Issue #12 UI side, without a server: private exports (12), the tab owner check (10), limits
 (5, 11) and the deleted-conversation notice (14). Real Storage (SQLite); no engine is needed."""
+
 import os
 import re
 import stat
@@ -41,7 +42,7 @@ def test_exports_are_private_files_not_world_readable(ctx):
     for fmt in ("json", "md"):
         link = sidebar.export(ctx, fmt, req("alice"))
         token = re.search(r'href="exports/([^/]+)/', link).group(1)
-        assert ctx.exports.open(token, "bob") is None          # the link is alice's only
+        assert ctx.exports.open(token, "bob") is None  # the link is alice's only
         path = str(ctx.exports.open(token, "alice").path)
         assert "my private question" in open(path, encoding="utf-8").read()
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
@@ -55,20 +56,23 @@ def test_a_tab_answers_only_its_owner(ctx):
     tab = ctx.tab(req("alice"))
     ctx.tabs.open(tab, "conv-a")
     with pytest.raises(TabOwnerError, match="another user"):
-        ctx.tab(req("bob"))                          # bob with alice's session hash
+        ctx.tab(req("bob"))  # bob with alice's session hash
     with pytest.raises(TabOwnerError):
         sidebar.close_tab(ctx, req("bob"))
-    assert ctx.tabs.open_conversations() == {"conv-a": 1}     # alice's session not released
+    assert ctx.tabs.open_conversations() == {"conv-a": 1}  # alice's session not released
     assert ctx.tab(req("alice")) is tab
 
 
-@pytest.mark.parametrize("args, field", [
-    ((float("nan"), 0.9, 0, 16, 1.1, None, 1), "top_p"),
-    ((1e-40, 0.9, 0, 16, 1.1, None, 1), "temperature"),
-    ((0.7, float("nan"), 0, 16, 1.1, None, 1), "top_p"),
-    ((0.7, 0.9, 0, 16, float("nan"), None, 1), "repetition_penalty"),
-    ((0.7, 0.9, 0, float("nan"), 1.1, None, 1), ""),
-])
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        ((float("nan"), 0.9, 0, 16, 1.1, None, 1), "top_p"),
+        ((1e-40, 0.9, 0, 16, 1.1, None, 1), "temperature"),
+        ((0.7, float("nan"), 0, 16, 1.1, None, 1), "top_p"),
+        ((0.7, 0.9, 0, 16, float("nan"), None, 1), "repetition_penalty"),
+        ((0.7, 0.9, 0, float("nan"), 1.1, None, 1), ""),
+    ],
+)
 def test_bad_sampling_values_are_clear_errors(args, field):
     with pytest.raises(gr.Error, match="Sampling settings not accepted"):
         limits.sampling(*args)
@@ -90,5 +94,5 @@ def test_text_limits_give_plain_errors():
 
 def test_deleted_notice_has_no_raw_detail():
     raw = str(ConversationDeletedError("message 122 not found"))
-    assert "122" in raw                              # storage's text carries the raw detail
+    assert "122" in raw  # storage's text carries the raw detail
     assert "122" not in view.deleted_notice() and "deleted" in view.deleted_notice()

@@ -1,6 +1,7 @@
 """A chat turn on a real engine with --speculative: the handlers store the reply with its stats
 (the storage schema knows the speculative fields, m006) and the line under it says how many tokens
 came from accepted drafts. A reply of a speculative engine used to fail when its stats were stored."""
+
 import asyncio
 
 import pytest
@@ -16,7 +17,10 @@ CODE = "def area(w, h):\n    return w * h\n\ndef perimeter(w, h):\n    return 2 
 @pytest.fixture(scope="module")
 def llm():
     from engine import ServingLLM
-    m = ServingLLM(num_blocks=256, max_model_len=1024, speculative="ngram", speculative_adaptive=False)
+
+    m = ServingLLM(
+        num_blocks=256, max_model_len=1024, speculative="ngram", speculative_adaptive=False
+    )
     yield m
     m.shutdown()
 
@@ -31,4 +35,6 @@ def test_a_speculative_reply_is_stored_with_its_draft_stats(llm, tmp_path):
         st = reply["stats"]
         assert st["spec_accepted_tokens"] > 0 and 0 < st["decode_steps"] < st["output_tokens"]
         line = view.shown_text(outs[-1][1][-1]["content"])
-        assert f"{st['spec_accepted_tokens']} accepted from drafts" in line and "tokens/step" in line
+        assert (
+            f"{st['spec_accepted_tokens']} accepted from drafts" in line and "tokens/step" in line
+        )

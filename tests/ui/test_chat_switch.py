@@ -2,6 +2,7 @@
 scripted engine of test_chat_flow and a real SQLite store: switching chats mid-reply stops the
 painting at once while the reply finishes into its own chat; the next message goes to the chat on
 screen; another tab opening the chat follows the live reply; turns record exact token ids."""
+
 import asyncio
 
 from tests.ui.helpers import KW, req, run, texts
@@ -34,13 +35,16 @@ def test_switching_chats_mid_reply_stops_painting_and_the_reply_lands_in_its_own
             if any("upon" in str(o) for o in out):
                 break
         conv_b = _conv_with(st, "Chat B")
-        view = side.open_conversation(ctx, conv_a, req())         # the click on chat A
-        assert [V.shown_text(m["content"]).split("\n\n<span")[0] for m in view[0]] == ["Chat A", "Hello there!"]
-        after = [out async for out in agen]                        # B's handler lets go at once...
-        assert len(after) == 1          # ...and its last paint is chat A, so a late B paint cannot stick
+        view = side.open_conversation(ctx, conv_a, req())  # the click on chat A
+        assert [V.shown_text(m["content"]).split("\n\n<span")[0] for m in view[0]] == [
+            "Chat A",
+            "Hello there!",
+        ]
+        after = [out async for out in agen]  # B's handler lets go at once...
+        assert len(after) == 1  # ...and its last paint is chat A, so a late B paint cannot stick
         assert texts(after[0]) == [("user", "Chat A"), ("assistant", "Hello there!")]
         assert after[0][3].value == conv_a
-        assert ctx.tabs.is_busy(conv_b)                            # ... but B keeps generating
+        assert ctx.tabs.is_busy(conv_b)  # ... but B keeps generating
         await ctx.tabs.turn(conv_b).task
         ctx.llm.words = ["Bye"]
         outs = [out async for out in chat.send(ctx, "Next", dict(KW), req())]
@@ -48,9 +52,16 @@ def test_switching_chats_mid_reply_stops_painting_and_the_reply_lands_in_its_own
 
     conv_a, conv_b, outs = run(scenario())
     b = st.get_messages(conv_b)
-    assert [(m["content"], m["status"]) for m in b] == [("Chat B", "complete"),
-                                                         ("Once upon a time there", "complete")]
-    assert [m["content"] for m in st.get_messages(conv_a)] == ["Chat A", "Hello there!", "Next", "Bye"]
+    assert [(m["content"], m["status"]) for m in b] == [
+        ("Chat B", "complete"),
+        ("Once upon a time there", "complete"),
+    ]
+    assert [m["content"] for m in st.get_messages(conv_a)] == [
+        "Chat A",
+        "Hello there!",
+        "Next",
+        "Bye",
+    ]
     assert texts(outs[-1])[-2:] == [("user", "Next"), ("assistant", "Bye")]
     assert ctx.llm.aborted == []
 
@@ -67,8 +78,12 @@ def test_another_tab_opening_a_generating_chat_follows_the_live_reply(ctx):  # n
         return other, mine
 
     other, mine = run(scenario())
-    assert texts(other[-1]) == texts(mine[-1]) == [("user", "Count"), ("assistant", "One two three four")]
-    assert len(other) >= 2                                         # it painted while streaming
+    assert (
+        texts(other[-1])
+        == texts(mine[-1])
+        == [("user", "Count"), ("assistant", "One two three four")]
+    )
+    assert len(other) >= 2  # it painted while streaming
 
 
 def test_each_turn_stores_its_prompt_ids_and_the_next_turn_continues_from_them(ctx):  # noqa: F811
@@ -90,13 +105,16 @@ async def _drain(agen):
 def test_the_tick_sends_the_list_and_the_chat_only_when_they_changed(ctx):  # noqa: F811
     run(_drain(chat.send(ctx, "Mine", dict(KW), req("s1"))))
     conv = _conv_with(ctx.storage, "Mine")
-    side.open_conversation(ctx, conv, req("s2"))                 # another tab shows the same chat
+    side.open_conversation(ctx, conv, req("s2"))  # another tab shows the same chat
     radio, shown = chat.refresh(ctx, "", req("s2"))
-    assert radio == {"__type__": "update"} and shown == {"__type__": "update"}   # nothing new
-    run(_drain(chat.send(ctx, "More", dict(KW), req("s1"))))      # tab 1 continues it
+    assert radio == {"__type__": "update"} and shown == {"__type__": "update"}  # nothing new
+    run(_drain(chat.send(ctx, "More", dict(KW), req("s1"))))  # tab 1 continues it
     side.new_chat(ctx, req("s1"))
-    ctx.storage.create_conversation()                               # and starts another chat
+    ctx.storage.create_conversation()  # and starts another chat
     radio, shown = chat.refresh(ctx, "", req("s2"))
-    assert len(radio.choices) == 2 and radio.value == conv         # tab 2's list, its chat still selected
-    assert [V.shown_text(m["content"]).split("\n\n<span")[0] for m in shown][-2:] == ["More", "Hello there!"]
+    assert len(radio.choices) == 2 and radio.value == conv  # tab 2's list, its chat still selected
+    assert [V.shown_text(m["content"]).split("\n\n<span")[0] for m in shown][-2:] == [
+        "More",
+        "Hello there!",
+    ]
     assert chat.refresh(ctx, "", req("s2")) == ({"__type__": "update"}, {"__type__": "update"})

@@ -1,6 +1,7 @@
 """Gradio glue and demo load without a model: one render per snapshot for N viewers, tick
 settings, every block of a 3,000-block pool in the payload, and the simulated users' start/stop
 lifecycle. (The render's time is a benchmark: `python -m loadgen.bench_snapshot_tick --blocks 3000`.)"""
+
 import dataclasses
 import json
 import threading
@@ -16,8 +17,9 @@ from tests.ui.snapshots import busy_snapshot
 from ui.dashboard.grid_payload import decode_runs, highlight_ranges
 from ui.dashboard.demo_users import DEFAULT_SYSTEM_PROMPT, DemoLoad
 
-SMOL_CFG = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                           hidden_size=576, head_dim=64)
+SMOL_CFG = SimpleNamespace(
+    num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576, head_dim=64
+)
 
 
 def SnapLLM(snap):
@@ -32,7 +34,10 @@ def test_n_viewers_share_one_render_per_snapshot(monkeypatch):
     real = D.render_base
     monkeypatch.setattr(D, "render_base", lambda *a: calls.append(1) or real(*a))
     views = []
-    threads = [threading.Thread(target=lambda: views.append(state.view(snap, None, None))) for _ in range(16)]
+    threads = [
+        threading.Thread(target=lambda: views.append(state.view(snap, None, None)))
+        for _ in range(16)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -61,7 +66,7 @@ def test_tick_renders_3000_blocks_every_block_in_the_payload():
         grid = json.loads(v["grid"])
         cells = decode_runs(grid)
         assert len(cells["ref"]) == 3000
-        assert cells["ref"].tolist() == snap["blocks"]["ref_count"]          # every block, in order
+        assert cells["ref"].tolist() == snap["blocks"]["ref_count"]  # every block, in order
         table = next(x["block_table"] for x in snap["sequences"] if x["session_id"] == "user-3")
         assert grid["hl"] == highlight_ranges(table) != []
         assert "Block table of user-3" in v["tables"]
@@ -82,7 +87,9 @@ def test_build_dashboard_wires_a_non_queuing_timer():
     ticks = [d for d in cfg["dependencies"] if any(t[1] == "tick" for t in d["targets"])]
     assert len(ticks) == 2
     by_id = {c["id"]: c for c in cfg["components"]}
-    fast_dep = next(d for d in ticks if [by_id[o]["props"].get("elem_id") for o in d["outputs"]] == ["kv-bus"])
+    fast_dep = next(
+        d for d in ticks if [by_id[o]["props"].get("elem_id") for o in d["outputs"]] == ["kv-bus"]
+    )
     for d in ticks:
         fn = demo.fns[d["id"]]
         assert fn.concurrency_limit is None and fn.show_progress == "hidden"
@@ -90,21 +97,39 @@ def test_build_dashboard_wires_a_non_queuing_timer():
     # time of the snapshot they show (the page's "as of ... ago"): only that when nothing changed
     fast = demo.fns[fast_dep["id"]].fn
     first = json.loads(fast(None, D.LIVE, None))
-    assert set(first) == {"kv-story", "kv-headline", "kv-grid", "kv-tables", "kv-feed", "kv-arith", "kv-whatif",
-                          "kv-who", "kv-tier", "kv-demo-status", "kv-asof"}
+    assert set(first) == {
+        "kv-story",
+        "kv-headline",
+        "kv-grid",
+        "kv-tables",
+        "kv-feed",
+        "kv-arith",
+        "kv-whatif",
+        "kv-who",
+        "kv-tier",
+        "kv-demo-status",
+        "kv-asof",
+    }
     assert first["kv-asof"]["snap"] == 3000.0 and first["kv-asof"]["at"] >= first["kv-asof"]["snap"]
     assert '"runs":' in first["kv-grid"] and "All live block tables" in first["kv-tables"]
     again = json.loads(fast(None, D.LIVE, None))
     assert set(again) == {"kv-asof"} and again["kv-asof"]["snap"] == 3000.0
-    fresh = json.loads(timer.tick_fns["fast"](None, D.LIVE, None, fresh=True))   # tab shown again: all
-    assert {k: v for k, v in fresh.items() if k != "kv-asof"} == {k: v for k, v in first.items() if k != "kv-asof"}
+    fresh = json.loads(
+        timer.tick_fns["fast"](None, D.LIVE, None, fresh=True)
+    )  # tab shown again: all
+    assert {k: v for k, v in fresh.items() if k != "kv-asof"} == {
+        k: v for k, v in first.items() if k != "kv-asof"
+    }
     slow = timer.tick_fns["slow"](None, D.LIVE)
     assert len(slow) == len(T.SLOW) and "choices" in slow[T.SLOW.index("selector")]
 
     def down():
         raise RuntimeError("the engine has been shut down")
-    llm.latest_snapshot = down                       # a tick after shutdown: no error toast
-    assert json.loads(fast(None, D.LIVE, None)) == {"kv-demo-status": "Engine unavailable: the engine has been shut down"}
+
+    llm.latest_snapshot = down  # a tick after shutdown: no error toast
+    assert json.loads(fast(None, D.LIVE, None)) == {
+        "kv-demo-status": "Engine unavailable: the engine has been shut down"
+    }
 
 
 def FakeChatLLM(tokens=5):
@@ -139,14 +164,14 @@ def test_demo_users_chat_multi_turn_then_stop_ends_every_session():
     assert "stopped" in demo.status()
     n = len(_submits(llm))
     time.sleep(0.1)
-    assert len(_submits(llm)) == n                                     # nobody submits after stop
-    demo.start(2)                                                    # a new run, new sessions
+    assert len(_submits(llm)) == n  # nobody submits after stop
+    demo.start(2)  # a new run, new sessions
     demo.stop()
     assert {s for s, _, _ in _submits(llm)[n:]} <= {"demo-2-3", "demo-2-4"}
 
 
 def test_stop_aborts_in_flight_replies():
-    llm = FakeChatLLM(tokens=10_000)                                 # replies that never end alone
+    llm = FakeChatLLM(tokens=10_000)  # replies that never end alone
     demo = DemoLoad(llm, None)
     demo.start(2)
     deadline = time.time() + 5
@@ -167,7 +192,7 @@ def test_closed_panels_send_nothing_until_opened():
     fast = timer.tick_fns["fast"]
     closed = json.loads(fast(None, D.LIVE, ()))
     assert "kv-arith" not in closed and "kv-whatif" not in closed and "kv-grid" in closed
-    opened = json.loads(fast(None, D.LIVE, ("arith",)))                # opening sends it, once
+    opened = json.loads(fast(None, D.LIVE, ("arith",)))  # opening sends it, once
     assert set(opened) == {"kv-arith", "kv-asof"} and "KV bytes per token" in opened["kv-arith"]
     again = json.loads(fast(None, D.LIVE, ("arith",)))
     assert set(again) == {"kv-asof"}
@@ -175,6 +200,7 @@ def test_closed_panels_send_nothing_until_opened():
 
 def test_bus_message_names_the_panels_by_element_id():
     from ui.dashboard import bus
+
     msg = json.loads(bus.message({"story": "<b>s</b>", "grid": '{"n":1}'}))
     assert msg == {"kv-story": "<b>s</b>", "kv-grid": '{"n":1}'}
     stamped = json.loads(bus.message({}, snap_time=5.0, now=5.5, slow_time=4.0))
@@ -186,12 +212,17 @@ def test_block_plots_get_a_y_axis_above_their_highest_point():
     # Gradio's LinePlot ends its y axis at the data's maximum: that line would lie on the plot's
     # edge, half clipped. The slow tick sends each block plot with a y_lim above its highest point.
     from ui.dashboard.history import Sample
+
     state = D.DashboardState(SnapLLM(busy_snapshot(t=5000.0)))
-    for k in range(8):                # samples over 80 s: several complete 10 s buckets
+    for k in range(8):  # samples over 80 s: several complete 10 s buckets
         state.history.add_sample(Sample(4920.0 + 10 * k, 0, 0, 0, 100 + k, 200 + k, 1000 + k, 1024))
     slow = T.Ticks(state).slow(None, D.LIVE, fresh=True)
     for name in T.BLOCK_PLOTS:
         update = slow[T.SLOW.index(name)]
         top = update["value"]["blocks"].max()
         assert top >= 200, (name, top)
-        assert update["y_lim"][0] == 0 and update["y_lim"][1] >= top * 1.05, (name, update["y_lim"], top)
+        assert update["y_lim"][0] == 0 and update["y_lim"][1] >= top * 1.05, (
+            name,
+            update["y_lim"],
+            top,
+        )

@@ -2,6 +2,7 @@
 read back from what the Memory tab renders for one pool: a real KVCacheManager with two chats that
 share a pinned system prompt (the case a newcomer saw as "shared blocks 34" beside a legend
 "shared: 0, pinned: 34", and the same blocks purple in the grid but orange in the block table)."""
+
 import json
 import re
 
@@ -21,14 +22,18 @@ BS = 16
 
 def pool_with_a_pinned_prompt():
     m = KVCacheManager(64, BS, max_model_len=1024)
-    system = list(range(64))                                   # 4 blocks, pinned and shared
+    system = list(range(64))  # 4 blocks, pinned and shared
     for i, sid in enumerate(("a", "b")):
-        m.add_sequence(f"{sid}#0", system + [1000 + 100 * i + k for k in range(20)], num_new_tokens=10**9,
-                       session_id=sid)
+        m.add_sequence(
+            f"{sid}#0",
+            system + [1000 + 100 * i + k for k in range(20)],
+            num_new_tokens=10**9,
+            session_id=sid,
+        )
     m.pins.pin("shared", system)
     other = [7000 + k for k in range(33)]
-    m.add_sequence("x#0", other, num_new_tokens=10**9)       # computed once, then finished:
-    m.pins.pin("unused", other[:32])                          # 2 pinned blocks no chat holds
+    m.add_sequence("x#0", other, num_new_tokens=10**9)  # computed once, then finished:
+    m.pins.pin("unused", other[:32])  # 2 pinned blocks no chat holds
     m.free("x#0")
     return take_snapshot(m).to_json()
 
@@ -49,8 +54,8 @@ def test_tiles_legend_grid_and_tables_count_and_colour_each_block_the_same_way()
     assert counts["pinned"] == 6 and counts["shared"] == 0 and counts["private"] == 4
     base = render_base(snap, History(), None)
     tiles = numbers(base["headline"])
-    legend = numbers(H.grid_html(V.grid_model(snap)))                 # the HTML grid's legend
-    payload = json.loads(base["grid"])                                # what the canvas legend and cells paint
+    legend = numbers(H.grid_html(V.grid_model(snap)))  # the HTML grid's legend
+    payload = json.loads(base["grid"])  # what the canvas legend and cells paint
     by_code = dict(zip(V.KINDS, payload["counts"]))
     for code, name in VOC.NAMES.items():
         assert int(legend[f"cells_{code}"]) == counts[name] == by_code[code], name
@@ -59,13 +64,16 @@ def test_tiles_legend_grid_and_tables_count_and_colour_each_block_the_same_way()
     assert int(tiles["used_blocks"]) == counts["pinned"] + counts["shared"] + counts["private"]
     # each block's cell is painted in its one state
     cells = decode_runs(payload)["kind"].tolist()
-    assert [V.KINDS[k] for k in cells] == [VOC.state_of(s, r) for s, r in
-                                           zip(snap["blocks"]["state"], snap["blocks"]["ref_count"])]
+    assert [V.KINDS[k] for k in cells] == [
+        VOC.state_of(s, r) for s, r in zip(snap["blocks"]["state"], snap["blocks"]["ref_count"])
+    ]
     # the block table shows the pinned blocks as pinned (the grid's colour), not as shared
     table = H.tables_html(base["convs"], "a", BS)
     spans = re.findall(r'<span class="([^"]*)" title="logical (\d+) -> physical (\d+)', table)
     got = {int(phys): cls.split()[0] for cls, _, phys in spans}
-    want = {b: VOC.state_of(snap["blocks"]["state"][b], snap["blocks"]["ref_count"][b]) for b in got}
+    want = {
+        b: VOC.state_of(snap["blocks"]["state"][b], snap["blocks"]["ref_count"][b]) for b in got
+    }
     assert got == want and set(got.values()) == {"n", "p"}
     assert "4 pinned, 2 private" in table
 
@@ -77,9 +85,9 @@ def test_one_colour_per_state_in_the_theme_legend_and_canvas():
         assert light[s.name] == s.light and dark[s.name] == s.dark
         assert H.COLORS[s.code] == f"var(--kv-{s.name})"
     state_colours = [s.light for s in VOC.STATES]
-    assert len(set(state_colours)) == len(state_colours)            # no two states share a colour
+    assert len(set(state_colours)) == len(state_colours)  # no two states share a colour
     bars = {v for k, v in light.items() if k.startswith("bar-")}
-    assert bars and not bars & set(state_colours)                    # bars never borrow a state's colour
+    assert bars and not bars & set(state_colours)  # bars never borrow a state's colour
     # the canvas paints kind k with --kv-<name of k> and names it the same in its legend
     assert GC._NAMES == GC._VARS == [VOC.NAMES[k] for k in V.KINDS]
 
@@ -98,7 +106,7 @@ def test_the_first_line_is_short_and_the_used_blocks_are_explained():
 
 
 def test_open_chats_are_counted_as_what_they_are():
-    snap = pool_with_a_pinned_prompt()                 # sessions "a" and "b" hold blocks
+    snap = pool_with_a_pinned_prompt()  # sessions "a" and "b" hold blocks
     states = {"a": "open", "b": "generating", "c": "open", "d": "parked"}
     got = OPEN.count(states, snap)
     assert got == {"generating": 1, "live": 1, "parked": 1, "released": 1}

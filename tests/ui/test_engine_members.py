@@ -7,6 +7,7 @@ the fake would then break at run time. The engine object is whatever these packa
 a name `llm` / `engine`, or an attribute `.llm` / `._llm` / `.engine` (`ctx.llm`, `self._llm`,
 `srv.llm`, `self.engine`). Reading a member (`llm.x`, `llm.x()`, `getattr(llm, "x")`) counts.
 """
+
 from __future__ import annotations
 
 import ast
@@ -28,17 +29,26 @@ def _is_engine(node: ast.AST) -> bool:
 def members_used(source: str) -> list[tuple[int, str]]:
     """(line, member) for every member read on an engine object in `source`."""
     tree = ast.parse(source)
-    modules = {a.asname or a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
-               for a in n.names}                 # `import engine` makes `engine.x` a module, not the object
+    modules = {
+        a.asname or a.name.split(".")[0]
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Import)
+        for a in n.names
+    }  # `import engine` makes `engine.x` a module, not the object
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and _is_engine(node.value):
             if isinstance(node.value, ast.Name) and node.value.id in modules:
                 continue
             out.append((node.lineno, node.attr))
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
-                node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) >= 2 and \
-                _is_engine(node.args[0]) and isinstance(node.args[1], ast.Constant):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr", "setattr")
+            and len(node.args) >= 2
+            and _is_engine(node.args[0])
+            and isinstance(node.args[1], ast.Constant)
+        ):
             out.append((node.lineno, str(node.args[1].value)))
     return sorted(out)
 
@@ -59,33 +69,47 @@ def product_files() -> list[Path]:
 
 def test_every_engine_member_used_is_declared_by_a_protocol():
     bad = undeclared(product_files())
-    assert not bad, "engine members used but declared by no Protocol (engine/protocol.py):\n" + "\n".join(bad)
+    assert not bad, (
+        "engine members used but declared by no Protocol (engine/protocol.py):\n" + "\n".join(bad)
+    )
 
 
 def test_the_walk_sees_the_engine_under_each_name():
     """Not vacuous: each way the product names the engine is seen somewhere."""
     seen = {m for p in product_files() for _, m in members_used(p.read_text())}
-    assert {"submit_chat", "latest_snapshot", "model_info", "metrics_text", "queue_position",
-            "compile_structured", "submit_beam_search", "pin_system_prompt"} <= seen
+    assert {
+        "submit_chat",
+        "latest_snapshot",
+        "model_info",
+        "metrics_text",
+        "queue_position",
+        "compile_structured",
+        "submit_beam_search",
+        "pin_system_prompt",
+    } <= seen
 
 
 def test_the_check_fails_on_a_member_no_protocol_declares(tmp_path):
     """A mutant page reaching past the Protocols is reported, line by line; a module named
     `engine` (an import) is not the engine object."""
     page = tmp_path / "page.py"
-    page.write_text("import engine\n"
-                    "def f(ctx, llm):\n"
-                    "    ctx.llm.engine.scheduler.waiting\n"        # .engine on the engine object
-                    "    llm._snapshots.max_wait_s = 1\n"
-                    "    getattr(self._llm, 'kv_stats', None)\n"
-                    "    return llm.latest_snapshot(), engine.LLM\n")
+    page.write_text(
+        "import engine\n"
+        "def f(ctx, llm):\n"
+        "    ctx.llm.engine.scheduler.waiting\n"  # .engine on the engine object
+        "    llm._snapshots.max_wait_s = 1\n"
+        "    getattr(self._llm, 'kv_stats', None)\n"
+        "    return llm.latest_snapshot(), engine.LLM\n"
+    )
     global ROOT
     old, ROOT = ROOT, tmp_path
     try:
         bad = sorted(undeclared([page]))
     finally:
         ROOT = old
-    assert bad == ["page.py:3: .engine is declared by no Protocol",
-                   "page.py:3: .scheduler is declared by no Protocol",
-                   "page.py:4: ._snapshots is declared by no Protocol",
-                   "page.py:5: .kv_stats is declared by no Protocol"]
+    assert bad == [
+        "page.py:3: .engine is declared by no Protocol",
+        "page.py:3: .scheduler is declared by no Protocol",
+        "page.py:4: ._snapshots is declared by no Protocol",
+        "page.py:5: .kv_stats is declared by no Protocol",
+    ]

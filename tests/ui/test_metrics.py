@@ -1,4 +1,5 @@
 """GET /metrics (Prometheus text, parsed back strictly) and GET /api/kv on a routes-only FastAPI app."""
+
 import json
 from types import SimpleNamespace
 
@@ -22,15 +23,30 @@ def test_prometheus_text_vllm_names_and_own_gauges():
     assert v["vllm:prefix_cache_queries_total"] == 40 and v["vllm:prefix_cache_hits_total"] == 30
     assert v["vllm:num_preemptions_total"] == 1
     assert v["vllm:num_requests_running"] == 2 and v["vllm:num_requests_waiting"] == 1
-    for name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
-                 "vllm:num_preemptions_total"):
+    for name in (
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:num_preemptions_total",
+    ):
         assert p["meta"][name]["type"] == "counter"
     assert p["meta"]["vllm:num_requests_running"]["type"] == "gauge"
-    own = {k[len("paged_chat_"):]: x for k, x in v.items() if k.startswith("paged_chat_")}
-    assert own["kv_blocks_total"] == 12 and own["kv_blocks_used"] == 5 and own["kv_blocks_free"] == 7
-    assert own["kv_blocks_cached"] == 2 and own["kv_blocks_shared"] == 2 and own["kv_blocks_logical"] == 7
-    assert own["kv_blocks_saved_by_sharing"] == 2 and own["kv_bytes_saved_by_sharing"] == 2 * 4 * BPT
-    assert own["kv_capacity_tokens"] == 48 and own["kv_used_tokens"] == 15 and own["kv_free_tokens"] == 28
+    own = {k[len("paged_chat_") :]: x for k, x in v.items() if k.startswith("paged_chat_")}
+    assert (
+        own["kv_blocks_total"] == 12 and own["kv_blocks_used"] == 5 and own["kv_blocks_free"] == 7
+    )
+    assert (
+        own["kv_blocks_cached"] == 2
+        and own["kv_blocks_shared"] == 2
+        and own["kv_blocks_logical"] == 7
+    )
+    assert (
+        own["kv_blocks_saved_by_sharing"] == 2 and own["kv_bytes_saved_by_sharing"] == 2 * 4 * BPT
+    )
+    assert (
+        own["kv_capacity_tokens"] == 48
+        and own["kv_used_tokens"] == 15
+        and own["kv_free_tokens"] == 28
+    )
     assert own["kv_bytes_per_token"] == BPT and own["kv_bytes_per_block"] == 4 * BPT
     assert own["kv_bytes_total"] == 12 * 4 * BPT and own["kv_bytes_used"] == 5 * 4 * BPT
     assert own["kv_savings_vs_unshared_ratio"] == pytest.approx(2 / 7)
@@ -50,7 +66,9 @@ def test_routes_on_a_bare_fastapi_app():
     register_routes(app, llm)
     client = TestClient(app)
     r = client.get("/metrics")
-    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert r.status_code == 200 and r.headers["content-type"].startswith(
+        "text/plain; version=0.0.4"
+    )
     assert 'vllm:num_requests_waiting{model_name="SmolLM2-135M-Instruct.Q4_1"} 1' in r.text
     parse(r.text)
     r = client.get("/api/kv")
@@ -66,6 +84,14 @@ def test_routes_on_a_bare_fastapi_app():
 
 def test_model_name_of():
     from engine.exec.model_info import model_name
-    assert model_name("/a/b/Model-1B/") == "Model-1B" and model_name("/m/SmolLM2.Q4_1.gguf") == "SmolLM2.Q4_1"
-    assert model_name_of(FakeLLM()) == "SmolLM2-135M-Instruct.Q4_1"       # a ChatEngine: its model's name
-    assert model_name_of(SimpleNamespace(model_info=lambda: SimpleNamespace(name="Model-1B"))) == ""   # not one
+
+    assert (
+        model_name("/a/b/Model-1B/") == "Model-1B"
+        and model_name("/m/SmolLM2.Q4_1.gguf") == "SmolLM2.Q4_1"
+    )
+    assert (
+        model_name_of(FakeLLM()) == "SmolLM2-135M-Instruct.Q4_1"
+    )  # a ChatEngine: its model's name
+    assert (
+        model_name_of(SimpleNamespace(model_info=lambda: SimpleNamespace(name="Model-1B"))) == ""
+    )  # not one

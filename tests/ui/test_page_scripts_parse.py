@@ -1,6 +1,7 @@
 """The page's scripts are Python strings: an escape written for Python instead of JavaScript breaks
 the whole page ("Invalid or unexpected token", nothing renders). Each one is checked by Node's
 parser (Debian nodejs, installed with chromium for the browser tests)."""
+
 import shutil
 import subprocess
 
@@ -10,8 +11,15 @@ from ui.chat import shortcuts, tab_goodbye
 from ui.page_assets import PAGE_JS, URL_JS
 
 
-@pytest.mark.parametrize("name,js", [("PAGE_JS", PAGE_JS), ("URL_JS", URL_JS), ("shortcuts.JS", shortcuts.JS),
-                                     ("tab_goodbye.JS", tab_goodbye.JS)])
+@pytest.mark.parametrize(
+    "name,js",
+    [
+        ("PAGE_JS", PAGE_JS),
+        ("URL_JS", URL_JS),
+        ("shortcuts.JS", shortcuts.JS),
+        ("tab_goodbye.JS", tab_goodbye.JS),
+    ],
+)
 def test_page_script_parses(tmp_path, name, js):
     node = shutil.which("node") or shutil.which("nodejs")
     if node is None:

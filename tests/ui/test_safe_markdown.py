@@ -6,6 +6,7 @@ only harmless tags may appear, links only to http(s)/mailto/relative URLs, no im
 A seeded fuzz over tricky fragments (fences in lists, code spans across lines or table cells,
 escaped backticks, entity-encoded schemes) checks the same invariant thousands of times.
 """
+
 import random
 import re
 from html.parser import HTMLParser
@@ -16,8 +17,33 @@ from markdown_it import MarkdownIt
 from ui.safe_markdown import safe_markdown
 
 RENDERER = MarkdownIt("commonmark", {"html": True}).enable("table").enable("strikethrough")
-ALLOWED_TAGS = {"p", "em", "strong", "code", "pre", "a", "ul", "ol", "li", "h1", "h2", "h3", "h4", "h5",
-                "h6", "blockquote", "hr", "br", "table", "thead", "tbody", "tr", "th", "td", "s"}
+ALLOWED_TAGS = {
+    "p",
+    "em",
+    "strong",
+    "code",
+    "pre",
+    "a",
+    "ul",
+    "ol",
+    "li",
+    "h1",
+    "h2",
+    "h3",
+    "h4",
+    "h5",
+    "h6",
+    "blockquote",
+    "hr",
+    "br",
+    "table",
+    "thead",
+    "tbody",
+    "tr",
+    "th",
+    "td",
+    "s",
+}
 
 
 class Audit(HTMLParser):
@@ -31,11 +57,17 @@ class Audit(HTMLParser):
         for name, value in attrs:
             if tag == "a" and name == "href":
                 v = re.sub(r"[\x00-\x20]", "", value or "").lower()
-                if re.match(r"^[a-z][a-z0-9+.\-]*:", v) and not v.startswith(("http:", "https:", "mailto:")):
+                if re.match(r"^[a-z][a-z0-9+.\-]*:", v) and not v.startswith(
+                    ("http:", "https:", "mailto:")
+                ):
                     self.problems.append(f"href {value!r}")
             elif (tag, name) in (("code", "class"), ("ol", "start"), ("a", "title")):
                 pass
-            elif tag in ("th", "td") and name == "style" and re.fullmatch(r"text-align:\w+", value or ""):
+            elif (
+                tag in ("th", "td")
+                and name == "style"
+                and re.fullmatch(r"text-align:\w+", value or "")
+            ):
                 pass
             else:
                 self.problems.append(f"attribute {name}= on <{tag}>")
@@ -103,13 +135,18 @@ def test_code_keeps_its_angle_brackets():
     text = "Use `Vec<T>` here.\n\n```html\n<div class=\"x\"><img src=y></div>\n```\n\nand ~~~\n~~~\n<p>\n~~~"
     html = RENDERER.render(safe_markdown(text))
     assert "<code>Vec&lt;T&gt;</code>" in html
-    assert '<code class="language-html">&lt;div class=&quot;x&quot;&gt;&lt;img src=y&gt;&lt;/div&gt;' in html
+    assert (
+        '<code class="language-html">&lt;div class=&quot;x&quot;&gt;&lt;img src=y&gt;&lt;/div&gt;'
+        in html
+    )
     assert audit(safe_markdown(text)).problems == []
 
 
 def test_ordinary_markdown_is_unchanged():
-    text = ("# Title\n\n- one **bold**\n- two [link](https://example.org/a?b=1#c)\n\n"
-            "1. step\n\n> quote\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n[mail](mailto:x@example.org) [rel](/path)")
+    text = (
+        "# Title\n\n- one **bold**\n- two [link](https://example.org/a?b=1#c)\n\n"
+        "1. step\n\n> quote\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n[mail](mailto:x@example.org) [rel](/path)"
+    )
     assert safe_markdown(text) == text
 
 
@@ -119,10 +156,42 @@ def test_line_endings_and_bad_input():
         safe_markdown(None)
 
 
-FRAGMENTS = ["`", "``", "```", "~~~", "\n", "\n\n", " ", "    ", "|", "\\", "!", "[", "]", "(", ")", "<", ">",
-             "- ", "> ", "1. ", "# ", "text", "<img src=http://127.0.0.1:9/f.png>", "![i](http://e/x.png)",
-             "<form action=http://e>", "[x](javascript:alert(1))", "[r]: javascript:x", "[r]",
-             "&#x6a;avascript:x", "<script>x</script>", "|---|", "<a href=x onclick=y>", "<b>", "`x`"]
+FRAGMENTS = [
+    "`",
+    "``",
+    "```",
+    "~~~",
+    "\n",
+    "\n\n",
+    " ",
+    "    ",
+    "|",
+    "\\",
+    "!",
+    "[",
+    "]",
+    "(",
+    ")",
+    "<",
+    ">",
+    "- ",
+    "> ",
+    "1. ",
+    "# ",
+    "text",
+    "<img src=http://127.0.0.1:9/f.png>",
+    "![i](http://e/x.png)",
+    "<form action=http://e>",
+    "[x](javascript:alert(1))",
+    "[r]: javascript:x",
+    "[r]",
+    "&#x6a;avascript:x",
+    "<script>x</script>",
+    "|---|",
+    "<a href=x onclick=y>",
+    "<b>",
+    "`x`",
+]
 
 
 def test_fuzz_no_fetch_no_form_no_script():

@@ -9,6 +9,7 @@ tab that opens the chat again shows "searching" and then the beams, and Stop (or
 aborts it in the engine by its request id. The beams share the prompt's blocks and fork
 copy-on-write inside the engine; the UI only sees the result.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -53,8 +54,13 @@ def store(st, user_id: int, conv_id: str, ids: list[int], out) -> list[int]:
     for seq in out.sequences:
         # no prompt/cache counts: the search runs outside the chat session, its cache hits are not reported
         stats = {"output_tokens": len(seq.token_ids), "finish_reason": seq.finish_reason}
-        row = (st.add_sibling(stored[0], seq.text, token_ids=list(seq.token_ids)) if stored else
-               st.add_message(conv_id, "assistant", seq.text, parent_id=user_id, token_ids=list(seq.token_ids)))
+        row = (
+            st.add_sibling(stored[0], seq.text, token_ids=list(seq.token_ids))
+            if stored
+            else st.add_message(
+                conv_id, "assistant", seq.text, parent_id=user_id, token_ids=list(seq.token_ids)
+            )
+        )
         st.add_reply_stats(row["id"], **stats)
         stored.append(row["id"])
     if stored:
@@ -62,40 +68,49 @@ def store(st, user_id: int, conv_id: str, ids: list[int], out) -> list[int]:
     return stored
 
 
-SCORE_TIP = ("How beam search ranks its replies: the sum of the log-probabilities of the reply's "
-             "tokens divided by its length; closer to 0 is more likely")
+SCORE_TIP = (
+    "How beam search ranks its replies: the sum of the log-probabilities of the reply's "
+    "tokens divided by its length; closer to 0 is more likely"
+)
 LOGPROB_TIP = "The sum of the log-probabilities of the reply's tokens (0 would be certain)"
 
 
 def beam_markdown(k: int, seq, chosen: bool) -> str:
-    line = (f'<span title="{SCORE_TIP}">score</span> {seq.score:.3f} · '
-            f'<span title="{LOGPROB_TIP}">cumulative logprob</span> {seq.cum_logprob:.2f}')
-    return view.alternative_markdown(k, seq.text, {"output_tokens": len(seq.token_ids)}, label="Beam",
-                                     chosen=chosen) + f"\n\n*{line}*"
+    line = (
+        f'<span title="{SCORE_TIP}">score</span> {seq.score:.3f} · '
+        f'<span title="{LOGPROB_TIP}">cumulative logprob</span> {seq.cum_logprob:.2f}'
+    )
+    return (
+        view.alternative_markdown(
+            k, seq.text, {"output_tokens": len(seq.token_ids)}, label="Beam", chosen=chosen
+        )
+        + f"\n\n*{line}*"
+    )
 
 
 @dataclass(eq=False)
 class BeamTurn:
     """One beam search in a conversation, owned by it (TabRegistry.turn(conv_id)) like a Turn and
     read the same way by Stop, the idle timeout and the tabs that follow it."""
+
     conv_id: str
     user_id: int
     width: int
     rid: str = field(default_factory=lambda: f"beam-{uuid.uuid4().hex[:12]}")
     cache_salt: str | None = None
-    tenant: str | None = None         # who the fair scheduler serves and whose queue bounds count it
-    submitted: Future | None = None   # tokenize + submit, off the loop; an abort waits for it
+    tenant: str | None = None  # who the fair scheduler serves and whose queue bounds count it
+    submitted: Future | None = None  # tokenize + submit, off the loop; an abort waits for it
     task: asyncio.Task | None = None
     watchdog: asyncio.Task | None = None
-    stored: list = field(default_factory=list)    # stored ids of the beams, best first
-    alts: list = field(default_factory=list)      # markdown of each beam
-    error: str | None = None          # refused or failed: nothing stored
-    lost: bool = False                # the conversation was deleted meanwhile
-    stopping: bool = False            # Stop or the idle timeout asked the engine to end it
-    abandoned: bool = False           # aborted by the idle timeout (ui/chat/reattach.py)
-    admitted: bool = True             # a search reports no queue place: never counted as waiting
+    stored: list = field(default_factory=list)  # stored ids of the beams, best first
+    alts: list = field(default_factory=list)  # markdown of each beam
+    error: str | None = None  # refused or failed: nothing stored
+    lost: bool = False  # the conversation was deleted meanwhile
+    stopping: bool = False  # Stop or the idle timeout asked the engine to end it
+    abandoned: bool = False  # aborted by the idle timeout (ui/chat/reattach.py)
+    admitted: bool = True  # a search reports no queue place: never counted as waiting
     created: float = field(default_factory=time.monotonic)
-    wakeup: Wakeup = field(default_factory=Wakeup)   # the tabs painting it (ui/chat/wakeup.py)
+    wakeup: Wakeup = field(default_factory=Wakeup)  # the tabs painting it (ui/chat/wakeup.py)
 
     @property
     def finished(self) -> bool:
@@ -114,7 +129,7 @@ def start(ctx, bt: BeamTurn, messages: list[dict], max_tokens: int) -> BeamTurn:
     bt.submitted = submit(ctx.llm, messages, bt.width, max_tokens, bt.cache_salt, bt.rid, bt.tenant)
     loop = asyncio.get_running_loop()
     bt.task = loop.create_task(_run(ctx, bt))
-    bt.task.add_done_callback(lambda _task: bt.wakeup.wake())         # followers see it end
+    bt.task.add_done_callback(lambda _task: bt.wakeup.wake())  # followers see it end
     bt.watchdog = loop.create_task(watch_abandoned(ctx, bt, ctx.abandon_s))
     return bt
 
@@ -122,10 +137,10 @@ def start(ctx, bt: BeamTurn, messages: list[dict], max_tokens: int) -> BeamTurn:
 async def _run(ctx, bt: BeamTurn) -> None:
     try:
         bt.stored, bt.alts = await finish(ctx, bt.submitted, bt.conv_id, bt.user_id)
-    except (ValueError, RuntimeError) as e:     # refused by the engine, failed, or aborted
-        if not bt.stopping:                     # an abort that was asked for is no error
+    except (ValueError, RuntimeError) as e:  # refused by the engine, failed, or aborted
+        if not bt.stopping:  # an abort that was asked for is no error
             bt.error = str(e)
-    except NotFoundError:                       # deleted in another window meanwhile
+    except NotFoundError:  # deleted in another window meanwhile
         bt.lost = True
     finally:
         ctx.tabs.end(bt.conv_id, None, bt.submitted, bt)
@@ -135,16 +150,26 @@ def _submit(llm, messages: list[dict], width: int, max_tokens: int, cache_salt, 
     ids = prompt_ids(llm, messages)
     salt = prompt_salt(llm.get_tokenizer(), messages, ids, cache_salt)
     params = BeamSearchParams(beam_width=width, max_tokens=max_tokens)
-    return ids, llm.submit_beam_search({"prompt_token_ids": ids}, params, request_id=request_id, cache_salt=salt,
-                                       tenant=tenant)
+    return ids, llm.submit_beam_search(
+        {"prompt_token_ids": ids}, params, request_id=request_id, cache_salt=salt, tenant=tenant
+    )
 
 
-def submit(llm, messages: list[dict], width: int, max_tokens: int, cache_salt: str | None = None,
-           request_id: str | None = None, tenant: str | None = None) -> Future:
+def submit(
+    llm,
+    messages: list[dict],
+    width: int,
+    max_tokens: int,
+    cache_salt: str | None = None,
+    request_id: str | None = None,
+    tenant: str | None = None,
+) -> Future:
     """Tokenize and submit on a thread of its own: a Future of (prompt ids, search handle).
     cache_salt: the user's (ChatContext.cache_salt), like every other turn (#29.2); tenant: the
     user's (ChatContext.tenant), so the search is scheduled and bounded as theirs."""
-    return in_daemon_thread(_submit, llm, messages, width, max_tokens, cache_salt, request_id, tenant)
+    return in_daemon_thread(
+        _submit, llm, messages, width, max_tokens, cache_salt, request_id, tenant
+    )
 
 
 async def finish(ctx, submitted: Future, conv_id: str, user_id: int):
@@ -153,14 +178,23 @@ async def finish(ctx, submitted: Future, conv_id: str, user_id: int):
     ids, handle = await asyncio.wrap_future(submitted)
     try:
         out = await handle
-    except asyncio.CancelledError:      # the waiter went away (shutdown): the search must not run on
+    except asyncio.CancelledError:  # the waiter went away (shutdown): the search must not run on
         in_daemon_thread(handle.abort)
         raise
     stored = store(ctx.storage, user_id, conv_id, ids, out)
     return stored, [beam_markdown(k, s, k == 0) for k, s in enumerate(out.sequences)]
 
 
-async def run(ctx, messages: list[dict], conv_id: str, user_id: int, width: int, max_tokens: int,
-              cache_salt: str | None = None):
+async def run(
+    ctx,
+    messages: list[dict],
+    conv_id: str,
+    user_id: int,
+    width: int,
+    max_tokens: int,
+    cache_salt: str | None = None,
+):
     """Search and store, awaited in place (no tab registry: what the engine's tests drive)."""
-    return await finish(ctx, submit(ctx.llm, messages, width, max_tokens, cache_salt), conv_id, user_id)
+    return await finish(
+        ctx, submit(ctx.llm, messages, width, max_tokens, cache_salt), conv_id, user_id
+    )

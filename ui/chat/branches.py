@@ -7,6 +7,7 @@ content in the prefix cache, so the branches' common prefix stays shared in the 
 Switching is refused while a reply is being generated in the conversation (the reply belongs to
 the branch it started on; moving the view under it would paint it onto another branch).
 """
+
 from __future__ import annotations
 
 import gradio as gr
@@ -17,7 +18,7 @@ from ui.chat.painting import conversation_list, show
 
 
 def parse_command(command: str) -> int | None:
-    """"<message id>:<nonce>" written by the page's script (a nonce so that clicking the same
+    """ "<message id>:<nonce>" written by the page's script (a nonce so that clicking the same
     arrow twice is two changes) -> the message id to show, or None for anything else."""
     head = str(command or "").split(":", 1)[0]
     return int(head) if head.isdigit() else None
@@ -71,11 +72,20 @@ def pick(ctx: ChatContext, k: int, request):
     alts = []
     for i, mid in enumerate(tab.alt_ids):
         m = rows.get(mid)
-        alts.append(view.alternative_markdown(i, m["content"] if m else "", m and m["stats"],
-                                              status=m and m["status"], chosen=i == k,
-                                              split=m and thinking.stored_split(m["content"],
-                                                                                m["stats"]))
-                    if m else gr.skip())
+        alts.append(
+            view.alternative_markdown(
+                i,
+                m["content"] if m else "",
+                m and m["stats"],
+                status=m and m["status"],
+                chosen=i == k,
+                split=m and thinking.stored_split(m["content"], m["stats"]),
+            )
+            if m
+            else gr.skip()
+        )
     alts += [gr.skip()] * (view.MAX_ALTERNATIVES - len(alts))
-    buttons = [gr.Button(visible=i != k and i < len(tab.alt_ids)) for i in range(view.MAX_ALTERNATIVES)]
+    buttons = [
+        gr.Button(visible=i != k and i < len(tab.alt_ids)) for i in range(view.MAX_ALTERNATIVES)
+    ]
     return (chat, f"continuing with alternative {k + 1}", radio, *alts, *buttons)

@@ -4,6 +4,7 @@ Why a separate step: a one-click delete of the wrong chat cannot be undone (mess
 branch and the stored token ids go; the engine forgets the session). The question is built
 from the chat the tab shows at the moment of the click, the same one "Yes, delete" deletes.
 """
+
 from __future__ import annotations
 
 import html
@@ -27,8 +28,10 @@ def delete_question(ctx: ChatContext, request) -> str | None:
         return None
     total = ctx.storage.count_messages(conv["id"], owner=ctx.check(request))
     title = html.escape(conv["title"] or "Untitled")
-    return (f"**Delete “{title}”?** This deletes the conversation and all {total} of its messages "
-            f"(every branch). It cannot be undone.")
+    return (
+        f"**Delete “{title}”?** This deletes the conversation and all {total} of its messages "
+        f"(every branch). It cannot be undone."
+    )
 
 
 def current_title(ctx: ChatContext, request) -> str:

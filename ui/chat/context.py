@@ -1,4 +1,5 @@
 """What every chat handler needs: the engine, the store, the tab registry and the auth rule."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,11 +14,13 @@ class ChatContext:
     llm: object
     storage: object
     tabs: TabRegistry
-    auth: bool = False          # with --auth each user sees and may open only their own chats
-    exports: object = None      # storage.exports.PrivateExports, created on the first export
-    pins: object = None         # ui/chat/prompt_pins.PromptPins: pinned shared prompts (real engine only)
-    admins: frozenset = frozenset()   # under --auth: users who may start demo load (--admin)
-    abandon_s: float | None = None    # idle timeout of a reply no tab shows (None: reattach.ABANDON_S)
+    auth: bool = False  # with --auth each user sees and may open only their own chats
+    exports: object = None  # storage.exports.PrivateExports, created on the first export
+    pins: object = None  # ui/chat/prompt_pins.PromptPins: pinned shared prompts (real engine only)
+    admins: frozenset = frozenset()  # under --auth: users who may start demo load (--admin)
+    abandon_s: float | None = (
+        None  # idle timeout of a reply no tab shows (None: reattach.ABANDON_S)
+    )
 
     def shared_prompt(self, request) -> dict:
         """The shared system prompt new chats of this user start with ({"id", "text"})."""

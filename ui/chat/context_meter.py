@@ -10,6 +10,7 @@ stored token ids instead (prompt + reply of its last turn), and says so.
 The warning appears from WARN_FRACTION of max_model_len on, with the action "start a new chat with
 a summary" (ui/chat/summary.py): the old chat stays as it is.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,30 +22,31 @@ from ui.dashboard.groups_view import blocks_in_span, table_groups
 from ui.dashboard.vocabulary import state_of
 
 WARN_FRACTION = 0.8
-TIPS = {"pinned": "pinned: blocks of the shared system prompt, stored once and kept by the app "
-                  "for every chat",
-        "shared": "shared: blocks this chat holds together with at least one other chat (not "
-                  "pinned)",
-        "own": "own: blocks only this chat holds (ref_count 1)"}
+TIPS = {
+    "pinned": "pinned: blocks of the shared system prompt, stored once and kept by the app "
+    "for every chat",
+    "shared": "shared: blocks this chat holds together with at least one other chat (not pinned)",
+    "own": "own: blocks only this chat holds (ref_count 1)",
+}
 
 
 @dataclass(frozen=True)
 class Meter:
-    tokens: int               # prompt + reply so far (what the next turn starts from)
+    tokens: int  # prompt + reply so far (what the next turn starts from)
     max_model_len: int
-    blocks: int               # blocks of this chat's table (0 when none are held)
-    shared_blocks: int        # of them held by 2+ chats, not pinned (ui/dashboard/vocabulary.py)
-    shared_tokens: int        # tokens in those shared blocks
-    own_tokens: int           # tokens in this chat's own blocks
-    in_memory: bool           # the engine holds blocks for this chat now
-    pinned_blocks: int = 0    # of them pinned (the shared system prompt)
+    blocks: int  # blocks of this chat's table (0 when none are held)
+    shared_blocks: int  # of them held by 2+ chats, not pinned (ui/dashboard/vocabulary.py)
+    shared_tokens: int  # tokens in those shared blocks
+    own_tokens: int  # tokens in this chat's own blocks
+    in_memory: bool  # the engine holds blocks for this chat now
+    pinned_blocks: int = 0  # of them pinned (the shared system prompt)
     pinned_tokens: int = 0
-    why_not: str = ""         # not in memory: why (another version is, or nothing is)
-    source: str = ""          # where the count comes from when not from the engine's blocks
-    reasoning: thinking.ReasoningSpan | None = None   # the last reply's reasoning in the blocks
-    reasoning_kept: bool | None = None    # the template feeds past reasoning back (None: unknown)
-    reasoning_blocks: int = 0             # blocks holding it (each KV cache group that still does)
-    group_blocks: tuple = ()              # live blocks per KV cache group (the table's order)
+    why_not: str = ""  # not in memory: why (another version is, or nothing is)
+    source: str = ""  # where the count comes from when not from the engine's blocks
+    reasoning: thinking.ReasoningSpan | None = None  # the last reply's reasoning in the blocks
+    reasoning_kept: bool | None = None  # the template feeds past reasoning back (None: unknown)
+    reasoning_blocks: int = 0  # blocks holding it (each KV cache group that still does)
+    group_blocks: tuple = ()  # live blocks per KV cache group (the table's order)
 
     @property
     def fraction(self) -> float:
@@ -68,12 +70,18 @@ def from_snapshot(snap: dict, conv_id: str, max_model_len: int) -> Meter | None:
     shared_tokens = sum(f for f, c in zip(filled, codes) if c == "s")
     pinned_tokens = sum(f for f, c in zip(filled, codes) if c == "n")
     tokens = seq["num_tokens"]
-    return Meter(tokens=tokens, max_model_len=max_model_len, blocks=len(table),
-                 group_blocks=tuple(seq.get("group_blocks") or ()),
-                 shared_blocks=codes.count("s"),
-                 shared_tokens=shared_tokens,
-                 own_tokens=max(0, min(tokens, sum(filled)) - shared_tokens - pinned_tokens),
-                 in_memory=True, pinned_blocks=codes.count("n"), pinned_tokens=pinned_tokens)
+    return Meter(
+        tokens=tokens,
+        max_model_len=max_model_len,
+        blocks=len(table),
+        group_blocks=tuple(seq.get("group_blocks") or ()),
+        shared_blocks=codes.count("s"),
+        shared_tokens=shared_tokens,
+        own_tokens=max(0, min(tokens, sum(filled)) - shared_tokens - pinned_tokens),
+        in_memory=True,
+        pinned_blocks=codes.count("n"),
+        pinned_tokens=pinned_tokens,
+    )
 
 
 def from_storage(path: list[dict], max_model_len: int, why_not: str = "") -> Meter | None:
@@ -94,12 +102,23 @@ def from_storage(path: list[dict], max_model_len: int, why_not: str = "") -> Met
         return None
     if reply is not None:
         tokens += len(reply.get("token_ids") or []) or int(usage.get("output_tokens") or 0)
-    return Meter(tokens=tokens, max_model_len=max_model_len, blocks=0, shared_blocks=0, shared_tokens=0,
-                 own_tokens=0, in_memory=False, why_not=why_not, source=source)
+    return Meter(
+        tokens=tokens,
+        max_model_len=max_model_len,
+        blocks=0,
+        shared_blocks=0,
+        shared_tokens=0,
+        own_tokens=0,
+        in_memory=False,
+        why_not=why_not,
+        source=source,
+    )
 
 
-OTHER_VERSION = ("this version is not in memory now: the engine holds the version generated last "
-                 "(a message here reuses the blocks both versions share)")
+OTHER_VERSION = (
+    "this version is not in memory now: the engine holds the version generated last "
+    "(a message here reuses the blocks both versions share)"
+)
 
 
 def html(m: Meter | None) -> str:
@@ -110,31 +129,48 @@ def html(m: Meter | None) -> str:
 
     def n(key, v, text=None):
         return f'<b data-k="{key}" data-v="{v}">{escape(text or format(v, ","))}</b>'
-    parts = [f'Context {n("ctx_tokens", m.tokens)} / {n("ctx_max", m.max_model_len)} tokens '
-             f'({pct:.0f}%)' + (" (from the backend's usage)" if m.source == "usage" else "")]
+
+    parts = [
+        f'Context {n("ctx_tokens", m.tokens)} / {n("ctx_max", m.max_model_len)} tokens '
+        f'({pct:.0f}%)' + (" (from the backend's usage)" if m.source == "usage" else "")
+    ]
     if m.in_memory:
         own, none = m.blocks - m.shared_blocks - m.pinned_blocks, ""
         for key, tokens, blocks, word, tip in (
-                ("pinned", m.pinned_tokens, m.pinned_blocks, "pinned", TIPS["pinned"]),
-                ("shared", m.shared_tokens, m.shared_blocks, "shared", TIPS["shared"])):
+            ("pinned", m.pinned_tokens, m.pinned_blocks, "pinned", TIPS["pinned"]),
+            ("shared", m.shared_tokens, m.shared_blocks, "shared", TIPS["shared"]),
+        ):
             if blocks:
                 plural = "s" if blocks != 1 else ""
-                parts.append(f'<span title="{tip}">{n(f"ctx_{key}_tokens", tokens)} in '
-                             f'{n(f"ctx_{key}_blocks", blocks)} {word} block{plural}</span>')
-            else:                          # none of this kind: its number for readers, no words
+                parts.append(
+                    f'<span title="{tip}">{n(f"ctx_{key}_tokens", tokens)} in '
+                    f'{n(f"ctx_{key}_blocks", blocks)} {word} block{plural}</span>'
+                )
+            else:  # none of this kind: its number for readers, no words
                 none += f'<span hidden data-k="ctx_{key}_blocks" data-v="0"></span>'
-        parts.append(f'<span title="{TIPS["own"]}">{n("ctx_own_tokens", m.own_tokens)} in this '
-                     f'chat\'s own {n("ctx_own_blocks", own)} block{"s" if own != 1 else ""}</span>'
-                     + none + reasoning_html(m, n))
+        parts.append(
+            f'<span title="{TIPS["own"]}">{n("ctx_own_tokens", m.own_tokens)} in this '
+            f'chat\'s own {n("ctx_own_blocks", own)} block{"s" if own != 1 else ""}</span>'
+            + none
+            + reasoning_html(m, n)
+        )
     elif m.why_not:
         parts.append(f'<span data-k="ctx_other_version" data-v="1">{escape(m.why_not)}</span>')
     else:
-        parts.append("not in memory now (the next message is prefilled again, mostly from the prefix cache)")
-    warn = (f'<div class="ctx-warn" data-k="ctx_warn" data-v="1">The context is {pct:.0f}% full: at '
-            f'{m.max_model_len:,} tokens no reply fits. Start a new chat with a summary of this one '
-            f'(this chat stays as it is).</div>' if m.warn else "")
-    return (f'<div class="ctx-meter{" full" if m.warn else ""}"><span class="ctx-bar"><span style="width:'
-            f'{pct:.1f}%"></span></span> {" · ".join(parts)}{warn}</div>')
+        parts.append(
+            "not in memory now (the next message is prefilled again, mostly from the prefix cache)"
+        )
+    warn = (
+        f'<div class="ctx-warn" data-k="ctx_warn" data-v="1">The context is {pct:.0f}% full: at '
+        f'{m.max_model_len:,} tokens no reply fits. Start a new chat with a summary of this one '
+        f'(this chat stays as it is).</div>'
+        if m.warn
+        else ""
+    )
+    return (
+        f'<div class="ctx-meter{" full" if m.warn else ""}"><span class="ctx-bar"><span style="width:'
+        f'{pct:.1f}%"></span></span> {" · ".join(parts)}{warn}</div>'
+    )
 
 
 def reasoning_html(m: Meter, n) -> str:
@@ -143,14 +179,20 @@ def reasoning_html(m: Meter, n) -> str:
     r = m.reasoning
     if r is None:
         return ""
-    fate = {False: ", left out of the next prompt: freed when you send it",
-            True: ", fed back with the next prompt (the template keeps past reasoning)"}
-    tip = ("The reply's reasoning (folded above it) is KV like the rest: these blocks hold it "
-           "until the next message")
-    return (f' <span class="ctx-reasoning" title="{tip}">(reasoning: '
-            f'{n("ctx_reasoning_tokens", r.tokens)} tokens in '
-            f'{n("ctx_reasoning_blocks", m.reasoning_blocks)} of them'
-            f'{fate.get(m.reasoning_kept, "")})</span>')
+    fate = {
+        False: ", left out of the next prompt: freed when you send it",
+        True: ", fed back with the next prompt (the template keeps past reasoning)",
+    }
+    tip = (
+        "The reply's reasoning (folded above it) is KV like the rest: these blocks hold it "
+        "until the next message"
+    )
+    return (
+        f' <span class="ctx-reasoning" title="{tip}">(reasoning: '
+        f'{n("ctx_reasoning_tokens", r.tokens)} tokens in '
+        f'{n("ctx_reasoning_blocks", m.reasoning_blocks)} of them'
+        f'{fate.get(m.reasoning_kept, "")})</span>'
+    )
 
 
 CSS = """
@@ -171,21 +213,26 @@ def for_tab(ctx, request) -> Meter | None:
         return None
     try:
         snap = ctx.llm.latest_snapshot()
-    except RuntimeError:                    # the engine is shutting down
+    except RuntimeError:  # the engine is shutting down
         snap = {}
     m = from_snapshot(snap, tab.conv_id, ctx.max_model_len) if snap.get("blocks") else None
     # the engine's session holds the branch its last turn ran; the screen may show another one (a
     # version switched to, a beam or alternative picked): then the screen's, from storage
     held = ctx.tabs.session_leaf(tab.conv_id)
-    other = (m is not None and held is not None and tab.shown_ids and tab.shown_ids[-1] != held
-             and not ctx.tabs.is_busy(tab.conv_id))
+    other = (
+        m is not None
+        and held is not None
+        and tab.shown_ids
+        and tab.shown_ids[-1] != held
+        and not ctx.tabs.is_busy(tab.conv_id)
+    )
     if m is None or other:
         try:
             path = ctx.storage.get_messages(tab.conv_id, owner=ctx.check(request))
         except (KeyError, PermissionError):
             return None
         m = from_storage(path, ctx.max_model_len, OTHER_VERSION if other else "") or m
-    elif ctx.llm.model_info().reasoning_markers:      # a thinking model: where its reasoning sits
+    elif ctx.llm.model_info().reasoning_markers:  # a thinking model: where its reasoning sits
         m = with_reasoning(ctx, request, tab.conv_id, m, snap.get("block_size") or 0)
     return m
 
@@ -207,5 +254,9 @@ def with_reasoning(ctx, request, conv_id: str, m: Meter, block_size: int) -> Met
     held = blocks_in_span(split, span.first_block, span.last_block)
     if not held:
         return m
-    return dataclasses.replace(m, reasoning=span, reasoning_blocks=held,
-                               reasoning_kept=thinking.template_keeps_reasoning(tok))
+    return dataclasses.replace(
+        m,
+        reasoning=span,
+        reasoning_blocks=held,
+        reasoning_kept=thinking.template_keeps_reasoning(tok),
+    )

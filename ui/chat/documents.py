@@ -14,6 +14,7 @@ inflated-content limits (ui/chat/pdf_text.py); a scanned PDF without a text laye
 OCR). Without pypdf installed, a PDF is refused with a sentence saying so. `UploadSlots` bounds
 how many documents one user (and everyone) may have being read at once.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,12 +24,15 @@ from html import escape
 from storage.messages import DOCUMENT_BLOCK
 
 MAX_BYTES = 256 * 1024
-MAX_PDF_BYTES = 16 * 1024 * 1024      # a PDF's file; its extracted text is held to MAX_BYTES like any text
+MAX_PDF_BYTES = (
+    16 * 1024 * 1024
+)  # a PDF's file; its extracted text is held to MAX_BYTES like any text
 MAX_PDF_PAGES = 300
 TEXT_EXTENSIONS = frozenset(
     ".txt .md .markdown .rst .py .js .ts .tsx .jsx .json .csv .tsv .yaml .yml .toml .ini .cfg .html .css .xml "
-    ".c .h .cc .cpp .hpp .rs .go .java .kt .rb .php .sh .sql .log .tex".split())
-_BLOCK = DOCUMENT_BLOCK      # the wrapper's one pattern (storage/messages.py: titles read it too)
+    ".c .h .cc .cpp .hpp .rs .go .java .kt .rb .php .sh .sql .log .tex".split()
+)
+_BLOCK = DOCUMENT_BLOCK  # the wrapper's one pattern (storage/messages.py: titles read it too)
 
 
 @dataclass(frozen=True)
@@ -76,16 +80,21 @@ def _pdf_text(path: str, name: str) -> str:
     if size > MAX_PDF_BYTES:
         raise ValueError(f"{name} is {size:,} bytes; a PDF may have at most {MAX_PDF_BYTES:,}")
     from ui.chat.pdf_text import read_pdf
+
     out = read_pdf(path, MAX_PDF_PAGES, MAX_BYTES)
     if "missing" in out:
-        raise ValueError(f"{name}: PDF needs the pypdf package, which is not installed here "
-                         "(attach the text instead)")
+        raise ValueError(
+            f"{name}: PDF needs the pypdf package, which is not installed here "
+            "(attach the text instead)"
+        )
     if "refused" in out:
         sentence = str(out["refused"])
         raise ValueError(f"{name}{'' if sentence.startswith(chr(39)) else ' '}{sentence}")
     text = str(out.get("text", ""))
     if not text.strip():
-        raise ValueError(f"{name} has no text layer (a scanned PDF?); only PDFs with text can be attached")
+        raise ValueError(
+            f"{name} has no text layer (a scanned PDF?); only PDFs with text can be attached"
+        )
     return text
 
 
@@ -96,6 +105,7 @@ class UploadSlots:
 
     def __init__(self, per_user: int = 1, total: int | None = None):
         import threading
+
         self.per_user = per_user
         self.total = total if total is not None else max(2, os.cpu_count() or 2)
         self._lock = threading.Lock()
@@ -106,11 +116,15 @@ class UploadSlots:
         with self._lock:
             mine = self._busy.get(user, 0)
             if mine >= self.per_user:
-                return ("another document of yours is still being read; attach this one when it "
-                        f"is done (at most {self.per_user} at a time per user)")
+                return (
+                    "another document of yours is still being read; attach this one when it "
+                    f"is done (at most {self.per_user} at a time per user)"
+                )
             if sum(self._busy.values()) >= self.total:
-                return (f"the server is reading {self.total} documents already; try again in a few "
-                        f"seconds")
+                return (
+                    f"the server is reading {self.total} documents already; try again in a few "
+                    f"seconds"
+                )
             self._busy[user] = mine + 1
             return None
 
@@ -127,9 +141,11 @@ def check_fits(doc: Document, used_tokens: int, max_model_len: int, attached=())
     """Refuse a document that cannot fit the context beside the chat and the other attachments."""
     total = used_tokens + sum(d.tokens for d in attached) + doc.tokens
     if total >= max_model_len:
-        raise ValueError(f"{doc.name} has {doc.tokens:,} tokens; with this chat's {used_tokens:,} and "
-                         f"{sum(d.tokens for d in attached):,} already attached that is {total:,}, and the "
-                         f"context holds {max_model_len:,}")
+        raise ValueError(
+            f"{doc.name} has {doc.tokens:,} tokens; with this chat's {used_tokens:,} and "
+            f"{sum(d.tokens for d in attached):,} already attached that is {total:,}, and the "
+            f"context holds {max_model_len:,}"
+        )
 
 
 def message_text(docs, text: str) -> str:
@@ -157,9 +173,11 @@ def chips_html(docs) -> str:
     if not docs:
         return ""
     total = sum(d.tokens for d in docs)
-    return (f'<div class="doc-chips" data-k="doc_tokens" data-v="{total}">'
-            + "".join(chip(d.name, d.tokens) for d in docs)
-            + ' <span class="doc-note">sent with your next message</span></div>')
+    return (
+        f'<div class="doc-chips" data-k="doc_tokens" data-v="{total}">'
+        + "".join(chip(d.name, d.tokens) for d in docs)
+        + ' <span class="doc-note">sent with your next message</span></div>'
+    )
 
 
 def display(content: str, render) -> str:
@@ -168,8 +186,11 @@ def display(content: str, render) -> str:
     docs, rest = split(content)
     if not docs:
         return render(content)
-    chips = " ".join(f'<span class="doc-chip" title="attached document">{ICON}{escape(n)} · '
-                     f'{t.count(chr(10)) + 1:,} lines</span>' for n, t in docs)
+    chips = " ".join(
+        f'<span class="doc-chip" title="attached document">{ICON}{escape(n)} · '
+        f'{t.count(chr(10)) + 1:,} lines</span>'
+        for n, t in docs
+    )
     return f"{chips}\n\n{render(rest)}"
 
 

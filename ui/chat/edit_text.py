@@ -11,6 +11,7 @@ How: the displayed string is split into segments, each tied to the original text
 nothing). A character-level diff of displayed -> edited then says which segments survived intact:
 those give back their original text, everything else is the user's own typing.
 """
+
 from __future__ import annotations
 
 import re
@@ -29,7 +30,7 @@ def displayed(original: str) -> str:
 def _segments(original: str, shown: str) -> list[tuple[int, int, str]]:
     """(start, end) spans of `shown`, each with the original text it stands for, covering it."""
     segs: list[tuple[int, int, str]] = []
-    pending = ""                                    # original text that vanished from the display
+    pending = ""  # original text that vanished from the display
     for op, i1, i2, j1, j2 in SequenceMatcher(None, original, shown, autojunk=False).get_opcodes():
         if op == "equal":
             for k in range(j2 - j1):
@@ -37,7 +38,7 @@ def _segments(original: str, shown: str) -> list[tuple[int, int, str]]:
                 pending = ""
         elif op == "delete":
             pending += original[i1:i2]
-        else:                                       # replace / insert: one segment, all or nothing
+        else:  # replace / insert: one segment, all or nothing
             segs.append((j1, j2, pending + original[i1:i2]))
             pending = ""
     if pending and segs:
@@ -53,19 +54,19 @@ def typed_text(edited: str, original: str) -> str:
     if edited == shown:
         return original
     segs = _segments(original, shown)
-    kept = [False] * len(shown)                     # shown chars that survive unchanged, in place
-    out_of: dict[int, int] = {}                     # shown index -> edited index for kept chars
+    kept = [False] * len(shown)  # shown chars that survive unchanged, in place
+    out_of: dict[int, int] = {}  # shown index -> edited index for kept chars
     blocks = SequenceMatcher(None, shown, edited, autojunk=False).get_matching_blocks()
     for a, b, size in blocks:
         for k in range(size):
             kept[a + k] = True
             out_of[a + k] = b + k
-    out, e = [], 0                                  # e: next edited char not yet emitted
+    out, e = [], 0  # e: next edited char not yet emitted
     for start, end, orig in segs:
         if all(kept[start:end]) and end > start:
             first = out_of[start]
             if all(out_of[start + k] == first + k for k in range(end - start)):
-                out.append(edited[e:first])         # the user's typing before this segment
+                out.append(edited[e:first])  # the user's typing before this segment
                 out.append(orig)
                 e = first + (end - start)
     out.append(edited[e:])

@@ -6,6 +6,7 @@ reply, a second /stop returned her whole conversation, and /close_tab released h
 hash names a tab; the login says who is asking. Every per-tab call therefore checks that the
 asking user is the tab's owner before reading or changing anything.
 """
+
 from __future__ import annotations
 
 import gradio as gr
@@ -15,8 +16,10 @@ class TabOwnerError(gr.Error, PermissionError):
     """Another user's tab: refused with a plain message, nothing read or changed."""
 
     def __init__(self):
-        super().__init__("This browser session belongs to another user; nothing was changed.",
-                         title="Not allowed")
+        super().__init__(
+            "This browser session belongs to another user; nothing was changed.",
+            title="Not allowed",
+        )
 
 
 def check_owner(tab, username: str | None) -> None:

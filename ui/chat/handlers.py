@@ -11,6 +11,7 @@ chat again reattaches (`follow`). Stop is what ends a reply (and, for a reply no
 idle timeout of ui/chat/reattach.py). How a reply is painted into a tab (the yields, the
 streams that follow a turn) is ui/chat/painting.py.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,13 +24,24 @@ from storage import ConversationDeletedError
 from ui.chat.edit_text import typed_text
 from ui.chat import beam, limits, states, view
 from ui.chat.context import ChatContext
-from ui.chat.painting import (conversation_list, eos_ids, follow_beam, follow_turn, generate,
-                              list_radio, outputs, show, view_signature)
+from ui.chat.painting import (
+    conversation_list,
+    eos_ids,
+    follow_beam,
+    follow_turn,
+    generate,
+    list_radio,
+    outputs,
+    show,
+    view_signature,
+)
 from ui.chat.turn import Turn, abort_turn, previous_ids, start_turn
 
 # a chat event's outputs: msg box, chatbot, status, conversation list, alt row, alts, pick buttons, send, stop
-ONE_AT_A_TIME = ("One reply at a time: a reply is already being generated in this chat. Your message is kept "
-                 "in the box; send it when the reply ends, or press Stop (Esc).")
+ONE_AT_A_TIME = (
+    "One reply at a time: a reply is already being generated in this chat. Your message is kept "
+    "in the box; send it when the reply ends, or press Stop (Esc)."
+)
 
 
 async def follow(ctx: ChatContext, request):
@@ -41,7 +53,9 @@ async def follow(ctx: ChatContext, request):
     if turn is None or turn.finished or tab.following is turn:
         yield outputs()
         return
-    path = view.path_until(ctx.storage.get_messages(turn.conv_id, through=turn.user_id), turn.user_id)
+    path = view.path_until(
+        ctx.storage.get_messages(turn.conv_id, through=turn.user_id), turn.user_id
+    )
     painter = follow_beam if isinstance(turn, beam.BeamTurn) else follow_turn
     async for out in painter(ctx, request, tab, turn, show(tab, path, ctx)):
         yield out
@@ -54,7 +68,7 @@ def refresh(ctx: ChatContext, query: str | None, request):
     tab = ctx.tab(request)
     try:
         query = limits.search_query(query)
-    except gr.Error:                # refused where it was typed (search); the tick lists all
+    except gr.Error:  # refused where it was typed (search); the tick lists all
         query = None
     query = (query or "").strip() or None
     rows = ctx.storage.list_conversations(owner=ctx.check(request), query=query)
@@ -70,7 +84,10 @@ def refresh(ctx: ChatContext, query: str | None, request):
             path = ctx.storage.get_messages(tab.conv_id, owner=ctx.check(request))
         except (KeyError, PermissionError):
             path = None
-        if path is not None and view_signature(path, ctx.storage.branch_versions(tab.conv_id)) != tab.view_sig:
+        if (
+            path is not None
+            and view_signature(path, ctx.storage.branch_versions(tab.conv_id)) != tab.view_sig
+        ):
             chat = show(tab, path, ctx)
     return radio, chat
 
@@ -96,7 +113,7 @@ async def send(ctx: ChatContext, message: str, kw: dict, request):
     One pass (issue 46.5): the branch is read once, here, after the chat is marked busy (so no
     reply can end and change it meanwhile); the prompt is rendered and tokenized once
     (`prepare_chat`), its length checked, and the same prompt goes to the turn and the engine."""
-    message = limits.message(view.text_of(message))      # before anything is stored or tokenized
+    message = limits.message(view.text_of(message))  # before anything is stored or tokenized
     if not message.strip():
         gr.Info("Type a message first.")
         yield outputs()
@@ -104,18 +121,23 @@ async def send(ctx: ChatContext, message: str, kw: dict, request):
     st, tab = ctx.storage, ctx.tab(request)
     conv = _current_conversation(ctx, request, tab)
     if conv is not None and not ctx.tabs.begin(conv["id"]):
-        _busy_notice()               # the message stays in the box; the status line says why
+        _busy_notice()  # the message stays in the box; the status line says why
         yield outputs(status=ONE_AT_A_TIME)
         return
     try:
-        system = (st.conversation_system_prompt(conv["id"]) if conv else
-                  ctx.shared_prompt(request)["text"])
+        system = (
+            st.conversation_system_prompt(conv["id"])
+            if conv
+            else ctx.shared_prompt(request)["text"]
+        )
         path = st.get_messages(conv["id"]) if conv else []
-        prepared = await asyncio.to_thread(      # tokenizing: off the event loop
+        prepared = await asyncio.to_thread(  # tokenizing: off the event loop
             ctx.llm.prepare_chat,
             view.engine_messages(system, path + [{"role": "user", "content": message}]),
-            previous_ids=previous_ids(path), session_id=conv["id"] if conv else None,
-            thinking=kw.get("thinking"))
+            previous_ids=previous_ids(path),
+            session_id=conv["id"] if conv else None,
+            thinking=kw.get("thinking"),
+        )
         too_long = prepared.num_tokens >= ctx.max_model_len
         if too_long and conv is not None:
             ctx.tabs.end(conv["id"])
@@ -126,14 +148,17 @@ async def send(ctx: ChatContext, message: str, kw: dict, request):
     if too_long:
         shown = show(tab, path, ctx)
         notice = view.too_long_notice(prepared.num_tokens, ctx.max_model_len)
-        yield outputs(chat=shown + [{"role": "user", "content": message},
-                                    {"role": "assistant", "content": notice}], status=notice)
+        yield outputs(
+            chat=shown
+            + [{"role": "user", "content": message}, {"role": "assistant", "content": notice}],
+            status=notice,
+        )
         return
     try:
         if conv is None:
             conv = st.create_conversation(owner=ctx.owner(request))
             ctx.tabs.open(tab, conv["id"])
-            ctx.tabs.begin(conv["id"])           # new: nobody else can be generating in it
+            ctx.tabs.begin(conv["id"])  # new: nobody else can be generating in it
         ctx.remember_thinking(conv["id"], kw.get("thinking"), request)
         user = st.add_message(conv["id"], "user", message, owner=ctx.check(request))
     except BaseException as e:
@@ -142,8 +167,9 @@ async def send(ctx: ChatContext, message: str, kw: dict, request):
         if isinstance(e, ConversationDeletedError):
             raise gr.Error(view.DELETED_TEXT) from None
         raise
-    async for out in generate(ctx, request, tab, conv["id"], path + [user], kw, first_msg="",
-                              prepared=prepared):
+    async for out in generate(
+        ctx, request, tab, conv["id"], path + [user], kw, first_msg="", prepared=prepared
+    ):
         yield out
 
 
@@ -157,7 +183,7 @@ async def regenerate(ctx: ChatContext, kw: dict, request):
         gr.Info("Nothing to regenerate yet.")
         yield outputs()
         return
-    after = path[path.index(last_user) + 1:]
+    after = path[path.index(last_user) + 1 :]
     sibling_of = after[0]["id"] if after and after[0]["role"] == "assistant" else None
     if not ctx.tabs.begin(conv["id"]):
         _busy_notice()
@@ -168,15 +194,20 @@ async def regenerate(ctx: ChatContext, kw: dict, request):
     except BaseException:
         ctx.tabs.end(conv["id"])
         raise
-    async for out in generate(ctx, request, tab, conv["id"], path[: path.index(last_user) + 1], kw,
-                              sibling_of=sibling_of):
+    async for out in generate(
+        ctx, request, tab, conv["id"], path[: path.index(last_user) + 1], kw, sibling_of=sibling_of
+    ):
         yield out
 
 
 CONTINUE_NOTHING = "Nothing to continue: the last message on screen is not a stored reply."
-CONTINUE_COMPLETE = "This reply is complete (the model ended its turn); there is nothing to continue."
-CONTINUE_UNSUPPORTED = ("Continue runs only on the built-in engine; this app serves a remote backend (--backend), "
-                        "which cannot extend a stored reply in place.")
+CONTINUE_COMPLETE = (
+    "This reply is complete (the model ended its turn); there is nothing to continue."
+)
+CONTINUE_UNSUPPORTED = (
+    "Continue runs only on the built-in engine; this app serves a remote backend (--backend), "
+    "which cannot extend a stored reply in place."
+)
 
 
 async def continue_reply(ctx: ChatContext, kw: dict, request):
@@ -188,8 +219,13 @@ async def continue_reply(ctx: ChatContext, kw: dict, request):
     path = st.get_messages(conv["id"]) if conv else []
     last = path[-1] if path else None
     user = path[-2] if len(path) >= 2 else None
-    if last is None or last["role"] != "assistant" or not last.get("token_ids") or user is None \
-            or not user.get("token_ids"):
+    if (
+        last is None
+        or last["role"] != "assistant"
+        or not last.get("token_ids")
+        or user is None
+        or not user.get("token_ids")
+    ):
         gr.Info(CONTINUE_NOTHING)
         yield outputs(status=CONTINUE_NOTHING)
         return
@@ -203,15 +239,21 @@ async def continue_reply(ctx: ChatContext, kw: dict, request):
         return
     kw = {**kw, "n": 1}
     kw.pop("beam_width", None)
-    kw.pop("thinking", None)            # the reply's prompt is rendered already: its ids as is
+    kw.pop("thinking", None)  # the reply's prompt is rendered already: its ids as is
     if not ctx.tabs.begin(conv["id"]):
         _busy_notice()
         yield outputs()
         return
     conv_id = conv["id"]
     messages = view.engine_messages(st.conversation_system_prompt(conv_id), path[:-1])
-    turn = Turn(conv_id, user["id"], 1, cache_salt=ctx.cache_salt(request), continues=last,
-                tenant=ctx.tenant(request))
+    turn = Turn(
+        conv_id,
+        user["id"],
+        1,
+        cache_salt=ctx.cache_salt(request),
+        continues=last,
+        tenant=ctx.tenant(request),
+    )
     try:
         start_turn(ctx, turn, messages, kw, None)
     except BaseException:
@@ -220,8 +262,14 @@ async def continue_reply(ctx: ChatContext, kw: dict, request):
     try:
         shown = show(tab, path[:-1], ctx)
         tab.alt_ids = []
-        yield outputs(None, shown + [{"role": "assistant", "content": view.live_reply(turn.texts[0], True)}],
-                      states.live_status(states.GENERATING), conversation_list(ctx, request, conv_id), [], busy=True)
+        yield outputs(
+            None,
+            shown + [{"role": "assistant", "content": view.live_reply(turn.texts[0], True)}],
+            states.live_status(states.GENERATING),
+            conversation_list(ctx, request, conv_id),
+            [],
+            busy=True,
+        )
         async for out in follow_turn(ctx, request, tab, turn, shown):
             yield out
     except (asyncio.CancelledError, GeneratorExit):
@@ -236,14 +284,16 @@ async def edit(ctx: ChatContext, index, new_text, kw: dict, request):
     conv = _current_conversation(ctx, request, tab)
     index = index[0] if isinstance(index, (list, tuple)) else index
     new_text = limits.message(view.text_of(new_text))
-    branch = st.get_messages(conv["id"]) if conv else []      # the one read of the branch
+    branch = st.get_messages(conv["id"]) if conv else []  # the one read of the branch
     restore = show(tab, branch, ctx) if conv else []
     shown_ids = list(tab.shown_ids)
     if conv is None or not isinstance(index, int) or not 0 <= index < len(shown_ids):
         yield outputs(chat=restore)
         return
     old = st.get_message(shown_ids[index], owner=ctx.check(request))
-    new_text = typed_text(new_text, old["content"])     # the edit box started from the safe display form
+    new_text = typed_text(
+        new_text, old["content"]
+    )  # the edit box started from the safe display form
     if old["role"] != "user":
         gr.Info("Only your own messages can be edited.")
         yield outputs(chat=restore)
@@ -257,7 +307,10 @@ async def edit(ctx: ChatContext, index, new_text, kw: dict, request):
     prepared = await asyncio.to_thread(
         ctx.llm.prepare_chat,
         view.engine_messages(system, before + [{"role": "user", "content": new_text}]),
-        previous_ids=previous_ids(before), session_id=conv["id"], thinking=kw.get("thinking"))
+        previous_ids=previous_ids(before),
+        session_id=conv["id"],
+        thinking=kw.get("thinking"),
+    )
     if prepared.num_tokens >= ctx.max_model_len:
         notice = view.too_long_notice(prepared.num_tokens, ctx.max_model_len)
         yield outputs(chat=restore, status=notice)
@@ -273,8 +326,9 @@ async def edit(ctx: ChatContext, index, new_text, kw: dict, request):
     except BaseException:
         ctx.tabs.end(conv["id"])
         raise
-    async for out in generate(ctx, request, tab, conv["id"], before + [user], kw,
-                              prepared=prepared):
+    async for out in generate(
+        ctx, request, tab, conv["id"], before + [user], kw, prepared=prepared
+    ):
         yield out
 
 

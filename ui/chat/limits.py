@@ -8,6 +8,7 @@ no other session is touched. Limits are generous for real use and far below what
 the model's context holds a few thousand tokens, so a message past MAX_MESSAGE_CHARS can never
 fit and is refused without tokenizing it.
 """
+
 from __future__ import annotations
 
 import gradio as gr
@@ -15,9 +16,9 @@ import gradio as gr
 from engine import SamplingParams
 from ui.chat import view
 
-MAX_MESSAGE_CHARS = 100_000       # > 4 chars/token x the largest context this app is run with
+MAX_MESSAGE_CHARS = 100_000  # > 4 chars/token x the largest context this app is run with
 MAX_TITLE_CHARS = 200
-MAX_PROMPT_CHARS = 20_000         # a system prompt (shared or per conversation)
+MAX_PROMPT_CHARS = 20_000  # a system prompt (shared or per conversation)
 MAX_SEARCH_CHARS = 200
 MAX_IMPORT_BYTES = 10 * 1024 * 1024
 MAX_IMPORT_MESSAGES = 10_000
@@ -38,8 +39,10 @@ def check_text(text, what: str, limit: int) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise _invalid(what, "contains an invalid character (a lone UTF-16 surrogate); "
-                             "remove it and try again.") from None
+        raise _invalid(
+            what,
+            "contains an invalid character (a lone UTF-16 surrogate); remove it and try again.",
+        ) from None
     return text
 
 
@@ -63,7 +66,9 @@ def sampling(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n)
     """Widget values -> SamplingParams keyword arguments, validated as SamplingParams would
     (finite, in range, temperature 0 or >= its minimum) before the handler stores anything."""
     try:
-        kw = view.sampling_kwargs(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n)
+        kw = view.sampling_kwargs(
+            temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n
+        )
         SamplingParams(**kw)
     except (ValueError, TypeError, OverflowError) as e:
         raise gr.Error(f"Sampling settings not accepted: {e}", title="Not accepted") from None
@@ -73,10 +78,13 @@ def sampling(temperature, top_p, top_k, max_tokens, repetition_penalty, seed, n)
 def import_size(path) -> None:
     """Refuse an import file by its size before reading it."""
     import os
+
     size = os.path.getsize(path)
     if size > MAX_IMPORT_BYTES:
-        raise _invalid("The import file", f"is too large: {size / 2**20:.1f} MB; the limit is "
-                                          f"{MAX_IMPORT_BYTES // 2**20} MB.")
+        raise _invalid(
+            "The import file",
+            f"is too large: {size / 2**20:.1f} MB; the limit is {MAX_IMPORT_BYTES // 2**20} MB.",
+        )
 
 
 def import_data(data) -> None:
@@ -84,8 +92,10 @@ def import_data(data) -> None:
     msgs = data.get("messages") if isinstance(data, dict) else None
     if isinstance(msgs, list):
         if len(msgs) > MAX_IMPORT_MESSAGES:
-            raise _invalid("The import file", f"has {len(msgs):,} messages; the limit is "
-                                              f"{MAX_IMPORT_MESSAGES:,}.")
+            raise _invalid(
+                "The import file",
+                f"has {len(msgs):,} messages; the limit is {MAX_IMPORT_MESSAGES:,}.",
+            )
         for m in msgs:
             if isinstance(m, dict) and isinstance(m.get("content"), str):
                 message(m["content"])

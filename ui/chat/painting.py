@@ -5,6 +5,7 @@ shows its conversation: `generate` starts one, `follow_turn` / `follow_beam` pai
 and the tab gets its current view (`current_view`); the reply itself goes on (ui/chat/turn.py).
 The user's actions that lead here (send, regenerate, edit, continue, stop) are ui/chat/handlers.py.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +18,7 @@ from ui.chat.context import ChatContext
 from ui.chat.turn import Turn, previous_ids, start_turn
 from ui.chat.wakeup import QUEUE_REFRESH_S, Wakeup
 
-YIELD_S = 0.05         # at most ~20 page updates a second per stream
+YIELD_S = 0.05  # at most ~20 page updates a second per stream
 
 
 def outputs(msg=None, chat=None, status=None, radio=None, alts=None, picks=(), busy=None) -> tuple:
@@ -25,14 +26,22 @@ def outputs(msg=None, chat=None, status=None, radio=None, alts=None, picks=(), b
     with a "Continue with this one" button (none while generating, never the one already on screen:
     no button that does nothing); `busy`: Stop instead of Send (one button that changes with state)."""
     skip = gr.skip()
-    out = [skip if msg is None else msg, skip if chat is None else chat,
-           skip if status is None else status, skip if radio is None else radio]
+    out = [
+        skip if msg is None else msg,
+        skip if chat is None else chat,
+        skip if status is None else status,
+        skip if radio is None else radio,
+    ]
     if alts is None:
         out += [skip] * (1 + 2 * view.MAX_ALTERNATIVES)
     else:
         out.append(gr.Row(visible=bool(alts)))
-        out += [gr.Markdown(value=alts[i], visible=True) if i < len(alts) else gr.Markdown(visible=False)
-                for i in range(view.MAX_ALTERNATIVES)]
+        out += [
+            gr.Markdown(value=alts[i], visible=True)
+            if i < len(alts)
+            else gr.Markdown(visible=False)
+            for i in range(view.MAX_ALTERNATIVES)
+        ]
         out += [gr.Button(visible=i in picks) for i in range(view.MAX_ALTERNATIVES)]
     if busy is None:
         out += [skip, skip]
@@ -50,8 +59,7 @@ def eos_ids(ctx: ChatContext) -> frozenset:
 def list_radio(choices: list, value, query: str | None = None):
     """The conversation list; a search that matches nothing says so instead of an empty box."""
     if query and not choices:
-        return gr.Radio(choices=[], value=None, label=f"No chats match “{query}”",
-                        show_label=True)
+        return gr.Radio(choices=[], value=None, label=f"No chats match “{query}”", show_label=True)
     return gr.Radio(choices=choices, value=value, label="Conversations", show_label=False)
 
 
@@ -80,38 +88,74 @@ def view_signature(path: list[dict], versions: dict | None = None) -> tuple:
     return tuple((m["id"], m["status"], len(m["content"])) for m in path) + (n,)
 
 
-async def generate(ctx: ChatContext, request, tab, conv_id: str, path: list[dict], kw: dict,
-                   sibling_of: int | None = None, first_msg: str | None = None,
-                   prepared: PreparedPrompt | None = None):
+async def generate(
+    ctx: ChatContext,
+    request,
+    tab,
+    conv_id: str,
+    path: list[dict],
+    kw: dict,
+    sibling_of: int | None = None,
+    first_msg: str | None = None,
+    prepared: PreparedPrompt | None = None,
+):
     """Start a reply to the stored user message that ends `path` and paint it while this tab shows
     its conversation. `path` is the branch as the handler read it, plus that message: the branch
     is not read again. `prepared`: the prompt the handler counted (its messages are the turn's).
     The caller has called tabs.begin(conv_id); the turn always calls tabs.end."""
     user_id = path[-1]["id"]
-    messages = (list(prepared.messages) if prepared is not None else
-                view.engine_messages(ctx.storage.conversation_system_prompt(conv_id), path))
+    messages = (
+        list(prepared.messages)
+        if prepared is not None
+        else view.engine_messages(ctx.storage.conversation_system_prompt(conv_id), path)
+    )
     kw = dict(kw)
     width = kw.pop("beam_width", 0)
-    think = kw.pop("thinking", None)       # the template's switch, not a sampling parameter
+    think = kw.pop("thinking", None)  # the template's switch, not a sampling parameter
     if width:
-        async for out in _beam_reply(ctx, request, tab, conv_id, messages, path, user_id, width, kw, first_msg):
+        async for out in _beam_reply(
+            ctx, request, tab, conv_id, messages, path, user_id, width, kw, first_msg
+        ):
             yield out
         return
-    turn = Turn(conv_id, user_id, kw["n"], cache_salt=ctx.cache_salt(request),
-                tenant=ctx.tenant(request), thinking=think)
+    turn = Turn(
+        conv_id,
+        user_id,
+        kw["n"],
+        cache_salt=ctx.cache_salt(request),
+        tenant=ctx.tenant(request),
+        thinking=think,
+    )
     try:
-        start_turn(ctx, turn, messages, kw, sibling_of, previous_ids=previous_ids(path[:-1]),
-                   prepared=prepared)
+        start_turn(
+            ctx,
+            turn,
+            messages,
+            kw,
+            sibling_of,
+            previous_ids=previous_ids(path[:-1]),
+            prepared=prepared,
+        )
     except BaseException:
         ctx.tabs.end(conv_id)
         raise
     try:
         shown = show(tab, path, ctx)
         tab.alt_ids = []
-        alts = [view.alternative_markdown(i, "", None, admitted=False) for i in range(turn.n)] if turn.n > 1 else []
+        alts = (
+            [view.alternative_markdown(i, "", None, admitted=False) for i in range(turn.n)]
+            if turn.n > 1
+            else []
+        )
         queued = states.live_status(states.QUEUED, ctx.tabs.queue_position(turn))
-        yield outputs(first_msg, shown + [{"role": "assistant", "content": view.live_reply("", False, state=queued)}],
-                      queued, conversation_list(ctx, request, conv_id), alts, busy=True)
+        yield outputs(
+            first_msg,
+            shown + [{"role": "assistant", "content": view.live_reply("", False, state=queued)}],
+            queued,
+            conversation_list(ctx, request, conv_id),
+            alts,
+            busy=True,
+        )
         async for out in follow_turn(ctx, request, tab, turn, shown):
             yield out
     except (asyncio.CancelledError, GeneratorExit):
@@ -125,7 +169,9 @@ async def generate(ctx: ChatContext, request, tab, conv_id: str, path: list[dict
 async def _beam_reply(ctx, request, tab, conv_id, messages, path, user_id, width, kw, first_msg):
     """Beam search instead of sampling (ui/chat/beam.py): a BeamTurn owned by the conversation like
     a Turn; this tab paints "searching", then the k beams side by side."""
-    bt = beam.BeamTurn(conv_id, user_id, width, cache_salt=ctx.cache_salt(request), tenant=ctx.tenant(request))
+    bt = beam.BeamTurn(
+        conv_id, user_id, width, cache_salt=ctx.cache_salt(request), tenant=ctx.tenant(request)
+    )
     try:
         beam.start(ctx, bt, messages, kw["max_tokens"])
     except BaseException:
@@ -142,10 +188,13 @@ async def follow_beam(ctx: ChatContext, request, tab, bt: beam.BeamTurn, shown: 
     """Paint a beam search into this tab: "searching" until it ends (a search streams nothing),
     then the k beams, or why there are none. Stops painting the moment the tab shows another chat."""
     tab.following = bt
-    ev = bt.wakeup.follow()             # woken when it ends or this tab opens another chat
+    ev = bt.wakeup.follow()  # woken when it ends or this tab opens another chat
     try:
-        yield outputs(chat=shown + [{"role": "assistant", "content": f"*{bt.label}*"}], status=bt.label,
-                      busy=True)
+        yield outputs(
+            chat=shown + [{"role": "assistant", "content": f"*{bt.label}*"}],
+            status=bt.label,
+            busy=True,
+        )
         while not bt.finished:
             if tab.conv_id != bt.conv_id:
                 yield current_view(ctx, request, tab)
@@ -160,28 +209,46 @@ async def follow_beam(ctx: ChatContext, request, tab, bt: beam.BeamTurn, shown: 
         yield current_view(ctx, request, tab)
         return
     if bt.lost:
-        yield outputs(chat=shown + [{"role": "assistant", "content": view.deleted_notice()}],
-                      status=view.deleted_notice(), radio=conversation_list(ctx, request, None), alts=[],
-                      busy=False)
+        yield outputs(
+            chat=shown + [{"role": "assistant", "content": view.deleted_notice()}],
+            status=view.deleted_notice(),
+            radio=conversation_list(ctx, request, None),
+            alts=[],
+            busy=False,
+        )
         return
-    if bt.error is not None:           # refused or failed: this search only
+    if bt.error is not None:  # refused or failed: this search only
         notice = view.error_notice(bt.error)
-        yield outputs(chat=shown + [{"role": "assistant", "content": notice}], status=notice, alts=[], busy=False)
+        yield outputs(
+            chat=shown + [{"role": "assistant", "content": notice}],
+            status=notice,
+            alts=[],
+            busy=False,
+        )
         return
-    if not bt.stored:                  # stopped: a search keeps nothing of its unfinished beams
-        yield outputs(chat=show(tab, ctx.storage.get_messages(bt.conv_id), ctx), status="stopped", alts=[],
-                      busy=False)
+    if not bt.stored:  # stopped: a search keeps nothing of its unfinished beams
+        yield outputs(
+            chat=show(tab, ctx.storage.get_messages(bt.conv_id), ctx),
+            status="stopped",
+            alts=[],
+            busy=False,
+        )
         return
     tab.alt_ids = list(bt.stored)
-    yield outputs(chat=show(tab, ctx.storage.get_messages(bt.conv_id), ctx), status="finished",
-                  radio=conversation_list(ctx, request, bt.conv_id), alts=bt.alts,
-                  picks=range(1, len(bt.stored)), busy=False)
+    yield outputs(
+        chat=show(tab, ctx.storage.get_messages(bt.conv_id), ctx),
+        status="finished",
+        radio=conversation_list(ctx, request, bt.conv_id),
+        alts=bt.alts,
+        picks=range(1, len(bt.stored)),
+        busy=False,
+    )
 
 
 async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[dict]):
     """Paint a running turn into this tab until it ends, or until the tab shows another chat."""
     tab.following = turn
-    ev = turn.wakeup.follow()           # woken by its deltas, its end, and this tab opening another chat
+    ev = turn.wakeup.follow()  # woken by its deltas, its end, and this tab opening another chat
     try:
         last, state, first = -1, None, True
         while not turn.finished:
@@ -198,18 +265,39 @@ async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[di
                 last, state = turn.version, now_state
                 generating = state == states.live_status(states.GENERATING)
                 total = len(turn.toks[0]) if turn.continues is not None else None
-                live = view.live_reply(turn.texts[0], turn.admitted, turn.metrics[0] if turn.texts[0] else None,
-                                       state=None if generating else state, total_tokens=total,
-                                       split=turn.split(0))
-                alts = [view.alternative_markdown(k, turn.texts[k], turn.metrics[k] if turn.texts[k] else None,
-                                                  turn.admitted, chosen=k == 0, split=turn.split(k))
-                        for k in range(turn.n)] if turn.n > 1 else None
+                live = view.live_reply(
+                    turn.texts[0],
+                    turn.admitted,
+                    turn.metrics[0] if turn.texts[0] else None,
+                    state=None if generating else state,
+                    total_tokens=total,
+                    split=turn.split(0),
+                )
+                alts = (
+                    [
+                        view.alternative_markdown(
+                            k,
+                            turn.texts[k],
+                            turn.metrics[k] if turn.texts[k] else None,
+                            turn.admitted,
+                            chosen=k == 0,
+                            split=turn.split(k),
+                        )
+                        for k in range(turn.n)
+                    ]
+                    if turn.n > 1
+                    else None
+                )
                 # Stop replaces Send once, on the first paint: re-sending the same button update with
                 # every token only re-renders the button a person is about to click
-                yield outputs(chat=shown + [{"role": "assistant", "content": live}], status=state, alts=alts,
-                              busy=True if first else None)
+                yield outputs(
+                    chat=shown + [{"role": "assistant", "content": live}],
+                    status=state,
+                    alts=alts,
+                    busy=True if first else None,
+                )
                 first = False
-                await asyncio.sleep(YIELD_S)        # a paint at most every YIELD_S (tokens gather)
+                await asyncio.sleep(YIELD_S)  # a paint at most every YIELD_S (tokens gather)
                 continue
             # no polling: a delta, a state change, the end or a switch wakes it; only a queued
             # reply looks again for its place in the engine's queue
@@ -219,17 +307,25 @@ async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[di
         turn.wakeup.leave(ev)
         if tab.following is turn:
             tab.following = None
-    if tab.conv_id != turn.conv_id:        # switched just as it ended: same rule as above
+    if tab.conv_id != turn.conv_id:  # switched just as it ended: same rule as above
         yield current_view(ctx, request, tab)
         return
     if turn.refused is not None:
-        yield outputs(chat=shown + [{"role": "assistant", "content": view.error_notice(turn.refused)}],
-                      status=view.error_notice(turn.refused), alts=[], busy=False)
+        yield outputs(
+            chat=shown + [{"role": "assistant", "content": view.error_notice(turn.refused)}],
+            status=view.error_notice(turn.refused),
+            alts=[],
+            busy=False,
+        )
         return
-    if turn.lost:                          # deleted meanwhile (#12.14): plain words, nothing raw
-        yield outputs(chat=shown + [{"role": "assistant", "content": view.deleted_notice()}],
-                      status=view.deleted_notice(), radio=conversation_list(ctx, request, None), alts=[],
-                      busy=False)
+    if turn.lost:  # deleted meanwhile (#12.14): plain words, nothing raw
+        yield outputs(
+            chat=shown + [{"role": "assistant", "content": view.deleted_notice()}],
+            status=view.deleted_notice(),
+            radio=conversation_list(ctx, request, None),
+            alts=[],
+            busy=False,
+        )
         return
     # Normal end: show the stored branch (each reply with its one stats line) and the alternatives,
     # each with a button to continue with it. The status line says the state, not the stats again.
@@ -237,12 +333,29 @@ async def follow_turn(ctx: ChatContext, request, tab, turn: Turn, shown: list[di
     if turn.error and not turn.texts[0]:
         shown.append({"role": "assistant", "content": view.error_notice(turn.error)})
     tab.alt_ids = list(turn.stored_ids) if turn.n > 1 else []
-    alts = [view.alternative_markdown(k, turn.texts[k], turn.stats(k),
-                                      status="complete" if turn.done[k] else "stopped",
-                                      chosen=k == 0, split=turn.split(k))
-            for k in range(turn.n)] if turn.n > 1 else []
-    yield outputs(chat=shown, status=final_status(turn), radio=conversation_list(ctx, request, turn.conv_id),
-                  alts=alts, picks=range(1, len(tab.alt_ids)), busy=False)
+    alts = (
+        [
+            view.alternative_markdown(
+                k,
+                turn.texts[k],
+                turn.stats(k),
+                status="complete" if turn.done[k] else "stopped",
+                chosen=k == 0,
+                split=turn.split(k),
+            )
+            for k in range(turn.n)
+        ]
+        if turn.n > 1
+        else []
+    )
+    yield outputs(
+        chat=shown,
+        status=final_status(turn),
+        radio=conversation_list(ctx, request, turn.conv_id),
+        alts=alts,
+        picks=range(1, len(tab.alt_ids)),
+        busy=False,
+    )
 
 
 def final_status(turn: Turn) -> str:
@@ -266,5 +379,10 @@ def current_view(ctx: ChatContext, request, tab) -> tuple:
         path = ctx.storage.get_messages(conv_id, owner=ctx.check(request)) if conv_id else []
     except (KeyError, PermissionError):
         path, conv_id = [], None
-    return outputs(chat=show(tab, path, ctx), status=" ", radio=conversation_list(ctx, request, conv_id), alts=[],
-                   busy=ctx.tabs.is_busy(conv_id) if conv_id else False)
+    return outputs(
+        chat=show(tab, path, ctx),
+        status=" ",
+        radio=conversation_list(ctx, request, conv_id),
+        alts=[],
+        busy=ctx.tabs.is_busy(conv_id) if conv_id else False,
+    )

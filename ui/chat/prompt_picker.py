@@ -4,13 +4,14 @@ how many tokens it is and how many blocks every new chat will share, save your o
 Why separate from the chat layout: it only fills the shared-prompt textbox; saving the shared
 prompt (and pinning it) stays the existing "Save for new chats" button (ui/chat/sidebar.py).
 """
+
 from __future__ import annotations
 
 import gradio as gr
 
 from storage.presets import PRESETS
 
-MINE = "mine: "          # prefix of a user's own saved prompts in the picker
+MINE = "mine: "  # prefix of a user's own saved prompts in the picker
 
 
 def _choices(ctx, owner: str) -> list[str]:
@@ -21,8 +22,10 @@ def _text_of(ctx, owner: str, choice: str) -> str | None:
     if choice in PRESETS:
         return PRESETS[choice]
     if choice and choice.startswith(MINE):
-        name = choice[len(MINE):]
-        return next((p["text"] for p in ctx.storage.named_prompts(owner) if p["name"] == name), None)
+        name = choice[len(MINE) :]
+        return next(
+            (p["text"] for p in ctx.storage.named_prompts(owner) if p["name"] == name), None
+        )
     return None
 
 
@@ -30,9 +33,17 @@ def build_prompt_picker(ctx, shared_prompt: gr.Textbox) -> gr.Markdown:
     """Create the picker under the shared-prompt box (inside the current Blocks context); returns
     its hint line, which the app clears once "Save for new chats" has been pressed."""
     with gr.Row():
-        picker = gr.Dropdown(choices=list(PRESETS), value=None, label="Presets", scale=2,
-                             elem_id="prompt-presets", allow_custom_value=False)
-        name = gr.Textbox(label="Save the box as my preset named", scale=2, elem_id="prompt-save-name")
+        picker = gr.Dropdown(
+            choices=list(PRESETS),
+            value=None,
+            label="Presets",
+            scale=2,
+            elem_id="prompt-presets",
+            allow_custom_value=False,
+        )
+        name = gr.Textbox(
+            label="Save the box as my preset named", scale=2, elem_id="prompt-save-name"
+        )
         save = gr.Button("Save preset", size="sm", scale=1, elem_id="prompt-save-preset")
     info = gr.Markdown(elem_id="prompt-preset-info")
 

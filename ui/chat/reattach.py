@@ -13,20 +13,23 @@ aborted and stored as "stopped", so a forgotten tab cannot hold a sequence slot 
 for the rest of a long max_tokens. The watchdog looks every `CHECK_S`; it never touches a reply
 some tab shows, however long it runs.
 """
+
 from __future__ import annotations
 
 import asyncio
 import time
 
-ABANDON_S = 600.0       # a reply nobody watches is aborted after 10 minutes
+ABANDON_S = 600.0  # a reply nobody watches is aborted after 10 minutes
 CHECK_S = 2.0
 
 
-async def watch_abandoned(ctx, turn, abandon_s: float | None = None, check_s: float | None = None,
-                          clock=time.monotonic) -> bool:
+async def watch_abandoned(
+    ctx, turn, abandon_s: float | None = None, check_s: float | None = None, clock=time.monotonic
+) -> bool:
     """Run beside `turn` until it ends; abort it once no tab has shown its conversation for
     `abandon_s`. Returns True if it aborted the turn."""
     from ui.chat.turn import abort_turn
+
     abandon_s = ABANDON_S if abandon_s is None else abandon_s
     check_s = CHECK_S if check_s is None else check_s
     unwatched_since = None

@@ -6,6 +6,7 @@ focuses elements the page already has (#new-chat, the sidebar's search box, #sto
 the last reply through the page's own markdown-source copy (ui/page_assets.PAGE_JS), so a shortcut
 can do nothing the mouse could not.
 """
+
 from __future__ import annotations
 
 from html import escape
@@ -22,10 +23,15 @@ SHORTCUTS = (
 
 
 def overlay_html() -> str:
-    rows = "".join(f'<tr><td><kbd>{escape(k)}</kbd></td><td>{escape(what)}</td></tr>' for k, what, _ in SHORTCUTS)
-    return (f'<div id="shortcuts-overlay" role="dialog" aria-label="Keyboard shortcuts" hidden>'
-            f'<div class="sc-box"><h3>Keyboard shortcuts</h3><table>{rows}</table>'
-            f'<div class="sc-hint">Press Esc or ? to close.</div></div></div>')
+    rows = "".join(
+        f'<tr><td><kbd>{escape(k)}</kbd></td><td>{escape(what)}</td></tr>'
+        for k, what, _ in SHORTCUTS
+    )
+    return (
+        f'<div id="shortcuts-overlay" role="dialog" aria-label="Keyboard shortcuts" hidden>'
+        f'<div class="sc-box"><h3>Keyboard shortcuts</h3><table>{rows}</table>'
+        f'<div class="sc-hint">Press Esc or ? to close.</div></div></div>'
+    )
 
 
 CSS = """

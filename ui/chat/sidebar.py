@@ -3,6 +3,7 @@
 Access rule: with --auth every storage call passes the user as owner, so another user's
 conversation id raises PermissionError, which becomes a refusal notice here.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -16,7 +17,6 @@ from storage.exports import export_url
 from ui.chat import limits, thinking, view
 from ui.chat.painting import conversation_list, list_radio, show
 from ui.chat.context import ChatContext
-
 
 
 def _refuse(what: str = "That conversation") -> None:
@@ -34,10 +34,16 @@ def _conversation_view(ctx: ChatContext, request, tab, conv: dict | None):
     """(chatbot, status, list, title box, override box, prompt line, alt row, Think switch) for a
     tab's chat."""
     shown = show(tab, ctx.storage.get_messages(conv["id"]) if conv is not None else [], ctx)
-    return (shown, " ", conversation_list(ctx, request, conv["id"] if conv else None),
-            conv["title"] if conv else "", (conv or {}).get("system_prompt_override") or "",
-            _prompt_line(ctx, conv, request), gr.Row(visible=False),
-            gr.Checkbox(value=thinking.switch_value(conv), visible=ctx.thinking_switch))
+    return (
+        shown,
+        " ",
+        conversation_list(ctx, request, conv["id"] if conv else None),
+        conv["title"] if conv else "",
+        (conv or {}).get("system_prompt_override") or "",
+        _prompt_line(ctx, conv, request),
+        gr.Row(visible=False),
+        gr.Checkbox(value=thinking.switch_value(conv), visible=ctx.thinking_switch),
+    )
 
 
 def on_load(ctx: ChatContext, request):
@@ -65,8 +71,10 @@ def signed_in(ctx: ChatContext, request) -> str:
     user = getattr(request, "username", None) if ctx.auth else None
     if not user:
         return ""
-    return (f'<div class="signed-in">Signed in as <b>{html.escape(str(user))}</b> · '
-            f'<a href="logout" id="log-out">Log out</a></div>')
+    return (
+        f'<div class="signed-in">Signed in as <b>{html.escape(str(user))}</b> · '
+        f'<a href="logout" id="log-out">Log out</a></div>'
+    )
 
 
 def new_chat(ctx: ChatContext, request):
@@ -136,7 +144,7 @@ def delete(ctx: ChatContext, request):
         return _conversation_view(ctx, request, tab, conv)
     else:
         ctx.storage.delete_conversation(conv["id"], owner=ctx.check(request))
-        ctx.tabs.forget(conv["id"])          # every tab showing it lets go; blocks released
+        ctx.tabs.forget(conv["id"])  # every tab showing it lets go; blocks released
         gr.Info(f"Deleted “{conv['title']}”.")
     return _conversation_view(ctx, request, tab, None)
 
@@ -148,7 +156,10 @@ def export(ctx: ChatContext, fmt: str, request):
         return None
     if fmt == "json":
         data = ctx.storage.export_json(conv["id"], owner=ctx.check(request))
-        text, name = json.dumps(data, ensure_ascii=False, indent=2), view.export_filename(conv["title"], "json")
+        text, name = (
+            json.dumps(data, ensure_ascii=False, indent=2),
+            view.export_filename(conv["title"], "json"),
+        )
     else:
         text = ctx.storage.export_markdown(conv["id"], owner=ctx.check(request))
         name = view.export_filename(conv["title"], "md")
@@ -162,6 +173,7 @@ def _exports(ctx: ChatContext):
     with the route; created here on first use when the demo runs without that app."""
     if ctx.exports is None:
         from storage.exports import PrivateExports
+
         ctx.exports = PrivateExports()
         atexit.register(ctx.exports.close)
     return ctx.exports
@@ -172,12 +184,12 @@ def import_json(ctx: ChatContext, file, request):
     tab = ctx.tab(request)
     path = getattr(file, "name", None) or (file.get("path") if isinstance(file, dict) else file)
     try:
-        limits.import_size(path)                 # refused before reading it
+        limits.import_size(path)  # refused before reading it
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-        limits.import_data(data)                 # refused before storing any of it
+        limits.import_data(data)  # refused before storing any of it
         conv = ctx.storage.import_json(data, owner=ctx.owner(request))
-    except gr.Error:                             # a limit: its own clear message, as an error
+    except gr.Error:  # a limit: its own clear message, as an error
         raise
     except (OSError, ValueError, KeyError, TypeError) as e:
         gr.Warning(f"Could not import that file: {e}")
@@ -199,6 +211,7 @@ def _discard_upload(path) -> None:
     inside that cache are touched."""
     try:
         from gradio.utils import get_upload_folder
+
         cache = os.path.realpath(get_upload_folder())
         real = os.path.realpath(str(path))
         if os.path.commonpath([cache, real]) == cache and os.path.isfile(real):
@@ -218,7 +231,7 @@ def save_shared_prompt(ctx: ChatContext, text: str, request):
     if ctx.pins is not None:
         try:
             ctx.pins.check(owner, text)
-        except ValueError as e:                 # too long, or past the pin cap: this user only
+        except ValueError as e:  # too long, or past the pin cap: this user only
             gr.Warning(str(e))
             return ctx.shared_prompt(request)["text"], gr.skip()
     ctx.storage.set_system_prompt(text, owner=owner)
@@ -239,17 +252,24 @@ def set_override(ctx: ChatContext, text: str | None, request):
     if conv is None:
         if text is None:
             return gr.skip(), _prompt_line(ctx, None, request), gr.skip()
-        conv = ctx.storage.create_conversation(owner=ctx.owner(request), system_prompt_override=text)
+        conv = ctx.storage.create_conversation(
+            owner=ctx.owner(request), system_prompt_override=text
+        )
         ctx.tabs.open(tab, conv["id"])
     else:
-        conv = ctx.storage.set_conversation_system_prompt(conv["id"], text, owner=ctx.check(request))
-    gr.Info("This conversation now uses its own system prompt." if text is not None
-            else "This conversation uses its shared system prompt again.")
+        conv = ctx.storage.set_conversation_system_prompt(
+            conv["id"], text, owner=ctx.check(request)
+        )
+    gr.Info(
+        "This conversation now uses its own system prompt."
+        if text is not None
+        else "This conversation uses its shared system prompt again."
+    )
     return text or "", _prompt_line(ctx, conv, request), conversation_list(ctx, request, conv["id"])
 
 
 def close_tab(ctx: ChatContext, request) -> str:
     """API clients (no browser tab to close): release this client's conversation now."""
-    ctx.tab(request)                         # owner check (#12.10)
+    ctx.tab(request)  # owner check (#12.10)
     ctx.tabs.close(request.session_hash)
     return "closed"

@@ -9,6 +9,7 @@ the page shows "paused" until tokens flow again. The engine reports "length" bot
 stop sequence; the numbers stored with the reply (prompt + output tokens vs the context length, the
 last token id) tell which.
 """
+
 from __future__ import annotations
 
 QUEUED = "queued"
@@ -29,8 +30,13 @@ def live_status(state: str, position: int | None = None) -> str:
     return "generating…"
 
 
-def finish_text(stats: dict | None, status: str | None, max_model_len: int | None = None,
-                last_token: int | None = None, eos_ids=()) -> str:
+def finish_text(
+    stats: dict | None,
+    status: str | None,
+    max_model_len: int | None = None,
+    last_token: int | None = None,
+    eos_ids=(),
+) -> str:
     """Why a reply ended, in the words users expect; "" when nothing honest can be said."""
     stats = stats or {}
     if status == "stopped":

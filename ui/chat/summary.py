@@ -7,6 +7,7 @@ message begins with the shared prompt's text, so its first blocks still hit the 
 If the conversation itself no longer fits beside the request, its oldest messages are left out
 of what the model reads (the summary says what it covers from the newest back).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,8 +16,10 @@ from engine import SamplingParams
 from ui.chat import view
 from ui.chat.tabs import in_daemon_thread
 
-ASK = ("Summarize the conversation so far in one short paragraph: the facts, decisions and open "
-       "questions a new chat needs to continue it. Write only the summary.")
+ASK = (
+    "Summarize the conversation so far in one short paragraph: the facts, decisions and open "
+    "questions a new chat needs to continue it. Write only the summary."
+)
 SUMMARY_TOKENS = 200
 LEAD = "This chat continues an earlier one. A summary of it:\n"
 
@@ -59,7 +62,10 @@ async def new_chat_from_summary(ctx, request) -> dict | None:
         raise ValueError("the model wrote an empty summary")
     shared = ctx.shared_prompt(request)["text"]
     title = ("Summary: " + old["title"])[:80]
-    conv = st.create_conversation(owner=ctx.owner(request), title=title,
-                                  system_prompt_override=f"{shared}\n\n{LEAD}{text}".strip())
+    conv = st.create_conversation(
+        owner=ctx.owner(request),
+        title=title,
+        system_prompt_override=f"{shared}\n\n{LEAD}{text}".strip(),
+    )
     ctx.tabs.open(tab, conv["id"])
     return conv

@@ -19,6 +19,7 @@ Instead:
   (a background tab's timers are throttled to once a minute) continues its chat when it speaks.
   Every visible tab speaks every few seconds (the list's refresh).
 """
+
 from __future__ import annotations
 
 import threading
@@ -31,8 +32,10 @@ SWEEP_EVERY_S = 30.0
 
 def html(tab) -> str:
     """The hidden element the page's goodbye reads: this tab's session and its secret."""
-    return (f'<span class="tab-goodbye" data-s="{escape(tab.session_hash, quote=True)}" '
-            f'data-t="{escape(tab.goodbye, quote=True)}"></span>')
+    return (
+        f'<span class="tab-goodbye" data-s="{escape(tab.session_hash, quote=True)}" '
+        f'data-t="{escape(tab.goodbye, quote=True)}"></span>'
+    )
 
 
 def parse(body: bytes) -> tuple[str, str]:
@@ -63,13 +66,15 @@ JS = """() => {
 CSS = "#tab-id { display: none !important; }"
 
 
-def start_sweeper(tabs, silent_s: float = SILENT_S,
-                  every_s: float = SWEEP_EVERY_S) -> threading.Event:
+def start_sweeper(
+    tabs, silent_s: float = SILENT_S, every_s: float = SWEEP_EVERY_S
+) -> threading.Event:
     """Sweep silent tabs every `every_s` (a daemon thread); set the returned event to stop it."""
     stop = threading.Event()
 
     def run():
         while not stop.wait(every_s):
             tabs.sweep(silent_s)
+
     threading.Thread(target=run, daemon=True, name="tab-sweep").start()
     return stop

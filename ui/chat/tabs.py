@@ -9,6 +9,7 @@ deleted — but never while a reply is being generated; then the turn's own `fin
 Engine calls (abort, end_session) run on one worker thread, in submission order, so an abort
 is always processed before the release that follows it and no handler blocks the event loop.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -31,7 +32,7 @@ def in_daemon_thread(fn, *args, **kwargs) -> Future:
         if fut.set_running_or_notify_cancel():
             try:
                 fut.set_result(fn(*args, **kwargs))
-            except BaseException as e:      # delivered to whoever awaits the future
+            except BaseException as e:  # delivered to whoever awaits the future
                 fut.set_exception(e)
 
     threading.Thread(target=run, daemon=True, name="chat-engine-call").start()
@@ -75,14 +76,16 @@ class Tab:
     session_hash: str
     username: str | None = None
     conv_id: str | None = None
-    shown_ids: list[int] = field(default_factory=list)   # stored message id of each chatbot row
-    view_sig: tuple = ()                                 # what the chatbot shows (to repaint on change)
-    list_sig: tuple = ()                                 # what the conversation list shows
-    model_seen: str | None = None                        # the served model this tab's header names
-    meter_sig: tuple = ()                                # the context meter as last sent (ui/events.py)
-    following: object = None         # the Turn / BeamTurn this tab is painting (has a `wakeup`), if any
-    alt_ids: list[int] = field(default_factory=list)     # stored ids of the alternatives on screen
-    attachments: list = field(default_factory=list)      # documents for the next message (ui/chat/documents.py)
+    shown_ids: list[int] = field(default_factory=list)  # stored message id of each chatbot row
+    view_sig: tuple = ()  # what the chatbot shows (to repaint on change)
+    list_sig: tuple = ()  # what the conversation list shows
+    model_seen: str | None = None  # the served model this tab's header names
+    meter_sig: tuple = ()  # the context meter as last sent (ui/events.py)
+    following: object = None  # the Turn / BeamTurn this tab is painting (has a `wakeup`), if any
+    alt_ids: list[int] = field(default_factory=list)  # stored ids of the alternatives on screen
+    attachments: list = field(
+        default_factory=list
+    )  # documents for the next message (ui/chat/documents.py)
     # its goodbye (ui/chat/tab_goodbye.py): a secret only its page holds, when it was last heard
     # from, and whether the sweep released its chat for silence (it is re-attached when it speaks)
     goodbye: str = field(default_factory=lambda: secrets.token_urlsafe(18))
@@ -90,7 +93,7 @@ class Tab:
     dormant: bool = False
 
 
-RELEASE_GRACE_S = 5.0   # the app's: a closed tab's chat keeps its blocks this long ("parked")
+RELEASE_GRACE_S = 5.0  # the app's: a closed tab's chat keeps its blocks this long ("parked")
 
 
 class TabRegistry:
@@ -101,13 +104,13 @@ class TabRegistry:
 
     def __init__(self, llm, release_grace_s: float = 0.0):
         self.release_grace_s = release_grace_s
-        self._parked: dict[str, float] = {}              # conversation id -> release deadline
+        self._parked: dict[str, float] = {}  # conversation id -> release deadline
         self._llm = llm
         self._lock = threading.Lock()
         self._tabs: dict[str, Tab] = {}
-        self._viewers: dict[str, set[str]] = {}          # conversation id -> session hashes
-        self._busy: set[str] = set()                     # conversations generating right now
-        self._turns: dict[str, object] = {}              # conversation id -> its running Turn
+        self._viewers: dict[str, set[str]] = {}  # conversation id -> session hashes
+        self._busy: set[str] = set()  # conversations generating right now
+        self._turns: dict[str, object] = {}  # conversation id -> its running Turn
         # conversation id -> the stored message its engine session's tokens end with (the meter)
         self._leaves: dict[str, int] = {}
         self._jobs = SerialWorker("kv-release")
@@ -119,7 +122,7 @@ class TabRegistry:
             if tab is None:
                 tab = self._tabs[session_hash] = Tab(session_hash, username)
             tab.seen = time.monotonic()
-            if tab.dormant:                  # swept for silence, yet alive: it shows its chat again
+            if tab.dormant:  # swept for silence, yet alive: it shows its chat again
                 tab.dormant = False
                 if tab.conv_id is not None:
                     self._viewers.setdefault(tab.conv_id, set()).add(session_hash)
@@ -131,8 +134,11 @@ class TabRegistry:
         first), if the secret is that tab's own and the login (None without --auth) its owner's."""
         with self._lock:
             tab = self._tabs.get(session_hash)
-            ok = (tab is not None and hmac.compare_digest(tab.goodbye.encode(), str(token).encode())
-                  and (tab.username or None) == (username or None))
+            ok = (
+                tab is not None
+                and hmac.compare_digest(tab.goodbye.encode(), str(token).encode())
+                and (tab.username or None) == (username or None)
+            )
         if ok:
             self.close(session_hash, grace=True)
         return ok
@@ -174,8 +180,8 @@ class TabRegistry:
             following = tab.following
             if conv_id is not None:
                 self._viewers.setdefault(conv_id, set()).add(tab.session_hash)
-                self._parked.pop(conv_id, None)          # reopened in time: it stays live
-        if following is not None:       # its painter stops at once (ui/chat/wakeup.py)
+                self._parked.pop(conv_id, None)  # reopened in time: it stays live
+        if following is not None:  # its painter stops at once (ui/chat/wakeup.py)
             following.wakeup.wake()
         if release:
             self.release(release)
@@ -245,7 +251,7 @@ class TabRegistry:
     def _close_job(self, conv_id: str) -> None:
         try:
             self._llm.close_session(conv_id)
-        except RuntimeError:        # the engine is shutting down
+        except RuntimeError:  # the engine is shutting down
             pass
 
     # ---- generations ------------------------------------------------------------------------
@@ -271,7 +277,7 @@ class TabRegistry:
             try:
                 pos = self._llm.queue_position(turn.rid)
                 return pos if pos is not None else self._llm.load()[1] + 1
-            except RuntimeError:        # the engine is shutting down: fall back to what we know
+            except RuntimeError:  # the engine is shutting down: fall back to what we know
                 pass
         with self._lock:
             ahead = [t for t in self._turns.values() if not t.admitted and t.created < turn.created]
@@ -297,8 +303,13 @@ class TabRegistry:
         with self._lock:
             return self._turns.get(conv_id) if conv_id is not None else None
 
-    def end(self, conv_id: str, abort_request_id: str | None = None,
-            submitted: Future | None = None, turn=None) -> Future:
+    def end(
+        self,
+        conv_id: str,
+        abort_request_id: str | None = None,
+        submitted: Future | None = None,
+        turn=None,
+    ) -> Future:
         """The generation is over: abort its request if still running, release if nobody shows it.
 
         `submitted` is the (possibly still running) submit call: the abort waits for it, so a
@@ -309,20 +320,24 @@ class TabRegistry:
             if turn is None or self._turns.get(conv_id) is turn:
                 self._turns.pop(conv_id, None)
             orphan = conv_id not in self._viewers
-        return self._jobs.submit(self._finish_job, abort_request_id, conv_id if orphan else None, submitted)
+        return self._jobs.submit(
+            self._finish_job, abort_request_id, conv_id if orphan else None, submitted
+        )
 
-    def _finish_job(self, request_id: str | None, conv_id: str | None, submitted: Future | None = None) -> None:
+    def _finish_job(
+        self, request_id: str | None, conv_id: str | None, submitted: Future | None = None
+    ) -> None:
         try:
             if submitted is not None:
                 try:
                     submitted.result(timeout=60)
-                except Exception:       # bad input or no engine: there is no request to abort
+                except Exception:  # bad input or no engine: there is no request to abort
                     request_id = None
             if request_id is not None:
                 self._llm.abort(request_id)
             if conv_id is not None:
                 self._llm.end_session(conv_id)
-        except RuntimeError:        # the engine is shutting down: nothing left to release
+        except RuntimeError:  # the engine is shutting down: nothing left to release
             pass
 
     def abort(self, request_id: str, submitted: Future | None = None) -> Future:

@@ -10,6 +10,7 @@ paint it while their tab shows its conversation and stop painting the moment the
 another one, reloads or closes. The turn keeps running and ends in its own conversation
 (ui/chat/reattach.py: what ends it).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,10 +28,18 @@ from ui.chat.reattach import watch_abandoned
 from ui.chat.tabs import in_daemon_thread
 from ui.chat.wakeup import Wakeup
 
-FLUSH_S = 2.0          # partial replies reach the database at least this often
-STAT_KEYS = ("prompt_tokens", "cached_tokens", "cached_blocks", "output_tokens", "ttft_s", "tokens_per_s",
-             "spec_accepted_tokens", "decode_steps",       # these two with --speculative
-             "served_by")                                  # with several --backend replicas
+FLUSH_S = 2.0  # partial replies reach the database at least this often
+STAT_KEYS = (
+    "prompt_tokens",
+    "cached_tokens",
+    "cached_blocks",
+    "output_tokens",
+    "ttft_s",
+    "tokens_per_s",
+    "spec_accepted_tokens",
+    "decode_steps",  # these two with --speculative
+    "served_by",
+)  # with several --backend replicas
 
 
 def reply_stats(metrics: dict, finish_reason: str | None) -> dict:
@@ -49,23 +58,28 @@ class _Reply:
         self.flushed = 0.0
 
     def _create(self, text: str, status: str) -> None:
-        row = (self.st.add_sibling(self.sibling_of, text, status=status) if self.sibling_of is not None
-               else self.st.add_message(self.conv_id, "assistant", text, parent_id=self.user_id, status=status))
+        row = (
+            self.st.add_sibling(self.sibling_of, text, status=status)
+            if self.sibling_of is not None
+            else self.st.add_message(
+                self.conv_id, "assistant", text, parent_id=self.user_id, status=status
+            )
+        )
         self.id, self.flushed = row["id"], time.monotonic()
 
     def update(self, text: str, force: bool = False) -> None:
         if self.id is None:
             if text:
-                self._create(text, "stopped")   # a crash mid-stream leaves it honestly "stopped"
+                self._create(text, "stopped")  # a crash mid-stream leaves it honestly "stopped"
         elif force or time.monotonic() - self.flushed >= FLUSH_S:
             self.st.update_message(self.id, content=text)
             self.flushed = time.monotonic()
 
     def finish(self, text: str, token_ids: list[int], status: str, stats: dict) -> None:
         if self.id is None and not text and not token_ids:
-            return                       # stopped before the first token: nothing to keep
+            return  # stopped before the first token: nothing to keep
         if self.id is None:
-            self._create(text or "", status)    # empty text but tokens (e.g. only EOS): keep the row
+            self._create(text or "", status)  # empty text but tokens (e.g. only EOS): keep the row
         self.st.update_message(self.id, content=text, token_ids=token_ids, status=status)
         if stats:
             self.st.add_reply_stats(self.id, **stats)
@@ -74,6 +88,7 @@ class _Reply:
 @dataclass(eq=False)
 class Turn:
     """The live state of one generation; read by every tab that shows its conversation."""
+
     conv_id: str
     user_id: int
     n: int
@@ -84,33 +99,44 @@ class Turn:
     reasons: list = field(default_factory=list)
     done: list = field(default_factory=list)
     admitted: bool = False
-    error: str | None = None          # the engine ended the request with an error
-    refused: str | None = None        # the engine refused the prompt (ValueError): nothing ran
-    lost: bool = False                # the conversation was deleted meanwhile: the reply is not saved
-    status: str | None = None         # final stored status: complete / stopped / error
-    version: int = 0                  # bumped on every delta, so followers repaint only on change
-    cache_salt: str | None = None     # per-user prefix-cache salt under --auth (#12.2)
-    tenant: str | None = None         # who the fair scheduler serves (engine/core/fairness.py): the user
-    submitted: object = None          # Future of the submit call
+    error: str | None = None  # the engine ended the request with an error
+    refused: str | None = None  # the engine refused the prompt (ValueError): nothing ran
+    lost: bool = False  # the conversation was deleted meanwhile: the reply is not saved
+    status: str | None = None  # final stored status: complete / stopped / error
+    version: int = 0  # bumped on every delta, so followers repaint only on change
+    cache_salt: str | None = None  # per-user prefix-cache salt under --auth (#12.2)
+    tenant: str | None = None  # who the fair scheduler serves (engine/core/fairness.py): the user
+    submitted: object = None  # Future of the submit call
     task: asyncio.Task | None = None
-    created: float = field(default_factory=time.monotonic)   # queue order among chat turns
-    last_delta: float = field(default_factory=time.time)     # unix time of the last delta
-    stored_ids: list = field(default_factory=list)           # stored message id of each alternative
-    paused_outputs: set = field(default_factory=set)  # outputs preempted and not producing tokens again yet
-    preemptions: int = 0              # how often the engine took this reply's memory (its stream said so)
-    continues: dict | None = None     # Continue: the stored reply this turn extends (same message, same branch)
-    abandoned: bool = False           # aborted by the idle timeout: no tab showed it (ui/chat/reattach.py)
-    thinking: bool | None = None      # the chat's "Think" switch (None: the template's default)
-    reasoning: ReasoningSplit | None = None   # a thinking model's split rule for this reply
-    stopping: bool = False            # Stop or the idle timeout asked the engine to end it
+    created: float = field(default_factory=time.monotonic)  # queue order among chat turns
+    last_delta: float = field(default_factory=time.time)  # unix time of the last delta
+    stored_ids: list = field(default_factory=list)  # stored message id of each alternative
+    paused_outputs: set = field(
+        default_factory=set
+    )  # outputs preempted and not producing tokens again yet
+    preemptions: int = 0  # how often the engine took this reply's memory (its stream said so)
+    continues: dict | None = (
+        None  # Continue: the stored reply this turn extends (same message, same branch)
+    )
+    abandoned: bool = False  # aborted by the idle timeout: no tab showed it (ui/chat/reattach.py)
+    thinking: bool | None = None  # the chat's "Think" switch (None: the template's default)
+    reasoning: ReasoningSplit | None = None  # a thinking model's split rule for this reply
+    stopping: bool = False  # Stop or the idle timeout asked the engine to end it
     watchdog: asyncio.Task | None = None
-    wakeup: Wakeup = field(default_factory=Wakeup)   # the tabs painting it (ui/chat/wakeup.py)
+    wakeup: Wakeup = field(default_factory=Wakeup)  # the tabs painting it (ui/chat/wakeup.py)
 
     def __post_init__(self):
         self.texts, self.toks = [""] * self.n, [[] for _ in range(self.n)]
-        self.metrics, self.reasons, self.done = [{} for _ in range(self.n)], [None] * self.n, [False] * self.n
-        if self.continues is not None:          # the reply so far is where this turn starts
-            self.texts[0], self.toks[0] = self.continues["content"], list(self.continues["token_ids"])
+        self.metrics, self.reasons, self.done = (
+            [{} for _ in range(self.n)],
+            [None] * self.n,
+            [False] * self.n,
+        )
+        if self.continues is not None:  # the reply so far is where this turn starts
+            self.texts[0], self.toks[0] = (
+                self.continues["content"],
+                list(self.continues["token_ids"]),
+            )
 
     @property
     def finished(self) -> bool:
@@ -125,7 +151,11 @@ class Turn:
     def note_state(self, d) -> None:
         """Record what a delta says about the request's life: admitted, preempted, resumed."""
         state = (d.metrics or {}).get("state")
-        self.admitted = self.admitted or state in (STATE_RUNNING, STATE_PREEMPTED, STATE_RESUMED) or bool(d.token_ids)
+        self.admitted = (
+            self.admitted
+            or state in (STATE_RUNNING, STATE_PREEMPTED, STATE_RESUMED)
+            or bool(d.token_ids)
+        )
         if state == STATE_PREEMPTED:
             self.paused_outputs.add(d.index)
             self.preemptions += 1
@@ -142,14 +172,21 @@ class Turn:
     def stats(self, i: int = 0) -> dict:
         stats = reply_stats(self.metrics[i], self.reasons[i])
         sp = self.split(i)
-        if sp is not None and sp.reasoning is not None:       # stored: the fold after a reload
+        if sp is not None and sp.reasoning is not None:  # stored: the fold after a reload
             stats["reasoning_tokens"] = sp.reasoning_tokens
         return stats
 
 
-def start_turn(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int | None, *,
-               previous_ids: list[int] | None = None,
-               prepared: PreparedPrompt | None = None) -> Turn:
+def start_turn(
+    ctx,
+    turn: Turn,
+    messages: list[dict],
+    kw: dict,
+    sibling_of: int | None,
+    *,
+    previous_ids: list[int] | None = None,
+    prepared: PreparedPrompt | None = None,
+) -> Turn:
     """Run `turn` as a task of the running event loop. The caller has called tabs.begin(conv_id);
     the task always calls tabs.end(conv_id). The turn takes what its handler already has, and
     reads none of it again: `messages` (the prompt's conversation), `previous_ids` (the exact ids
@@ -158,14 +195,21 @@ def start_turn(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
     ctx.tabs.attach(turn)
     loop = asyncio.get_running_loop()
     turn.task = loop.create_task(_run(ctx, turn, messages, kw, sibling_of, previous_ids, prepared))
-    turn.task.add_done_callback(lambda _task: turn.wakeup.wake())     # followers see it end
+    turn.task.add_done_callback(lambda _task: turn.wakeup.wake())  # followers see it end
     # the reply outlives its page (ui/chat/reattach.py); only a reply nobody watches times out
     turn.watchdog = loop.create_task(watch_abandoned(ctx, turn, ctx.abandon_s))
     return turn
 
 
-async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int | None,
-               previous: list[int] | None = None, prepared: PreparedPrompt | None = None) -> None:
+async def _run(
+    ctx,
+    turn: Turn,
+    messages: list[dict],
+    kw: dict,
+    sibling_of: int | None,
+    previous: list[int] | None = None,
+    prepared: PreparedPrompt | None = None,
+) -> None:
     llm, st = ctx.llm, ctx.storage
     reply = _Reply(st, turn.conv_id, turn.user_id, sibling_of)
     first_prompt = None
@@ -176,30 +220,51 @@ async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
             reply.id = turn.continues["id"]
             first_prompt = st.get_message(turn.user_id)["token_ids"]
             prompt = first_prompt + list(turn.continues["token_ids"])
-            turn.submitted = in_daemon_thread(llm.submit_continue, prompt, SamplingParams(**kw), messages,
-                                              session_id=turn.conv_id, request_id=turn.rid,
-                                              cache_salt=turn.cache_salt, tenant=turn.tenant)
+            turn.submitted = in_daemon_thread(
+                llm.submit_continue,
+                prompt,
+                SamplingParams(**kw),
+                messages,
+                session_id=turn.conv_id,
+                request_id=turn.rid,
+                cache_salt=turn.cache_salt,
+                tenant=turn.tenant,
+            )
         else:
             extra = {"thinking": turn.thinking} if turn.thinking is not None else {}
             if prepared is not None:
                 extra["prepared"] = prepared
-            turn.submitted = in_daemon_thread(llm.submit_chat, messages, SamplingParams(**kw),
-                                              session_id=turn.conv_id, request_id=turn.rid, previous_ids=previous,
-                                              cache_salt=turn.cache_salt, tenant=turn.tenant,
-                                              **extra)
+            turn.submitted = in_daemon_thread(
+                llm.submit_chat,
+                messages,
+                SamplingParams(**kw),
+                session_id=turn.conv_id,
+                request_id=turn.rid,
+                previous_ids=previous,
+                cache_salt=turn.cache_salt,
+                tenant=turn.tenant,
+                **extra,
+            )
         try:
             stream = await asyncio.wrap_future(turn.submitted)
-        except ValueError as e:          # e.g. longer than max_model_len: the engine is untouched
+        except ValueError as e:  # e.g. longer than max_model_len: the engine is untouched
             turn.submitted, turn.refused = None, str(e)
             return
-        except QueueFull as e:           # over an admission bound (--max-queued-requests ...): say so
-            turn.submitted, turn.refused = None, (f"Server busy, your message was not queued: {e}. "
-                                                  f"Try again in about {e.retry_after_s} s.")
+        except QueueFull as e:  # over an admission bound (--max-queued-requests ...): say so
+            turn.submitted, turn.refused = (
+                None,
+                (
+                    f"Server busy, your message was not queued: {e}. "
+                    f"Try again in about {e.retry_after_s} s."
+                ),
+            )
             return
-        if turn.stopping:    # Stop came before the request existed (its abort found nothing): end it now
+        if (
+            turn.stopping
+        ):  # Stop came before the request existed (its abort found nothing): end it now
             ctx.tabs.abort(turn.rid, turn.submitted)
         prompt_ids = stream.prompt_ids
-        if prompt_ids is not None and turn.continues is None:   # exact ids of this turn's prompt
+        if prompt_ids is not None and turn.continues is None:  # exact ids of this turn's prompt
             st.update_message(turn.user_id, token_ids=list(prompt_ids))
         # a continued reply splits from its first prompt (the reply so far is part of its text)
         opened_by = first_prompt if turn.continues is not None else prompt_ids
@@ -218,16 +283,21 @@ async def _run(ctx, turn: Turn, messages: list[dict], kw: dict, sibling_of: int 
                 reply.update(turn.texts[0])
             turn.version += 1
             turn.wakeup.wake()
-    except NotFoundError:       # deleted in another window or process: stop, say so (#12.14)
+    except NotFoundError:  # deleted in another window or process: stop, say so (#12.14)
         turn.lost = True
     finally:
-        turn.status = ("error" if turn.error or turn.reasons[0] == "error" else
-                       "complete" if turn.done[0] and turn.reasons[0] in ("stop", "length") else "stopped")
+        turn.status = (
+            "error"
+            if turn.error or turn.reasons[0] == "error"
+            else "complete"
+            if turn.done[0] and turn.reasons[0] in ("stop", "length")
+            else "stopped"
+        )
         try:
             if turn.refused is None and not turn.lost:
                 reply.finish(turn.texts[0], turn.toks[0], turn.status, turn.stats(0))
                 turn.stored_ids = [reply.id] if reply.id is not None else []
-                if turn.submitted is not None:       # the session now holds this reply's branch
+                if turn.submitted is not None:  # the session now holds this reply's branch
                     ctx.tabs.held_by_session(turn.conv_id, reply.id)
                 if reply.id is not None and turn.n > 1:
                     _store_alternatives(st, turn, reply.id)

@@ -4,6 +4,7 @@ Stored messages (rows from storage) -> what the model sees (`engine_messages`) a
 chatbot shows (`display_messages`); reply stats -> one short line; widget values -> sampling
 arguments; conversation rows -> sidebar choices.
 """
+
 from __future__ import annotations
 
 import base64
@@ -31,7 +32,11 @@ def text_of(content) -> str:
     if isinstance(content, dict):
         return str(content.get("text") or content.get("content") or "")
     if isinstance(content, (list, tuple)):
-        return "".join(text_of(c) for c in content if not isinstance(c, dict) or c.get("type", "text") == "text")
+        return "".join(
+            text_of(c)
+            for c in content
+            if not isinstance(c, dict) or c.get("type", "text") == "text"
+        )
     return str(content)
 
 
@@ -62,8 +67,12 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-def stats_line(stats: dict | None, status: str | None = None, finish: str | None = None,
-               total_tokens: int | None = None) -> str:
+def stats_line(
+    stats: dict | None,
+    status: str | None = None,
+    finish: str | None = None,
+    total_tokens: int | None = None,
+) -> str:
     """One line under a reply: tokens (and, with speculative decoding, how many came from accepted
     drafts and the tokens per decoding step), time to first token, tokens/s, prompt tokens reused
     from cache, and why it ended (`finish`, from states.finish_text; derived from the stats when not
@@ -78,7 +87,7 @@ def stats_line(stats: dict | None, status: str | None = None, finish: str | None
         else:
             parts.append(f"{n} token{'s' if n != 1 else ''}")
         acc, steps = stats.get("spec_accepted_tokens"), stats.get("decode_steps")
-        if acc and steps:       # speculative decoding: tokens that came from checked guesses
+        if acc and steps:  # speculative decoding: tokens that came from checked guesses
             parts.append(f"{acc} accepted from drafts ({(steps + acc) / steps:.1f} tokens/step)")
     if stats.get("ttft_s") is not None:
         parts.append(f"TTFT {_fmt_s(stats['ttft_s'])}")
@@ -90,7 +99,9 @@ def stats_line(stats: dict | None, status: str | None = None, finish: str | None
         blocks = stats.get("cached_blocks")
         held = f" ({blocks} block{'s' if blocks != 1 else ''})" if blocks is not None else ""
         where = f" on {stats['served_by']}" if stats.get("served_by") else ""
-        parts.append(f"reused {cached} of {stats['prompt_tokens']} prompt tokens from cache{held}{where}")
+        parts.append(
+            f"reused {cached} of {stats['prompt_tokens']} prompt tokens from cache{held}{where}"
+        )
     elif stats.get("served_by"):
         parts.append(f"served by {stats['served_by']}")
     if finish is None:
@@ -132,9 +143,17 @@ def rendered(text: str) -> str:
     return safe_markdown(close_fences(text))
 
 
-def with_footer(text: str, stats: dict | None, status: str | None = None, finish: str | None = None,
-                source: bool = False, nav: str = "", total_tokens: int | None = None, split=None,
-                live: bool = False):
+def with_footer(
+    text: str,
+    stats: dict | None,
+    status: str | None = None,
+    finish: str | None = None,
+    source: bool = False,
+    nav: str = "",
+    total_tokens: int | None = None,
+    split=None,
+    live: bool = False,
+):
     """A reply's row content (row_content): its text (made safe), then its stats line, small and
     muted (display only; never sent to the model), the text's Markdown for copying (source_mark,
     with `source`) and the version arrows (`nav`), in a part of their own. `split` (a thinking
@@ -144,11 +163,15 @@ def with_footer(text: str, stats: dict | None, status: str | None = None, finish
     stats_html = f'<span class="{STATS_CLASS}">{html.escape(line)}</span>' if line else ""
     if thinking.has_fold(split):
         answer = split.content
-        folded = thinking.fold(rendered(split.reasoning), split.reasoning_tokens,
-                               live=live and not answer, answered=bool(answer.strip()) or live)
+        folded = thinking.fold(
+            rendered(split.reasoning),
+            split.reasoning_tokens,
+            live=live and not answer,
+            answered=bool(answer.strip()) or live,
+        )
         mark = source_mark(answer) if source else ""
         return row_content(folded, rendered(answer) if answer else "", stats_html + mark + nav)
-    if split is not None and split.reasoning is not None:    # an empty block: the answer alone
+    if split is not None and split.reasoning is not None:  # an empty block: the answer alone
         text = split.content
     mark = source_mark(text) if source else ""
     return row_content(rendered(text), stats_html + mark + nav)
@@ -178,13 +201,17 @@ def branch_nav(message_id: int, versions: list[int]) -> str:
     branch switch (ui/events.py); a link at either end is left out rather than doing nothing."""
     pos = versions.index(message_id)
     prev = f"[‹]({BRANCH_HREF}{versions[pos - 1]} \"previous version\")" if pos > 0 else "‹"
-    nxt = (f"[›]({BRANCH_HREF}{versions[pos + 1]} \"next version\")" if pos + 1 < len(versions)
-           else "›")
+    nxt = (
+        f"[›]({BRANCH_HREF}{versions[pos + 1]} \"next version\")"
+        if pos + 1 < len(versions)
+        else "›"
+    )
     return f'<span class="branch-nav">{prev} {pos + 1}/{len(versions)} {nxt}</span>'
 
 
-def display_messages(path: list[dict], versions: dict | None = None, max_model_len: int | None = None,
-                     eos_ids=()) -> tuple[list[dict], list[int]]:
+def display_messages(
+    path: list[dict], versions: dict | None = None, max_model_len: int | None = None, eos_ids=()
+) -> tuple[list[dict], list[int]]:
     """Chatbot messages for a stored branch, and the stored id of each shown row. `versions`
     (storage.branch_versions) adds `< k/n >` to messages that have other versions."""
     shown, ids = [], []
@@ -194,21 +221,35 @@ def display_messages(path: list[dict], versions: dict | None = None, max_model_l
         nav = branch_nav(m["id"], versions[m["id"]]) if versions and m["id"] in versions else ""
         if m["role"] == "assistant":
             toks = m.get("token_ids") or []
-            finish = finish_text(m.get("stats"), m.get("status"), max_model_len,
-                                 toks[-1] if toks else None, eos_ids)
+            finish = finish_text(
+                m.get("stats"), m.get("status"), max_model_len, toks[-1] if toks else None, eos_ids
+            )
             more = CONTINUE_MARK if i == len(path) - 1 and can_continue(m, finish, eos_ids) else ""
-            content = with_footer(m["content"], m.get("stats"), m.get("status"), finish, source=True,
-                                  nav=nav + more, total_tokens=len(toks) or None,
-                                  split=thinking.stored_split(m["content"], m.get("stats")))
-        else:   # one part: Gradio edits a user row part by part and hands back only the last
+            content = with_footer(
+                m["content"],
+                m.get("stats"),
+                m.get("status"),
+                finish,
+                source=True,
+                nav=nav + more,
+                total_tokens=len(toks) or None,
+                split=thinking.stored_split(m["content"], m.get("stats")),
+            )
+        else:  # one part: Gradio edits a user row part by part and hands back only the last
             content = documents.display(m["content"], rendered) + (f"\n\n{nav}" if nav else "")
         shown.append({"role": m["role"], "content": content})
         ids.append(m["id"])
     return shown, ids
 
 
-def live_reply(text: str, admitted: bool, metrics: dict | None = None, state: str | None = None,
-               total_tokens: int | None = None, split=None):
+def live_reply(
+    text: str,
+    admitted: bool,
+    metrics: dict | None = None,
+    state: str | None = None,
+    total_tokens: int | None = None,
+    split=None,
+):
     """The reply bubble while streaming: queued -> starting -> text with a running stats line
     (`state`: a live status from states.live_status, shown in place of the stats while paused).
     `split`: a thinking model's reply so far (its reasoning folded, open while it streams)."""
@@ -237,6 +278,7 @@ def can_continue(m: dict, finish: str | None, eos_ids=()) -> bool:
     full = (finish or "").startswith("context full")
     return bool(toks) and cut and toks[-1] not in eos_ids and not full
 
+
 # No button that does nothing (#11), decided in the page from what it shows (no round trip):
 # Regenerate (#regen-row) only with a reply on screen, no notice in place of one, and no reply
 # generating (#stop is in the page only then); the title, Rename/Delete and Export act on the chat on
@@ -252,13 +294,17 @@ BUTTONS_CSS = """
 
 
 def too_long_notice(prompt_tokens: int, limit: int) -> str:
-    return (f"**This message is too long for the model.** With it the prompt would be "
-            f"{prompt_tokens} tokens, and this server's context holds {limit} tokens (prompt plus "
-            f"at least one generated token). Nothing was sent; shorten it or start a new chat.{NOTICE_MARK}")
+    return (
+        f"**This message is too long for the model.** With it the prompt would be "
+        f"{prompt_tokens} tokens, and this server's context holds {limit} tokens (prompt plus "
+        f"at least one generated token). Nothing was sent; shorten it or start a new chat.{NOTICE_MARK}"
+    )
 
 
-DELETED_TEXT = ("This conversation was deleted (in another window or by another process using the "
-                "same history), so this reply could not be saved.")
+DELETED_TEXT = (
+    "This conversation was deleted (in another window or by another process using the "
+    "same history), so this reply could not be saved."
+)
 
 
 def deleted_notice() -> str:
@@ -292,26 +338,36 @@ def conversation_choices(rows: list[dict]) -> list[tuple[str, str]]:
     return [(r["title"] or "Untitled", r["id"]) for r in rows]
 
 
-def alternative_markdown(index: int, text: str, stats: dict | None, admitted: bool = True,
-                         status: str | None = None, label: str = "Alternative",
-                         chosen: bool = False, split=None) -> str:
+def alternative_markdown(
+    index: int,
+    text: str,
+    stats: dict | None,
+    admitted: bool = True,
+    status: str | None = None,
+    label: str = "Alternative",
+    chosen: bool = False,
+    split=None,
+) -> str:
     """One of the n alternatives / k beams beside the chat; `split`: a thinking model's reply
     (its reasoning folded above the answer, as in the chat)."""
     head = f"**{label} {index + 1}**"
     line = stats_line(stats, status)
-    if chosen and text and admitted:      # its text is the reply in the chat just above: not twice
-        return (f"{head} · shown in the conversation above"
-                + (f'\n\n<span class="{STATS_CLASS}">{html.escape(line)}</span>' if line else ""))
+    if chosen and text and admitted:  # its text is the reply in the chat just above: not twice
+        return f"{head} · shown in the conversation above" + (
+            f'\n\n<span class="{STATS_CLASS}">{html.escape(line)}</span>' if line else ""
+        )
     if not text or not admitted:
         body = shown_text(live_reply(text, admitted))
     elif thinking.has_fold(split):
-        body = (thinking.fold(rendered(split.reasoning), split.reasoning_tokens,
-                              answered=bool(split.content.strip()))
-                + (f"\n\n{rendered(split.content)}" if split.content else ""))
+        body = thinking.fold(
+            rendered(split.reasoning), split.reasoning_tokens, answered=bool(split.content.strip())
+        ) + (f"\n\n{rendered(split.content)}" if split.content else "")
     else:
         empty_block = split is not None and split.reasoning is not None
         body = rendered(split.content if empty_block else text)
-    return f"{head}\n\n{body}" + (f'\n\n<span class="{STATS_CLASS}">{html.escape(line)}</span>' if line else "")
+    return f"{head}\n\n{body}" + (
+        f'\n\n<span class="{STATS_CLASS}">{html.escape(line)}</span>' if line else ""
+    )
 
 
 def export_filename(title: str, ext: str) -> str:
@@ -323,8 +379,10 @@ def export_filename(title: str, ext: str) -> str:
 def export_link(url: str, name: str, size: int) -> str:
     """The download link shown after an export (the file stays with the app, for its owner only)."""
     kib = f"{size / 1024:.1f} KiB" if size >= 1024 else f"{size} bytes"
-    return (f'<a class="export-link" href="{html.escape(url, quote=True)}" download="{html.escape(name, quote=True)}">'
-            f"Download {html.escape(name)}</a> ({kib}; the link works for you only, for 15 minutes)")
+    return (
+        f'<a class="export-link" href="{html.escape(url, quote=True)}" download="{html.escape(name, quote=True)}">'
+        f"Download {html.escape(name)}</a> ({kib}; the link works for you only, for 15 minutes)"
+    )
 
 
 def prompt_summary(override: str | None, shared_id: int | None, current_shared_id: int) -> str:
@@ -332,8 +390,10 @@ def prompt_summary(override: str | None, shared_id: int | None, current_shared_i
     if override is not None:
         return "This conversation uses its own system prompt (override)."
     if shared_id is not None and shared_id != current_shared_id:
-        return (f"This conversation uses an older shared prompt (#{shared_id}); new chats use "
-                f"#{current_shared_id}.")
+        return (
+            f"This conversation uses an older shared prompt (#{shared_id}); new chats use "
+            f"#{current_shared_id}."
+        )
     return f"This conversation uses the shared system prompt (#{current_shared_id})."
 
 

@@ -8,12 +8,13 @@ stops the painting at once. Only a reply still waiting in the engine's queue is 
 after QUEUE_REFRESH_S: its place in the queue moves with other requests, not with its own deltas.
 A reply (ui/chat/turn.Turn, ui/chat/beam.BeamTurn) carries one `Wakeup`.
 """
+
 from __future__ import annotations
 
 import asyncio
 import threading
 
-QUEUE_REFRESH_S = 0.5     # a queued reply's "queued, position k" line is refreshed this often
+QUEUE_REFRESH_S = 0.5  # a queued reply's "queued, position k" line is refreshed this often
 
 
 class Wakeup:
@@ -52,7 +53,7 @@ class Wakeup:
             else:
                 try:
                     loop.call_soon_threadsafe(ev.set)
-                except RuntimeError:        # the loop is closed: nobody follows any more
+                except RuntimeError:  # the loop is closed: nobody follows any more
                     pass
 
     @staticmethod

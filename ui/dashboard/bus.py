@@ -15,18 +15,30 @@ server's time when it was sent ("kv-asof"), even when no panel changed, so each 
 The page keeps the age running between ticks from its own monotonic clock; `data-snap` on each
 stamp is the snapshot time itself (server clock), which tests compare with /api/kv's.
 """
+
 from __future__ import annotations
 
 import json
 
-PANELS = {"story": "kv-story", "headline": "kv-headline", "grid": "kv-grid", "tables": "kv-tables",
-          "feed": "kv-feed", "arith": "kv-arith", "whatif": "kv-whatif", "who": "kv-who",
-          "tier": "kv-tier", "demo": "kv-demo-status"}
+PANELS = {
+    "story": "kv-story",
+    "headline": "kv-headline",
+    "grid": "kv-grid",
+    "tables": "kv-tables",
+    "feed": "kv-feed",
+    "arith": "kv-arith",
+    "whatif": "kv-whatif",
+    "who": "kv-who",
+    "tier": "kv-tier",
+    "demo": "kv-demo-status",
+}
 ASOF = "kv-asof"
 STAMP_FAST = '<span class="kv-asof" data-src="fast" title="{tip}"></span>'
 STAMP_SLOW = '<span class="kv-asof" data-src="slow" title="{tip}"></span>'
-_TIP = ("How old these numbers are: the time since the engine's snapshot they were drawn from. "
-        "It keeps counting if the page stops receiving updates.")
+_TIP = (
+    "How old these numbers are: the time since the engine's snapshot they were drawn from. "
+    "It keeps counting if the page stops receiving updates."
+)
 STAMP = STAMP_FAST.format(tip=_TIP)
 # a panel's html_template: its freshness stamp, then the body the bus fills
 BODY = STAMP + '<div class="kvbody"></div>'
@@ -88,8 +100,12 @@ apply();
 """
 
 
-def message(values: dict, snap_time: float | None = None, now: float | None = None,
-            slow_time: float | None = None) -> str:
+def message(
+    values: dict,
+    snap_time: float | None = None,
+    now: float | None = None,
+    slow_time: float | None = None,
+) -> str:
     """{panel element id: HTML (or the grid's JSON payload)} for the panels given, and with
     `snap_time` the freshness entry: the snapshot's time, the server's time now (`now`) and the
     slow tick's last snapshot time (the plots'), all server clock."""

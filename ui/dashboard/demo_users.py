@@ -6,6 +6,7 @@ blocks are shared by all), sends short messages from a fixed list, and samples w
 so one person can watch sharing, growth, eviction and preemption happen. Stop aborts the
 in-flight requests, ends every session (blocks go back to the pool, cached) and joins the threads.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -23,12 +24,24 @@ from engine.kv.salt_rule import principal_salt  # noqa: E402
 DEMO_SALT = principal_salt("demo", multi_user=True)
 
 USER_MESSAGES = (
-    "Hi! What can you do?", "Tell me a fun fact about space.", "How does a CPU cache work?",
-    "Give me three tips for learning to code.", "What is a hash table?", "Why is the sky blue?",
-    "Write a haiku about memory.", "What is attention in a transformer?", "Explain paging simply.",
-    "Recommend a good book about computers.", "What is the capital of France?",
-    "How do I make a cup of tea?", "Can you count to ten?", "Summarize our chat so far.",
-    "What is a prime number?", "Tell me a short joke.", "What does a GPU do?", "Thanks! And then?",
+    "Hi! What can you do?",
+    "Tell me a fun fact about space.",
+    "How does a CPU cache work?",
+    "Give me three tips for learning to code.",
+    "What is a hash table?",
+    "Why is the sky blue?",
+    "Write a haiku about memory.",
+    "What is attention in a transformer?",
+    "Explain paging simply.",
+    "Recommend a good book about computers.",
+    "What is the capital of France?",
+    "How do I make a cup of tea?",
+    "Can you count to ten?",
+    "Summarize our chat so far.",
+    "What is a prime number?",
+    "Tell me a short joke.",
+    "What does a GPU do?",
+    "Thanks! And then?",
 )
 
 PromptSource = Callable[[], str] | str | None
@@ -41,9 +54,17 @@ MAX_DEMO_USERS = 32
 class DemoLoad:
     """Owner of the simulated users; thread-safe start/stop, one instance per engine."""
 
-    def __init__(self, llm, system_prompt: PromptSource = None, *, max_tokens: int = 48,
-                 temperature: float = 0.8, think_s: tuple[float, float] = (0.3, 1.5),
-                 max_turns: int = 12, seed: int = 0):
+    def __init__(
+        self,
+        llm,
+        system_prompt: PromptSource = None,
+        *,
+        max_tokens: int = 48,
+        temperature: float = 0.8,
+        think_s: tuple[float, float] = (0.3, 1.5),
+        max_turns: int = 12,
+        seed: int = 0,
+    ):
         self.llm = llm
         self.system_prompt = system_prompt
         self.max_tokens, self.temperature = max_tokens, temperature
@@ -51,7 +72,7 @@ class DemoLoad:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._streams: dict[str, object] = {}       # session id -> in-flight stream
+        self._streams: dict[str, object] = {}  # session id -> in-flight stream
         self._user_ids = itertools.count()
         self._run = 0
         self.turns = 0
@@ -72,8 +93,12 @@ class DemoLoad:
             for _ in range(n):
                 uid = next(self._user_ids)
                 sid = f"demo-{self._run}-{uid}"
-                t = threading.Thread(target=self._user, args=(sid, uid, self._stop),
-                                     name=f"demo-user-{uid}", daemon=True)
+                t = threading.Thread(
+                    target=self._user,
+                    args=(sid, uid, self._stop),
+                    name=f"demo-user-{uid}",
+                    daemon=True,
+                )
                 self._threads.append(t)
                 t.start()
             return len(self._threads)
@@ -87,7 +112,7 @@ class DemoLoad:
         for s in streams:
             try:
                 s.abort()
-            except Exception:   # the engine may be shutting down; the thread still exits
+            except Exception:  # the engine may be shutting down; the thread still exits
                 pass
         deadline = time.monotonic() + timeout
         for t in threads:
@@ -111,26 +136,35 @@ class DemoLoad:
 
     def _user(self, sid: str, uid: int, stop: threading.Event) -> None:
         from engine import SamplingParams
+
         rng = random.Random(self.seed * 7919 + uid)
         messages = [{"role": "system", "content": self._prompt()}]
         turn = 0
         try:
             while not stop.is_set():
-                if turn >= self.max_turns:          # start a fresh conversation in the same session
+                if turn >= self.max_turns:  # start a fresh conversation in the same session
                     self.llm.end_session(sid)
                     messages, turn = [{"role": "system", "content": self._prompt()}], 0
                 messages.append({"role": "user", "content": rng.choice(USER_MESSAGES)})
-                params = SamplingParams(temperature=self.temperature, max_tokens=self.max_tokens,
-                                        seed=self.seed * 1_000_003 + uid * 1009 + turn)
+                params = SamplingParams(
+                    temperature=self.temperature,
+                    max_tokens=self.max_tokens,
+                    seed=self.seed * 1_000_003 + uid * 1009 + turn,
+                )
                 try:
-                    stream = self.llm.submit_chat(messages, params, session_id=sid, cache_salt=DEMO_SALT,
-                                                  tenant=f"demo-user-{uid}")
-                except ValueError as e:               # too long for the context: start over
+                    stream = self.llm.submit_chat(
+                        messages,
+                        params,
+                        session_id=sid,
+                        cache_salt=DEMO_SALT,
+                        tenant=f"demo-user-{uid}",
+                    )
+                except ValueError as e:  # too long for the context: start over
                     self.errors.append(str(e)[:120])
                     turn = self.max_turns
                     continue
-                with self._lock:                      # stop() sets the flag under this lock, so
-                    self._streams[sid] = stream       # either it sees the stream or we see the flag
+                with self._lock:  # stop() sets the flag under this lock, so
+                    self._streams[sid] = stream  # either it sees the stream or we see the flag
                     stopped = stop.is_set()
                 if stopped:
                     stream.abort()
@@ -145,7 +179,7 @@ class DemoLoad:
                 messages.append({"role": "assistant", "content": "".join(reply)})
                 turn += 1
                 stop.wait(rng.uniform(*self.think_s))
-        except RuntimeError as e:                     # engine shut down under us
+        except RuntimeError as e:  # engine shut down under us
             self.errors.append(str(e)[:120])
         finally:
             with self._lock:

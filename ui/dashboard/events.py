@@ -8,6 +8,7 @@ Why by diff: the engine keeps no event log beyond preemptions (and must not grow
 and a diff of two snapshots a second apart is enough for a human watching. Works on scoped
 snapshots (engine/observe/viewer_scope.py), so a viewer's feed names only what that viewer may see.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -17,7 +18,9 @@ from ui.dashboard.vocabulary import NAMES, state_of
 
 def _name(seq: dict) -> str:
     t = seq.get("title")
-    return f"'{t}'" if t else str(seq.get("request_id") or seq.get("session_id") or seq.get("seq_id"))
+    return (
+        f"'{t}'" if t else str(seq.get("request_id") or seq.get("session_id") or seq.get("seq_id"))
+    )
 
 
 def _groups(snap: dict) -> dict:
@@ -43,8 +46,10 @@ def _speculation(before: dict, after: dict) -> str | None:
     back = after.get("spec_rolled_back_slots", 0) - before.get("spec_rolled_back_slots", 0)
     if acc <= 0 and back <= 0:
         return None
-    return (f"speculative decoding: {acc:,} drafted tokens accepted, {back:,} rejected ones rolled back "
-            f"(their slots went back to the pool)")
+    return (
+        f"speculative decoding: {acc:,} drafted tokens accepted, {back:,} rejected ones rolled back "
+        f"(their slots went back to the pool)"
+    )
 
 
 def diff_events(prev: dict | None, snap: dict) -> list[str]:
@@ -59,22 +64,34 @@ def diff_events(prev: dict | None, snap: dict) -> list[str]:
         lines.append(f"unpinned prompt '{name}': its blocks are ordinary cached blocks again")
     if prev is not None:
         seen = {(e.get("time"), e.get("seq_id")) for e in prev.get("preemption_events", [])}
-        titles = {s.get("request_id"): s for s in snap.get("sequences", []) + prev.get("sequences", [])}
+        titles = {
+            s.get("request_id"): s for s in snap.get("sequences", []) + prev.get("sequences", [])
+        }
         for e in snap.get("preemption_events", []):
             if (e.get("time"), e.get("seq_id")) not in seen:
                 who = _name(titles[e["request_id"]]) if e.get("request_id") in titles else "a chat"
                 if e.get("mode") == "swap":
-                    lines.append(f"pool full: preempted {who}, swapped {e.get('tokens_swapped', 0):,} tokens "
-                                 f"out to the KV tier, recomputing {e['tokens_lost']:,}")
+                    lines.append(
+                        f"pool full: preempted {who}, swapped {e.get('tokens_swapped', 0):,} tokens "
+                        f"out to the KV tier, recomputing {e['tokens_lost']:,}"
+                    )
                 else:
-                    lines.append(f"pool full: preempted {who}, recomputing {e['tokens_lost']:,} tokens")
+                    lines.append(
+                        f"pool full: preempted {who}, recomputing {e['tokens_lost']:,} tokens"
+                    )
         seen = {(e.get("time"), e.get("seq_id")) for e in prev.get("tier_events", [])}
         for e in snap.get("tier_events", []):
             if (e.get("time"), e.get("seq_id")) not in seen:
-                who = f"chat {_name(titles[e['request_id']])}" if e.get("request_id") in titles else "a chat"
+                who = (
+                    f"chat {_name(titles[e['request_id']])}"
+                    if e.get("request_id") in titles
+                    else "a chat"
+                )
                 where = "from disk" if e.get("kind") == "disk" else "from host memory"
-                lines.append(f"{who} resumed {where}: {e['tokens_loaded']:,} tokens loaded, "
-                             f"{e.get('tokens_computed', 0):,} computed")
+                lines.append(
+                    f"{who} resumed {where}: {e['tokens_loaded']:,} tokens loaded, "
+                    f"{e.get('tokens_computed', 0):,} computed"
+                )
         line = _speculation(prev.get("stats") or {}, snap.get("stats") or {})
         if line:
             lines.append(line)
@@ -84,10 +101,14 @@ def diff_events(prev: dict | None, snap: dict) -> list[str]:
             k = len(seqs)
             if k > 1 and k > k0:
                 shared = sum(1 for x in seqs[0]["shared"] if x)
-                lines.append(f"{_name(seqs[0])} forked: {k} beams/samples share {shared} blocks "
-                             f"(copy-on-write on divergence)")
+                lines.append(
+                    f"{_name(seqs[0])} forked: {k} beams/samples share {shared} blocks "
+                    f"(copy-on-write on divergence)"
+                )
             elif 0 < k < k0:
-                lines.append(f"{_name(seqs[0])} freed {k0 - k} beam{'s' if k0 - k > 1 else ''} ({k} left)")
+                lines.append(
+                    f"{_name(seqs[0])} freed {k0 - k} beam{'s' if k0 - k > 1 else ''} ({k} left)"
+                )
         b0, r0 = _most_shared(prev)
         b1, r1 = _most_shared(snap)
         if b1 >= 0 and (b1, r1) != (b0, r0):
@@ -104,7 +125,7 @@ class EventFeed:
         self.lines: deque = deque(maxlen=size)
         self._prev: dict | None = None
         self._time = None
-        self.fair_since = 0.0           # the newest scheduler decision already in the feed (who.py)
+        self.fair_since = 0.0  # the newest scheduler decision already in the feed (who.py)
 
     def update(self, snap: dict, extra: list[str] = ()) -> list[str]:
         if snap.get("time") != self._time:
@@ -116,6 +137,7 @@ class EventFeed:
 
 def feed_html(lines: list[str]) -> str:
     from html import escape
+
     if not lines:
         return '<div class="kvd kvf"><div class="muted">Nothing has happened yet.</div></div>'
     items = "".join(f"<li>{escape(x)}</li>" for x in lines)

@@ -13,6 +13,7 @@ state, ref_count, tokens filled, holders by title. Colours are the theme's CSS v
 For tests the element exposes `kvCellAt(block)` -> {x, y} (CSS pixels inside the canvas) and
 `kvTitleAt(block)` (also on the canvas), and the canvas carries `data-painted` (number of paints).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,24 +23,31 @@ from ui.dashboard.bus import STAMP
 from ui.dashboard.view import KIND_NAMES, KINDS
 from ui.dashboard.vocabulary import BY_CODE, NAMES as VOC_NAMES
 
-TEMPLATE = (STAMP + '<div class="kvd kvgc"><div class="kvl"></div><div class="muted kvscale"></div>'
-            '<canvas data-painted="0"></canvas></div>')
+TEMPLATE = (
+    STAMP + '<div class="kvd kvgc"><div class="kvl"></div><div class="muted kvscale"></div>'
+    '<canvas data-painted="0"></canvas></div>'
+)
 
-CSS = (".kvgc canvas { display: block; width: 100%; }"
-       " .kvl .sel b { outline: 2px solid var(--kv-outline); }"
-       " .kvl .kvmode button { font-size: 11px; padding: 0 6px; margin-left: 3px;"
-       " border-radius: 3px;"
-       " border: 1px solid var(--border-color-primary, #d1d5db); background: transparent;"
-       " cursor: pointer; }"
-       " .kvl .kvmode button[aria-pressed=true] { background: var(--kv-track, #f3f4f6);"
-       " font-weight: 600; }")
+CSS = (
+    ".kvgc canvas { display: block; width: 100%; }"
+    " .kvl .sel b { outline: 2px solid var(--kv-outline); }"
+    " .kvl .kvmode button { font-size: 11px; padding: 0 6px; margin-left: 3px;"
+    " border-radius: 3px;"
+    " border: 1px solid var(--border-color-primary, #d1d5db); background: transparent;"
+    " cursor: pointer; }"
+    " .kvl .kvmode button[aria-pressed=true] { background: var(--kv-track, #f3f4f6);"
+    " font-weight: 600; }"
+)
 
 _NAMES = [KIND_NAMES[k] for k in KINDS]
-_VARS = [VOC_NAMES[k] for k in KINDS]       # --kv-<name>: one colour per state (ui/dashboard/vocabulary.py)
+_VARS = [
+    VOC_NAMES[k] for k in KINDS
+]  # --kv-<name>: one colour per state (ui/dashboard/vocabulary.py)
 # the legend's hover text: each state's one-line meaning
 _TIPS = [escape(f"{BY_CODE[k].name}: {BY_CODE[k].meaning}", quote=True) for k in KINDS]
 
-JS = """
+JS = (
+    """
 const NAMES = __NAMES__, VARS = __VARS__, TIPS = __TIPS__, PITCH = 14, CELL = 13, BAND = 16;
 const rootOf = () => element.querySelector('.kvgc') || element;
 const st = { p: null, items: [], cols: 1, n: 0, src: null };
@@ -221,5 +229,7 @@ const cv0 = rootOf().querySelector('canvas');
 if (cv0) { cv0.kvPaint = paint; }
 watch('value', () => paint(props.value));
 paint(window.__kvGrid || props.value);
-""".replace("__NAMES__", json.dumps(_NAMES)).replace("__VARS__", json.dumps(_VARS)).replace(
-    "__TIPS__", json.dumps(_TIPS))
+""".replace("__NAMES__", json.dumps(_NAMES))
+    .replace("__VARS__", json.dumps(_VARS))
+    .replace("__TIPS__", json.dumps(_TIPS))
+)

@@ -21,6 +21,7 @@ Payload (JSON):
 Aggregated cells (per > 1): kind = most common kind (ties to the more interesting), ref_count = the
 highest, holder set -1, filled = number of blocks in the cell.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,7 +34,7 @@ from ui.dashboard.view import KINDS, conversation_key
 
 MAX_CELLS = 4096
 BAND_MIN = 24
-_STATE_CODE = {"free": 0, "cached": 1, "used": 2, "pinned": 4}     # "used" -> 2 or 3 by ref_count
+_STATE_CODE = {"free": 0, "cached": 1, "used": 2, "pinned": 4}  # "used" -> 2 or 3 by ref_count
 
 
 def _codes(states) -> np.ndarray:
@@ -74,7 +75,7 @@ def _holder_sets(n: int, tables: list) -> tuple[np.ndarray, list]:
     uniq, first, inv = np.unique(key[held], return_index=True, return_inverse=True)
     set_id = np.full(n, -1, dtype=np.int64)
     set_id[held] = inv
-    rep_blocks = np.flatnonzero(held)[first]               # one block per set
+    rep_blocks = np.flatnonzero(held)[first]  # one block per set
     order = np.argsort(blk, kind="stable")
     sb, sw = blk[order], who[order]
     lo, hi = np.searchsorted(sb, rep_blocks), np.searchsorted(sb, rep_blocks, side="right")
@@ -109,7 +110,7 @@ def grid_payload(snap: dict, max_cells: int = MAX_CELLS) -> dict:
     ref = np.asarray(b["ref_count"], dtype=np.int64)
     filled = np.asarray(b["filled"], dtype=np.int64)
     kind[(kind == 2) & (ref >= 2)] = 3
-    kind[(kind == 2) & (ref == 0)] = 0        # defensive: "used" with no holder reads as free
+    kind[(kind == 2) & (ref == 0)] = 0  # defensive: "used" with no holder reads as free
     counts = np.bincount(kind, minlength=len(KINDS)).tolist()
     names, _, tables = holder_names(snap)
     per = max(1, blocks_for(n, max_cells))
@@ -127,8 +128,16 @@ def grid_payload(snap: dict, max_cells: int = MAX_CELLS) -> dict:
         size[-1] = per - pad
         runs = _runs(top.astype(np.int64), r, np.full(cells, -1, dtype=np.int64), size)
         sets = []
-    out = {"n": n, "per": per, "bs": snap["block_size"], "band": BAND_MIN, "counts": counts,
-           "runs": runs, "sets": sets, "names": names}
+    out = {
+        "n": n,
+        "per": per,
+        "bs": snap["block_size"],
+        "band": BAND_MIN,
+        "counts": counts,
+        "runs": runs,
+        "sets": sets,
+        "names": names,
+    }
     kinds = kind_payload(snap, per)
     if kinds is not None:
         out["kinds"] = kinds
@@ -155,8 +164,11 @@ def kind_payload(snap: dict, per: int) -> dict | None:
     change = np.flatnonzero(np.diff(k, prepend=-2) != 0)
     lengths = np.diff(np.append(change, len(k)))
     ks = kinds(st)
-    return {"runs": np.stack([k[change], lengths], axis=1).ravel().tolist(),
-            "names": [x["name"] for x in ks], "counts": [x["blocks"] for x in ks]}
+    return {
+        "runs": np.stack([k[change], lengths], axis=1).ravel().tolist(),
+        "names": [x["name"] for x in ks],
+        "counts": [x["blocks"] for x in ks],
+    }
 
 
 def highlight_ranges(blocks) -> list:
@@ -178,5 +190,9 @@ def decode_runs(payload: dict) -> dict:
     """Runs -> per-cell arrays {kind, ref, set, filled} (what the painter draws; for tests)."""
     r = np.asarray(payload["runs"], dtype=np.int64).reshape(-1, 5)
     lengths = r[:, 1]
-    return {"kind": np.repeat(r[:, 0], lengths), "ref": np.repeat(r[:, 2], lengths),
-            "set": np.repeat(r[:, 3], lengths), "filled": np.repeat(r[:, 4], lengths)}
+    return {
+        "kind": np.repeat(r[:, 0], lengths),
+        "ref": np.repeat(r[:, 2], lengths),
+        "set": np.repeat(r[:, 3], lengths),
+        "filled": np.repeat(r[:, 4], lengths),
+    }

@@ -11,6 +11,7 @@ tick skips unchanged outputs). A bucket with no sample while its neighbours have
 when nothing was recorded (app stopped, engine stalled, restart): it becomes a row of NaN, which
 the chart draws as a gap rather than a straight line across it.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,9 +23,9 @@ import pandas as pd
 
 from ui.dashboard.kv_math import blocks_for
 
-HORIZON_S = 600.0          # keep ten minutes
-PLOT_WINDOW_S = 300.0      # plot the last five
-PLOT_STEP_S = 10.0         # one plotted point per 10 s bucket; 3 plots at phases 3.3 s apart: <= 1 per slow (2 s) tick
+HORIZON_S = 600.0  # keep ten minutes
+PLOT_WINDOW_S = 300.0  # plot the last five
+PLOT_STEP_S = 10.0  # one plotted point per 10 s bucket; 3 plots at phases 3.3 s apart: <= 1 per slow (2 s) tick
 
 
 class Sample(NamedTuple):
@@ -32,10 +33,10 @@ class Sample(NamedTuple):
     queries: int
     hits: int
     generated: int
-    used: int              # physical blocks held
-    unshared: int          # logical blocks: what paging without sharing would hold
-    contiguous: int        # live sequences x ceil(max_model_len / block_size)
-    total: int             # pool size in blocks
+    used: int  # physical blocks held
+    unshared: int  # logical blocks: what paging without sharing would hold
+    contiguous: int  # live sequences x ceil(max_model_len / block_size)
+    total: int  # pool size in blocks
 
 
 def sample_of(snap: dict) -> Sample:
@@ -45,9 +46,16 @@ def sample_of(snap: dict) -> Sample:
 def sample_of_stats(st: dict, t: float) -> Sample:
     """A sample from the stats contract alone (what the sampler reads each second)."""
     live = st["num_sequences"] + st["num_idle_sessions"]
-    return Sample(float(t), st["prefix_cache_queries"], st["prefix_cache_hits"],
-                  st.get("generated_tokens_total", 0), st["used_blocks"], st["logical_blocks"],
-                  live * blocks_for(st.get("max_model_len", 0), st["block_size"]), st["total_blocks"])
+    return Sample(
+        float(t),
+        st["prefix_cache_queries"],
+        st["prefix_cache_hits"],
+        st.get("generated_tokens_total", 0),
+        st["used_blocks"],
+        st["logical_blocks"],
+        live * blocks_for(st.get("max_model_len", 0), st["block_size"]),
+        st["total_blocks"],
+    )
 
 
 def _base(samples, window_s: float, now: float):
@@ -98,7 +106,7 @@ class History:
         with self._lock:
             if self.samples and s.t <= self.samples[-1].t:
                 return False
-            if self.samples and s.generated < self.samples[-1].generated:   # engine restarted
+            if self.samples and s.generated < self.samples[-1].generated:  # engine restarted
                 self.samples.clear()
             self.samples.append(s)
             while self.samples and self.samples[0].t < s.t - self.horizon_s:
@@ -130,16 +138,19 @@ def _drop_flat(t, s, v):
     """Drop a point whose series has the same value just before and just after it: the line
     looks the same, and an idle engine's flat minutes (or the constant pool size) cost two rows."""
     keep = [True] * len(t)
-    last: dict = {}                       # series -> indices of its last two rows
+    last: dict = {}  # series -> indices of its last two rows
     for i, name in enumerate(s):
         a, b = last.get(name, (None, None))
-        if a is not None and b is not None and v[a] == v[b] == v[i]:     # NaN never equals
+        if a is not None and b is not None and v[a] == v[b] == v[i]:  # NaN never equals
             keep[b] = False
             last[name] = (a, i)
         else:
             last[name] = (b, i)
-    return ([x for x, k in zip(t, keep) if k], [x for x, k in zip(s, keep) if k],
-            [x for x, k in zip(v, keep) if k])
+    return (
+        [x for x, k in zip(t, keep) if k],
+        [x for x, k in zip(s, keep) if k],
+        [x for x, k in zip(v, keep) if k],
+    )
 
 
 def _frame(t, s, v, ycol: str, names) -> pd.DataFrame:
@@ -152,12 +163,22 @@ def _frame(t, s, v, ycol: str, names) -> pd.DataFrame:
             t.append(float("nan"))
             s.append(name)
             v.append(float("nan"))
-    return pd.DataFrame({"seconds": pd.Series(t, dtype="float64"), "series": pd.Series(s, dtype="object"),
-                         ycol: pd.Series(v, dtype="float64")})
+    return pd.DataFrame(
+        {
+            "seconds": pd.Series(t, dtype="float64"),
+            "series": pd.Series(s, dtype="object"),
+            ycol: pd.Series(v, dtype="float64"),
+        }
+    )
 
 
-def plot_points(samples, window_s: float = PLOT_WINDOW_S, step_s: float | None = PLOT_STEP_S,
-                gap_s: float = 2.0, phase_s: float = 0.0) -> list[tuple[float, int | None]]:
+def plot_points(
+    samples,
+    window_s: float = PLOT_WINDOW_S,
+    step_s: float | None = PLOT_STEP_S,
+    gap_s: float = 2.0,
+    phase_s: float = 0.0,
+) -> list[tuple[float, int | None]]:
     """(x = seconds ago, index of the sample plotted there or None for a gap), oldest first.
 
     step_s: one point per complete bucket (its last sample), x counted from the newest complete
@@ -179,7 +200,7 @@ def plot_points(samples, window_s: float = PLOT_WINDOW_S, step_s: float | None =
             pts.append((round(s.t - now, 2), i))
             prev = s.t
         return pts
-    current = int((samples[-1].t - phase_s) // step_s)   # the bucket still filling: not plotted yet
+    current = int((samples[-1].t - phase_s) // step_s)  # the bucket still filling: not plotted yet
     last_of: dict[int, int] = {}
     for i, s in enumerate(samples):
         b = int((s.t - phase_s) // step_s)
@@ -194,7 +215,7 @@ def plot_points(samples, window_s: float = PLOT_WINDOW_S, step_s: float | None =
     return pts
 
 
-HEADROOM = 0.08            # above a plot's highest point, so its line is drawn inside the plot
+HEADROOM = 0.08  # above a plot's highest point, so its line is drawn inside the plot
 
 
 def y_limits(frame: pd.DataFrame, column: str, floor: float = 10.0) -> list[float]:
@@ -205,20 +226,31 @@ def y_limits(frame: pd.DataFrame, column: str, floor: float = 10.0) -> list[floa
     ends exactly at the data's highest point and that line lies on the plot's top edge, half of
     its stroke clipped away (the pool-size and contiguous lines sit there for minutes). Rounded, so
     the limit changes only when the data outgrows it rather than on every point."""
-    values = pd.to_numeric(frame[column], errors="coerce").dropna() if len(frame) else pd.Series([], dtype=float)
+    values = (
+        pd.to_numeric(frame[column], errors="coerce").dropna()
+        if len(frame)
+        else pd.Series([], dtype=float)
+    )
     top = max(float(values.max()) if len(values) else 0.0, 0.0) * (1 + HEADROOM)
     top = max(top, floor)
-    step = 10 ** (math.floor(math.log10(top)) - 1)          # two significant digits
+    step = 10 ** (math.floor(math.log10(top)) - 1)  # two significant digits
     return [0.0, float(math.ceil(top / step - 1e-9) * step)]
 
 
-def blocks_frame(samples, window_s: float = PLOT_WINDOW_S, series=SERIES_BLOCKS,
-                 step_s: float | None = PLOT_STEP_S, phase_s: float = 0.0) -> pd.DataFrame:
+def blocks_frame(
+    samples,
+    window_s: float = PLOT_WINDOW_S,
+    series=SERIES_BLOCKS,
+    step_s: float | None = PLOT_STEP_S,
+    phase_s: float = 0.0,
+) -> pd.DataFrame:
     """Long format (seconds ago, series, blocks) for gr.LinePlot(color='series'); NaN rows are gaps."""
     rows_t, rows_s, rows_v = [], [], []
     for x, i in plot_points(samples, window_s, step_s, phase_s=phase_s):
         s = samples[i] if i is not None else None
-        for name, v in zip(SERIES_BLOCKS, (s.used, s.unshared, s.contiguous, s.total) if s else (None,) * 4):
+        for name, v in zip(
+            SERIES_BLOCKS, (s.used, s.unshared, s.contiguous, s.total) if s else (None,) * 4
+        ):
             if name in series:
                 rows_t.append(x)
                 rows_s.append(name)
@@ -226,11 +258,16 @@ def blocks_frame(samples, window_s: float = PLOT_WINDOW_S, series=SERIES_BLOCKS,
     return _frame(rows_t, rows_s, rows_v, "blocks", series)
 
 
-def hit_rate_frame(samples, window_s: float = PLOT_WINDOW_S, recent_s: float = 10.0,
-                   step_s: float | None = PLOT_STEP_S, phase_s: float = 0.0) -> pd.DataFrame:
+def hit_rate_frame(
+    samples,
+    window_s: float = PLOT_WINDOW_S,
+    recent_s: float = 10.0,
+    step_s: float | None = PLOT_STEP_S,
+    phase_s: float = 0.0,
+) -> pd.DataFrame:
     """Prefix-cache hit rate (%) over time: cumulative and over a sliding recent window."""
     cum, recent = {}, {}
-    j = 0                       # base of the recent window: newest sample at least recent_s older
+    j = 0  # base of the recent window: newest sample at least recent_s older
     for i, s in enumerate(samples):
         while j + 1 < i and samples[j + 1].t <= s.t - recent_s:
             j += 1

@@ -13,6 +13,7 @@ separately and the line says what each chat is, so the counts add up to the open
 The chat states come from the tab registry (ui/chat/tabs.TabRegistry.chat_states), the blocks
 from the snapshot's sequences, both passed in: this module reads nothing itself.
 """
+
 from __future__ import annotations
 
 from html import escape
@@ -22,7 +23,11 @@ ORDER = ("generating", "live", "parked", "released")
 
 def count(chat_states: dict[str, str], snap: dict) -> dict[str, int]:
     """{state: chats} of the chats the tabs know of."""
-    holding = {str(s.get("session_id")) for s in snap.get("sequences") or [] if s.get("session_id") is not None}
+    holding = {
+        str(s.get("session_id"))
+        for s in snap.get("sequences") or []
+        if s.get("session_id") is not None
+    }
     out = dict.fromkeys(ORDER, 0)
     for conv, st in chat_states.items():
         if st == "generating":
@@ -38,7 +43,12 @@ def line_html(counts: dict[str, int]) -> str:
     total = sum(counts.values())
     if not total:
         return ""
-    parts = ", ".join(f'<span data-k="open_{k}" data-v="{counts[k]}">{counts[k]:,} {k}</span>'
-                      for k in ORDER if counts[k])
-    return (f'<div class="muted kvs-open" data-k="open_chats" data-v="{total}">Open chats in this app: '
-            f'{total:,} ({escape("")}{parts}).</div>')
+    parts = ", ".join(
+        f'<span data-k="open_{k}" data-v="{counts[k]}">{counts[k]:,} {k}</span>'
+        for k in ORDER
+        if counts[k]
+    )
+    return (
+        f'<div class="muted kvs-open" data-k="open_chats" data-v="{total}">Open chats in this app: '
+        f'{total:,} ({escape("")}{parts}).</div>'
+    )

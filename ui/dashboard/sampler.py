@@ -8,6 +8,7 @@ costs microseconds; the full snapshot (per-block arrays) is never taken here.
 A period when the sampler could not record (engine stalled in a long step, app stopped, engine
 restarted) shows as a gap in the charts (ui/dashboard/history.plot_points), not as a line.
 """
+
 from __future__ import annotations
 
 import threading
@@ -44,10 +45,10 @@ class StatsSampler:
     def sample_once(self) -> bool:
         try:
             st = read_stats(self.llm)
-        except RuntimeError:                       # engine shut down: nothing more to record
+        except RuntimeError:  # engine shut down: nothing more to record
             self._stop.set()
             return False
-        except Exception:                          # a bad read must not kill the sampler
+        except Exception:  # a bad read must not kill the sampler
             self.errors += 1
             return False
         ok = self.history.add_sample(sample_of_stats(st, self.clock()))

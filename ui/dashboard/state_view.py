@@ -263,7 +263,9 @@ def _state_part(snap: dict, info, shape, longest_chat) -> str:
         cross = live["crossover_tokens"]
         tail = (
             f" From {cross:,} tokens on, the fixed states cost less than the KV those layers "
-            "would keep." if cross else ""
+            "would keep."
+            if cross
+            else ""
         )
         sentences.append(f'<li data-k="state_arith_live">{escape(live["sentence"])}.{tail}</li>')
     sentences.append(f'<li data-k="state_arith_ref">{escape(reference()["sentence"])}.</li>')

@@ -7,6 +7,7 @@ one bus message (ui/dashboard/bus.py, with the demo users' status and the snapsh
 slow one (plots, picker) through Gradio.
 `wire_ticks` attaches them to two inactive timers; ui/dashboard/timers.py turns them on with the tab.
 """
+
 from __future__ import annotations
 
 import time
@@ -27,12 +28,26 @@ from ui.dashboard.who import viewer_tenant
 if TYPE_CHECKING:
     from ui.dashboard.page import DashboardState
 
-FOLDED = ("arith", "whatif")      # in closed-by-default accordions: sent only while open
-OUTPUT_NAMES = ("story", "headline", "grid", "tables", "paged_plot", "contig_plot", "hit_plot", "arith",
-                "whatif", "feed", "selector", "demo", "who", "tier")
-FAST = tuple(BUS.PANELS)                          # through the one-output bus, every TICK_S
-SLOW = ("paged_plot", "contig_plot", "hit_plot", "selector")   # through Gradio, every SLOW_TICK_S
-BLOCK_PLOTS = ("paged_plot", "contig_plot")       # their y axis follows the data (history.y_limits)
+FOLDED = ("arith", "whatif")  # in closed-by-default accordions: sent only while open
+OUTPUT_NAMES = (
+    "story",
+    "headline",
+    "grid",
+    "tables",
+    "paged_plot",
+    "contig_plot",
+    "hit_plot",
+    "arith",
+    "whatif",
+    "feed",
+    "selector",
+    "demo",
+    "who",
+    "tier",
+)
+FAST = tuple(BUS.PANELS)  # through the one-output bus, every TICK_S
+SLOW = ("paged_plot", "contig_plot", "hit_plot", "selector")  # through Gradio, every SLOW_TICK_S
+BLOCK_PLOTS = ("paged_plot", "contig_plot")  # their y axis follows the data (history.y_limits)
 # "the open accordions as this viewer's page last said": kept on the server by session (not in a
 # gr.State: any State makes every page hold a second long-lived connection, see ui/layout.py)
 SESSION = object()
@@ -50,7 +65,13 @@ class Ticks:
     that viewer was last sent something."""
 
     def __init__(self, state: DashboardState, *, storage=None, auth: bool = False, own_conv=None):
-        self.state, self.llm, self.storage, self.auth, self.own_conv = state, state.llm, storage, auth, own_conv
+        self.state, self.llm, self.storage, self.auth, self.own_conv = (
+            state,
+            state.llm,
+            storage,
+            auth,
+            own_conv,
+        )
 
     def _own(self, request):
         return self.own_conv(request) if self.own_conv is not None and request is not None else None
@@ -85,8 +106,9 @@ class Ticks:
         if seq is None:
             return None
         try:
-            path = self.storage.get_messages(selected, owner=getattr(request, "username", None)
-                                             if self.auth else None)
+            path = self.storage.get_messages(
+                selected, owner=getattr(request, "username", None) if self.auth else None
+            )
         except (KeyError, PermissionError):
             return None
         start = thinking.start_marker_id(markers, self.llm.get_tokenizer())
@@ -105,27 +127,31 @@ class Ticks:
         if "who" in names:
             values["who"] = state.who(me, self.auth)
         if "selector" in names:
-            values["selector"] = tuple(v["choices"]) + self.missing_choice(v["choices"], selected, request)
+            values["selector"] = tuple(v["choices"]) + self.missing_choice(
+                v["choices"], selected, request
+            )
         if "demo" in names:
-            values["demo"] = escape(state.demo.status())     # an error's text is not ours: escaped
+            values["demo"] = escape(state.demo.status())  # an error's text is not ours: escaped
         if "tier" in names:
             values["tier"] = v["tier"]
         return values
 
-    def tick(self, selected, model, last, shown=None, request: gr.Request = None, names=OUTPUT_NAMES):
+    def tick(
+        self, selected, model, last, shown=None, request: gr.Request = None, names=OUTPUT_NAMES
+    ):
         """{name: value to send} for the outputs in `names` whose digest differs from `last`
         (what this viewer was sent), and the new digests. shown: the open accordion panels
         (None: all); closed ones are not sent."""
         self.state.ticks += 1
         try:
             snap = self.llm.latest_snapshot()
-        except RuntimeError as e:                  # engine shut down: keep the last picture
+        except RuntimeError as e:  # engine shut down: keep the last picture
             return {"demo": escape(f"Engine unavailable: {e}")} if "demo" in names else {}, last
         values = self.values(snap, selected, model, request, names)
         new, out = dict(last), {BUS.ASOF: snap.get("time")}
         for name in names:
             if name in FOLDED and shown is not None and name not in shown:
-                continue                            # sent (with its digest) once it is opened
+                continue  # sent (with its digest) once it is opened
             d = digest(values[name])
             if last.get(name) != d:
                 new[name] = d
@@ -144,19 +170,26 @@ class Ticks:
         self.state.sent_to(who, new)
         snap_time = out.pop(BUS.ASOF, None)
         if snap_time is None and not out:
-            return gr.skip()                        # no snapshot (engine shut down): keep the last picture
+            return gr.skip()  # no snapshot (engine shut down): keep the last picture
         slow_time = self.state.sent_to(("slow", who)).get(BUS.ASOF)
         return BUS.message(out, snap_time=snap_time, now=time.time(), slow_time=slow_time)
 
     def slow(self, selected, model, request: gr.Request = None, fresh=False):
         """The slower tick: plots (new points every few seconds), picker choices."""
         who = ("slow", getattr(request, "session_hash", None))
-        out, new = self.tick(selected, model, {} if fresh else self.state.sent_to(who), None, request, SLOW)
-        new[BUS.ASOF] = out.get(BUS.ASOF)            # the plots' snapshot time, for the fast tick's stamp
+        out, new = self.tick(
+            selected, model, {} if fresh else self.state.sent_to(who), None, request, SLOW
+        )
+        new[BUS.ASOF] = out.get(BUS.ASOF)  # the plots' snapshot time, for the fast tick's stamp
         self.state.sent_to(who, new)
-        return tuple(gr.update(choices=list(out[n])) if n == "selector" and n in out else
-                     gr.update(value=out[n], y_lim=y_limits(out[n], "blocks")) if n in BLOCK_PLOTS and n in out else
-                     out.get(n, gr.skip()) for n in SLOW)
+        return tuple(
+            gr.update(choices=list(out[n]))
+            if n == "selector" and n in out
+            else gr.update(value=out[n], y_lim=y_limits(out[n], "blocks"))
+            if n in BLOCK_PLOTS and n in out
+            else out.get(n, gr.skip())
+            for n in SLOW
+        )
 
     def refresh_fn(self, s, m, request: gr.Request = None):
         return self.fast(s, m, SESSION, request, fresh=True)
@@ -184,22 +217,35 @@ def wire_ticks(ticks: Ticks, c: dict, tick_s: float, slow_tick_s: float) -> Dash
     timer = gr.Timer(tick_s, active=False)
     timer.tick(ticks.fast, inputs=inputs, outputs=[c["bus"]], trigger_mode="once", **quiet)
     slow_timer = gr.Timer(slow_tick_s, active=False)
-    slow_timer.tick(ticks.slow, inputs=inputs, outputs=c["slow_outputs"], trigger_mode="once", **quiet)
+    slow_timer.tick(
+        ticks.slow, inputs=inputs, outputs=c["slow_outputs"], trigger_mode="once", **quiet
+    )
     refresh = dict(fn=ticks.refresh_fn, inputs=inputs, outputs=[c["bus"]], **quiet)
     refresh_all = dict(fn=ticks.refresh_slow, inputs=inputs, outputs=c["slow_outputs"], **quiet)
     c["selector"].change(**refresh)
     c["arith_model"].change(**refresh)
     for acc, name in ((c["arith_acc"], "arith"), (c["whatif_acc"], "whatif")):
+
         def expand(request: gr.Request = None, n=name):
             ticks.set_opened(n, True, request)
 
         def collapse(request: gr.Request = None, n=name):
             ticks.set_opened(n, False, request)
+
         acc.expand(expand, None, None, **quiet).then(**refresh)
         acc.collapse(collapse, None, None, **quiet)
     # the app switches both timers on and off with the Memory tab and repaints at once when it is shown
-    return DashboardTimers([timer, slow_timer], refresh, refresh_slow=refresh_all,
-                           select_own=dict(fn=ticks.own_fn, inputs=None, outputs=[c["selector"]],
-                                           show_progress="hidden", api_visibility="private",
-                                           concurrency_limit=None),
-                           tick_fns={"fast": ticks.fast, "slow": ticks.slow, "tick": ticks.tick})
+    return DashboardTimers(
+        [timer, slow_timer],
+        refresh,
+        refresh_slow=refresh_all,
+        select_own=dict(
+            fn=ticks.own_fn,
+            inputs=None,
+            outputs=[c["selector"]],
+            show_progress="hidden",
+            api_visibility="private",
+            concurrency_limit=None,
+        ),
+        tick_fns={"fast": ticks.fast, "slow": ticks.slow, "tick": ticks.tick},
+    )

@@ -4,6 +4,7 @@ timers, inactive until the tab is shown, and the events to run when it is shown.
 Why an explicit object: the page used to hang these on the gr.Timer and ask `hasattr` which ones
 a view had; here every field is declared, and the optional ones are None.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,11 +14,15 @@ import gradio as gr
 
 @dataclass
 class DashboardTimers:
-    timers: list                        # gr.Timer: the fast one first; all off while the tab is hidden
-    refresh: dict                       # an event's keyword arguments: repaint at once on showing the tab
-    refresh_slow: dict | None = None    # the same for the slow outputs (the embedded dashboard)
-    select_own: dict | None = None      # highlight the chat open in the sidebar (the embedded dashboard)
-    tick_fns: dict = field(default_factory=dict)     # the tick functions by name, for tests and benchmarks
+    timers: list  # gr.Timer: the fast one first; all off while the tab is hidden
+    refresh: dict  # an event's keyword arguments: repaint at once on showing the tab
+    refresh_slow: dict | None = None  # the same for the slow outputs (the embedded dashboard)
+    select_own: dict | None = (
+        None  # highlight the chat open in the sidebar (the embedded dashboard)
+    )
+    tick_fns: dict = field(
+        default_factory=dict
+    )  # the tick functions by name, for tests and benchmarks
 
     @property
     def timer(self) -> gr.Timer:
@@ -36,6 +41,7 @@ def wire_memory_tab(memory_tab, other_tab, dash: DashboardTimers) -> None:
         # (the remote views' single timer never started before this)
         one = gr.Timer(active=active)
         return [one] * len(timers) if len(timers) > 1 else one
+
     shown = memory_tab.select(lambda: switch(True), None, timers, **quiet)
     if dash.select_own is not None:
         shown = shown.then(**dash.select_own)

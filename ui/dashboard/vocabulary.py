@@ -16,6 +16,7 @@ so the five counts add up to the pool, "used" = pinned + shared + private, and e
 its names, colours and counts from here. The comparison bars of the headline are not block
 states and use colours of their own (BAR_COLORS), never a state's.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,18 +24,20 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class BlockState:
-    code: str          # one letter, as in the grid payload and view.KINDS
-    name: str          # the one word every panel uses
-    meaning: str       # what it means, for legends' hover text and the docs
-    light: str         # colour, light theme
-    dark: str          # colour, dark theme
+    code: str  # one letter, as in the grid payload and view.KINDS
+    name: str  # the one word every panel uses
+    meaning: str  # what it means, for legends' hover text and the docs
+    light: str  # colour, light theme
+    dark: str  # colour, dark theme
 
 
 STATES = (
     BlockState("f", "free", "free and empty", "#e5e7eb", "#374151"),
     BlockState("c", "cached", "free, still holding a reusable prefix", "#99f6e4", "#115e59"),
     BlockState("p", "private", "held by one chat (ref_count 1)", "#60a5fa", "#2563eb"),
-    BlockState("s", "shared", "held by 2 or more chats (ref_count ≥ 2), not pinned", "#f97316", "#ea580c"),
+    BlockState(
+        "s", "shared", "held by 2 or more chats (ref_count ≥ 2), not pinned", "#f97316", "#ea580c"
+    ),
     BlockState("n", "pinned", "the shared system prompt, pinned by the app", "#7c3aed", "#a78bfa"),
 )
 BY_CODE = {s.code: s for s in STATES}
@@ -42,14 +45,22 @@ CODES = tuple(s.code for s in STATES)
 NAMES = {s.code: s.name for s in STATES}
 CSS_VAR = {s.code: f"var(--kv-{s.name})" for s in STATES}
 # what the comparison bars show (not block states): colours no state uses
-BAR_COLORS = {"used": ("#0f766e", "#2dd4bf"), "unshared": ("#94a3b8", "#64748b"),
-              "contig": ("#d4d4d8", "#52525b"), "nowindow": ("#cbd5e1", "#475569")}
+BAR_COLORS = {
+    "used": ("#0f766e", "#2dd4bf"),
+    "unshared": ("#94a3b8", "#64748b"),
+    "contig": ("#d4d4d8", "#52525b"),
+    "nowindow": ("#cbd5e1", "#475569"),
+}
 # KV cache groups by layer kind (issue 45): the grid's "colour by layer kind" view, its legend and
 # the groups table. A kind is global (full attention) or local with its window; colours no block
 # state and no bar uses, so a cell never reads as a state in that view. More kinds than colours
 # reuse them in order.
-KIND_COLORS = (("#db2777", "#f472b6"), ("#ca8a04", "#facc15"), ("#65a30d", "#a3e635"),
-               ("#0e7490", "#22d3ee"))
+KIND_COLORS = (
+    ("#db2777", "#f472b6"),
+    ("#ca8a04", "#facc15"),
+    ("#65a30d", "#a3e635"),
+    ("#0e7490", "#22d3ee"),
+)
 
 
 def state_of(state: str, ref_count: int) -> str:

@@ -60,8 +60,10 @@ class LinearState:
     def layout(self) -> str:
         """What a slot's bytes mean (the tier's fingerprint names it: a state written under
         another layout is never read)."""
-        return (f"rec={tuple(self.rec[:, 0].shape)}:{self.rec.dtype};"
-                f"conv={tuple(self.conv[:, 0].shape)}:{self.conv.dtype}")
+        return (
+            f"rec={tuple(self.rec[:, 0].shape)}:{self.rec.dtype};"
+            f"conv={tuple(self.conv[:, 0].shape)}:{self.conv.dtype}"
+        )
 
     def slot_bytes(self, slot: int) -> bytes:
         """One slot's state as the tier stores it: the recurrent state (fp32), then the conv tail

@@ -10,6 +10,7 @@ Attention (q/k norm, RoPE kind, sliding window, foreign pools) is attention_bloc
 with the other loops; Gemma's sandwich norms are one more norm kernel each, its GELU the act kernel's
 other activation. The CPU path keeps the eager loop and its exact fp32 mode.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,8 +24,14 @@ from kernels.triton_rope_store import rope_and_store
 
 
 @torch.inference_mode()
-def forward_fused(m, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: torch.Tensor, meta,
-                  logits_indices: torch.Tensor) -> torch.Tensor:
+def forward_fused(
+    m,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    kv_pool: torch.Tensor,
+    meta,
+    logits_indices: torch.Tensor,
+) -> torch.Tensor:
     """Same contract as LlamaModel.forward (m is the LlamaModel)."""
     T = input_ids.shape[0]
     h, kvh, d = m.num_heads, m.num_kv_heads, m.head_dim
@@ -56,4 +63,4 @@ def _lm_head(m, x: torch.Tensor) -> torch.Tensor:
     """Plain weights on CUDA; on CPU (interpreted-Triton tests) the prepared linear."""
     if m.lm_head_linear is not None:
         return m.softcap(m.lm_head_linear(x).float())
-    return m.softcap(F.linear(x, m.lm_head).float())     # (soft-cap: in the dtype, like transformers)
+    return m.softcap(F.linear(x, m.lm_head).float())  # (soft-cap: in the dtype, like transformers)

@@ -17,6 +17,7 @@ rope tables) lives on its LlamaModel, not here. Only weights the loader read fro
 hand-made weights are prepared for the one model that asked. One entry is kept: a process serves
 one model, and the entry is what its engine would hold anyway.
 """
+
 from __future__ import annotations
 
 import threading
@@ -25,7 +26,7 @@ from dataclasses import dataclass, replace
 import torch
 
 LINEAR_NAMES = ("qkv", "o", "gate_up", "down")
-MIXER_LINEAR_NAMES = ("lin_in", "lin_out")     # a Gated DeltaNet layer's GEMMs (gated_deltanet.py)
+MIXER_LINEAR_NAMES = ("lin_in", "lin_out")  # a Gated DeltaNet layer's GEMMs (gated_deltanet.py)
 
 
 @dataclass(frozen=True)
@@ -33,37 +34,47 @@ class PreparedWeights:
     embed: torch.Tensor
     lm_head: torch.Tensor
     norm: torch.Tensor
-    layers: tuple            # per layer: {"ln1", "ln2", "qkv", "o", "gate_up", "down"[, "*_b" on CUDA]
-                             # [, "q_norm", "k_norm" (per head), "post_attn", "post_ff" (Gemma)]}
-    lm_head_linear: object   # CPU: a cpu_linear callable; CUDA: None
-    linear_kind: str         # cpu_linear.describe() of the layers' linears ("dense" on CUDA)
-    plain: tuple             # CPU: per layer, the tensors the lean step reads: those the linears were
-                             # made from, or, beside packed linears, their copies in the lean step's tiled
-                             # layout (kernels/cpu_lean_step.tile_rows); () in a shared entry whose
-                             # copy was too big to keep
-    plain_extra_bytes: int   # what keeping `plain` costs beside the linears (packed ones only)
+    layers: tuple  # per layer: {"ln1", "ln2", "qkv", "o", "gate_up", "down"[, "*_b" on CUDA]
+    # [, "q_norm", "k_norm" (per head), "post_attn", "post_ff" (Gemma)]}
+    lm_head_linear: object  # CPU: a cpu_linear callable; CUDA: None
+    linear_kind: str  # cpu_linear.describe() of the layers' linears ("dense" on CUDA)
+    plain: tuple  # CPU: per layer, the tensors the lean step reads: those the linears were
+    # made from, or, beside packed linears, their copies in the lean step's tiled
+    # layout (kernels/cpu_lean_step.tile_rows); () in a shared entry whose
+    # copy was too big to keep
+    plain_extra_bytes: int  # what keeping `plain` costs beside the linears (packed ones only)
 
 
 _lock = threading.Lock()
-_shared: dict = {}           # at most one entry: (key, dtype, device, quantization, packed) -> PreparedWeights
+_shared: dict = {}  # at most one entry: (key, dtype, device, quantization, packed) -> PreparedWeights
 
 
-def prepared_weights(config, weights: dict, dtype: torch.dtype, device, quantization: str | None,
-                     key: tuple | None = None, keep_plain_upto: int = 0, spec=None) -> PreparedWeights:
+def prepared_weights(
+    config,
+    weights: dict,
+    dtype: torch.dtype,
+    device,
+    quantization: str | None,
+    key: tuple | None = None,
+    keep_plain_upto: int = 0,
+    spec=None,
+) -> PreparedWeights:
     """The prepared form of `weights`: shared with earlier engines of this process when `key`
     (see the module docstring) and the form asked for are the same. A shared entry keeps the plain
     copy only up to `keep_plain_upto` bytes (what a lean step on "auto" would keep); unshared
     ones keep it for the caller to use or drop."""
     if spec is None:
         from engine.exec.models.decoder_spec import describe
+
         spec = describe(config)
     if key is None:
         return _prepare(config, weights, dtype, device, quantization, keep_plain_upto, spec)
     from engine.exec.cpu_linear import packed_fp32_enabled
+
     full = (key, str(dtype), str(torch.device(device)), quantization, packed_fp32_enabled())
     with _lock:
         if full not in _shared:
-            _shared.clear()                     # drop the previous model before building the next
+            _shared.clear()  # drop the previous model before building the next
             prep = _prepare(config, weights, dtype, device, quantization, keep_plain_upto, spec)
             if prep.plain_extra_bytes > keep_plain_upto:
                 prep = replace(prep, plain=())
@@ -75,13 +86,17 @@ def _cat(*ts):
     return None if ts[0] is None else torch.cat(ts, dim=0).contiguous()
 
 
-def _prepare(config, weights: dict, dtype, device, quantization, tile_upto: int = 0, spec=None) -> PreparedWeights:
+def _prepare(
+    config, weights: dict, dtype, device, quantization, tile_upto: int = 0, spec=None
+) -> PreparedWeights:
     """`tile_upto`: the packed linears' plain copy is tiled only up to this many bytes (where a lean
     step on "auto" would keep it): tiling a copy that is then dropped would be wasted time, and the
     tiled tensors are new memory while the checkpoint's own tensors are still held."""
     from engine.exec.models.rope import partial_rotary_perm
+
     if spec is None:
         from engine.exec.models.decoder_spec import describe
+
         spec = describe(config)
 
     def w(name):
@@ -92,29 +107,34 @@ def _prepare(config, weights: dict, dtype, device, quantization, tile_upto: int 
     def opt(name):
         return w(name) if name in weights else None
 
-    def norm(name):             # Gemma: (1 + w) kept in fp32, as its RMSNorm multiplies in fp32
+    def norm(name):  # Gemma: (1 + w) kept in fp32, as its RMSNorm multiplies in fp32
         if not spec.norm_plus_one:
             return w(name)
         if name not in weights:
             raise ValueError(f"checkpoint is missing weight {name!r}")
         return (1.0 + weights[name].to(dtype).float()).to(device=device).contiguous()
 
-    h, kvh, d = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or \
-        config.num_attention_heads, spec.head_dim
+    h, kvh, d = (
+        config.num_attention_heads,
+        getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+        spec.head_dim,
+    )
     perm = partial_rotary_perm(d, spec.rotary_dim)
 
-    def qk_rows(t):             # partial rotary: permute each q and k head's rows (v untouched)
+    def qk_rows(t):  # partial rotary: permute each q and k head's rows (v untouched)
         if perm is None or t is None:
             return t
         heads = t.view(h + 2 * kvh, d, *t.shape[1:])
-        qk = heads[:h + kvh].index_select(1, perm.to(t.device))
-        return torch.cat((qk, heads[h + kvh:])).reshape(t.shape).contiguous()
+        qk = heads[: h + kvh].index_select(1, perm.to(t.device))
+        return torch.cat((qk, heads[h + kvh :])).reshape(t.shape).contiguous()
 
     embed = w("model.embed_tokens.weight")
     tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights
     lm_head = embed if tied else w("lm_head.weight")
-    layers = [_prepare_layer(i, weights, spec, w, opt, norm, qk_rows, h, d)
-              for i in range(config.num_hidden_layers)]
+    layers = [
+        _prepare_layer(i, weights, spec, w, opt, norm, qk_rows, h, d)
+        for i in range(config.num_hidden_layers)
+    ]
     final_norm = norm("model.norm.weight")
     if torch.device(device).type != "cpu":
         if quantization is not None:
@@ -126,18 +146,20 @@ def _prepare(config, weights: dict, dtype, device, quantization, tile_upto: int 
     # tiled layout (all layers or none), which it streams ~1.4x faster (kernels/csrc/lean_gemm.h)
     from engine.exec.cpu_linear import PackedLinear, describe, make_linear
     from kernels.cpu_lean_step import can_tile, tile_rows
+
     plain, extra = [], 0
-    tile = spec.plain_layers and all(can_tile(L[n], 2 if n == "gate_up" else 1) for L in layers
-                                     for n in LINEAR_NAMES)
+    tile = spec.plain_layers and all(
+        can_tile(L[n], 2 if n == "gate_up" else 1) for L in layers for n in LINEAR_NAMES
+    )
     for L in layers:
         plain.append({})
         for name in LINEAR_NAMES + MIXER_LINEAR_NAMES:
-            if name not in L:           # a linear-attention layer has no qkv; an MoE layer no gate_up
+            if name not in L:  # a linear-attention layer has no qkv; an MoE layer no gate_up
                 continue
             bias = L.pop(name + "_b", None)
             plain[-1][name], plain[-1][name + "_b"] = L[name], bias
             L[name] = make_linear(L[name], bias, quantization=quantization)
-            if isinstance(L[name], PackedLinear):          # dense and int8 linears share the tensors
+            if isinstance(L[name], PackedLinear):  # dense and int8 linears share the tensors
                 extra += plain[-1][name].numel() * plain[-1][name].element_size()
     if tile and 0 < extra <= tile_upto:
         for L, P in zip(layers, plain):
@@ -147,7 +169,9 @@ def _prepare(config, weights: dict, dtype, device, quantization, tile_upto: int 
     head = make_linear(lm_head, None, quantization=quantization)
     first = next((L[n] for L in layers for n in LINEAR_NAMES + MIXER_LINEAR_NAMES if n in L), None)
     kind = describe(first) if first is not None else "dense"
-    return PreparedWeights(embed, lm_head, final_norm, tuple(layers), head, kind, tuple(plain), extra)
+    return PreparedWeights(
+        embed, lm_head, final_norm, tuple(layers), head, kind, tuple(plain), extra
+    )
 
 
 def _prepare_layer(i, weights, spec, w, opt, norm, qk_rows, h, d) -> dict:
@@ -157,11 +181,20 @@ def _prepare_layer(i, weights, spec, w, opt, norm, qk_rows, h, d) -> dict:
     p = f"model.layers.{i}."
     a = p + "self_attn."
     s = spec.layers[i]
-    L = {"ln1": norm(p + "input_layernorm.weight"),
-         "ln2": norm(p + ("pre_feedforward_layernorm.weight" if spec.sandwich_norms
-                          else "post_attention_layernorm.weight"))}
+    L = {
+        "ln1": norm(p + "input_layernorm.weight"),
+        "ln2": norm(
+            p
+            + (
+                "pre_feedforward_layernorm.weight"
+                if spec.sandwich_norms
+                else "post_attention_layernorm.weight"
+            )
+        ),
+    }
     if s.mixer == "linear":
         from engine.exec.models.gated_deltanet import prepare_linear_layer
+
         L.update(prepare_linear_layer(p, spec.linear, w))
     else:
         if spec.fused_weights:
@@ -169,7 +202,7 @@ def _prepare_layer(i, weights, spec, w, opt, norm, qk_rows, h, d) -> dict:
         else:
             qw, qb = w(a + "q_proj.weight"), opt(a + "q_proj.bias")
             gate = gate_b = None
-            if spec.attn_gate:      # Qwen3.5: q_proj holds per head d query rows, then d gate rows
+            if spec.attn_gate:  # Qwen3.5: q_proj holds per head d query rows, then d gate rows
                 qw, gate = qw.view(h, 2, d, -1).unbind(1)
                 qw, gate = qw.reshape(h * d, -1), gate.reshape(h * d, -1)
                 if qb is not None:
@@ -179,11 +212,15 @@ def _prepare_layer(i, weights, spec, w, opt, norm, qk_rows, h, d) -> dict:
         if any(b is not None for b in biases) and any(b is None for b in biases):
             raise ValueError(f"layer {i}: q/k/v projections must all have a bias or none")
         L["qkv"], L["qkv_b"] = qk_rows(qkv), qk_rows(_cat(*biases))
-        if spec.attn_gate:          # the gate rows follow q, k, v in the one GEMM (not permuted)
+        if spec.attn_gate:  # the gate rows follow q, k, v in the one GEMM (not permuted)
             L["qkv"] = torch.cat((L["qkv"], gate.contiguous())).contiguous()
             if L["qkv_b"] is not None:
-                L["qkv_b"] = torch.cat((L["qkv_b"], gate_b if gate_b is not None else
-                                        torch.zeros_like(L["qkv_b"][:h * d])))
+                L["qkv_b"] = torch.cat(
+                    (
+                        L["qkv_b"],
+                        gate_b if gate_b is not None else torch.zeros_like(L["qkv_b"][: h * d]),
+                    )
+                )
         L["o"], L["o_b"] = w(a + "o_proj.weight"), opt(a + "o_proj.bias")
         if spec.sinks:
             L["sinks"] = w(a + "sinks").float().contiguous()
@@ -193,6 +230,7 @@ def _prepare_layer(i, weights, spec, w, opt, norm, qk_rows, h, d) -> dict:
             L["q_norm"], L["k_norm"] = (qn, kn) if perm is None else (qn[perm], kn[perm])
     if s.moe is not None:
         from engine.exec.models.moe import prepare_moe
+
         L.update(prepare_moe(weights, p + "mlp.", s.moe, w, opt))
     elif spec.fused_weights:
         L["gate_up"], L["down"] = w(p + "mlp.gate_up_proj.weight"), w(p + "mlp.down_proj.weight")
@@ -207,4 +245,5 @@ def _prepare_layer(i, weights, spec, w, opt, norm, qk_rows, h, d) -> dict:
 
 def _perm_of(spec):
     from engine.exec.models.rope import partial_rotary_perm
+
     return partial_rotary_perm(spec.head_dim, spec.rotary_dim)

@@ -114,8 +114,17 @@ def moe_forward(x: torch.Tensor, L: dict, spec, backend=None) -> torch.Tensor:
     if x.shape[0]:
         weights, idx = route(x, L, spec)
         out = kernels.moe_experts(
-            x, weights, idx, L["w13"], L["w2"], L["w13_b"], L["w2_b"], act=spec.act,
-            alpha=spec.alpha, limit=spec.limit, backend=backend,
+            x,
+            weights,
+            idx,
+            L["w13"],
+            L["w2"],
+            L["w13_b"],
+            L["w2_b"],
+            act=spec.act,
+            alpha=spec.alpha,
+            limit=spec.limit,
+            backend=backend,
         )
     else:
         out = torch.zeros_like(x)

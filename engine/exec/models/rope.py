@@ -12,19 +12,23 @@ change:
 Values are computed as transformers computes them (its init functions for llama3, YaRN, longrope,
 linear; cos/sin of position x inv_freq in fp32, times the attention scaling), so fp32 logits match.
 """
+
 from __future__ import annotations
 
 import torch
 
 
-def _inv_freq(config, spec, name: str, params: dict, rope_context: int) -> tuple[torch.Tensor, float]:
+def _inv_freq(
+    config, spec, name: str, params: dict, rope_context: int
+) -> tuple[torch.Tensor, float]:
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
     kind = params.get("rope_type", "default")
     if kind == "default":
         dim = spec.rotary_dim
         base = params.get("rope_theta", 10000.0)
         inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-        factors = getattr(config, "rope_freq_factors", None)     # a Llama 3 GGUF's (gguf_families.py)
+        factors = getattr(config, "rope_freq_factors", None)  # a Llama 3 GGUF's (gguf_families.py)
         if factors is not None:
             if len(factors) != inv.numel():
                 raise ValueError(f"rope_freq_factors: {len(factors)} for {inv.numel()} frequencies")
@@ -32,6 +36,7 @@ def _inv_freq(config, spec, name: str, params: dict, rope_context: int) -> tuple
         return inv, 1.0
     if kind not in ROPE_INIT_FUNCTIONS:
         from engine.exec.models.decoder_spec import UnsupportedModel
+
         raise UnsupportedModel(f"RoPE scaling {kind!r} is not supported")
     kw = {"layer_type": name} if spec.family == "gemma3_text" else {}
     if kind == "longrope":
@@ -39,8 +44,11 @@ def _inv_freq(config, spec, name: str, params: dict, rope_context: int) -> tuple
         # context; a paged cache cannot re-rotate cached keys, so the engine picks one set for its
         # whole context: long when it may hold more than the original context, else short (what
         # HF computes for every sequence that fits the original context)
-        orig = int(params.get("original_max_position_embeddings")
-                   or getattr(config, "original_max_position_embeddings", 0) or 0)
+        orig = int(
+            params.get("original_max_position_embeddings")
+            or getattr(config, "original_max_position_embeddings", 0)
+            or 0
+        )
         if orig and rope_context > orig:
             kw["seq_len"] = orig + 1
     inv, scaling = ROPE_INIT_FUNCTIONS[kind](config, "cpu", **kw)
@@ -53,10 +61,12 @@ def rope_table(config, spec, name: str, max_positions: int, rope_context: int | 
     inv, scaling = _inv_freq(config, spec, name, params, rope_context or max_positions)
     half = spec.head_dim // 2
     if inv.numel() != spec.rotary_dim // 2:
-        raise ValueError(f"RoPE {name}: {inv.numel()} frequencies for {spec.rotary_dim} rotary dims")
+        raise ValueError(
+            f"RoPE {name}: {inv.numel()} frequencies for {spec.rotary_dim} rotary dims"
+        )
     freqs = torch.arange(max_positions, dtype=torch.int64).float()[:, None] * inv[None, :]
     cos, sin = freqs.cos() * scaling, freqs.sin() * scaling
-    if inv.numel() < half:          # partial rotary: the permuted pass-through dims are not rotated
+    if inv.numel() < half:  # partial rotary: the permuted pass-through dims are not rotated
         pad = half - inv.numel()
         cos = torch.cat((cos, torch.ones(max_positions, pad)), dim=1)
         sin = torch.cat((sin, torch.zeros(max_positions, pad)), dim=1)

@@ -7,6 +7,7 @@ bit-identical to the evicted one. The fingerprint names everything that must mat
 bytes to mean the same KV: a sample of the weights, the compute and KV dtypes, the block size,
 the pool's shape per block, and the engine's KV layout version.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,9 +40,17 @@ class PoolSlabIO:
         self.kv_pool[:, :, block_id].copy_(src.to(self.kv_pool.device, non_blocking=False))
 
 
-def model_fingerprint(weights: dict, *, dtype, kv_pool: torch.Tensor, block_size: int,
-                      kv_rotation: str = "none", groups: str = "", states: str = "",
-                      sample_bytes: int = 1 << 16) -> str:
+def model_fingerprint(
+    weights: dict,
+    *,
+    dtype,
+    kv_pool: torch.Tensor,
+    block_size: int,
+    kv_rotation: str = "none",
+    groups: str = "",
+    states: str = "",
+    sample_bytes: int = 1 << 16,
+) -> str:
     """A short hex digest of what the KV depends on. Weights: every tensor's name, shape and
     dtype, and up to `sample_bytes` bytes from its start and end (hashing 0.5-15 GB of weights
     at every start-up would cost seconds; a sample still tells two checkpoints apart). `groups`:
@@ -50,9 +59,11 @@ def model_fingerprint(weights: dict, *, dtype, kv_pool: torch.Tensor, block_size
     linear-attention model's state slot layout (engine/exec/models/linear_state.LinearState.layout;
     "" for every other model), so a state is never read under another layout."""
     h = hashlib.blake2b(digest_size=12)
-    h.update(f"layout={LAYOUT_VERSION};dtype={dtype};kv={kv_pool.dtype};rot={kv_rotation};bs={block_size};"
-             f"slab={tuple(kv_pool[:, :, 0].shape)}{groups}"
-             f"{';states=' + states if states else ''}".encode())
+    h.update(
+        f"layout={LAYOUT_VERSION};dtype={dtype};kv={kv_pool.dtype};rot={kv_rotation};bs={block_size};"
+        f"slab={tuple(kv_pool[:, :, 0].shape)}{groups}"
+        f"{';states=' + states if states else ''}".encode()
+    )
     for name in sorted(weights):
         t = weights[name]
         if not isinstance(t, torch.Tensor):
@@ -65,6 +76,9 @@ def model_fingerprint(weights: dict, *, dtype, kv_pool: torch.Tensor, block_size
         k = max(1, sample_bytes // max(1, flat.element_size()))
         for part in (flat[:k], flat[-k:]):
             part = part.contiguous().cpu()
-            h.update(part.view(torch.uint8).numpy().tobytes() if part.dtype != torch.bool else
-                     part.numpy().tobytes())
+            h.update(
+                part.view(torch.uint8).numpy().tobytes()
+                if part.dtype != torch.bool
+                else part.numpy().tobytes()
+            )
     return h.hexdigest()

@@ -11,6 +11,7 @@ Failures here are never the manager's: a write that fails costs a later recomput
 fails (torn, corrupt) is dropped and the tokens are computed instead. Reads and capacity checks come
 before the manager changes any state (plan before mutate).
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,16 +30,22 @@ def identity_of(b: Block) -> BlockIdentity:
 
 
 class TierLink:
-    def __init__(self, tier: KVTier, io, block_size: int, kv_bytes_per_token: int,
-                 policy: TierPolicy | None = None):
+    def __init__(
+        self,
+        tier: KVTier,
+        io,
+        block_size: int,
+        kv_bytes_per_token: int,
+        policy: TierPolicy | None = None,
+    ):
         """io: read(block_id) -> bytes, write(block_id, bytes) on the pool's slab."""
         self.tier, self.io, self.policy = tier, io, policy or TierPolicy()
         self._bs, self._bytes_per_token = block_size, kv_bytes_per_token
-        self.loaded_tokens = 0                  # prompt tokens served by loads (also prefix-cache hits)
+        self.loaded_tokens = 0  # prompt tokens served by loads (also prefix-cache hits)
         self.swap_preemptions = 0
         self.tokens_swapped_out = 0
-        self.load_events: deque = deque(maxlen=50)   # {seq_id, session_id, tokens_loaded, ...}
-        self.states = None      # engine/kv/tier/state_entries.StateTier (a model with linear attention)
+        self.load_events: deque = deque(maxlen=50)  # {seq_id, session_id, tokens_loaded, ...}
+        self.states = None  # engine/kv/tier/state_entries.StateTier (a model with linear attention)
 
     @property
     def block_bytes(self) -> int:
@@ -61,7 +68,7 @@ class TierLink:
             ident = identity_of(b)
             if not self.tier.has(ident):
                 self.tier.put(ident, self.io.read(b.block_id), owner=b.owner, reason="writeback")
-        except Exception:       # the tier is an optimisation: a failure costs a recompute only
+        except Exception:  # the tier is an optimisation: a failure costs a recompute only
             log.exception("KV tier write-back failed")
 
     def write_through(self, blocks, reason: str) -> int:
@@ -73,8 +80,9 @@ class TierLink:
                 continue
             ident = identity_of(b)
             try:
-                ok = self.tier.has(ident) or self.tier.put(ident, self.io.read(b.block_id), owner=b.owner,
-                                                            reason=reason)
+                ok = self.tier.has(ident) or self.tier.put(
+                    ident, self.io.read(b.block_id), owner=b.owner, reason=reason
+                )
             except Exception:
                 log.exception("KV tier write failed")
                 ok = False
@@ -92,9 +100,13 @@ class TierLink:
         if state is not None and not self.tier.has(state.ident):
             extra = -(-self.states.nbytes // max(1, self.block_bytes))
         t = self.tier
-        if not blocks or not t.has_room((new + extra) * self.block_bytes) or \
-                not self.policy.should_swap(new + extra, len(blocks) + extra, self._bs,
-                                            t.write_s_per_block, t.load_s_per_block):
+        if (
+            not blocks
+            or not t.has_room((new + extra) * self.block_bytes)
+            or not self.policy.should_swap(
+                new + extra, len(blocks) + extra, self._bs, t.write_s_per_block, t.load_s_per_block
+            )
+        ):
             return 0
         if state is not None and not self.states.put(state, "swap"):
             return 0
@@ -125,9 +137,10 @@ class TierLink:
                     out["already"] += 1
                     continue
                 try:
-                    ok = self.tier.put(ident, self.io.read(b.block_id), owner=b.owner,
-                                       reason="shutdown")
-                except Exception:       # a full or failing tier: these blocks are recomputed later
+                    ok = self.tier.put(
+                        ident, self.io.read(b.block_id), owner=b.owner, reason="shutdown"
+                    )
+                except Exception:  # a full or failing tier: these blocks are recomputed later
                     log.exception("KV tier save at shutdown failed")
                     ok = False
                 out["saved" if ok else "left"] += 1
@@ -158,9 +171,17 @@ class TierLink:
     # ---- observability ------------------------------------------------------------------
     def stats(self) -> dict:
         t = self.tier.stats()
-        return dict(tier_kind=t.kind, tier_blocks=t.blocks, tier_bytes=t.bytes,
-                    tier_capacity_bytes=t.capacity_bytes, tier_hits_blocks=t.hits_blocks,
-                    tier_writes_blocks=t.writes_blocks, tier_writebacks_blocks=t.writebacks_blocks,
-                    tier_swapouts_blocks=t.swapouts_blocks, tier_dropped_corrupt=t.dropped_corrupt,
-                    tier_evicted_blocks=t.evicted_blocks, tier_deleted_blocks=t.deleted_blocks,
-                    tier_restored_blocks=t.restored_blocks)
+        return dict(
+            tier_kind=t.kind,
+            tier_blocks=t.blocks,
+            tier_bytes=t.bytes,
+            tier_capacity_bytes=t.capacity_bytes,
+            tier_hits_blocks=t.hits_blocks,
+            tier_writes_blocks=t.writes_blocks,
+            tier_writebacks_blocks=t.writebacks_blocks,
+            tier_swapouts_blocks=t.swapouts_blocks,
+            tier_dropped_corrupt=t.dropped_corrupt,
+            tier_evicted_blocks=t.evicted_blocks,
+            tier_deleted_blocks=t.deleted_blocks,
+            tier_restored_blocks=t.restored_blocks,
+        )

@@ -7,6 +7,7 @@ torch, devices or the app's folders; this one makes the start-up decisions:
   on CUDA host memory of a quarter of the available RAM. A number: that many GiB.
 - The folder is per fingerprint, so a tier written for another model or KV layout is never read.
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,13 +18,14 @@ from engine.kv.tier.store import FileStore, KVTier, MemoryStore
 from engine.kv.tier.file_io import PoolSlabIO, model_fingerprint
 
 log = logging.getLogger("paged_chat.engine")
-ENV_DIR = "PAGED_CHAT_KV_OFFLOAD_DIR"      # overrides the default folder (tests, several apps)
+ENV_DIR = "PAGED_CHAT_KV_OFFLOAD_DIR"  # overrides the default folder (tests, several apps)
 
 
 def default_dir() -> str:
     if os.environ.get(ENV_DIR):
         return os.environ[ENV_DIR]
     from engine.config import cache_root
+
     return str(cache_root() / "kv-tier")
 
 
@@ -53,8 +55,18 @@ def resolve_capacity(gib, device: str, folder: str) -> int:
     return int(gib * 2**30)
 
 
-def build_tier(kv, kv_pool, weights: dict, *, kv_rotation, gib, folder: str | None, device: str,
-               dtype: str, state_io=None):
+def build_tier(
+    kv,
+    kv_pool,
+    weights: dict,
+    *,
+    kv_rotation,
+    gib,
+    folder: str | None,
+    device: str,
+    dtype: str,
+    state_io=None,
+):
     """Attach a tier to the manager `kv` when asked for; returns its link (engine/kv/tier/link.py)
     or None. Built from values (the pool tensor, its rotation, the weights), not from the runner.
     state_io: a linear-attention model's state slots (slot_bytes, slot_nbytes, layout()): its
@@ -67,9 +79,15 @@ def build_tier(kv, kv_pool, weights: dict, *, kv_rotation, gib, folder: str | No
     if cap <= 0:
         return None
     io = PoolSlabIO(kv_pool)
-    fp = model_fingerprint(weights, dtype=dtype, kv_pool=kv_pool, block_size=kv.block_size,
-                           kv_rotation=kv_rotation, groups=kv.layout.fingerprint(),
-                           states=state_io.layout() if state_io is not None else "")
+    fp = model_fingerprint(
+        weights,
+        dtype=dtype,
+        kv_pool=kv_pool,
+        block_size=kv.block_size,
+        kv_rotation=kv_rotation,
+        groups=kv.layout.fingerprint(),
+        states=state_io.layout() if state_io is not None else "",
+    )
     if device.startswith("cuda"):
         store, kind = MemoryStore(), "host"
     else:
@@ -78,6 +96,11 @@ def build_tier(kv, kv_pool, weights: dict, *, kv_rotation, gib, folder: str | No
         store, kind = FileStore(os.path.join(folder, fp)), "disk"
     tier = KVTier(store, fp, max(cap, io.nbytes), kind=kind)
     link = kv.attach_tier(tier, io, state_io=state_io)
-    log.info("KV tier: %s, %.2f GiB, %d blocks restored (fingerprint %s)", kind, cap / 2**30,
-             tier.restored, fp)
+    log.info(
+        "KV tier: %s, %.2f GiB, %d blocks restored (fingerprint %s)",
+        kind,
+        cap / 2**30,
+        tier.restored,
+        fp,
+    )
     return link

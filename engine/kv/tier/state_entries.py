@@ -25,6 +25,7 @@ blocks, before anything changes (engine/kv/kv_cache_manager.try_add_sequence).
 The bytes are read between steps: a checkpoint's copy may still be queued, so `resolve` names the
 slot (or loaded bytes) that holds what the checkpoint will hold (engine/kv/state_groups.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -45,6 +46,7 @@ def identity(key: int, tokens, salt) -> BlockIdentity:
 
 class StateWrite:
     """One state the tier may take: its identity, where its bytes are, its owner."""
+
     __slots__ = ("ident", "slot", "owner", "pos")
 
     def __init__(self, ident: BlockIdentity, slot: int, owner, pos: int):
@@ -57,7 +59,7 @@ class StateTier:
         self.link, self.tier, self.states, self.io = link, link.tier, states, state_io
         self.bs = block_size
         self.nbytes = state_io.slot_nbytes
-        states.keep_boundaries = True   # the state each holder's whole blocks need
+        states.keep_boundaries = True  # the state each holder's whole blocks need
 
     # ---- loading ------------------------------------------------------------------------
     def find(self, chain, k_max: int, above: int) -> int:
@@ -80,14 +82,15 @@ class StateTier:
         """The checkpoint a state read for chain blocks [0, k) becomes (slot given on attach)."""
         c = chain[k - 1]
         ident = identity(c.hash, c.tokens, c.salt)
-        return Checkpoint(0, k * self.bs, c.hash, tokens=c.tokens, salt=c.salt,
-                          owner=self.tier.owner_of(ident))
+        return Checkpoint(
+            0, k * self.bs, c.hash, tokens=c.tokens, salt=c.salt, owner=self.tier.owner_of(ident)
+        )
 
     def read(self, ck: Checkpoint) -> bytes | None:
         """Its bytes, verified (None: gone, torn or corrupt; the tier dropped it)."""
         ident = identity(ck.key, ck.tokens, ck.salt)
         data = self.tier.get(ident)
-        if data is not None and len(data) != self.nbytes:   # (the fingerprint rules this out)
+        if data is not None and len(data) != self.nbytes:  # (the fingerprint rules this out)
             self.tier.delete(ident.block_hash)
             return None
         return data
@@ -101,13 +104,14 @@ class StateTier:
 
     def put(self, w: StateWrite, reason: str) -> bool:
         """Write one state (a no-op if the tier has it); False if it cannot be read or stored."""
-        if self.tier.has(w.ident):      # already there: put only refreshes its LRU place
+        if self.tier.has(w.ident):  # already there: put only refreshes its LRU place
             return self.tier.put(w.ident, b"", owner=w.owner, reason=reason)
         try:
             data = self._bytes(w.slot)
-            ok = data is not None and self.tier.put(w.ident, data, owner=w.owner, reason=reason,
-                                                    kind="state")
-        except Exception:       # the tier is an optimisation: a failure costs a recompute only
+            ok = data is not None and self.tier.put(
+                w.ident, data, owner=w.owner, reason=reason, kind="state"
+            )
+        except Exception:  # the tier is an optimisation: a failure costs a recompute only
             log.exception("KV tier state write failed")
             ok = False
         self.states.tier_writes += bool(ok)
@@ -124,11 +128,14 @@ class StateTier:
         k = len(holder.hashes)
         if not k or computed != k * self.bs or not self.states.holds(holder.tables):
             return None
-        toks = tuple(holder.tokens[computed - self.bs:computed])
+        toks = tuple(holder.tokens[computed - self.bs : computed])
         salt = block_salt(holder.salt, k - 1, self.bs)
-        return StateWrite(identity(holder.hashes[-1], toks, salt),
-                          self.states.slot_of(holder.tables), holder.tables[0][k - 1].owner,
-                          computed)
+        return StateWrite(
+            identity(holder.hashes[-1], toks, salt),
+            self.states.slot_of(holder.tables),
+            holder.tables[0][k - 1].owner,
+            computed,
+        )
 
     def write_back(self, key: int) -> None:
         """A checkpoint is about to be dropped for slot room: keep its state in the tier, as the
@@ -169,9 +176,10 @@ class StateTier:
             w = self.of_checkpoint(seq.hashes[k - 1])
             if w is not None and w.pos == k * self.bs and self.states.resolve(w.slot) is not None:
                 return k, w
-            toks = tuple(seq.tokens[(k - 1) * self.bs:k * self.bs])
-            if self.tier.has(identity(seq.hashes[k - 1], toks,
-                                      block_salt(seq.salt, k - 1, self.bs))):
+            toks = tuple(seq.tokens[(k - 1) * self.bs : k * self.bs])
+            if self.tier.has(
+                identity(seq.hashes[k - 1], toks, block_salt(seq.salt, k - 1, self.bs))
+            ):
                 return k, None
         return 0, None
 

@@ -23,6 +23,7 @@ deletes its private blocks.
 
 One engine thread calls it (through KVCacheManager), so there are no locks.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,8 +39,8 @@ from typing import Iterator, Protocol, runtime_checkable
 log = logging.getLogger("paged_chat.kv_tier")
 
 MAGIC = b"PCKVT1\n"
-LAYOUT_VERSION = 2        # bump when the slab layout of a block changes (engine KV layout version)
-                          # 2: int8/fp8 rows may hold Hadamard-rotated K/V (the fingerprint names the rotation)
+LAYOUT_VERSION = 2  # bump when the slab layout of a block changes (engine KV layout version)
+# 2: int8/fp8 rows may hold Hadamard-rotated K/V (the fingerprint names the rotation)
 _HDR = struct.Struct("<I")
 
 
@@ -53,6 +54,7 @@ def owner_tag(session_id) -> str | None:
 @dataclass(frozen=True)
 class BlockIdentity:
     """What the prefix cache verifies on a hit: parent hash, token ids, salt (as its repr)."""
+
     block_hash: int
     parent_hash: int | None
     token_ids: tuple[int, ...]
@@ -60,33 +62,39 @@ class BlockIdentity:
 
     @staticmethod
     def of(block_hash, parent_hash, token_ids, salt) -> "BlockIdentity":
-        return BlockIdentity(int(block_hash), None if parent_hash is None else int(parent_hash),
-                             tuple(int(t) for t in token_ids), repr(salt))
+        return BlockIdentity(
+            int(block_hash),
+            None if parent_hash is None else int(parent_hash),
+            tuple(int(t) for t in token_ids),
+            repr(salt),
+        )
 
 
 @dataclass
 class _Entry:
     ident: BlockIdentity
-    nbytes: int               # the block's KV bytes
+    nbytes: int  # the block's KV bytes
     owner: str | None
-    stored: int = 0           # what the store holds for it (the file's size): what the cap counts
-    kind: str = "kv"          # "kv": a block; "state": a linear-attention state (tier/state_entries.py)
+    stored: int = 0  # what the store holds for it (the file's size): what the cap counts
+    kind: str = "kv"  # "kv": a block; "state": a linear-attention state (tier/state_entries.py)
 
 
 @runtime_checkable
 class BlockStore(Protocol):
     """Where a tier's bytes live. `scan` yields what survived from an earlier process."""
+
     persistent: bool
 
     def write(self, name: str, payload: bytes) -> None: ...
     def read(self, name: str) -> bytes | None: ...
     def delete(self, name: str) -> None: ...
-    def scan(self) -> Iterator[tuple[str, bytes]]: ...   # (name, header bytes incl. magic)
+    def scan(self) -> Iterator[tuple[str, bytes]]: ...  # (name, header bytes incl. magic)
 
 
 class MemoryStore:
     """Host memory (the CUDA tier: the pool is on the device, so RAM is the next tier). Not
     persistent. Payloads are plain bytes; a pinned staging buffer is the runner's business."""
+
     persistent = False
 
     def __init__(self):
@@ -108,12 +116,15 @@ class MemoryStore:
 class FileStore:
     """One file per block in a 0700 folder, 0600 files, atomic rename. Reads use plain file I/O
     (the OS page cache keeps recently used blocks in RAM)."""
+
     persistent = True
     SUFFIX = ".kv"
 
     def __init__(self, folder: str):
         os.makedirs(folder, mode=0o700, exist_ok=True)
-        os.chmod(folder, 0o700)       # makedirs' mode is masked by the umask, and an old folder may be wider
+        os.chmod(
+            folder, 0o700
+        )  # makedirs' mode is masked by the umask, and an old folder may be wider
         self.folder = folder
 
     def _path(self, name):
@@ -147,7 +158,7 @@ class FileStore:
     def scan(self):
         for fn in sorted(os.listdir(self.folder), key=lambda f: self._mtime(f)):
             path = os.path.join(self.folder, fn)
-            if fn.endswith(".tmp"):               # torn write of an earlier process
+            if fn.endswith(".tmp"):  # torn write of an earlier process
                 os.unlink(path)
                 continue
             if not fn.endswith(self.SUFFIX):
@@ -156,11 +167,11 @@ class FileStore:
                 with open(path, "rb") as f:
                     head = f.read(len(MAGIC) + _HDR.size)
                     if len(head) == len(MAGIC) + _HDR.size and head.startswith(MAGIC):
-                        (n,) = _HDR.unpack(head[len(MAGIC):])
+                        (n,) = _HDR.unpack(head[len(MAGIC) :])
                         head += f.read(min(n, 1 << 20))
             except OSError:
                 continue
-            yield fn[:-len(self.SUFFIX)], head
+            yield fn[: -len(self.SUFFIX)], head
 
     def _mtime(self, fn):
         try:
@@ -170,37 +181,44 @@ class FileStore:
 
     def names_on_disk(self) -> set[str]:
         """For tests and the delete check: every block file present."""
-        return {f[:-len(self.SUFFIX)] for f in os.listdir(self.folder) if f.endswith(self.SUFFIX)}
+        return {f[: -len(self.SUFFIX)] for f in os.listdir(self.folder) if f.endswith(self.SUFFIX)}
 
 
 @dataclass(frozen=True)
 class TierStats:
-    kind: str                 # "disk" or "host"
+    kind: str  # "disk" or "host"
     blocks: int
-    bytes: int                # what the store holds: file sizes (header + checksum + KV)
+    bytes: int  # what the store holds: file sizes (header + checksum + KV)
     capacity_bytes: int
-    hits_blocks: int          # lookups that found a block here
-    loads_blocks: int         # blocks copied back into the pool
-    writes_blocks: int        # blocks written (write-back + write-through + swap-out)
-    writebacks_blocks: int    # of which: evicted from the pool
-    swapouts_blocks: int      # of which: a preempted sequence's blocks
-    dropped_corrupt: int      # entries dropped because a checksum or identity check failed
-    evicted_blocks: int       # entries dropped to stay under capacity
-    deleted_blocks: int       # entries deleted with their conversation
-    restored_blocks: int      # entries found at start-up (warm restart)
-    load_s_per_block: float   # measured, EMA
+    hits_blocks: int  # lookups that found a block here
+    loads_blocks: int  # blocks copied back into the pool
+    writes_blocks: int  # blocks written (write-back + write-through + swap-out)
+    writebacks_blocks: int  # of which: evicted from the pool
+    swapouts_blocks: int  # of which: a preempted sequence's blocks
+    dropped_corrupt: int  # entries dropped because a checksum or identity check failed
+    evicted_blocks: int  # entries dropped to stay under capacity
+    deleted_blocks: int  # entries deleted with their conversation
+    restored_blocks: int  # entries found at start-up (warm restart)
+    load_s_per_block: float  # measured, EMA
     write_s_per_block: float
-    state_entries: int = 0    # linear-attention states among the entries (not in `blocks`)
+    state_entries: int = 0  # linear-attention states among the entries (not in `blocks`)
 
 
 class KVTier:
     """The index + LRU + checksums over a BlockStore, for one model fingerprint."""
 
-    def __init__(self, store: BlockStore, fingerprint: str, capacity_bytes: int, *, kind: str = "disk"):
+    def __init__(
+        self, store: BlockStore, fingerprint: str, capacity_bytes: int, *, kind: str = "disk"
+    ):
         if capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes}")
-        self.store, self.fingerprint, self.capacity_bytes, self.kind = store, fingerprint, int(capacity_bytes), kind
-        self._index: OrderedDict[int, _Entry] = OrderedDict()     # LRU first
+        self.store, self.fingerprint, self.capacity_bytes, self.kind = (
+            store,
+            fingerprint,
+            int(capacity_bytes),
+            kind,
+        )
+        self._index: OrderedDict[int, _Entry] = OrderedDict()  # LRU first
         self.bytes = 0
         self.hits = self.loads = self.writes = self.writebacks = self.swapouts = 0
         self.dropped_corrupt = self.evicted = self.deleted = 0
@@ -215,9 +233,16 @@ class KVTier:
         return f"{block_hash & (2**64 - 1):016x}"
 
     def _payload(self, ident: BlockIdentity, data: bytes, owner, kind: str = "kv") -> bytes:
-        meta = {"fp": self.fingerprint, "hash": ident.block_hash, "parent": ident.parent_hash,
-                "tokens": list(ident.token_ids), "salt": ident.salt, "owner": owner, "nbytes": len(data)}
-        if kind != "kv":        # a block's header is unchanged (its files stay valid)
+        meta = {
+            "fp": self.fingerprint,
+            "hash": ident.block_hash,
+            "parent": ident.parent_hash,
+            "tokens": list(ident.token_ids),
+            "salt": ident.salt,
+            "owner": owner,
+            "nbytes": len(data),
+        }
+        if kind != "kv":  # a block's header is unchanged (its files stay valid)
             meta["kind"] = kind
         head = json.dumps(meta, separators=(",", ":")).encode()
         digest = hashlib.blake2b(head + data, digest_size=16).digest()
@@ -228,17 +253,20 @@ class KVTier:
         m = len(MAGIC) + _HDR.size
         if len(payload) < m or not payload.startswith(MAGIC):
             return None
-        (n,) = _HDR.unpack(payload[len(MAGIC):m])
+        (n,) = _HDR.unpack(payload[len(MAGIC) : m])
         try:
-            meta = json.loads(payload[m:m + n])
+            meta = json.loads(payload[m : m + n])
         except ValueError:
             return None
         if not isinstance(meta, dict) or meta.get("fp") != self.fingerprint:
             return None
         if not with_data:
             return meta, None
-        digest, data = payload[m + n:m + n + 16], payload[m + n + 16:]
-        if len(data) != meta.get("nbytes") or hashlib.blake2b(payload[m:m + n] + data, digest_size=16).digest() != digest:
+        digest, data = payload[m + n : m + n + 16], payload[m + n + 16 :]
+        if (
+            len(data) != meta.get("nbytes")
+            or hashlib.blake2b(payload[m : m + n] + data, digest_size=16).digest() != digest
+        ):
             return None
         return meta, data
 
@@ -258,10 +286,11 @@ class KVTier:
                 self.store.delete(name)
                 self.dropped_corrupt += 1
                 continue
-            stored = len(head) + 16 + int(meta["nbytes"])      # header, checksum, bytes
+            stored = len(head) + 16 + int(meta["nbytes"])  # header, checksum, bytes
             kind = str(meta.get("kind", "kv"))
-            self._index[ident.block_hash] = _Entry(ident, int(meta["nbytes"]), meta.get("owner"),
-                                                   stored, kind)
+            self._index[ident.block_hash] = _Entry(
+                ident, int(meta["nbytes"]), meta.get("owner"), stored, kind
+            )
             self.bytes += stored
             self.state_entries += kind == "state"
             n += 1
@@ -291,8 +320,15 @@ class KVTier:
         e = self._index.get(ident.block_hash)
         return e.owner if e is not None and e.ident == ident else None
 
-    def put(self, ident: BlockIdentity, data: bytes, *, owner=None, reason: str = "writeback",
-            kind: str = "kv") -> bool:
+    def put(
+        self,
+        ident: BlockIdentity,
+        data: bytes,
+        *,
+        owner=None,
+        reason: str = "writeback",
+        kind: str = "kv",
+    ) -> bool:
         """Store a block (no-op if it is already here). False if it cannot fit or the write failed.
         Room is made first (least recently used out), then the file is written: the store never
         holds more than the capacity, the temporary file included. kind "state": a linear-attention
@@ -305,13 +341,13 @@ class KVTier:
         if len(payload) > self.capacity_bytes:
             return False
         t0 = time.perf_counter()
-        if e is not None:               # same hash, other identity (collision): replaced
+        if e is not None:  # same hash, other identity (collision): replaced
             self._forget(ident.block_hash)
             self.store.delete(self._name(ident.block_hash))
         self._shrink(len(payload))
         try:
             self.store.write(self._name(ident.block_hash), payload)
-        except OSError as err:          # disk full, permissions: the tier is an optimisation only
+        except OSError as err:  # disk full, permissions: the tier is an optimisation only
             log.warning("KV tier write failed: %s", err)
             return False
         self._index[ident.block_hash] = _Entry(ident, len(data), owner, len(payload), kind)
@@ -334,8 +370,10 @@ class KVTier:
         payload = self.store.read(self._name(ident.block_hash))
         parsed = self._parse(payload, with_data=True) if payload is not None else None
         if parsed is None or _ident_of(parsed[0]) != ident:
-            log.warning("KV tier: block %s failed its checksum or identity check; dropped",
-                        self._name(ident.block_hash))
+            log.warning(
+                "KV tier: block %s failed its checksum or identity check; dropped",
+                self._name(ident.block_hash),
+            )
             self._forget(ident.block_hash)
             self.store.delete(self._name(ident.block_hash))
             self.dropped_corrupt += 1
@@ -382,20 +420,34 @@ class KVTier:
             self.evicted += 1
 
     def stats(self) -> TierStats:
-        return TierStats(kind=self.kind, blocks=len(self._index) - self.state_entries,
-                         bytes=self.bytes,
-                         capacity_bytes=self.capacity_bytes, hits_blocks=self.hits, loads_blocks=self.loads,
-                         writes_blocks=self.writes, writebacks_blocks=self.writebacks,
-                         swapouts_blocks=self.swapouts, dropped_corrupt=self.dropped_corrupt,
-                         evicted_blocks=self.evicted, deleted_blocks=self.deleted,
-                         restored_blocks=self.restored, load_s_per_block=self.load_s_per_block,
-                         write_s_per_block=self.write_s_per_block, state_entries=self.state_entries)
+        return TierStats(
+            kind=self.kind,
+            blocks=len(self._index) - self.state_entries,
+            bytes=self.bytes,
+            capacity_bytes=self.capacity_bytes,
+            hits_blocks=self.hits,
+            loads_blocks=self.loads,
+            writes_blocks=self.writes,
+            writebacks_blocks=self.writebacks,
+            swapouts_blocks=self.swapouts,
+            dropped_corrupt=self.dropped_corrupt,
+            evicted_blocks=self.evicted,
+            deleted_blocks=self.deleted,
+            restored_blocks=self.restored,
+            load_s_per_block=self.load_s_per_block,
+            write_s_per_block=self.write_s_per_block,
+            state_entries=self.state_entries,
+        )
 
 
 def _ident_of(meta: dict) -> BlockIdentity:
     parent = meta["parent"]
-    return BlockIdentity(int(meta["hash"]), None if parent is None else int(parent),
-                         tuple(int(t) for t in meta["tokens"]), str(meta["salt"]))
+    return BlockIdentity(
+        int(meta["hash"]),
+        None if parent is None else int(parent),
+        tuple(int(t) for t in meta["tokens"]),
+        str(meta["salt"]),
+    )
 
 
 def _ema(old: float, new: float, alpha: float = 0.2) -> float:

@@ -24,16 +24,17 @@ step is bound by per-token work (a large batch), or when the drafts are mostly w
   ~5% of throughput, because the run's length is set by requests that cannot draft. When such a
   batch drains below the cutoff, its stragglers (the critical path) speculate again.
 """
+
 from __future__ import annotations
 
 import math
 
-PRIOR_P = 0.5           # a new request's acceptance guess (pseudo-counts below)
+PRIOR_P = 0.5  # a new request's acceptance guess (pseudo-counts below)
 PRIOR_TRIALS = 2.0
-DECAY = 0.9             # per observation: the last ~10 verifications dominate
-PRIOR_SLOPE = 0.1       # b guessed as this fraction of the mean per-token step time, until fitted
-SAFETY = 2.0            # a draft token must pay back twice its fitted cost (see the module)
-MAX_BATCH = 16          # above this many running sequences nobody drafts (see the module)
+DECAY = 0.9  # per observation: the last ~10 verifications dominate
+PRIOR_SLOPE = 0.1  # b guessed as this fraction of the mean per-token step time, until fitted
+SAFETY = 2.0  # a draft token must pay back twice its fitted cost (see the module)
+MAX_BATCH = 16  # above this many running sequences nobody drafts (see the module)
 
 
 class StepCost:
@@ -62,7 +63,7 @@ class StepCost:
         var = self.sxx / self.w - mx * mx
         cov = self.sxy / self.w - mx * my
         prior = PRIOR_SLOPE * my / max(mx, 1.0)
-        lam = 1.0               # pseudo-variance of one token^2
+        lam = 1.0  # pseudo-variance of one token^2
         b = max(0.0, (cov + lam * prior) / (var + lam))
         a = max(0.0, my - b * mx)
         return a, b

@@ -15,6 +15,7 @@ match supports (a longer match earns a longer draft, as suffix decoding does). I
 purpose: a draft drawn from another user's reply would make acceptance, and so timing, depend on
 what that user wrote.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict, deque
@@ -30,7 +31,7 @@ class NgramIndex:
     def __init__(self, min_n: int = MIN_N, max_n: int = MAX_N):
         self.min_n, self.max_n = min_n, max_n
         self.maps: dict[int, dict[tuple, int]] = {n: {} for n in range(min_n, max_n + 1)}
-        self.done = 0       # n-grams ending before this position are indexed
+        self.done = 0  # n-grams ending before this position are indexed
 
     def update(self, toks: list[int]) -> None:
         """Index the n-grams that end at positions [done, len - 1) (each has a continuation)."""
@@ -38,7 +39,7 @@ class NgramIndex:
         for i in range(self.done, end):
             for n, m in self.maps.items():
                 if i + 1 >= n:
-                    m[tuple(toks[i + 1 - n:i + 1])] = i + 1
+                    m[tuple(toks[i + 1 - n : i + 1])] = i + 1
         self.done = max(self.done, end)
 
     def match(self, toks: list[int]) -> tuple[int, int]:
@@ -46,7 +47,7 @@ class NgramIndex:
         L = len(toks)
         for n in range(self.max_n, self.min_n - 1, -1):
             if L >= n:
-                c = self.maps[n].get(tuple(toks[L - n:]))
+                c = self.maps[n].get(tuple(toks[L - n :]))
                 if c is not None:
                     return c, n
         return -1, 0
@@ -55,7 +56,7 @@ class NgramIndex:
         """Up to k tokens that followed the latest earlier occurrence of the list's tail."""
         self.update(toks)
         c, _ = self.match(toks)
-        return toks[c:c + k] if c >= 0 else []
+        return toks[c : c + k] if c >= 0 else []
 
 
 class SuffixHistory:
@@ -64,14 +65,14 @@ class SuffixHistory:
     def __init__(self, max_tenants: int = 256, per_tenant: int = 32, max_tokens: int = 4096):
         self.per_tenant, self.max_tokens = per_tenant, max_tokens
         self.max_tenants = max_tenants
-        self._hist: OrderedDict[str, deque] = OrderedDict()     # tenant -> deque[(tokens, NgramIndex)]
+        self._hist: OrderedDict[str, deque] = OrderedDict()  # tenant -> deque[(tokens, NgramIndex)]
 
     def add(self, tenant: str, toks: list[int]) -> None:
-        toks = list(toks[-self.max_tokens:])
+        toks = list(toks[-self.max_tokens :])
         if len(toks) < MIN_N + 1:
             return
         idx = NgramIndex()
-        idx.update(toks + [0])          # index every n-gram that has a continuation in toks
+        idx.update(toks + [0])  # index every n-gram that has a continuation in toks
         q = self._hist.setdefault(tenant, deque(maxlen=self.per_tenant))
         self._hist.move_to_end(tenant)
         q.append((toks, idx))
@@ -85,7 +86,7 @@ class SuffixHistory:
         for toks, idx in reversed(self._hist.get(tenant, ())):
             c, n = idx.match(tail)
             if n > best[0]:
-                best = (n, toks[c:c + min(k, n + 1)])
+                best = (n, toks[c : c + min(k, n + 1)])
                 if n == idx.max_n:
                     break
         return best[1]

@@ -6,6 +6,7 @@ Pieces, one concept each: `spec` (what a request asks for; plain data, no librar
 forks with n > 1 and survives preemption because it follows the sequence's own tokens), `bitmask`
 (the packed int32 masks and their application to the logits on the logits' device).
 """
+
 from engine.sampling.structured.spec import StructuredSpec, StructuredUnavailable
 
 __all__ = ["StructuredSpec", "StructuredUnavailable"]

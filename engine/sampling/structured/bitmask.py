@@ -1,6 +1,7 @@
 """Packed token bitmasks: one int32 word per 32 tokens, bit t % 32 of word t // 32 set when token t
 is allowed (the layout llguidance and xgrammar fill). Filled on the CPU for the rows that need one,
 sent to the logits' device in one copy, and applied there in a few vectorized ops."""
+
 from __future__ import annotations
 
 import torch

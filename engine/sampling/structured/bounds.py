@@ -13,6 +13,7 @@ cost nothing here (a loop is one state). Past it the request is refused at valid
 The scan is deliberately simple and conservative: alternatives count as their largest branch,
 an unbounded `{m,}` as m, and a rule referenced from a repeated place multiplies its own count.
 """
+
 from __future__ import annotations
 
 import json
@@ -68,7 +69,7 @@ def regex_repeat_product(rx: str) -> int:
         c = rx[i]
         if c == "\\":
             j = i + 2
-            if i + 1 < n and rx[i + 1] in "pPxu" and j < n and rx[j] == "{":   # \p{L}, \x{41}
+            if i + 1 < n and rx[i + 1] in "pPxu" and j < n and rx[j] == "{":  # \p{L}, \x{41}
                 j = rx.find("}", j) + 1 or n
             f.atom(1)
             i = j
@@ -92,7 +93,7 @@ def regex_repeat_product(rx: str) -> int:
         elif c == "(":
             f.open()
             i += 1
-            if i < n and rx[i] == "?":             # (?:...), (?P<name>...), (?i): no quantifier
+            if i < n and rx[i] == "?":  # (?:...), (?P<name>...), (?i): no quantifier
                 while i < n and rx[i] not in ":)>=!":
                     i += 1
                 if i < n and rx[i] != ")":
@@ -136,7 +137,7 @@ def _lark_body(body: str, cost_of) -> int:
     f, i, n = _Frames(), 0, len(body)
     while i < n:
         c = body[i]
-        if c == "/" and body.startswith("//", i):     # a comment
+        if c == "/" and body.startswith("//", i):  # a comment
             i = body.find("\n", i) + 1 or n
         elif c == '"' or c == "'":
             i = _skip_string(body, i)
@@ -145,14 +146,14 @@ def _lark_body(body: str, cost_of) -> int:
             j = i + 1
             while j < n and body[j] != "/":
                 j += 2 if body[j] == "\\" else 1
-            f.atom(regex_repeat_product(body[i + 1:j]))
+            f.atom(regex_repeat_product(body[i + 1 : j]))
             i = j + 1
         elif body.startswith("%json", i):
             j = body.find("{", i)
             i = _skip_braces(body, j) if j >= 0 else n
             try:
                 f.atom(schema_repeat_product(json.loads(body[j:i])) if j >= 0 else 1)
-            except ValueError:           # not JSON: llguidance will say so itself
+            except ValueError:  # not JSON: llguidance will say so itself
                 f.atom(1)
         elif c in "([":
             f.open()
@@ -181,9 +182,10 @@ def lark_repeat_product(grammar: str) -> int:
     bodies: dict[str, str] = {}
     for k, m in enumerate(heads):
         end = heads[k + 1].start() if k + 1 < len(heads) else len(grammar)
-        first, *rest = grammar[m.end():end].split("\n")      # directives (%ignore ...) end a rule
-        bodies[m.group(1)] = "\n".join([first] + [line for line in rest
-                                                  if not line.lstrip().startswith("%")])
+        first, *rest = grammar[m.end() : end].split("\n")  # directives (%ignore ...) end a rule
+        bodies[m.group(1)] = "\n".join(
+            [first] + [line for line in rest if not line.lstrip().startswith("%")]
+        )
     memo: dict[str, int] = {}
 
     def cost_of(name: str) -> int:
@@ -191,7 +193,7 @@ def lark_repeat_product(grammar: str) -> int:
             return memo[name]
         if name not in bodies:
             return 1
-        memo[name] = 1                    # a cycle counts once
+        memo[name] = 1  # a cycle counts once
         memo[name] = _lark_body(bodies[name], cost_of)
         return memo[name]
 
@@ -228,6 +230,8 @@ def check_repetition(kind: str, value, limit: int = MAX_REPEAT_PRODUCT) -> None:
     else:
         return
     if product > limit:
-        raise ValueError(f"structured: the {kind} repeats a piece {product:,} times once its nested "
-                         f"counts like {{1000}} are multiplied; at most {limit:,} are accepted (such "
-                         f"a pattern fails or stalls mid-generation); use * or + for long runs")
+        raise ValueError(
+            f"structured: the {kind} repeats a piece {product:,} times once its nested "
+            f"counts like {{1000}} are multiplied; at most {limit:,} are accepted (such "
+            f"a pattern fails or stalls mid-generation); use * or + for long runs"
+        )

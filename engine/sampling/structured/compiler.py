@@ -15,6 +15,7 @@ request that compiles a large schema waits alone, not the batch. Each compiled g
 a pristine matcher; a request gets a `deep_copy` of it, so a repeated schema costs no compile.
 The engine imports and runs without the library; only structured requests are refused.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,10 +25,10 @@ from collections import OrderedDict
 from engine.sampling.structured.bounds import check_repetition
 from engine.sampling.structured.spec import StructuredSpec, StructuredUnavailable
 
-try:                                    # optional: see requirements-engine.txt
+try:  # optional: see requirements-engine.txt
     import llguidance
     import llguidance.hf
-except ImportError:                     # pragma: no cover - exercised by the missing-library test
+except ImportError:  # pragma: no cover - exercised by the missing-library test
     llguidance = None
 
 CACHE_SIZE = 128
@@ -49,10 +50,16 @@ def closed_objects(schema):
         return [closed_objects(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: closed_objects(v) if k not in ("enum", "const", "default", "examples") else v
-           for k, v in schema.items()}
-    if "properties" in schema and "additionalProperties" not in schema \
-            and "patternProperties" not in schema and "unevaluatedProperties" not in schema:
+    out = {
+        k: closed_objects(v) if k not in ("enum", "const", "default", "examples") else v
+        for k, v in schema.items()
+    }
+    if (
+        "properties" in schema
+        and "additionalProperties" not in schema
+        and "patternProperties" not in schema
+        and "unevaluatedProperties" not in schema
+    ):
         out["additionalProperties"] = False
     return out
 
@@ -61,7 +68,9 @@ def grammar_text(spec: StructuredSpec) -> str:
     """The llguidance grammar for a spec (a JSON string llguidance's matcher takes)."""
     M = llguidance.LLMatcher
     if spec.kind == "json_object":
-        return M.grammar_from_json_schema(json.dumps({"type": "object", "x-guidance": JSON_OPTIONS}))
+        return M.grammar_from_json_schema(
+            json.dumps({"type": "object", "x-guidance": JSON_OPTIONS})
+        )
     if spec.kind == "json_schema":
         schema = closed_objects(spec.value) if isinstance(spec.value, dict) else {}
         if spec.value is False:
@@ -83,12 +92,12 @@ class GrammarCompiler:
         self._tok = None
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, object] = OrderedDict()
-        self.compiles = 0           # grammars compiled (cache misses)
+        self.compiles = 0  # grammars compiled (cache misses)
         self.hits = 0
         self.last_compile_s = 0.0
 
     def _tokenizer(self):
-        if self._tok is None:       # ~0.4 s once: the vocabulary's byte strings, built on first use
+        if self._tok is None:  # ~0.4 s once: the vocabulary's byte strings, built on first use
             self._tok = llguidance.hf.from_tokenizer(self._hf, n_vocab=self.vocab_size)
         return self._tok
 
@@ -98,8 +107,10 @@ class GrammarCompiler:
         if llguidance is None:
             raise StructuredUnavailable(
                 "structured outputs need the 'llguidance' package, which is not installed on this server "
-                "(pip install llguidance)")
+                "(pip install llguidance)"
+            )
         import time
+
         key = spec.key()
         with self._lock:
             pristine = self._cache.get(key)
@@ -109,11 +120,11 @@ class GrammarCompiler:
                 return pristine.deep_copy()
             t = time.perf_counter()
             try:
-                check_repetition(spec.kind, spec.value)      # a 400 now, not a 500 mid-reply
+                check_repetition(spec.kind, spec.value)  # a 400 now, not a 500 mid-reply
                 text = grammar_text(spec)
             except ValueError:
                 raise
-            except Exception as e:      # the library's own parse errors (regex / lark syntax)
+            except Exception as e:  # the library's own parse errors (regex / lark syntax)
                 raise ValueError(f"structured: the {spec.kind} is not valid: {e}") from e
             m = llguidance.LLMatcher(self._tokenizer(), text)
             if m.is_error():

@@ -7,6 +7,7 @@ An n > 1 fork copies the parent's state (the parent has consumed nothing new at 
 Lazy specs (a trigger string) keep no matcher until the sequence's output text contains the
 trigger; the text after the trigger inside the same token is fed to the new matcher.
 """
+
 from __future__ import annotations
 
 from engine.sampling.structured.spec import StructuredSpec
@@ -16,8 +17,8 @@ class GrammarState:
     def __init__(self, spec: StructuredSpec, compiler, matcher):
         self.spec = spec
         self._compiler = compiler
-        self.matcher = matcher      # None: a lazy spec not yet triggered
-        self._text = ""             # output text seen so far (lazy specs, until triggered)
+        self.matcher = matcher  # None: a lazy spec not yet triggered
+        self._text = ""  # output text seen so far (lazy specs, until triggered)
         self.error: str | None = None
 
     @classmethod
@@ -29,8 +30,11 @@ class GrammarState:
         return cls(spec, compiler, compiled if compiled is not None else compiler.matcher(spec))
 
     def fork(self) -> "GrammarState":
-        child = GrammarState(self.spec, self._compiler,
-                             self.matcher.deep_copy() if self.matcher is not None else None)
+        child = GrammarState(
+            self.spec,
+            self._compiler,
+            self.matcher.deep_copy() if self.matcher is not None else None,
+        )
         child._text, child.error = self._text, self.error
         return child
 
@@ -59,10 +63,10 @@ class GrammarState:
         self._text += text
         at = self._text.find(self.spec.trigger)
         if at < 0:
-            keep = len(self.spec.trigger) - 1       # only a trigger's start can straddle tokens
+            keep = len(self.spec.trigger) - 1  # only a trigger's start can straddle tokens
             self._text = self._text[-keep:] if keep else ""
             return
-        tail = self._text[at + len(self.spec.trigger):]
+        tail = self._text[at + len(self.spec.trigger) :]
         self.matcher = self._compiler.matcher(self.spec)
         if tail and not self.matcher.consume_tokens(self._compiler.tokenize(tail)):
             self.error = f"the text after {self.spec.trigger!r} does not fit the grammar"

@@ -3,6 +3,7 @@ whose last token was computed "samples" one more token (a fixed id); a sequence 
 max_tokens. What the policy decides is then exactly what the scheduler does with real blocks.
 The fair policy's clock is the step count times STEP_S (deterministic: the time bound of the
 no-starvation rule is reached after a known number of steps, whatever the machine's load)."""
+
 from __future__ import annotations
 
 from engine.core.fairness import make_policy
@@ -12,32 +13,62 @@ from engine.core.scheduler import Scheduler
 from engine.core.sequence import Request, Sequence, SeqStatus
 
 
-STEP_S = 0.01          # simulated seconds per step
+STEP_S = 0.01  # simulated seconds per step
 
 
 class Sim:
-    def __init__(self, policy="fair", *, num_blocks=64, block_size=16, max_num_seqs=4, budget=64,
-                 weights=None, **policy_kw):
+    def __init__(
+        self,
+        policy="fair",
+        *,
+        num_blocks=64,
+        block_size=16,
+        max_num_seqs=4,
+        budget=64,
+        weights=None,
+        **policy_kw,
+    ):
         self.kv = KVCacheManager(num_blocks, block_size, max_model_len=4096)
         self.step_no = 0
         if policy == "fair":
-            policy_kw.setdefault("clock", lambda: 1e6 + self.step_no * STEP_S)   # far from 0
-        self.policy = make_policy(policy, weights, **policy_kw) if isinstance(policy, str) else policy
+            policy_kw.setdefault("clock", lambda: 1e6 + self.step_no * STEP_S)  # far from 0
+        self.policy = (
+            make_policy(policy, weights, **policy_kw) if isinstance(policy, str) else policy
+        )
         self.sched = Scheduler(self.kv, max_num_seqs, budget, self.policy)
         self.step_no = 0
         self.finished: dict[str, Sequence] = {}
-        self.admissions: list[str] = []         # request ids in the order first admitted
+        self.admissions: list[str] = []  # request ids in the order first admitted
         self.first_token_step: dict[str, int] = {}
         self.tokens_by_tenant: dict[str, int] = {}
         self.computed_by_tenant: dict[str, int] = {}
         self._n = 0
 
-    def add(self, tenant="local", prompt_len=20, max_tokens=8, priority=0, prompt=None, session=None, rid=None):
+    def add(
+        self,
+        tenant="local",
+        prompt_len=20,
+        max_tokens=8,
+        priority=0,
+        prompt=None,
+        session=None,
+        rid=None,
+    ):
         rid = rid or f"r{self._n}"
         self._n += 1
-        ids = list(prompt) if prompt is not None else [(self._n * 7 + i) % 1000 + 3 for i in range(prompt_len)]
-        req = Request(rid, ids, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
-                      session_id=session, tenant=tenant, priority=priority)
+        ids = (
+            list(prompt)
+            if prompt is not None
+            else [(self._n * 7 + i) % 1000 + 3 for i in range(prompt_len)]
+        )
+        req = Request(
+            rid,
+            ids,
+            SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+            session_id=session,
+            tenant=tenant,
+            priority=priority,
+        )
         seq = Sequence(f"{rid}#0", req, 0, list(ids), None, None)
         req.seqs.append(seq)
         self.sched.add(seq)

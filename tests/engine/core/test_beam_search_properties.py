@@ -6,6 +6,7 @@ free list and counters agree, every beam reads back exactly its own tokens from 
 (so a missing or extra copy-on-write shows), and the copies handed to the runner equal the forks
 made inside a partial block. At the end, freeing the beams returns every block.
 """
+
 from collections import Counter
 
 from hypothesis import event, given, settings, strategies as st
@@ -38,7 +39,7 @@ class _Sim:
         copies = self.m.take_pending_copies()
         self.copies += len(copies)
         for src, dst in copies:
-            self.kv[dst * BS:(dst + 1) * BS] = self.kv[src * BS:(src + 1) * BS]
+            self.kv[dst * BS : (dst + 1) * BS] = self.kv[src * BS : (src + 1) * BS]
         for pos, slot in zip(range(start, end), self.m.slots_for(b.seq_id, start, end)):
             self.kv[slot] = b.token_ids[pos]
 
@@ -55,8 +56,13 @@ class _Sim:
 
 
 @settings(max_examples=150, deadline=None)
-@given(data=st.data(), k=st.integers(1, 4), prompt=st.lists(st.integers(0, 2), min_size=1, max_size=40),
-       steps=st.integers(1, 30), caching=st.booleans())
+@given(
+    data=st.data(),
+    k=st.integers(1, 4),
+    prompt=st.lists(st.integers(0, 2), min_size=1, max_size=40),
+    steps=st.integers(1, 30),
+    caching=st.booleans(),
+)
 def test_beam_shaped_fork_free_append_never_leaks(data, k, prompt, steps, caching):
     sim = _Sim(num_blocks=128, caching=caching)
     m = sim.m
@@ -66,27 +72,32 @@ def test_beam_shaped_fork_free_append_never_leaks(data, k, prompt, steps, cachin
     beams = [root]
     for _ in range(steps):
         width = data.draw(st.integers(1, k), label="beams kept")
-        picks = [(data.draw(st.integers(0, len(beams) - 1)), data.draw(st.integers(0, 2)))
-                 for _ in range(width)]
+        picks = [
+            (data.draw(st.integers(0, len(beams) - 1)), data.draw(st.integers(0, 2)))
+            for _ in range(width)
+        ]
         first = picks[0][0]
-        picks.sort(key=lambda p: p[0] != first)     # any order is legal; vary it a little
+        picks.sort(key=lambda p: p[0] != first)  # any order is legal; vary it a little
         parent_ctx = {b.seq_id: m.num_computed(b.seq_id) for b in beams}
         copies_before = sim.copies
 
         def new_child(parent):
             return _B(sim.new_id(), list(parent.token_ids))
+
         beams, forked, freed = reshape_beams(m, beams, picks, new_child)
         if freed:
             event("a beam without children freed")
         divergences = sum(1 for parent, _ in forked if parent_ctx[parent.seq_id] % BS)
-        for b in beams:                              # the next engine step: one token per beam
+        for b in beams:  # the next engine step: one token per beam
             nc = m.num_computed(b.seq_id)
             m.allocate_slots(b.seq_id, len(b.token_ids) - nc)
             sim.write(b, nc, len(b.token_ids))
         assert sim.copies - copies_before == divergences
         if divergences:
             event("copy-on-write of a partial block")
-        if data.draw(st.integers(0, 9), label="preempt") == 0:   # recompute one beam, like the scheduler
+        if (
+            data.draw(st.integers(0, 9), label="preempt") == 0
+        ):  # recompute one beam, like the scheduler
             b = data.draw(st.sampled_from(beams))
             m.preempt(b.seq_id)
             cached = m.add_sequence(b.seq_id, b.token_ids, num_new_tokens=len(b.token_ids))

@@ -1,4 +1,5 @@
 """Engine behaviour on the real model: n>1 copy-on-write, sessions, abort, streaming, bad input."""
+
 import asyncio
 
 import pytest
@@ -6,12 +7,15 @@ import pytest
 from engine import SamplingParams
 from engine.core.sequence import Request
 
-CHAT = [{"role": "system", "content": "You are a concise assistant."},
-        {"role": "user", "content": "Name three colours of the rainbow."}]
+CHAT = [
+    {"role": "system", "content": "You are a concise assistant."},
+    {"role": "user", "content": "Name three colours of the rainbow."},
+]
 
 
 def _prompt(llm_or_engine, chat=CHAT):
     from engine.text.session_prompt import continue_session_prompt
+
     return continue_session_prompt(llm_or_engine.tokenizer, chat, None)
 
 
@@ -20,6 +24,7 @@ def _engine(num_blocks):
     from engine.config import EngineConfig
     from engine.core.llm_engine import LLMEngine
     from engine.exec.loader import load_model
+
     return LLMEngine(EngineConfig(num_blocks=num_blocks), load_model(None))
 
 
@@ -50,7 +55,9 @@ def test_n_children_collect_through_generate(make_llm, hf_greedy):
     ref = hf_greedy(out.prompt_token_ids, 12, draft=out.outputs[0].token_ids)
     assert [o.token_ids for o in out.outputs] == [ref, ref]
     sampled = llm.chat(CHAT, SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=12))[0]
-    assert len({tuple(o.token_ids) for o in sampled.outputs}) > 1, "children must sample independently"
+    assert len({tuple(o.token_ids) for o in sampled.outputs}) > 1, (
+        "children must sample independently"
+    )
 
 
 def test_seeded_sampling_is_reproducible_whatever_the_batch(make_llm):
@@ -69,15 +76,20 @@ def test_session_reuses_previous_turn_and_matches_hf(make_llm, hf_greedy):
     d1 = list(s1)
     reply = "".join(d.text for d in d1)
     turn1_ids = s1.prompt_ids + [t for d in d1 for t in d.token_ids]
-    chat2 = CHAT + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And two more?"}]
+    chat2 = CHAT + [
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": "And two more?"},
+    ]
     s2 = llm.submit_chat(chat2, p, session_id="conv")
     d2 = list(s2)
-    assert s2.prompt_ids[:len(turn1_ids)] == turn1_ids, "turn 2 must start with turn 1's exact ids"
+    assert s2.prompt_ids[: len(turn1_ids)] == turn1_ids, "turn 2 must start with turn 1's exact ids"
     cached = d2[-1].metrics["cached_tokens"]
-    assert cached == len(turn1_ids) - 1, "only the new turn is prefilled (plus the last sampled token)"
+    assert cached == len(turn1_ids) - 1, (
+        "only the new turn is prefilled (plus the last sampled token)"
+    )
     got = [t for d in d2 for t in d.token_ids]
     assert got == hf_greedy(s2.prompt_ids, 16, draft=got)
-    assert llm.stats()["used_blocks"] > 0          # the idle conversation holds its blocks
+    assert llm.stats()["used_blocks"] > 0  # the idle conversation holds its blocks
     assert llm.end_session("conv")
     assert llm.stats()["used_blocks"] == 0
 
@@ -104,7 +116,9 @@ def test_async_streaming(make_llm):
         async def one(i):
             s = llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=6))
             return [d async for d in s]
+
         return await asyncio.gather(*(one(i) for i in range(3)))
+
     results = asyncio.run(go())
     texts = {"".join(d.text for d in r) for r in results}
     assert len(texts) == 1 and all(r[-1].finished for r in results)
@@ -119,8 +133,15 @@ def test_bad_input_fails_that_request_only(make_llm):
         llm.generate({"prompt_token_ids": [42] * 300}, SamplingParams())
     with pytest.raises(ValueError, match="vocabulary"):
         llm.generate({"prompt_token_ids": [10**7]}, SamplingParams())
-    for bad in ({"temperature": -1}, {"top_p": 0}, {"top_k": 0}, {"max_tokens": 0}, {"n": 0},
-                {"min_p": 2}, {"repetition_penalty": 0}):
+    for bad in (
+        {"temperature": -1},
+        {"top_p": 0},
+        {"top_k": 0},
+        {"max_tokens": 0},
+        {"n": 0},
+        {"min_p": 2},
+        {"repetition_penalty": 0},
+    ):
         with pytest.raises(ValueError, match=next(iter(bad))):
             SamplingParams(**bad)
     assert list(ok)[-1].finish_reason in ("stop", "length")
@@ -129,8 +150,10 @@ def test_bad_input_fails_that_request_only(make_llm):
 
 def test_generation_stops_at_max_model_len(make_llm):
     llm = make_llm(num_blocks=64, max_model_len=48)
-    out = llm.generate({"prompt_token_ids": _prompt(llm)[:40]},
-                       SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))[0]
+    out = llm.generate(
+        {"prompt_token_ids": _prompt(llm)[:40]},
+        SamplingParams(temperature=0, max_tokens=100, ignore_eos=True),
+    )[0]
     assert out.outputs[0].finish_reason == "length"
     assert len(out.prompt_token_ids) + len(out.outputs[0].token_ids) == 48
 
@@ -138,9 +161,12 @@ def test_generation_stops_at_max_model_len(make_llm):
 def test_unknown_model_path_and_architecture(tmp_path):
     from engine import ServingLLM
     from engine.exec.loader import ModelLoadError
+
     with pytest.raises(ModelLoadError, match="not found"):
         ServingLLM(model=str(tmp_path / "nope"))
-    (tmp_path / "config.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}')
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}'
+    )
     with pytest.raises(ModelLoadError, match="GPT2LMHeadModel"):
         ServingLLM(model=str(tmp_path))
 
@@ -151,12 +177,13 @@ def test_engines_of_one_process_share_a_tokenizer_until_its_files_change(model_f
     import os
     import shutil
     from engine.exec.loader import load_model
+
     folder = tmp_path / "m"
     shutil.copytree(model_folder, folder, ignore=shutil.ignore_patterns("*.safetensors"))
     os.symlink(os.path.join(model_folder, "model.safetensors"), folder / "model.safetensors")
     first, second = load_model(str(folder)), load_model(str(folder))
     assert second.tokenizer is first.tokenizer
-    assert second.weights is not first.weights               # weights are the engine's own
+    assert second.weights is not first.weights  # weights are the engine's own
     cfg = folder / "tokenizer_config.json"
     cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "model_max_length": 4096}))
     third = load_model(str(folder))
@@ -175,7 +202,9 @@ def test_engines_of_one_checkpoint_share_prepared_weights_not_state(make_llm, hf
     assert ma.lean is not mb.lean and a.engine.runner.kv_pool is not b.engine.runner.kv_pool
     ids = _prompt(a)[:24]
     for llm in (a, b):
-        out = llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=8))[0]
+        out = llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=8))[
+            0
+        ]
         assert out.outputs[0].token_ids == hf_greedy(ids, 8, draft=out.outputs[0].token_ids)
     c = make_llm(num_blocks=64, quantization="int8")
     assert c.engine.runner.model.layers[0]["qkv"] is not ma.layers[0]["qkv"]
@@ -185,28 +214,36 @@ def test_engine_error_fails_running_requests_without_leaking(make_llm, hf_greedy
     """Fault injection: one forward raises; its requests end with an error, blocks come back,
     and the engine keeps serving new requests."""
     from engine.exec.model_runner import ModelRunner
+
     llm = make_llm(num_blocks=128)
     real_run = ModelRunner.run_on_device
     calls = {"n": 0}
 
-    def flaky(self, plan):                       # patched on the class: no reach into the LLM
+    def flaky(self, plan):  # patched on the class: no reach into the LLM
         reqs = {row.seq.request.request_id for row in plan.rows}
-        if len(reqs) == 2 and not calls["n"]:   # both requests in one step, before the n=2 fork
+        if len(reqs) == 2 and not calls["n"]:  # both requests in one step, before the n=2 fork
             calls["n"] += 1
             raise RuntimeError("injected failure")
         return real_run(self, plan)
+
     ModelRunner.run_on_device = flaky
     try:
-        streams = [llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=20, n=n)) for n in (1, 2)]
+        streams = [
+            llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=20, n=n)) for n in (1, 2)
+        ]
         finals = [[d for d in s if d.finished] for s in streams]
     finally:
         ModelRunner.run_on_device = real_run
     assert [len(f) for f in finals] == [1, 2], "every one of the n outputs must be closed"
-    assert all(d.finish_reason == "error" and "injected" in d.error for f in finals for d in f), finals
+    assert all(d.finish_reason == "error" and "injected" in d.error for f in finals for d in f), (
+        finals
+    )
     assert llm.stats()["used_blocks"] == 0 and llm.stats()["running"] == 0
     # the failed step's blocks were hashed when scheduled but never written: no stale prefix hits
     again = llm.chat(CHAT, SamplingParams(temperature=0, max_tokens=8))[0]
-    assert again.outputs[0].token_ids == hf_greedy(again.prompt_token_ids, 8, draft=again.outputs[0].token_ids)
+    assert again.outputs[0].token_ids == hf_greedy(
+        again.prompt_token_ids, 8, draft=again.outputs[0].token_ids
+    )
 
 
 def test_generate_admits_a_whole_batch_in_one_step(make_llm):
@@ -216,15 +253,16 @@ def test_generate_admits_a_whole_batch_in_one_step(make_llm):
     llm.generate(prompts, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     st = llm.stats()
     assert st["peak_running"] == 12
-    assert st["steps"] - before == 3          # one prefill step that also samples, then 2 decodes
+    assert st["steps"] - before == 3  # one prefill step that also samples, then 2 decodes
 
 
 def test_shutdown_closes_streams_in_flight_and_refuses_new_work(make_llm):
     from engine import ServingLLM
+
     llm = ServingLLM(num_blocks=64)
     stream = llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
     llm.shutdown()
-    last = list(stream)[-1]                      # must end, not block forever
+    last = list(stream)[-1]  # must end, not block forever
     assert last.finished and last.finish_reason in ("error", "length", "stop")
     with pytest.raises(RuntimeError, match="shut down"):
         llm.submit_chat(CHAT, SamplingParams(max_tokens=2))
@@ -238,7 +276,8 @@ def test_a_vanished_async_consumer_does_not_hurt_other_requests(make_llm):
     async def leave_early():
         s = llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
         async for _ in s:
-            break                                # the event loop closes with the request running
+            break  # the event loop closes with the request running
+
     other = llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
     asyncio.run(leave_early())
     deltas = list(other)
@@ -249,14 +288,18 @@ def test_a_vanished_async_consumer_does_not_hurt_other_requests(make_llm):
 
 def test_end_session_during_a_turn_frees_instead_of_parking(make_llm):
     llm = make_llm(num_blocks=128)
-    s = llm.submit_chat(CHAT, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), session_id="tab")
+    s = llm.submit_chat(
+        CHAT, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), session_id="tab"
+    )
     it = iter(s)
     first = next(it)
     llm.end_session("tab")
     rest = list(it)
     assert llm.stats()["num_idle_sessions"] == 0 and llm.stats()["used_blocks"] == 0
     # released, not forgotten: the session keeps the turn's exact ids (prompt + reply)
-    assert llm.session_token_ids("tab") == s.prompt_ids + [t for d in [first, *rest] for t in d.token_ids]
+    assert llm.session_token_ids("tab") == s.prompt_ids + [
+        t for d in [first, *rest] for t in d.token_ids
+    ]
     assert llm.close_session("tab") is False and llm.session_token_ids("tab") is None
 
 
@@ -270,13 +313,19 @@ def test_n_children_count_against_max_num_seqs(make_llm):
 def test_two_engines_in_one_process_step_concurrently(make_llm, hf_greedy):
     """Each engine thread keeps its own kernel scratch state: concurrent steps must not mix."""
     import threading
+
     a, b = make_llm(num_blocks=128), make_llm(num_blocks=96)
-    chats = {"a": [{"role": "user", "content": "Count from one to ten."}],
-             "b": [{"role": "user", "content": "Name a famous painter."}]}
+    chats = {
+        "a": [{"role": "user", "content": "Count from one to ten."}],
+        "b": [{"role": "user", "content": "Name a famous painter."}],
+    }
     out = {}
 
     def go(name, llm):
-        out[name] = llm.chat([chats[name]] * 3, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+        out[name] = llm.chat(
+            [chats[name]] * 3, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+        )
+
     threads = [threading.Thread(target=go, args=(k, v)) for k, v in (("a", a), ("b", b))]
     for t in threads:
         t.start()
@@ -284,5 +333,6 @@ def test_two_engines_in_one_process_step_concurrently(make_llm, hf_greedy):
         t.join()
     for name in ("a", "b"):
         for o in out[name]:
-            assert o.outputs[0].token_ids == hf_greedy(o.prompt_token_ids, 16, stop_at_eos=False,
-                                                                draft=o.outputs[0].token_ids)
+            assert o.outputs[0].token_ids == hf_greedy(
+                o.prompt_token_ids, 16, stop_at_eos=False, draft=o.outputs[0].token_ids
+            )

@@ -1,6 +1,7 @@
 """The fair policy (engine/core/fairness.py) on the real Scheduler and KVCacheManager, no model:
 counters, lift on return, victim choice, fair preemption, priorities with their no-starvation
 rule, and that one tenant in one class is scheduled exactly as first-come first-served."""
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -30,14 +31,14 @@ def test_counter_charges_computed_prefill_and_decode_divided_by_weight():
 
 def test_prefix_cache_hits_cost_only_what_was_computed():
     sim = Sim(budget=512)
-    prompt = list(range(3, 3 + 50))          # 3 full blocks of 16 + 2 tokens
+    prompt = list(range(3, 3 + 50))  # 3 full blocks of 16 + 2 tokens
     sim.add("a", prompt=prompt, max_tokens=1)
     sim.run()
     sim.add("b", prompt=prompt, max_tokens=1)
     sim.run()
     stats = {t.tenant: t for t in sim.policy.tenant_stats()}
     assert stats["a"].prefill_tokens == 50
-    assert stats["b"].prefill_tokens == 50 - 48          # 48 tokens came from a's cached blocks
+    assert stats["b"].prefill_tokens == 50 - 48  # 48 tokens came from a's cached blocks
     assert sim.counter("b") == pytest.approx(2.0)
 
 
@@ -47,7 +48,9 @@ def test_returning_tenant_is_lifted_to_the_smallest_backlogged_counter():
         sim.add("heavy", prompt_len=30, max_tokens=30)
     for _ in range(20):
         sim.step()
-    sim.add("idle_then_back", prompt_len=10, max_tokens=2)   # never served before: counter 0 before lift
+    sim.add(
+        "idle_then_back", prompt_len=10, max_tokens=2
+    )  # never served before: counter 0 before lift
     assert sim.counter("heavy") > 0
     assert sim.counter("idle_then_back") == pytest.approx(sim.counter("heavy"))
     # a tenant that is already backlogged is never lifted again
@@ -61,10 +64,10 @@ def test_waiting_request_is_admitted_from_the_smallest_counter_not_arrival_order
     sim.add("a", prompt_len=10, max_tokens=20, rid="a0")
     sim.run(until=lambda s: "a0" in s.admissions)
     for k in range(3):
-        sim.add("a", prompt_len=10, max_tokens=4, rid=f"a{k + 1}")      # arrive first
-    sim.add("b", prompt_len=10, max_tokens=4, rid="b0")                 # arrives last
+        sim.add("a", prompt_len=10, max_tokens=4, rid=f"a{k + 1}")  # arrive first
+    sim.add("b", prompt_len=10, max_tokens=4, rid="b0")  # arrives last
     sim.run()
-    assert sim.admissions[:2] == ["a0", "b0"]       # b was below a's counter: served next
+    assert sim.admissions[:2] == ["a0", "b0"]  # b was below a's counter: served next
     fcfs = Sim("fcfs", max_num_seqs=1, budget=64)
     fcfs.add("a", prompt_len=10, max_tokens=20, rid="a0")
     fcfs.run(until=lambda s: "a0" in s.admissions)
@@ -73,7 +76,9 @@ def test_waiting_request_is_admitted_from_the_smallest_counter_not_arrival_order
     fcfs.add("b", prompt_len=10, max_tokens=4, rid="b0")
     fcfs.run()
     assert fcfs.admissions == ["a0", "a1", "a2", "a3", "b0"]
-    assert any(e.kind == "held_back" and e.tenant == "a" and e.favoured == "b" for e in sim.policy.events())
+    assert any(
+        e.kind == "held_back" and e.tenant == "a" and e.favoured == "b" for e in sim.policy.events()
+    )
 
 
 def test_memory_pressure_victim_comes_from_the_tenant_furthest_ahead():
@@ -100,7 +105,7 @@ def test_memory_pressure_victim_comes_from_the_tenant_furthest_ahead():
     f.add("heavy", prompt_len=16, max_tokens=40, rid="h1")
     f.add("light", prompt_len=16, max_tokens=40, rid="l0")
     f.run()
-    assert any("l0" in str(e) for e in f.kv.preemption_events)      # FCFS: the newest (light) pays
+    assert any("l0" in str(e) for e in f.kv.preemption_events)  # FCFS: the newest (light) pays
 
 
 def test_tenant_below_its_share_of_slots_preempts_one_above_it():
@@ -112,7 +117,7 @@ def test_tenant_below_its_share_of_slots_preempts_one_above_it():
     assert len(sim.sched.running) == 4
     sim.add("chat", prompt_len=20, max_tokens=4, rid="c0")
     sim.step()
-    assert "c0" in sim.admissions                       # admitted the very next step
+    assert "c0" in sim.admissions  # admitted the very next step
     assert sim.policy.tenants["heavy"].preemptions == 1
     assert any(e.kind == "fair_preempt" and e.tenant == "heavy" for e in sim.policy.events())
     sim.run()
@@ -124,7 +129,7 @@ def test_tenant_below_its_share_of_slots_preempts_one_above_it():
         f.step()
     f.add("chat", prompt_len=20, max_tokens=4, rid="c0")
     f.run()
-    assert f.first_token_step["c0"] > 200                # FCFS: waits for a whole generation
+    assert f.first_token_step["c0"] > 200  # FCFS: waits for a whole generation
 
 
 def test_fair_preemption_stops_at_the_fair_share():
@@ -140,7 +145,7 @@ def test_fair_preemption_stops_at_the_fair_share():
     by = {}
     for s in sim.sched.running:
         by[s.request.tenant] = by.get(s.request.tenant, 0) + 1
-    assert by == {"heavy": 2, "chat": 2}                # equal weights: 2 slots each, no thrash
+    assert by == {"heavy": 2, "chat": 2}  # equal weights: 2 slots each, no thrash
     assert sim.policy.tenants["heavy"].preemptions == 2
 
 
@@ -172,7 +177,7 @@ def test_priority_class_first_but_a_lower_class_gets_one_admission_in_four():
     assert order[0] == "C"
     s = "".join(order)
     first_chats_done = s.rindex("C")
-    assert "CCCC" not in s[:first_chats_done + 1]
+    assert "CCCC" not in s[: first_chats_done + 1]
     assert s.count("A") == 12 and s.count("C") == 12
 
 
@@ -181,7 +186,7 @@ def test_higher_class_never_starves_lower_under_a_constant_stream():
     sim.add("batch", prompt_len=8, max_tokens=2, priority=1, rid="low")
     k = 0
     while "low" not in sim.admissions:
-        if len(sim.sched.waiting) < 3:              # chat keeps the queue full
+        if len(sim.sched.waiting) < 3:  # chat keeps the queue full
             sim.add(f"chat{k % 5}", prompt_len=8, max_tokens=2, priority=0, rid=f"c{k}")
             k += 1
         sim.step()
@@ -190,8 +195,15 @@ def test_higher_class_never_starves_lower_under_a_constant_stream():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(0, 3)), min_size=1, max_size=12),
-       st.integers(1, 4), st.sampled_from([6, 12, 64]))
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(0, 3)),
+        min_size=1,
+        max_size=12,
+    ),
+    st.integers(1, 4),
+    st.sampled_from([6, 12, 64]),
+)
 def test_one_tenant_one_class_is_exactly_fcfs(reqs, max_seqs, blocks):
     """Same step-by-step schedule (sequence, start, length) and same preemptions as FCFS (prompts
     share no prefix, so the same-step cached-prefix tie-break never applies)."""
@@ -211,17 +223,33 @@ def test_one_tenant_one_class_is_exactly_fcfs(reqs, max_seqs, blocks):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(1, 40), st.integers(1, 16), st.integers(0, 1),
-                          st.integers(0, 4)), min_size=1, max_size=16),
-       st.integers(1, 4), st.sampled_from([8, 16, 64]))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from("abc"),
+            st.integers(1, 40),
+            st.integers(1, 16),
+            st.integers(0, 1),
+            st.integers(0, 4),
+        ),
+        min_size=1,
+        max_size=16,
+    ),
+    st.integers(1, 4),
+    st.sampled_from([8, 16, 64]),
+)
 def test_any_mix_finishes_whole_charges_exactly_and_leaks_nothing(reqs, max_seqs, blocks):
-    sim = Sim(num_blocks=blocks, max_num_seqs=max_seqs, budget=32, decode_cost=2.0, prefill_cost=1.0)
+    sim = Sim(
+        num_blocks=blocks, max_num_seqs=max_seqs, budget=32, decode_cost=2.0, prefill_cost=1.0
+    )
     pending = list(reqs)
     want = {}
     while pending or sim.sched.has_work():
         while pending and pending[0][4] <= sim.step_no % 5:
             tenant, plen, mt, prio, _ = pending.pop(0)
-            seq = sim.add(tenant, prompt_len=min(plen, blocks * 16 - 17), max_tokens=mt, priority=prio)
+            seq = sim.add(
+                tenant, prompt_len=min(plen, blocks * 16 - 17), max_tokens=mt, priority=prio
+            )
             want[seq.request.request_id] = mt
         if pending and not sim.sched.has_work():
             pending[0] = pending[0][:4] + (0,)
@@ -231,25 +259,28 @@ def test_any_mix_finishes_whole_charges_exactly_and_leaks_nothing(reqs, max_seqs
     assert sim.kv.num_free_blocks == sim.kv.num_blocks
     for t in sim.policy.tenant_stats():
         assert t.running == 0 and t.waiting == 0
-        assert t.counter >= (t.prefill_tokens + 2 * t.decode_tokens) - 1e-6   # lifts only add
+        assert t.counter >= (t.prefill_tokens + 2 * t.decode_tokens) - 1e-6  # lifts only add
 
 
 def test_admission_bounds_per_tenant_and_overall():
-    adm = AdmissionControl(QueueBounds(max_queued_requests=3, tenant_max_queued_requests=2,
-                                       tenant_max_queued_tokens=100))
+    adm = AdmissionControl(
+        QueueBounds(
+            max_queued_requests=3, tenant_max_queued_requests=2, tenant_max_queued_tokens=100
+        )
+    )
     assert adm.enter("a1", "a", 10) == 1
     adm.enter("a2", "a", 10)
     with pytest.raises(QueueFull) as e:
         adm.enter("a3", "a", 10)
     assert e.value.scope == "tenant" and e.value.retry_after_s >= 1
     with pytest.raises(QueueFull):
-        adm.enter("b0", "b", 101)                       # tokens per tenant
+        adm.enter("b0", "b", 101)  # tokens per tenant
     adm.enter("b1", "b", 10)
     with pytest.raises(QueueFull) as e:
-        adm.enter("c1", "c", 10)                        # overall request bound
+        adm.enter("c1", "c", 10)  # overall request bound
     assert e.value.scope == "server" and "busy" in str(e.value)
     adm.leave("a1")
-    adm.leave("a1")                                     # idempotent
+    adm.leave("a1")  # idempotent
     assert adm.queued() == (2, 20) and adm.queued("a") == (1, 10)
     adm.enter("c1", "c", 10)
 
@@ -267,7 +298,7 @@ def test_bad_weights_and_bounds_are_refused():
 
 def _tie_break_run(sessions):
     sim = Sim(max_num_seqs=1, budget=512)
-    shared = list(range(100, 148))                          # three full blocks, cached once run
+    shared = list(range(100, 148))  # three full blocks, cached once run
     sim.add("t", prompt=shared + [7], max_tokens=1, rid="warm")
     sim.run()
     sim.add("t", prompt=list(range(300, 349)), max_tokens=1, rid="r1", session=sessions[0])
@@ -277,8 +308,8 @@ def _tie_break_run(sessions):
 
 
 def test_same_step_arrivals_longest_cached_prefix_first_but_never_across_one_conversation():
-    assert _tie_break_run((None, None)) == ["r2", "r1"]        # r2 hits 48 cached tokens
-    assert _tie_break_run(("conv", "conv")) == ["r1", "r2"]    # same conversation: turn order kept
+    assert _tie_break_run((None, None)) == ["r2", "r1"]  # r2 hits 48 cached tokens
+    assert _tie_break_run(("conv", "conv")) == ["r1", "r2"]  # same conversation: turn order kept
     assert _tie_break_run(("a", "b")) == ["r2", "r1"]
 
 
@@ -315,12 +346,13 @@ def test_a_lower_class_waits_at_most_starvation_wait_s_even_behind_long_replies(
     bound of 0.5 s, the class-1 request is admitted within 50 steps (+1 to act on it) of arriving,
     while every chat reply is still running: one higher-class sequence is paused for it, once."""
     from tests.engine.core.fair_sim import STEP_S
+
     sim, arrived = _flood_then_lower_class(0.5)
     sim.run(until=lambda s: "low" in s.finished)
     admitted = sim.first_token_step["low"]
     assert admitted <= arrived + round(0.5 / STEP_S) + 2, (arrived, admitted)
-    assert admitted > arrived + round(0.5 / STEP_S) - 2        # not before the bound: classes still rule
-    assert not any(r.startswith("c") for r in sim.finished)       # no chat reply had to end first
+    assert admitted > arrived + round(0.5 / STEP_S) - 2  # not before the bound: classes still rule
+    assert not any(r.startswith("c") for r in sim.finished)  # no chat reply had to end first
     assert sum(t.preemptions for t in sim.policy.tenant_stats()) == 1
     assert any(e.kind == "starvation_preempt" and e.favoured == "api" for e in sim.policy.events())
     sim.run()

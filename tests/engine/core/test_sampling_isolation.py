@@ -4,9 +4,10 @@ The sampler is the real one; a fault is injected into one row by wrapping it, th
 poisoned value in one request would surface. The other requests must finish exactly like HF greedy,
 the failing one must end with an error, and no block may leak.
 """
+
 import pytest
 
-import engine.core.sample_isolated as sampling_module     # where the step loop calls the sampler
+import engine.core.sample_isolated as sampling_module  # where the step loop calls the sampler
 from engine import SamplingParams
 
 PROMPTS = ["The capital of France is", "One, two, three, four,", "def add(a, b):", "Water boils at"]
@@ -29,7 +30,9 @@ def _poison_one_row(monkeypatch, poisoned: SamplingParams, after_tokens: int):
 
 
 @pytest.mark.parametrize("fail_at_first_token", [True, False])
-def test_one_failing_row_fails_only_its_request(make_llm, hf_greedy, monkeypatch, fail_at_first_token):
+def test_one_failing_row_fails_only_its_request(
+    make_llm, hf_greedy, monkeypatch, fail_at_first_token
+):
     llm = make_llm(num_blocks=128)
     tok = llm.get_tokenizer()
     ids = [tok.encode(p, add_special_tokens=False) for p in PROMPTS]
@@ -37,7 +40,9 @@ def test_one_failing_row_fails_only_its_request(make_llm, hf_greedy, monkeypatch
     bad_ids = ids[1]
     calls = _poison_one_row(monkeypatch, bad, len(bad_ids) + (0 if fail_at_first_token else 3))
     good = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    streams = [llm.submit({"prompt_token_ids": i}, good if k != 1 else bad) for k, i in enumerate(ids)]
+    streams = [
+        llm.submit({"prompt_token_ids": i}, good if k != 1 else bad) for k, i in enumerate(ids)
+    ]
     results = []
     for s in streams:
         deltas = list(s)

@@ -3,6 +3,7 @@ padded forward over the same static buffers (engine/exec/cuda_graphs.py), so wha
 is checked here — padding to the bucket, fixed-width block tables with stale entries, pad rows that
 must not store K/V — against HF generate on the same random weights. The real capture runs on
 CUDA in scripts/gpu_check.sh."""
+
 import torch
 
 from engine import LLM, SamplingParams
@@ -22,22 +23,34 @@ def test_bucket_sizes():
 def _capture_runners(monkeypatch) -> list:
     """The ModelRunner each LLM builds, caught on the class (no reach into the LLM's internals)."""
     from engine.exec.model_runner import ModelRunner
+
     runners, real_init = [], ModelRunner.__init__
 
     def init(self, *a, **kw):
         real_init(self, *a, **kw)
         runners.append(self)
+
     monkeypatch.setattr(ModelRunner, "__init__", init)
     return runners
 
 
 def test_padded_bucket_decode_matches_hf_generate(monkeypatch):
     runners = _capture_runners(monkeypatch)
-    llm = LLM(model="smollm2-135m", load_format="dummy", hf_overrides=SMALL, num_blocks=96, seed=3,
-              device="cpu", max_num_seqs=6, max_model_len=200)
+    llm = LLM(
+        model="smollm2-135m",
+        load_format="dummy",
+        hf_overrides=SMALL,
+        num_blocks=96,
+        seed=3,
+        device="cpu",
+        max_num_seqs=6,
+        max_model_len=200,
+    )
     try:
         runner = runners[-1]
-        graphs = DecodeGraphs(runner.model, runner.kv_pool, llm.config.block_size, 6, 200, runner.backend)
+        graphs = DecodeGraphs(
+            runner.model, runner.kv_pool, llm.config.block_size, 6, 200, runner.backend
+        )
         calls = []
         real_run = graphs.run
         graphs.run = lambda plan: calls.append(len(plan)) or real_run(plan)
@@ -45,18 +58,31 @@ def test_padded_bucket_decode_matches_hf_generate(monkeypatch):
         # 5 and 3 rows are padded, and tables are rewritten row by row as sequences finish
         graphs.capture()
         runner.graphs = graphs
-        prompts = [[(13 * j + 7 * i + 1) % 4096 for i in range(n)] for j, n in enumerate((5, 17, 31, 16, 40))]
+        prompts = [
+            [(13 * j + 7 * i + 1) % 4096 for i in range(n)]
+            for j, n in enumerate((5, 17, 31, 16, 40))
+        ]
         lens = [9, 12, 4, 14, 7]
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                            [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in lens])
-        assert calls and max(calls) == 5 and 3 in calls, f"graph path not taken as expected: {calls}"
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts],
+            [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in lens],
+        )
+        assert calls and max(calls) == 5 and 3 in calls, (
+            f"graph path not taken as expected: {calls}"
+        )
         cfg = dw.load_config("smollm2-135m", SMALL)
         hf = dw.hf_model_with_weights(cfg, dw.random_weights(cfg, seed=3))
         for p, m, o in zip(prompts, lens, outs):
             x = torch.tensor([p])
             with torch.no_grad():
-                ref = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=m, do_sample=False,
-                                  eos_token_id=None, pad_token_id=0)[0, len(p):]
+                ref = hf.generate(
+                    x,
+                    attention_mask=torch.ones_like(x),
+                    max_new_tokens=m,
+                    do_sample=False,
+                    eos_token_id=None,
+                    pad_token_id=0,
+                )[0, len(p) :]
             assert o.outputs[0].token_ids == ref.tolist()
         assert llm.stats()["used_blocks"] == 0
     finally:
@@ -66,8 +92,14 @@ def test_padded_bucket_decode_matches_hf_generate(monkeypatch):
 def test_enforce_eager_and_cpu_have_no_graphs(monkeypatch):
     """On CPU there is nothing to capture; enforce_eager reaches the runner's config."""
     runners = _capture_runners(monkeypatch)
-    llm = LLM(model="smollm2-135m", load_format="dummy", hf_overrides=SMALL, num_blocks=8, device="cpu",
-              enforce_eager=True)
+    llm = LLM(
+        model="smollm2-135m",
+        load_format="dummy",
+        hf_overrides=SMALL,
+        num_blocks=8,
+        device="cpu",
+        enforce_eager=True,
+    )
     try:
         runner = runners[-1]
         assert runner.cfg.enforce_eager is True

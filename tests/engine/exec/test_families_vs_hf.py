@@ -11,6 +11,7 @@ Paths: the default engine (lean C++ step for decode, C++ fused loop for prefill 
 alone, the eager torch loop, speculative decoding, Triton kernels (interpreted), the KV tier, beam
 search (against HF's beam search). int8 KV and the CUDA fused loop are checked at the model level.
 """
+
 import pytest
 import torch
 
@@ -23,7 +24,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 BURST = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
 
-B = A[:64] + random_prompt(2, 6)                       # 4 full blocks in common with A
+B = A[:64] + random_prompt(2, 6)  # 4 full blocks in common with A
 BURST_PROMPTS = [random_prompt(10 + i, 40) for i in range(4)]
 
 
@@ -42,7 +43,7 @@ def assert_hf_greedy(family, prompt, tokens):
     """Each generated token is HF's argmax after the prompt and the tokens before it."""
     x = torch.tensor([list(prompt) + list(tokens[:-1])])
     with torch.no_grad():
-        want = hf_model(family)(x).logits[0, len(prompt) - 1:].argmax(-1).tolist()
+        want = hf_model(family)(x).logits[0, len(prompt) - 1 :].argmax(-1).tolist()
     assert list(tokens) == want, f"{family}: engine {list(tokens)} != HF {want}"
 
 
@@ -56,8 +57,16 @@ POOL_BLOCKS = {"gemma3": 48, "qwen2-window": 36, "mistral": 6}
 def make(family, **kw):
     name, over = FAMILIES[family]
     kw.setdefault("num_blocks", POOL_BLOCKS.get(family, 12))
-    return LLM(model=name, load_format="dummy", hf_overrides={**SHRINK, **over}, seed=0, device="cpu",
-               block_size=16, max_num_batched_tokens=32, **kw)
+    return LLM(
+        model=name,
+        load_format="dummy",
+        hf_overrides={**SHRINK, **over},
+        seed=0,
+        device="cpu",
+        block_size=16,
+        max_num_batched_tokens=32,
+        **kw,
+    )
 
 
 def _workload(family, llm):
@@ -69,7 +78,9 @@ def _workload(family, llm):
     st = llm.stats()
     assert st["prefix_cache_hits"] >= 64, st
     assert st["num_preemptions"] > 0, st
-    if family in POOL_BLOCKS and llm.config.kv_cache_groups:    # a window's blocks went back to the pool
+    if (
+        family in POOL_BLOCKS and llm.config.kv_cache_groups
+    ):  # a window's blocks went back to the pool
         assert st["window_released_blocks"] > 0 and st["num_groups"] == len(st["kv_groups"]), st
     return st
 
@@ -79,7 +90,11 @@ def _lean_calls(llm, monkeypatch):
     calls = []
     if model.lean is not None:
         real = model.lean.__class__.__call__
-        monkeypatch.setattr(model.lean.__class__, "__call__", lambda self, *a, **k: (calls.append(1), real(self, *a, **k))[1])
+        monkeypatch.setattr(
+            model.lean.__class__,
+            "__call__",
+            lambda self, *a, **k: (calls.append(1), real(self, *a, **k))[1],
+        )
     return calls
 
 
@@ -96,8 +111,17 @@ def test_default_engine_matches_hf(family, monkeypatch):
         llm.shutdown()
 
 
-@pytest.mark.parametrize("family,path", [("gemma3", "loop"), ("smollm3", "loop"), ("gemma3", "eager"),
-                                         ("phi4", "eager"), ("qwen2-window", "loop"), ("mistral", "eager")])
+@pytest.mark.parametrize(
+    "family,path",
+    [
+        ("gemma3", "loop"),
+        ("smollm3", "loop"),
+        ("gemma3", "eager"),
+        ("phi4", "eager"),
+        ("qwen2-window", "loop"),
+        ("mistral", "eager"),
+    ],
+)
 def test_loops_match_hf(family, path):
     """The C++ fused loop for every step (lean off), and the eager torch loop."""
     llm = make(family, lean_step="off")
@@ -114,10 +138,12 @@ def test_speculative_matches_hf(family):
     """ngram drafts on every step: verification chunks of k + 1 tokens over windowed layers."""
     llm = make(family, speculative="ngram", speculative_adaptive=False, num_blocks=24)
     try:
-        rep = random_prompt(5, 12) * 5                      # repeats: the proposer finds drafts
+        rep = random_prompt(5, 12) * 5  # repeats: the proposer finds drafts
         for p in (rep, A):
-            out = llm.generate([{"prompt_token_ids": p}], SamplingParams(temperature=0.0, max_tokens=30,
-                                                                        ignore_eos=True))[0]
+            out = llm.generate(
+                [{"prompt_token_ids": p}],
+                SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True),
+            )[0]
             assert_hf_greedy(family, p, out.outputs[0].token_ids)
         assert llm.stats()["spec_draft_tokens"] > 0, llm.stats()
     finally:
@@ -128,8 +154,13 @@ def test_triton_kernels_match_hf():
     """Triton attention and KV store (interpreted on CPU) under the eager loop, Gemma 3's window mix."""
     llm = make("gemma3", attention_backend="triton", num_blocks=24)
     try:
-        outs = [llm.generate([{"prompt_token_ids": p}], SamplingParams(temperature=0.0, max_tokens=4,
-                                                                       ignore_eos=True))[0] for p in (A, B)]
+        outs = [
+            llm.generate(
+                [{"prompt_token_ids": p}],
+                SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+            )[0]
+            for p in (A, B)
+        ]
         assert llm.stats()["prefix_cache_hits"] >= 64
         for p, o in zip((A, B), outs):
             assert_hf_greedy("gemma3", p, o.outputs[0].token_ids)
@@ -142,7 +173,9 @@ def test_kv_tier_matches_hf(tmp_path):
     llm = make("gemma3", kv_offload_gib=0.05, kv_offload_dir=str(tmp_path))
     try:
         st = _workload("gemma3", llm)
-        out = llm.generate([{"prompt_token_ids": A + [7, 8]}], GREEDY)[0]      # A's blocks: from the tier
+        out = llm.generate([{"prompt_token_ids": A + [7, 8]}], GREEDY)[
+            0
+        ]  # A's blocks: from the tier
         assert_hf_greedy("gemma3", A + [7, 8], out.outputs[0].token_ids)
         st = llm.stats()
         assert st["tier_hits_blocks"] > 0, st
@@ -152,15 +185,26 @@ def test_kv_tier_matches_hf(tmp_path):
 
 def test_beam_search_matches_hf():
     from engine.core.beam_search import BeamSearchParams
+
     llm = make("gemma3", num_blocks=32)
     try:
-        out = llm.beam_search([{"prompt_token_ids": A}], BeamSearchParams(beam_width=2, max_tokens=8,
-                                                                           ignore_eos=True))[0]
+        out = llm.beam_search(
+            [{"prompt_token_ids": A}], BeamSearchParams(beam_width=2, max_tokens=8, ignore_eos=True)
+        )[0]
         with torch.no_grad():
-            r = hf_model("gemma3").generate(torch.tensor([A]), attention_mask=torch.ones(1, len(A), dtype=torch.long),
-                                            max_new_tokens=8, num_beams=2, num_return_sequences=2, do_sample=False,
-                                            eos_token_id=None, pad_token_id=0)
-        assert [list(s.token_ids) for s in out.sequences] == [r[i, len(A):].tolist() for i in range(2)]
+            r = hf_model("gemma3").generate(
+                torch.tensor([A]),
+                attention_mask=torch.ones(1, len(A), dtype=torch.long),
+                max_new_tokens=8,
+                num_beams=2,
+                num_return_sequences=2,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        assert [list(s.token_ids) for s in out.sequences] == [
+            r[i, len(A) :].tolist() for i in range(2)
+        ]
     finally:
         llm.shutdown()
 
@@ -168,8 +212,14 @@ def test_beam_search_matches_hf():
 def _model(family, **kw):
     name, over = FAMILIES[family]
     cfg = dw.load_config(name, {**SHRINK, **over})
-    return cfg, LlamaModel(cfg, dw.random_weights(cfg, seed=0), kw.pop("dtype", torch.float32), "cpu",
-                           max_positions=128, **kw)
+    return cfg, LlamaModel(
+        cfg,
+        dw.random_weights(cfg, seed=0),
+        kw.pop("dtype", torch.float32),
+        "cpu",
+        max_positions=128,
+        **kw,
+    )
 
 
 def _steps(model, ids, chunks, pool):
@@ -180,10 +230,19 @@ def _steps(model, ids, chunks, pool):
     for n in chunks:
         end = start + n
         slots = torch.tensor([int(table[0, p // bs]) * bs + p % bs for p in range(start, end)])
-        meta = AttentionMetadata(slots, table, torch.tensor([end], dtype=torch.int32),
-                                 torch.tensor([0, n], dtype=torch.int32), n, "torch")
-        out.append(model.forward(torch.tensor(ids[start:end]), torch.arange(start, end), pool, meta,
-                                 torch.arange(n)))
+        meta = AttentionMetadata(
+            slots,
+            table,
+            torch.tensor([end], dtype=torch.int32),
+            torch.tensor([0, n], dtype=torch.int32),
+            n,
+            "torch",
+        )
+        out.append(
+            model.forward(
+                torch.tensor(ids[start:end]), torch.arange(start, end), pool, meta, torch.arange(n)
+            )
+        )
         start = end
     return torch.cat(out)
 
@@ -195,7 +254,7 @@ def test_logits_within_1e4_of_hf_and_phi_short_factors(family, n):
     any sequence within the original context), not the long ones the engine tests exercise (there
     every prompt is longer than 32, and HF too switches to the long factors)."""
     _, m = _model(family, rope_context=32 if family == "phi4" else None)
-    ids = A[:n + 3]
+    ids = A[: n + 3]
     pool = torch.full((2, m.num_layers, 6, 16, m.num_kv_heads, m.head_dim), float("nan"))
     ours = _steps(m, ids, [n, 1, 1, 1], pool)
     with torch.no_grad():
@@ -209,13 +268,21 @@ def test_int8_kv_lean_step_reads_and_writes_like_the_loop():
     loop's and pick the same tokens (codes may differ by one step, as for Llama; see
     tests/kernels/test_cpu_lean_step.py)."""
     from kernels import kv_quant
+
     ids = A[:60]
     res = []
     for lean in ("off", "on"):
         _, m = _model("gemma3", lean_step=lean)
         m.kv_rotation = kv_quant.hadamard(m.head_dim)
-        pool = torch.zeros(2, m.num_layers, 6, 16, m.num_kv_heads, kv_quant.row_width(m.head_dim, torch.int8),
-                           dtype=torch.int8)
+        pool = torch.zeros(
+            2,
+            m.num_layers,
+            6,
+            16,
+            m.num_kv_heads,
+            kv_quant.row_width(m.head_dim, torch.int8),
+            dtype=torch.int8,
+        )
         res.append(_steps(m, ids, [40, 8, 1, 1, 1, 9], pool))
     loop, lean = res
     assert (loop - lean).abs().max().item() < 1e-3 * loop.abs().max().item()
@@ -241,7 +308,8 @@ def test_decode_graph_buckets_match_hf():
     the same static buffers: padded rows, fixed-width tables) on Gemma 3's window mix: each layer's
     window is part of the captured forward."""
     from engine.exec.cuda_graphs import DecodeGraphs
-    llm = make("gemma3", num_blocks=128, max_num_seqs=6, max_model_len=160)    # 32 one-table blocks
+
+    llm = make("gemma3", num_blocks=128, max_num_seqs=6, max_model_len=160)  # 32 one-table blocks
     try:
         runner = llm.engine.runner
         graphs = DecodeGraphs(runner.model, runner.kv_pool, 16, 6, 160, runner.backend)
@@ -254,7 +322,7 @@ def test_decode_graph_buckets_match_hf():
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], BURST)
         for p, o in zip(prompts, outs):
             assert_hf_greedy("gemma3", p, o.outputs[0].token_ids)
-        assert 4 in calls                  # 4 rows padded to bucket 4 (... 6)
+        assert 4 in calls  # 4 rows padded to bucket 4 (... 6)
     finally:
         llm.shutdown()
 
@@ -269,7 +337,9 @@ def test_gemma_bf16_norms_round_as_transformers():
     w = dw.random_weights(cfg, seed=0)
     m = LlamaModel(cfg, w, torch.bfloat16, "cpu", max_positions=128)
     assert "Gemma's fp32 norm weights" in m.cpu_path and not m.use_cpu_fused
-    pool = torch.full((2, m.num_layers, 6, 16, m.num_kv_heads, m.head_dim), float("nan"), dtype=torch.bfloat16)
+    pool = torch.full(
+        (2, m.num_layers, 6, 16, m.num_kv_heads, m.head_dim), float("nan"), dtype=torch.bfloat16
+    )
     ours = _steps(m, A[:60], [57, 1, 1, 1], pool)
     x = torch.tensor([A[:60]])
     with torch.no_grad():

@@ -1,4 +1,5 @@
 """Greedy outputs must be token-identical to HF transformers' generate on the same model (fp32, CPU)."""
+
 import pytest
 import torch
 
@@ -6,20 +7,36 @@ from engine import SamplingParams
 
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],
-    [{"role": "system", "content": "You are a pirate. Answer like one."},
-     {"role": "user", "content": "How do computers store memory? Explain paging in a few sentences."}],
+    [
+        {"role": "system", "content": "You are a pirate. Answer like one."},
+        {
+            "role": "user",
+            "content": "How do computers store memory? Explain paging in a few sentences.",
+        },
+    ],
     [{"role": "user", "content": "Écris une phrase sur la mer."}],
     [{"role": "user", "content": "用一句话介绍北京。"}],
-    [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello! How can I help you today?"},
-     {"role": "user", "content": "Give me three tips for writing clean Python code."}],
+    [
+        {"role": "user", "content": "Hi!"},
+        {"role": "assistant", "content": "Hello! How can I help you today?"},
+        {"role": "user", "content": "Give me three tips for writing clean Python code."},
+    ],
 ]
-LONG = [{"role": "user", "content": " ".join(f"Item {i}: the quick brown fox jumps over the lazy dog."
-                                             for i in range(30)) + " Summarize the list."}]
+LONG = [
+    {
+        "role": "user",
+        "content": " ".join(
+            f"Item {i}: the quick brown fox jumps over the lazy dog." for i in range(30)
+        )
+        + " Summarize the list.",
+    }
+]
 GREEDY = SamplingParams(temperature=0, max_tokens=24)
 
 
 def _ids(llm, chat):
     from engine.text.session_prompt import continue_session_prompt
+
     return continue_session_prompt(llm.get_tokenizer(), chat, None)
 
 
@@ -28,15 +45,22 @@ def test_one_forward_logits_match_hf(make_llm, hf_model):
     from engine.config import EngineConfig
     from engine.exec.loader import load_model
     from engine.exec.model_runner import ModelRunner
-    loaded = load_model(None)                   # the model alone, outside any engine
+
+    loaded = load_model(None)  # the model alone, outside any engine
     model = ModelRunner(EngineConfig(num_blocks=64), loaded.config, loaded.weights).model
     ids = _ids(make_llm(num_blocks=8), CHATS[1])
     T, bs = len(ids), 16
     pool = torch.zeros(2, model.num_layers, 64, bs, model.num_kv_heads, model.head_dim)
-    table = torch.randperm(64)[: (T + bs - 1) // bs]          # non-contiguous physical blocks
+    table = torch.randperm(64)[: (T + bs - 1) // bs]  # non-contiguous physical blocks
     slots = torch.tensor([int(table[p // bs]) * bs + p % bs for p in range(T)])
-    meta = AttentionMetadata(slots, table.to(torch.int32)[None], torch.tensor([T], dtype=torch.int32),
-                             torch.tensor([0, T], dtype=torch.int32), T, "torch")
+    meta = AttentionMetadata(
+        slots,
+        table.to(torch.int32)[None],
+        torch.tensor([T], dtype=torch.int32),
+        torch.tensor([0, T], dtype=torch.int32),
+        T,
+        "torch",
+    )
     ours = model.forward(torch.tensor(ids), torch.arange(T), pool, meta, torch.arange(T))
     with torch.no_grad():
         ref = hf_model(torch.tensor([ids])).logits[0]
@@ -47,24 +71,30 @@ def test_greedy_alone_matches_hf(make_llm, hf_greedy):
     llm = make_llm()
     for chat in CHATS[:3]:
         out = llm.chat(chat, GREEDY)[0]
-        assert out.outputs[0].token_ids == hf_greedy(out.prompt_token_ids, 24, draft=out.outputs[0].token_ids)
+        assert out.outputs[0].token_ids == hf_greedy(
+            out.prompt_token_ids, 24, draft=out.outputs[0].token_ids
+        )
 
 
 def test_greedy_batched_with_prefix_hits_matches_hf(make_llm, hf_greedy):
     llm = make_llm()
-    llm.chat(CHATS[1], GREEDY)                     # warms the prefix cache with the system prompt
+    llm.chat(CHATS[1], GREEDY)  # warms the prefix cache with the system prompt
     outs = llm.chat(CHATS + [LONG], GREEDY)
     for out in outs:
-        assert out.outputs[0].token_ids == hf_greedy(out.prompt_token_ids, 24, draft=out.outputs[0].token_ids)
+        assert out.outputs[0].token_ids == hf_greedy(
+            out.prompt_token_ids, 24, draft=out.outputs[0].token_ids
+        )
     assert llm.stats()["prefix_cache_hits"] > 0
 
 
 def test_chunked_prefill_matches_hf(make_llm, hf_greedy):
-    llm = make_llm(max_num_batched_tokens=16)      # every prompt is split into 16-token chunks
+    llm = make_llm(max_num_batched_tokens=16)  # every prompt is split into 16-token chunks
     outs = llm.chat([LONG, CHATS[1], CHATS[4]], GREEDY)
     for out in outs:
         assert len(out.prompt_token_ids) > 16
-        assert out.outputs[0].token_ids == hf_greedy(out.prompt_token_ids, 24, draft=out.outputs[0].token_ids)
+        assert out.outputs[0].token_ids == hf_greedy(
+            out.prompt_token_ids, 24, draft=out.outputs[0].token_ids
+        )
 
 
 @pytest.mark.slow
@@ -79,7 +109,8 @@ def test_preemption_keeps_greedy_output(make_llm, hf_greedy):
     assert {e["request_id"] for e in events} <= {o.request_id for o in outs}
     assert all(e["tokens_lost"] > 0 for e in events)
     for out in outs:
-        assert out.outputs[0].token_ids == hf_greedy(out.prompt_token_ids, 64, stop_at_eos=False,
-                                                                  draft=out.outputs[0].token_ids)
+        assert out.outputs[0].token_ids == hf_greedy(
+            out.prompt_token_ids, 64, stop_at_eos=False, draft=out.outputs[0].token_ids
+        )
     assert stats["used_blocks"] == 0
     assert stats["peak_used_blocks"] <= 20

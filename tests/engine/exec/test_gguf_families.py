@@ -9,6 +9,7 @@ engine/exec/gguf_families.py completes what it leaves out) and compared with HF 
   itself: a wrong mapping changes the logits by far more than 1e-4;
 - damaged files: a sentence, not a numpy traceback.
 """
+
 import os
 
 import pytest
@@ -23,17 +24,35 @@ from tests.engine.gguf_write import write_gguf
 from tests.engine.exec.helpers import FAMILIES, SHRINK, A
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-K_SHAPE = dict(hidden_size=256, intermediate_size=256, head_dim=64)     # Q4_K rows: multiples of 256
-MODELS = {**FAMILIES, "llama3": ("llama-3.2-1b", dict(num_hidden_layers=2, rope_scaling={
-    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 32, "rope_theta": 500000.0}))}
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+K_SHAPE = dict(hidden_size=256, intermediate_size=256, head_dim=64)  # Q4_K rows: multiples of 256
+MODELS = {
+    **FAMILIES,
+    "llama3": (
+        "llama-3.2-1b",
+        dict(
+            num_hidden_layers=2,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+                "rope_theta": 500000.0,
+            },
+        ),
+    ),
+}
 
 
 @pytest.fixture(autouse=True)
 def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PAGED_CHAT_CACHE", str(tmp_path / "cache"))     # dequantized copies: this test's
+    monkeypatch.setenv(
+        "PAGED_CHAT_CACHE", str(tmp_path / "cache")
+    )  # dequantized copies: this test's
 
 
 def _write(tmp_path, family, quant, extra=None):
@@ -41,17 +60,27 @@ def _write(tmp_path, family, quant, extra=None):
     cfg = dw.load_config(name, {**SHRINK, **over, **(extra or {})})
     weights = dw.random_weights(cfg, seed=0)
     path = tmp_path / f"{family}-{quant or 'F32'}.gguf"
-    write_gguf(path, cfg, weights, specials=SPECIALS, template=TEMPLATE, quant=quant, name=f"tiny {family}")
+    write_gguf(
+        path, cfg, weights, specials=SPECIALS, template=TEMPLATE, quant=quant, name=f"tiny {family}"
+    )
     return str(path), cfg, weights
 
 
 def _engine_logits(loaded, ids):
-    m = LlamaModel(loaded.config, loaded.weights, torch.float32, "cpu", max_positions=128, lean_step="off")
+    m = LlamaModel(
+        loaded.config, loaded.weights, torch.float32, "cpu", max_positions=128, lean_step="off"
+    )
     T = len(ids)
     nb = -(-T // 16)
     pool = torch.full((2, m.num_layers, nb, 16, m.num_kv_heads, m.head_dim), float("nan"))
-    meta = AttentionMetadata(torch.arange(T), torch.arange(nb, dtype=torch.int32)[None],
-                             torch.tensor([T], dtype=torch.int32), torch.tensor([0, T], dtype=torch.int32), T, "torch")
+    meta = AttentionMetadata(
+        torch.arange(T),
+        torch.arange(nb, dtype=torch.int32)[None],
+        torch.tensor([T], dtype=torch.int32),
+        torch.tensor([0, T], dtype=torch.int32),
+        T,
+        "torch",
+    )
     return m.forward(torch.tensor(ids), torch.arange(T), pool, meta, torch.arange(T))
 
 
@@ -60,18 +89,34 @@ def _hf_from_gguf(path, folder):
     SmolLM3's registration)."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from engine.exec.gguf_families import reader_knows
+
     with reader_knows("smollm3"):
-        return AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                    config=AutoConfig.from_pretrained(folder), dtype=torch.float32)
+        return AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(path),
+            gguf_file=os.path.basename(path),
+            config=AutoConfig.from_pretrained(folder),
+            dtype=torch.float32,
+        )
 
 
-@pytest.mark.parametrize("family,quant", [("qwen3", "Q8_0"), ("gemma3", "Q8_0"), ("mistral", "Q8_0"),
-                                          ("qwen2-window", "Q8_0"), ("llama-yarn", "Q8_0"), ("gemma3", "Q4_K"),
-                                          ("smollm3", "Q8_0")])
+@pytest.mark.parametrize(
+    "family,quant",
+    [
+        ("qwen3", "Q8_0"),
+        ("gemma3", "Q8_0"),
+        ("mistral", "Q8_0"),
+        ("qwen2-window", "Q8_0"),
+        ("llama-yarn", "Q8_0"),
+        ("gemma3", "Q4_K"),
+        ("smollm3", "Q8_0"),
+    ],
+)
 def test_quantized_gguf_equals_hf_loading_the_same_file(tmp_path, family, quant):
     path, cfg, _ = _write(tmp_path, family, quant, K_SHAPE if quant == "Q4_K" else None)
     loaded = load_model(path)
-    assert loaded.config.model_type == cfg.model_type or family == "mistral"   # llama.cpp files Mistral as llama
+    assert (
+        loaded.config.model_type == cfg.model_type or family == "mistral"
+    )  # llama.cpp files Mistral as llama
     assert loaded.tokenizer.chat_template == TEMPLATE
     ours = _engine_logits(loaded, A)
     with torch.no_grad():
@@ -94,10 +139,16 @@ def test_f32_gguf_is_the_original_model(tmp_path, family):
     assert (ours - ref).abs().max().item() < 1e-4
     llm = LLM(model=path, num_blocks=16, device="cpu")
     try:
-        out = llm.generate([{"prompt_token_ids": A}], SamplingParams(temperature=0, max_tokens=8,
-                                                                     ignore_eos=True))[0].outputs[0].token_ids
+        out = (
+            llm.generate(
+                [{"prompt_token_ids": A}],
+                SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+            )[0]
+            .outputs[0]
+            .token_ids
+        )
         with torch.no_grad():
-            want = hf(torch.tensor([A + out[:-1]])).logits[0, len(A) - 1:].argmax(-1).tolist()
+            want = hf(torch.tensor([A + out[:-1]])).logits[0, len(A) - 1 :].argmax(-1).tolist()
         assert out == want
         info = llm.model_info()
         assert info.architecture == cfg.architectures[0], info.architecture
@@ -128,6 +179,7 @@ def test_models_that_cannot_be_served_get_a_sentence(tmp_path, monkeypatch):
     drops the message: ModelLoadError in plain words, before any weight is read."""
     from engine.exec import load_checks
     from tests.engine.family_chat import family_tokenizer
+
     name, over = FAMILIES["qwen3"]
     cfg = dw.load_config(name, {**SHRINK, **over})
     folder = tmp_path / "m"
@@ -139,13 +191,18 @@ def test_models_that_cannot_be_served_get_a_sentence(tmp_path, monkeypatch):
     with pytest.raises(ModelLoadError, match="too large for this machine.*GiB is available"):
         load_model(str(folder))
     monkeypatch.undo()
-    for template, words in (("{{ raise_exception('no system role') }}", "cannot be rendered"),
-                            ("{% for m in messages %}{{ m['role'] }}{% endfor %}", "leaves the user's message out")):
+    for template, words in (
+        ("{{ raise_exception('no system role') }}", "cannot be rendered"),
+        ("{% for m in messages %}{{ m['role'] }}{% endfor %}", "leaves the user's message out"),
+    ):
         tok.chat_template = template
         tok.save_pretrained(folder)
         with pytest.raises(ModelLoadError, match=words):
             load_model(str(folder))
     import json
-    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+
+    (folder / "config.json").write_text(
+        json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})
+    )
     with pytest.raises(ModelLoadError, match="unsupported architecture GPT2LMHeadModel"):
         load_model(str(folder))

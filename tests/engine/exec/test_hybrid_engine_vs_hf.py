@@ -176,8 +176,13 @@ def test_states_in_the_kv_tier_serve_evicted_prompts_and_restarts(tmp_path):
 
     def owned(llm):  # the chat's state entries in the tier
         entries = llm.engine.tier_link.tier.entries()
-        return [i for i, _, o in entries if o == owner_tag("chat") and i.parent_hash is not None
-                and i.block_hash == state_key(i.parent_hash)]
+        return [
+            i
+            for i, _, o in entries
+            if o == owner_tag("chat")
+            and i.parent_hash is not None
+            and i.block_hash == state_key(i.parent_hash)
+        ]
 
     kw = dict(num_blocks=12, kv_offload_gib=0.01, kv_offload_dir=str(tmp_path))
     key = list(walk_blocks(prompt, None, 16))[3].hash  # the state after 64 tokens

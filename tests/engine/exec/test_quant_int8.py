@@ -11,6 +11,7 @@ too, so the error is a small multiple of bf16's (measured here: KL 4.3x, logprob
 95% vs 99%). A scale on the wrong axis, a missing scale or a dropped bias gives errors orders of
 magnitude larger (the broken-scale check below shows the rule catches one).
 """
+
 import copy
 
 import pytest
@@ -19,12 +20,24 @@ import torch.nn.functional as F
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
-from engine.exec.cpu_linear import (INT8_KERNEL_MAX_ROWS, DenseLinear, Int8Linear, PackedLinear, make_linear,
-                               mkldnn_bf16_available, quantize_int8)
+from engine.exec.cpu_linear import (
+    INT8_KERNEL_MAX_ROWS,
+    DenseLinear,
+    Int8Linear,
+    PackedLinear,
+    make_linear,
+    mkldnn_bf16_available,
+    quantize_int8,
+)
 from engine.exec.models.llama import AttentionMetadata
 
-CHAT = [{"role": "system", "content": "You are a helpful assistant."},
-        {"role": "user", "content": "Explain in a few sentences why the sky is blue, and what makes sunsets red."}]
+CHAT = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {
+        "role": "user",
+        "content": "Explain in a few sentences why the sky is blue, and what makes sunsets red.",
+    },
+]
 
 
 @pytest.mark.parametrize("rows", [1, 3, 16, 37])
@@ -62,7 +75,7 @@ def test_quantize_int8_round_trip_error_is_half_a_step():
     assert q.dtype == torch.int8 and q.abs().max() <= 127 and scale.shape == (300,)
     err = (q.float() * scale[:, None] - w).abs()
     assert (err <= scale[:, None] / 2 + 1e-6).all()
-    assert (q.abs().amax(1) == 127).all()                 # each row uses the full range
+    assert (q.abs().amax(1) == 127).all()  # each row uses the full range
 
 
 @pytest.mark.parametrize("rows", [1, INT8_KERNEL_MAX_ROWS, INT8_KERNEL_MAX_ROWS + 1, 40])
@@ -78,10 +91,10 @@ def test_int8_linear_matches_fp64_on_its_dequantized_weight(rows):
     ref = x.double() @ wd.T + b.double()
     out = lin(x).double()
     assert out.shape == (rows, 96)
-    bound = 2 ** -7 * (x.double().abs() @ wd.abs().T + b.double().abs())
+    bound = 2**-7 * (x.double().abs() @ wd.abs().T + b.double().abs())
     assert ((out - ref).abs() <= bound).all()
     wrong = x.double() @ (lin.q.double() * lin.scale.double().flip(0)[:, None]).T + b.double()
-    assert not ((out - wrong).abs() <= bound).all()          # the bound can tell a wrong scale
+    assert not ((out - wrong).abs() <= bound).all()  # the bound can tell a wrong scale
 
 
 def test_bad_quantization_is_a_clear_error():
@@ -94,11 +107,19 @@ def test_bad_quantization_is_a_clear_error():
 
 def _teacher_forced(model, ids):
     T, bs, nb = len(ids), 16, 64
-    pool = torch.zeros(2, model.num_layers, nb, bs, model.num_kv_heads, model.head_dim, dtype=model.dtype)
+    pool = torch.zeros(
+        2, model.num_layers, nb, bs, model.num_kv_heads, model.head_dim, dtype=model.dtype
+    )
     table = torch.randperm(nb)[: (T + bs - 1) // bs]
     slots = torch.tensor([int(table[p // bs]) * bs + p % bs for p in range(T)])
-    meta = AttentionMetadata(slots, table.to(torch.int32)[None], torch.tensor([T], dtype=torch.int32),
-                             torch.tensor([0, T], dtype=torch.int32), T, "torch")
+    meta = AttentionMetadata(
+        slots,
+        table.to(torch.int32)[None],
+        torch.tensor([T], dtype=torch.int32),
+        torch.tensor([0, T], dtype=torch.int32),
+        T,
+        "torch",
+    )
     return model.forward(torch.tensor(ids), torch.arange(T), pool, meta, torch.arange(T)).double()
 
 
@@ -113,11 +134,13 @@ def _errors(logits, ref, ids):
 
 def test_int8_engine_within_tolerance_of_hf(model_folder, hf_model, monkeypatch):
     from engine.exec.model_runner import ModelRunner
+
     runners, real_init = [], ModelRunner.__init__
 
     def init(self, *a, **kw):
         real_init(self, *a, **kw)
         runners.append(self)
+
     monkeypatch.setattr(ModelRunner, "__init__", init)
     llm = LLM(model=model_folder, quantization="int8", num_blocks=64)
     try:
@@ -128,7 +151,12 @@ def test_int8_engine_within_tolerance_of_hf(model_folder, hf_model, monkeypatch)
         assert runners[-1].kv_pool.dtype == torch.bfloat16
         ids = out.prompt_token_ids
         with torch.no_grad():
-            ids = ids + hf_model.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False)[0, len(ids):].tolist()
+            ids = (
+                ids
+                + hf_model.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False)[
+                    0, len(ids) :
+                ].tolist()
+            )
         ours = _teacher_forced(model, ids)
         # negative control: the same model with one layer's down-projection scales on the wrong rows
         down = model.layers[3]["down"]
@@ -148,4 +176,8 @@ def test_int8_engine_within_tolerance_of_hf(model_folder, hf_model, monkeypatch)
     assert kl <= min(8 * h_kl, 0.02), (kl, h_kl)
     assert dlp <= 4 * h_dlp, (dlp, h_dlp)
     b_top1, b_kl, b_dlp = _errors(broken, ref, ids)
-    assert not (b_top1 >= 0.9 and b_kl <= min(8 * h_kl, 0.02) and b_dlp <= 4 * h_dlp), (b_top1, b_kl, b_dlp)
+    assert not (b_top1 >= 0.9 and b_kl <= min(8 * h_kl, 0.02) and b_dlp <= 4 * h_dlp), (
+        b_top1,
+        b_kl,
+        b_dlp,
+    )

@@ -1,4 +1,5 @@
 """The engine with attention_backend="triton" (interpreted on CPU) gives the torch backend's tokens."""
+
 import os
 
 import pytest

@@ -5,6 +5,7 @@ snapshots, tenants). Each is a page a reader can hold in mind: at most 25 public
 own. An engine option is declared once, as an EngineConfig field: `LLM(field=...)` takes it and
 app.py's command-line flags are made from the fields, so adding one touches engine/config.py only
 (plus the docs)."""
+
 import argparse
 import dataclasses
 
@@ -36,13 +37,27 @@ def test_every_engine_option_is_a_flag_of_the_app_and_round_trips():
     assert len(flagged) >= 25
     missing = [f.name for f in flagged if not hasattr(args, f.name)]
     assert not missing, f"EngineConfig fields without an app flag: {missing}"
-    cfg = from_args(app.parse_args(["--num-blocks", "64", "--max-num-seqs", "3", "--tenant-weight", "a=2",
-                                    "--no-enable-prefix-caching", "--speculative", "off",
-                                    "--state-slots", "9"]))   # beside --num-blocks (issue 51)
+    cfg = from_args(
+        app.parse_args(
+            [
+                "--num-blocks",
+                "64",
+                "--max-num-seqs",
+                "3",
+                "--tenant-weight",
+                "a=2",
+                "--no-enable-prefix-caching",
+                "--speculative",
+                "off",
+                "--state-slots",
+                "9",
+            ]
+        )
+    )  # beside --num-blocks (issue 51)
     assert (cfg.num_blocks, cfg.max_num_seqs, cfg.tenant_weights) == (64, 3, {"a": 2.0})
     assert cfg.state_slots == 9
     assert cfg.enable_prefix_caching is False and cfg.speculative is None
-    assert cfg.kv_offload_gib == "auto"         # the app's default differs from the library's (off)
+    assert cfg.kv_offload_gib == "auto"  # the app's default differs from the library's (off)
     assert EngineConfig().kv_offload_gib is None
 
 
@@ -63,6 +78,7 @@ def test_a_new_field_becomes_a_flag_without_touching_the_app(monkeypatch):
 
 def test_bad_flag_values_name_the_flag():
     import pytest
+
     with pytest.raises(ValueError, match="--kv-offload-gib"):
         from_args(app.parse_args(["--kv-offload-gib", "-1"]))
     with pytest.raises(ValueError, match="--tenant-weight"):

@@ -1,5 +1,6 @@
 """Switching the served model at run time (engine/front/model_host.py; issue 45 item 5): two tiny
 random-weight checkpoints of different shapes, the real engine on each, HF as the reference."""
+
 import os
 
 import pytest
@@ -35,21 +36,29 @@ def test_switch_serves_the_new_model_and_keeps_serving_after_a_refused_one(two_m
         for proto in (ChatEngine, PinsPrompts, ServesCompletions, SwitchesModels):
             assert isinstance(host, proto)
         prompt = list(range(3, 30))
-        assert host.generate({"prompt_token_ids": prompt}, GREEDY)[0].outputs[0].token_ids == hf_greedy(hf_a, prompt)
+        assert host.generate({"prompt_token_ids": prompt}, GREEDY)[0].outputs[
+            0
+        ].token_ids == hf_greedy(hf_a, prompt)
         per_token_a = host.stats()["kv_bytes_per_token"]
-        stream = host.submit({"prompt_token_ids": prompt},      # in flight on alpha when we switch
-                             SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+        stream = host.submit(
+            {"prompt_token_ids": prompt},  # in flight on alpha when we switch
+            SamplingParams(temperature=0, max_tokens=200, ignore_eos=True),
+        )
         line = host.switch_model("beta")
         assert host.current_model() == "beta" and line.startswith("now serving beta")
         assert "64 blocks" in line and len(seen) == 1
         last = list(stream)[-1]
-        assert last.finished                                      # closed, not left hanging
-        assert host.stats()["kv_bytes_per_token"] == 2 * per_token_a   # 4 KV heads instead of 2
-        assert host.generate({"prompt_token_ids": prompt}, GREEDY)[0].outputs[0].token_ids == hf_greedy(hf_b, prompt)
+        assert last.finished  # closed, not left hanging
+        assert host.stats()["kv_bytes_per_token"] == 2 * per_token_a  # 4 KV heads instead of 2
+        assert host.generate({"prompt_token_ids": prompt}, GREEDY)[0].outputs[
+            0
+        ].token_ids == hf_greedy(hf_b, prompt)
         with pytest.raises(ModelLoadError, match="cannot read config"):
             host.switch_model("broken")
-        assert host.current_model() == "beta" and len(seen) == 1     # still serving, nothing fired
-        assert host.generate({"prompt_token_ids": prompt}, GREEDY)[0].outputs[0].token_ids == hf_greedy(hf_b, prompt)
+        assert host.current_model() == "beta" and len(seen) == 1  # still serving, nothing fired
+        assert host.generate({"prompt_token_ids": prompt}, GREEDY)[0].outputs[
+            0
+        ].token_ids == hf_greedy(hf_b, prompt)
         with pytest.raises(ValueError, match="not one of this app's models"):
             host.switch_model("gamma")
     finally:
@@ -67,7 +76,9 @@ def test_catalog_of_a_folder_of_ggufs_and_of_nothing(tmp_path):
     other.mkdir()
     (other / "a.gguf").write_bytes(b"GGUF")
     names = [c.name for c in model_catalog([str(d), str(other)])]
-    assert len(set(names)) == 3 and os.path.join(str(other), "a.gguf") in names   # same name: the path
+    assert (
+        len(set(names)) == 3 and os.path.join(str(other), "a.gguf") in names
+    )  # same name: the path
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError, match="no config.json"):
         model_catalog([str(tmp_path / "empty")])

@@ -2,6 +2,7 @@
 the invariants checked after every step (tests/engine/kv/test_kv_cache_properties.py runs it; the
 tier, groups, state-pool and fast-snapshot machines extend it), and the tier machine. Here so that
 no test module imports another."""
+
 import os
 import random
 import shutil
@@ -26,7 +27,7 @@ settings.register_profile("kv-dev", max_examples=30, stateful_step_count=50, dea
 BS = 8
 MAX_LEN = 96
 SESSIONS = ["s0", "s1", "s2"]
-BASES = [[(i * 7 + k) % 3 for i in range(48)] for k in range(3)]    # shared prompt stems
+BASES = [[(i * 7 + k) % 3 for i in range(48)] for k in range(3)]  # shared prompt stems
 small_tokens = st.lists(st.integers(0, 3), max_size=12)
 
 
@@ -34,18 +35,23 @@ class KVMachine(RuleBasedStateMachine):
     @initialize(num_blocks=st.integers(16, 48))
     def setup(self, num_blocks):
         self.m = KVCacheManager(num_blocks, BS, max_model_len=MAX_LEN)
-        self.kv = [None] * (num_blocks * BS)        # simulated pool: token id stored per slot
-        self.running: dict[int, list[int]] = {}     # seq id -> the engine's token list
-        self.idle: dict[str, list[int]] = {}        # session -> tokens it pinned
+        self.kv = [None] * (num_blocks * BS)  # simulated pool: token id stored per slot
+        self.running: dict[int, list[int]] = {}  # seq id -> the engine's token list
+        self.idle: dict[str, list[int]] = {}  # session -> tokens it pinned
         self.next_id = 0
 
     # ---- helpers -------------------------------------------------------------------------
     def fingerprint(self):
         m = self.m
-        return ([b.ref_count for b in m.pool.blocks], [b.block_id for b in m.pool.iter_free()],
-                {h: b.block_id for h, b in m.pool.cached.items()}, m.parked.owners(),
-                {s: (m.block_table(s), m.num_computed(s)) for s in m._seqs},
-                list(m._pending), {k: v for k, v in kv_stats(m).to_json().items()})
+        return (
+            [b.ref_count for b in m.pool.blocks],
+            [b.block_id for b in m.pool.iter_free()],
+            {h: b.block_id for h, b in m.pool.cached.items()},
+            m.parked.owners(),
+            {s: (m.block_table(s), m.num_computed(s)) for s in m._seqs},
+            list(m._pending),
+            {k: v for k, v in kv_stats(m).to_json().items()},
+        )
 
     def write(self, seq_id, start, end):
         """The runner's part: CoW copies first, then this step's new KV."""
@@ -53,12 +59,14 @@ class KVMachine(RuleBasedStateMachine):
         if copies:
             event("copy-on-write")
         for src, dst in copies:
-            self.kv[dst * BS:(dst + 1) * BS] = self.kv[src * BS:(src + 1) * BS]
+            self.kv[dst * BS : (dst + 1) * BS] = self.kv[src * BS : (src + 1) * BS]
         self.store(seq_id, start, self.running[seq_id][start:end])
 
     def store(self, seq_id, start, tokens):
         """The forward's KV store: `tokens` at positions start, start + 1, ..."""
-        for pos, slot in zip(range(start, start + len(tokens)), self.m.slots_for(seq_id, start, start + len(tokens))):
+        for pos, slot in zip(
+            range(start, start + len(tokens)), self.m.slots_for(seq_id, start, start + len(tokens))
+        ):
             self.kv[slot] = tokens[pos - start]
 
     def sync_sessions(self):
@@ -90,8 +98,11 @@ class KVMachine(RuleBasedStateMachine):
         if min(len(tokens), expect + num_new) > MAX_LEN:
             return
         self.running[sid] = tokens
-        ok, cached = self.try_op(lambda: self.m.add_sequence(
-            sid, tokens, num_new_tokens=num_new, cache_salt=salt, session_id=session))
+        ok, cached = self.try_op(
+            lambda: self.m.add_sequence(
+                sid, tokens, num_new_tokens=num_new, cache_salt=salt, session_id=session
+            )
+        )
         if not ok:
             del self.running[sid]
             return
@@ -101,9 +112,14 @@ class KVMachine(RuleBasedStateMachine):
         self.sync_sessions()
         self.write(sid, cached, self.m.num_computed(sid))
 
-    @rule(base=st.sampled_from(range(len(BASES))), cut=st.integers(0, 48), tail=small_tokens,
-          num_new=st.integers(1, 100), salt=st.sampled_from([None, None, "x"]),
-          session=st.sampled_from([None, *SESSIONS]))
+    @rule(
+        base=st.sampled_from(range(len(BASES))),
+        cut=st.integers(0, 48),
+        tail=small_tokens,
+        num_new=st.integers(1, 100),
+        salt=st.sampled_from([None, None, "x"]),
+        session=st.sampled_from([None, *SESSIONS]),
+    )
     def add(self, base, cut, tail, num_new, salt, session):
         self._add(BASES[base][:cut] + tail or [0], num_new, session, salt)
 
@@ -112,7 +128,7 @@ class KVMachine(RuleBasedStateMachine):
     def add_next_turn(self, data, tail, keep, num_new):
         session = data.draw(st.sampled_from(sorted(self.idle)))
         prev = self.idle[session]
-        self._add(prev[:max(1, len(prev) - keep)] + tail, num_new, session, None)
+        self._add(prev[: max(1, len(prev) - keep)] + tail, num_new, session, None)
 
     @precondition(lambda self: self.running)
     @rule(data=st.data(), extra=small_tokens, chunk=st.integers(1, 40))
@@ -136,7 +152,11 @@ class KVMachine(RuleBasedStateMachine):
             self.write(sid, nc, nc + n)
 
     @precondition(lambda self: self.running)
-    @rule(data=st.data(), draft=st.lists(st.integers(0, 3), min_size=1, max_size=12), bonus=st.integers(0, 3))
+    @rule(
+        data=st.data(),
+        draft=st.lists(st.integers(0, 3), min_size=1, max_size=12),
+        bonus=st.integers(0, 3),
+    )
     def speculate(self, data, draft, bonus):
         """A speculative step (engine/core/speculation.py): slots for the last token and k drafts,
         all "written", then a random number accepted and the rest rolled back. The drafts never
@@ -148,7 +168,7 @@ class KVMachine(RuleBasedStateMachine):
         sid = data.draw(st.sampled_from(ready))
         toks = self.running[sid]
         nc, k = self.m.num_computed(sid), len(draft)
-        u = len(toks) - nc                  # real tokens scored before the draft
+        u = len(toks) - nc  # real tokens scored before the draft
         if nc + u + k > MAX_LEN:
             return
         ok, _ = self.try_op(lambda: self.m.allocate_slots(sid, u + k))
@@ -157,14 +177,14 @@ class KVMachine(RuleBasedStateMachine):
         self.sync_sessions()
         copies = self.m.take_pending_copies()
         for src, dst in copies:
-            self.kv[dst * BS:(dst + 1) * BS] = self.kv[src * BS:(src + 1) * BS]
+            self.kv[dst * BS : (dst + 1) * BS] = self.kv[src * BS : (src + 1) * BS]
         self.store(sid, nc, toks[nc:] + draft)
         a = data.draw(st.integers(0, k))
         event(f"speculative: {'all' if a == k else 'some' if a else 'none'} accepted")
         assert self.m.rollback(sid, nc + u + a) == k - a
         toks.extend(draft[:a] + [bonus])
         assert self.m.num_computed(sid) == len(toks) - 1
-        for bad in (nc, len(toks) + 1):     # into hashed blocks / past what was computed: refused
+        for bad in (nc, len(toks) + 1):  # into hashed blocks / past what was computed: refused
             if bad < len(self.m._seqs[sid].hashes) * BS or bad > self.m.num_computed(sid):
                 before = self.fingerprint()
                 try:
@@ -226,7 +246,7 @@ class KVMachine(RuleBasedStateMachine):
         assert pool.num_free + m.num_used_blocks == pool.num_blocks
         for h, b in pool.cached.items():
             assert b.block_hash == h and hash_block_tokens(b.parent_hash, b.token_ids, b.salt) == h
-            assert self.kv[b.block_id * BS:(b.block_id + 1) * BS] == list(b.token_ids)
+            assert self.kv[b.block_id * BS : (b.block_id + 1) * BS] == list(b.token_ids)
         st_ = kv_stats(m).to_json()
         assert st_["cached_blocks"] == sum(1 for b in free if b.block_hash is not None)
         assert st_["shared_blocks"] == sum(1 for n in holders if n >= 2)
@@ -240,16 +260,20 @@ class KVMachine(RuleBasedStateMachine):
         for sid, toks in self.running.items():
             nc = m.num_computed(sid)
             assert len(m.block_table(sid)) == -(-nc // BS)
-            if nc:          # the last block's fill is what was computed (a rollback resets it)
+            if nc:  # the last block's fill is what was computed (a rollback resets it)
                 assert m.pool.blocks[m.block_table(sid)[-1]].filled == nc - (-(-nc // BS) - 1) * BS
             assert [self.kv[s] for s in m.slots_for(sid, 0, nc)] == toks[:nc]
         assert m.parked.owners() == list(self.idle)
         for sess in m.parked:
             s = sess.session_id
-            slots = [b.block_id * BS + p % BS for p, b in
-                     ((p, sess.tables[0][p // BS]) for p in range(len(sess.tokens)))]
+            slots = [
+                b.block_id * BS + p % BS
+                for p, b in ((p, sess.tables[0][p // BS]) for p in range(len(sess.tokens)))
+            ]
             assert [self.kv[x] for x in slots] == sess.tokens == self.idle[s]
-            assert len(sess.hashes) == len(sess.tokens) // BS, "a parked full block is not in the prefix cache"
+            assert len(sess.hashes) == len(sess.tokens) // BS, (
+                "a parked full block is not in the prefix cache"
+            )
 
     def teardown(self):
         if not hasattr(self, "m"):
@@ -272,14 +296,17 @@ class _IO:
         self.mc = machine
 
     def read(self, bid):
-        return array("q", [-1 if t is None else t for t in self.mc.kv[bid * BS:(bid + 1) * BS]]).tobytes()
+        return array(
+            "q", [-1 if t is None else t for t in self.mc.kv[bid * BS : (bid + 1) * BS]]
+        ).tobytes()
 
     def write(self, bid, data):
-        self.mc.kv[bid * BS:(bid + 1) * BS] = array("q", data).tolist()
+        self.mc.kv[bid * BS : (bid + 1) * BS] = array("q", data).tolist()
 
 
 class _MeasuredStore(FileStore):
     """The real FileStore; the folder's largest size right after a write is kept."""
+
     peak = 0
 
     def write(self, name, payload):
@@ -292,7 +319,7 @@ class TierMachine(KVMachine):
     @initialize(num_blocks=st.integers(12, 32), cap_blocks=st.integers(4, 40))
     def setup(self, num_blocks, cap_blocks):
         self.folder = tempfile.mkdtemp(prefix="kvtier-prop-")
-        self.cap = cap_blocks * (BS * 8 + 300)     # a file: ~64 B of KV + its header
+        self.cap = cap_blocks * (BS * 8 + 300)  # a file: ~64 B of KV + its header
         self.num_blocks = num_blocks
         self._new_manager()
         self.running, self.idle, self.next_id = {}, {}, 0
@@ -331,21 +358,32 @@ class TierMachine(KVMachine):
         self.m.forget_owner(session)
         self.idle.pop(session, None)
         from engine.kv.tier.store import owner_tag
+
         assert all(o != owner_tag(session) for _, _, o in self.tier.entries())
-        assert all(b.owner != owner_tag(session) or b.ref_count for b in self.m.pool.cached.values())
+        assert all(
+            b.owner != owner_tag(session) or b.ref_count for b in self.m.pool.cached.values()
+        )
 
     @invariant()
     def tier_is_consistent(self):
         t = self.tier
         st_ = t.stats()
-        for name, n in (("tier load", st_.loads_blocks), ("tier write-back", st_.writebacks_blocks),
-                        ("tier swap-out", st_.swapouts_blocks), ("tier LRU eviction", st_.evicted_blocks),
-                        ("tier delete", st_.deleted_blocks)):
+        for name, n in (
+            ("tier load", st_.loads_blocks),
+            ("tier write-back", st_.writebacks_blocks),
+            ("tier swap-out", st_.swapouts_blocks),
+            ("tier LRU eviction", st_.evicted_blocks),
+            ("tier delete", st_.deleted_blocks),
+        ):
             if n:
                 event(name)
         entries = t.entries()
-        assert FileStore(self.folder).names_on_disk() == {f"{i.block_hash:016x}" for i, _, _ in entries}
-        on_disk = sum(os.path.getsize(os.path.join(self.folder, f)) for f in os.listdir(self.folder))
+        assert FileStore(self.folder).names_on_disk() == {
+            f"{i.block_hash:016x}" for i, _, _ in entries
+        }
+        on_disk = sum(
+            os.path.getsize(os.path.join(self.folder, f)) for f in os.listdir(self.folder)
+        )
         assert t.bytes == on_disk <= self.cap and t.store.peak <= self.cap
         for ident, n, _ in entries:
             assert n == BS * 8

@@ -1,4 +1,5 @@
 """BlockPool: the free list, reference counts and lazy eviction, tested on real objects."""
+
 import pytest
 
 from engine.kv.block_pool import BlockPool
@@ -36,7 +37,7 @@ def test_hashed_blocks_go_to_tail_hashless_to_head():
     a, b, c = pool.get_new_blocks(3)
     pool.register(a, 11, (1,), None, None)
     pool.register(b, 12, (2,), 11, None)
-    pool.free_blocks([c, b, a])     # tail first, as the manager does
+    pool.free_blocks([c, b, a])  # tail first, as the manager does
     # c holds nothing reusable -> evicted first; then never-used 3..5; then b before a.
     assert free_ids(pool) == [2, 3, 4, 5, 1, 0]
     assert pool.num_cached_free == 2
@@ -49,11 +50,11 @@ def test_touch_removes_from_middle_in_o1():
     for i, b in enumerate(blocks):
         pool.register(b, 100 + i, (i,), None, None)
     pool.free_blocks(blocks)
-    pool.touch([blocks[2]])           # revive a block from the middle
+    pool.touch([blocks[2]])  # revive a block from the middle
     assert free_ids(pool) == [0, 1, 3, 4]
     assert blocks[2].ref_count == 1 and blocks[2].prev is None and blocks[2].next is None
     assert pool.num_cached_free == 4 and pool.num_free == 4
-    pool.touch([blocks[0], blocks[4]])    # head and tail ends
+    pool.touch([blocks[0], blocks[4]])  # head and tail ends
     assert free_ids(pool) == [1, 3]
 
 
@@ -63,7 +64,7 @@ def test_reused_block_loses_hash():
     pool.register(a, 7, (1, 2), None, None)
     pool.free_blocks([a])
     assert pool.cached == {7: a} and pool.num_cached_free == 1
-    pool.free_blocks([b])              # hashless -> head, evicted before a
+    pool.free_blocks([b])  # hashless -> head, evicted before a
     assert [x.block_id for x in pool.get_new_blocks(1)] == [b.block_id]
     assert pool.cached == {7: a}
     (again,) = pool.get_new_blocks(1)
@@ -104,7 +105,7 @@ def test_used_tokens_accounting():
     pool.register(a, 1, tuple(range(8)), None, None)
     pool.free_blocks([b, a])
     assert pool.num_used_tokens == 0 and b.filled == 0 and a.filled == 8
-    pool.touch([a])                    # a revived cached block brings its 8 tokens back
+    pool.touch([a])  # a revived cached block brings its 8 tokens back
     assert pool.num_used_tokens == 8
 
 
@@ -119,8 +120,10 @@ def test_gpu_sized_pool_builds_only_the_blocks_it_hands_out():
     got = pool.get_new_blocks(3)
     assert [b.block_id for b in got] == [0, 1, 2] and built_ids(pool) == [0, 1, 2]
     state, refs, filled = pool.block_arrays()
-    assert len(state) == 350_000 and state[:4] == ["used"] * 3 + ["free"] and refs[:4] == [1, 1, 1, 0]
-    assert built_ids(pool) == [0, 1, 2]          # a snapshot does not build the rest
+    assert (
+        len(state) == 350_000 and state[:4] == ["used"] * 3 + ["free"] and refs[:4] == [1, 1, 1, 0]
+    )
+    assert built_ids(pool) == [0, 1, 2]  # a snapshot does not build the rest
 
 
 def test_fresh_range_keeps_exact_eviction_order():
@@ -133,7 +136,13 @@ def test_fresh_range_keeps_exact_eviction_order():
     assert free_ids(pool) == [0, 3, 4, 5, 6, 7, 1]
     assert [x.block_id for x in pool.get_new_blocks(2)] == [0, 3]
     assert free_ids(pool) == [4, 5, 6, 7, 1]
-    assert pool.blocks[6].ref_count == 0 and free_ids(pool) == [4, 5, 6, 7, 1]   # looking builds, no move
+    assert pool.blocks[6].ref_count == 0 and free_ids(pool) == [
+        4,
+        5,
+        6,
+        7,
+        1,
+    ]  # looking builds, no move
     assert [x.block_id for x in pool.get_new_blocks(4)] == [4, 5, 6, 7]
     assert free_ids(pool) == [1] and pool.num_cached_free == 1
     assert pool.get_new_blocks(1)[0] is b and b.block_hash is None and pool.cached == {}

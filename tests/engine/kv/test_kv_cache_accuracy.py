@@ -14,19 +14,21 @@ Hadamard-rotated per head (kernels/kv_quant.py); "int8/none" is int8 without the
 (--kv-cache-rotation none). The default was chosen on other chats (bench/heldout_chats.py, which
 no test reads).
 """
+
 import pytest
 
 from bench import kv_accuracy as acc
 from kernels import kv_quant
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]   # each pass ~1 min quiet, ~10 at load 15
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # each pass ~1 min quiet, ~10 at load 15
 
-Q8_0 = "llama.cpp-q8_0"       # bench/kv_accuracy.fake_quant's name for llama.cpp's q8_0 cache (+ its q8_0 query)
+Q8_0 = "llama.cpp-q8_0"  # bench/kv_accuracy.fake_quant's name for llama.cpp's q8_0 cache (+ its q8_0 query)
 
 
 @pytest.fixture(scope="module")
 def loaded(model_folder):
     from engine.exec.loader import load_model
+
     return load_model(model_folder)
 
 
@@ -52,14 +54,17 @@ def measured(loaded, chats):
         if (weights, kv, n) not in compared:
             full = cache.get((weights, kv, len(seqs)))
             if full is None and (weights, kv, n) not in cache:
-                cache[weights, kv, n] = acc.engine_logits(acc.build_runner(loaded, kv, dtype=weights), seqs[:n])
+                cache[weights, kv, n] = acc.engine_logits(
+                    acc.build_runner(loaded, kv, dtype=weights), seqs[:n]
+                )
             got = full[:n] if full is not None else cache[weights, kv, n]
             compared[weights, kv, n] = acc.compare(kv, ref[:n], got)
         return compared[weights, kv, n]
+
     return get
 
 
-FEW = 2     # chats (~600 positions) for the checks that do not need the rule's 2,000 positions
+FEW = 2  # chats (~600 positions) for the checks that do not need the rule's 2,000 positions
 
 
 @pytest.fixture(scope="module")
@@ -80,12 +85,12 @@ def test_float32_kv_is_exact(measured):
     assert a.mean_kl < 1e-8 and a.top1 == 1.0
 
 
-WEIGHTS = "float32"      # so the KV cache is the only thing that differs from HF fp32
+WEIGHTS = "float32"  # so the KV cache is the only thing that differs from HF fp32
 # What int8 KV measured here (bench/kv_accuracy.py, docs/BENCHMARKS.md): with the rotation (the
 # default) mean KL 2.71e-4, top-1 98.94%; without it 1.29e-3, 97.74%. Regression guards with margin:
 # a wrong scale, a wrong row, a lost token or an unrotated store is far outside.
-GUARD_KL, GUARD_TOP1 = 6e-4, 0.98                    # int8 (rotated)
-GUARD_KL_NO_ROT, GUARD_TOP1_NO_ROT = 2.5e-3, 0.97    # int8/none
+GUARD_KL, GUARD_TOP1 = 6e-4, 0.98  # int8 (rotated)
+GUARD_KL_NO_ROT, GUARD_TOP1_NO_ROT = 2.5e-3, 0.97  # int8/none
 
 
 def guard_holds(a: acc.Accuracy) -> bool:
@@ -103,7 +108,7 @@ def test_int8_kv_without_rotation_guard_and_the_rotation_pays(measured):
     plain, rotated = measured(WEIGHTS, "int8/none", FEW), measured(WEIGHTS, "int8", FEW)
     print("\n" + plain.row())
     assert plain.mean_kl <= GUARD_KL_NO_ROT and plain.top1 >= GUARD_TOP1_NO_ROT, plain
-    assert rotated.mean_kl * 3 < plain.mean_kl, (rotated, plain)     # measured 4.8x
+    assert rotated.mean_kl * 3 < plain.mean_kl, (rotated, plain)  # measured 4.8x
 
 
 def test_int8_kv_rule_against_llama_cpp_q8_0(measured, q8_0):
@@ -121,20 +126,31 @@ def test_wrong_scales_break_the_guard_and_the_rule(measured, loaded, chats, q8_0
         rows = real(x, dtype)
         kv_quant.split(rows)[1].mul_(2)
         return rows
-    right = measured(WEIGHTS, "int8", FEW)       # measured before the patch
+
+    right = measured(WEIGHTS, "int8", FEW)  # measured before the patch
     monkeypatch.setattr(kv_quant, "quantize_rows", off_by_2x)
-    seqs, ref = chats[0][:FEW], chats[1][:FEW]  # two chats (~600 positions): the mutant is far off at once
-    mutant = acc.compare("int8 (scales x2)", ref, acc.engine_logits(acc.build_runner(loaded, "int8", dtype=WEIGHTS), seqs))
+    seqs, ref = (
+        chats[0][:FEW],
+        chats[1][:FEW],
+    )  # two chats (~600 positions): the mutant is far off at once
+    mutant = acc.compare(
+        "int8 (scales x2)",
+        ref,
+        acc.engine_logits(acc.build_runner(loaded, "int8", dtype=WEIGHTS), seqs),
+    )
     print("\n" + mutant.row())
     assert not guard_holds(mutant) and not rule_holds(mutant, q8_0), mutant
     assert mutant.mean_kl > 3 * right.mean_kl, mutant
 
-def test_greedy_float32_kv_is_token_identical_to_hf_and_int8_agrees_as_well_as_q8_0(model_folder, hf_greedy,
-                                                                                      hf_model, chats):
+
+def test_greedy_float32_kv_is_token_identical_to_hf_and_int8_agrees_as_well_as_q8_0(
+    model_folder, hf_greedy, hf_model, chats
+):
     """--kv-cache-dtype float32 keeps greedy token-identical to HF over 64 tokens; the default int8
     KV's agreement (first divergence / 64) is no worse than HF's with llama.cpp's q8_0 emulated:
     the rule's greedy half (docs/BENCHMARKS.md)."""
     from engine import LLM
+
     seqs = chats[0][:2]
     refs, agree = None, {}
     for kv in ("float32", "int8"):
@@ -145,10 +161,10 @@ def test_greedy_float32_kv_is_token_identical_to_hf_and_int8_agrees_as_well_as_q
             outs = acc.engine_greedy(llm, seqs)
         finally:
             llm.shutdown()
-        if refs is None:     # HF's greedy tokens; float32's answer is only the draft HF verifies
+        if refs is None:  # HF's greedy tokens; float32's answer is only the draft HF verifies
             refs = [hf_greedy(s, 64, stop_at_eos=False, draft=o) for s, o in zip(seqs, outs)]
         agree[kv] = acc.agreement(refs, outs)
-    with acc.hf_kv_format(hf_model, Q8_0):     # int8's reply as the draft: most of it is q8_0's too
+    with acc.hf_kv_format(hf_model, Q8_0):  # int8's reply as the draft: most of it is q8_0's too
         q8 = [acc.hf_greedy_draft(hf_model, s, 64, o) for s, o in zip(seqs, outs)]
     agree[Q8_0] = acc.agreement(refs, q8)
     print(f"\ngreedy agreement over 64 tokens: {agree}")

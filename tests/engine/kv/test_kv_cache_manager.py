@@ -1,4 +1,5 @@
 """KVCacheManager behaviour, in the spirit of vLLM's prefix-caching tests (real objects only)."""
+
 import json
 import sys
 
@@ -54,12 +55,12 @@ def test_deterministic_ids_and_slots():
 
 def test_hits_only_on_full_blocks_and_shared_refcounts():
     m = mgr()
-    add_all(m, "a", toks(20))                       # blocks 0,1 full (hashed), 2 partial
-    assert m.lookup_prefix(toks(20) + [99]) == 16   # the partial block is never a hit
+    add_all(m, "a", toks(20))  # blocks 0,1 full (hashed), 2 partial
+    assert m.lookup_prefix(toks(20) + [99]) == 16  # the partial block is never a hit
     assert add_all(m, "b", toks(20) + [99]) == 16
     assert add_all(m, "c", toks(17)) == 16
     assert m.block_table("b")[:2] == m.block_table("c")[:2] == [0, 1]
-    assert refs(m)[:2] == [3, 3]                    # ref_count == number of tables
+    assert refs(m)[:2] == [3, 3]  # ref_count == number of tables
     assert kv_stats(m).to_json()["shared_blocks"] == 2
     st = kv_stats(m).to_json()
     assert st["prefix_cache_queries"] == 20 + 21 + 17 and st["prefix_cache_hits"] == 32
@@ -67,8 +68,8 @@ def test_hits_only_on_full_blocks_and_shared_refcounts():
 
 def test_free_count_conservation_and_eviction_order():
     m = mgr()
-    add_all(m, "a", toks(20))                       # 0, 1, 2(partial)
-    add_all(m, "b", toks(16) + toks(9, 50))         # hits 0,1; new 3(full), 4(partial)
+    add_all(m, "a", toks(20))  # 0, 1, 2(partial)
+    add_all(m, "b", toks(16) + toks(9, 50))  # hits 0,1; new 3(full), 4(partial)
     assert m.num_free_blocks == 5
     m.free("a")
     m.free("b")
@@ -84,22 +85,22 @@ def test_full_hit_is_capped_to_leave_one_token():
     m = mgr()
     add_all(m, "a", toks(16))
     m.free("a")
-    assert m.lookup_prefix(toks(16)) == 8           # (16-1)//8 blocks
+    assert m.lookup_prefix(toks(16)) == 8  # (16-1)//8 blocks
     assert add_all(m, "b", toks(16)) == 8
-    assert m.block_table("b") == [0, 2]             # block 1 recomputed into a fresh block
+    assert m.block_table("b") == [0, 2]  # block 1 recomputed into a fresh block
     assert m.num_computed("b") == 16
     assert m.lookup_prefix(toks(17)) == 16
 
 
 def test_hit_revives_cached_block_from_middle_of_free_list():
     m = mgr(6)
-    add_all(m, "x", toks(8, 500))                   # block 0
-    add_all(m, "a", toks(9))                        # 1 (hashed), 2 (partial)
-    add_all(m, "y", toks(8, 700))                   # block 3
+    add_all(m, "x", toks(8, 500))  # block 0
+    add_all(m, "a", toks(9))  # 1 (hashed), 2 (partial)
+    add_all(m, "y", toks(8, 700))  # block 3
     for s in ("x", "y", "a"):
         m.free(s)
     assert free_ids(m) == [2, 4, 5, 0, 3, 1]
-    add_all(m, "b", toks(8, 500) + [1])             # hit on block 0, in the middle
+    add_all(m, "b", toks(8, 500) + [1])  # hit on block 0, in the middle
     assert m.block_table("b") == [0, 2]
     assert free_ids(m) == [4, 5, 3, 1]
     assert kv_stats(m).to_json()["cached_blocks"] == 2
@@ -107,10 +108,10 @@ def test_hit_revives_cached_block_from_middle_of_free_list():
 
 def test_reused_evicted_block_loses_hash_and_is_no_longer_a_hit():
     m = mgr(3)
-    add_all(m, "a", toks(17))                       # 0,1 hashed, 2 partial
+    add_all(m, "a", toks(17))  # 0,1 hashed, 2 partial
     m.free("a")
     assert m.lookup_prefix(toks(17)) == 16
-    add_all(m, "b", toks(17, 100))                  # needs 3 blocks: evicts everything
+    add_all(m, "b", toks(17, 100))  # needs 3 blocks: evicts everything
     assert sorted(m.block_table("b")) == [0, 1, 2]
     assert m.pool.blocks[0].block_hash != block_hash.hash_block_tokens(None, tuple(toks(8)), None)
     m.free("b")
@@ -120,28 +121,35 @@ def test_reused_evicted_block_loses_hash_and_is_no_longer_a_hit():
 
 def state(m):
     tables = {s: m.block_table(s) for s in list(m._seqs)}
-    return (refs(m), free_ids(m), dict(m.pool.cached), kv_stats(m).to_json(), m.parked.owners(), tables,
-            [m.num_computed(s) for s in tables])
+    return (
+        refs(m),
+        free_ids(m),
+        dict(m.pool.cached),
+        kv_stats(m).to_json(),
+        m.parked.owners(),
+        tables,
+        [m.num_computed(s) for s in tables],
+    )
 
 
 def test_failed_allocation_changes_nothing():
     m = mgr(6)
-    add_all(m, "a", toks(17))                       # 0,1,2
-    m.free("a")                                     # free list [2,3,4,5,1,0]; 0,1 cached
-    add_all(m, "b", toks(20, 300))                  # takes 2, 3, 4
+    add_all(m, "a", toks(17))  # 0,1,2
+    m.free("a")  # free list [2,3,4,5,1,0]; 0,1 cached
+    add_all(m, "b", toks(20, 300))  # takes 2, 3, 4
     m.park("b", "s")
     before = state(m)
-    with pytest.raises(NoFreeBlocksError) as e:     # 2 hits + 5 new; 1 free + 3 from session
+    with pytest.raises(NoFreeBlocksError) as e:  # 2 hits + 5 new; 1 free + 3 from session
         m.add_sequence("c", toks(16) + toks(38, 900), num_new_tokens=100)
     assert (e.value.needed, e.value.available) == (5, 4)
     assert state(m) == before and not m.has_sequence("c")
-    add_all(m, "d", toks(8, 50))                    # takes 5, the only never-used block
+    add_all(m, "d", toks(8, 50))  # takes 5, the only never-used block
     before = state(m)
-    with pytest.raises(NoFreeBlocksError) as e:     # 6 new; 2 cached-free + 3 from session
+    with pytest.raises(NoFreeBlocksError) as e:  # 6 new; 2 cached-free + 3 from session
         m.allocate_slots("d", 48)
     assert (e.value.needed, e.value.available) == (6, 5)
     assert state(m) == before
-    m.allocate_slots("d", 40)                       # 5 fit: the idle session is released
+    m.allocate_slots("d", 40)  # 5 fit: the idle session is released
     assert m.parked.owners() == [] and m.num_free_blocks == 0
 
 
@@ -160,7 +168,7 @@ def test_copy_on_write_exactly_once():
     assert m.block_table("c") == [0, 1, 3]
     assert refs(m)[:4] == [2, 2, 1, 1]
     parent.append(8)
-    m.allocate_slots("p", 1)                        # block 2 is private now: no second copy
+    m.allocate_slots("p", 1)  # block 2 is private now: no second copy
     child.extend([1, 2, 3])
     m.allocate_slots("c", 3)
     assert m.take_pending_copies() == [] and m.block_table("p") == [0, 1, 2]
@@ -182,8 +190,8 @@ def test_hash_collision_is_never_a_hit(monkeypatch):
     m = mgr()
     add_all(m, "a", toks(24))
     m.free("a")
-    assert m.lookup_prefix(toks(24, 1)) == 0        # same hash, other tokens
-    assert m.lookup_prefix(toks(24)) == 8           # only the one truly registered block
+    assert m.lookup_prefix(toks(24, 1)) == 0  # same hash, other tokens
+    assert m.lookup_prefix(toks(24)) == 8  # only the one truly registered block
     assert add_all(m, "b", toks(24, 1)) == 0
 
 
@@ -194,7 +202,7 @@ def test_collision_with_other_parent_is_never_a_hit(monkeypatch):
     add_all(m, "x", a + b + [1])
     m.free("x")
     assert m.lookup_prefix(a + b + [1]) == 16
-    assert m.lookup_prefix(b + b + [1]) == 0        # b's block sits at another position
+    assert m.lookup_prefix(b + b + [1]) == 0  # b's block sits at another position
 
 
 def test_cache_salt_separates_caches():
@@ -226,16 +234,16 @@ def run_turn(m, sid, tokens, new, session=None):
 def test_session_park_and_adopt_reuses_to_the_token():
     m = mgr(12)
     turn1 = toks(13)
-    run_turn(m, "t1", turn1, 9)                     # 13 + 8 computed = 21 tokens, 3 blocks
+    run_turn(m, "t1", turn1, 9)  # 13 + 8 computed = 21 tokens, 3 blocks
     table = m.block_table("t1")
     m.park("t1", "chat")
     assert m.parked.owners() == ["chat"] and m.num_used_blocks == 3
-    turn2 = turn1 + toks(5, 200)                    # prompt includes the uncomputed last token
-    assert m.lookup_prefix(turn2) == 16             # blocks only
+    turn2 = turn1 + toks(5, 200)  # prompt includes the uncomputed last token
+    assert m.lookup_prefix(turn2) == 16  # blocks only
     assert m.lookup_prefix(turn2, session_id="chat") == 21
     assert run_turn(m, "t2", turn2, 1, session="chat") == 21
     assert m.block_table("t2")[:3] == table and m.parked.owners() == []
-    assert refs(m)[:3] == [1, 1, 1]                 # ownership moved, no extra refs
+    assert refs(m)[:3] == [1, 1, 1]  # ownership moved, no extra refs
     st = kv_stats(m).to_json()
     assert st["prefix_cache_hits"] == 21 and st["logical_blocks"] == st["used_blocks"] == 4
 
@@ -243,13 +251,13 @@ def test_session_park_and_adopt_reuses_to_the_token():
 def test_session_divergence_frees_tail_and_unhashes_overwritten_block():
     m = mgr(12)
     t = toks(28)
-    add_all(m, "a", t)                              # 0,1,2 hashed, 3 partial
+    add_all(m, "a", t)  # 0,1,2 hashed, 3 partial
     m.park("a", "s")
     edited = toks(20) + [7, 7, 7]
     assert add_all(m, "b", edited, session_id="s") == 20
     assert m.block_table("b") == [0, 1, 2]
-    assert m.pool.blocks[3].ref_count == 0          # the session's tail went back
-    assert m.lookup_prefix(t) == 16                 # block 2 was overwritten: no stale hit
+    assert m.pool.blocks[3].ref_count == 0  # the session's tail went back
+    assert m.lookup_prefix(t) == 16  # block 2 was overwritten: no stale hit
     assert m.take_pending_copies() == []
 
 
@@ -267,13 +275,13 @@ def test_session_shared_partial_block_is_copied():
 def test_idle_sessions_released_lru_under_pressure():
     m = mgr(8)
     for s in ("s1", "s2", "s3"):
-        add_all(m, s, toks(12, ord(s[1]) * 100))     # 2 blocks each
+        add_all(m, s, toks(12, ord(s[1]) * 100))  # 2 blocks each
         m.park(s, s)
     assert m.num_free_blocks == 2
-    with pytest.raises(NoFreeBlocksError):          # 9 blocks can never fit: nothing released
+    with pytest.raises(NoFreeBlocksError):  # 9 blocks can never fit: nothing released
         add_all(m, "big", toks(72, 5000))
     assert m.parked.owners() == ["s1", "s2", "s3"]
-    add_all(m, "x", toks(25, 7000))                 # 4 blocks: releases s1 only
+    add_all(m, "x", toks(25, 7000))  # 4 blocks: releases s1 only
     assert m.parked.owners() == ["s2", "s3"]
     # Reusing s2 (the LRU one) while short of blocks: s3 goes, s2 is adopted, not released.
     assert add_all(m, "y", toks(12, 5000) + toks(20, 9000), session_id="s2") == 12
@@ -288,8 +296,8 @@ def test_session_reuse_of_identical_tokens_leaves_one_token():
     assert m.lookup_prefix(t, session_id="s") == 15
     assert add_all(m, "b", list(t), session_id="s") == 15
     assert m.block_table("b") == [0, 1] and m.num_computed("b") == 16
-    assert m.take_pending_copies() == []            # private block: rewritten in place
-    assert m.lookup_prefix(t + [1]) == 16           # unhashed before the write, rehashed after
+    assert m.take_pending_copies() == []  # private block: rewritten in place
+    assert m.lookup_prefix(t + [1]) == 16  # unhashed before the write, rehashed after
 
 
 def test_copy_on_write_counts_toward_capacity():
@@ -298,7 +306,7 @@ def test_copy_on_write_counts_toward_capacity():
     add_all(m, "a", t)
     m.fork("a", "b", t + toks(8, 50))
     before = state(m)
-    with pytest.raises(NoFreeBlocksError) as e:     # CoW block + 1 new block, only 1 free
+    with pytest.raises(NoFreeBlocksError) as e:  # CoW block + 1 new block, only 1 free
         m.allocate_slots("b", 8)
     assert (e.value.needed, e.value.available) == (2, 1) and state(m) == before
     m.allocate_slots("b", 4)
@@ -338,16 +346,21 @@ def test_preempt_counts_and_records():
     assert ev[0]["seq_id"] == 7 and ev[0]["tokens_lost"] == 11 and ev[0]["time"] > 0
 
 
-STATS_KEYS = set("""block_size total_blocks free_blocks used_blocks cached_blocks shared_blocks
+STATS_KEYS = set(
+    """block_size total_blocks free_blocks used_blocks cached_blocks shared_blocks
 peak_used_blocks logical_blocks kv_bytes_per_token kv_bytes_per_block kv_capacity_tokens used_tokens
 prefix_cache_queries prefix_cache_hits num_preemptions savings_vs_unshared savings_vs_contiguous
-num_sequences num_idle_sessions internal_fragmentation_tokens""".split())
+num_sequences num_idle_sessions internal_fragmentation_tokens""".split()
+)
 
 
 def test_stats_values():
     m = mgr(10, max_model_len=64, kv_bytes_per_token=100)
     assert STATS_KEYS <= set(kv_stats(m).to_json())
-    assert kv_stats(m).to_json()["savings_vs_unshared"] == 0 and kv_stats(m).to_json()["savings_vs_contiguous"] == 0
+    assert (
+        kv_stats(m).to_json()["savings_vs_unshared"] == 0
+        and kv_stats(m).to_json()["savings_vs_contiguous"] == 0
+    )
     t = toks(12)
     add_all(m, "a", t)
     m.fork("a", "b", list(t))
@@ -358,7 +371,10 @@ def test_stats_values():
     assert st["kv_bytes_per_block"] == 800 and st["kv_capacity_tokens"] == 80
     m.free("a")
     m.free("b")
-    assert kv_stats(m).to_json()["peak_used_blocks"] == 2 and kv_stats(m).to_json()["cached_blocks"] == 1
+    assert (
+        kv_stats(m).to_json()["peak_used_blocks"] == 2
+        and kv_stats(m).to_json()["cached_blocks"] == 1
+    )
 
 
 def test_snapshot_shape_and_json():

@@ -5,6 +5,7 @@ physical KV pool: every computed token id is "written" to its slot after the ste
 copy-on-write copies ran, so a block reused wrongly (stale prefix hit, missing CoW, bad session
 adoption) shows up as a slot holding the wrong token.
 """
+
 import os
 
 from hypothesis import settings

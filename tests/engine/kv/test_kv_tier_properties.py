@@ -10,6 +10,7 @@ sequences against KVCacheManager with a file-backed KV tier, checking after ever
   a corrupted file is dropped when read, never loaded.
 The simulated pool is a list of token ids; the tier stores a block's slots as int64 bytes.
 """
+
 import os
 
 from hypothesis import settings
@@ -19,5 +20,7 @@ from tests.engine.kv.helpers import TierMachine
 settings.register_profile("tier-ci", max_examples=80, stateful_step_count=100, deadline=None)
 
 
-TierMachine.TestCase.settings = settings.get_profile(os.environ.get("KV_TIER_HYPOTHESIS_PROFILE", "tier-ci"))
+TierMachine.TestCase.settings = settings.get_profile(
+    os.environ.get("KV_TIER_HYPOTHESIS_PROFILE", "tier-ci")
+)
 TestKVTierProperties = TierMachine.TestCase

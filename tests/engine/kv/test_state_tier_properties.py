@@ -57,8 +57,9 @@ class _StateIO:
 
 
 class StateTierMachine(StateMachine):
-    @initialize(num_blocks=st.integers(16, 40), num_slots=st.integers(3, 12),
-                cap_entries=st.integers(4, 40))
+    @initialize(
+        num_blocks=st.integers(16, 40), num_slots=st.integers(3, 12), cap_entries=st.integers(4, 40)
+    )
     def setup(self, num_blocks, num_slots, cap_entries):
         self.folder = tempfile.mkdtemp(prefix="statetier-prop-")
         self.cap = cap_entries * (BS * 8 + 300) + 2 * (MAX_LEN * 8 + 300)
@@ -67,8 +68,9 @@ class StateTierMachine(StateMachine):
 
     def _new_manager(self):
         self.states = StateGroups(self.num_slots, BS)
-        self.m = KVCacheManager(self.num_blocks, BS, max_model_len=MAX_LEN, kv_bytes_per_token=8,
-                                states=self.states)
+        self.m = KVCacheManager(
+            self.num_blocks, BS, max_model_len=MAX_LEN, kv_bytes_per_token=8, states=self.states
+        )
         self.kv = [None] * (self.num_blocks * BS)
         self.sim = [None] * self.num_slots
         self.running, self.idle, self.next_id = {}, {}, getattr(self, "next_id", 0)
@@ -150,8 +152,9 @@ class StateTierMachine(StateMachine):
             hist = _decode(data)
             assert len(hist) % BS == 0 and hist[-BS:] == ident.token_ids, "a state off its block"
             chains = [list(walk_blocks(list(hist), salt, BS)) for salt in (None, "x")]
-            assert any(c[-1].hash == ident.parent_hash and repr(c[-1].salt) == ident.salt
-                       for c in chains), "a state entry whose history is not its key's prefix"
+            assert any(
+                c[-1].hash == ident.parent_hash and repr(c[-1].salt) == ident.salt for c in chains
+            ), "a state entry whose history is not its key's prefix"
         assert n_states == t.state_entries
         if n_states:
             event("states in the tier")

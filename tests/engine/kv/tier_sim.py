@@ -1,6 +1,7 @@
 """A KV tier in a folder, and a KVCacheManager with one over a simulated pool (a token id per slot):
 what tests/engine/kv/test_kv_tier.py and the dashboard's tier test build on. Here so that no test
 module imports another."""
+
 from array import array
 
 from engine.kv.kv_cache_manager import KVCacheManager
@@ -25,14 +26,14 @@ class SimIO:
         self.kv = [-1] * (num_blocks * BS)
 
     def read(self, bid):
-        return array("q", self.kv[bid * BS:(bid + 1) * BS]).tobytes()
+        return array("q", self.kv[bid * BS : (bid + 1) * BS]).tobytes()
 
     def write(self, bid, data):
-        self.kv[bid * BS:(bid + 1) * BS] = array("q", data).tolist()
+        self.kv[bid * BS : (bid + 1) * BS] = array("q", data).tolist()
 
     def compute(self, m, seq_id, toks, start, end):
         for src, dst in m.take_pending_copies():
-            self.kv[dst * BS:(dst + 1) * BS] = self.kv[src * BS:(src + 1) * BS]
+            self.kv[dst * BS : (dst + 1) * BS] = self.kv[src * BS : (src + 1) * BS]
         for p, slot in zip(range(start, end), m.slots_for(seq_id, start, end)):
             self.kv[slot] = toks[p]
 
@@ -45,6 +46,8 @@ def manager_with_tier(tmp_path, num_blocks=8, cap=10**7):
 
 
 def run_turn(m, io, sid, toks, session=None, salt=None):
-    cached = m.add_sequence(sid, toks, num_new_tokens=len(toks), cache_salt=salt, session_id=session)
+    cached = m.add_sequence(
+        sid, toks, num_new_tokens=len(toks), cache_salt=salt, session_id=session
+    )
     io.compute(m, sid, toks, cached, len(toks))
     return cached

@@ -6,6 +6,7 @@ Also checked on every step: an older snapshot, materialized only *after* later o
 shows the state at its own time (the engine thread's copies must not alias live state); and the
 compact JSON reads back to the same snapshot as the full one.
 """
+
 import json
 import os
 
@@ -32,41 +33,86 @@ def reference_json(m) -> dict:
         refs.append(b.ref_count)
         filled.append(b.filled)
         groups.append(b.group)
-        state.append("pinned" if b.block_id in pinned else "used" if b.ref_count
-                     else "cached" if b.block_hash is not None else "free")
-    seqs = [(s.seq_id, s.session_id, "running", len(s.tokens), s.num_computed, s.tables[0].blocks,
-             request_of(s.seq_id)) for s in m._seqs.values()]
-    seqs += [(None, s.session_id, "idle_session", len(s.tokens), len(s.tokens), s.tables[0].blocks, None)
-             for s in m.parked]
+        state.append(
+            "pinned"
+            if b.block_id in pinned
+            else "used"
+            if b.ref_count
+            else "cached"
+            if b.block_hash is not None
+            else "free"
+        )
+    seqs = [
+        (
+            s.seq_id,
+            s.session_id,
+            "running",
+            len(s.tokens),
+            s.num_computed,
+            s.tables[0].blocks,
+            request_of(s.seq_id),
+        )
+        for s in m._seqs.values()
+    ]
+    seqs += [
+        (None, s.session_id, "idle_session", len(s.tokens), len(s.tokens), s.tables[0].blocks, None)
+        for s in m.parked
+    ]
     owners, views = {}, []
     for seq_id, sid, st_, ntok, nc, table, rid in seqs:
         for b in table:
             owners.setdefault(str(b.block_id), []).append(seq_id if seq_id is not None else sid)
-        views.append({"seq_id": seq_id, "session_id": sid, "state": st_, "num_tokens": ntok, "num_computed": nc,
-                      "block_table": [b.block_id for b in table], "shared": [b.ref_count >= 2 for b in table],
-                      "last_block_filled": nc - (len(table) - 1) * bs if table else 0,
-                      "request_id": rid, "title": None, "group_blocks": [len(table)], "released_blocks": 0})
-    return {"block_size": bs, "num_blocks": pool.num_blocks, "stats": kv_stats(m).to_json(),
-            "blocks": {"state": state, "ref_count": refs, "filled": filled, "group": groups}, "owners": owners,
-            "sequences": views,
-            "preemption_events": [{"request_id": request_of(e["seq_id"]), **e} for e in m.preemption_events],
-            "tier_events": [{"request_id": request_of(e["seq_id"]), **e} for e in (m.tier_link.load_events if m.tier_link else ())],
-            "pins": [{"name": i.name, "num_tokens": i.num_tokens, "block_table": list(i.block_ids)}
-                     for i in m.pins.infos()],
-            "state_slots": []}          # v9: a model without linear-attention layers holds none
+        views.append(
+            {
+                "seq_id": seq_id,
+                "session_id": sid,
+                "state": st_,
+                "num_tokens": ntok,
+                "num_computed": nc,
+                "block_table": [b.block_id for b in table],
+                "shared": [b.ref_count >= 2 for b in table],
+                "last_block_filled": nc - (len(table) - 1) * bs if table else 0,
+                "request_id": rid,
+                "title": None,
+                "group_blocks": [len(table)],
+                "released_blocks": 0,
+            }
+        )
+    return {
+        "block_size": bs,
+        "num_blocks": pool.num_blocks,
+        "stats": kv_stats(m).to_json(),
+        "blocks": {"state": state, "ref_count": refs, "filled": filled, "group": groups},
+        "owners": owners,
+        "sequences": views,
+        "preemption_events": [
+            {"request_id": request_of(e["seq_id"]), **e} for e in m.preemption_events
+        ],
+        "tier_events": [
+            {"request_id": request_of(e["seq_id"]), **e}
+            for e in (m.tier_link.load_events if m.tier_link else ())
+        ],
+        "pins": [
+            {"name": i.name, "num_tokens": i.num_tokens, "block_table": list(i.block_ids)}
+            for i in m.pins.infos()
+        ],
+        "state_slots": [],
+    }  # v9: a model without linear-attention layers holds none
 
 
 def comparable(d: dict) -> dict:
     """A full snapshot JSON without what the reference does not build (time, the derived runs)."""
-    d = json.loads(json.dumps(d))          # what a client sees: tuples/lists, str keys
+    d = json.loads(json.dumps(d))  # what a client sees: tuples/lists, str keys
     d.pop("time"), d.pop("schema"), d.pop("version"), d.pop("block_runs")
     return d
 
 
 def runs_expand(runs: dict) -> tuple:
     state, ref, filled, pos = [], [], [], 0
-    for s, n, c, r, f in zip(runs["start"], runs["length"], runs["state"], runs["ref_count"], runs["filled"]):
-        assert s == pos and n >= 1            # contiguous, no empty runs
+    for s, n, c, r, f in zip(
+        runs["start"], runs["length"], runs["state"], runs["ref_count"], runs["filled"]
+    ):
+        assert s == pos and n >= 1  # contiguous, no empty runs
         state += [runs["states"][c]] * n
         ref += [r] * n
         filled += [f] * n
@@ -79,7 +125,7 @@ class FastSnapshotMachine(KVMachine):
 
     def __init__(self):
         super().__init__()
-        self.pending = []         # (fast snapshot not yet materialized, reference JSON at its time)
+        self.pending = []  # (fast snapshot not yet materialized, reference JSON at its time)
 
     @rule(base=st.sampled_from(range(len(BASES))), blocks=st.integers(1, 4))
     def pin(self, base, blocks):
@@ -87,7 +133,7 @@ class FastSnapshotMachine(KVMachine):
             return
         self.m.pins.max_fraction = 0.5
         try:
-            self.m.pins.pin(f"p{base}", BASES[base][:blocks * 8])
+            self.m.pins.pin(f"p{base}", BASES[base][: blocks * 8])
             event("pinned")
         except (PinMissError, KVCacheError, ValueError):
             pass
@@ -103,7 +149,9 @@ class FastSnapshotMachine(KVMachine):
     def pool_is_consistent(self):
         m, pool = self.m, self.m.pool
         holders = [0] * pool.num_blocks
-        tables = [s.tables[0].blocks for s in m._seqs.values()] + [s.tables[0].blocks for s in m.parked]
+        tables = [s.tables[0].blocks for s in m._seqs.values()] + [
+            s.tables[0].blocks for s in m.parked
+        ]
         tables += [[pool.blocks[i] for i in info.block_ids] for info in m.pins.infos()]
         for table in tables:
             for b in table:
@@ -115,19 +163,24 @@ class FastSnapshotMachine(KVMachine):
     def fast_snapshot_equals_reference(self):
         m = self.m
         ref = reference_json(m)
-        for snap, then in self.pending:                   # older snapshots, read only now
+        for snap, then in self.pending:  # older snapshots, read only now
             assert comparable(snap.to_json()) == then
         fast = take_snapshot(m, request_of=request_of)
         full = fast.to_json()
         assert comparable(full) == ref
-        assert runs_expand(full["block_runs"]) == (ref["blocks"]["state"], ref["blocks"]["ref_count"],
-                                                   ref["blocks"]["filled"])
-        compact = json.loads(json.dumps(take_snapshot(m, request_of=request_of).to_json(compact=True)))
+        assert runs_expand(full["block_runs"]) == (
+            ref["blocks"]["state"],
+            ref["blocks"]["ref_count"],
+            ref["blocks"]["filled"],
+        )
+        compact = json.loads(
+            json.dumps(take_snapshot(m, request_of=request_of).to_json(compact=True))
+        )
         assert "blocks" not in compact and "owners" not in compact and compact["compact"] is True
         back = KVSnapshot.from_json(compact)
         assert comparable(back.to_json()) == ref
         assert compact_json(full)["sequences"] == compact["sequences"]
-        self.pending = [(take_snapshot(m, request_of=request_of), ref)]   # read at the next step
+        self.pending = [(take_snapshot(m, request_of=request_of), ref)]  # read at the next step
 
     def teardown(self):
         if hasattr(self, "m"):
@@ -138,5 +191,7 @@ class FastSnapshotMachine(KVMachine):
 
 FastSnapshotMachine.TestCase.settings = settings(
     settings.get_profile(os.environ.get("KV_HYPOTHESIS_PROFILE", "kv-ci")),
-    max_examples=int(os.environ.get("KV_FAST_EXAMPLES", "60")), stateful_step_count=60)
+    max_examples=int(os.environ.get("KV_FAST_EXAMPLES", "60")),
+    stateful_step_count=60,
+)
 TestFastSnapshotEqualsReference = FastSnapshotMachine.TestCase

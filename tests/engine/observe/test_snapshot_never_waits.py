@@ -2,6 +2,7 @@
 the shared snapshot (the dashboard's ticks, /api/kv, /metrics) get the previous window's snapshot
 within max_wait_s instead of queueing behind the step. A scripted take first (exact behaviour),
 then the real engine under a cold burst of long prompts."""
+
 import threading
 import time
 
@@ -24,21 +25,24 @@ def test_a_reader_gets_the_previous_snapshot_while_a_take_waits_for_the_engine()
     step.set()
     now = [0.0]
 
-    def take():                      # the engine thread answers only between steps
+    def take():  # the engine thread answers only between steps
         step.wait()
         return take_snapshot(m)
+
     shared = SharedSnapshot(take, 0.25, clock=lambda: now[0], max_wait_s=0.05)
     first = shared.json()
     assert shared.takes == 1
-    step.clear()                     # a long prefill step starts
+    step.clear()  # a long prefill step starts
     m.add_sequence("b#0", list(range(100, 140)), num_new_tokens=10**9, session_id="b")
-    now[0] += 1.0                    # the window is over: a new take is due
+    now[0] += 1.0  # the window is over: a new take is due
     t0 = time.monotonic()
     again = shared.json()
-    assert time.monotonic() - t0 < 5          # bounded by max_wait_s (0.05 s), not by the step
+    assert time.monotonic() - t0 < 5  # bounded by max_wait_s (0.05 s), not by the step
     assert again is first and shared.stale_reads == 1
-    assert shared.json() is first and shared.stale_reads == 2   # one take in flight, not one per read
-    step.set()                       # the step ends: the pending take completes
+    assert (
+        shared.json() is first and shared.stale_reads == 2
+    )  # one take in flight, not one per read
+    step.set()  # the step ends: the pending take completes
     for _ in range(200):
         if shared.takes == 2:
             break
@@ -54,10 +58,11 @@ def test_the_first_snapshot_is_waited_for_and_errors_reach_the_reader():
     def take():
         calls.append(1)
         raise RuntimeError("the engine has been shut down")
+
     shared = SharedSnapshot(take, 0.25)
     with pytest.raises(RuntimeError, match="shut down"):
         shared.json()
-    with pytest.raises(RuntimeError):            # a failed take is not cached: the next read retries
+    with pytest.raises(RuntimeError):  # a failed take is not cached: the next read retries
         shared.json()
     assert len(calls) == 2
 
@@ -68,10 +73,13 @@ def test_a_cold_burst_does_not_hold_up_snapshot_readers(make_llm):
     shared snapshot during the burst answers within a generous bound, and at least one read came
     while a take waited for the step (so the bound was tested against real compute)."""
     from engine import SamplingParams
+
     llm = make_llm(num_blocks=600, max_num_batched_tokens=8192, max_model_len=2048)
-    llm.latest_snapshot()                        # the page was open before the burst
+    llm.latest_snapshot()  # the page was open before the burst
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
-    prompts = [" ".join(f"{words[(i * 7 + k) % len(words)]}{i}-{k}" for k in range(150)) for i in range(8)]
+    prompts = [
+        " ".join(f"{words[(i * 7 + k) % len(words)]}{i}-{k}" for k in range(150)) for i in range(8)
+    ]
     streams = [llm.submit(p, SamplingParams(max_tokens=2, temperature=0.0)) for p in prompts]
     readers = [threading.Thread(target=lambda s=s: list(s), daemon=True) for s in streams]
     for r in readers:
@@ -87,5 +95,7 @@ def test_a_cold_burst_does_not_hold_up_snapshot_readers(make_llm):
         time.sleep(0.05)
     for r in readers:
         r.join(timeout=60)
-    assert llm._snapshots.stale_reads >= 1, "the burst never made a reader wait: not a test of the bound"
+    assert llm._snapshots.stale_reads >= 1, (
+        "the burst never made a reader wait: not a test of the bound"
+    )
     assert worst < 2.0, f"a snapshot read took {worst:.2f} s during the burst ({reads} reads)"

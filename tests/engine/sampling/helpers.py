@@ -1,5 +1,6 @@
 """The reference sampler, one row at a time: the definition the batched sampler is checked against
 (test_sampler_exact.py, test_sampler_cpu_rows.py). Here so that no test module imports another."""
+
 from collections import Counter
 
 import torch
@@ -31,10 +32,12 @@ def reference_row(row, p: SamplingParams, gen, history, prompt_len):
     cdf = (probs * keep).cumsum(0)
     target = u * cdf[-1]
     j = int((cdf <= target).sum())
-    j = min(j, int((cdf < cdf[-1]).sum()))          # never past the last kept token
+    j = min(j, int((cdf < cdf[-1]).sum()))  # never past the last kept token
     return int(order[j])
 
 
 def reference_batch(logits, params, seeds, histories, plens):
-    return [reference_row(logits[i], p, make_generator(s), h, n)
-            for i, (p, s, h, n) in enumerate(zip(params, seeds, histories, plens))]
+    return [
+        reference_row(logits[i], p, make_generator(s), h, n)
+        for i, (p, s, h, n) in enumerate(zip(params, seeds, histories, plens))
+    ]

@@ -6,12 +6,12 @@ the row's log-sum-exp within float rounding of an fp64 reference. The chat's usu
 row samples, repetition penalty) then goes through it and must pick the reference sampler's token
 for every row, with the kernel and with the torch ops.
 """
+
 import shutil
 
 import pytest
 import torch
 
-import engine.sampling.sampler as sampler
 from engine.sampling.sampler import make_generator, sample
 from engine.sampling.sampling_params import SamplingParams
 from kernels import cpu_sampling
@@ -38,10 +38,10 @@ def test_row_stats_against_fp64_reference(kind):
     if kind == "all_neg_inf":
         x[2] = float("-inf")
     vals, idx, lse = cpu_sampling.row_stats(x, K)
-    assert torch.equal(x.gather(-1, idx), vals)                       # ids point at their values
-    assert all(len(set(r.tolist())) == K for r in idx)                # no token twice
+    assert torch.equal(x.gather(-1, idx), vals)  # ids point at their values
+    assert all(len(set(r.tolist())) == K for r in idx)  # no token twice
     want = x.topk(K, -1).values
-    assert torch.equal(vals.sort(-1, descending=True).values, want)   # the K largest, as a multiset
+    assert torch.equal(vals.sort(-1, descending=True).values, want)  # the K largest, as a multiset
     ref = torch.logsumexp(x.double(), -1)
     finite = torch.isfinite(ref)
     torch.testing.assert_close(lse.double()[finite], ref[finite], atol=2e-6, rtol=1e-6)
@@ -50,9 +50,11 @@ def test_row_stats_against_fp64_reference(kind):
 
 def test_row_stats_declines_what_it_cannot_run():
     assert cpu_sampling.row_stats(torch.randn(4, 100, dtype=torch.float64), 10) is None
-    assert cpu_sampling.row_stats(torch.randn(100, 4).t(), 2) is None      # not contiguous
+    assert cpu_sampling.row_stats(torch.randn(100, 4).t(), 2) is None  # not contiguous
     assert cpu_sampling.row_stats(torch.randn(4, 100), 101) is None
-    assert cpu_sampling.row_stats(torch.randn(2, 50000), cpu_sampling.MAX_K + 1) is None   # torch's tier
+    assert (
+        cpu_sampling.row_stats(torch.randn(2, 50000), cpu_sampling.MAX_K + 1) is None
+    )  # torch's tier
 
 
 @pytest.mark.parametrize("use_kernel", [True, False])
@@ -66,17 +68,30 @@ def test_all_rows_sampling_with_repetition_penalty_matches_reference(use_kernel,
     B, V, mismatches = 48, 4000, []
     for batch in range(12):
         logits = torch.randn(B, V, generator=rng) * (0.3 if batch % 4 == 0 else 3.5)
-        logits[:, 7:11] = logits[:, 7:11].max() if batch % 3 == 0 else logits[:, 7:11]   # ties at the top
-        params = [SamplingParams(temperature=[0.7, 1.0, 1.3][i % 3], top_p=[0.95, 0.8, 1.0][i % 3],
-                                 top_k=[-1, -1, -1, 50][i % 4], min_p=[0.0, 0.05][i % 2],
-                                 repetition_penalty=[1.1, 1.0, 1.5][(i // 2) % 3]) for i in range(B)]
-        hist = [torch.randint(0, V, (int(torch.randint(0, 300, (1,), generator=rng)),),
-                              generator=rng).tolist() for _ in range(B)]
+        logits[:, 7:11] = (
+            logits[:, 7:11].max() if batch % 3 == 0 else logits[:, 7:11]
+        )  # ties at the top
+        params = [
+            SamplingParams(
+                temperature=[0.7, 1.0, 1.3][i % 3],
+                top_p=[0.95, 0.8, 1.0][i % 3],
+                top_k=[-1, -1, -1, 50][i % 4],
+                min_p=[0.0, 0.05][i % 2],
+                repetition_penalty=[1.1, 1.0, 1.5][(i // 2) % 3],
+            )
+            for i in range(B)
+        ]
+        hist = [
+            torch.randint(
+                0, V, (int(torch.randint(0, 300, (1,), generator=rng)),), generator=rng
+            ).tolist()
+            for _ in range(B)
+        ]
         seeds = [batch * 100 + i for i in range(B)]
         before = logits.clone()
         got = sample(logits, params, [make_generator(s) for s in seeds], hist, [0] * B)
-        assert torch.equal(logits, before)                 # the caller's logits are left as they were
+        assert torch.equal(logits, before)  # the caller's logits are left as they were
         want = reference_batch(logits, params, seeds, hist, [0] * B)
         mismatches += [(batch, i) for i in range(B) if got[i] != want[i]]
     assert not mismatches, mismatches[:5]
-    assert calls                                           # the row-stats hook was reached
+    assert calls  # the row-stats hook was reached

@@ -1,7 +1,6 @@
 """Constrained decoding without the model: the packed bitmask against a dense reference, the
 sampler's masked / biased draws against the straightforward definition, spec validation, the
 compiler's errors and cache, and a clear refusal when the grammar library is missing."""
-import json
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ def _pack(allowed: torch.Tensor) -> torch.Tensor:
     for r in range(R):
         for t in allowed[r].nonzero().flatten().tolist():
             out[r, t // 32] |= 1 << (t % 32)
-    out = torch.where(out >= 2**31, out - 2**32, out)      # two's complement into int32
+    out = torch.where(out >= 2**31, out - 2**32, out)  # two's complement into int32
     return out.to(torch.int32)
 
 
@@ -29,7 +28,7 @@ def _pack(allowed: torch.Tensor) -> torch.Tensor:
 def test_bitmask_unpacks_to_the_dense_reference(V):
     g = torch.Generator().manual_seed(V)
     allowed = torch.rand(5, V, generator=g) < 0.3
-    allowed[:, V - 1] = True                              # the top bit of the last word
+    allowed[:, V - 1] = True  # the top bit of the last word
     assert torch.equal(allowed_from_bitmask(_pack(allowed), V), allowed)
 
 
@@ -51,9 +50,12 @@ def test_a_row_with_nothing_allowed_is_an_error_not_a_nan_draw():
         apply_bitmask_(logits, [0], torch.zeros(1, 2, dtype=torch.int32))
 
 
-@pytest.mark.parametrize("temperature,top_p,top_k", [(0.0, 1.0, -1), (1.0, 1.0, -1), (0.7, 0.9, -1),
-                                                     (1.3, 1.0, 5)])
-def test_masked_sampling_draws_only_allowed_tokens_and_greedy_takes_the_best_allowed(temperature, top_p, top_k):
+@pytest.mark.parametrize(
+    "temperature,top_p,top_k", [(0.0, 1.0, -1), (1.0, 1.0, -1), (0.7, 0.9, -1), (1.3, 1.0, 5)]
+)
+def test_masked_sampling_draws_only_allowed_tokens_and_greedy_takes_the_best_allowed(
+    temperature, top_p, top_k
+):
     V = 5000
     g = torch.Generator().manual_seed(7)
     logits = torch.randn(3, V, generator=g) * 3
@@ -66,7 +68,7 @@ def test_masked_sampling_draws_only_allowed_tokens_and_greedy_takes_the_best_all
         assert allowed[0, toks[0]] and allowed[2, toks[2]]
         if temperature == 0:
             assert toks[0] == int(logits[0].masked_fill(~allowed[0], -1e30).argmax())
-            assert toks[1] == int(logits[1].argmax())        # the unmasked row is untouched
+            assert toks[1] == int(logits[1].argmax())  # the unmasked row is untouched
             break
 
 
@@ -74,8 +76,14 @@ def test_masked_logprobs_are_those_of_the_raw_logits():
     logits = torch.randn(1, 300)
     allowed = torch.zeros(1, 300, dtype=torch.bool)
     allowed[0, 17] = True
-    res = sample_batch(logits, [SamplingParams(temperature=0, logprobs=0)], [make_generator(0)], [[]],
-                       None, ([0], _pack(allowed)))
+    res = sample_batch(
+        logits,
+        [SamplingParams(temperature=0, logprobs=0)],
+        [make_generator(0)],
+        [[]],
+        None,
+        ([0], _pack(allowed)),
+    )
     assert res.token_ids == [17]
     assert res.logprobs[0].logprob == pytest.approx(float(logits[0].log_softmax(-1)[17]), abs=1e-6)
 
@@ -95,36 +103,52 @@ def test_logit_bias_adds_to_the_logits_before_every_rule():
         sample_batch(logits[:1], [SamplingParams(logit_bias={500: 1.0})], [make_generator(0)], [[]])
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(kind="yaml"), "kind must be one of"),
-    (dict(kind="regex", value=""), "non-empty string"),
-    (dict(kind="choice", value=[]), "non-empty list"),
-    (dict(kind="choice", value=["a", 3]), "non-empty list"),
-    (dict(kind="json_schema", value="{}"), "JSON object"),
-    (dict(kind="json_object", trigger=""), "trigger"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(kind="yaml"), "kind must be one of"),
+        (dict(kind="regex", value=""), "non-empty string"),
+        (dict(kind="choice", value=[]), "non-empty list"),
+        (dict(kind="choice", value=["a", 3]), "non-empty list"),
+        (dict(kind="json_schema", value="{}"), "JSON object"),
+        (dict(kind="json_object", trigger=""), "trigger"),
+    ],
+)
 def test_bad_specs_are_refused_up_front(kw, match):
     with pytest.raises(ValueError, match=match):
         StructuredSpec(**kw)
 
 
-@pytest.mark.parametrize("bad", [dict(logit_bias={1: 101}), dict(logit_bias={-1: 1.0}), dict(logit_bias={1: "x"}),
-                                 dict(prompt_logprobs=21), dict(structured={"type": "json_object"})])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(logit_bias={1: 101}),
+        dict(logit_bias={-1: 1.0}),
+        dict(logit_bias={1: "x"}),
+        dict(prompt_logprobs=21),
+        dict(structured={"type": "json_object"}),
+    ],
+)
 def test_sampling_params_refuse_bad_shaping_fields(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
 
 
 def test_closed_objects_forbid_only_unmentioned_extras():
-    s = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "integer"}}},
-                                          "c": {"enum": [{"properties": 1}]}},
-         "$defs": {"D": {"type": "object", "properties": {}, "additionalProperties": True}}}
+    s = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "object", "properties": {"b": {"type": "integer"}}},
+            "c": {"enum": [{"properties": 1}]},
+        },
+        "$defs": {"D": {"type": "object", "properties": {}, "additionalProperties": True}},
+    }
     out = compiler_mod.closed_objects(s)
     assert out["additionalProperties"] is False
     assert out["properties"]["a"]["additionalProperties"] is False
-    assert out["properties"]["c"] == {"enum": [{"properties": 1}]}      # data, not schema: untouched
+    assert out["properties"]["c"] == {"enum": [{"properties": 1}]}  # data, not schema: untouched
     assert out["$defs"]["D"]["additionalProperties"] is True
-    assert "additionalProperties" not in s                             # the caller's schema is not changed
+    assert "additionalProperties" not in s  # the caller's schema is not changed
 
 
 def test_a_missing_library_refuses_structured_requests_only(monkeypatch):
@@ -132,4 +156,4 @@ def test_a_missing_library_refuses_structured_requests_only(monkeypatch):
     c = compiler_mod.GrammarCompiler(None, 10)
     with pytest.raises(StructuredUnavailable, match="llguidance"):
         c.matcher(StructuredSpec("json_object"))
-    assert issubclass(StructuredUnavailable, ValueError)         # a 400 for that request, not a crash
+    assert issubclass(StructuredUnavailable, ValueError)  # a 400 for that request, not a crash
