@@ -98,9 +98,10 @@ def release_outside_window(c, window):
     return released
 
 
-def run_backend(c, backend, window=None, **kw):
+def kernel_args(c) -> tuple:
+    """A case's positional arguments of kernels.paged_attention (layer 1 of its pool)."""
     pool = c["pool"]
-    args = (
+    return (
         c["query"],
         pool[0, 1],
         pool[1, 1],
@@ -110,6 +111,10 @@ def run_backend(c, backend, window=None, **kw):
         c["scale"],
         c["max_seqlen_q"],
     )
+
+
+def run_backend(c, backend, window=None, **kw):
+    args = kernel_args(c)
     out = torch.full_like(c["query"], float("nan"))
     if backend == "torch":
         reference.paged_attention(*args, out=out, window=window)

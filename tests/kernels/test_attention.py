@@ -19,6 +19,7 @@ import torch
 import kernels
 from kernels import reference
 from tests.kernels.helpers import (
+    kernel_args,
     DEVICE,
     build_case,
     check,
@@ -221,17 +222,7 @@ def test_sinks_in_the_triton_kernels():
         (decode, 24, 3),
     ):
         c = build_case(bs, H, kvh, d, seqs, torch.float32, seed=11)
-        pool = c["pool"]
-        args = (
-            c["query"],
-            pool[0, 1],
-            pool[1, 1],
-            c["block_tables"],
-            c["seq_lens"],
-            c["cu_seqlens_q"],
-            c["scale"],
-            c["max_seqlen_q"],
-        )
+        args = kernel_args(c)
         if window:
             release_outside_window(c, window)
         ref = dense_attention_fp64(*args[:7], window=window, sinks=sinks)

@@ -11,7 +11,14 @@ import torch
 
 import kernels
 from kernels import cpu_attention, kv_quant, reference
-from tests.kernels.helpers import DEVICE, build_case, decode_seqs, dense_attention_fp64, extend_seqs
+from tests.kernels.helpers import (
+    DEVICE,
+    build_case,
+    decode_seqs,
+    dense_attention_fp64,
+    extend_seqs,
+    kernel_args,
+)
 
 QDTYPES = [torch.int8, torch.float8_e4m3fn]
 SEQS = {
@@ -272,18 +279,8 @@ def test_sliding_window_on_an_int8_pool(backend, monkeypatch):
         fp = build_case(16, 9, 3, 64, seqs, torch.float32, seed=8)
         assert release_outside_window(fp, 24) > 0
         c, deq = quantize_case(fp, torch.int8)
-        pool = c["pool"]
         out = torch.full_like(c["query"], float("nan"))
-        args = (
-            c["query"],
-            pool[0, 1],
-            pool[1, 1],
-            c["block_tables"],
-            c["seq_lens"],
-            c["cu_seqlens_q"],
-            c["scale"],
-            c["max_seqlen_q"],
-        )
+        args = kernel_args(c)
         if backend == "triton":
             from kernels import triton_attention
 
