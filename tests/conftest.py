@@ -9,6 +9,10 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see engine/__init__.py: tests share 2 cores
+# Weights and KV pools on 2 MiB pages are fresh mappings, which this process's heap reuse (see
+# _keep_freed_memory) cannot serve: hundreds of test engines would each pay for new memory. The
+# suite runs on the heap; tests/engine/exec/test_huge_pages.py turns them on where it checks them.
+os.environ.setdefault("PAGED_CHAT_HUGE_PAGES", "0")
 
 import torch  # noqa: E402
 

@@ -15,6 +15,7 @@ import torch
 import kernels
 from kernels import kv_quant
 from engine.config import EngineConfig, DEFAULT_CPU_KV_CACHE_GIB, DEFAULT_GPU_MEMORY_FRACTION
+from engine.exec import huge_pages
 from engine.exec.models.llama import AttentionMetadata, LlamaModel
 from engine.exec.step_inputs import StagingBuffer, pack_step
 from engine.kv.cache_spec import KVCacheLayout
@@ -137,15 +138,19 @@ class ModelRunner:
             self.kv_layout.max_tokens(self.num_blocks, cfg.block_size, cfg.max_num_batched_tokens),
         )
         # one allocation for the whole life of the engine; a quantized row carries its scale
-        self.kv_pool = torch.zeros(
+        # (on CPU on 2 MiB pages: decode attention reads blocks scattered over the whole pool)
+        shape = (
             2,
             P,
             self.num_blocks,
             cfg.block_size,
             m.num_kv_heads,
             kv_quant.row_width(m.head_dim, self.kv_dtype),
-            dtype=self.kv_dtype,
-            device=self.device,
+        )
+        self.kv_pool = (
+            huge_pages.zeros(shape, self.kv_dtype)
+            if self.device.type == "cpu"
+            else torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
         )
         self.staging = StagingBuffer(self.device)  # one pinned buffer, one copy per step
         self.graphs = None  # DecodeGraphs after warm_up() on CUDA

@@ -70,8 +70,16 @@ def prepared_weights(
     if key is None:
         return _prepare(config, weights, dtype, device, quantization, keep_plain_upto, spec)
     from engine.exec.cpu_linear import packed_fp32_enabled
+    from engine.exec.huge_pages import enabled as huge_pages
 
-    full = (key, str(dtype), str(torch.device(device)), quantization, packed_fp32_enabled())
+    full = (
+        key,
+        str(dtype),
+        str(torch.device(device)),
+        quantization,
+        packed_fp32_enabled(),
+        huge_pages(),
+    )
     with _lock:
         if full not in _shared:
             _shared.clear()  # drop the previous model before building the next
@@ -161,17 +169,67 @@ def _prepare(
             L[name] = make_linear(L[name], bias, quantization=quantization)
             if isinstance(L[name], PackedLinear):  # dense and int8 linears share the tensors
                 extra += plain[-1][name].numel() * plain[-1][name].element_size()
-    if tile and 0 < extra <= tile_upto:
+    tiled = tile and 0 < extra <= tile_upto
+    if tiled:
         for L, P in zip(layers, plain):
             for name in LINEAR_NAMES:
                 if name in L and isinstance(L[name], PackedLinear):
                     P[name] = tile_rows(P[name])
     head = make_linear(lm_head, None, quantization=quantization)
+    embed, lm_head = _to_huge_pages(layers, plain, embed, lm_head, head, tiled)
     first = next((L[n] for L in layers for n in LINEAR_NAMES + MIXER_LINEAR_NAMES if n in L), None)
     kind = describe(first) if first is not None else "dense"
     return PreparedWeights(
         embed, lm_head, final_norm, tuple(layers), head, kind, tuple(plain), extra
     )
+
+
+def _to_huge_pages(layers, plain, embed, lm_head, head, tiled: bool):
+    """Move what the lean step streams every token onto 2 MiB pages (engine/exec/huge_pages.py):
+    each layer's GEMM weights where a dense linear shares them with `plain` (they move for both,
+    so nothing is held twice) or the tiled copies beside packed linears, an int8 linear's codes,
+    and the embedding / LM head. An untiled copy beside packed linears stays where it is: it is
+    dropped when too big to keep, and in the arena it would live as long as the embedding.
+    Returns the new (embed, lm_head)."""
+    from engine.exec.cpu_linear import DenseLinear, Int8Linear
+    from engine.exec.huge_pages import arena_for
+
+    slots = []  # (tensor, setter): where each moved tensor goes back
+
+    def add(t, put):
+        if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+            slots.append((t, put))
+
+    for L, P in zip(layers, plain):
+        for name in LINEAR_NAMES + MIXER_LINEAR_NAMES:
+            lin = L.get(name)
+            if isinstance(lin, Int8Linear):
+                add(lin.q, lambda v, lin=lin: setattr(lin, "q", v))
+            elif isinstance(lin, DenseLinear) and P.get(name) is lin.weight:
+                add(
+                    lin.weight,
+                    lambda v, lin=lin, P=P, n=name: (setattr(lin, "weight", v), P.update({n: v})),
+                )
+            elif tiled and name in P:
+                add(P[name], lambda v, P=P, n=name: P.update({n: v}))
+    moved = {"embed": embed, "lm_head": lm_head}
+    add(embed, lambda v: moved.update(embed=v))
+    if lm_head is not embed:
+        add(lm_head, lambda v: moved.update(lm_head=v))
+    if isinstance(head, Int8Linear):
+        add(head.q, lambda v: setattr(head, "q", v))
+    arena = arena_for([t for t, _ in slots])
+    if arena is None:
+        return embed, lm_head
+    while slots:  # each original dropped after its copy (unless the loader still holds it)
+        t, put = slots.pop(0)
+        put(arena.take(t))
+        del t
+    if lm_head is embed:
+        moved["lm_head"] = moved["embed"]
+    if isinstance(head, DenseLinear) and head.weight is lm_head:
+        head.weight = moved["lm_head"]
+    return moved["embed"], moved["lm_head"]
 
 
 def _prepare_layer(i, weights, spec, w, opt, norm, qk_rows, h, d) -> dict:
