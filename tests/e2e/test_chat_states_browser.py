@@ -136,16 +136,23 @@ def _on_phone_screen(button) -> bool:
     )
 
 
-def test_phone_drawer_closes_after_picking_a_chat_then_send_and_stop(module_server, browser):  # noqa: F811
+def test_phone_drawer_closes_after_picking_a_chat_then_send_and_stop(launch, browser):  # noqa: F811
     from playwright.sync_api import Error as PlaywrightError
 
-    desk = _open(browser, module_server.url)
+    # fp32 weights through the per-layer loop (~20 tokens/s; the default bf16 lean step makes ~100):
+    # the reply must still be streaming while the layout settles and Stop is checked and clicked,
+    # and at 100 tokens/s a 300-token reply once ended first on a loaded box
+    server = launch(
+        args=["--num-blocks", "512", "--max-model-len", "512", "--max-num-seqs", "2"]
+        + ["--dtype", "float32", "--lean-step", "off"]
+    )
+    desk = _open(browser, server.url)
     _sampling(desk, max_tokens=8)
     _send(desk, "Phone test chat")
     desk.context.close()
     page = _open(
         browser,
-        module_server.url,
+        server.url,
         viewport={"width": 390, "height": 844},
         is_mobile=True,
         has_touch=True,
@@ -167,7 +174,7 @@ def test_phone_drawer_closes_after_picking_a_chat_then_send_and_stop(module_serv
     boxes = []
 
     def stop_on_screen():
-        boxes.append((page.locator("#stop").bounding_box(), _status(page).strip()[:60]))
+        boxes.append((page.locator("#stop").bounding_box(timeout=2000), _status(page).strip()[:60]))
         return _on_phone_screen(page.locator("#stop"))
 
     try:

@@ -10,6 +10,7 @@ import pytest
 
 from tests.e2e.polling import wait_until as _wait
 from tests.e2e.browser import _chromium, browser  # noqa: F401  (the Chromium fixtures)
+from tests.e2e.conftest import SMALL
 from tests.e2e.helpers import (
     finished as _finished,
     open_page as _open,
@@ -54,7 +55,10 @@ def _messages(api, db, conv_id) -> list[dict]:
 
 def test_switching_chats_while_a_reply_streams(launch, browser, chat_api):  # noqa: F811
     api = chat_api
-    server = launch()
+    # The slowest path on purpose (fp32 weights, the per-layer loop: ~20 tokens/s here, where the
+    # default bf16 lean step streams ~100): B must still be generating when A is clicked, however
+    # slowly Chromium paints B's first words on a loaded box
+    server = launch(args=SMALL + ["--dtype", "float32", "--lean-step", "off"])
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = _open(context, server.url)
     page.locator("#sampling .label-wrap").first.click()
@@ -70,11 +74,11 @@ def test_switching_chats_while_a_reply_streams(launch, browser, chat_api):  # no
     # Chat B: a long reply, streaming.
     page.click("#new-chat")
     _wait(lambda: _users(page) == [] and "c=" not in page.url, timeout=10)
-    # Still streaming after the switch below, on a fast machine too: without the repetition penalty
-    # this greedy story runs to the token limit (with 1.1 it ends at ~400 tokens; 160, then 320,
-    # once finished before the check): 640 tokens are >= 10 s of decoding at this box's ~63 tokens/s
+    # Still streaming after the switch below: without the repetition penalty this greedy story runs
+    # to the token limit (with 1.1 it ends at ~400 tokens), and 320 tokens on the slow path above
+    # are ~16 s of decoding (640 on the default path, ~6 s, once finished before the check)
     _set_number(page, "rep-penalty", 1.0)
-    _set_number(page, "max-tokens", 640)
+    _set_number(page, "max-tokens", 320)
     _send(page, "Tell me a long story about a dragon who bakes bread.")
     _wait(
         lambda: (
