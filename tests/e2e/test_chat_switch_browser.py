@@ -75,10 +75,10 @@ def test_switching_chats_while_a_reply_streams(launch, browser, chat_api):  # no
     page.click("#new-chat")
     _wait(lambda: _users(page) == [] and "c=" not in page.url, timeout=10)
     # Still streaming after the switch below: without the repetition penalty this greedy story runs
-    # to the token limit (with 1.1 it ends at ~400 tokens), and 320 tokens on the slow path above
-    # are ~16 s of decoding (640 on the default path, ~6 s, once finished before the check)
+    # to the token limit (with 1.1 it ends at ~400 tokens), and 256 tokens on the slow path above
+    # are ~13 s of decoding (640 on the default path, ~6 s, once finished before the check)
     _set_number(page, "rep-penalty", 1.0)
-    _set_number(page, "max-tokens", 320)
+    _set_number(page, "max-tokens", 256)
     _send(page, "Tell me a long story about a dragon who bakes bread.")
     _wait(
         lambda: (
