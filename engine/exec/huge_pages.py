@@ -21,6 +21,8 @@ import os
 
 import torch
 
+from engine.exec.load_checks import available_memory_bytes
+
 HUGE_PAGE = 2 << 20
 _ALIGN = 4096  # each tensor starts on its own 4 KiB page
 
@@ -36,17 +38,6 @@ def enabled() -> bool:
 
 def _round_up(n: int, to: int) -> int:
     return (n + to - 1) // to * to
-
-
-def _available_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def _mapping(nbytes: int) -> torch.Tensor | None:
@@ -95,7 +86,7 @@ def arena_for(tensors) -> Arena | None:
     if not enabled():
         return None
     nbytes = Arena.size_of(tensors)
-    if nbytes == 0 or 2 * nbytes > _available_bytes():
+    if nbytes == 0 or 2 * nbytes > (available_memory_bytes() or 0):
         return None
     arena = Arena(nbytes)
     return arena if arena.mem is not None else None
@@ -123,9 +114,7 @@ def huge_page_bytes() -> int:
     """Bytes of this process's memory on transparent huge pages (/proc/self/smaps_rollup), or -1."""
     try:
         with open("/proc/self/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("AnonHugePages:"):
-                    return int(line.split()[1]) * 1024
+            kb = [ln.split()[1] for ln in f if ln.startswith("AnonHugePages:")]
     except OSError:
-        pass
-    return -1
+        return -1
+    return int(kb[0]) * 1024 if kb else -1

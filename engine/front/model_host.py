@@ -59,14 +59,10 @@ def model_catalog(paths: list[str] | None) -> list[ModelChoice]:
 
 
 def _available_ram() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 1 << 62
+    from engine.exec.load_checks import available_memory_bytes
+
+    free = available_memory_bytes()
+    return free if free is not None else 1 << 62
 
 
 def _weights_bytes(path: str | None) -> int:
