@@ -19,6 +19,7 @@
 #include <cstring>
 #include <algorithm>
 #include <vector>
+#include <omp.h>
 
 namespace paged_decode {
 
@@ -436,9 +437,101 @@ void decode_seq(const float* q, const T* kc, const T* vc, const int32_t* tables,
   }
 }
 
+// Blocks every sequence of the batch holds at the same table position, from the first: a shared
+// system prompt's blocks (prefix caching hands each chat the same block ids). Only whole blocks.
+inline int shared_prefix_blocks(const int32_t* tables, const int32_t* lens, int B, int W, int BS) {
+  if (B < 2) return 0;
+  int P = W;
+  for (int b = 0; b < B; ++b) P = std::min(P, lens[b] / BS);
+  for (int j = 0; j < P; ++j)
+    for (int b = 1; b < B; ++b)
+      if (tables[static_cast<long>(b) * W + j] != tables[j]) return j;
+  return P;
+}
+
+// decode_seq for a batch whose sequences share their first P blocks (P >= 1), with AVX-512 and
+// D % 16 == 0, no window: each thread takes a fixed share of the sequences and walks the shared
+// blocks once, every one of its sequences in turn on each block, so a block is read from memory once
+// per thread and served from L1 / L2 to the others (decode_seq reads it again for each sequence,
+// ~0.85 MB a layer of the default model's 551-token prompt, more than L2 holds with the rest); then
+// each sequence's own blocks as decode_seq walks them. Per sequence the arithmetic and its order are
+// block_heads' in table order, as decode_seq's: the results are bit-identical to it.
+template <typename T, int DC>
+void decode_shared(const float* q, const T* kc, const T* vc, const int32_t* tables, const int32_t* lens,
+                   float* out, int B, int H, int KVH, int BS, int W, float scale, int nthreads, int P) {
+  constexpr int D = DC;
+  const int G = H / KVH;
+  const long row = D + Row<T>::kExtra;
+  const long tok_stride = static_cast<long>(KVH) * row;
+  const long blk_stride = tok_stride * BS;
+  const long blk_bytes = blk_stride * static_cast<long>(sizeof(T));
+  auto prefetch = [&](long base) {
+    const char* nk = reinterpret_cast<const char*>(kc + base);
+    const char* nv = reinterpret_cast<const char*>(vc + base);
+    for (long off = 0; off < blk_bytes; off += 64) {
+      __builtin_prefetch(nk + off, 0, 3);
+      __builtin_prefetch(nv + off, 0, 3);
+    }
+  };
+#pragma omp parallel num_threads(nthreads)
+  {
+    const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+    const int b0 = static_cast<int>(static_cast<long>(B) * tid / nt);
+    const int b1 = static_cast<int>(static_cast<long>(B) * (tid + 1) / nt);
+    const int nb = b1 - b0;
+    // per sequence of this thread: the online-softmax state, its scaled queries, score scratch
+    std::vector<float> m(static_cast<size_t>(nb) * H), l(m.size()), acc(m.size() * D), qv(acc.size()),
+        s(m.size() * BS);
+    for (int i = 0; i < nb; ++i)
+      for (int h = 0; h < H; ++h) {
+        const long x = static_cast<long>(i) * H + h;
+        m[x] = -INFINITY;
+        l[x] = 0.f;
+        const float* qh = q + (static_cast<long>(b0 + i) * H + h) * D;
+        for (int d = 0; d < D; ++d) { qv[x * D + d] = qh[d] * scale; acc[x * D + d] = 0.f; }
+      }
+    auto block = [&](int i, long base, int n) {     // sequence b0 + i, one block: every KV head
+      const long x = static_cast<long>(i) * H;
+      for (int g = 0; g < KVH; ++g)
+        block_heads<T, DC / 16>(&qv[(x + g * G) * D], kc + base + g * row, vc + base + g * row, tok_stride, n, D,
+                                G, &m[x + g * G], &l[x + g * G], &acc[(x + g * G) * D], D,
+                                &s[(x + g * G) * BS], BS);
+    };
+    for (int j = 0; j < P; ++j) {       // the shared blocks: read once, used by every sequence here
+      const long base = static_cast<long>(tables[j]) * blk_stride;
+      if (j + 1 < P) prefetch(static_cast<long>(tables[j + 1]) * blk_stride);
+      for (int i = 0; i < nb; ++i) block(i, base, BS);
+    }
+    for (int i = 0; i < nb; ++i) {      // then each sequence's own blocks
+      const int b = b0 + i, len = lens[b];
+      const int nblk = (len + BS - 1) / BS;
+      const int32_t* tb = tables + static_cast<long>(b) * W;
+      for (int j = P; j < nblk; ++j) {
+        if (j + 1 < nblk) prefetch(static_cast<long>(tb[j + 1]) * blk_stride);
+        block(i, static_cast<long>(tb[j]) * blk_stride, std::min(BS, len - j * BS));
+      }
+      for (int h = 0; h < H; ++h) {
+        const long x = static_cast<long>(i) * H + h;
+        float* oh = out + (static_cast<long>(b) * H + h) * D;
+        const float inv = len > 0 ? 1.f / l[x] : 0.f;
+        for (int d = 0; d < D; ++d) oh[d] = acc[x * D + d] * inv;
+      }
+    }
+  }
+}
+
 template <typename T, int DC>
 void run(const float* q, const T* kc, const T* vc, const int32_t* tables, const int32_t* lens,
          float* out, int B, int H, int KVH, int D, int BS, int W, float scale, int nthreads, int window = 0) {
+  if constexpr (kVecBlocks && DC > 0 && DC % 16 == 0) {
+    if (B >= nthreads && window == 0) {
+      const int P = shared_prefix_blocks(tables, lens, B, W, BS);
+      if (P > 0) {
+        decode_shared<T, DC>(q, kc, vc, tables, lens, out, B, H, KVH, BS, W, scale, nthreads, P);
+        return;
+      }
+    }
+  }
   if (B >= nthreads && B > 1) {
     decode_seq<T, DC>(q, kc, vc, tables, lens, out, B, H, KVH, D, BS, W, scale, nthreads, window);
   } else {            // fewer sequences than threads: split each sequence's KV heads too

@@ -135,3 +135,58 @@ def test_kernel_is_active_when_a_compiler_exists_and_fallback_is_reported():
         "torch gather fallback: disabled by PAGED_CHAT_CPU_KERNEL=0",
         "False",
     ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
+def test_a_prefix_every_sequence_shares_is_read_once_with_the_same_bits(dtype):
+    """When every sequence of a batch holds the same first blocks (a shared system prompt), the
+    kernel walks them once per thread for all its sequences (paged_decode.h decode_shared). The
+    result must be bit-identical to the per-sequence walk, which the same pool with the shared
+    blocks copied to blocks of each sequence's own takes, and match fp64 dense attention."""
+    from kernels import kv_quant
+
+    g = torch.Generator().manual_seed(7)
+    bs, H, kvh, d, shared = 16, 9, 3, 64, 3
+    lens = [
+        shared * bs + 5,
+        shared * bs + 16,
+        shared * bs + 40,
+        shared * bs,
+        100,
+    ]  # one: only the prefix
+    B = len(lens)
+    own = [-(-n // bs) - shared for n in lens]
+    # pool A: blocks 1..3 shared, then each sequence's own; pool B: the same plus private copies
+    n_a = 1 + shared + sum(own)
+    n_b = n_a + B * shared
+    vals = torch.randn(2, n_b, bs, kvh, d, generator=g)
+    vals[:, 0] = float("nan")  # block 0 is never in a table
+    tables_a, tables_b, nxt = [], [], 1 + shared
+    for b in range(B):
+        mine = list(range(nxt, nxt + own[b]))
+        nxt += own[b]
+        copies = [n_a + b * shared + j for j in range(shared)]
+        vals[:, copies] = vals[:, 1 : 1 + shared]
+        tables_a.append(list(range(1, 1 + shared)) + mine)
+        tables_b.append(copies + mine)
+    W = max(len(t) for t in tables_a)
+    pad = lambda t: t + [0] * (W - len(t))  # noqa: E731
+    ta = torch.tensor([pad(t) for t in tables_a], dtype=torch.int32)
+    tb = torch.tensor([pad(t) for t in tables_b], dtype=torch.int32)
+    if dtype == torch.int8:
+        pool = kv_quant.quantize_rows(vals, torch.int8)
+    else:
+        pool = vals.to(dtype)
+    kc, vc = pool[0].contiguous(), pool[1].contiguous()
+    q = torch.randn(B, H, d, generator=g)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    assert cpu_attention.supports(q, kc), cpu_attention.active_path()
+    out_a = cpu_attention.paged_decode(q, kc, vc, ta, seq_lens, d**-0.5)
+    out_b = cpu_attention.paged_decode(q, kc, vc, tb, seq_lens, d**-0.5)
+    assert torch.isfinite(out_a).all()
+    assert torch.equal(out_a, out_b)
+    kd, vd = kv_quant.dequantize(kc), kv_quant.dequantize(vc)
+    ref = dense_attention_fp64(
+        q, kd, vd, ta, seq_lens, torch.arange(B + 1, dtype=torch.int32), d**-0.5
+    )
+    torch.testing.assert_close(out_a.double(), ref, atol=1e-4, rtol=1e-4)
