@@ -92,12 +92,6 @@ def arena_for(tensors) -> Arena | None:
     return arena if arena.mem is not None else None
 
 
-def to_huge_pages(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Copies of CPU `tensors` in one huge-page arena (the tensors themselves where there is none)."""
-    arena = arena_for(tensors)
-    return list(tensors) if arena is None else [arena.take(t) for t in tensors]
-
-
 def zeros(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
     """A zero-filled CPU tensor on huge pages (the KV pool: attention reads its blocks scattered
     across the whole pool, where 4 KiB pages cost a TLB miss per few rows), or torch.zeros where

@@ -43,7 +43,9 @@ def test_copies_keep_dtype_shape_values_and_ask_for_huge_pages(huge_on):
         torch.randn(1024, 768),  # 3 MiB: spans a 2 MiB page boundary
     ]
     keep = [t.clone() for t in originals]
-    copies = huge_pages.to_huge_pages(originals)
+    arena = huge_pages.arena_for(originals)
+    assert arena is not None
+    copies = [arena.take(t) for t in originals]
     for t, c, k in zip(originals, copies, keep):
         assert c.dtype == t.dtype and c.shape == t.shape and c.is_contiguous()
         assert torch.equal(c, k)
@@ -68,7 +70,7 @@ def test_zeros_is_a_zeroed_writable_pool_on_huge_pages(huge_on):
 def test_off_leaves_tensors_where_torch_put_them(monkeypatch):
     monkeypatch.setenv("PAGED_CHAT_HUGE_PAGES", "0")
     t = torch.randn(1024, 768)
-    assert huge_pages.to_huge_pages([t])[0] is t
+    assert huge_pages.arena_for([t]) is None
     z = huge_pages.zeros((1024, 1024), torch.float32)
     assert "hg" not in _vm_flags(z.data_ptr())
 
