@@ -79,6 +79,10 @@ class StepPlan:
     logits: list[LogitsRow] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)
     state_copies: list[tuple[int | bytes, int]] = field(default_factory=list)  # (src, dst) slots
+    # every logits row feeds only a plain greedy argmax (set by the engine, which knows the
+    # requests: engine/sampling/sampler.argmax_suffices): the forward may then compute the LM head
+    # only where a row can reach its argmax and leave -inf elsewhere (kernels/greedy_head.py)
+    argmax_only: bool = False
 
     def __bool__(self) -> bool:
         return bool(self.rows)

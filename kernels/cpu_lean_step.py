@@ -23,6 +23,7 @@ import torch
 
 from kernels import kv_quant
 from kernels.cpu_build import CSRC, LazyLibrary, profiled
+from kernels.greedy_head import Int8Screen
 
 _MAX_TOKENS: list[int] = []  # kernels/csrc's kMaxTokens, read when the library loads
 # (activation dtype, weights int8?) -> exported function
@@ -41,6 +42,7 @@ _ERRORS = {
     4: "block table does not cover the sequence (or names a block beyond the pool)",
     5: "logits row outside the step's tokens",
     6: "token count outside 1..max_tokens or above the context",
+    8: "a screened LM head over an int8 head, or without its scales and bounds",
 }
 LAYER_KEYS = (
     "ln1",
@@ -122,6 +124,9 @@ def _declare(dll) -> None:
             p,
             i,
             i,
+            p,
+            p,
+            p,
         ]
         fn.restype = ctypes.c_int
     if dll.lean_step_ptrs_per_layer() != len(LAYER_KEYS) or dll.lean_step_ext_per_layer() != len(
@@ -200,6 +205,7 @@ class LeanStep:
         ext: list[dict] | None = None,
         embed_scale: float | None = None,
         act: str = "silu",
+        screen: Int8Screen | None = None,
     ):
         int8 = lm_scale is not None
         if not available(dtype, int8):
@@ -253,6 +259,14 @@ class LeanStep:
         if act not in ACT_KINDS:
             raise ValueError(f"no lean CPU step for the activation {act!r}")
         self.act_kind = ACT_KINDS[act]
+        if screen is not None and (
+            int8
+            or tuple(screen.codes.shape) != tuple(lm_head.shape)
+            or screen.scale.shape[0] != lm_head.shape[0]
+            or screen.coef.shape[0] != lm_head.shape[0]
+        ):
+            raise ValueError("a screened LM head needs a plain head and a copy of its shape")
+        self.screen = screen  # kernels/greedy_head.py: greedy steps read its int8 copy of the head
 
     def _ext_table(self, ext: list[dict], dtype: torch.dtype, positions: int) -> torch.Tensor:
         """EXT_KEYS per layer as int64: tensors by address (held here), no_rope and window as values."""
@@ -356,6 +370,7 @@ class LeanStep:
         rows: torch.Tensor,
         rotation: torch.Tensor | None = None,
         layer_kv: torch.Tensor | None = None,
+        argmax_only: bool = False,
     ) -> torch.Tensor:
         """Logits [len(rows), vocab] fp32 of the given rows of one step's T new tokens (T <=
         max_tokens), packed over sequences as AttentionMetadata packs them: tokens, positions,
@@ -365,6 +380,8 @@ class LeanStep:
         KV cache groups (engine/kv/cache_spec.py): `layer_kv` int32 [L, 2] holds each layer's pool
         slot and group; slots are then [G, T] and tables [G, S, W], one per group (released table
         entries written as block 0, never read: the window starts after them).
+        argmax_only: every row wants only its argmax (a greedy step): with a screen the logits are
+        exact where a row may be the argmax and -inf elsewhere (kernels/greedy_head.py).
         Out-of-range inputs raise ValueError before anything is written."""
         for name, t in (
             ("tokens", tokens),
@@ -452,6 +469,11 @@ class LeanStep:
                 None if layer_kv is None else layer_kv.data_ptr(),
                 kv_pool.shape[1],
                 G,
+                *(
+                    (scr.codes.data_ptr(), scr.scale.data_ptr(), scr.coef.data_ptr())
+                    if (scr := self.screen if argmax_only else None) is not None
+                    else (None, None, None)
+                ),
             )
         if err == 7:
             raise LeanStepFailed(

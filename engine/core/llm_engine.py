@@ -26,7 +26,7 @@ from engine.outputs import STATE_FINISHED, STATE_PREEMPTED, STATE_RESUMED, STATE
 from engine.sampling import prompt_logprobs
 from engine.sampling.structured.compiler import GrammarCompiler
 from engine.sampling.structured.state import GrammarState
-from engine.sampling.sampler import make_generator
+from engine.sampling.sampler import argmax_suffices, make_generator
 from engine.core.sample_isolated import sample_isolated
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Request, RequestOutputDelta, Sequence, SeqStatus
@@ -211,6 +211,22 @@ class LLMEngine:
         self.drivers.pop(request_id, None)
         self.requests.pop(request_id, None)
 
+    def _argmax_only(self, plan) -> bool:
+        """Every logits row of the step is a plain greedy argmax (engine/step_plan.py): no
+        prompt-logprob rows, no driven request (beam search reads every logit), no grammar."""
+        if plan.prompt_logprob_rows or not plan.logits:
+            return False
+        for lr in plan.logits:
+            seq = plan.rows[lr.row].seq
+            req = seq.request
+            if (
+                req.request_id in self.drivers
+                or seq.grammar is not None
+                or not argmax_suffices(req.params)
+            ):
+                return False
+        return True
+
     def _route_driven_rows(self, seqs: list[Sequence], logits: torch.Tensor):
         """Give each driver the rows of its sequences; return the rest for sampling."""
         keep: list[int] = []
@@ -297,6 +313,7 @@ class LLMEngine:
                 self._emit(seq, "", [], state=STATE_RUNNING)
         if not plan:
             return
+        plan.argmax_only = self._argmax_only(plan)
         # logits stay on the model's device: the sampler runs there; only token ids (and requested
         # logprobs) come back to the host. Prefill chunks need KV even when unsampled.
         t0 = time.perf_counter()

@@ -220,4 +220,6 @@ class ModelRunner:
             group_tables=tables if groups else None,
             state_slots=state_slots,
         )
-        return self.model.forward(ids, pos, self.kv_pool, meta, logits_idx)
+        return self.model.forward(
+            ids, pos, self.kv_pool, meta, logits_idx, argmax_only=plan.argmax_only
+        )

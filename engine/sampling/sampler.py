@@ -63,6 +63,21 @@ def _draw_uniforms(generators, rows: list[int], device) -> torch.Tensor:
     return u.to(device)
 
 
+def argmax_suffices(p: SamplingParams) -> bool:
+    """Whether a row with these parameters is sampled by the argmax of its logits and nothing else
+    reads them: greedy, no logprobs, no bias, no penalty, no grammar. Such a step's forward may
+    skip the LM head wherever a row provably cannot be the argmax (kernels/greedy_head.py)."""
+    return (
+        p.greedy
+        and p.logprobs is None
+        and not p.logit_bias
+        and p.repetition_penalty == 1.0
+        and not p.presence_penalty
+        and not p.frequency_penalty
+        and p.structured is None
+    )
+
+
 def apply_penalties(
     logits: torch.Tensor,
     params: list[SamplingParams],

@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "layer_ops.h"
+#include "greedy_screen.h"
 #include "lean_gemm.h"
 #include "paged_decode.h"
 #include "spin_barrier.h"
@@ -101,6 +102,10 @@ struct Step {
   // KV cache groups (engine/kv/cache_spec.py): layer i's pool slot and group, [L, 2], or null (slot i,
   // group 0); the pool has PL layer slots; slots are [G, nT] and tables [G, S, W_], one per group
   const int32_t* layer_kv; int PL; int S;
+  // a greedy step's screened LM head (kernels/greedy_head.py): int8 codes [V, Dm] of the head with
+  // fp32 scales [V] and bound coefficients [V]; null: the whole head is computed
+  const int8_t* scr_codes; const float* scr_scale; const float* scr_coef;
+  std::vector<float> tau_part;            // screen: per thread, each row's largest lower bound
   std::vector<T> qkv, q, delta, gu, act, lg;
   std::vector<std::vector<T>> own_d;      // ext post norms: per thread, the normed delta
   std::vector<int64_t> zpos;              // ext no-RoPE layers: position 0 for every token
@@ -118,6 +123,7 @@ struct Step {
     qkv.resize(nT * static_cast<long>(H + 2 * KVH) * D); q.resize(nT * hd); delta.resize(nT * static_cast<long>(Dm));
     gu.resize(nT * 2L * I); act.resize(nT * static_cast<long>(I)); lg.resize(R * V);
     qf.resize(nT * hd); of.resize(nT * hd);
+    if (scr_codes != nullptr) tau_part.assign(static_cast<long>(nt) * R, 0.f);
     if (ext != nullptr) {
       own_d.assign(nt, std::vector<T>(nT * static_cast<long>(Dm)));
       zpos.assign(nT, 0);
@@ -309,9 +315,46 @@ struct Step {
     }
     to_f32<K>(a.data(), xf.data(), R * static_cast<long>(Dm));
     const long v0 = part4(V, tid, nt), v1 = part4(V, tid + 1, nt);
+    if (scr_codes != nullptr) {
+      screened_head(xf.data(), v0, v1, tid, bar);
+      return;
+    }
     gemm<K, W>(lm_head, xf.data(), R, nullptr, lm_scale, lg.data(), V, v0, v1, Dm);
     for (int r = 0; r < R; ++r)
       for (long v = v0; v < v1; ++v) logits[r * V + v] = K::ld(&lg[r * V], v);
+  }
+
+  // A greedy step's LM head (greedy_screen.h): the int8 copy for every row of this thread's
+  // share, then the real weights only for the rows that may be the argmax; the others get -inf.
+  // A computed row's logit is the one the whole head gives (gemm is batch- and range-invariant).
+  // rho: the approximation is rounded to dtype (bf16: 2^-8 relative), and so is the exact logit.
+  void screened_head(const float* xr, long v0, long v1, int tid, SpinBarrier& bar) {
+    const float rho = sizeof(T) == 2 ? 1.0f / 64 : 1.0f / (1 << 20);
+    gemm<K, int8_t>(scr_codes, xr, R, nullptr, scr_scale, lg.data(), V, v0, v1, Dm);
+    float n1[kMaxTokens];
+    for (int r = 0; r < R; ++r) {
+      double s = 0;                               // ||x||_1, rounded up below
+      for (int j = 0; j < Dm; ++j) s += std::fabs(xr[r * static_cast<long>(Dm) + j]);
+      n1[r] = static_cast<float>(s * (1 + 1e-6));
+      const T* a = &lg[r * V];
+      const auto row = greedy_screen::row([a](long v) { return K::ld(a, v); }, scr_coef, nullptr, n1[r], 0.f, rho);
+      tau_part[static_cast<long>(tid) * R + r] = row.tau(v0, v1);
+    }
+    bar.wait();
+    for (int r = 0; r < R; ++r) {
+      float tau = -INFINITY;
+      for (int j = 0; j < nt; ++j) tau = std::max(tau, tau_part[static_cast<long>(j) * R + r]);
+      T* a = &lg[r * V];
+      const float* xm = xr + r * static_cast<long>(Dm);
+      const auto row = greedy_screen::row([a](long v) { return K::ld(a, v); }, scr_coef, nullptr, n1[r], 0.f, rho);
+      float* out = logits + r * V;
+      for (long v = v0; v < v1; ++v) out[v] = -INFINITY;
+      for (long v = v0; v < v1; ++v) {
+        if (!row.may_reach(v, tau)) continue;
+        gemm<K, W>(lm_head, xm, 1, nullptr, lm_scale, a, V, v, v + 1, Dm);    // writes a[v]
+        out[v] = K::ld(a, v);
+      }
+    }
   }
 };
 
@@ -354,7 +397,8 @@ int lean_step_max_tokens() { return kMaxTokens; }
 // 1 token id, 2 position (RoPE table of P rows), 3 KV slot (-1 = store nothing: a padded row), 4 block table (too short, or a block
 // beyond the pool), 5 logits row, 6 token count (1..kMaxTokens) or sequence layout (cu_seqlens_q
 // not rising from 0 to the token count, a sequence with more new tokens than context); 7: no
-// memory or threads for the step (nothing written).
+// memory or threads for the step (nothing written); 8: a screened LM head (scr_codes, a greedy
+// step: kernels/greedy_head.py) without its scales and bounds, or over an int8 head.
 // S sequences: tables [G, S, W_], seq_lens [S] (context incl. this step's tokens), cu [S + 1] (query
 // token offsets), slots [G, nT], as AttentionMetadata holds them per KV cache group; layer_kv [L, 2]
 // (pool slot, group) of each layer, or null for one group (slot = layer, PL = L, G = 1).
@@ -365,9 +409,12 @@ int lean_step_max_tokens() { return kMaxTokens; }
            const void* cos, const void* sin, long P, void* pool, long num_blocks, int BS,                   \
            const int32_t* tables, int W_, int S, const int32_t* seq_lens, const int32_t* cu, float eps,    \
            float scale, float* logits, int n, int tiled, int q8, const float* rot, const int64_t* ext,       \
-           float embed_scale, int act_kind, const int32_t* layer_kv, int PL, int G) {                      \
+           float embed_scale, int act_kind, const int32_t* layer_kv, int PL, int G, const int8_t* scr_codes,  \
+           const float* scr_scale, const float* scr_coef) {                                               \
     using T = K::T;                                                                                        \
     if (nT < 1 || nT > kMaxTokens || S < 1 || cu[0] != 0 || cu[S] != nT) return 6;                         \
+    if (scr_codes != nullptr && (lm_scale != nullptr || scr_scale == nullptr || scr_coef == nullptr))      \
+      return 8;                                                                                            \
     if (G < 1 || PL < 1 || (layer_kv == nullptr && (G != 1 || PL != L))) return 4;                         \
     for (int i = 0; layer_kv != nullptr && i < L; ++i)                                                      \
       if (layer_kv[2 * i] < 0 || layer_kv[2 * i] >= PL || layer_kv[2 * i + 1] < 0 || layer_kv[2 * i + 1] >= G) \
@@ -400,7 +447,8 @@ int lean_step_max_tokens() { return kMaxTokens; }
                   rows, R, static_cast<const T*>(norm), static_cast<const W*>(lm_head), lm_scale, V,       \
                   static_cast<const T*>(cos), static_cast<const T*>(sin), static_cast<T*>(pool),           \
                   num_blocks, BS, tables, W_, tok_seq, tok_len, eps, scale, logits, std::max(1, n),        \
-                  tiled != 0, q8 != 0, rot, ext, embed_scale, act_kind, layer_kv, PL, S};                  \
+                  tiled != 0, q8 != 0, rot, ext, embed_scale, act_kind, layer_kv, PL, S, scr_codes,       \
+                  scr_scale, scr_coef};                                                                   \
     return step<K, W>(st) ? 0 : 7;                                                                         \
   }
 

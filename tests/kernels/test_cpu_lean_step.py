@@ -150,7 +150,7 @@ def test_an_int8_pool_is_written_and_read_like_the_loop(dtype, rotated, monkeypa
     monkeypatch.setattr(
         cpu_lean_step.LeanStep,
         "__call__",
-        lambda self, tokens, *a: calls.append(len(tokens)) or real(self, tokens, *a),
+        lambda self, tokens, *a, **kw: calls.append(len(tokens)) or real(self, tokens, *a, **kw),
     )
     for mode in ("off", "on"):
         m = LlamaModel(cfg, dict(w), dtype, "cpu", max_positions=64, lean_step=mode)
@@ -346,7 +346,7 @@ def test_lean_step_is_only_taken_where_it_applies(monkeypatch):
     monkeypatch.setattr(
         cpu_lean_step.LeanStep,
         "__call__",
-        lambda self, tokens, *a: sizes.append(len(tokens)) or real(self, tokens, *a),
+        lambda self, tokens, *a, **kw: sizes.append(len(tokens)) or real(self, tokens, *a, **kw),
     )
     run_steps(lean, list(range(30)), 2, chunk=3)
     assert sizes == [3, 1, 1]  # not the 25-token prefill
@@ -449,7 +449,7 @@ def test_a_step_that_cannot_start_falls_back_to_the_loop(monkeypatch):
     lean = LlamaModel(cfg, dict(w), torch.float32, "cpu", max_positions=64, lean_step="on")
     loop = LlamaModel(cfg, dict(w), torch.float32, "cpu", max_positions=64, lean_step="off")
 
-    def refuse(self, *a):
+    def refuse(self, *a, **kw):
         raise cpu_lean_step.LeanStepFailed("no threads")
 
     monkeypatch.setattr(cpu_lean_step.LeanStep, "__call__", refuse)

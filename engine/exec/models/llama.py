@@ -22,6 +22,7 @@ from kernels import kv_quant
 from engine.exec.cpu_linear import layer_linear as _linear
 from engine.exec.models.attention_block import LayerAttention, rms_norm
 from engine.exec.models.decoder_spec import describe, describe_layers, head_dim_of
+from engine.exec.models import greedy_screens
 from engine.exec.models.gated_deltanet import LinearAttention
 from engine.exec.models.moe import moe_forward
 from engine.exec.models.llama_weights import LINEAR_NAMES, prepared_weights
@@ -177,6 +178,7 @@ def make_lean_step(model, plain: list[dict] | None, mode: str, plain_bytes: int 
         (head.q, head.scale.float()) if isinstance(head, Int8Linear) else (model.lm_head, None)
     )
     ext, family = lean_ext(model)
+    screen = None if int8 else greedy_screens.int8_screen(model)
     try:
         lean = cpu_lean_step.LeanStep(
             layers=layers,
@@ -196,10 +198,15 @@ def make_lean_step(model, plain: list[dict] | None, mode: str, plain_bytes: int 
             ext=ext,
             embed_scale=model.spec.embed_scale,
             act=model.spec.act,
+            screen=screen,
         )
     except ValueError as e:
         return None, 0, f"loop ({e})"
     kind = f"; {family}" if family else ""
+    if screen is not None:
+        kind += (
+            f"; greedy steps screen the LM head with a {screen.nbytes / 2**20:.0f} MiB int8 copy"
+        )
     return (
         lean,
         extra,
@@ -291,6 +298,7 @@ class LlamaModel:
         self.layers = [dict(L) for L in prep.layers]
         self.lm_head_linear, self.linear_kind = prep.lm_head_linear, prep.linear_kind
         self.lean = None  # kernels/cpu_lean_step.LeanStep: a few tokens' step in one C++ call
+        self.greedy_screen = None  # kernels/greedy_head.Bf16Screen: the loop's greedy LM head
         self.lean_extra_bytes = 0  # the plain weight copy it holds beside the packed one
         self.cpu_path = ""  # CPU: which loop, linears and lean step run (start-up log, ModelInfo)
         self.ropes = {}
@@ -336,6 +344,9 @@ class LlamaModel:
             if not spec.plain_layers:
                 loop = f"per-layer loop (eager torch ops: {_not_lean(spec)})"
             self.cpu_path = f"{loop}; linears: {self.linear_kind}; few-token steps: {lean_why}"
+            self.greedy_screen = greedy_screens.bf16_screen(self)
+            if self.greedy_screen is not None:
+                self.cpu_path += "; greedy batches screen the LM head with oneDNN's bf16 product"
         # CUDA: routed experts and linear-attention layers run the eager loop with Triton attention
         self.use_fused = self.use_fused and spec.plain_layers
 
@@ -376,8 +387,12 @@ class LlamaModel:
             )
         return cached[1]
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """The LM head over final-normed rows, fp32 (and Gemma's soft-cap where the config sets one)."""
+    def logits(self, x: torch.Tensor, argmax_only: bool = False) -> torch.Tensor:
+        """The LM head over final-normed rows, fp32 (and Gemma's soft-cap where the config sets one).
+        argmax_only (a greedy step): with a screen, exact where a row may be the argmax, -inf
+        elsewhere (kernels/greedy_head.py)."""
+        if argmax_only and self.greedy_screen is not None and x.shape[0]:
+            return self.greedy_screen.logits(x)
         out = (
             self.lm_head_linear(x) if self.lm_head_linear is not None else F.linear(x, self.lm_head)
         ).float()
@@ -399,8 +414,11 @@ class LlamaModel:
         kv_pool: torch.Tensor,
         meta: AttentionMetadata,
         logits_indices: torch.Tensor,
+        argmax_only: bool = False,
     ) -> torch.Tensor:
-        """Run the packed batch; return fp32 logits for the tokens at `logits_indices`."""
+        """Run the packed batch; return fp32 logits for the tokens at `logits_indices`.
+        argmax_only: each of those rows wants only its argmax (engine/step_plan.py); the logits
+        are then exact where a row may be the argmax and may be -inf elsewhere."""
         groups = meta.group_tables is not None  # KV cache groups: every group's slots and tables
         if (
             self.lean is not None
@@ -427,6 +445,7 @@ class LlamaModel:
                         logits_indices,
                         self.kv_rotation,
                         self.kv_layer_tensor() if groups else None,
+                        argmax_only=argmax_only,
                     )
                 )
             except LeanStepFailed as e:  # the loop below serves this step and every later one
@@ -439,7 +458,9 @@ class LlamaModel:
         if self.use_cpu_fused and meta.backend == "torch" and kv_pool.is_contiguous():
             from engine.exec.models.llama_cpu_fused import forward_cpu_fused
 
-            return forward_cpu_fused(self, input_ids, positions, kv_pool, meta, logits_indices)
+            return forward_cpu_fused(
+                self, input_ids, positions, kv_pool, meta, logits_indices, argmax_only
+            )
         T = input_ids.shape[0]
         h, d, eps = self.num_heads, self.head_dim, self.eps
         spec = self.spec
@@ -470,7 +491,7 @@ class LlamaModel:
                 else _linear(L, "down", self.act_mul(_linear(L, "gate_up", a)))
             )
             x = x + (rms_norm(m, L["post_ff"], eps) if sandwich else m)
-        return self.logits(rms_norm(x[logits_indices], self.norm, eps))
+        return self.logits(rms_norm(x[logits_indices], self.norm, eps), argmax_only)
 
     def _torch_rope_store(self, backend: str):
         """The eager loop's RoPE + store (attention_block.LayerAttention's `rope_store`): q and k

@@ -19,7 +19,9 @@ from engine.exec.models.attention_block import LayerAttention
 from kernels import cpu_layer_ops as ops
 
 
-def forward_cpu_fused(model, input_ids, positions, kv_pool, meta, logits_indices) -> torch.Tensor:
+def forward_cpu_fused(
+    model, input_ids, positions, kv_pool, meta, logits_indices, argmax_only: bool = False
+) -> torch.Tensor:
     T = input_ids.shape[0]
     h, kvh, d, eps = model.num_heads, model.num_kv_heads, model.head_dim, model.eps
     positions = positions.to(torch.int64).contiguous()
@@ -75,4 +77,6 @@ def forward_cpu_fused(model, input_ids, positions, kv_pool, meta, logits_indices
         x += delta
     x = x[logits_indices].contiguous()
     x = ops.add_rms_norm(x, None, model.norm, eps)
+    if argmax_only and model.greedy_screen is not None and x.shape[0]:
+        return model.greedy_screen.logits(x)  # kernels/greedy_head.py (no soft-cap: not built)
     return model.softcap(model.lm_head_linear(x).float())

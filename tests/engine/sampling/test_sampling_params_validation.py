@@ -95,3 +95,23 @@ def test_good_values_are_accepted(kwargs):
 def test_temperature_zero_is_greedy_and_the_minimum_is_not():
     assert SamplingParams(temperature=0).greedy
     assert not SamplingParams(temperature=MIN_TEMPERATURE).greedy
+
+
+def test_only_a_plain_greedy_row_lets_the_step_screen_its_lm_head():
+    """engine/sampling/sampler.argmax_suffices: anything that reads more than the argmax keeps the
+    whole LM head (kernels/greedy_head.py)."""
+    from engine.sampling.sampler import argmax_suffices
+    from engine.sampling.structured.spec import StructuredSpec
+
+    assert argmax_suffices(SamplingParams(temperature=0, max_tokens=5, stop=["x"], n=2))
+    for extra in (
+        {"temperature": 0.7},
+        {"logprobs": 0},
+        {"logit_bias": {3: 1.0}},
+        {"repetition_penalty": 1.1},
+        {"presence_penalty": 0.5},
+        {"frequency_penalty": 0.5},
+        {"structured": StructuredSpec("json_object")},
+    ):
+        kw = {"temperature": 0, **extra}
+        assert not argmax_suffices(SamplingParams(**kw)), extra
