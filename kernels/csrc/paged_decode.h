@@ -449,13 +449,114 @@ inline int shared_prefix_blocks(const int32_t* tables, const int32_t* lens, int 
   return P;
 }
 
+// The shared prefix of one thread's sequences as two small matrix products, per KV head g: the
+// R = nb * G query rows that read g against the prefix's Ts = P * BS tokens. Why: per sequence and
+// head the block walk (block_heads) pays a reduction tree per 16 scores and an online-softmax
+// rescale per block, and reloads each K / V row for every one of its query rows; over a prefix all
+// rows read, the rows can share each load instead. Scores: each 16-token chunk of K is transposed
+// once (dequantized: int8 codes times their scale, bf16 widened) into kt [D][16], then 8 query rows
+// at a time sum q[d] * kt[d] over d, one token per lane, no reduction; then one softmax per row over
+// the whole prefix; then P V with 16-lane V rows and the probabilities broadcast, RB rows at a time.
+// Leaves each row's online-softmax state (max, sum, unnormalized output) for the sequence's own
+// blocks, which block_heads walks as before. Numerics: fp32 throughout, sums in another order than
+// block_heads' (a few ulps apart: tested against fp64 dense attention and the per-sequence walk).
+// x in all 16 lanes (`v16f{} + x` would also add a zero, an instruction the compiler must keep)
+inline lean::v16f splat(float x) {
+#if defined(__AVX512F__)
+  return _mm512_set1_ps(x);
+#else
+  return lean::v16f{} + x;
+#endif
+}
+
+template <typename T, int DC>
+void shared_prefix(const float* qv, const T* kc, const T* vc, const int32_t* tables, int P, int BS, int nb,
+                   int H, int KVH, long row, long tok_stride, long blk_stride, float* m, float* l, float* acc,
+                   std::vector<float>& S) {
+  using lean::v16f;
+  constexpr int D = DC, NC = DC / 16, RB = NC <= 4 ? 6 : 3;   // P V: RB rows x NC accumulators
+  const int G = H / KVH, R = nb * G;
+  const long Ts = static_cast<long>(P) * BS;
+  S.resize(static_cast<size_t>(R) * Ts);
+  alignas(64) float kt[D * 16];
+  float tmp[D];
+  for (int g = 0; g < KVH; ++g) {
+    auto xrow = [&](int r) { return static_cast<long>(r / G) * H + g * G + r % G; };   // state index
+    for (int j = 0; j < P; ++j) {
+      const long base = static_cast<long>(tables[j]) * blk_stride + g * row;
+      for (int t0 = 0; t0 < BS; t0 += 16) {
+        const int nt = std::min(16, BS - t0);
+        for (int t = 0; t < 16; ++t) {
+          if (t < nt) Row<T>::get(kc + base + (t0 + t) * tok_stride, tmp, D);
+          for (int d = 0; d < D; ++d) kt[d * 16 + t] = t < nt ? tmp[d] : 0.f;
+        }
+        for (int r0 = 0; r0 < R; r0 += 8) {
+          const int rb = std::min(8, R - r0);
+          v16f a[8];
+          const float* qr[8];
+          for (int k = 0; k < 8; ++k) { a[k] = v16f{}; qr[k] = qv + xrow(r0 + std::min(k, rb - 1)) * D; }
+          for (int d = 0; d < D; ++d) {
+            const v16f kv = lean::vload(kt + d * 16);
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; ++k) a[k] = lean::madd(splat(qr[k][d]), kv, a[k]);
+          }
+          for (int k = 0; k < rb; ++k) {
+            float* dst = &S[static_cast<size_t>(r0 + k) * Ts + j * BS + t0];
+            if (nt == 16) std::memcpy(dst, &a[k], sizeof(v16f));
+            else for (int t = 0; t < nt; ++t) dst[t] = a[k][t];
+          }
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {        // one softmax over the prefix (Ts is whole blocks)
+      float* sr = &S[static_cast<size_t>(r) * Ts];
+      float mx = -INFINITY;
+      for (long t = 0; t < Ts; ++t) mx = std::max(mx, sr[t]);
+      v16f sum = v16f{};
+      long t = 0;
+      for (; t + 16 <= Ts; t += 16) {
+        const v16f e = exp16(lean::vload(sr + t) - mx);
+        std::memcpy(sr + t, &e, sizeof e);
+        sum += e;
+      }
+      float tail = 0.f;
+      for (; t < Ts; ++t) { sr[t] = fast_exp(sr[t] - mx); tail += sr[t]; }
+      m[xrow(r)] = mx;
+      l[xrow(r)] = lean::hsum(sum) + tail;
+    }
+    for (int r0 = 0; r0 < R; r0 += RB) {
+      const int rb = std::min(RB, R - r0);
+      v16f o[RB][NC];
+      const float* pr[RB];
+      for (int k = 0; k < RB; ++k) {
+        pr[k] = &S[static_cast<size_t>(r0 + std::min(k, rb - 1)) * Ts];
+        for (int c = 0; c < NC; ++c) o[k][c] = v16f{};
+      }
+      for (int j = 0; j < P; ++j) {
+        const T* vb = vc + static_cast<long>(tables[j]) * blk_stride + g * row;
+        for (int t = 0; t < BS; ++t) {
+          const T* vr = vb + t * tok_stride;
+          const float sc = row_scale(vr, D);
+          v16f v[NC];
+          for (int c = 0; c < NC; ++c) v[c] = lean::vload(vr + 16 * c);
+          const long pt = static_cast<long>(j) * BS + t;
+#pragma GCC unroll 6
+          for (int k = 0; k < RB; ++k) {
+            const v16f pk = splat(pr[k][pt] * sc);
+            for (int c = 0; c < NC; ++c) o[k][c] = lean::madd(pk, v[c], o[k][c]);
+          }
+        }
+      }
+      for (int k = 0; k < rb; ++k)
+        for (int c = 0; c < NC; ++c) std::memcpy(&acc[xrow(r0 + k) * D + 16 * c], &o[k][c], sizeof(v16f));
+    }
+  }
+}
+
 // decode_seq for a batch whose sequences share their first P blocks (P >= 1), with AVX-512 and
-// D % 16 == 0, no window: each thread takes a fixed share of the sequences and walks the shared
-// blocks once, every one of its sequences in turn on each block, so a block is read from memory once
-// per thread and served from L1 / L2 to the others (decode_seq reads it again for each sequence,
-// ~0.85 MB a layer of the default model's 551-token prompt, more than L2 holds with the rest); then
-// each sequence's own blocks as decode_seq walks them. Per sequence the arithmetic and its order are
-// block_heads' in table order, as decode_seq's: the results are bit-identical to it.
+// D % 16 == 0, no window: each thread takes a fixed share of the sequences; their shared prefix is
+// computed as two small matrix products per KV head (shared_prefix), reading each prefix block once
+// per thread for all its query rows; then each sequence's own blocks as decode_seq walks them.
 template <typename T, int DC>
 void decode_shared(const float* q, const T* kc, const T* vc, const int32_t* tables, const int32_t* lens,
                    float* out, int B, int H, int KVH, int BS, int W, float scale, int nthreads, int P) {
@@ -481,15 +582,16 @@ void decode_shared(const float* q, const T* kc, const T* vc, const int32_t* tabl
     const int nb = b1 - b0;
     // per sequence of this thread: the online-softmax state, its scaled queries, score scratch
     std::vector<float> m(static_cast<size_t>(nb) * H), l(m.size()), acc(m.size() * D), qv(acc.size()),
-        s(m.size() * BS);
+        s(m.size() * BS), S;
     for (int i = 0; i < nb; ++i)
       for (int h = 0; h < H; ++h) {
         const long x = static_cast<long>(i) * H + h;
-        m[x] = -INFINITY;
-        l[x] = 0.f;
         const float* qh = q + (static_cast<long>(b0 + i) * H + h) * D;
-        for (int d = 0; d < D; ++d) { qv[x * D + d] = qh[d] * scale; acc[x * D + d] = 0.f; }
+        for (int d = 0; d < D; ++d) qv[x * D + d] = qh[d] * scale;
       }
+    if (nb > 0)
+      shared_prefix<T, DC>(qv.data(), kc, vc, tables, P, BS, nb, H, KVH, row, tok_stride, blk_stride, m.data(),
+                           l.data(), acc.data(), S);
     auto block = [&](int i, long base, int n) {     // sequence b0 + i, one block: every KV head
       const long x = static_cast<long>(i) * H;
       for (int g = 0; g < KVH; ++g)
@@ -497,11 +599,6 @@ void decode_shared(const float* q, const T* kc, const T* vc, const int32_t* tabl
                                 G, &m[x + g * G], &l[x + g * G], &acc[(x + g * G) * D], D,
                                 &s[(x + g * G) * BS], BS);
     };
-    for (int j = 0; j < P; ++j) {       // the shared blocks: read once, used by every sequence here
-      const long base = static_cast<long>(tables[j]) * blk_stride;
-      if (j + 1 < P) prefetch(static_cast<long>(tables[j + 1]) * blk_stride);
-      for (int i = 0; i < nb; ++i) block(i, base, BS);
-    }
     for (int i = 0; i < nb; ++i) {      // then each sequence's own blocks
       const int b = b0 + i, len = lens[b];
       const int nblk = (len + BS - 1) / BS;
