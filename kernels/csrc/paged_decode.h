@@ -477,39 +477,50 @@ void shared_prefix(const float* qv, const T* kc, const T* vc, const int32_t* tab
   constexpr int D = DC, NC = DC / 16, RB = NC <= 4 ? 6 : 3;   // P V: RB rows x NC accumulators
   const int G = H / KVH, R = nb * G;
   const long Ts = static_cast<long>(P) * BS;
-  S.resize(static_cast<size_t>(R) * Ts);
+  const long blk_bytes = blk_stride * static_cast<long>(sizeof(T));
+  S.resize(static_cast<size_t>(KVH) * R * Ts);
+  auto srow = [&](int g, int r) { return &S[(static_cast<size_t>(g) * R + r) * Ts]; };
+  auto xrow = [&](int g, int r) { return static_cast<long>(r / G) * H + g * G + r % G; };   // state index
+  auto prefetch = [&](const T* base) {
+    const char* c = reinterpret_cast<const char*>(base);
+    for (long off = 0; off < blk_bytes; off += 64) __builtin_prefetch(c + off, 0, 3);
+  };
   alignas(64) float kt[D * 16];
   float tmp[D];
-  for (int g = 0; g < KVH; ++g) {
-    auto xrow = [&](int r) { return static_cast<long>(r / G) * H + g * G + r % G; };   // state index
-    for (int j = 0; j < P; ++j) {
-      const long base = static_cast<long>(tables[j]) * blk_stride + g * row;
-      for (int t0 = 0; t0 < BS; t0 += 16) {
-        const int nt = std::min(16, BS - t0);
+  // scores: block by block (each block's K read once, every KV head), 16 tokens at a time
+  for (int j = 0; j < P; ++j) {
+    const long blk = static_cast<long>(tables[j]) * blk_stride;
+    if (j + 1 < P) prefetch(kc + static_cast<long>(tables[j + 1]) * blk_stride);
+    for (int t0 = 0; t0 < BS; t0 += 16) {
+      const int nt = std::min(16, BS - t0);
+      for (int g = 0; g < KVH; ++g) {
         for (int t = 0; t < 16; ++t) {
-          if (t < nt) Row<T>::get(kc + base + (t0 + t) * tok_stride, tmp, D);
+          if (t < nt) Row<T>::get(kc + blk + g * row + (t0 + t) * tok_stride, tmp, D);
           for (int d = 0; d < D; ++d) kt[d * 16 + t] = t < nt ? tmp[d] : 0.f;
         }
         for (int r0 = 0; r0 < R; r0 += 8) {
           const int rb = std::min(8, R - r0);
           v16f a[8];
           const float* qr[8];
-          for (int k = 0; k < 8; ++k) { a[k] = v16f{}; qr[k] = qv + xrow(r0 + std::min(k, rb - 1)) * D; }
+          for (int k = 0; k < 8; ++k) { a[k] = v16f{}; qr[k] = qv + xrow(g, r0 + std::min(k, rb - 1)) * D; }
           for (int d = 0; d < D; ++d) {
             const v16f kv = lean::vload(kt + d * 16);
 #pragma GCC unroll 8
             for (int k = 0; k < 8; ++k) a[k] = lean::madd(splat(qr[k][d]), kv, a[k]);
           }
           for (int k = 0; k < rb; ++k) {
-            float* dst = &S[static_cast<size_t>(r0 + k) * Ts + j * BS + t0];
+            float* dst = srow(g, r0 + k) + j * BS + t0;
             if (nt == 16) std::memcpy(dst, &a[k], sizeof(v16f));
             else for (int t = 0; t < nt; ++t) dst[t] = a[k][t];
           }
         }
       }
     }
-    for (int r = 0; r < R; ++r) {        // one softmax over the prefix (Ts is whole blocks)
-      float* sr = &S[static_cast<size_t>(r) * Ts];
+  }
+  // one softmax per row over the whole prefix (Ts is whole blocks)
+  for (int g = 0; g < KVH; ++g)
+    for (int r = 0; r < R; ++r) {
+      float* sr = srow(g, r);
       float mx = -INFINITY;
       for (long t = 0; t < Ts; ++t) mx = std::max(mx, sr[t]);
       v16f sum = v16f{};
@@ -521,34 +532,39 @@ void shared_prefix(const float* qv, const T* kc, const T* vc, const int32_t* tab
       }
       float tail = 0.f;
       for (; t < Ts; ++t) { sr[t] = fast_exp(sr[t] - mx); tail += sr[t]; }
-      m[xrow(r)] = mx;
-      l[xrow(r)] = lean::hsum(sum) + tail;
+      m[xrow(g, r)] = mx;
+      l[xrow(g, r)] = lean::hsum(sum) + tail;
+      std::memset(&acc[xrow(g, r) * D], 0, sizeof(float) * D);
     }
-    for (int r0 = 0; r0 < R; r0 += RB) {
-      const int rb = std::min(RB, R - r0);
-      v16f o[RB][NC];
-      const float* pr[RB];
-      for (int k = 0; k < RB; ++k) {
-        pr[k] = &S[static_cast<size_t>(r0 + std::min(k, rb - 1)) * Ts];
-        for (int c = 0; c < NC; ++c) o[k][c] = v16f{};
-      }
-      for (int j = 0; j < P; ++j) {
-        const T* vb = vc + static_cast<long>(tables[j]) * blk_stride + g * row;
+  // P V: block by block (each block's V read once), RB rows' outputs in registers over a block
+  for (int j = 0; j < P; ++j) {
+    const long blk = static_cast<long>(tables[j]) * blk_stride;
+    if (j + 1 < P) prefetch(vc + static_cast<long>(tables[j + 1]) * blk_stride);
+    for (int g = 0; g < KVH; ++g) {
+      const T* vb = vc + blk + g * row;
+      for (int r0 = 0; r0 < R; r0 += RB) {
+        const int rb = std::min(RB, R - r0);
+        v16f o[RB][NC];
+        const float* pr[RB];
+        for (int k = 0; k < RB; ++k) {
+          const int r = r0 + std::min(k, rb - 1);
+          pr[k] = srow(g, r) + static_cast<long>(j) * BS;
+          for (int c = 0; c < NC; ++c) o[k][c] = lean::vload(&acc[xrow(g, r) * D + 16 * c]);
+        }
         for (int t = 0; t < BS; ++t) {
           const T* vr = vb + t * tok_stride;
           const float sc = row_scale(vr, D);
           v16f v[NC];
           for (int c = 0; c < NC; ++c) v[c] = lean::vload(vr + 16 * c);
-          const long pt = static_cast<long>(j) * BS + t;
 #pragma GCC unroll 6
           for (int k = 0; k < RB; ++k) {
-            const v16f pk = splat(pr[k][pt] * sc);
+            const v16f pk = splat(pr[k][t] * sc);
             for (int c = 0; c < NC; ++c) o[k][c] = lean::madd(pk, v[c], o[k][c]);
           }
         }
+        for (int k = 0; k < rb; ++k)
+          for (int c = 0; c < NC; ++c) std::memcpy(&acc[xrow(g, r0 + k) * D + 16 * c], &o[k][c], sizeof(v16f));
       }
-      for (int k = 0; k < rb; ++k)
-        for (int c = 0; c < NC; ++c) std::memcpy(&acc[xrow(r0 + k) * D + 16 * c], &o[k][c], sizeof(v16f));
     }
   }
 }
