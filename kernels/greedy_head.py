@@ -51,6 +51,10 @@ def _declare(dll) -> None:
     p, i, L, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
     dll.greedy_screen_rows.argtypes = [p, i, L, p, L, p, p, p, p, p, f, p, i]
     dll.greedy_screen_rows.restype = ctypes.c_long
+    dll.greedy_int8_copy.argtypes = [p, i, L, L, p, p, p, i]
+    dll.greedy_int8_copy.restype = None
+    dll.greedy_bf16_coef.argtypes = [p, p, L, L, p, p, i]
+    dll.greedy_bf16_coef.restype = None
 
 
 _LIB = LazyLibrary(
@@ -60,29 +64,6 @@ _LIB = LazyLibrary(
     declare=_declare,
     label="greedy LM head screen",
 )
-
-
-def _gamma(k: int) -> float:
-    return (k + 2) * 2.0**-24
-
-
-def _coefficients(weight: torch.Tensor, approx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(coef, max |w| per row) in fp32: the bound's factors for the copy `approx` (fp32 or bf16
-    values; an int8 copy passes codes x scale). Computed in fp32 in slices of rows; the
-    subtraction's and product's own roundings (2^-24 relative each) are added as 2^-22 max|w|."""
-    n = weight.shape[0]
-    coef = torch.empty(n, dtype=torch.float32)
-    big = torch.empty(n, dtype=torch.float32)
-    step = 4096
-    for r in range(0, n, step):
-        w = weight[r : r + step].float()
-        a = approx[r : r + step].float()
-        err = (w - a).abs().amax(dim=1)
-        m = torch.maximum(w.abs().amax(dim=1), a.abs().amax(dim=1))
-        big[r : r + step] = m
-        coef[r : r + step] = err + (2.0 * _gamma(weight.shape[1]) + 2.0**-22) * m
-    slack = 1 + 2.0**-20
-    return (2.0 * coef * slack).contiguous(), (big * slack).contiguous()
 
 
 @dataclass(frozen=True)
@@ -99,14 +80,28 @@ class Int8Screen:
         return sum(t.numel() * t.element_size() for t in (self.codes, self.scale, self.coef))
 
 
-def int8_screen(weight: torch.Tensor) -> Int8Screen:
-    """The int8 copy of an LM head [V, K] (fp32 or bf16) with its bound coefficients."""
-    w = weight.float()
-    scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
-    codes = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
-    approx = codes.float() * scale[:, None]  # what the C++ sums: code x fp32 scale
-    coef, _ = _coefficients(weight, approx)
-    return Int8Screen(codes, scale.contiguous(), coef.contiguous())
+def int8_screen(weight: torch.Tensor) -> Int8Screen | None:
+    """The int8 copy of an LM head [V, K] (fp32 or bf16, contiguous) with its bound coefficients, in
+    one compiled pass over the head (cpu_greedy_head.cpp); None without the library (no compiler:
+    then there is no lean step to read it either)."""
+    lib = _LIB.lib
+    if lib is None or weight.dtype not in (torch.float32, torch.bfloat16) or weight.dim() != 2:
+        return None
+    weight = weight.contiguous()
+    V, K = weight.shape
+    codes = torch.empty(V, K, dtype=torch.int8)
+    scale, coef = torch.empty(V), torch.empty(V)
+    lib.greedy_int8_copy(
+        weight.data_ptr(),
+        int(weight.dtype == torch.bfloat16),
+        V,
+        K,
+        codes.data_ptr(),
+        scale.data_ptr(),
+        coef.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return Int8Screen(codes, scale, coef)
 
 
 class Bf16Screen:
@@ -118,8 +113,17 @@ class Bf16Screen:
             raise ValueError("the bf16 screen is for a contiguous fp32 [V, K] head")
         self.weight = weight  # the model's own tensor, not a copy
         wb = weight.to(torch.bfloat16)
-        self.coef, big = _coefficients(weight, wb)
-        self.coef2 = (2.0 * big).contiguous()
+        V, K = weight.shape
+        self.coef, self.coef2 = torch.empty(V), torch.empty(V)
+        _LIB.lib.greedy_bf16_coef(
+            weight.data_ptr(),
+            wb.data_ptr(),
+            V,
+            K,
+            self.coef.data_ptr(),
+            self.coef2.data_ptr(),
+            torch.get_num_threads(),
+        )
         self.packed = torch.ops.mkldnn._reorder_linear_weight(wb, None)
         self.nbytes = wb.numel() * 2 + 8 * weight.shape[0]
         self.computed = 0  # logits computed exactly, all calls (tests, the bench)

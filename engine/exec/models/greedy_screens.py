@@ -52,12 +52,14 @@ def int8_screen(model) -> greedy_head.Int8Screen | None:
     return _cached("int8", model.lm_head, _int8_on_huge_pages)
 
 
-def _int8_on_huge_pages(head: torch.Tensor) -> greedy_head.Int8Screen:
+def _int8_on_huge_pages(head: torch.Tensor) -> greedy_head.Int8Screen | None:
     """The int8 copy, its codes moved onto 2 MiB pages like the weights the lean step streams
     (engine/exec/huge_pages.py; where that is off or memory is short they stay on the heap)."""
     from engine.exec.huge_pages import arena_for
 
     screen = greedy_head.int8_screen(head)
+    if screen is None:
+        return None
     arena = arena_for([screen.codes])
     if arena is None:
         return screen
