@@ -50,7 +50,7 @@ def _wrap(obj, attr, calls, key):
 def _stub_forward(model, vocab):
     logits = torch.randn(64, vocab)
 
-    def forward(input_ids, positions, kv_pool, meta, logits_indices):
+    def forward(input_ids, positions, kv_pool, meta, logits_indices, argmax_only=False):
         return logits[: logits_indices.shape[0]]
 
     model.forward = forward

@@ -48,6 +48,7 @@ class Recorder:
         self._inner = runner.run_on_device
 
         def run_on_device(plan):
+            plan.argmax_only = False  # this check compares every logit (kernels/greedy_head.py)
             logits = self._inner(plan)
             for i, lr in enumerate(plan.sampled):
                 row = plan.rows[lr.row]

@@ -4,6 +4,8 @@ Ten greedy chats decode together, past the lean step's batch limit, so the loop'
 runs; their tokens must be HF's. A step that holds one request asking for logprobs must read
 every logit: its logprobs are the whole head's (the same numbers with the screen taken away)."""
 
+import pytest
+
 from engine import SamplingParams
 
 CHATS = [
@@ -24,8 +26,12 @@ CHATS = [
 GREEDY = SamplingParams(temperature=0, max_tokens=20)
 
 
-def test_a_greedy_batch_on_the_loop_is_screened_and_matches_hf(make_llm, hf_greedy):
-    llm = make_llm()
+@pytest.fixture(scope="module")
+def llm(make_llm):
+    return make_llm(num_blocks=256)
+
+
+def test_a_greedy_batch_on_the_loop_is_screened_and_matches_hf(llm, hf_greedy):
     screen = llm.engine.runner.model.greedy_screen
     assert screen is not None, llm.engine.runner.model.cpu_path
     before = screen.computed
@@ -37,8 +43,7 @@ def test_a_greedy_batch_on_the_loop_is_screened_and_matches_hf(make_llm, hf_gree
         )
 
 
-def test_a_step_with_a_logprobs_request_reads_every_logit(make_llm):
-    llm = make_llm()
+def test_a_step_with_a_logprobs_request_reads_every_logit(llm):
     model = llm.engine.runner.model
     params = [GREEDY] * 9 + [SamplingParams(temperature=0, max_tokens=20, logprobs=3)]
     before = model.greedy_screen.computed
