@@ -111,7 +111,9 @@ class Bf16Screen:
     def __init__(self, weight: torch.Tensor):
         if weight.dtype != torch.float32 or weight.dim() != 2 or not weight.is_contiguous():
             raise ValueError("the bf16 screen is for a contiguous fp32 [V, K] head")
-        self.weight = weight  # the model's own tensor, not a copy
+        # the head itself is not kept here: the model passes it to `logits` (a screen cached per
+        # head must not keep that head alive: engine/exec/models/greedy_screens.py)
+        self.shape = tuple(weight.shape)
         wb = weight.to(torch.bfloat16)
         V, K = weight.shape
         self.coef, self.coef2 = torch.empty(V), torch.empty(V)
@@ -137,9 +139,12 @@ class Bf16Screen:
             and _LIB.lib is not None
         )
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """x [M, K] fp32 (final-normed rows) -> [M, V] fp32: the exact logit at every row that may
-        be its row's argmax, -inf elsewhere."""
+    def logits(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x [M, K] fp32 (final-normed rows), weight: the head this screen was built from -> [M, V]
+        fp32: the exact logit at every row that may be its row's argmax, -inf elsewhere."""
+        if tuple(weight.shape) != self.shape or weight.dtype != torch.float32:
+            raise ValueError("the bf16 screen was built for another head")
+        weight = weight.contiguous()
         x = x.float().contiguous()
         xb = x.to(torch.bfloat16)
         with profiled("greedy_head"):
@@ -157,7 +162,7 @@ class Bf16Screen:
                 V,
                 x.data_ptr(),
                 x.shape[1],
-                self.weight.data_ptr(),
+                weight.data_ptr(),
                 self.coef.data_ptr(),
                 self.coef2.data_ptr(),
                 n1.data_ptr(),

@@ -30,8 +30,10 @@ void int8_copy(const W* w, long V, long K, int8_t* codes, float* scale, float* c
     for (long k = 0; k < K; ++k) amax = std::max(amax, std::fabs(lean::Weight<W>::ld(wr, k)));
     const float sc = std::max(amax / 127.0f, 1e-12f);
     double err = 0, big = 0;
+    bool finite = true;
     for (long k = 0; k < K; ++k) {
       const float x = lean::Weight<W>::ld(wr, k);
+      finite = finite && std::isfinite(x);
       const float c = std::min(127.f, std::max(-127.f, std::nearbyint(x / sc)));   // half to even
       codes[v * K + k] = static_cast<int8_t>(c);
       const double a = static_cast<double>(c) * sc;     // what the step sums: code x fp32 scale
@@ -39,7 +41,7 @@ void int8_copy(const W* w, long V, long K, int8_t* codes, float* scale, float* c
       big = std::max({big, std::fabs(static_cast<double>(x)), std::fabs(a)});
     }
     scale[v] = sc;
-    coef[v] = coef_of(err, big, K);
+    coef[v] = finite ? coef_of(err, big, K) : INFINITY;   // a broken row is always computed
   }
 }
 
@@ -60,12 +62,14 @@ void greedy_bf16_coef(const float* w, const uint16_t* wb, long V, long K, float*
 #pragma omp parallel for schedule(static) num_threads(nthreads)
   for (long v = 0; v < V; ++v) {
     double err = 0, big = 0;
+    bool finite = true;
     for (long k = 0; k < K; ++k) {
       const double x = w[v * K + k], a = lean::Weight<uint16_t>::ld(wb + v * K, k);
+      finite = finite && std::isfinite(x);
       err = std::max(err, std::fabs(x - a));
       big = std::max({big, std::fabs(x), std::fabs(a)});
     }
-    coef[v] = coef_of(err, big, K);
+    coef[v] = finite ? coef_of(err, big, K) : INFINITY;   // a broken row is always computed
     coef2[v] = static_cast<float>(2.0 * big * (1 + std::ldexp(1.0, -20)));
   }
 }

@@ -441,6 +441,7 @@ int lean_step_max_tokens() { return kMaxTokens; }
       for (long g = 0; g < G; ++g)                   /* -1: a pad row, nothing stored */                   \
         if (slots[g * nT + t] < -1 || slots[g * nT + t] >= num_blocks * BS) return 3;                      \
     }                                                                                                      \
+    if (R < 0 || R > kMaxTokens) return 5;                                                                \
     for (int r = 0; r < R; ++r)                                                                            \
       if (rows[r] < 0 || rows[r] >= nT) return 5;                                                          \
     Step<K, W> st{ptrs, L, Dm, H, KVH, D, I, static_cast<const T*>(embed), tokens, positions, slots, nT,    \

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <algorithm>
+#include <memory>
 #include <vector>
 #include <omp.h>
 
@@ -70,6 +71,7 @@ inline void softmax_block(float* sh, int n, float& m, float& l, float* acc, int 
 constexpr int kMaxGroup = 16;
 constexpr int kMaxDim = 256;
 constexpr int kMaxBlock = 128;
+constexpr long kSharedScratchMax = 1L << 22;   // floats of shared_prefix's scores a thread (16 MB)
 
 // The row's scale: the stored fp32 of an int8 row, 1 for rows of values.
 template <typename T> inline float row_scale(const T*, int) { return 1.f; }
@@ -472,13 +474,12 @@ inline lean::v16f splat(float x) {
 template <typename T, int DC>
 void shared_prefix(const float* qv, const T* kc, const T* vc, const int32_t* tables, int P, int BS, int nb,
                    int H, int KVH, long row, long tok_stride, long blk_stride, float* m, float* l, float* acc,
-                   std::vector<float>& S) {
+                   float* S) {
   using lean::v16f;
   constexpr int D = DC, NC = DC / 16, RB = NC <= 4 ? 6 : 3;   // P V: RB rows x NC accumulators
   const int G = H / KVH, R = nb * G;
   const long Ts = static_cast<long>(P) * BS;
   const long blk_bytes = blk_stride * static_cast<long>(sizeof(T));
-  S.resize(static_cast<size_t>(KVH) * R * Ts);
   auto srow = [&](int g, int r) { return &S[(static_cast<size_t>(g) * R + r) * Ts]; };
   auto xrow = [&](int g, int r) { return static_cast<long>(r / G) * H + g * G + r % G; };   // state index
   auto prefetch = [&](const T* base) {
@@ -598,7 +599,9 @@ void decode_shared(const float* q, const T* kc, const T* vc, const int32_t* tabl
     const int nb = b1 - b0;
     // per sequence of this thread: the online-softmax state, its scaled queries, score scratch
     std::vector<float> m(static_cast<size_t>(nb) * H), l(m.size()), acc(m.size() * D), qv(acc.size()),
-        s(m.size() * BS), S;
+        s(m.size() * BS);
+    // the prefix's scores [KVH][rows][Ts], every entry written before it is read (no zero fill)
+    std::unique_ptr<float[]> S(new float[static_cast<size_t>(H) * nb * P * BS]);
     for (int i = 0; i < nb; ++i)
       for (int h = 0; h < H; ++h) {
         const long x = static_cast<long>(i) * H + h;
@@ -607,7 +610,7 @@ void decode_shared(const float* q, const T* kc, const T* vc, const int32_t* tabl
       }
     if (nb > 0)
       shared_prefix<T, DC>(qv.data(), kc, vc, tables, P, BS, nb, H, KVH, row, tok_stride, blk_stride, m.data(),
-                           l.data(), acc.data(), S);
+                           l.data(), acc.data(), S.get());
     auto block = [&](int i, long base, int n) {     // sequence b0 + i, one block: every KV head
       const long x = static_cast<long>(i) * H;
       for (int g = 0; g < KVH; ++g)
@@ -639,7 +642,9 @@ void run(const float* q, const T* kc, const T* vc, const int32_t* tables, const 
   if constexpr (kVecBlocks && DC > 0 && DC % 16 == 0) {
     if (B >= nthreads && window == 0) {
       const int P = shared_prefix_blocks(tables, lens, B, W, BS);
-      if (P > 0) {
+      // the scores' scratch is (sequences per thread) x H x prefix floats a thread: bounded here
+      // (a long prompt shared by many chats walks per sequence instead)
+      if (P > 0 && (static_cast<long>(B) / nthreads + 1) * H * P * BS <= kSharedScratchMax) {
         decode_shared<T, DC>(q, kc, vc, tables, lens, out, B, H, KVH, BS, W, scale, nthreads, P);
         return;
       }

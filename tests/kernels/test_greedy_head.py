@@ -21,13 +21,19 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+BROKEN_ROW = 4001  # "nan": this vocabulary row holds a NaN weight (no prompt here holds the token)
+
+
 def _twin_rows(w: torch.Tensor, kind: str, seed: int) -> None:
-    """In place: row 2k + 1 becomes row 2k (equal) or row 2k times (1 + 1e-4 noise) (near)."""
+    """In place: row 2k + 1 becomes row 2k (equal) or row 2k times (1 + 1e-4 noise) (near, nan);
+    nan: BROKEN_ROW gets a NaN weight too."""
     g = torch.Generator().manual_seed(seed)
     twin = w[0::2].clone()
-    if kind == "near":
+    if kind in ("near", "nan"):
         twin *= 1 + 1e-4 * torch.randn(twin.shape, generator=g)
     w[1::2] = twin
+    if kind == "nan":
+        w[BROKEN_ROW, 5] = float("nan")
 
 
 def _model(dtype, kind, seed=5):
@@ -53,17 +59,18 @@ def _check(full: torch.Tensor, screened: torch.Tensor) -> int:
     """Same argmax, every computed logit the whole head's, every row tied with a row's maximum
     computed; returns how many logits were computed."""
     assert torch.equal(screened.argmax(-1), full.argmax(-1))
-    kept = screened.isfinite()
-    assert torch.equal(screened[kept], full[kept])
-    assert bool((screened[~kept] == float("-inf")).all())
+    kept = screened != float("-inf")
+    torch.testing.assert_close(screened[kept], full[kept], rtol=0, atol=0, equal_nan=True)
     at_max = full == full.max(-1, keepdim=True).values
     assert bool(kept[at_max].all())
     return int(kept.sum())
 
 
-@pytest.mark.parametrize("kind", ["equal", "near"])
+@pytest.mark.parametrize("kind", ["equal", "near", "nan"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_greedy_lean_step_computes_only_rows_that_can_win(dtype, kind):
+    """nan: a head row with a NaN weight is always computed, so the broken logit reaches the
+    sampler (torch's argmax takes it) as it does without the screen."""
     cfg, m = _model(dtype, kind)
     assert m.lean is not None and m.lean.screen is not None, m.cpu_path
     V, bs = cfg.vocab_size, 16
@@ -72,6 +79,7 @@ def test_a_greedy_lean_step_computes_only_rows_that_can_win(dtype, kind):
         ([(7 * i + 3 + s) % V for i in range(n)], tab)
         for s, (n, tab) in enumerate([(40, [3, 1, 9]), (21, [5, 2]), (33, [4, 6, 8])])
     ]
+    assert all(BROKEN_ROW not in ids for ids, _ in seqs)
     for ids, tab in seqs:  # prompts but their last 6 tokens, cached by the loop
         n = len(ids) - 6
         m.lean, lean = None, m.lean
@@ -91,6 +99,9 @@ def test_a_greedy_lean_step_computes_only_rows_that_can_win(dtype, kind):
         screened = m.forward(ids_t, pos, pool, meta, rows_t, argmax_only=True)
         computed += _check(full, screened)
         rows += full.shape[0]
+        if kind == "nan":  # the broken row is computed: its NaN wins, as without the screen
+            assert bool(screened[:, BROKEN_ROW].isnan().all())
+            assert bool((full.argmax(-1) == BROKEN_ROW).all())
 
     ids, tab = seqs[0]  # a 5-token speculative step of one sequence: five logits rows
     n = len(ids) - 6
@@ -143,7 +154,7 @@ def test_the_loops_screen_finds_the_argmax_the_exact_weights_give():
         w[base + 1] = w[base]
         w[base + 2 : base + 40] = o * (1 + 1e-3 * torch.randn(38, K, generator=g)) + 0.01 * units[r]
     screen = greedy_head.Bf16Screen(w.contiguous())
-    out = screen.logits(x)
+    out = screen.logits(x, w)
     exact = x.double() @ w.double().T
     kept = out.isfinite()
     # the winners' large weights leave them a wide bound, so a fifth of the head is computed here
@@ -171,7 +182,7 @@ def test_the_loops_screen_accounts_for_activations_rounded_to_bf16():
     w[5, :64], w[5, 64:128] = 1.0, -1.0  # A
     w[9] = 0.0
     w[9, 128] = 0.125  # B
-    out = greedy_head.Bf16Screen(w).logits(x)
+    out = greedy_head.Bf16Screen(w).logits(x, w)
     assert out.argmax(-1).tolist() == [5] * M
     assert torch.equal(out[:, 5], (x[:, :64].sum(-1) - x[:, 64:128].sum(-1)))
 
@@ -189,3 +200,24 @@ def test_the_bound_holds_for_every_row():
     bound = x.double().abs().sum(-1, keepdim=True) * s.coef.double()
     assert bool(((exact - approx).abs() <= bound).all())
     assert bool((bound < 0.05 * exact.abs().max()).all())  # and is tight enough to screen
+
+
+def test_a_cached_screen_does_not_keep_its_head_alive():
+    """The screens are cached per head tensor (engine/exec/models/greedy_screens.py); a model
+    dropped (an app's model switch) must take its head, and the cache entries, with it."""
+    import gc
+    import weakref
+
+    from engine.exec.models import greedy_screens
+
+    cfg = dw.load_config("smollm2-135m", SMALL)
+    m = LlamaModel(cfg, dw.random_weights(cfg, seed=2), torch.float32, "cpu", max_positions=64)
+    assert m.lean is not None and m.lean.screen is not None
+    if greedy_head.Bf16Screen.available():
+        assert m.greedy_screen is not None
+    head = weakref.ref(m.lm_head)
+    before = len(greedy_screens._CACHE)
+    del m
+    gc.collect()
+    assert head() is None
+    assert len(greedy_screens._CACHE) < before

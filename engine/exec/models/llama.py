@@ -392,7 +392,7 @@ class LlamaModel:
         argmax_only (a greedy step): with a screen, exact where a row may be the argmax, -inf
         elsewhere (kernels/greedy_head.py)."""
         if argmax_only and self.greedy_screen is not None and x.shape[0]:
-            return self.greedy_screen.logits(x)
+            return self.greedy_screen.logits(x, self.lm_head)
         out = (
             self.lm_head_linear(x) if self.lm_head_linear is not None else F.linear(x, self.lm_head)
         ).float()
