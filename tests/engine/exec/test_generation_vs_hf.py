@@ -76,15 +76,53 @@ def test_greedy_alone_matches_hf(make_llm, hf_greedy):
         )
 
 
+MORE = [
+    [{"role": "user", "content": c}]
+    for c in (
+        "Wie spät ist es in Tokio, wenn es in Berlin Mittag ist?",
+        "def add(a, b):\n    # finish this function",
+        "¿Qué es una ecuación cuadrática?",
+        "List three colours of the rainbow.",
+    )
+]
+
+
 def test_greedy_batched_with_prefix_hits_matches_hf(make_llm, hf_greedy):
+    """Ten chats decode together, past the lean step's batch limit, so the loop runs them and its
+    greedy steps screen the LM head (kernels/greedy_head.py): the tokens must still be HF's. The
+    same batch with one request asking for logprobs is not screened: every logit is read, and the
+    logprobs are the whole head's (the same numbers with the screen taken away)."""
     llm = make_llm()
+    model = llm.engine.runner.model
     llm.chat(CHATS[1], GREEDY)  # warms the prefix cache with the system prompt
-    outs = llm.chat(CHATS + [LONG], GREEDY)
+    computed = model.greedy_screen.computed
+    outs = llm.chat(CHATS + [LONG] + MORE, GREEDY)
     for out in outs:
         assert out.outputs[0].token_ids == hf_greedy(
             out.prompt_token_ids, 24, draft=out.outputs[0].token_ids
         )
     assert llm.stats()["prefix_cache_hits"] > 0
+    assert model.greedy_screen.computed > computed  # the loop's steps went through the screen
+    chats = CHATS + [LONG] + MORE
+    params = [GREEDY] * (len(chats) - 1) + [
+        SamplingParams(temperature=0, max_tokens=24, logprobs=3)
+    ]
+    computed = model.greedy_screen.computed
+    got = llm.chat(chats, params)
+    assert model.greedy_screen.computed == computed  # no step of that batch was screened
+    screens = model.greedy_screen, model.lean.screen
+    model.greedy_screen = model.lean.screen = None
+    try:
+        want = llm.chat(chats, params)
+    finally:
+        model.greedy_screen, model.lean.screen = screens
+    for g, w in zip(got, want):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+    lp_got, lp_want = got[-1].outputs[0].logprobs, want[-1].outputs[0].logprobs
+    assert lp_got is not None and len(lp_got) == len(lp_want) == 24
+    for a, b in zip(lp_got, lp_want):  # both runs hit the prefix cache alike: 1e-4
+        assert [t for t, _ in a.top] == [t for t, _ in b.top]
+        assert all(abs(x - y) < 1e-4 for (_, x), (_, y) in zip(a.top, b.top)), (a, b)
 
 
 def test_chunked_prefill_matches_hf(make_llm, hf_greedy):
