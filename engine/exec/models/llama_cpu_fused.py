@@ -77,8 +77,4 @@ def forward_cpu_fused(
         x += delta
     x = x[logits_indices].contiguous()
     x = ops.add_rms_norm(x, None, model.norm, eps)
-    if argmax_only and model.greedy_screen is not None and x.shape[0]:
-        return model.greedy_screen.logits(
-            x, model.lm_head
-        )  # kernels/greedy_head.py (no soft-cap: not built)
-    return model.softcap(model.lm_head_linear(x).float())
+    return model.logits(x, argmax_only)  # the LM head (screened for a greedy step), soft-cap
