@@ -26,6 +26,7 @@ from kernels.cpu_build import CSRC, LazyLibrary, profiled
 from kernels.greedy_head import Int8Screen
 
 _MAX_TOKENS: list[int] = []  # kernels/csrc's kMaxTokens, read when the library loads
+_COLUMN_BLOCKS: list[int] = []  # which weight dtypes the build's column-block kernels take (bits)
 # (activation dtype, weights int8?) -> exported function
 _FN = {
     (torch.float32, False): "lean_step_f32",
@@ -33,7 +34,9 @@ _FN = {
     (torch.float32, True): "lean_step_f32_i8",
     (torch.bfloat16, True): "lean_step_bf16_i8",
 }
-BATCH_MAX_TOKENS = 8  # several sequences: the lean step up to this many tokens (see LeanStep.takes)
+BATCH_MAX_TOKENS = (
+    8  # several sequences over row-major weights: the lean step up to this many tokens
+)
 MAX_GROUP, MAX_DIM, MAX_BLOCK = 16, 256, 128  # paged_decode.h's kMaxGroup / kMaxDim / kMaxBlock
 _ERRORS = {
     1: "token id outside the vocabulary",
@@ -43,6 +46,7 @@ _ERRORS = {
     5: "logits row outside the step's tokens",
     6: "token count outside 1..max_tokens or above the context",
     8: "a screened LM head over an int8 head, or without its scales and bounds",
+    9: "tiled weights where this build has no column-block kernel for them",
 }
 LAYER_KEYS = (
     "ln1",
@@ -136,6 +140,10 @@ def _declare(dll) -> None:
             "cpu_lean_step.cpp and LAYER_KEYS / EXT_KEYS disagree on the pointer tables"
         )
     _MAX_TOKENS.append(int(dll.lean_step_max_tokens()))
+    for name in ("lean_linear_f32", "lean_linear_bf16"):
+        getattr(dll, name).argtypes = [p, i, p, i, p, p, L, L]
+        getattr(dll, name).restype = ctypes.c_int
+    _COLUMN_BLOCKS.append(int(dll.lean_step_column_blocks()))
 
 
 _LIB = LazyLibrary(
@@ -160,30 +168,72 @@ def available(dtype: torch.dtype, int8_weights: bool = False) -> bool:
 
 
 def can_tile(weight: torch.Tensor, row_groups: int = 1) -> bool:
-    """Whether `tile_rows` takes this [N, K] weight: K a multiple of 16 and N of 4 (of 4 per group:
-    gate/up is two groups, each thread's rows of both halves must start a tile)."""
+    """Whether `tile_rows` takes this [N, K] weight and this build has the kernel for it: fp32 or
+    bf16, K a multiple of 16 and N of 16 (of 16 per group: gate/up is two groups, each thread's
+    rows of both halves must start a block), on a CPU with AVX-512 (bf16: AVX512-BF16)."""
+    bit = {torch.float32: 1, torch.bfloat16: 2}.get(weight.dtype, 0)
     return (
         weight.dim() == 2
-        and weight.dtype in (torch.float32, torch.bfloat16)
+        and bool(bit)
+        and _lib() is not None
+        and bool(_COLUMN_BLOCKS[0] & bit)
         and weight.shape[1] % 16 == 0
-        and weight.shape[0] % (4 * row_groups) == 0
+        and weight.shape[0] % (16 * row_groups) == 0
     )
 
 
 def tile_rows(weight: torch.Tensor) -> torch.Tensor:
-    """[N, K] row-major -> the lean step's tiled layout [N / 4, K / 16, 4, 16]: four rows' 16-column
-    chunks side by side, so the C++ product reads each tile as one sequential stream (see
-    kernels/csrc/lean_gemm.h: ~1.4x the single-thread bandwidth of four row streams). Same values,
-    same arithmetic: the step's results are bit-identical in both layouts."""
+    """[N, K] row-major -> the lean step's column-block layout: blocks of 16 output rows, k-major,
+    so one 64-byte load is one k of 16 outputs (kernels/csrc/lean_gemm.h, gemm_blocks): fp32
+    [N / 16, K, 16]; bf16 [N / 16, K / 2, 16, 2] (two k side by side, as `vdpbf16ps` takes them).
+    Same values; the products sum each output over k in order (not bit-identical to row-major)."""
     n, k = weight.shape
-    return weight.reshape(n // 4, 4, k // 16, 16).transpose(1, 2).contiguous()
+    if weight.dtype == torch.bfloat16:
+        return weight.reshape(n // 16, 16, k // 2, 2).transpose(1, 2).contiguous()
+    return weight.reshape(n // 16, 16, k).transpose(1, 2).contiguous()
+
+
+def untile_rows(tiled: torch.Tensor) -> torch.Tensor:
+    """tile_rows' inverse: the [N, K] row-major weight."""
+    if tiled.dim() == 4:
+        a, p, sixteen, two = tiled.shape
+        return tiled.transpose(1, 2).reshape(a * sixteen, p * two).contiguous()
+    a, k, sixteen = tiled.shape
+    return tiled.transpose(1, 2).reshape(a * sixteen, k).contiguous()
+
+
+def linear_rows(
+    weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, n: int
+) -> torch.Tensor:
+    """One of the step's products alone, for tests and benchmarks: x [M, K] (fp32 or bf16, as the
+    weight) times `weight` ([n, K] row-major, or tile_rows' layout) plus `bias` -> [M, n] in the
+    weight's dtype, on one thread, by the kernels the step runs."""
+    dtype = weight.dtype
+    fn = {torch.float32: "lean_linear_f32", torch.bfloat16: "lean_linear_bf16"}[dtype]
+    xf = x.to(dtype).float().contiguous()  # the step's activations: dtype values held in fp32
+    w = weight.contiguous()
+    b = None if bias is None else bias.to(dtype).contiguous()
+    y = torch.empty(x.shape[0], n, dtype=dtype)
+    err = getattr(_lib(), fn)(
+        w.data_ptr(),
+        int(w.dim() > 2),
+        xf.data_ptr(),
+        x.shape[0],
+        None if b is None else b.data_ptr(),
+        y.data_ptr(),
+        n,
+        x.shape[1],
+    )
+    if err:
+        raise RuntimeError(_ERRORS.get(err, f"lean product failed ({err})"))
+    return y
 
 
 class LeanStep:
     """The model's weights as one pointer table for the C++ step. `layers`: per layer a dict with
     LAYER_KEYS' tensors (plain [N, K] weights in `dtype`, or int8 codes with fp32 scales under the
-    `_s` keys; absent biases as None). `tiled`: the four layer linears are in `tile_rows`' layout
-    instead (plain weights only, every layer). The tensors are held here, so the pointers stay valid."""
+    `_s` keys; absent biases as None). `tiled`: the four layer linears are in `tile_rows`'
+    column-block layout instead (plain weights only, every layer). The tensors are held here, so the pointers stay valid."""
 
     def __init__(
         self,
@@ -234,7 +284,8 @@ class LeanStep:
                     raise ValueError(
                         f"layer {i} {key}: need a contiguous CPU {want} tensor, got {t.dtype}"
                     )
-                if key in LINEAR_KEYS and t.dim() != (4 if tiled else 2):
+                tiled_dim = 4 if dtype == torch.bfloat16 else 3
+                if key in LINEAR_KEYS and t.dim() != (tiled_dim if tiled else 2):
                     raise ValueError(
                         f"layer {i} {key}: need a {'tiled' if tiled else 'plain [N, K]'} weight, "
                         f"got shape {tuple(t.shape)}"
@@ -242,11 +293,15 @@ class LeanStep:
                 self._keep.append(t)
                 ptrs[i, j] = t.data_ptr()
         if tiled and (
-            int8 or embed.shape[1] % 16 or (num_heads * head_dim) % 16 or intermediate % 16
+            int8
+            or not _COLUMN_BLOCKS[0] & (2 if dtype == torch.bfloat16 else 1)
+            or embed.shape[1] % 16
+            or (num_heads * head_dim) % 16
+            or intermediate % 16
         ):
             raise ValueError(
-                "the tiled layout needs plain weights and hidden, attention and "
-                "intermediate sizes in multiples of 16"
+                "the tiled layout needs plain weights, a build with its kernel (AVX-512; bf16: "
+                "AVX512-BF16) and hidden, attention and intermediate sizes in multiples of 16"
             )
         self.ptrs, self.tiled = ptrs, tiled
         self.num_layers, self.hidden = len(layers), embed.shape[1]
@@ -340,16 +395,18 @@ class LeanStep:
     def takes(self, num_tokens: int, num_seqs: int, quantized_pool: bool = False) -> bool:
         """Whether a step of this shape is the lean step's: one sequence's token or speculative step
         (up to max_tokens: a verification costs about one token's step and its logits are
-        bit-identical to one-token steps'), or a decode batch of up to BATCH_MAX_TOKENS tokens (more,
-        and oneDNN's packed GEMMs win: measured ms/step lean vs loop, fp32, 16-token contexts,
-        `python -m bench.profile_decode --batches 1,2,4,8,16`: 17.0/40.0 at 1, 18.1/32.5 at 4,
-        30.5/32.9 at 8, 48.6/39.2 at 16; after lean_gemm.h's register fix, 8-16 tokens measured
-        alike within noise). Over an int8 pool a batch too takes up to max_tokens: there the loop
-        pays the quantizing store and the rotations in torch per layer, and the lean step measured
-        2x its throughput at 12 and 16 chats (225 vs 110 and 250 vs 126 tok/s, `python -m
-        bench.kv_decode_speed --batches 12,16` with the limit at 8 and at 17)."""
+        bit-identical to one-token steps'), or a decode batch: up to max_tokens over tiled weights,
+        up to BATCH_MAX_TOKENS over row-major ones. Measured (ms a 16-chat decode step, the
+        default model on a 544-token shared prompt, the burst of `python -m bench --peers`):
+        the loop 58.6 (fp32) / 45.1 (bf16); the lean step over row-major weights 52.7 / 46.4; over
+        tiled ones, with the shared prompt's attention as two small products, 44.9 / 35.6. Row-major
+        dot products past 8 rows lost to oneDNN's packed GEMMs (`python -m bench.profile_decode
+        --batches 1,2,4,8,16`: 48.6 vs 39.2 at 16). Over an int8 pool a batch too takes up to
+        max_tokens: there the loop pays the quantizing store and the rotations in torch per layer,
+        and the lean step measured 2x its throughput at 12 and 16 chats (225 vs 110 and 250 vs 126
+        tok/s, `python -m bench.kv_decode_speed --batches 12,16` with the limit at 8 and at 17)."""
         return num_tokens <= (
-            self.max_tokens if num_seqs == 1 or quantized_pool else BATCH_MAX_TOKENS
+            self.max_tokens if num_seqs == 1 or quantized_pool or self.tiled else BATCH_MAX_TOKENS
         )
 
     @property

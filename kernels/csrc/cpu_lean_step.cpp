@@ -77,8 +77,8 @@ void to_f32(const typename K::T* a, float* out, long n) {
 }
 
 inline long part(long n, int tid, int nt) { return n * tid / nt; }   // thread tid's share: [part(tid), part(tid+1))
-inline long part4(long n, int tid, int nt) {                          // the same, cut at multiples of 4 rows
-  return tid >= nt ? n : (n / 4) * tid / nt * 4;
+inline long part4(long n, int tid, int nt, long q = 4) {              // the same, cut at multiples of q rows
+  return tid >= nt ? n : (n / q) * tid / nt * q;
 }
 
 constexpr int kMaxTokens = 17;     // one token plus a speculative draft of up to 16 (EngineConfig's limit)
@@ -93,7 +93,7 @@ struct Step {
   long V; const T* cos; const T* sin; T* pool; long num_blocks; int BS; const int32_t* tables; int W_;
   const int32_t* tok_seq; const int32_t* tok_len;     // per token: its sequence (table row) and context
   float eps, scale; float* logits; int nt;
-  bool tiled;              // the layer linears are in lean_gemm.h's tiled layout (the LM head never)
+  bool tiled;              // the layer linears are in lean_gemm.h's column-block layout (the LM head never)
   bool q8;                 // the pool holds int8 rows (codes + scale), not dtype values
   const float* rot;        // the pool's rotation R [D, D], or null
   const int64_t* ext;      // per layer kExt entries (header), or null: a plain Llama layer
@@ -105,6 +105,8 @@ struct Step {
   // a greedy step's screened LM head (kernels/greedy_head.py): int8 codes [V, Dm] of the head with
   // fp32 scales [V] and bound coefficients [V]; null: the whole head is computed
   const int8_t* scr_codes; const float* scr_scale; const float* scr_coef;
+  int NG;                                 // KV cache groups (tables [NG, S, W_])
+  long rq() const { return tiled ? 16 : 4; }   // a thread's rows of a linear start at multiples of this
   std::vector<float> tau_part;            // screen: per thread, each row's largest lower bound
   std::vector<T> qkv, q, delta, gu, act, lg;
   std::vector<std::vector<T>> own_d;      // ext post norms: per thread, the normed delta
@@ -114,9 +116,31 @@ struct Step {
   std::vector<float> qf, of;
   std::vector<std::vector<T>> own_x, own_a;      // per thread: the residual stream and its norm
   std::vector<std::vector<float>> own_xf;        // per thread: the fp32 activations of a product
+  std::vector<std::vector<uint32_t>> own_pairs;  // per thread: those activations as bf16 pairs (tiled bf16)
+  // a decode batch over a shared prompt (paged_decode.h decode_shared_rows): each KV cache group's
+  // shared blocks (0: none, or not this kind of step) and each thread's scratch, kept by the calling
+  // thread across steps (allocated here, where a refusal is still safe; a fresh one every step was
+  // mapped and cleared by the kernel)
+  std::vector<int> pfx;
+  std::vector<std::vector<float>>* shared_scratch = nullptr;
 
   void init() {               // every allocation of the step, before any thread starts
     const long hd = static_cast<long>(H) * D;
+    own_pairs.assign(nt, std::vector<uint32_t>(tiled ? nT * std::max<long>({static_cast<long>(Dm), static_cast<long>(I), hd}) / 2 + 1 : 1));
+    pfx.assign(NG, 0);
+    size_t need = 0;
+    if (paged_decode::kVecBlocks && D == 64 && nT == S && S > 1) {
+      for (int g = 0; g < NG; ++g) {
+        const int P = paged_decode::shared_prefix_blocks(tables + static_cast<long>(g) * S * W_, tok_len, S, W_, BS);
+        pfx[g] = paged_decode::shared_fits(S, nt, H, P, BS) ? P : 0;
+        need = std::max(need, paged_decode::shared_rows_floats((S + nt - 1) / nt, H, D, BS, pfx[g]));
+      }
+    }
+    thread_local std::vector<std::vector<float>> keep;
+    if (keep.size() < static_cast<size_t>(nt)) keep.resize(nt);
+    for (int t = 0; t < nt && need > 0; ++t)
+      if (keep[t].size() < need) keep[t].resize(need);
+    shared_scratch = &keep;
     own_x.assign(nt, std::vector<T>(nT * static_cast<long>(Dm)));
     own_a.assign(nt, std::vector<T>(nT * static_cast<long>(Dm)));
     own_xf.assign(nt, std::vector<float>(nT * std::max<long>({static_cast<long>(Dm), static_cast<long>(I), hd})));
@@ -174,8 +198,8 @@ struct Step {
 
   void lin(const int64_t* p, int wi, int bi, int si, const float* xf, T* y, long N, long Kd, int tid) {
     gemm<K, W>(reinterpret_cast<const W*>(p[wi]), xf, nT, bi >= 0 ? reinterpret_cast<const T*>(p[bi]) : nullptr,
-               p[si] ? reinterpret_cast<const float*>(p[si]) : nullptr, y, N, part4(N, tid, nt),
-               part4(N, tid + 1, nt), Kd, tiled);
+               p[si] ? reinterpret_cast<const float*>(p[si]) : nullptr, y, N, part4(N, tid, nt, rq()),
+               part4(N, tid + 1, nt, rq()), Kd, tiled, own_pairs[tid].data());
   }
 
   // ext: the residual a layer adds, `d` normed by ext entry `which` of layer table xe into this
@@ -220,7 +244,7 @@ struct Step {
       const float es = K::rnd(embed_scale);
       for (long j = 0; j < nT * static_cast<long>(Dm); ++j) K::st(x.data(), j, K::ld(x.data(), j) * es);
     }
-    const long j0 = part4(I, tid, nt), j1 = part4(I, tid + 1, nt);   // this thread's gate/up rows
+    const long j0 = part4(I, tid, nt, rq()), j1 = part4(I, tid + 1, nt, rq());   // this thread's gate/up rows
     for (int i = 0; i < L; ++i) {
       const int64_t* p = ptrs + static_cast<long>(i) * kPtrs;
       const int64_t* xe = ext ? ext + static_cast<long>(i) * kExt : nullptr;          // this layer's ext
@@ -269,11 +293,26 @@ struct Step {
         if (rot != nullptr) rotate_rows(qf.data(), static_cast<long>(nT) * H);
       }
       bar.wait();
-      for (int t = 0; t < nT; ++t) {         // causal: token t sees its sequence up to itself
-        const int32_t* table = ltables + static_cast<long>(tok_seq[t]) * W_;
-        const int first = paged_decode::window_lo(tok_len[t], window);     // ext: a sliding window
-        if (q8) attention<int8_t>(&qf[t * hd], kc8, vc8, table, tok_len[t], &of[t * hd], tid, first);
-        else attention<T>(&qf[t * hd], kc, vc, table, tok_len[t], &of[t * hd], tid, first);
+      // a decode batch (one token a sequence) whose chats share a prompt's first blocks: the prefix as
+      // two small matrix products per KV head, each thread its share of the sequences (the loop's
+      // kernel for such a batch, paged_decode.h decode_shared); otherwise each token's heads split
+      const int shared = window == 0 ? pfx[grp] : 0;
+      if (shared > 0) {
+        const int b0 = static_cast<int>(part(S, tid, nt)), b1 = static_cast<int>(part(S, tid + 1, nt));
+        float* scr = (*shared_scratch)[tid].data();
+        if (q8)
+          paged_decode::decode_shared_rows<int8_t, 64>(qf.data(), kc8, vc8, ltables, tok_len, of.data(), b0, b1, H,
+                                                       KVH, BS, W_, scale, shared, scr);
+        else
+          paged_decode::decode_shared_rows<T, 64>(qf.data(), kc, vc, ltables, tok_len, of.data(), b0, b1, H, KVH, BS,
+                                                  W_, scale, shared, scr);
+      } else {
+        for (int t = 0; t < nT; ++t) {         // causal: token t sees its sequence up to itself
+          const int32_t* table = ltables + static_cast<long>(tok_seq[t]) * W_;
+          const int first = paged_decode::window_lo(tok_len[t], window);     // ext: a sliding window
+          if (q8) attention<int8_t>(&qf[t * hd], kc8, vc8, table, tok_len[t], &of[t * hd], tid, first);
+          else attention<T>(&qf[t * hd], kc, vc, table, tok_len[t], &of[t * hd], tid, first);
+        }
       }
       bar.wait();
       for (long j = 0; j < nT * hd; ++j) xf[j] = K::rnd(of[j]);     // the loop's attention output in dtype
@@ -286,8 +325,8 @@ struct Step {
       // gate rows j and up rows I + j on the same thread, so it can finish silu(gate) * up alone
       const W* wgu = reinterpret_cast<const W*>(p[GATE_UP]);
       const float* sgu = p[GATE_UP_S] ? reinterpret_cast<const float*>(p[GATE_UP_S]) : nullptr;
-      gemm<K, W>(wgu, xf.data(), nT, nullptr, sgu, gu.data(), 2L * I, j0, j1, Dm, tiled);
-      gemm<K, W>(wgu, xf.data(), nT, nullptr, sgu, gu.data(), 2L * I, I + j0, I + j1, Dm, tiled);
+      gemm<K, W>(wgu, xf.data(), nT, nullptr, sgu, gu.data(), 2L * I, j0, j1, Dm, tiled, own_pairs[tid].data());
+      gemm<K, W>(wgu, xf.data(), nT, nullptr, sgu, gu.data(), 2L * I, I + j0, I + j1, Dm, tiled, own_pairs[tid].data());
       for (int t = 0; t < nT; ++t) {
         const T* g = &gu[t * 2L * I];
         for (long j = j0; j < j1; ++j) {     // layer_ops::silu_mul's arithmetic, on this thread's rows
@@ -392,13 +431,16 @@ extern "C" {
 int lean_step_ptrs_per_layer() { return kPtrs; }
 int lean_step_ext_per_layer() { return kExt; }
 int lean_step_max_tokens() { return kMaxTokens; }
+// whether this build has lean_gemm.h's column-block kernels: bit 0 for fp32 weights, bit 1 for bf16
+int lean_step_column_blocks() { return (lean::kColumnBlocksF32 ? 1 : 0) | (lean::kColumnBlocksBF16 ? 2 : 0); }
 
 // 0 on success; otherwise which input is out of range (checked before anything is written):
 // 1 token id, 2 position (RoPE table of P rows), 3 KV slot (-1 = store nothing: a padded row), 4 block table (too short, or a block
 // beyond the pool), 5 logits row, 6 token count (1..kMaxTokens) or sequence layout (cu_seqlens_q
 // not rising from 0 to the token count, a sequence with more new tokens than context); 7: no
 // memory or threads for the step (nothing written); 8: a screened LM head (scr_codes, a greedy
-// step: kernels/greedy_head.py) without its scales and bounds, or over an int8 head.
+// step: kernels/greedy_head.py) without its scales and bounds, or over an int8 head; 9: weights in
+// the column-block layout (tiled) where this build has no kernel for them.
 // S sequences: tables [G, S, W_], seq_lens [S] (context incl. this step's tokens), cu [S + 1] (query
 // token offsets), slots [G, nT], as AttentionMetadata holds them per KV cache group; layer_kv [L, 2]
 // (pool slot, group) of each layer, or null for one group (slot = layer, PL = L, G = 1).
@@ -415,6 +457,9 @@ int lean_step_max_tokens() { return kMaxTokens; }
     if (nT < 1 || nT > kMaxTokens || S < 1 || cu[0] != 0 || cu[S] != nT) return 6;                         \
     if (scr_codes != nullptr && (lm_scale != nullptr || scr_scale == nullptr || scr_coef == nullptr))      \
       return 8;                                                                                            \
+    if (tiled && !((std::is_same<W, float>::value && lean::kColumnBlocksF32) ||                           \
+                   (std::is_same<W, uint16_t>::value && lean::kColumnBlocksBF16)))                         \
+      return 9;                                                                                            \
     if (G < 1 || PL < 1 || (layer_kv == nullptr && (G != 1 || PL != L))) return 4;                         \
     for (int i = 0; layer_kv != nullptr && i < L; ++i)                                                      \
       if (layer_kv[2 * i] < 0 || layer_kv[2 * i] >= PL || layer_kv[2 * i + 1] < 0 || layer_kv[2 * i + 1] >= G) \
@@ -449,9 +494,24 @@ int lean_step_max_tokens() { return kMaxTokens; }
                   static_cast<const T*>(cos), static_cast<const T*>(sin), static_cast<T*>(pool),           \
                   num_blocks, BS, tables, W_, tok_seq, tok_len, eps, scale, logits, std::max(1, n),        \
                   tiled != 0, q8 != 0, rot, ext, embed_scale, act_kind, layer_kv, PL, S, scr_codes,       \
-                  scr_scale, scr_coef};                                                                   \
+                  scr_scale, scr_coef, G};                                                                \
     return step<K, W>(st) ? 0 : 7;                                                                         \
   }
+
+// One of the step's products alone (tests, benchmarks): Y [M, N] = X [M, Kd] (fp32, values of the
+// dtype) times W (+ bias), W row-major [N, Kd] or, tiled, in the column-block layout; one thread.
+// Returns 9 where tiled and this build has no column-block kernel for W.
+int lean_linear_f32(const float* w, int tiled, const float* x, int M, const float* bias, float* y, long N, long Kd) {
+  if (tiled && !lean::kColumnBlocksF32) return 9;
+  lean::gemm<layer_ops::F32, float>(w, x, M, bias, nullptr, y, N, 0, N, Kd, tiled != 0);
+  return 0;
+}
+int lean_linear_bf16(const uint16_t* w, int tiled, const float* x, int M, const uint16_t* bias, uint16_t* y, long N,
+                     long Kd) {
+  if (tiled && !lean::kColumnBlocksBF16) return 9;
+  lean::gemm<layer_ops::BF16, uint16_t>(w, x, M, bias, nullptr, y, N, 0, N, Kd, tiled != 0);
+  return 0;
+}
 
 LEAN_STEP(lean_step_f32, layer_ops::F32, float)
 LEAN_STEP(lean_step_bf16, layer_ops::BF16, uint16_t)

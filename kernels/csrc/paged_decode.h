@@ -574,9 +574,23 @@ void shared_prefix(const float* qv, const T* kc, const T* vc, const int32_t* tab
 // D % 16 == 0, no window: each thread takes a fixed share of the sequences; their shared prefix is
 // computed as two small matrix products per KV head (shared_prefix), reading each prefix block once
 // per thread for all its query rows; then each sequence's own blocks as decode_seq walks them.
+// Floats of scratch decode_shared_rows needs for nb sequences: per sequence and head the
+// online-softmax state (2), scaled query and output accumulator (2 D), a block's scores (BS); then
+// the prefix's scores (P * BS per sequence and head).
+inline size_t shared_rows_floats(int nb, int H, int D, int BS, int P) {
+  return static_cast<size_t>(nb) * H * (2 + 2 * static_cast<size_t>(D) + BS + static_cast<size_t>(P) * BS);
+}
+
+// One thread's share of decode_shared: sequences [b0, b1) (q, out, tables and lens indexed by the
+// batch's own b), in `scratch` of shared_rows_floats(b1 - b0, ...) floats, which the caller owns
+// and keeps (allocating here cannot fail safely on the lean step's threads, and a fresh buffer a
+// layer was mapped and cleared by the kernel every time: ~5% of a bf16 burst's samples). Also the
+// lean C++ step's attention for a decode batch (kernels/csrc/cpu_lean_step.cpp), whose threads are
+// its own, not OpenMP's.
 template <typename T, int DC>
-void decode_shared(const float* q, const T* kc, const T* vc, const int32_t* tables, const int32_t* lens,
-                   float* out, int B, int H, int KVH, int BS, int W, float scale, int nthreads, int P) {
+void decode_shared_rows(const float* q, const T* kc, const T* vc, const int32_t* tables, const int32_t* lens,
+                        float* out, int b0, int b1, int H, int KVH, int BS, int W, float scale, int P,
+                        float* scratch) {
   constexpr int D = DC;
   const int G = H / KVH;
   const long row = D + Row<T>::kExtra;
@@ -591,17 +605,15 @@ void decode_shared(const float* q, const T* kc, const T* vc, const int32_t* tabl
       __builtin_prefetch(nv + off, 0, 3);
     }
   };
-#pragma omp parallel num_threads(nthreads)
   {
-    const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
-    const int b0 = static_cast<int>(static_cast<long>(B) * tid / nt);
-    const int b1 = static_cast<int>(static_cast<long>(B) * (tid + 1) / nt);
     const int nb = b1 - b0;
-    // per sequence of this thread: the online-softmax state, its scaled queries, score scratch
-    std::vector<float> m(static_cast<size_t>(nb) * H), l(m.size()), acc(m.size() * D), qv(acc.size()),
-        s(m.size() * BS);
-    // the prefix's scores [KVH][rows][Ts], every entry written before it is read (no zero fill)
-    std::unique_ptr<float[]> S(new float[static_cast<size_t>(H) * nb * P * BS]);
+    const size_t rows = static_cast<size_t>(nb) * H;
+    float* const m = scratch;
+    float* const l = m + rows;
+    float* const acc = l + rows;
+    float* const qv = acc + rows * D;
+    float* const s = qv + rows * D;
+    float* const S = s + rows * BS;   // the prefix's scores [KVH][rows][Ts], each written before it is read
     for (int i = 0; i < nb; ++i)
       for (int h = 0; h < H; ++h) {
         const long x = static_cast<long>(i) * H + h;
@@ -609,8 +621,7 @@ void decode_shared(const float* q, const T* kc, const T* vc, const int32_t* tabl
         for (int d = 0; d < D; ++d) qv[x * D + d] = qh[d] * scale;
       }
     if (nb > 0)
-      shared_prefix<T, DC>(qv.data(), kc, vc, tables, P, BS, nb, H, KVH, row, tok_stride, blk_stride, m.data(),
-                           l.data(), acc.data(), S.get());
+      shared_prefix<T, DC>(qv, kc, vc, tables, P, BS, nb, H, KVH, row, tok_stride, blk_stride, m, l, acc, S);
     auto block = [&](int i, long base, int n) {     // sequence b0 + i, one block: every KV head
       const long x = static_cast<long>(i) * H;
       for (int g = 0; g < KVH; ++g)
@@ -637,14 +648,34 @@ void decode_shared(const float* q, const T* kc, const T* vc, const int32_t* tabl
 }
 
 template <typename T, int DC>
+void decode_shared(const float* q, const T* kc, const T* vc, const int32_t* tables, const int32_t* lens,
+                   float* out, int B, int H, int KVH, int BS, int W, float scale, int nthreads, int P) {
+#pragma omp parallel num_threads(nthreads)
+  {
+    const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+    const int b0 = static_cast<int>(static_cast<long>(B) * tid / nt);
+    const int b1 = static_cast<int>(static_cast<long>(B) * (tid + 1) / nt);
+    thread_local std::vector<float> scratch;     // OpenMP's threads persist: kept across calls
+    const size_t need = shared_rows_floats(b1 - b0, H, DC, BS, P);
+    if (scratch.size() < need) scratch.resize(need);
+    decode_shared_rows<T, DC>(q, kc, vc, tables, lens, out, b0, b1, H, KVH, BS, W, scale, P, scratch.data());
+  }
+}
+
+// Whether decode_shared takes a batch of B sequences over nthreads whose shared prefix is P blocks:
+// the scores' scratch is (sequences per thread) x H x prefix floats a thread, bounded here (a long
+// prompt shared by many chats walks per sequence instead)
+inline bool shared_fits(int B, int nthreads, int H, int P, int BS) {
+  return P > 0 && (static_cast<long>(B) / nthreads + 1) * H * P * BS <= kSharedScratchMax;
+}
+
+template <typename T, int DC>
 void run(const float* q, const T* kc, const T* vc, const int32_t* tables, const int32_t* lens,
          float* out, int B, int H, int KVH, int D, int BS, int W, float scale, int nthreads, int window = 0) {
   if constexpr (kVecBlocks && DC > 0 && DC % 16 == 0) {
     if (B >= nthreads && window == 0) {
       const int P = shared_prefix_blocks(tables, lens, B, W, BS);
-      // the scores' scratch is (sequences per thread) x H x prefix floats a thread: bounded here
-      // (a long prompt shared by many chats walks per sequence instead)
-      if (P > 0 && (static_cast<long>(B) / nthreads + 1) * H * P * BS <= kSharedScratchMax) {
+      if (shared_fits(B, nthreads, H, P, BS)) {
         decode_shared<T, DC>(q, kc, vc, tables, lens, out, B, H, KVH, BS, W, scale, nthreads, P);
         return;
       }

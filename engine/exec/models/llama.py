@@ -166,7 +166,7 @@ def make_lean_step(model, plain: list[dict] | None, mode: str, plain_bytes: int 
         layers.append(d)
     # packed linears' copies may be in the tiled layout (llama_weights._prepare: all or none;
     # LeanStep refuses a mix)
-    tiled = any(d[name].dim() == 4 for d in layers for name in LINEAR_NAMES)
+    tiled = any(d[name].dim() > 2 for d in layers for name in LINEAR_NAMES)
     if mode == "auto" and extra > LEAN_AUTO_MAX_EXTRA_BYTES:
         return (
             None,
