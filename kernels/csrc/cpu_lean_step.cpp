@@ -327,12 +327,24 @@ struct Step {
       const float* sgu = p[GATE_UP_S] ? reinterpret_cast<const float*>(p[GATE_UP_S]) : nullptr;
       gemm<K, W>(wgu, xf.data(), nT, nullptr, sgu, gu.data(), 2L * I, j0, j1, Dm, tiled, own_pairs[tid].data());
       gemm<K, W>(wgu, xf.data(), nT, nullptr, sgu, gu.data(), 2L * I, I + j0, I + j1, Dm, tiled, own_pairs[tid].data());
-      for (int t = 0; t < nT; ++t) {
+      for (int t = 0; t < nT; ++t) {       // layer_ops::silu_mul's arithmetic, on this thread's rows
         const T* g = &gu[t * 2L * I];
-        for (long j = j0; j < j1; ++j) {     // layer_ops::silu_mul's arithmetic, on this thread's rows
-          const float gv = K::ld(g, j);
-          const float sv = act_kind == 1 ? gelu_tanh(gv) : gv / (1.0f + fast_exp(-gv));
-          K::st(&act[t * static_cast<long>(I)], j, K::rnd(sv) * K::ld(g, I + j));
+        T* at = &act[t * static_cast<long>(I)];
+        float sv[256];
+        for (long c = j0; c < j1; c += 256) {
+          const long n = std::min(j1 - c, 256L);
+          if (act_kind == 1) {
+            for (long j = 0; j < n; ++j) sv[j] = gelu_tanh(K::ld(g, c + j));
+          } else {
+            // vectorized as layer_ops::silu_mul is (no contraction here: the same roundings as
+            // one element at a time); one at a time it was ~4 ms of a 16-chat step's ~35
+#pragma omp simd
+            for (long j = 0; j < n; ++j) {
+              const float gv = K::ld(g, c + j);
+              sv[j] = gv / (1.0f + fast_exp(-gv));
+            }
+          }
+          for (long j = 0; j < n; ++j) K::st(at, c + j, K::rnd(sv[j]) * K::ld(g, I + c + j));
         }
       }
       bar.wait();

@@ -134,7 +134,8 @@ inline v16f dot1(const W* w, const float* x, long K16) {
 // conversion, and a block is one sequential stream. Measured here (the default model's 120 layer
 // linears, 2 threads, ms for fp32 / bf16): 1 row 13.5 -> 12.5 / 6.7 -> 6.4; 8 rows 17.9 -> 11.5 /
 // 9.6 -> 6.2; 16 rows 27.2 -> 18.1 / 18.3 -> 10.2 (oneDNN's packed GEMMs: ~30 / ~15).
-// Batch-invariant: an output is one accumulator over k in order, whatever M is.
+// Batch-invariant: an output is one accumulator over k in order, whatever M is. Each block's stream
+// is prefetched kPrefetchBytes ahead (a line a k), as the row-major kernel's tiles are.
 // bf16: the activations are bf16 values held in fp32 (every caller rounds them to dtype first), so
 // taking them as bf16 pairs is exact; a pair's products are exact in fp32 and `vdpbf16ps` adds them
 // to the accumulator one after the other (AVX512-BF16 flushes denormals, which activations of a
@@ -170,7 +171,10 @@ inline void blocks_f32(const float* __restrict w, long Kd, const float* __restri
     for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_setzero_ps();
   for (long k = 0; k < Kd; ++k) {
     __m512 wv[NB];
-    for (int j = 0; j < NB; ++j) wv[j] = _mm512_loadu_ps(w + (j * Kd + k) * 16);
+    for (int j = 0; j < NB; ++j) {
+      wv[j] = _mm512_loadu_ps(w + (j * Kd + k) * 16);
+      __builtin_prefetch(w + (j * Kd + k) * 16 + kPrefetchBytes / 4, 0, 2);
+    }
 #pragma GCC unroll 8
     for (int m = 0; m < MS; ++m) {
       const __m512 xb = _mm512_set1_ps(X[m * Kd + k]);
@@ -191,7 +195,10 @@ inline void blocks_bf16(const uint16_t* __restrict w, long Kd, const uint32_t* _
     for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_setzero_ps();
   for (long p = 0; p < P; ++p) {
     __m512bh wv[NB];
-    for (int j = 0; j < NB; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(w + (j * P + p) * 32);
+    for (int j = 0; j < NB; ++j) {
+      wv[j] = (__m512bh)_mm512_loadu_si512(w + (j * P + p) * 32);
+      __builtin_prefetch(w + (j * P + p) * 32 + kPrefetchBytes / 2, 0, 2);
+    }
 #pragma GCC unroll 8
     for (int m = 0; m < MS; ++m) {
       const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(X[m * P + p]));
