@@ -131,6 +131,7 @@ def _declare(dll) -> None:
             p,
             p,
             p,
+            i,
         ]
         fn.restype = ctypes.c_int
     if dll.lean_step_ptrs_per_layer() != len(LAYER_KEYS) or dll.lean_step_ext_per_layer() != len(
@@ -316,7 +317,7 @@ class LeanStep:
         self.act_kind = ACT_KINDS[act]
         if screen is not None and (
             int8
-            or tuple(screen.codes.shape) != tuple(lm_head.shape)
+            or screen.shape != tuple(lm_head.shape)
             or screen.scale.shape[0] != lm_head.shape[0]
             or screen.coef.shape[0] != lm_head.shape[0]
         ):
@@ -527,9 +528,9 @@ class LeanStep:
                 kv_pool.shape[1],
                 G,
                 *(
-                    (scr.codes.data_ptr(), scr.scale.data_ptr(), scr.coef.data_ptr())
+                    (scr.codes.data_ptr(), scr.scale.data_ptr(), scr.coef.data_ptr(), scr.blocked)
                     if (scr := self.screen if argmax_only else None) is not None
-                    else (None, None, None)
+                    else (None, None, None, 0)
                 ),
             )
         if err == 7:

@@ -55,6 +55,7 @@ def _declare(dll) -> None:
     dll.greedy_int8_copy.restype = None
     dll.greedy_bf16_coef.argtypes = [p, p, L, L, p, p, i]
     dll.greedy_bf16_coef.restype = None
+    dll.greedy_column_blocks.restype = ctypes.c_int
 
 
 _LIB = LazyLibrary(
@@ -68,16 +69,40 @@ _LIB = LazyLibrary(
 
 @dataclass(frozen=True)
 class Int8Screen:
-    """The lean step's copy: codes int8 [V, K], scales fp32 [V] (codes x scale ~ the weight) and
-    each row's bound coefficient fp32 [V]."""
+    """The lean step's copy: codes int8, scales fp32 [V] (codes x scale ~ the weight) and each row's
+    bound coefficient fp32 [V]. The codes are row-major [V, K], or in column blocks [V / 16, K, 16]
+    (`blocked`, where V % 16 == 0 and the build has AVX-512): the lean step then computes a batch's
+    approximate logits as outer products (kernels/csrc/lean_gemm.h gemm_i8_blocks), with no 16-lane
+    reduction per logit and each 16 codes widened once for 8 rows (the bound holds in any order)."""
 
     codes: torch.Tensor
     scale: torch.Tensor
     coef: torch.Tensor
 
     @property
+    def blocked(self) -> int:
+        return int(self.codes.dim() == 3)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The head's [V, K]."""
+        c = self.codes
+        return (c.shape[0] * c.shape[2], c.shape[1]) if self.blocked else tuple(c.shape)
+
+    def rows(self) -> torch.Tensor:
+        """The codes row-major [V, K], whatever the layout."""
+        c = self.codes
+        return c.transpose(1, 2).reshape(self.shape) if self.blocked else c
+
+    @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.codes, self.scale, self.coef))
+
+
+def column_blocks() -> bool:
+    """Whether int8_screen lays a head of 16k rows out in column blocks on this machine."""
+    lib = _LIB.lib
+    return lib is not None and bool(lib.greedy_column_blocks())
 
 
 def int8_screen(weight: torch.Tensor) -> Int8Screen | None:
@@ -101,6 +126,8 @@ def int8_screen(weight: torch.Tensor) -> Int8Screen | None:
         coef.data_ptr(),
         torch.get_num_threads(),
     )
+    if V % 16 == 0 and lib.greedy_column_blocks():
+        codes = codes.view(V // 16, 16, K).transpose(1, 2).contiguous()
     return Int8Screen(codes, scale, coef)
 
 

@@ -49,6 +49,16 @@ void int8_copy(const W* w, long V, long K, int8_t* codes, float* scale, float* c
 
 extern "C" {
 
+// whether the lean step built on this machine takes the int8 copy in column blocks (AVX-512:
+// lean_gemm.h gemm_i8_blocks); both libraries are built with -march=native here
+int greedy_column_blocks() {
+#if defined(__AVX512F__)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
 // the lean step's int8 copy of a head [V, K] (fp32 or bf16 weights, `bf16` says which)
 void greedy_int8_copy(const void* w, int bf16, long V, long K, int8_t* codes, float* scale, float* coef,
                       int nthreads) {

@@ -106,6 +106,7 @@ struct Step {
   // fp32 scales [V] and bound coefficients [V]; null: the whole head is computed
   const int8_t* scr_codes; const float* scr_scale; const float* scr_coef;
   int NG;                                 // KV cache groups (tables [NG, S, W_])
+  bool scr_blocked;                       // scr_codes in column blocks [V / 16][Dm][16], not row-major
   long rq() const { return tiled ? 16 : 4; }   // a thread's rows of a linear start at multiples of this
   std::vector<float> tau_part;            // screen: per thread, each row's largest lower bound
   std::vector<T> qkv, q, delta, gu, act, lg;
@@ -365,7 +366,8 @@ struct Step {
       layer_ops::add_rms_norm<K>(xr, nullptr, norm, &a[r * static_cast<long>(Dm)], 1, Dm, eps, 1);
     }
     to_f32<K>(a.data(), xf.data(), R * static_cast<long>(Dm));
-    const long v0 = part4(V, tid, nt), v1 = part4(V, tid + 1, nt);
+    const long vq = scr_codes != nullptr && scr_blocked ? 16 : 4;     // the screen's blocks are 16 rows
+    const long v0 = part4(V, tid, nt, vq), v1 = part4(V, tid + 1, nt, vq);
     if (scr_codes != nullptr) {
       screened_head(xf.data(), v0, v1, tid, bar);
       return;
@@ -381,7 +383,10 @@ struct Step {
   // rho: the approximation is rounded to dtype (bf16: 2^-8 relative), and so is the exact logit.
   void screened_head(const float* xr, long v0, long v1, int tid, SpinBarrier& bar) {
     const float rho = sizeof(T) == 2 ? 1.0f / 64 : 1.0f / (1 << 20);
-    gemm<K, int8_t>(scr_codes, xr, R, nullptr, scr_scale, lg.data(), V, v0, v1, Dm);
+    if (!scr_blocked || !lean::kColumnBlocksF32) gemm<K, int8_t>(scr_codes, xr, R, nullptr, scr_scale, lg.data(), V, v0, v1, Dm);
+#if defined(__AVX512F__)
+    else lean::gemm_i8_blocks<K>(scr_codes, xr, R, scr_scale, lg.data(), V, v0, v1, Dm);
+#endif
     float n1[kMaxTokens];
     for (int r = 0; r < R; ++r) {
       double s = 0;                               // ||x||_1, rounded up below
@@ -451,7 +456,8 @@ int lean_step_column_blocks() { return (lean::kColumnBlocksF32 ? 1 : 0) | (lean:
 // beyond the pool), 5 logits row, 6 token count (1..kMaxTokens) or sequence layout (cu_seqlens_q
 // not rising from 0 to the token count, a sequence with more new tokens than context); 7: no
 // memory or threads for the step (nothing written); 8: a screened LM head (scr_codes, a greedy
-// step: kernels/greedy_head.py) without its scales and bounds, or over an int8 head; 9: weights in
+// step: kernels/greedy_head.py) without its scales and bounds, or over an int8 head, or its codes in
+// column blocks (scr_blocked) where this build has no kernel for them or V % 16 != 0; 9: weights in
 // the column-block layout (tiled) where this build has no kernel for them.
 // S sequences: tables [G, S, W_], seq_lens [S] (context incl. this step's tokens), cu [S + 1] (query
 // token offsets), slots [G, nT], as AttentionMetadata holds them per KV cache group; layer_kv [L, 2]
@@ -464,10 +470,11 @@ int lean_step_column_blocks() { return (lean::kColumnBlocksF32 ? 1 : 0) | (lean:
            const int32_t* tables, int W_, int S, const int32_t* seq_lens, const int32_t* cu, float eps,    \
            float scale, float* logits, int n, int tiled, int q8, const float* rot, const int64_t* ext,       \
            float embed_scale, int act_kind, const int32_t* layer_kv, int PL, int G, const int8_t* scr_codes,  \
-           const float* scr_scale, const float* scr_coef) {                                               \
+           const float* scr_scale, const float* scr_coef, int scr_blocked) {                              \
     using T = K::T;                                                                                        \
     if (nT < 1 || nT > kMaxTokens || S < 1 || cu[0] != 0 || cu[S] != nT) return 6;                         \
-    if (scr_codes != nullptr && (lm_scale != nullptr || scr_scale == nullptr || scr_coef == nullptr))      \
+    if (scr_codes != nullptr && (lm_scale != nullptr || scr_scale == nullptr || scr_coef == nullptr ||      \
+                             (scr_blocked && (!lean::kColumnBlocksF32 || V % 16 != 0))))                   \
       return 8;                                                                                            \
     if (tiled && !((std::is_same<W, float>::value && lean::kColumnBlocksF32) ||                           \
                    (std::is_same<W, uint16_t>::value && lean::kColumnBlocksBF16)))                         \
@@ -506,7 +513,7 @@ int lean_step_column_blocks() { return (lean::kColumnBlocksF32 ? 1 : 0) | (lean:
                   static_cast<const T*>(cos), static_cast<const T*>(sin), static_cast<T*>(pool),           \
                   num_blocks, BS, tables, W_, tok_seq, tok_len, eps, scale, logits, std::max(1, n),        \
                   tiled != 0, q8 != 0, rot, ext, embed_scale, act_kind, layer_kv, PL, S, scr_codes,       \
-                  scr_scale, scr_coef, G};                                                                \
+                  scr_scale, scr_coef, G, scr_blocked != 0};                                                                \
     return step<K, W>(st) ? 0 : 7;                                                                         \
   }
 

@@ -210,6 +210,69 @@ inline void blocks_bf16(const uint16_t* __restrict w, long Kd, const uint32_t* _
 }
 #endif
 
+#if defined(__AVX512F__)
+// int8 codes in column blocks ([N / 16][Kd][16], the greedy screen's copy of the LM head,
+// kernels/greedy_head.py): 16 codes widened to fp32 a load, the same outer products
+template <int MS, int NB>
+inline void blocks_i8(const int8_t* __restrict w, long Kd, const float* __restrict X, __m512 (&out)[kBlockRows][3]) {
+  __m512 acc[MS][NB];
+  for (int m = 0; m < MS; ++m)
+    for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_setzero_ps();
+  for (long k = 0; k < Kd; ++k) {
+    __m512 wv[NB];
+    for (int j = 0; j < NB; ++j) {
+      const int8_t* p = w + (j * Kd + k) * 16;
+      wv[j] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+      if ((k & 3) == 0) __builtin_prefetch(p + kPrefetchBytes, 0, 2);
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MS; ++m) {
+      const __m512 xb = _mm512_set1_ps(X[m * Kd + k]);
+      for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_fmadd_ps(wv[j], xb, acc[m][j]);
+    }
+  }
+  for (int m = 0; m < MS; ++m)
+    for (int j = 0; j < NB; ++j) out[m][j] = acc[m][j];
+}
+
+// Y[m, n] = dtype(sum_k codes[n, k] X[m, k] * scale[n]) for the columns [r0, r1) (multiples of
+// 16) of int8 codes in column blocks: the row-major int8 product's rounding, another summation
+// order (the screen's bound holds for any order). False without AVX-512.
+template <typename K>
+bool gemm_i8_blocks(const int8_t* w, const float* X, int M, const float* scale, typename K::T* Y, long ldy, long r0,
+                    long r1, long Kd) {
+  __m512 acc[kBlockRows][3];
+  for (long n0 = r0; n0 < r1; n0 += 48) {
+    const int nb = static_cast<int>(std::min(3L, (r1 - n0) / 16));
+    const int8_t* wb = w + (n0 / 16) * Kd * 16;
+    for (int m0 = 0; m0 < M; m0 += kBlockRows) {
+      const int ms = std::min(kBlockRows, M - m0);
+      const float* xm = X + m0 * Kd;
+#define LEAN_I8(MS, NB) blocks_i8<MS, NB>(wb, Kd, xm, acc)
+#define LEAN_I8_ROWS(NB)                                                              \
+  switch (ms) {                                                                       \
+    case 8: LEAN_I8(8, NB); break;                                                    \
+    case 7: LEAN_I8(7, NB); break;                                                    \
+    case 6: LEAN_I8(6, NB); break;                                                    \
+    case 5: LEAN_I8(5, NB); break;                                                    \
+    case 4: LEAN_I8(4, NB); break;                                                    \
+    case 3: LEAN_I8(3, NB); break;                                                    \
+    case 2: LEAN_I8(2, NB); break;                                                    \
+    default: LEAN_I8(1, NB);                                                          \
+  }
+      if (nb == 3) { LEAN_I8_ROWS(3) } else if (nb == 2) { LEAN_I8_ROWS(2) } else { LEAN_I8_ROWS(1) }
+#undef LEAN_I8_ROWS
+#undef LEAN_I8
+      for (int j = 0; j < nb; ++j) {
+        const __m512 sc = _mm512_loadu_ps(scale + n0 + 16 * j);
+        for (int m = 0; m < ms; ++m) store16<K>(Y + (m0 + m) * ldy + n0 + 16 * j, _mm512_mul_ps(acc[m][j], sc));
+      }
+    }
+  }
+  return true;
+}
+#endif
+
 // Y[m, n] (+ bias[n]) for the blocks of columns [r0, r1) (multiples of 16) in the column-block
 // layout; see above. Returns false where this build has no kernel for W (the caller checks first).
 // pairs: bf16 weights, room for M * Kd / 2 pairs of the activations (null: allocated here).

@@ -66,13 +66,25 @@ def _check(full: torch.Tensor, screened: torch.Tensor) -> int:
     return int(kept.sum())
 
 
-@pytest.mark.parametrize("kind", ["equal", "near", "nan"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_greedy_lean_step_computes_only_rows_that_can_win(dtype, kind):
+@pytest.mark.parametrize(
+    "dtype,kind,layout",
+    [
+        (dtype, kind, "blocks")
+        for dtype in (torch.float32, torch.bfloat16)
+        for kind in ("equal", "near", "nan")
+    ]
+    + [(torch.float32, "near", "rows"), (torch.bfloat16, "nan", "rows")],
+)
+def test_a_greedy_lean_step_computes_only_rows_that_can_win(dtype, kind, layout):
     """nan: a head row with a NaN weight is always computed, so the broken logit reaches the
-    sampler (torch's argmax takes it) as it does without the screen."""
+    sampler (torch's argmax takes it) as it does without the screen. layout: the int8 copy in
+    column blocks (a vocabulary of a multiple of 16 on an AVX-512 CPU) or row-major (otherwise)."""
     cfg, m = _model(dtype, kind)
     assert m.lean is not None and m.lean.screen is not None, m.cpu_path
+    if layout == "rows":
+        scr = m.lean.screen
+        m.lean.screen = greedy_head.Int8Screen(scr.rows().contiguous(), scr.scale, scr.coef)
+    assert m.lean.screen.blocked == (layout == "blocks" and greedy_head.column_blocks())
     V, bs = cfg.vocab_size, 16
     pool = torch.zeros(2, m.num_layers, 12, bs, m.num_kv_heads, m.head_dim, dtype=dtype)
     seqs = [
@@ -196,7 +208,7 @@ def test_the_bound_holds_for_every_row():
     s = greedy_head.int8_screen(w)
     x = torch.randn(16, 64, generator=g) * torch.logspace(-2, 2, 64)
     exact = x.double() @ w.double().T
-    approx = (x.double() @ s.codes.double().T) * s.scale.double()
+    approx = (x.double() @ s.rows().double().T) * s.scale.double()
     bound = x.double().abs().sum(-1, keepdim=True) * s.coef.double()
     assert bool(((exact - approx).abs() <= bound).all())
     assert bool((bound < 0.05 * exact.abs().max()).all())  # and is tight enough to screen
