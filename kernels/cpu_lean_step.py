@@ -141,7 +141,7 @@ def _declare(dll) -> None:
             "cpu_lean_step.cpp and LAYER_KEYS / EXT_KEYS disagree on the pointer tables"
         )
     _MAX_TOKENS.append(int(dll.lean_step_max_tokens()))
-    for name in ("lean_linear_f32", "lean_linear_bf16"):
+    for name in ("lean_linear_f32", "lean_linear_bf16", "lean_linear_i8"):
         getattr(dll, name).argtypes = [p, i, p, i, p, p, L, L]
         getattr(dll, name).restype = ctypes.c_int
     _COLUMN_BLOCKS.append(int(dll.lean_step_column_blocks()))
@@ -227,6 +227,28 @@ def linear_rows(
     )
     if err:
         raise RuntimeError(_ERRORS.get(err, f"lean product failed ({err})"))
+    return y
+
+
+def screen_rows(screen, x: torch.Tensor) -> torch.Tensor:
+    """The greedy screen's approximate logits alone, for tests: x [M, K] fp32 times a
+    kernels/greedy_head.Int8Screen's codes and scales -> [M, V] fp32, by the kernel the step runs
+    for its layout, on one thread."""
+    V, K = screen.shape
+    xf = x.float().contiguous()
+    y = torch.empty(x.shape[0], V)
+    err = _lib().lean_linear_i8(
+        screen.codes.data_ptr(),
+        screen.blocked,
+        xf.data_ptr(),
+        x.shape[0],
+        screen.scale.data_ptr(),
+        y.data_ptr(),
+        V,
+        K,
+    )
+    if err:
+        raise RuntimeError(_ERRORS.get(err, f"screen product failed ({err})"))
     return y
 
 

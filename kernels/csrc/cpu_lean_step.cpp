@@ -532,6 +532,23 @@ int lean_linear_bf16(const uint16_t* w, int tiled, const float* x, int M, const 
   return 0;
 }
 
+// The greedy screen's product alone (tests): Y [M, N] fp32 = X [M, Kd] times int8 codes times
+// scale[n], codes row-major [N, Kd] or, blocked, in column blocks [N / 16][Kd][16]; one thread.
+int lean_linear_i8(const int8_t* codes, int blocked, const float* x, int M, const float* scale, float* y, long N,
+                   long Kd) {
+  if (blocked) {
+#if defined(__AVX512F__)
+    if (N % 16 != 0) return 9;
+    lean::gemm_i8_blocks<layer_ops::F32>(codes, x, M, scale, y, N, 0, N, Kd);
+    return 0;
+#else
+    return 9;
+#endif
+  }
+  lean::gemm<layer_ops::F32, int8_t>(codes, x, M, nullptr, scale, y, N, 0, N, Kd);
+  return 0;
+}
+
 LEAN_STEP(lean_step_f32, layer_ops::F32, float)
 LEAN_STEP(lean_step_bf16, layer_ops::BF16, uint16_t)
 LEAN_STEP(lean_step_f32_i8, layer_ops::F32, int8_t)

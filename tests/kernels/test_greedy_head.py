@@ -212,6 +212,17 @@ def test_the_bound_holds_for_every_row():
     bound = x.double().abs().sum(-1, keepdim=True) * s.coef.double()
     assert bool(((exact - approx).abs() <= bound).all())
     assert bool((bound < 0.05 * exact.abs().max()).all())  # and is tight enough to screen
+    # and the lean step's own products of the copy (column blocks and row-major, 1..16 rows) give
+    # those approximations up to fp32 sums, well inside the bound's rounding terms
+    from kernels import cpu_lean_step
+
+    layouts = [s, greedy_head.Int8Screen(s.rows().contiguous(), s.scale, s.coef)]
+    assert [t.blocked for t in layouts] == [int(greedy_head.column_blocks()), 0]
+    for t in layouts:
+        for rows in (1, 9, 16):
+            got = cpu_lean_step.screen_rows(t, x[:rows]).double()
+            err = (got - approx[:rows]).abs()
+            assert bool((err <= 1e-5 * bound[:rows]).all()), (t.blocked, rows)
 
 
 def test_a_cached_screen_does_not_keep_its_head_alive():
