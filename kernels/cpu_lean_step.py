@@ -168,94 +168,26 @@ def available(dtype: torch.dtype, int8_weights: bool = False) -> bool:
     return (dtype, int8_weights) in _FN and _lib() is not None
 
 
-def can_tile(weight: torch.Tensor, row_groups: int = 1) -> bool:
-    """Whether `tile_rows` takes this [N, K] weight and this build has the kernel for it: fp32 or
-    bf16, K a multiple of 16 and N of 16 (of 16 per group: gate/up is two groups, each thread's
-    rows of both halves must start a block), on a CPU with AVX-512 (bf16: AVX512-BF16)."""
-    bit = {torch.float32: 1, torch.bfloat16: 2}.get(weight.dtype, 0)
-    return (
-        weight.dim() == 2
-        and bool(bit)
-        and _lib() is not None
-        and bool(_COLUMN_BLOCKS[0] & bit)
-        and weight.shape[1] % 16 == 0
-        and weight.shape[0] % (16 * row_groups) == 0
-    )
+def column_blocks(dtype: torch.dtype) -> bool:
+    """Whether this build's lean step has the column-block kernels for weights of this dtype
+    (AVX-512; bf16: AVX512-BF16): kernels/lean_products.py lays weights out for them."""
+    bit = {torch.float32: 1, torch.bfloat16: 2}.get(dtype, 0)
+    return bool(bit) and _lib() is not None and bool(_COLUMN_BLOCKS[0] & bit)
 
 
-def tile_rows(weight: torch.Tensor) -> torch.Tensor:
-    """[N, K] row-major -> the lean step's column-block layout: blocks of 16 output rows, k-major,
-    so one 64-byte load is one k of 16 outputs (kernels/csrc/lean_gemm.h, gemm_blocks): fp32
-    [N / 16, K, 16]; bf16 [N / 16, K / 2, 16, 2] (two k side by side, as `vdpbf16ps` takes them).
-    Same values; the products sum each output over k in order (not bit-identical to row-major)."""
-    n, k = weight.shape
-    if weight.dtype == torch.bfloat16:
-        return weight.reshape(n // 16, 16, k // 2, 2).transpose(1, 2).contiguous()
-    return weight.reshape(n // 16, 16, k).transpose(1, 2).contiguous()
+def library():
+    """The built C++ library (ctypes), or None without a compiler: for kernels/lean_products.py."""
+    return _lib()
 
 
-def untile_rows(tiled: torch.Tensor) -> torch.Tensor:
-    """tile_rows' inverse: the [N, K] row-major weight."""
-    if tiled.dim() == 4:
-        a, p, sixteen, two = tiled.shape
-        return tiled.transpose(1, 2).reshape(a * sixteen, p * two).contiguous()
-    a, k, sixteen = tiled.shape
-    return tiled.transpose(1, 2).reshape(a * sixteen, k).contiguous()
-
-
-def linear_rows(
-    weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, n: int
-) -> torch.Tensor:
-    """One of the step's products alone, for tests and benchmarks: x [M, K] (fp32 or bf16, as the
-    weight) times `weight` ([n, K] row-major, or tile_rows' layout) plus `bias` -> [M, n] in the
-    weight's dtype, on one thread, by the kernels the step runs."""
-    dtype = weight.dtype
-    fn = {torch.float32: "lean_linear_f32", torch.bfloat16: "lean_linear_bf16"}[dtype]
-    xf = x.to(dtype).float().contiguous()  # the step's activations: dtype values held in fp32
-    w = weight.contiguous()
-    b = None if bias is None else bias.to(dtype).contiguous()
-    y = torch.empty(x.shape[0], n, dtype=dtype)
-    err = getattr(_lib(), fn)(
-        w.data_ptr(),
-        int(w.dim() > 2),
-        xf.data_ptr(),
-        x.shape[0],
-        None if b is None else b.data_ptr(),
-        y.data_ptr(),
-        n,
-        x.shape[1],
-    )
-    if err:
-        raise RuntimeError(_ERRORS.get(err, f"lean product failed ({err})"))
-    return y
-
-
-def screen_rows(screen, x: torch.Tensor) -> torch.Tensor:
-    """The greedy screen's approximate logits alone, for tests: x [M, K] fp32 times a
-    kernels/greedy_head.Int8Screen's codes and scales -> [M, V] fp32, by the kernel the step runs
-    for its layout, on one thread."""
-    V, K = screen.shape
-    xf = x.float().contiguous()
-    y = torch.empty(x.shape[0], V)
-    err = _lib().lean_linear_i8(
-        screen.codes.data_ptr(),
-        screen.blocked,
-        xf.data_ptr(),
-        x.shape[0],
-        screen.scale.data_ptr(),
-        y.data_ptr(),
-        V,
-        K,
-    )
-    if err:
-        raise RuntimeError(_ERRORS.get(err, f"screen product failed ({err})"))
-    return y
+def error_text(code: int, what: str) -> str:
+    return _ERRORS.get(code, f"{what} failed ({code})")
 
 
 class LeanStep:
     """The model's weights as one pointer table for the C++ step. `layers`: per layer a dict with
     LAYER_KEYS' tensors (plain [N, K] weights in `dtype`, or int8 codes with fp32 scales under the
-    `_s` keys; absent biases as None). `tiled`: the four layer linears are in `tile_rows`'
+    `_s` keys; absent biases as None). `tiled`: the four layer linears are in lean_products.tile_rows'
     column-block layout instead (plain weights only, every layer). The tensors are held here, so the pointers stay valid."""
 
     def __init__(
@@ -317,7 +249,7 @@ class LeanStep:
                 ptrs[i, j] = t.data_ptr()
         if tiled and (
             int8
-            or not _COLUMN_BLOCKS[0] & (2 if dtype == torch.bfloat16 else 1)
+            or not column_blocks(dtype)
             or embed.shape[1] % 16
             or (num_heads * head_dim) % 16
             or intermediate % 16
@@ -326,7 +258,7 @@ class LeanStep:
                 "the tiled layout needs plain weights, a build with its kernel (AVX-512; bf16: "
                 "AVX512-BF16) and hidden, attention and intermediate sizes in multiples of 16"
             )
-        self.ptrs, self.tiled = ptrs, tiled
+        self.ptrs, self.tiled = ptrs, tiled  # tiled: kernels/lean_products.tile_rows' layout
         self.num_layers, self.hidden = len(layers), embed.shape[1]
         self.h, self.kvh, self.d, self.inter = num_heads, num_kv_heads, head_dim, intermediate
         self.vocab, self.eps = lm_head.shape[0], float(eps)

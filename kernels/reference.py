@@ -370,19 +370,6 @@ def paged_attention(
         dec = set(dec)
     else:
         dec = set()
-    rowwise = _rowwise_chunks(query, k_cache, lens, q_lens, dec, window)
-    for i in rowwise:  # per sequence: its rows share its cached blocks, whatever the others hold
-        _multi_decode(
-            query[cu[i] : cu[i + 1]],
-            k_cache,
-            v_cache,
-            block_tables[i : i + 1],
-            [lens[i]],
-            [q_lens[i]],
-            scale,
-            out[cu[i] : cu[i + 1]],
-        )
-    dec |= set(rowwise)
     blocks = block_tables.to(device=query.device, dtype=torch.long)
     for i, ctx in enumerate(lens):
         if i in dec or q_lens[i] == 0:
@@ -390,22 +377,3 @@ def paged_attention(
         o = _prefill_one(query[cu[i] : cu[i + 1]], k_cache, v_cache, blocks[i], ctx, scale, window)
         out[cu[i] : cu[i + 1]] = o.to(out.dtype)
     return out
-
-
-def _rowwise_chunks(query, k_cache, lens, q_lens, dec, window) -> list[int]:
-    """The prefill chunks (sequence indices) that attend as one decode row per token through the
-    C++ kernel instead of a gathered SDPA: CPU, no window, and at least as many cached keys before
-    the chunk as queries in it (a chat's new turn after its system prompt, the rest of a long
-    prompt). Why: a chunk's rows share the blocks cached before it, which the kernel reads once for
-    all of them as two small products per KV head (paged_decode.h decode_shared), and each row
-    walks only its chunk's blocks; SDPA gathered every key of the sequence and masked per row. A chunk at the prompt's start
-    (no cached keys) stays with SDPA's causal kernel. Measured on the 16-chat burst of `python -m
-    bench --peers` (bf16, 1,614 prompt tokens computed in 4 steps): those steps 1.47 -> 1.35 s and
-    1.72 -> 1.28 s in two alternating pairs."""
-    from . import cpu_attention
-
-    if window or not USE_CPU_KERNEL or not cpu_attention.supports(query, k_cache):
-        return []
-    return [
-        i for i, (ctx, n) in enumerate(zip(lens, q_lens)) if i not in dec and n > 1 and ctx - n >= n
-    ]

@@ -14,7 +14,7 @@ import torch
 
 from engine.exec import dummy_weights as dw
 from engine.exec.models.llama import AttentionMetadata, LlamaModel
-from kernels import cpu_lean_step, kv_quant
+from kernels import cpu_lean_step, kv_quant, lean_products
 
 SMALL = {"num_hidden_layers": 2, "vocab_size": 4096}
 pytestmark = pytest.mark.skipif(
@@ -321,16 +321,16 @@ def test_the_tiled_layout_matches_row_major(name, dtype):
     )  # the default keeps it tiled
     rows = [
         {
-            k: (cpu_lean_step.untile_rows(v) if v is not None and v.dim() > 2 else v)
+            k: (lean_products.untile_rows(v) if v is not None and v.dim() > 2 else v)
             for k, v in P.items()
         }
         for P in _prepare(cfg, dict(w), dtype, "cpu", None).plain
     ]
     tiles = [
-        {k: (cpu_lean_step.tile_rows(v) if k in LINEAR_NAMES else v) for k, v in P.items()}
+        {k: (lean_products.tile_rows(v) if k in LINEAR_NAMES else v) for k, v in P.items()}
         for P in rows
     ]
-    assert all(cpu_lean_step.untile_rows(t["qkv"]).equal(r["qkv"]) for t, r in zip(tiles, rows))
+    assert all(lean_products.untile_rows(t["qkv"]).equal(r["qkv"]) for t, r in zip(tiles, rows))
     ids = [(11 * i + 5) % cfg.vocab_size for i in range(41)]
     results = []
     for plain in (rows, tiles):
@@ -355,7 +355,7 @@ def test_column_block_products_against_fp64(dtype):
     every row count a pass takes (1..17: whole passes of 8 and each tail), with and without a bias,
     against an fp64 product; the row-major kernel beside them agrees too; a row's result does not
     depend on the rows beside it (batch-invariant, bit for bit)."""
-    if not cpu_lean_step.can_tile(torch.zeros(16, 16, dtype=dtype)):
+    if not lean_products.can_tile(torch.zeros(16, 16, dtype=dtype)):
         pytest.skip("this CPU has no column-block kernel for this dtype (needs AVX-512 / -BF16)")
     g = torch.Generator().manual_seed(1)
     tol = 4e-6 if dtype == torch.float32 else 2.0**-7  # fp32 sums; bf16: one output rounding
@@ -363,18 +363,18 @@ def test_column_block_products_against_fp64(dtype):
         w = (torch.randn(n, k, generator=g) * 0.1).to(dtype)
         bias = (torch.randn(n, generator=g) * 0.1).to(dtype)
         x = torch.randn(17, k, generator=g).to(dtype)
-        tiled = cpu_lean_step.tile_rows(w)
+        tiled = lean_products.tile_rows(w)
         for rows in range(1, 18):
             for b in (None, bias):
                 want = x[:rows].double() @ w.double().T + (0 if b is None else b.double())
                 scale = want.abs().max().item()
-                got = cpu_lean_step.linear_rows(tiled, x[:rows], b, n)
-                plain = cpu_lean_step.linear_rows(w, x[:rows], b, n)
+                got = lean_products.linear_rows(tiled, x[:rows], b, n)
+                plain = lean_products.linear_rows(w, x[:rows], b, n)
                 assert got.dtype == dtype and got.shape == (rows, n)
                 assert (got.double() - want).abs().max().item() <= tol * scale, (n, rows)
                 assert (plain.double() - want).abs().max().item() <= tol * scale, (n, rows)
                 assert torch.equal(
-                    got[-1], cpu_lean_step.linear_rows(tiled, x[rows - 1 : rows], b, n)[0]
+                    got[-1], lean_products.linear_rows(tiled, x[rows - 1 : rows], b, n)[0]
                 )
 
 
@@ -395,13 +395,13 @@ def test_a_copy_over_the_auto_limit_is_not_tiled(monkeypatch):
 
 
 def test_the_tiled_layout_takes_only_shapes_it_can_hold():
-    assert cpu_lean_step.can_tile(torch.zeros(16, 32)) and cpu_lean_step.can_tile(
+    assert lean_products.can_tile(torch.zeros(16, 32)) and lean_products.can_tile(
         torch.zeros(32, 32), 2
     )
-    assert not cpu_lean_step.can_tile(torch.zeros(24, 32), 2)  # gate/up: each half a multiple of 16
-    assert not cpu_lean_step.can_tile(torch.zeros(8, 32))  # rows: a multiple of 16
-    assert not cpu_lean_step.can_tile(torch.zeros(16, 24))  # columns: a multiple of 16
-    assert not cpu_lean_step.can_tile(torch.zeros(16, 32, dtype=torch.int8))
+    assert not lean_products.can_tile(torch.zeros(24, 32), 2)  # gate/up: each half a multiple of 16
+    assert not lean_products.can_tile(torch.zeros(8, 32))  # rows: a multiple of 16
+    assert not lean_products.can_tile(torch.zeros(16, 24))  # columns: a multiple of 16
+    assert not lean_products.can_tile(torch.zeros(16, 32, dtype=torch.int8))
     cfg = dw.load_config("smollm2-135m", SMALL)
     m = LlamaModel(
         cfg, dw.random_weights(cfg, seed=4), torch.float32, "cpu", max_positions=64, lean_step="on"

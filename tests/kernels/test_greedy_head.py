@@ -214,13 +214,13 @@ def test_the_bound_holds_for_every_row():
     assert bool((bound < 0.05 * exact.abs().max()).all())  # and is tight enough to screen
     # and the lean step's own products of the copy (column blocks and row-major, 1..16 rows) give
     # those approximations up to fp32 sums, well inside the bound's rounding terms
-    from kernels import cpu_lean_step
+    from kernels import lean_products
 
     layouts = [s, greedy_head.Int8Screen(s.rows().contiguous(), s.scale, s.coef)]
     assert [t.blocked for t in layouts] == [int(greedy_head.column_blocks()), 0]
     for t in layouts:
         for rows in (1, 9, 16):
-            got = cpu_lean_step.screen_rows(t, x[:rows]).double()
+            got = lean_products.screen_rows(t, x[:rows]).double()
             err = (got - approx[:rows]).abs()
             assert bool((err <= 1e-5 * bound[:rows]).all()), (t.blocked, rows)
 

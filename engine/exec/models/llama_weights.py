@@ -40,7 +40,7 @@ class PreparedWeights:
     linear_kind: str  # cpu_linear.describe() of the layers' linears ("dense" on CUDA)
     plain: tuple  # CPU: per layer, the tensors the lean step reads: those the linears were
     # made from, or, beside packed linears, their copies in the lean step's tiled
-    # layout (kernels/cpu_lean_step.tile_rows); () in a shared entry whose
+    # layout (kernels/lean_products.tile_rows); () in a shared entry whose
     # copy was too big to keep
     plain_extra_bytes: int  # what keeping `plain` costs beside the linears (packed ones only)
 
@@ -154,7 +154,7 @@ def _prepare(
     # column-block layout (all layers or none), whose outer-product kernels beat the row-major dot
     # products 1.1x at one row and 1.5-1.8x at 8-16 (kernels/csrc/lean_gemm.h, gemm_blocks)
     from engine.exec.cpu_linear import PackedLinear, describe, make_linear
-    from kernels.cpu_lean_step import can_tile, tile_rows
+    from kernels.lean_products import can_tile, tile_rows
 
     plain, extra = [], 0
     tile = spec.plain_layers and all(
