@@ -162,18 +162,26 @@ template <> inline void store16<layer_ops::BF16>(uint16_t* y, __m512 v) {
 }
 template <typename K> inline __m512 bias16(const typename K::T* b) { return vload(b); }
 
-// MS activation rows against NB consecutive 16-column blocks; X fp32 [MS][Kd] (fp32 weights) or
-// bf16 pairs [MS][Kd / 2] (bf16 weights)
-template <int MS, int NB>
-inline void blocks_f32(const float* __restrict w, long Kd, const float* __restrict X, __m512 (&out)[kBlockRows][3]) {
+// MS activation rows against NB consecutive 16-column blocks of fp32 weights or int8 codes (the
+// greedy screen's copy of the LM head, kernels/greedy_head.py: 16 codes widened to fp32 a load);
+// X fp32 [MS][Kd]. bf16 weights: blocks_bf16 below, X as bf16 pairs [MS][Kd / 2].
+inline __m512 widen16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 widen16(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+template <int MS, int NB, typename WT>
+inline void blocks_fma(const WT* __restrict w, long Kd, const float* __restrict X, __m512 (&out)[kBlockRows][3]) {
+  constexpr long kPerLine = 64 / (16 * sizeof(WT));    // k a block's 64-byte line holds: fp32 1, int8 4
   __m512 acc[MS][NB];     // locals, copied out once: accumulating into `out` kept them in memory
   for (int m = 0; m < MS; ++m)
     for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_setzero_ps();
   for (long k = 0; k < Kd; ++k) {
     __m512 wv[NB];
     for (int j = 0; j < NB; ++j) {
-      wv[j] = _mm512_loadu_ps(w + (j * Kd + k) * 16);
-      __builtin_prefetch(w + (j * Kd + k) * 16 + kPrefetchBytes / 4, 0, 2);
+      const WT* p = w + (j * Kd + k) * 16;
+      wv[j] = widen16(p);
+      if (k % kPerLine == 0) __builtin_prefetch(p + kPrefetchBytes / static_cast<long>(sizeof(WT)), 0, 2);
     }
 #pragma GCC unroll 8
     for (int m = 0; m < MS; ++m) {
@@ -211,28 +219,54 @@ inline void blocks_bf16(const uint16_t* __restrict w, long Kd, const uint32_t* _
 #endif
 
 #if defined(__AVX512F__)
-// int8 codes in column blocks ([N / 16][Kd][16], the greedy screen's copy of the LM head,
-// kernels/greedy_head.py): 16 codes widened to fp32 a load, the same outer products
-template <int MS, int NB>
-inline void blocks_i8(const int8_t* __restrict w, long Kd, const float* __restrict X, __m512 (&out)[kBlockRows][3]) {
-  __m512 acc[MS][NB];
-  for (int m = 0; m < MS; ++m)
-    for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_setzero_ps();
-  for (long k = 0; k < Kd; ++k) {
-    __m512 wv[NB];
-    for (int j = 0; j < NB; ++j) {
-      const int8_t* p = w + (j * Kd + k) * 16;
-      wv[j] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-      if ((k & 3) == 0) __builtin_prefetch(p + kPrefetchBytes, 0, 2);
-    }
-#pragma GCC unroll 8
-    for (int m = 0; m < MS; ++m) {
-      const __m512 xb = _mm512_set1_ps(X[m * Kd + k]);
-      for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_fmadd_ps(wv[j], xb, acc[m][j]);
+// The passes every column-block product shares: panels of up to 3 blocks of 16 columns over
+// [r0, r1), activation rows kBlockRows at a time; Pass<MS, NB>::run computes one into acc, and
+// store(n0, nb, m0, ms, acc) writes it out.
+template <int MS, int NB> struct PassF32 {
+  static void run(const float* w, long Kd, const float* x, __m512 (&acc)[kBlockRows][3]) { blocks_fma<MS, NB>(w, Kd, x, acc); }
+};
+template <int MS, int NB> struct PassI8 {
+  static void run(const int8_t* w, long Kd, const float* x, __m512 (&acc)[kBlockRows][3]) { blocks_fma<MS, NB>(w, Kd, x, acc); }
+};
+#if defined(__AVX512BF16__)
+template <int MS, int NB> struct PassBF16 {
+  static void run(const uint16_t* w, long Kd, const uint32_t* x, __m512 (&acc)[kBlockRows][3]) {
+    blocks_bf16<MS, NB>(w, Kd, x, acc);
+  }
+};
+#endif
+
+template <template <int, int> class Pass, int NB, typename WT, typename XT>
+inline void pass_rows(int ms, const WT* w, long Kd, const XT* x, __m512 (&acc)[kBlockRows][3]) {
+  switch (ms) {
+    case 8: Pass<8, NB>::run(w, Kd, x, acc); break;
+    case 7: Pass<7, NB>::run(w, Kd, x, acc); break;
+    case 6: Pass<6, NB>::run(w, Kd, x, acc); break;
+    case 5: Pass<5, NB>::run(w, Kd, x, acc); break;
+    case 4: Pass<4, NB>::run(w, Kd, x, acc); break;
+    case 3: Pass<3, NB>::run(w, Kd, x, acc); break;
+    case 2: Pass<2, NB>::run(w, Kd, x, acc); break;
+    default: Pass<1, NB>::run(w, Kd, x, acc);
+  }
+}
+
+// w: the blocks (bstride elements each); xs: the activation rows (xstride elements apart)
+template <template <int, int> class Pass, typename WT, typename XT, typename Store>
+void column_passes(const WT* w, long bstride, const XT* xs, long xstride, int M, long r0, long r1, long Kd,
+                   Store store) {
+  __m512 acc[kBlockRows][3];
+  for (long n0 = r0; n0 < r1; n0 += 48) {
+    const int nb = static_cast<int>(std::min(3L, (r1 - n0) / 16));
+    const WT* wb = w + (n0 / 16) * bstride;
+    for (int m0 = 0; m0 < M; m0 += kBlockRows) {
+      const int ms = std::min(kBlockRows, M - m0);
+      const XT* xm = xs + m0 * xstride;
+      if (nb == 3) pass_rows<Pass, 3>(ms, wb, Kd, xm, acc);
+      else if (nb == 2) pass_rows<Pass, 2>(ms, wb, Kd, xm, acc);
+      else pass_rows<Pass, 1>(ms, wb, Kd, xm, acc);
+      store(n0, nb, m0, ms, acc);
     }
   }
-  for (int m = 0; m < MS; ++m)
-    for (int j = 0; j < NB; ++j) out[m][j] = acc[m][j];
 }
 
 // Y[m, n] = dtype(sum_k codes[n, k] X[m, k] * scale[n]) for the columns [r0, r1) (multiples of
@@ -241,34 +275,14 @@ inline void blocks_i8(const int8_t* __restrict w, long Kd, const float* __restri
 template <typename K>
 bool gemm_i8_blocks(const int8_t* w, const float* X, int M, const float* scale, typename K::T* Y, long ldy, long r0,
                     long r1, long Kd) {
-  __m512 acc[kBlockRows][3];
-  for (long n0 = r0; n0 < r1; n0 += 48) {
-    const int nb = static_cast<int>(std::min(3L, (r1 - n0) / 16));
-    const int8_t* wb = w + (n0 / 16) * Kd * 16;
-    for (int m0 = 0; m0 < M; m0 += kBlockRows) {
-      const int ms = std::min(kBlockRows, M - m0);
-      const float* xm = X + m0 * Kd;
-#define LEAN_I8(MS, NB) blocks_i8<MS, NB>(wb, Kd, xm, acc)
-#define LEAN_I8_ROWS(NB)                                                              \
-  switch (ms) {                                                                       \
-    case 8: LEAN_I8(8, NB); break;                                                    \
-    case 7: LEAN_I8(7, NB); break;                                                    \
-    case 6: LEAN_I8(6, NB); break;                                                    \
-    case 5: LEAN_I8(5, NB); break;                                                    \
-    case 4: LEAN_I8(4, NB); break;                                                    \
-    case 3: LEAN_I8(3, NB); break;                                                    \
-    case 2: LEAN_I8(2, NB); break;                                                    \
-    default: LEAN_I8(1, NB);                                                          \
-  }
-      if (nb == 3) { LEAN_I8_ROWS(3) } else if (nb == 2) { LEAN_I8_ROWS(2) } else { LEAN_I8_ROWS(1) }
-#undef LEAN_I8_ROWS
-#undef LEAN_I8
-      for (int j = 0; j < nb; ++j) {
-        const __m512 sc = _mm512_loadu_ps(scale + n0 + 16 * j);
-        for (int m = 0; m < ms; ++m) store16<K>(Y + (m0 + m) * ldy + n0 + 16 * j, _mm512_mul_ps(acc[m][j], sc));
-      }
-    }
-  }
+  column_passes<PassI8>(w, Kd * 16, X, Kd, M, r0, r1, Kd,
+                        [&](long n0, int nb, int m0, int ms, __m512 (&acc)[kBlockRows][3]) {
+                          for (int j = 0; j < nb; ++j) {
+                            const __m512 sc = _mm512_loadu_ps(scale + n0 + 16 * j);
+                            for (int m = 0; m < ms; ++m)
+                              store16<K>(Y + (m0 + m) * ldy + n0 + 16 * j, _mm512_mul_ps(acc[m][j], sc));
+                          }
+                        });
   return true;
 }
 #endif
@@ -299,39 +313,19 @@ bool gemm_blocks(const W* w, const float* X, int M, const typename K::T* bias, t
       xs = X;
     }
     const long xstride = kBF ? Kd / 2 : Kd;
-    const long bstride = Kd * 16;       // elements of W a block holds
-    __m512 acc[kBlockRows][3];
-    for (long n0 = r0; n0 < r1; n0 += 48) {
-      const int nb = static_cast<int>(std::min(3L, (r1 - n0) / 16));
-      const W* wb = w + (n0 / 16) * bstride;
-      for (int m0 = 0; m0 < M; m0 += kBlockRows) {
-        const int ms = std::min(kBlockRows, M - m0);
-        const XT* xm = xs + m0 * xstride;
-#define LEAN_BLOCKS(MS, NB)                                                           \
-  do {                                                                                \
-    if constexpr (kBF) blocks_bf16<MS, NB>(wb, Kd, xm, acc);                          \
-    else blocks_f32<MS, NB>(wb, Kd, xm, acc);                                         \
-  } while (0)
-#define LEAN_ROWS(NB)                                                                 \
-  switch (ms) {                                                                       \
-    case 8: LEAN_BLOCKS(8, NB); break;                                                \
-    case 7: LEAN_BLOCKS(7, NB); break;                                                \
-    case 6: LEAN_BLOCKS(6, NB); break;                                                \
-    case 5: LEAN_BLOCKS(5, NB); break;                                                \
-    case 4: LEAN_BLOCKS(4, NB); break;                                                \
-    case 3: LEAN_BLOCKS(3, NB); break;                                                \
-    case 2: LEAN_BLOCKS(2, NB); break;                                                \
-    default: LEAN_BLOCKS(1, NB);                                                      \
-  }
-        if (nb == 3) { LEAN_ROWS(3) } else if (nb == 2) { LEAN_ROWS(2) } else { LEAN_ROWS(1) }
-#undef LEAN_ROWS
-#undef LEAN_BLOCKS
-        for (int j = 0; j < nb; ++j) {
-          const __m512 b = bias != nullptr ? bias16<K>(bias + n0 + 16 * j) : _mm512_setzero_ps();
-          for (int m = 0; m < ms; ++m)     // F.linear adds the bias before rounding
-            store16<K>(Y + (m0 + m) * ldy + n0 + 16 * j, _mm512_add_ps(acc[m][j], b));
-        }
+    auto store = [&](long n0, int nb, int m0, int ms, __m512 (&acc)[kBlockRows][3]) {
+      for (int j = 0; j < nb; ++j) {
+        const __m512 b = bias != nullptr ? bias16<K>(bias + n0 + 16 * j) : _mm512_setzero_ps();
+        for (int m = 0; m < ms; ++m)     // F.linear adds the bias before rounding
+          store16<K>(Y + (m0 + m) * ldy + n0 + 16 * j, _mm512_add_ps(acc[m][j], b));
       }
+    };
+    if constexpr (kBF) {
+#if defined(__AVX512BF16__)
+      column_passes<PassBF16>(w, Kd * 16, xs, xstride, M, r0, r1, Kd, store);
+#endif
+    } else {
+      column_passes<PassF32>(w, Kd * 16, xs, xstride, M, r0, r1, Kd, store);
     }
     return true;
   }

@@ -202,6 +202,26 @@ def _batch_step(model, seqs, pool, bs=16):
     return model.forward(torch.tensor(toks), torch.tensor(pos), pool, meta, torch.arange(len(seqs)))
 
 
+def _cached_pool(loop, model, seqs, num_blocks, bs=16):
+    """A pool of `model`'s shape holding, for each (ids, table) of seqs, the K/V of every token
+    but the last, written by the loop's prefill (identically for every model that reads it)."""
+    pool = torch.zeros(
+        2, model.num_layers, num_blocks, bs, model.num_kv_heads, model.head_dim, dtype=model.dtype
+    )
+    for ids, tab in seqs:
+        n = len(ids) - 1
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor([tab[p // bs] * bs + p % bs for p in range(n)]),
+            block_tables=torch.tensor([tab], dtype=torch.int32),
+            seq_lens=torch.tensor([n], dtype=torch.int32),
+            cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32),
+            max_seqlen_q=n,
+            backend="torch",
+        )
+        loop.forward(torch.tensor(ids[:-1]), torch.arange(n), pool, meta, torch.tensor([n - 1]))
+    return pool
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_small_batch_decodes_like_the_loop_and_like_each_sequence_alone(dtype):
     """Three sequences of different lengths decoding in one lean step: close to the loop's logits
@@ -216,21 +236,7 @@ def test_a_small_batch_decodes_like_the_loop_and_like_each_sequence_alone(dtype)
     ]
 
     def fresh_pool(model):  # every prefix but the last token cached by the loop, identically
-        pool = torch.zeros(
-            2, model.num_layers, 8, 16, model.num_kv_heads, model.head_dim, dtype=dtype
-        )
-        for ids, tab in seqs:
-            n = len(ids) - 1
-            meta = AttentionMetadata(
-                slot_mapping=torch.tensor([tab[p // 16] * 16 + p % 16 for p in range(n)]),
-                block_tables=torch.tensor([tab], dtype=torch.int32),
-                seq_lens=torch.tensor([n], dtype=torch.int32),
-                cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32),
-                max_seqlen_q=n,
-                backend="torch",
-            )
-            loop.forward(torch.tensor(ids[:-1]), torch.arange(n), pool, meta, torch.tensor([n - 1]))
-        return pool
+        return _cached_pool(loop, model, seqs, 8)
 
     together = _batch_step(lean, seqs, fresh_pool(lean))
     want = _batch_step(loop, seqs, fresh_pool(loop))
@@ -261,21 +267,7 @@ def test_a_batch_on_a_shared_prompt_decodes_like_each_sequence_alone(dtype):
     ]
 
     def fresh_pool(model):
-        pool = torch.zeros(
-            2, model.num_layers, 14, 16, model.num_kv_heads, model.head_dim, dtype=dtype
-        )
-        for ids, tab in seqs:
-            n = len(ids) - 1
-            meta = AttentionMetadata(
-                slot_mapping=torch.tensor([tab[p // 16] * 16 + p % 16 for p in range(n)]),
-                block_tables=torch.tensor([tab], dtype=torch.int32),
-                seq_lens=torch.tensor([n], dtype=torch.int32),
-                cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32),
-                max_seqlen_q=n,
-                backend="torch",
-            )
-            loop.forward(torch.tensor(ids[:-1]), torch.arange(n), pool, meta, torch.tensor([n - 1]))
-        return pool
+        return _cached_pool(loop, model, seqs, 14)
 
     calls = []
     real = cpu_lean_step.LeanStep.__call__
