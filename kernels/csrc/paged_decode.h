@@ -18,7 +18,6 @@
 #include <cstdint>
 #include <cstring>
 #include <algorithm>
-#include <memory>
 #include <vector>
 #include <omp.h>
 
