@@ -34,9 +34,8 @@ _FN = {
     (torch.float32, True): "lean_step_f32_i8",
     (torch.bfloat16, True): "lean_step_bf16_i8",
 }
-BATCH_MAX_TOKENS = (
-    8  # several sequences over row-major weights: the lean step up to this many tokens
-)
+# several sequences over row-major weights: the lean step up to this many tokens (LeanStep.takes)
+BATCH_MAX_TOKENS = 8
 MAX_GROUP, MAX_DIM, MAX_BLOCK = 16, 256, 128  # paged_decode.h's kMaxGroup / kMaxDim / kMaxBlock
 _ERRORS = {
     1: "token id outside the vocabulary",
@@ -225,6 +224,7 @@ class LeanStep:
         self.dtype, self.int8 = dtype, int8
         self._keep = [embed, norm, lm_head, lm_scale, cos, sin]
         ptrs = torch.zeros(len(layers), len(LAYER_KEYS), dtype=torch.int64)
+        tiled_dim = 4 if dtype == torch.bfloat16 else 3  # lean_products.tile_rows' layout
         for i, L in enumerate(layers):
             for j, key in enumerate(LAYER_KEYS):
                 t = L.get(key)
@@ -239,7 +239,6 @@ class LeanStep:
                     raise ValueError(
                         f"layer {i} {key}: need a contiguous CPU {want} tensor, got {t.dtype}"
                     )
-                tiled_dim = 4 if dtype == torch.bfloat16 else 3
                 if key in LINEAR_KEYS and t.dim() != (tiled_dim if tiled else 2):
                     raise ValueError(
                         f"layer {i} {key}: need a {'tiled' if tiled else 'plain [N, K]'} weight, "

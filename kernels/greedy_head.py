@@ -126,7 +126,7 @@ def int8_screen(weight: torch.Tensor) -> Int8Screen | None:
         coef.data_ptr(),
         torch.get_num_threads(),
     )
-    if V % 16 == 0 and lib.greedy_column_blocks():
+    if V % 16 == 0 and column_blocks():
         codes = codes.view(V // 16, 16, K).transpose(1, 2).contiguous()
     return Int8Screen(codes, scale, coef)
 

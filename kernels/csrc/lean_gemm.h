@@ -344,7 +344,10 @@ bool gemm_blocks(const W* w, const float* X, int M, const typename K::T* bias, t
 template <typename K, typename W>
 void gemm(const W* w, const float* X, int M, const typename K::T* bias, const float* scale,
           typename K::T* Y, long ldy, long r0, long r1, long Kd, bool tiled = false, uint32_t* pairs = nullptr) {
-  if (tiled && scale == nullptr && gemm_blocks<K, W>(w, X, M, bias, Y, ldy, r0, r1, Kd, pairs)) return;
+  if (tiled) {     // never the row-major loop below over blocked weights (callers check the build first)
+    gemm_blocks<K, W>(w, X, M, bias, Y, ldy, r0, r1, Kd, pairs);
+    return;
+  }
   const long K16 = Kd - Kd % 16;
   auto finish = [&](long n, int m, v16f acc) {
     const W* wr = w + n * Kd;
